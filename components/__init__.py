@@ -1,0 +1,1 @@
+"""twinspark components: one module per capability, plus the config schema (config.py)."""

@@ -1,0 +1,95 @@
+"""Client configs for the endpoint, rendered as stack outputs (pure functions, no resources).
+
+- codexConfig:       ~/.codex/config.toml (wire_api "responses", auto-compaction fence)
+- codexModelCatalog: the model catalog JSON Codex reads via model_catalog_json
+- claudeCodeEnv:     ANTHROPIC_* lines for Claude Code (vLLM serves /v1/messages); secret
+"""
+
+from __future__ import annotations
+
+import json
+
+from .config import StackConfig
+
+# Agent sessions degrade past ~150k of history with the native fp8 KV, ~100-120k with
+# nvfp4 KV (recipe gotchas 12 and 14): auto-compaction is the fence.
+AUTO_COMPACT_TOKENS = {"fp8_ds_mla": 150000}
+AUTO_COMPACT_TOKENS_DEFAULT = 110000
+CLAUDE_CODE_MAX_CONTEXT_TOKENS = 160000  # compacts at ~148k
+CODEX_PROVIDER_ID = "twinspark"
+CATALOG_CONTEXT_WINDOW = 1048576
+
+
+def endpoint_base(cfg: StackConfig) -> str:
+    return f"http://{cfg.head.host}:{cfg.serving.port}"
+
+
+def endpoint_url(cfg: StackConfig) -> str:
+    return endpoint_base(cfg) + "/v1"
+
+
+def auto_compact_limit(cfg: StackConfig) -> int:
+    return AUTO_COMPACT_TOKENS.get(cfg.serving.kv_cache_dtype, AUTO_COMPACT_TOKENS_DEFAULT)
+
+
+def catalog_file_name(cfg: StackConfig) -> str:
+    return f"{cfg.model.served_name}-model-catalog.json"
+
+
+def render_codex_config(cfg: StackConfig) -> str:
+    name = cfg.model.served_name
+    return f"""# ~/.codex/config.toml for twinspark ({cfg.model.repo}); export VLLM_API_KEY first:
+#   export VLLM_API_KEY="$(pulumi stack output apiKey --show-secrets)"
+model = "{name}"
+model_provider = "{CODEX_PROVIDER_ID}"
+model_catalog_json = "~/.codex/{catalog_file_name(cfg)}"
+model_auto_compact_token_limit = {auto_compact_limit(cfg)}
+
+[model_providers.{CODEX_PROVIDER_ID}]
+name = "{name} on twinspark (local vLLM)"
+base_url = "{endpoint_url(cfg)}"
+wire_api = "responses"
+env_key = "VLLM_API_KEY"
+"""
+
+
+def render_codex_model_catalog(cfg: StackConfig) -> str:
+    """One catalog entry: every field Codex's parser requires, with this model's facts."""
+    name = cfg.model.served_name
+    entry = {
+        "slug": name,
+        "display_name": f"{name} (twinspark)",
+        "description": f"{cfg.model.repo} served by vLLM on twinspark, tensor parallel over "
+        f"{cfg.tensor_parallel_size} DGX Sparks",
+        "default_reasoning_level": "low",
+        "supported_reasoning_levels": [
+            {"effort": "low", "description": "Fast responses with lighter reasoning"},
+            {"effort": "medium", "description": "Balances speed and reasoning depth"},
+            {"effort": "high", "description": "Greater reasoning depth for complex problems"},
+        ],
+        "shell_type": "shell_command",
+        "visibility": "list",
+        "supported_in_api": True,
+        "priority": 1,
+        "support_verbosity": False,
+        "apply_patch_tool_type": "freeform",
+        "truncation_policy": {"mode": "tokens", "limit": 10000},
+        "experimental_supported_tools": [],
+        "context_window": CATALOG_CONTEXT_WINDOW,
+        "input_modalities": ["text"],
+        "base_instructions": (
+            "You are a coding agent running in the user's terminal. Read the workspace before "
+            "changing it, use the tools provided, keep changes small and verified, and report "
+            "what you did and what you could not check."
+        ),
+    }
+    return json.dumps({"models": [entry]}, indent=2) + "\n"
+
+
+def render_claude_code_env(cfg: StackConfig, api_key: str) -> str:
+    return (
+        f"export ANTHROPIC_BASE_URL={endpoint_base(cfg)}\n"
+        f"export ANTHROPIC_MODEL={cfg.model.served_name}\n"
+        f"export ANTHROPIC_AUTH_TOKEN={api_key}\n"
+        f"export CLAUDE_CODE_MAX_CONTEXT_TOKENS={CLAUDE_CODE_MAX_CONTEXT_TOKENS}\n"
+    )

@@ -1,0 +1,284 @@
+"""The stack config contract (DESIGN.md) as pydantic models, validated before any resource exists.
+
+`load_stack_config` reads the `twinspark:*` keys, validates field and cross-field rules and
+raises `pulumi.RunError` naming the key path as the user wrote it, the bad value and what
+is expected. Nothing here touches a node.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal, Optional
+
+import pulumi
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+NAMESPACE = "twinspark"
+STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "model", "serving")
+
+# Launch profiles exactly as the recipe's table (§5): speculative depth and batch width.
+PROFILES: dict[str, dict[str, int]] = {
+    "default": {"num_speculative_tokens": 7, "max_num_seqs": 6},
+    "multiagent": {"num_speculative_tokens": 3, "max_num_seqs": 8},
+}
+
+# vLLM flags owned by a config key; extraArgs may not set them behind the config's back.
+FLAGS_OWNED_BY_CONFIG = {
+    "--served-model-name": "model.servedName",
+    "--port": "serving.port",
+    "--host": "serving.port (twinspark listens on 0.0.0.0)",
+    "--max-model-len": "serving.maxModelLen",
+    "--gpu-memory-utilization": "serving.gpuMemoryUtilization",
+    "--kv-cache-dtype": "serving.kvCacheDtype",
+    "--tensor-parallel-size": "the node list (TP spans every node)",
+    "--distributed-executor-backend": "nothing: Ray is required for multi-node TP",
+    "--api-key": "twinspark:apiKey (a secret; never a flag, it would show in argv)",
+}
+
+NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+NodeName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$"),
+]
+IfaceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,15}$")]
+AbsolutePath = Annotated[str, StringConstraints(pattern=r"^/[^\s'\"$`\\]*[^/\s'\"$`\\]$")]
+
+
+def _ipv4_interface(value: str) -> str:
+    try:
+        iface = ipaddress.IPv4Interface(value)
+    except ValueError:
+        raise ValueError("expected an IPv4 address with prefix length, like 10.0.0.1/24") from None
+    if "/" not in value or iface.network.prefixlen in (0, 32) or iface.ip == iface.network.network_address:
+        raise ValueError("expected a host address with a prefix length between /1 and /31, like 10.0.0.1/24")
+    return str(iface)
+
+
+RailAddress = Annotated[str, AfterValidator(_ipv4_interface)]
+
+
+class Contract(BaseModel):
+    """camelCase keys as in Pulumi.spark.yaml; unknown keys are an error (typos must not pass)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class SshConfig(Contract):
+    user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]
+    private_key_path: Optional[NonEmpty] = None
+
+
+class Rail(Contract):
+    iface: IfaceName
+    hca: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,64}$")]
+    address: RailAddress
+
+    @property
+    def ip(self) -> str:
+        return self.address.split("/")[0]
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Interface(self.address).network
+
+
+class Node(Contract):
+    name: NodeName
+    role: Literal["head", "worker"]
+    host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")]
+    host_key: Optional[Annotated[str, StringConstraints(pattern=r"^(ssh-|ecdsa-)\S+ \S+$")]] = None
+    rails: list[Rail] = Field(min_length=1)
+
+    @property
+    def ray_ip(self) -> str:
+        """Ray, vLLM's TCP store and the weight sync use the first rail: the cable, not the LAN."""
+        return self.rails[0].ip
+
+
+class Fabric(Contract):
+    mtu: int = Field(ge=1280, le=9216)
+    link_speed_mbps: int = Field(gt=0)
+    bootstrap_iface: IfaceName
+
+
+class ModelConfig(Contract):
+    repo: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    dir: AbsolutePath
+    served_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
+
+    @property
+    def container_dir(self) -> str:
+        return "/models/" + self.dir.rstrip("/").rsplit("/", 1)[-1]
+
+
+class Serving(Contract):
+    image: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:@-]*$")]
+    profile: Literal["default", "multiagent"] = "default"
+    port: int = Field(default=8000, ge=1, le=65535)
+    max_model_len: int = Field(default=1048576, gt=0)
+    gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=0.95)
+    kv_cache_dtype: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")] = "fp8_ds_mla"
+    extra_args: list[str] = Field(default_factory=list)
+    ray_version: Annotated[str, StringConstraints(pattern=r"^\d+\.\d+\.\d+$")] = "2.57.0"
+    readiness_timeout_minutes: int = Field(default=20, ge=1, le=240)
+
+    @model_validator(mode="after")
+    def _extra_args_are_flags(self) -> "Serving":
+        expect_value = False
+        for i, token in enumerate(self.extra_args):
+            if re.fullmatch(r"--[a-z0-9][a-z0-9-]*(=.*)?", token, re.S):
+                flag = token.split("=", 1)[0]
+                if flag in FLAGS_OWNED_BY_CONFIG:
+                    raise _CrossFieldError(
+                        f"extraArgs[{i}]", token, f"a flag twinspark does not own: set {FLAGS_OWNED_BY_CONFIG[flag]}"
+                    )
+                expect_value = "=" not in token
+            elif expect_value and not token.startswith("-"):
+                expect_value = False
+            else:
+                raise _CrossFieldError(
+                    f"extraArgs[{i}]", repr(token), "'--flag', '--flag=value', or a value right after a '--flag'"
+                )
+        return self
+
+
+class StackConfig(Contract):
+    ssh: SshConfig
+    nodes: list[Node] = Field(min_length=1)
+    fabric: Fabric
+    model: ModelConfig
+    serving: Serving
+
+    @property
+    def head(self) -> Node:
+        return next(n for n in self.nodes if n.role == "head")
+
+    @property
+    def workers(self) -> list[Node]:
+        return [n for n in self.nodes if n.role == "worker"]
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return len(self.nodes)  # one GB10 GPU per Spark
+
+    def peers_on_rail(self, node: Node, rail_index: int) -> list[str]:
+        return [n.rails[rail_index].ip for n in self.nodes if n.name != node.name]
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "StackConfig":
+        heads = [i for i, n in enumerate(self.nodes) if n.role == "head"]
+        if len(heads) != 1:
+            raise _CrossFieldError(
+                "nodes", f"{len(heads)} nodes have role head", "exactly one node with role: head"
+            )
+        _require_distinct(self.nodes, "name", lambda n: n.name)
+        _require_distinct(self.nodes, "host", lambda n: n.host)
+        rail_counts = {len(n.rails) for n in self.nodes}
+        if len(rail_counts) != 1:
+            raise _CrossFieldError(
+                "nodes", f"rail counts {sorted(rail_counts)}", "the same number of rails on every node"
+            )
+        seen: dict[str, str] = {}
+        for i, node in enumerate(self.nodes):
+            for r, rail in enumerate(node.rails):
+                path = f"nodes[{i}].rails[{r}].address"
+                if rail.ip in seen:
+                    raise _CrossFieldError(path, rail.address, f"a rail address not already used by {seen[rail.ip]}")
+                seen[rail.ip] = path
+                first = self.nodes[0].rails[r]
+                if rail.network != first.network:
+                    raise _CrossFieldError(
+                        path,
+                        rail.address,
+                        f"an address in {first.network} (rail {r} of every node shares one subnet, "
+                        f"as nodes[0].rails[{r}] does)",
+                    )
+        return self
+
+
+class _CrossFieldError(ValueError):
+    def __init__(self, path: str, value: Any, expected: str):
+        super().__init__(f"{value} — expected {expected}")
+        self.path, self.value, self.expected = path, value, expected
+
+
+def _require_distinct(nodes: list[Node], field: str, key) -> None:
+    seen: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        value = key(node)
+        if value in seen:
+            raise _CrossFieldError(
+                f"nodes[{i}].{field}", value, f"a {field} different from nodes[{seen[value]}].{field}"
+            )
+        seen[value] = i
+
+
+def format_key_path(loc: tuple[Any, ...]) -> str:
+    """('nodes', 1, 'rails', 0, 'address') -> 'twinspark:nodes[1].rails[0].address'."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return f"{NAMESPACE}:{path}"
+
+
+def parse_stack_config(raw: dict[str, Any]) -> StackConfig:
+    """Validate raw config values (keys without namespace). Raises pulumi.RunError."""
+    missing = [k for k in STRUCTURED_KEYS if raw.get(k) is None]
+    if missing:
+        raise pulumi.RunError(
+            "; ".join(f"{NAMESPACE}:{k}: missing — expected the {k} block of the config contract "
+                      "(see Pulumi.spark.yaml)" for k in missing)
+        )
+    try:
+        return StackConfig.model_validate(raw)
+    except ValidationError as err:
+        raise pulumi.RunError(_describe_validation_error(err)) from None
+    except _CrossFieldError as err:  # raised from inside a model validator, unwrapped by pydantic
+        raise pulumi.RunError(f"{format_key_path(tuple(_split_path(err.path)))}: {err}") from None
+
+
+def _split_path(path: str) -> list[Any]:
+    return [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
+
+
+def _describe_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        ctx_err = (e.get("ctx") or {}).get("error")
+        loc = tuple(p for p in e["loc"] if p not in ("function-after",))
+        if isinstance(ctx_err, _CrossFieldError):
+            loc = loc + tuple(_split_path(ctx_err.path))
+            lines.append(f"{format_key_path(loc)}: {ctx_err}")
+            continue
+        message = e["msg"].removeprefix("Value error, ")
+        value = e.get("input")
+        shown = "" if e["type"] == "missing" else f" (got {value!r})"
+        lines.append(f"{format_key_path(loc)}: {message}{shown}")
+    return "invalid stack config:\n  " + "\n  ".join(lines)
+
+
+def load_stack_config(config: Optional[pulumi.Config] = None) -> StackConfig:
+    """Read every structured `twinspark:*` key from the stack and validate it."""
+    config = config or pulumi.Config(NAMESPACE)
+    raw = {}
+    for key in STRUCTURED_KEYS:
+        try:
+            raw[key] = config.get_object(key)
+        except Exception:  # pulumi raises a bare ConfigTypeError on non-JSON values
+            raise pulumi.RunError(
+                f"{NAMESPACE}:{key}: {config.get(key)!r} is not structured — expected a YAML "
+                "mapping or list as in Pulumi.spark.yaml"
+            ) from None
+    return parse_stack_config(raw)

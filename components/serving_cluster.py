@@ -1,0 +1,95 @@
+"""ServingCluster: the Ray/vLLM containers, one per node, with the recipe's docker flags.
+
+Creates one worker container per worker node (entrypoint boot-worker.sh) and one head
+container (boot-head.sh, vLLM as PID 1) that depends on every worker, all with restart
+`unless-stopped`. Each carries its node's bundle hash and image id, so a parameter change
+replaces workers first and the head last; a no-op changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import pulumi
+import pulumi_docker as docker
+
+from .config import Node, StackConfig
+from .launch_bundle import BUNDLE_DIR, CONTAINER_BUNDLE_DIR, LOG_DIR
+
+BUNDLE_LABEL = "twinspark.bundle-sha256"
+STACK_SIZE_BYTES = 67108864
+
+
+def container_name(node: Node) -> str:
+    return f"twinspark-{node.role}"
+
+
+def entrypoint(node: Node) -> list[str]:
+    return ["/bin/bash", f"{CONTAINER_BUNDLE_DIR}/boot-{node.role}.sh"]
+
+
+@dataclass(frozen=True)
+class NodeServingInputs:
+    """What one node's container is made from."""
+
+    node: Node
+    provider: docker.Provider
+    image_id: pulumi.Input[str]
+    bundle_hash: pulumi.Input[str]
+    ready_after: Sequence[pulumi.Resource]  # bundle files, weights, fabric check
+
+
+def container_args(cfg: StackConfig, inputs: NodeServingInputs) -> dict:
+    """Every docker option of the recipe (§4): host network and IPC, all GPUs, RDMA devices."""
+    return dict(
+        name=container_name(inputs.node),
+        image=inputs.image_id,
+        entrypoints=entrypoint(inputs.node),
+        network_mode="host",
+        ipc_mode="host",
+        gpus="all",
+        ulimits=[
+            docker.ContainerUlimitArgs(name="memlock", soft=-1, hard=-1),
+            docker.ContainerUlimitArgs(name="stack", soft=STACK_SIZE_BYTES, hard=STACK_SIZE_BYTES),
+        ],
+        capabilities=docker.ContainerCapabilitiesArgs(adds=["IPC_LOCK"]),
+        devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband", container_path="/dev/infiniband")],
+        restart="unless-stopped",
+        mounts=[
+            docker.ContainerMountArgs(type="bind", source=cfg.model.dir, target=cfg.model.container_dir, read_only=True),
+            docker.ContainerMountArgs(type="bind", source=BUNDLE_DIR, target=CONTAINER_BUNDLE_DIR, read_only=True),
+        ],
+        volumes=[docker.ContainerVolumeArgs(host_path=LOG_DIR, container_path=LOG_DIR)],
+        labels=[docker.ContainerLabelArgs(label=BUNDLE_LABEL, value=inputs.bundle_hash)],
+        wait=False,
+    )
+
+
+class ServingCluster(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        per_node: Sequence[NodeServingInputs],
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        super().__init__("twinspark:serving_cluster:ServingCluster", name, None, opts)
+        self.workers = [
+            self._container(cfg, inputs, []) for inputs in per_node if inputs.node.role == "worker"
+        ]
+        head_inputs = next(i for i in per_node if i.node.role == "head")
+        self.head = self._container(cfg, head_inputs, self.workers)
+        self.register_outputs({"headContainerId": self.head.id})
+
+    def _container(self, cfg, inputs: NodeServingInputs, after: list) -> docker.Container:
+        return docker.Container(
+            f"{inputs.node.name}-{container_name(inputs.node)}",
+            **container_args(cfg, inputs),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=inputs.provider,
+                depends_on=[*inputs.ready_after, *after],
+                delete_before_replace=True,  # the container name is fixed
+            ),
+        )

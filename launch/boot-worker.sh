@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# boot-worker.sh — entrypoint of a worker container (restart policy: unless-stopped).
+#
+# Join the head's Ray cluster (retrying until it answers), remember this node's Ray NodeID,
+# then watch: when that NodeID is no longer alive in the head's GCS (the head restarted), the
+# head stays unreachable, or the local raylet dies, leave so docker restarts the container
+# and it rejoins fresh. `ray status` succeeding proves nothing (recipe gotcha 11).
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=boot-common.sh
+. "$(dirname "$0")/boot-common.sh"
+exec > >(tee -a "$TWINSPARK_LOG_DIR/boot-worker.log") 2>&1
+
+join_head() {
+  local attempt=1
+  until ray_start --address="$TWINSPARK_HEAD_IP:$RAY_PORT"; do
+    log "head $TWINSPARK_HEAD_IP:$RAY_PORT not joinable yet (attempt $attempt); retrying in 5 s"
+    stop_ray
+    attempt=$((attempt + 1))
+    sleep 5
+  done
+}
+
+main() {
+  stop_ray
+  log "joining Ray head $TWINSPARK_HEAD_IP:$RAY_PORT as $TWINSPARK_NODE_IP"
+  join_head
+  local node_id reason
+  if ! node_id=$(membership node-id --head "$TWINSPARK_HEAD_IP" --ip "$TWINSPARK_NODE_IP"); then
+    log "joined, but the head does not list this node; restarting to rejoin"
+    stop_ray
+    exit 1
+  fi
+  log "joined as Ray node $node_id; watching membership"
+  reason=$(membership watch --head "$TWINSPARK_HEAD_IP" --node-id "$node_id")
+  log "leaving: $reason; docker restarts this container and it rejoins fresh"
+  stop_ray
+  exit 1
+}
+
+main "$@"

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# fabric-check.sh — verify this node's QSFP fabric before anything loads a model (recipe §1).
+#
+#   fabric-check.sh --node spark1 --mtu 9000 --speed-mbps 200000 \
+#       --rail enp1s0f0np0:rocep1s0f0:10.0.0.2 --rail enP2p1s0f0np0:roceP2p1s0f0:10.0.1.2
+#
+# A rail is IFACE:HCA:PEER[,PEER...]. Checks each rail: link up at the expected speed, the
+# expected MTU, RoCE port ACTIVE with active_mtu 4096, a don't-fragment ping of MTU-28 bytes
+# to every peer; and memlock unlimited in this (fresh) login. Prints one FAIL line per failed
+# check naming node, rail, expected and measured value; exits 1 if any failed.
+set -euo pipefail
+
+node="$(hostname)"
+mtu=9000
+speed_mbps=200000
+rails=()
+failures=0
+
+log() { printf '%s fabric-check %s: %s\n' "$(date -u +%H:%M:%S)" "$node" "$*"; }
+ok() { log "ok   $*"; }
+fail() { log "FAIL $*"; failures=$((failures + 1)); }
+
+usage() {
+  echo "usage: $0 --node NAME --mtu N --speed-mbps N --rail IFACE:HCA:PEER[,PEER...] [--rail ...]" >&2
+  exit 2
+}
+
+parse_args() {
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --node) node="$2"; shift 2 ;;
+      --mtu) mtu="$2"; shift 2 ;;
+      --speed-mbps) speed_mbps="$2"; shift 2 ;;
+      --rail) rails+=("$2"); shift 2 ;;
+      *) usage ;;
+    esac
+  done
+  [ "${#rails[@]}" -gt 0 ] || usage
+}
+
+read_sys() { cat "/sys/class/net/$1/$2" 2>/dev/null || echo "unreadable"; }
+
+check_link() {
+  local iface="$1" state speed measured_mtu
+  if [ ! -d "/sys/class/net/$iface" ]; then
+    fail "rail $iface: interface expected present, measured absent (cable plugged before boot? see README)"
+    return 1
+  fi
+  state=$(read_sys "$iface" operstate)
+  if [ "$state" = "up" ]; then ok "rail $iface: link up"; else fail "rail $iface: link expected up, measured $state"; fi
+  speed=$(read_sys "$iface" speed)
+  if [ "$speed" = "$speed_mbps" ]; then ok "rail $iface: speed ${speed} Mb/s"; else fail "rail $iface: speed expected ${speed_mbps} Mb/s, measured ${speed} Mb/s"; fi
+  measured_mtu=$(read_sys "$iface" mtu)
+  if [ "$measured_mtu" = "$mtu" ]; then ok "rail $iface: MTU $mtu"; else fail "rail $iface: MTU expected $mtu, measured $measured_mtu"; fi
+}
+
+check_roce() {
+  local iface="$1" hca="$2" info state active_mtu
+  if ! command -v ibv_devinfo >/dev/null; then
+    fail "rail $iface: RoCE $hca expected inspectable, measured ibv_devinfo missing (apt install ibverbs-utils)"
+    return 0
+  fi
+  if ! info=$(ibv_devinfo -d "$hca" -i 1 2>&1); then
+    fail "rail $iface: RoCE device $hca expected present, measured: $(echo "$info" | tail -n 1)"
+    return 0
+  fi
+  state=$(awk '$1 == "state:" {print $2; exit}' <<<"$info")
+  active_mtu=$(awk '$1 == "active_mtu:" {print $2; exit}' <<<"$info")
+  if [ "$state" = "PORT_ACTIVE" ]; then ok "rail $iface: RoCE $hca ACTIVE"; else fail "rail $iface: RoCE $hca state expected PORT_ACTIVE, measured ${state:-unknown}"; fi
+  if [ "$active_mtu" = "4096" ]; then ok "rail $iface: RoCE active_mtu 4096"; else fail "rail $iface: RoCE $hca active_mtu expected 4096, measured ${active_mtu:-unknown}"; fi
+}
+
+check_peers() {
+  local iface="$1" peers="$2" peer payload=$((mtu - 28))
+  local IFS=','
+  for peer in $peers; do
+    [ -n "$peer" ] || continue
+    if ping -q -M "do" -s "$payload" -c 2 -i 0.2 -W 2 -I "$iface" "$peer" >/dev/null 2>&1; then
+      ok "rail $iface: ${payload}-byte DF ping to $peer"
+    else
+      fail "rail $iface: ${payload}-byte don't-fragment ping to $peer expected answered, measured no reply"
+    fi
+  done
+}
+
+check_memlock() {
+  local limit
+  limit=$(ulimit -l)
+  if [ "$limit" = "unlimited" ]; then ok "memlock unlimited in a fresh login"; else fail "memlock expected unlimited in a fresh login, measured ${limit} KiB (recipe gotchas 1-2)"; fi
+}
+
+main() {
+  parse_args "$@"
+  local rail iface hca peers
+  for rail in "${rails[@]}"; do
+    IFS=':' read -r iface hca peers <<<"$rail"
+    if check_link "$iface"; then
+      check_roce "$iface" "$hca"
+      check_peers "$iface" "$peers"
+    fi
+  done
+  check_memlock
+  if [ "$failures" -gt 0 ]; then
+    log "$failures check(s) failed"
+    exit 1
+  fi
+  log "fabric healthy"
+}
+
+main "$@"

@@ -1,0 +1,170 @@
+"""Run the real __main__.py under Pulumi mocks, in a subprocess, and report what it asked for.
+
+`run_program(config)` returns every registered resource (type, name, inputs, parent,
+dependencies, provider, options seen by the monitor), the exported outputs (with their
+secret flags), or the error the program stopped with. A subprocess per run keeps Pulumi's
+global runtime state from leaking between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+STACK_FILE = ROOT / "Pulumi.spark.yaml"
+
+_CHILD = r'''
+import asyncio, hashlib, json, os, runpy, sys, traceback
+import pulumi
+from pulumi.runtime import mocks as pm
+from pulumi.runtime.stack import wait_for_rpcs
+
+config, preview = json.loads(sys.argv[1]), sys.argv[2] == "preview"
+records, exports = [], {}
+
+def fake_outputs(type_, name, inputs):
+    out = dict(inputs)
+    if type_ == "docker:index/image:Image":
+        out["repoDigest"] = "sha256:" + hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    if type_ == "random:index/randomPassword:RandomPassword":
+        out["result"] = "generated-api-key-0123456789abcdef0123456789abcd"
+    if type_ == "command:remote:Command":
+        out["stdout"] = "ssh-ed25519 AAAAC3NzaFAKEKEY twinspark-weights@" + name.rsplit("-", 1)[-1] if "sync-key" in name else ""
+        out["stderr"] = ""
+    return out
+
+class Mocks(pm.Mocks):
+    def new_resource(self, args):
+        return [args.name + "_id", fake_outputs(args.typ, args.name, args.inputs)]
+    def call(self, args):
+        return {}
+
+class RecordingMonitor(pm.MockMonitor):
+    def RegisterResource(self, request):
+        from google.protobuf import json_format
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            records.append({"urn": response.urn,
+                "type": request.type, "name": request.name, "custom": request.custom,
+                "parent": request.parent, "dependencies": list(request.dependencies),
+                "provider": request.provider, "deleteBeforeReplace": request.deleteBeforeReplace,
+                "inputs": json_format.MessageToDict(request.object),
+            })
+        return response
+
+mocks = Mocks()
+pm.set_mocks(mocks, project="twinspark", stack="spark", preview=preview, monitor=RecordingMonitor(mocks))
+pulumi.runtime.set_all_config(config)
+
+def export(name, value):
+    exports[name] = pulumi.Output.from_input(value)
+pulumi.export = export
+
+async def resolve():
+    result = {}
+    for name, out in exports.items():
+        result[name] = {"value": await out.future(), "secret": await out.is_secret()}
+    return result
+
+loop = asyncio.get_event_loop()
+error = None
+try:
+    runpy.run_path("__main__.py", run_name="__main__")
+    outputs = loop.run_until_complete(resolve())
+    loop.run_until_complete(wait_for_rpcs())
+except pulumi.RunError as e:
+    error, outputs = {"kind": "RunError", "message": str(e)}, {}
+except Exception as e:
+    error, outputs = {"kind": type(e).__name__, "message": traceback.format_exc()}, {}
+print("@@RESULT@@" + json.dumps({"resources": records, "outputs": outputs, "error": error}, default=str))
+'''
+
+
+@dataclass
+class Resource:
+    type: str
+    name: str
+    urn: str
+    inputs: dict[str, Any]
+    parent: str
+    dependencies: list[str]
+    provider: str
+    delete_before_replace: bool
+
+
+@dataclass
+class ProgramRun:
+    resources: list[Resource]
+    outputs: dict[str, dict[str, Any]]
+    error: Optional[dict[str, str]]
+    by_name: dict[str, Resource] = field(init=False)
+
+    def __post_init__(self):
+        self.by_name = {r.name: r for r in self.resources}
+
+    def of_type(self, type_: str) -> list[Resource]:
+        return [r for r in self.resources if r.type == type_]
+
+    def named(self, name: str) -> Resource:
+        return self.by_name[name]
+
+    def ancestors(self, resource: Resource) -> set[str]:
+        """URNs of the resource and every component it sits under."""
+        urns, parent = {resource.urn}, resource.parent
+        by_urn = {r.urn: r for r in self.resources}
+        while parent in by_urn:
+            urns.add(parent)
+            parent = by_urn[parent].parent
+        return urns
+
+    def depends_on(self, resource: Resource, target_name: str) -> bool:
+        """Does `resource` (or a component above it) wait, directly or transitively, for target?"""
+        by_urn = {r.urn: r for r in self.resources}
+        target = self.named(target_name)
+        seen, frontier = set(), set(self.ancestors(resource))
+        while frontier:
+            urn = frontier.pop()
+            if urn in seen:
+                continue
+            seen.add(urn)
+            if urn == target.urn or (urn in by_urn and target.urn in self.ancestors(by_urn[urn])):
+                return True
+            if urn in by_urn:
+                for dep in by_urn[urn].dependencies:
+                    frontier |= self.ancestors(by_urn[dep]) if dep in by_urn else {dep}
+        return False
+
+
+def stack_config(path: Path = STACK_FILE) -> dict[str, Any]:
+    """The stack file's config as `twinspark:key -> value` (structured values kept)."""
+    return dict(yaml.safe_load(path.read_text())["config"])
+
+
+def run_program(config: dict[str, Any], preview: bool = False, extra_env: Optional[dict] = None) -> ProgramRun:
+    encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
+    env = {**os.environ, **(extra_env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(encoded), "preview" if preview else "up"],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+    )
+    marker = proc.stdout.rfind("@@RESULT@@")
+    if marker < 0:
+        raise AssertionError(f"program run crashed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    data = json.loads(proc.stdout[marker + len("@@RESULT@@"):])
+    resources = [
+        Resource(
+            type=r["type"], name=r["name"], urn=r["urn"], inputs=r["inputs"], parent=r["parent"],
+            dependencies=r["dependencies"], provider=r["provider"], delete_before_replace=r["deleteBeforeReplace"],
+        )
+        for r in data["resources"]
+    ]
+    return ProgramRun(resources, data["outputs"], data["error"])
+
