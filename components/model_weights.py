@@ -37,7 +37,7 @@ def render_sync_key_command() -> str:
     return bash(
         f"""set -euo pipefail
 key={SYNC_KEY}
-mkdir -p -m 700 ~/.ssh
+install -d -m 700 ~/.ssh
 [ -f "$key" ] || ssh-keygen -q -t ed25519 -N '' -C "{SYNC_KEY_COMMENT}@$(hostname)" -f "$key"
 cat "$key.pub"
 """
@@ -53,7 +53,7 @@ def render_authorize_command() -> str:
     return bash(
         """set -euo pipefail
 IFS= read -r line
-mkdir -p -m 700 ~/.ssh
+install -d -m 700 ~/.ssh
 touch ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys
 if grep -qxF "$line" ~/.ssh/authorized_keys; then echo "unchanged: sync key authorized"; exit 0; fi
 echo "$line" >> ~/.ssh/authorized_keys

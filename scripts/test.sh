@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# scripts/test.sh — install what the tests need (Debian/Ubuntu, as root) and run them.
+#
+#   sudo ./scripts/test.sh            # everything
+#   sudo ./scripts/test.sh -k fabric  # extra arguments go to pytest
+#
+# Installs only what is missing: Debian tools the tests run for real (shellcheck, netplan,
+# sshd, rsync, ping, sudo, iproute2), a virtualenv with requirements-dev.txt in .venv, and
+# the Codex CLI from npm in build/codex.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CODEX_VERSION=0.171.0
+DEBIAN_PACKAGES=(shellcheck netplan.io openssh-server openssh-client rsync iputils-ping sudo iproute2 curl python3-venv npm)
+
+log() { printf '%s test.sh: %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+
+missing_debian_packages() {
+  local pkg
+  for pkg in "${DEBIAN_PACKAGES[@]}"; do
+    if [ "$pkg" = npm ] && command -v npm >/dev/null; then continue; fi
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || echo "$pkg"
+  done
+}
+
+install_debian_packages() {
+  local missing
+  mapfile -t missing < <(missing_debian_packages)
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_python_env() {
+  if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    python3 -m venv .venv
+  fi
+  if ! cmp -s requirements-dev.txt .venv/.installed-requirements 2>/dev/null \
+     || ! cmp -s requirements.txt .venv/.installed-runtime 2>/dev/null; then
+    log "installing requirements-dev.txt into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+    cp requirements-dev.txt .venv/.installed-requirements
+    cp requirements.txt .venv/.installed-runtime
+  fi
+}
+
+install_codex() {
+  [ -x build/codex/node_modules/.bin/codex ] && return 0
+  log "installing @openai/codex@$CODEX_VERSION into build/codex"
+  mkdir -p build/codex
+  npm install --silent --no-audit --no-fund --prefix build/codex "@openai/codex@$CODEX_VERSION" >/dev/null
+}
+
+main() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "run as root (sudo): the tests install Debian packages and build network namespaces" >&2
+    exit 2
+  fi
+  install_debian_packages
+  install_python_env
+  install_codex
+  log "running pytest"
+  exec .venv/bin/python -m pytest "$@"
+}
+
+main "$@"

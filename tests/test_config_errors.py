@@ -1,0 +1,107 @@
+"""A corpus of bad configs: each stops with a RunError naming the key path, value and expectation."""
+
+import copy
+
+import pulumi
+import pytest
+from program_harness import stack_config
+
+from components.config import parse_stack_config
+
+BASE = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+
+
+def set_path(cfg, path, value):
+    *parents, last = path
+    target = cfg
+    for p in parents:
+        target = target[p]
+    if value is DELETE:
+        del target[last]
+    else:
+        target[last] = value
+
+
+DELETE = object()
+
+# (mutation path, new value, key path the message must name, fragments it must also contain)
+CASES = [
+    (("nodes", 1, "rails", 0, "address"), "10.0.0.300/24", "twinspark:nodes[1].rails[0].address", ["10.0.0.300/24", "IPv4"]),
+    (("nodes", 1, "rails", 0, "address"), "10.0.0.2", "twinspark:nodes[1].rails[0].address", ["prefix length"]),
+    (("nodes", 1, "rails", 0, "address"), "10.9.0.2/24", "twinspark:nodes[1].rails[0].address", ["10.0.0.0/24"]),
+    (("nodes", 1, "rails", 1, "address"), "10.0.1.1/24", "twinspark:nodes[1].rails[1].address", ["already used", "nodes[0].rails[1]"]),
+    (("nodes", 1, "role"), "head", "twinspark:nodes", ["exactly one", "2 nodes"]),
+    (("nodes", 0, "role"), "worker", "twinspark:nodes", ["exactly one", "0 nodes"]),
+    (("nodes", 1, "role"), "leader", "twinspark:nodes[1].role", ["'head' or 'worker'", "leader"]),
+    (("nodes", 1, "host"), "192.168.1.10", "twinspark:nodes[1].host", ["nodes[0].host"]),
+    (("nodes", 1, "name"), "spark1", "twinspark:nodes[1].name", ["nodes[0].name"]),
+    (("nodes", 1, "name"), "", "twinspark:nodes[1].name", ["pattern"]),
+    (("nodes", 1, "name"), "Spark 2", "twinspark:nodes[1].name", ["Spark 2"]),
+    (("nodes", 0, "rails", 0, "iface"), "", "twinspark:nodes[0].rails[0].iface", []),
+    (("nodes", 0, "rails", 0, "hca"), "", "twinspark:nodes[0].rails[0].hca", []),
+    (("nodes", 0, "rails"), [], "twinspark:nodes[0].rails", ["at least 1"]),
+    (("nodes", 1, "rails"), [{"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.2/24"}], "twinspark:nodes", ["same number of rails"]),
+    (("nodes", 0, "hostKey"), "not-a-key", "twinspark:nodes[0].hostKey", ["not-a-key"]),
+    (("nodes", 0, "colour"), "green", "twinspark:nodes[0].colour", ["Extra inputs"]),
+    (("nodes",), [], "twinspark:nodes", ["at least 1"]),
+    (("ssh", "user"), "", "twinspark:ssh.user", []),
+    (("ssh", "user"), "Root User", "twinspark:ssh.user", ["Root User"]),
+    (("ssh", "user"), DELETE, "twinspark:ssh.user", ["Field required"]),
+    (("fabric", "mtu"), 100000, "twinspark:fabric.mtu", ["9216", "100000"]),
+    (("fabric", "mtu"), 576, "twinspark:fabric.mtu", ["1280"]),
+    (("fabric", "mtu"), "jumbo", "twinspark:fabric.mtu", ["jumbo"]),
+    (("fabric", "linkSpeedMbps"), 0, "twinspark:fabric.linkSpeedMbps", ["greater than 0"]),
+    (("fabric", "bootstrapIface"), "", "twinspark:fabric.bootstrapIface", []),
+    (("model", "repo"), "DeepSeek-V4-Flash", "twinspark:model.repo", ["DeepSeek-V4-Flash"]),
+    (("model", "dir"), "models/ds", "twinspark:model.dir", ["models/ds"]),
+    (("model", "dir"), "/home/nvidia/my models", "twinspark:model.dir", []),
+    (("model", "servedName"), "", "twinspark:model.servedName", []),
+    (("serving", "profile"), "fast", "twinspark:serving.profile", ["'default' or 'multiagent'", "fast"]),
+    (("serving", "port"), 70000, "twinspark:serving.port", ["65535"]),
+    (("serving", "port"), 0, "twinspark:serving.port", ["greater than or equal to 1"]),
+    (("serving", "gpuMemoryUtilization"), 1.2, "twinspark:serving.gpuMemoryUtilization", ["0.95", "1.2"]),
+    (("serving", "gpuMemoryUtilization"), 0, "twinspark:serving.gpuMemoryUtilization", ["greater than 0"]),
+    (("serving", "maxModelLen"), -1, "twinspark:serving.maxModelLen", []),
+    (("serving", "kvCacheDtype"), "fp8 ds", "twinspark:serving.kvCacheDtype", []),
+    (("serving", "extraArgs"), ["max-num-seqs=4"], "twinspark:serving.extraArgs[0]", ["'--flag'"]),
+    (("serving", "extraArgs"), ["--enforce-eager", "--port", "9000"], "twinspark:serving.extraArgs[1]", ["serving.port"]),
+    (("serving", "extraArgs"), ["--api-key=x"], "twinspark:serving.extraArgs[0]", ["twinspark:apiKey"]),
+    (("serving", "extraArgs"), ["--max-num-seqs", "4", "5"], "twinspark:serving.extraArgs[2]", ["'5'"]),
+    (("serving", "readinessTimeoutMinutes"), 0, "twinspark:serving.readinessTimeoutMinutes", []),
+    (("serving", "image"), "", "twinspark:serving.image", []),
+]
+
+
+@pytest.mark.parametrize("path, value, key, fragments", CASES, ids=[c[2] + "=" + repr(c[1])[:20] for c in CASES])
+def test_bad_config_names_the_key(path, value, key, fragments):
+    cfg = copy.deepcopy(BASE)
+    set_path(cfg, path, value)
+    with pytest.raises(pulumi.RunError) as err:
+        parse_stack_config(cfg)
+    message = str(err.value)
+    assert f"{key}:" in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+@pytest.mark.parametrize("block", ["ssh", "nodes", "fabric", "model", "serving"])
+def test_missing_block_is_named(block):
+    cfg = copy.deepcopy(BASE)
+    del cfg[block]
+    with pytest.raises(pulumi.RunError, match=f"twinspark:{block}: missing"):
+        parse_stack_config(cfg)
+
+
+def test_several_errors_are_all_reported():
+    cfg = copy.deepcopy(BASE)
+    cfg["fabric"]["mtu"] = 1
+    cfg["serving"]["port"] = -5
+    with pytest.raises(pulumi.RunError) as err:
+        parse_stack_config(cfg)
+    assert "twinspark:fabric.mtu" in str(err.value) and "twinspark:serving.port" in str(err.value)
+
+
+def test_a_single_node_is_tp1_and_valid():
+    cfg = copy.deepcopy(BASE)
+    cfg["nodes"] = cfg["nodes"][:1]
+    assert parse_stack_config(cfg).tensor_parallel_size == 1

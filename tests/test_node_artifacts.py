@@ -1,0 +1,267 @@
+"""What lands on the nodes, checked with real tools: shellcheck, netplan, bash, curl, codex."""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import unwrap
+
+from components import host_prep, launch_bundle
+from components.config import parse_stack_config
+from components.client_outputs import render_codex_config, render_codex_model_catalog
+from components.readiness import SCRIPT as WAIT_READY, wait_ready_args
+from components.remote import LAUNCH_DIR, install_file_command, remove_file_command, script_command, script_stdin
+from program_harness import ROOT, stack_config
+
+CFG = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+SHELL_SCRIPTS = sorted(LAUNCH_DIR.glob("*.sh"))
+
+
+def shellcheck(path_or_text, name="script"):
+    if isinstance(path_or_text, Path):
+        proc = subprocess.run(["shellcheck", "-x", str(path_or_text)], capture_output=True, text=True, cwd=LAUNCH_DIR)
+    else:
+        proc = subprocess.run(["shellcheck", "-s", "bash", "-"], input=path_or_text, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{name}:\n{proc.stdout}{proc.stderr}"
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=[p.name for p in SHELL_SCRIPTS])
+def test_launch_scripts_pass_shellcheck(script):
+    shellcheck(script)
+
+
+def test_rendered_launch_script_passes_shellcheck():
+    shellcheck(launch_bundle.render_launch_vllm(CFG), "launch-vllm.sh")
+
+
+def test_every_remote_command_passes_shellcheck(recipe_run):
+    """The bash bodies the program sends over SSH, exactly as recorded under mocks."""
+    checked = 0
+    for r in recipe_run.of_type("command:remote:Command"):
+        for field in ("create", "delete"):
+            line = unwrap(r.inputs.get(field))
+            if not line:
+                continue
+            argv = shlex.split(line)
+            assert argv[:2] == ["bash", "-c"], (r.name, field)
+            shellcheck(argv[2], f"{r.name}.{field}")
+            checked += 1
+    assert checked >= 25
+
+
+def test_netplan_generate_accepts_the_rendered_rails(tmp_path):
+    for node in CFG.nodes:
+        root = tmp_path / node.name
+        (root / "etc/netplan").mkdir(parents=True)
+        target = root / "etc/netplan/99-qsfp.yaml"
+        target.write_text(host_prep.render_netplan(node, CFG.fabric))
+        target.chmod(0o600)
+        proc = subprocess.run(["netplan", "generate", "--root-dir", str(root)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        generated = {p.name: p.read_text() for p in (root / "run/systemd/network").glob("*")}
+        for rail in node.rails:
+            network = generated[f"10-netplan-{rail.iface}.network"]
+            assert f"Address={rail.address}" in network
+            assert "LinkLocalAddressing=ipv6" not in network or "DHCP=no" in network or "DHCP" not in network
+            link = generated[f"10-netplan-{rail.iface}.link"]
+            assert "MTUBytes=9000" in link
+
+
+def test_example_netplan_matches_the_renderer():
+    example = (ROOT / "netplan/99-qsfp.spark1.example.yaml").read_text()
+    assert example == host_prep.render_netplan(CFG.head, CFG.fabric)
+
+
+def fake_vllm_bundle(tmp_path, cfg, api_key="sk-test-key"):
+    """A bundle directory with the rendered launch script and a `vllm` that records argv and env."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    launch = bundle / "launch-vllm.sh"
+    launch.write_text(launch_bundle.render_launch_vllm(cfg))
+    launch.chmod(0o755)
+    (bundle / "secrets.env").write_text(launch_bundle.render_secrets_env(api_key))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "vllm"
+    fake.write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        "json.dump({'argv': sys.argv[1:], 'key': os.environ.get('VLLM_API_KEY'), 'pid_is_exec': True},"
+        " open(os.environ['RECORD'], 'w'))\n"
+    )
+    fake.chmod(0o755)
+    return launch, bin_dir
+
+
+@pytest.mark.parametrize("profile, spec_tokens, seqs", [("default", 7, "6"), ("multiagent", 3, "8")])
+def test_launch_script_runs_vllm_with_exact_argv(tmp_path, profile, spec_tokens, seqs):
+    cfg = CFG.model_copy(update={"serving": CFG.serving.model_copy(update={"profile": profile})})
+    launch, bin_dir = fake_vllm_bundle(tmp_path, cfg, api_key="sk-it's \"quoted\" $HOME")
+    record = tmp_path / "record.json"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record)}
+    subprocess.run([str(launch)], check=True, env=env, timeout=30)
+    seen = json.loads(record.read_text())
+    assert seen["argv"] == launch_bundle.vllm_argv(cfg)
+    argv = seen["argv"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "dspark", "num_speculative_tokens": spec_tokens, "draft_sample_method": "probabilistic",
+    }
+    assert argv[argv.index("--max-num-seqs") + 1] == seqs
+    # the key reaches vLLM through its environment, byte for byte, and never through argv
+    assert seen["key"] == "sk-it's \"quoted\" $HOME"
+    assert not any("sk-it" in a for a in argv)
+
+
+def test_fabric_check_reports_each_failure_with_node_rail_expected_and_measured(tmp_path):
+    """On this machine `lo` is no QSFP rail: every check must fail, and say why."""
+    env = {**os.environ, "PATH": f"{tmp_path}:/usr/sbin:/usr/bin:/sbin:/bin"}  # no ibv_devinfo here
+    proc = subprocess.run(
+        ["bash", str(LAUNCH_DIR / "fabric-check.sh"), "--node", "sparkX", "--mtu", "9000", "--speed-mbps", "200000",
+         "--rail", "lo:rocep1s0f0:127.0.0.1", "--rail", "nosuchrail0:roceX:10.0.0.2"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    out = proc.stdout
+    assert proc.returncode == 1, out
+    fails = [l for l in out.splitlines() if " FAIL " in l]
+    assert all("sparkX" in l for l in fails)
+    assert any("rail lo: MTU expected 9000, measured 65536" in l for l in fails), out
+    assert any("rail lo: speed expected 200000 Mb/s" in l for l in fails), out
+    assert any("rail lo: RoCE rocep1s0f0" in l and "ibv_devinfo missing" in l for l in fails), out
+    assert any("rail nosuchrail0: interface expected present, measured absent" in l for l in fails), out
+    # 127.0.0.1 answers an 8972-byte DF ping on lo (MTU 65536): that check must pass
+    assert "ok   rail lo: 8972-byte DF ping to 127.0.0.1" in out
+
+
+def run_remote(line, stdin=""):
+    return subprocess.run(["bash", "-c", line], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def private_state_dir():
+    """install_file_command keeps its applied-state under /var/lib/twinspark: give it a private tmpfs."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.fail("needs root and unshare (CI runs as root)")
+    yield lambda line: ["unshare", "--mount", "bash", "-c",
+                        "mkdir -p /var/lib/twinspark && mount -t tmpfs tmpfs /var/lib/twinspark && " + line]
+
+
+def test_install_file_is_idempotent_and_reverts(tmp_path, private_state_dir):
+    target = tmp_path / "etc" / "managed.conf"
+    marker = tmp_path / "applied-count"
+    apply = f"echo x >> {marker}"
+    install = install_file_command("spark1", "hostprep/test", str(target), "0600", apply)
+    remove = remove_file_command("spark1", "hostprep/test", str(target), f"echo reverted > {marker}")
+    # three installs of the same content, one after a content change, in one private namespace
+    script = (
+        f"printf 'a=1\\n' | {install}; printf 'a=1\\n' | {install}; printf 'a=2\\n' | {install}; "
+        f"stat -c %a:%U {target}; cat {marker} | wc -l; {remove}; {remove}; test ! -e {target} && cat {marker}"
+    )
+    proc = subprocess.run(private_state_dir(script), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"installed: {target}"
+    assert lines[1] == f"unchanged: {target}"
+    assert lines[2] == f"installed: {target}"
+    assert lines[3] == "600:root"
+    assert lines[4] == "2"  # applied once per real change
+    assert lines[5] == f"removed: {target}"
+    assert lines[6] == "reverted"  # second remove found nothing to do and printed nothing
+
+
+def test_install_file_reapplies_when_the_last_apply_failed(tmp_path, private_state_dir):
+    target = tmp_path / "f.conf"
+    flaky = tmp_path / "fail-once"
+    flaky.write_text("")
+    apply = f"if [ -e {flaky} ]; then rm {flaky}; false; fi; echo applied"
+    install = install_file_command("spark2", "hostprep/flaky", str(target), "0644", apply)
+    script = f"printf 'v\\n' | {install} || echo FAILED; printf 'v\\n' | {install}"
+    proc = subprocess.run(private_state_dir(script), capture_output=True, text=True, timeout=60)
+    assert "FAILED" in proc.stdout and "node spark2, step hostprep/flaky: failed" in proc.stderr
+    assert proc.stdout.strip().endswith("applied"), proc.stdout
+
+
+class _FakeVllm(BaseHTTPRequestHandler):
+    key = "sk-ready-test"
+    healthy_after = 2
+    health_calls = 0
+    completions = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        cls = type(self)
+        cls.health_calls += 1
+        self.send_response(200 if self.path == "/health" and cls.health_calls > cls.healthy_after else 503)
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        authorized = self.headers.get("Authorization") == f"Bearer {self.key}"
+        type(self).completions.append((authorized, body))
+        self.send_response(200 if authorized else 401)
+        self.end_headers()
+        self.wfile.write(json.dumps({"choices": [{"text": "!"}]} if authorized else {"error": "x"}).encode())
+
+
+@pytest.fixture
+def fake_endpoint():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVllm)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _FakeVllm.health_calls, _FakeVllm.completions = 0, []
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def readiness_command(port, timeout_s):
+    cfg = CFG.model_copy(update={"serving": CFG.serving.model_copy(update={"port": port})})
+    args = wait_ready_args(cfg)
+    args[args.index("--timeout-s") + 1] = str(timeout_s)
+    return script_command(WAIT_READY, args, secret_env=["VLLM_API_KEY"])
+
+
+def test_readiness_waits_for_health_then_an_authorized_completion(fake_endpoint):
+    line = readiness_command(fake_endpoint, 60)
+    proc = run_remote(line, stdin=f"{_FakeVllm.key}\n" + script_stdin(WAIT_READY))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "serving: a 1-token completion succeeded" in proc.stdout
+    authorized, body = _FakeVllm.completions[-1]
+    assert authorized and body["model"] == "ds-0731" and body["max_tokens"] == 1
+    assert _FakeVllm.key not in line
+
+
+def test_readiness_times_out_with_the_log_tail(fake_endpoint, tmp_path):
+    line = readiness_command(fake_endpoint, 14)
+    proc = run_remote(line, stdin="wrong-key\n" + script_stdin(WAIT_READY))
+    assert proc.returncode == 1
+    assert "not serving after 14 s" in proc.stdout
+    assert _FakeVllm.completions and not any(ok for ok, _ in _FakeVllm.completions)
+
+
+def codex_binary():
+    for candidate in (ROOT / "build/codex/node_modules/.bin/codex", shutil.which("codex")):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    pytest.fail("the Codex CLI is missing: .ci/run installs it with npm into build/codex")
+
+
+def test_codex_accepts_the_generated_config_and_catalog(tmp_path):
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(render_codex_config(CFG))
+    catalog = tmp_path / "catalog.json"
+    catalog.write_text(render_codex_model_catalog(CFG))
+    proc = subprocess.run(
+        [codex_binary(), "debug", "models", "-c", f'model_catalog_json="{catalog}"'],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "CODEX_HOME": str(home)},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    models = json.loads(proc.stdout)["models"]
+    assert [m["slug"] for m in models] == ["ds-0731"]
+    assert models[0]["context_window"] == 1048576
+    assert models[0]["apply_patch_tool_type"] == "freeform"

@@ -1,0 +1,362 @@
+"""The real __main__.py under Pulumi mocks with Pulumi.spark.yaml: graph, inputs, outputs."""
+
+import json
+import shlex
+
+import pytest
+from conftest import plain_occurrences, unwrap
+
+from components.config import parse_stack_config
+
+COMMAND = "command:remote:Command"
+CONTAINER = "docker:index/container:Container"
+IMAGE = "docker:index/image:Image"
+DOCKER_PROVIDER = "pulumi:providers:docker"
+NODES = ("spark1", "spark2")
+
+# The recipe's launch command (§4), verbatim.
+RECIPE_VLLM_ARGV = shlex.split(
+    """serve /models/DeepSeek-V4-Flash-0731 --served-model-name ds-0731 --host 0.0.0.0 --port 8000
+    --tensor-parallel-size 2 --distributed-executor-backend ray --trust-remote-code
+    --tokenizer-mode deepseek_v4 --tool-call-parser deepseek_v4 --reasoning-parser deepseek_v4
+    --enable-auto-tool-choice --kv-cache-dtype fp8_ds_mla --moe-backend flashinfer_b12x
+    --block-size 256 --max-model-len 1048576 --gpu-memory-utilization 0.85 --max-num-seqs 6
+    --max-num-batched-tokens 8192 --max-cudagraph-capture-size 24 --generation-config vllm
+    --async-scheduling --enable-chunked-prefill --enable-prefix-caching
+    --speculative-config '{"method":"dspark","num_speculative_tokens":7,"draft_sample_method":"probabilistic"}'"""
+)
+
+# The recipe's environment (§4), verbatim, for spark1.
+RECIPE_ENV = {
+    "NCCL_IB_HCA": "rocep1s0f0,roceP2p1s0f0",
+    "NCCL_NET_GDR_LEVEL": "5",
+    "NCCL_SOCKET_IFNAME": "enP7s7",
+    "GLOO_SOCKET_IFNAME": "enP7s7",
+    "RAY_memory_monitor_refresh_ms": "0",
+    "RAY_DISABLE_MEMORY_MONITOR": "1",
+    "VLLM_USE_FLASHINFER_SAMPLER": "1",
+    "VLLM_USE_B12X_MOE": "1",
+    "VLLM_USE_B12X_WO_PROJECTION": "1",
+    "VLLM_DSPARK_GPU_REJECTED_CONTEXT_MASK": "1",
+    "VLLM_USE_BREAKABLE_CUDAGRAPH": "0",
+    "DEFAULT_THINKING": "low",
+    "HF_HUB_OFFLINE": "1",
+}
+
+
+def stdin_of(run, name):
+    return unwrap(run.named(name).inputs["stdin"])
+
+
+def env_file(run, node):
+    text = stdin_of(run, f"{node}-bundle-twinspark-env")
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def launch_argv(run, node="spark1"):
+    script = stdin_of(run, f"{node}-bundle-launch-vllm-sh")
+    command = script[script.index("exec vllm ") + len("exec vllm "):]
+    return shlex.split(command.replace("\\\n", " "))
+
+
+def test_every_node_gets_each_capability(recipe_run):
+    for node in NODES:
+        for component in ("hostprep", "fabric", "image", "bundle"):
+            assert f"{node}-{component}" in recipe_run.by_name
+        assert f"{node}-image-docker" in recipe_run.by_name
+    assert {r.name for r in recipe_run.of_type(CONTAINER)} == {"spark1-twinspark-head", "spark2-twinspark-worker"}
+    assert {r.name for r in recipe_run.of_type(IMAGE)} == {"spark1-image-image", "spark2-image-image"}
+    # head-only and worker-only pieces
+    assert "spark1-hostprep-userns-sysctl" in recipe_run.by_name
+    assert "spark2-hostprep-userns-sysctl" not in recipe_run.by_name
+    assert "spark1-bundle-secrets-env" in recipe_run.by_name
+    assert "spark2-bundle-secrets-env" not in recipe_run.by_name
+    assert {"weights-fetch-spark1", "weights-sync-key-spark1", "weights-authorize-spark2", "weights-sync-spark2"} <= set(
+        recipe_run.by_name
+    )
+
+
+def test_component_type_tokens(recipe_run):
+    tokens = {r.type for r in recipe_run.resources if r.type.startswith("twinspark:")}
+    assert tokens == {
+        "twinspark:host_prep:HostPrep",
+        "twinspark:fabric_check:FabricCheck",
+        "twinspark:model_weights:ModelWeights",
+        "twinspark:serving_image:ServingImage",
+        "twinspark:launch_bundle:LaunchBundle",
+        "twinspark:serving_cluster:ServingCluster",
+        "twinspark:readiness:Readiness",
+    }
+
+
+@pytest.mark.parametrize(
+    "resource, must_wait_for",
+    [
+        ("spark1-fabric-run", ["spark1-hostprep-netplan", "spark2-hostprep-netplan", "spark2-hostprep-memlock-limits"]),
+        ("spark2-fabric-run", ["spark1-hostprep-netplan", "spark2-hostprep-netplan"]),
+        ("weights-fetch-spark1", ["spark1-fabric-run", "spark2-fabric-run"]),
+        ("weights-sync-spark2", ["weights-fetch-spark1", "weights-authorize-spark2"]),
+        ("spark1-image-image", ["spark1-fabric-run"]),
+        ("spark2-bundle-launch-vllm-sh", ["spark2-fabric-run"]),
+        ("spark2-twinspark-worker", ["spark2-image-image", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "weights-sync-spark2"]),
+        ("spark1-twinspark-head", ["spark1-image-image", "spark1-bundle-secrets-env", "weights-fetch-spark1", "spark2-twinspark-worker"]),
+        ("readiness-wait", ["spark1-twinspark-head"]),
+    ],
+)
+def test_dependencies(recipe_run, resource, must_wait_for):
+    for target in must_wait_for:
+        assert recipe_run.depends_on(recipe_run.named(resource), target), f"{resource} does not wait for {target}"
+
+
+def test_worker_does_not_wait_for_head(recipe_run):
+    assert not recipe_run.depends_on(recipe_run.named("spark2-twinspark-worker"), "spark1-twinspark-head")
+
+
+def test_containers_carry_every_recipe_docker_option(recipe_run):
+    for name, role in (("spark1-twinspark-head", "head"), ("spark2-twinspark-worker", "worker")):
+        c = recipe_run.named(name)
+        inputs = unwrap(c.inputs)
+        assert inputs["name"] == f"twinspark-{role}"
+        assert inputs["networkMode"] == "host"
+        assert inputs["ipcMode"] == "host"
+        assert inputs["gpus"] == "all"
+        assert inputs["restart"] == "unless-stopped"
+        assert {u["name"]: (u["soft"], u["hard"]) for u in inputs["ulimits"]} == {
+            "memlock": (-1, -1),
+            "stack": (67108864, 67108864),
+        }
+        assert inputs["capabilities"] == {"adds": ["IPC_LOCK"]}
+        assert inputs["devices"] == [{"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband"}]
+        mounts = {m["target"]: m for m in inputs["mounts"]}
+        assert mounts["/models/DeepSeek-V4-Flash-0731"]["source"] == "/home/nvidia/models/DeepSeek-V4-Flash-0731"
+        assert mounts["/models/DeepSeek-V4-Flash-0731"]["readOnly"] is True
+        assert mounts["/twinspark"] == {"target": "/twinspark", "source": "/opt/twinspark", "readOnly": True, "type": "bind"}
+        assert inputs["volumes"] == [{"hostPath": "/var/log/twinspark", "containerPath": "/var/log/twinspark"}]
+        assert inputs["entrypoints"] == ["/bin/bash", f"/twinspark/boot-{role}.sh"]
+        assert c.delete_before_replace
+        assert [l["label"] for l in inputs["labels"]] == ["twinspark.bundle-sha256"]
+
+
+def test_containers_use_their_nodes_image_id_and_daemon(recipe_run):
+    for node, container in (("spark1", "spark1-twinspark-head"), ("spark2", "spark2-twinspark-worker")):
+        image = recipe_run.named(f"{node}-image-image")
+        c = recipe_run.named(container)
+        assert c.inputs["image"].startswith("sha256:")  # the built image's id, never the tag
+        assert c.provider.startswith(recipe_run.named(f"{node}-image-docker").urn)
+        assert image.provider.startswith(recipe_run.named(f"{node}-image-docker").urn)
+
+
+def test_serving_image_build(recipe_run):
+    for node, host in (("spark1", "192.168.1.10"), ("spark2", "192.168.1.11")):
+        image = recipe_run.named(f"{node}-image-image").inputs
+        assert image["imageName"] == "twinspark-vllm:ray"
+        assert image["skipPush"] is True
+        build = image["build"]
+        assert build["platform"] == "linux/arm64"
+        assert build["context"] == "launch/serving-image"
+        assert build["args"] == {"BASE_IMAGE": "ghcr.io/anemll/dspark-vllm-gx10:0.1.1", "RAY_VERSION": "2.57.0"}
+        provider = recipe_run.named(f"{node}-image-docker").inputs
+        assert provider["host"] == f"ssh://nvidia@{host}"
+        assert "StrictHostKeyChecking=accept-new" in json.loads(provider["sshOpts"])
+
+
+def test_launch_script_is_the_recipe_command(recipe_run):
+    assert launch_argv(recipe_run) == RECIPE_VLLM_ARGV
+    assert launch_argv(recipe_run, "spark2") == RECIPE_VLLM_ARGV
+
+
+def test_multiagent_profile(program, recipe_config):
+    recipe_config["twinspark:serving"]["profile"] = "multiagent"
+    run = program(recipe_config)
+    argv = launch_argv(run)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "dspark", "num_speculative_tokens": 3, "draft_sample_method": "probabilistic"}
+    assert argv[argv.index("--max-num-seqs") + 1] == "8"
+
+
+def test_extra_args_are_appended_last(program, recipe_config):
+    recipe_config["twinspark:serving"]["extraArgs"] = ["--max-num-seqs", "4", "--enable-log-requests"]
+    argv = launch_argv(program(recipe_config))
+    assert argv[-3:] == ["--max-num-seqs", "4", "--enable-log-requests"]
+
+
+def test_env_file_holds_the_recipe_environment(recipe_run):
+    for node in NODES:
+        env = env_file(recipe_run, node)
+        for key, value in RECIPE_ENV.items():
+            assert env[key] == value, (node, key)
+        assert env["RAY_worker_oom_score_adjustment"] == "0"
+    head, worker = env_file(recipe_run, "spark1"), env_file(recipe_run, "spark2")
+    assert (head["TWINSPARK_ROLE"], worker["TWINSPARK_ROLE"]) == ("head", "worker")
+    assert head["TWINSPARK_NODE_IP"] == head["VLLM_HOST_IP"] == worker["TWINSPARK_HEAD_IP"] == "10.0.0.1"
+    assert worker["TWINSPARK_NODE_IP"] == worker["VLLM_HOST_IP"] == "10.0.0.2"
+    assert head["TWINSPARK_NODE_IPS"] == "10.0.0.1,10.0.0.2"
+
+
+def test_host_prep_files(recipe_run):
+    limits = stdin_of(recipe_run, "spark1-hostprep-memlock-limits")
+    assert "* soft memlock unlimited" in limits and "* hard memlock unlimited" in limits
+    assert "DefaultLimitMEMLOCK=infinity" in stdin_of(recipe_run, "spark2-hostprep-systemd-memlock")
+    assert "kernel.apparmor_restrict_unprivileged_userns = 0" in stdin_of(recipe_run, "spark1-hostprep-userns-sysctl")
+    netplan = recipe_run.named("spark2-hostprep-netplan").inputs
+    assert "/etc/netplan/99-qsfp.yaml" in netplan["create"] and "-m 0600" in netplan["create"]
+    assert "10.0.0.2/24" in netplan["stdin"] and "10.0.1.2/24" in netplan["stdin"]
+    for r in recipe_run.of_type(COMMAND):
+        if r.name.startswith(("spark1-hostprep", "spark2-hostprep")):
+            assert "sudo -n" in r.inputs["create"] and "sudo -n rm" in r.inputs["delete"]
+            assert r.inputs["addPreviousOutputInEnv"] is False
+
+
+def test_fabric_check_arguments(recipe_run):
+    create = recipe_run.named("spark1-fabric-run").inputs["create"]
+    argv = shlex.split(create)
+    assert argv[argv.index("--mtu") + 1] == "9000"
+    assert argv[argv.index("--speed-mbps") + 1] == "200000"
+    rails = [argv[i + 1] for i, a in enumerate(argv) if a == "--rail"]
+    assert rails == ["enp1s0f0np0:rocep1s0f0:10.0.0.2", "enP2p1s0f0np0:roceP2p1s0f0:10.0.1.2"]
+
+
+def test_weights_copy_goes_over_the_first_rail(recipe_run):
+    argv = shlex.split(recipe_run.named("weights-sync-spark2").inputs["create"])
+    assert argv[argv.index("--to") + 1] == "nvidia@10.0.0.2"
+    authorized = stdin_of(recipe_run, "weights-authorize-spark2")
+    assert authorized.startswith('from="10.0.0.1",restrict ssh-ed25519 ')
+
+
+def test_secrets_stay_secret(program, recipe_config):
+    recipe_config["twinspark:apiKey"] = "sk-user-chosen-key-123"
+    recipe_config["twinspark:hfToken"] = "hf_user_token_456"
+    # set_all_config cannot mark values secret; the program must wrap them itself
+    run = program(recipe_config)
+    assert run.error is None, run.error
+    for secret in ("sk-user-chosen-key-123", "hf_user_token_456"):
+        for r in run.resources:
+            assert not plain_occurrences(r.inputs, secret), f"{secret} in plain inputs of {r.name}"
+            for field in ("create", "delete", "update"):
+                assert secret not in json.dumps(unwrap(r.inputs.get(field, ""))), (r.name, field)
+    assert run.outputs["apiKey"] == {"value": "sk-user-chosen-key-123", "secret": True}
+    assert run.outputs["claudeCodeEnv"]["secret"] is True
+    for name, out in run.outputs.items():
+        if not out["secret"]:
+            assert "sk-user-chosen-key-123" not in json.dumps(out["value"]), name
+
+
+def test_generated_key_reaches_vllm_and_readiness_on_stdin(recipe_run):
+    key = recipe_run.outputs["apiKey"]["value"]
+    assert stdin_of(recipe_run, "spark1-bundle-secrets-env") == f"VLLM_API_KEY={key}\n"
+    assert stdin_of(recipe_run, "readiness-wait").startswith(key + "\n")
+    assert "VLLM_API_KEY" in recipe_run.named("readiness-wait").inputs["create"]
+
+
+def test_readiness_waits_for_a_real_completion(recipe_run):
+    r = recipe_run.named("readiness-wait").inputs
+    argv = shlex.split(r["create"])
+    assert argv[argv.index("--timeout-s") + 1] == str(20 * 60)
+    assert argv[argv.index("--url") + 1] == "http://127.0.0.1:8000"
+    assert r["triggers"] == ["spark1-twinspark-head_id"]
+
+
+def test_outputs_contract(recipe_run):
+    out = recipe_run.outputs
+    assert set(out) == {
+        "endpoint", "model", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
+        "codexModelCatalog", "claudeCodeEnv", "nodes",
+    }
+    assert out["endpoint"]["value"] == "http://192.168.1.10:8000/v1"
+    assert out["model"]["value"] == "ds-0731"
+    assert out["healthUrl"]["value"] == "http://192.168.1.10:8000/health"
+    assert out["metricsUrl"]["value"] == "http://192.168.1.10:8000/metrics"
+    codex = out["codexConfig"]["value"]
+    assert 'wire_api = "responses"' in codex and "model_auto_compact_token_limit = 150000" in codex
+    assert 'base_url = "http://192.168.1.10:8000/v1"' in codex
+    catalog = json.loads(out["codexModelCatalog"]["value"])
+    assert catalog["models"][0]["context_window"] == 1048576
+    claude = out["claudeCodeEnv"]["value"]
+    assert "ANTHROPIC_BASE_URL=http://192.168.1.10:8000\n" in claude and "ANTHROPIC_MODEL=ds-0731" in claude
+    assert f"ANTHROPIC_AUTH_TOKEN={out['apiKey']['value']}" in claude
+    nodes = out["nodes"]["value"]
+    assert [(n["name"], n["role"], n["host"]) for n in nodes] == [
+        ("spark1", "head", "192.168.1.10"),
+        ("spark2", "worker", "192.168.1.11"),
+    ]
+    assert nodes[1]["rails"][1] == {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.2/24"}
+
+
+def test_nvfp4_kv_tightens_the_compaction_fence(program, recipe_config):
+    recipe_config["twinspark:serving"]["kvCacheDtype"] = "nvfp4_ds_mla"
+    run = program(recipe_config)
+    assert "model_auto_compact_token_limit = 110000" in run.outputs["codexConfig"]["value"]
+    assert "--kv-cache-dtype" in launch_argv(run) and "nvfp4_ds_mla" in launch_argv(run)
+
+
+def three_node_config(config):
+    config["twinspark:nodes"].append(
+        {
+            "name": "spark3",
+            "role": "worker",
+            "host": "192.168.1.12",
+            "rails": [
+                {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
+                {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"},
+            ],
+        }
+    )
+    return config
+
+
+def test_three_nodes(program, recipe_config):
+    run = program(three_node_config(recipe_config))
+    assert run.error is None, run.error
+    workers = {r.name for r in run.of_type(CONTAINER) if "worker" in r.name}
+    assert workers == {"spark2-twinspark-worker", "spark3-twinspark-worker"}
+    head = run.named("spark1-twinspark-head")
+    for w in workers:
+        assert run.depends_on(head, w)
+    assert {"weights-sync-spark2", "weights-sync-spark3"} <= set(run.by_name)
+    argv = launch_argv(run)
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "3"
+    rails = [a for a in shlex.split(run.named("spark1-fabric-run").inputs["create"]) if a.startswith("enp1s0f0np0:")]
+    assert rails == ["enp1s0f0np0:rocep1s0f0:10.0.0.2,10.0.0.3"]
+    assert env_file(run, "spark3")["TWINSPARK_NODE_IPS"] == "10.0.0.1,10.0.0.2,10.0.0.3"
+
+
+def comparable(run):
+    return {r.name: (r.type, unwrap(r.inputs), r.parent, sorted(r.dependencies)) for r in run.resources}
+
+
+def test_deterministic_inputs(program, recipe_run):
+    assert comparable(program()) == comparable(recipe_run)
+
+
+def test_profile_change_touches_only_bundle_and_restarts(program, recipe_config, recipe_run):
+    recipe_config["twinspark:serving"]["profile"] = "multiagent"
+    changed = program(recipe_config)
+    before, after = comparable(recipe_run), comparable(changed)
+    assert set(before) == set(after)
+    differing = {name for name in before if before[name] != after[name]}
+    assert differing == {
+        "spark1-bundle-launch-vllm-sh",
+        "spark2-bundle-launch-vllm-sh",
+        "spark1-twinspark-head",
+        "spark2-twinspark-worker",
+    }
+    # containers differ only in their bundle label, which docker treats as replace
+    for name in ("spark1-twinspark-head", "spark2-twinspark-worker"):
+        b, a = before[name][1], after[name][1]
+        assert {k for k in b if b[k] != a[k]} == {"labels"}
+
+
+def test_config_errors_stop_the_program_before_any_resource(program, recipe_config):
+    recipe_config["twinspark:nodes"][1]["rails"][0]["address"] = "10.0.0.300/24"
+    run = program(recipe_config)
+    assert run.error["kind"] == "RunError"
+    assert "twinspark:nodes[1].rails[0].address" in run.error["message"]
+    assert "10.0.0.300/24" in run.error["message"]
+    assert run.resources == []
+
+
+def test_recipe_stack_file_is_valid():
+    from program_harness import stack_config
+
+    cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+    assert [n.name for n in cfg.nodes] == ["spark1", "spark2"]
