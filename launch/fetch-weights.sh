@@ -31,7 +31,7 @@ parse_args() {
 
 # "relative/path size" per file, sorted; what a complete copy must match.
 list_files() {
-  (cd "$1" && find . -type f ! -path './.cache/*' ! -name "$MANIFEST" -printf '%P %s\n' | LC_ALL=C sort)
+  (cd "$1" && find . -type f ! -path './.cache/*' ! -name "$MANIFEST*" -printf '%P %s\n' | LC_ALL=C sort)
 }
 
 is_complete() {

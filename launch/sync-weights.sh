@@ -6,7 +6,8 @@
 #
 # Run on the node that holds the weights (fetch-weights.sh wrote DIR/.twinspark-manifest).
 # --to names the peer by its rail address, so the bytes cross the QSFP cable, never the LAN.
-# Resumable (partial files are kept and appended). Afterwards the peer's file list and
+# Resumable (partial files are kept and appended); files the source no longer has are
+# removed from the peer (vLLM globs *.safetensors). Afterwards the peer's file list and
 # sizes must equal the manifest, or it fails naming what differs. A peer already complete
 # is left untouched.
 set -euo pipefail
@@ -40,7 +41,7 @@ set_ssh_transport() {
 on_peer() { "${ssh_transport[@]}" "$to" "$1"; }
 
 peer_listing() {
-  on_peer "cd $(printf %q "$dir") 2>/dev/null && find . -type f ! -path './.cache/*' ! -name $MANIFEST -printf '%P %s\n' | LC_ALL=C sort"
+  on_peer "cd $(printf %q "$dir") 2>/dev/null && find . -type f ! -path './.cache/*' ! -name '$MANIFEST*' -printf '%P %s\n' | LC_ALL=C sort"
 }
 
 report_difference() {
@@ -63,7 +64,7 @@ main() {
   on_peer "mkdir -p $(printf %q "$dir")"
   log "copying $dir to $to over the rail"
   local started=$SECONDS
-  rsync -a --partial --append-verify --exclude=/.cache/ --exclude="/$MANIFEST" \
+  rsync -a --delete --partial --append-verify --exclude=/.cache/ --exclude="/$MANIFEST*" \
     -e "${ssh_transport[*]}" "$dir/" "$to:$dir/"
   actual=$(peer_listing)
   if [ "$actual" != "$expected" ]; then

@@ -8,9 +8,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from program_harness import run_program, stack_config  # noqa: E402
 
-SECRET_SIG = "4dabf18193072939515e22adb298388d"
-
-
 @pytest.fixture(scope="session")
 def operator_home(tmp_path_factory):
     """A HOME holding the private key Pulumi.spark.yaml names (~/.ssh/id_ed25519)."""
@@ -40,25 +37,3 @@ def recipe_run(program):
 @pytest.fixture
 def recipe_config():
     return copy.deepcopy(stack_config())
-
-
-def unwrap(value):
-    """Strip Pulumi's secret wrappers from recorded inputs."""
-    if isinstance(value, dict):
-        if SECRET_SIG in value:
-            return unwrap(value["value"])
-        return {k: unwrap(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [unwrap(v) for v in value]
-    return value
-
-
-def plain_occurrences(value, needle, path="") -> list[str]:
-    """Paths where `needle` appears in recorded inputs outside a secret wrapper."""
-    if isinstance(value, dict):
-        if SECRET_SIG in value:
-            return []
-        return [p for k, v in value.items() for p in plain_occurrences(v, needle, f"{path}.{k}")]
-    if isinstance(value, list):
-        return [p for i, v in enumerate(value) for p in plain_occurrences(v, needle, f"{path}[{i}]")]
-    return [path] if isinstance(value, str) and needle in value else []

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+SECRET_SIG = "4dabf18193072939515e22adb298388d"  # how the engine marks a secret input
 STACK_FILE = ROOT / "Pulumi.spark.yaml"
 
 _CHILD = r'''
@@ -168,3 +169,24 @@ def run_program(config: dict[str, Any], preview: bool = False, extra_env: Option
     ]
     return ProgramRun(resources, data["outputs"], data["error"])
 
+
+def unwrap(value):
+    """Strip Pulumi's secret wrappers from recorded inputs."""
+    if isinstance(value, dict):
+        if SECRET_SIG in value:
+            return unwrap(value["value"])
+        return {k: unwrap(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrap(v) for v in value]
+    return value
+
+
+def plain_occurrences(value, needle, path="") -> list[str]:
+    """Paths where `needle` appears in recorded inputs outside a secret wrapper."""
+    if isinstance(value, dict):
+        if SECRET_SIG in value:
+            return []
+        return [p for k, v in value.items() for p in plain_occurrences(v, needle, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in plain_occurrences(v, needle, f"{path}[{i}]")]
+    return [path] if isinstance(value, str) and needle in value else []

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import unwrap
+from program_harness import unwrap
 
 from components import host_prep, launch_bundle
 from components.config import parse_stack_config

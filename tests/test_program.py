@@ -4,7 +4,7 @@ import json
 import shlex
 
 import pytest
-from conftest import plain_occurrences, unwrap
+from program_harness import plain_occurrences, unwrap
 
 from components.config import parse_stack_config
 

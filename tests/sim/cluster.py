@@ -1,0 +1,245 @@
+"""Simulated Sparks on this machine: network namespaces, overlay roots, pid namespaces, sshd.
+
+    cluster = SimCluster.from_stack_file(SIM_STACK, workdir)
+    cluster.up()            # nodes answer SSH as the stack's user
+    cluster.ssh("sim1", "uname -n")
+    cluster.down()          # nothing left: processes, mounts, namespaces, links
+
+Layout, for each node of the stack config: a netns `<prefix>-<node>`, a management veth to
+this machine (this side gets .1 of the node's /24), one veth per rail into a bridge per
+rail in the netns `<prefix>-fabric` (the "cable", MTU from the stack), and a PID 1
+(node-root.sh -> node_init.py) in new pid/mount/uts namespaces with an overlay root whose
+changes live in a tmpfs. Killing that PID 1 ends every process of the node, and the mounts
+go with its mount namespace.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from components.config import Node, StackConfig, parse_stack_config
+
+SIM_DIR = Path(__file__).resolve().parent
+SIM_STACK = SIM_DIR / "sim.yaml"
+
+
+def sh(*argv, check=True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, **kw)
+
+
+def can_raise_memlock() -> bool:
+    """pam_limits can only lift memlock to unlimited with CAP_SYS_RESOURCE (bit 24); some
+    sandboxes (this project's CI among them) withhold it from every process."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapBnd:"):
+            return bool(int(line.split()[1], 16) >> 24 & 1)
+    return False
+
+
+def load_sim_config(private_key: Path, path: Path = SIM_STACK) -> dict:
+    """The sim stack as `twinspark:key -> value`, with the harness's SSH key filled in."""
+    config = dict(yaml.safe_load(path.read_text())["config"])
+    config["twinspark:ssh"] = {**config["twinspark:ssh"], "privateKeyPath": str(private_key)}
+    return config
+
+
+@dataclass
+class SimNode:
+    spec: Node
+    netns: str
+    init_pid: int = 0
+    launcher: Optional[subprocess.Popen] = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class SimCluster:
+    def __init__(self, config: dict, workdir: Path, prefix: str = "ts"):
+        self.config = config
+        self.cfg: StackConfig = parse_stack_config({k.split(":", 1)[1]: v for k, v in config.items()
+                                                     if k.split(":", 1)[1] in ("ssh", "nodes", "fabric", "model", "serving")})
+        self.workdir = workdir
+        self.prefix = prefix
+        self.key = Path(config["twinspark:ssh"]["privateKeyPath"])
+        self.nodes = {n.name: SimNode(n, f"{prefix}-{n.name}") for n in self.cfg.nodes}
+        self.fabric_ns = f"{prefix}-fabric"
+
+    @classmethod
+    def from_stack_file(cls, workdir: Path, path: Path = SIM_STACK, prefix: str = "ts") -> "SimCluster":
+        key = workdir / "id_ed25519"
+        if not key.exists():
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "twinspark-sim-operator", "-f", key)
+        return cls(load_sim_config(key, path), workdir, prefix)
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def up(self) -> None:
+        self.down()  # leftovers of an earlier, killed run
+        sh("ip", "netns", "add", self.fabric_ns)
+        for i in range(len(self.cfg.head.rails)):
+            self._in_fabric("link", "add", f"br{i}", "mtu", self.cfg.fabric.mtu, "type", "bridge")
+            self._in_fabric("link", "set", f"br{i}", "up")
+        for index, node in enumerate(self.nodes.values()):
+            self._network(index, node)
+            self._boot(node)
+        for node in self.nodes.values():
+            self._wait_for_ssh(node)
+            roce_map = "".join(f"{r.hca} {r.iface}\n" for r in node.spec.rails)
+            self.node_exec(node.name, "bash", "-c", "mkdir -p /etc/twinspark-sim && cat > /etc/twinspark-sim/roce-map",
+                           input=roce_map)
+
+    def down(self) -> None:
+        for node in self.nodes.values():
+            pid = node.init_pid or self._find_init_pid(node)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if node.launcher is not None:
+                try:
+                    node.launcher.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    node.launcher.kill()
+            node.init_pid, node.launcher = 0, None
+        for ns in [n.netns for n in self.nodes.values()] + [self.fabric_ns]:
+            if ns in self.netns_list():
+                sh("ip", "netns", "del", ns, check=False)
+        for node in self.nodes.values():  # host side of management links (gone with the netns)
+            sh("ip", "link", "del", self._mgmt_host_iface(node), check=False)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """What down() must not leave: namespaces, links, mounts, processes of this prefix."""
+        marker = f"twinspark-sim-root-"
+        procs = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if any(f"--name {n} " in cmd + " " and "node_init.py" in cmd for n in self.nodes) or (
+                "node-root.sh" in cmd and any(f" {n} " in cmd for n in self.nodes)
+            ):
+                procs.append(f"{pid}: {cmd[:120]}")
+        links = sh("ip", "-o", "link").stdout
+        return {
+            "netns": [ns for ns in self.netns_list() if ns.startswith(f"{self.prefix}-")],
+            "links": [self._mgmt_host_iface(n) for n in self.nodes.values() if f" {self._mgmt_host_iface(n)}@" in links],
+            "mounts": [l for l in Path("/proc/self/mountinfo").read_text().splitlines() if marker in l],
+            "processes": procs,
+        }
+
+    @staticmethod
+    def netns_list() -> list[str]:
+        return [line.split()[0] for line in sh("ip", "netns", "list").stdout.splitlines() if line.strip()]
+
+    # ---- acting on nodes ---------------------------------------------------------------
+    def ssh(self, node: str, command: str, stdin: Optional[str] = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        """Run a command line as the stack's user over a real OpenSSH login, like pulumi-command."""
+        return subprocess.run(
+            ["ssh", "-i", str(self.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
+             f"{self.cfg.ssh.user}@{self.nodes[node].spec.host}", command],
+            input=stdin or "", capture_output=True, text=True, timeout=timeout,
+        )
+
+    def node_exec(self, node: str, *argv, input: Optional[str] = None, check: bool = True, timeout: float = 120):
+        """Run as root inside the node: its namespaces and its overlay root."""
+        return subprocess.run(self._nsenter(node) + [str(a) for a in argv], input=input, capture_output=True,
+                              text=True, check=check, timeout=timeout)
+
+    def node_spawn(self, node: str, *argv, log: str = "/dev/null") -> subprocess.Popen:
+        """Start a long-running root process inside the node, detached from the test."""
+        out = open(log, "ab") if log != "/dev/null" else subprocess.DEVNULL
+        return subprocess.Popen(self._nsenter(node) + [str(a) for a in argv], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def in_netns(self, node: str, *argv, check: bool = True):
+        return sh("ip", "netns", "exec", self.nodes[node].netns, *argv, check=check)
+
+    # ---- internals ---------------------------------------------------------------------
+    def _nsenter(self, node: str) -> list[str]:
+        pid = self.nodes[node].init_pid
+        return ["nsenter", "-t", str(pid), "-m", "-u", "-n", "-p", "-r", "-w", "--"]
+
+    def _in_fabric(self, *argv):
+        return sh("ip", "-n", self.fabric_ns, *argv)
+
+    @staticmethod
+    def _mgmt_host_iface(node: SimNode) -> str:
+        return f"tsm-{node.name}"[:15]
+
+    def _network(self, index: int, node: SimNode) -> None:
+        ns, mtu = node.netns, self.cfg.fabric.mtu
+        sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        mgmt = ipaddress.ip_interface(f"{node.spec.host}/24")
+        host_iface = self._mgmt_host_iface(node)
+        sh("ip", "link", "add", host_iface, "type", "veth", "peer", "name", self.cfg.fabric.bootstrap_iface, "netns", ns)
+        sh("ip", "addr", "add", f"{next(mgmt.network.hosts())}/24", "dev", host_iface)
+        sh("ip", "link", "set", host_iface, "up")
+        sh("ip", "-n", ns, "addr", "add", str(mgmt), "dev", self.cfg.fabric.bootstrap_iface)
+        sh("ip", "-n", ns, "link", "set", self.cfg.fabric.bootstrap_iface, "up")
+        for i, rail in enumerate(node.spec.rails):
+            inner, outer = f"tsr{index}x{i}a", f"tsr{index}x{i}b"
+            sh("ip", "link", "add", inner, "mtu", mtu, "type", "veth", "peer", "name", outer, "mtu", mtu)
+            sh("ip", "link", "set", inner, "netns", ns)
+            sh("ip", "link", "set", outer, "netns", self.fabric_ns)
+            sh("ip", "-n", ns, "link", "set", inner, "name", rail.iface)
+            sh("ip", "-n", ns, "addr", "add", rail.address, "dev", rail.iface)
+            sh("ip", "-n", ns, "link", "set", rail.iface, "up")
+            self._in_fabric("link", "set", outer, "master", f"br{i}", "up")
+
+    def _boot(self, node: SimNode) -> None:
+        pubkey = self.key.with_suffix(".pub")
+        node.launcher = subprocess.Popen(
+            ["ip", "netns", "exec", node.netns, "unshare", "--mount", "--pid", "--uts", "--fork",
+             "--propagation", "private", "bash", str(SIM_DIR / "node-root.sh"), node.name, str(SIM_DIR),
+             self.cfg.ssh.user, str(pubkey), sys.executable],
+            stdin=subprocess.DEVNULL, stdout=open(self.workdir / f"{node.name}-init.log", "ab"),
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not node.init_pid:
+            node.init_pid = self._find_init_pid(node)
+            time.sleep(0.1)
+        if not node.init_pid:
+            raise RuntimeError(f"sim node {node.name} did not start: {(self.workdir / f'{node.name}-init.log').read_text()}")
+
+    def _find_init_pid(self, node: SimNode) -> int:
+        if node.launcher is not None:
+            try:
+                children = Path(f"/proc/{node.launcher.pid}/task/{node.launcher.pid}/children").read_text().split()
+                return int(children[0]) if children else 0
+            except OSError:
+                return 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):  # an earlier run's node
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if len(cmd) > 2 and cmd[0] == b"bash" and cmd[1].endswith(b"node-root.sh") and cmd[2] == node.name.encode():
+                return int(pid)
+        return 0
+
+    def _wait_for_ssh(self, node: SimNode, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            probe = self.ssh(node.name, "true", timeout=15)
+            if probe.returncode == 0:
+                return
+            time.sleep(0.5)
+        log = (self.workdir / f"{node.name}-init.log").read_text()
+        raise RuntimeError(f"sim node {node.name}: no SSH login after {timeout:.0f} s\n{probe.stderr}\n{log}")

@@ -1,0 +1,91 @@
+"""Stand-in for dockerd running one serving container with restart policy unless-stopped.
+
+Runs inside a simulated node. Each "container" is its own pid and mount namespace (so when
+its PID 1 — the boot script, later vLLM — exits, every process it started dies with it,
+as in docker), with the same bind mounts and paths the real container gets:
+bundle -> /twinspark (ro), model dir -> /models/<name> (ro), /var/log/twinspark.
+Events go to /var/log/twinspark-sim/supervisor-<name>.jsonl; the container's PID 1 (as
+the node sees it) to /run/twinspark-sim/<name>.pid.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+SIM_LOG_DIR = Path("/var/log/twinspark-sim")
+RUN_DIR = Path("/run/twinspark-sim")
+
+
+def event(name: str, **fields) -> None:
+    with open(SIM_LOG_DIR / f"supervisor-{name}.jsonl", "a") as f:
+        f.write(json.dumps({"t": time.time(), **fields}) + "\n")
+
+
+def container_script(args) -> str:
+    binds = [
+        (args.bundle_dir, args.container_bundle_dir, True),
+        (args.model_dir, args.container_model_dir, True),
+        (args.log_dir, args.log_dir, False),
+    ]
+    lines = ["set -e"]
+    for source, target, read_only in binds:
+        lines.append(f"mkdir -p {shlex.quote(source)} {shlex.quote(target)}")
+        if source != target:
+            lines.append(f"mount --bind {shlex.quote(source)} {shlex.quote(target)}")
+            if read_only:
+                lines.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+    env = " ".join(shlex.quote(f"{k}={v}") for k, v in (("PATH", args.path), ("HOME", "/root"), ("LANG", "C.UTF-8")))
+    lines.append(f"exec env -i {env} /bin/bash {shlex.quote(args.container_bundle_dir)}/boot-{args.role}.sh")
+    return "\n".join(lines)
+
+
+def container_init_pid(unshare_pid: int, timeout: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            children = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+        except OSError:
+            children = []
+        if children:
+            return int(children[0])
+        time.sleep(0.05)
+    return unshare_pid
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--role", choices=["head", "worker"], required=True)
+    parser.add_argument("--bundle-dir", required=True)
+    parser.add_argument("--container-bundle-dir", required=True)
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--container-model-dir", required=True)
+    parser.add_argument("--log-dir", required=True)
+    parser.add_argument("--path", required=True, help="PATH inside the container")
+    args = parser.parse_args()
+    SIM_LOG_DIR.mkdir(parents=True, exist_ok=True)
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    script = container_script(args)
+    starts = 0
+    while True:
+        starts += 1
+        with open(SIM_LOG_DIR / f"container-{args.name}.log", "a") as out:
+            proc = subprocess.Popen(
+                ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+                 "bash", "-c", script],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+            pid = container_init_pid(proc.pid)
+            (RUN_DIR / f"{args.name}.pid").write_text(str(pid))
+            event(args.name, event="start", n=starts, pid=pid)
+            rc = proc.wait()
+        event(args.name, event="exit", n=starts, rc=rc)
+        time.sleep(1)  # docker's first restart delay is 100 ms and grows; 1 s keeps logs readable
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
