@@ -129,7 +129,7 @@ def main() -> int:
     p.add_argument("--head", required=True)
     p.add_argument("--node-id", required=True)
     p.add_argument("--interval", type=float, default=2.0)
-    p.add_argument("--grace", type=float, default=10.0)
+    p.add_argument("--grace", type=float, default=6.0)
     p.set_defaults(run=watch)
     args = parser.parse_args()
     return args.run(args)

@@ -31,12 +31,16 @@ parse_args() {
 }
 
 # The cable is point to point and trusted, but rsync's transport is ssh: pick the cheapest
-# AEAD cipher and no compression (safetensors do not compress).
+# AEAD cipher, no compression (safetensors do not compress), and one multiplexed connection
+# for every call to the peer (a handshake costs more than a small shard).
 ssh_transport=()
 set_ssh_transport() {
   ssh_transport=(ssh -i "$key" -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new
-    -o "UserKnownHostsFile=$HOME/.ssh/twinspark_known_hosts" -o Compression=no -c aes128-gcm@openssh.com)
+    -o "UserKnownHostsFile=$HOME/.ssh/twinspark_known_hosts" -o Compression=no -c aes128-gcm@openssh.com
+    -o ControlMaster=auto -o "ControlPath=$HOME/.ssh/twinspark-sync-%C" -o ControlPersist=60)
 }
+
+close_connection() { "${ssh_transport[@]}" -O exit "$to" >/dev/null 2>&1 || true; }
 
 on_peer() { "${ssh_transport[@]}" "$to" "$1"; }
 
@@ -54,6 +58,7 @@ report_difference() {
 main() {
   parse_args "$@"
   set_ssh_transport
+  trap close_connection EXIT
   [ -s "$dir/$MANIFEST" ] || die "$dir/$MANIFEST missing: the weights here are not complete (run fetch-weights.sh)"
   local expected actual
   expected=$(cat "$dir/$MANIFEST")

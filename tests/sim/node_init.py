@@ -40,7 +40,10 @@ def prepare(name: str, user: str, sim_dir: Path) -> None:
     Path("/run/sshd").mkdir(exist_ok=True)
     sim_log = Path("/var/log/twinspark-sim")
     sim_log.mkdir(parents=True, exist_ok=True)
-    sim_log.chmod(0o1777)  # shims run as the login user too
+    sim_log.chmod(0o1777)
+    shims_log = sim_log / "shims.log"
+    shims_log.touch()
+    shims_log.chmod(0o666)  # shims run as root (through sudo) and as the login user
 
 
 def main() -> int:

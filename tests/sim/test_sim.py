@@ -438,7 +438,9 @@ def test_head_killed_worker_rejoins_and_serving_resumes(sim, report):
                60, what="worker leaving after the head restart")
     report["worker_detects_head_restart_s"] = round(last_event(sim, "sim2", "twinspark-worker", "exit")["t"] - killed_at, 1)
     log = tail(sim, "sim2", "/var/log/twinspark/boot-worker.log", 80)
-    assert "not alive in the head's GCS" in log or "unreachable" in log, log
+    reasons = [l.split("leaving: ", 1)[1] for l in log.splitlines() if "leaving: " in l]
+    assert reasons and ("not alive in the head's GCS" in reasons[-1] or "unreachable" in reasons[-1]), log
+    report["worker_leave_reason"] = reasons[-1].split(";")[0]
     wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the head restart")
     report["head_restart_to_serving_s"] = round(time.time() - killed_at, 1)
 
@@ -464,3 +466,9 @@ def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report):
         start_supervisor(sim, node)
     wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after the reboot")
     report["reboot_to_serving_s"] = round(time.time() - rebooted_at, 1)
+
+
+# ---- last: teardown ---------------------------------------------------------------------------
+def test_teardown_leaves_nothing_behind(sim):
+    sim.down()
+    assert sim.leftovers() == {"netns": [], "links": [], "mounts": [], "processes": []}
