@@ -4,6 +4,7 @@
   wait-cluster --head IP --expect-ips IP[,IP...]   (head) block until every node is alive with a GPU
   node-id --head IP --ip IP                         (worker) print this node's alive Ray NodeID
   watch --head IP --node-id ID                      (worker) return when this node must rejoin
+  alive --head IP                                   (status) alive nodes with their GPUs, as JSON
 
 `watch` exits 0 with the reason on stdout when: the NodeID is no longer alive in the GCS node
 table (the head restarted: a new GCS session never knows the old raylet — recipe gotcha 11,
@@ -111,6 +112,14 @@ def watch(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
+def alive(args: argparse.Namespace) -> int:
+    import json
+
+    nodes = alive_nodes(args.head)
+    print(json.dumps([{"node_id": n["node_id"], "node_ip": n["node_ip"], "gpus": gpus(n)} for n in nodes]))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +140,9 @@ def main() -> int:
     p.add_argument("--interval", type=float, default=2.0)
     p.add_argument("--grace", type=float, default=6.0)
     p.set_defaults(run=watch)
+    p = sub.add_parser("alive")
+    p.add_argument("--head", required=True)
+    p.set_defaults(run=alive)
     args = parser.parse_args()
     return args.run(args)
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # node-root.sh — PID 1 of a simulated node's pid namespace, in its own mount/uts namespaces
 # and network namespace: build an overlay root over the machine's root (changes live in a
-# tmpfs and vanish with the node), mount /proc, /sys (this netns), /dev, /run, /tmp, then
-# chroot into it and exec node_init.py.
+# tmpfs and vanish with the node; /tmp stays in the overlay so a checkout under /tmp is
+# still visible), mount /proc, /sys (this netns), /dev, /run, then chroot into it and
+# exec node_init.py.
 #   node-root.sh NAME SIM_DIR USER PUBKEY_FILE PYTHON
 set -euo pipefail
 name="$1" sim_dir="$2" user="$3" pubkey_file="$4" python="$5"
@@ -16,7 +17,6 @@ mount -t proc proc "$root/proc"
 mount -t sysfs sysfs "$root/sys"
 mount --rbind /dev "$root/dev"
 mount -t tmpfs tmpfs "$root/run"
-mount -t tmpfs tmpfs "$root/tmp"
 hostname "$name"
 echo "$name" > "$root/etc/hostname"
 cp "$pubkey_file" "$root/tmp/authorized_key.pub"

@@ -1,0 +1,101 @@
+"""python -m ops {status,bench,needle,client-setup} — see each one's --help."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from .target import TargetError, add_target_arguments, resolve_target
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ops", description=__doc__)
+    sub = parser.add_subparsers(dest="tool", required=True)
+
+    p = sub.add_parser("status", help="nodes, rails, Ray, GPUs, endpoint and spec decode at a glance")
+    add_target_arguments(p)
+    p.add_argument("--ssh-user", default=os.environ.get("TWINSPARK_SSH_USER", "nvidia"))
+    p.add_argument("--ssh-key", help="private key (default: ssh's own choice / the agent)")
+    p.add_argument("--expect-mtu", type=int, default=9000)
+    p.add_argument("--expect-speed-mbps", type=int, default=200000)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("bench", help="the recipe's benchmarks: decode, concurrency, TTFT, prefill, sweep")
+    add_target_arguments(p)
+    p.add_argument("--runs", type=int, default=3, help="single-stream runs to average")
+    p.add_argument("--max-tokens", type=int, default=256, help="output tokens per single/concurrent request")
+    p.add_argument("--concurrency", type=int, default=4, help="streams in the N-way aggregate test")
+    p.add_argument("--long-prompt-tokens", type=int, default=7000)
+    p.add_argument("--sweep", default="1,2,4,6", help="concurrency levels, comma separated")
+    p.add_argument("--sweep-requests", type=int, default=2, help="requests per level, times the level")
+    p.add_argument("--sweep-input-tokens", type=int, default=1000)
+    p.add_argument("--sweep-output-tokens", type=int, default=128)
+    p.add_argument("--output", "-o", help="write the results JSON here")
+    p.add_argument("--compare", help="a previous results JSON: flag regressions")
+    p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening before a regression (0.10 = 10%%)")
+
+    p = sub.add_parser("needle", help="long-context retrieval probe: real failures and junk per size")
+    add_target_arguments(p)
+    p.add_argument("--sizes", default="74k,110k,129k,148k,166k,184k", help="context sizes in tokens")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--needles", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--output", "-o")
+
+    p = sub.add_parser("client-setup", help="write Codex and Claude Code configs from the stack outputs")
+    add_target_arguments(p)
+    p.add_argument("--codex-home", type=Path, default=Path(os.environ.get("CODEX_HOME", "~/.codex")).expanduser())
+    p.add_argument("--claude-env-file", type=Path, default=Path("~/.config/twinspark/claude-code.env").expanduser())
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        target = resolve_target(args, need_nodes=args.tool == "status")
+    except TargetError as err:
+        console.print(f"[red]{err}[/red]")
+        return 2
+    if args.tool in ("bench", "needle") and not target.model:
+        from .status import endpoint_status
+
+        target.model = endpoint_status(target.base_url, target.api_key).get("model") or ""
+    if args.tool == "status":
+        from .status import run_status, ssh_runner
+
+        return run_status(target, ssh_runner(args.ssh_user, args.ssh_key), args.json, args.expect_mtu,
+                          args.expect_speed_mbps, console)
+    if args.tool == "bench":
+        from .bench import BenchPlan, run_bench
+
+        plan = BenchPlan(single_runs=args.runs, single_max_tokens=args.max_tokens, concurrency=args.concurrency,
+                         long_prompt_tokens=args.long_prompt_tokens,
+                         sweep=[int(c) for c in args.sweep.split(",") if c], sweep_requests_per_level=args.sweep_requests,
+                         sweep_input_tokens=args.sweep_input_tokens, sweep_output_tokens=args.sweep_output_tokens)
+        return run_bench(target, plan, args.output, args.compare, args.tolerance, console)
+    if args.tool == "needle":
+        from .needle import parse_size, run_needle
+
+        sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+        return run_needle(target, sizes, args.trials, args.needles, args.max_tokens, console, args.output)
+    from .client_setup import setup_clients
+
+    try:
+        written = setup_clients(target.outputs, args.codex_home, args.claude_env_file)
+    except ValueError as err:
+        console.print(f"[red]{err}[/red]")
+        return 2
+    for f in written:
+        console.print(f"{f.action:9} {f.path}" + (f"  (previous kept as {f.backup.name})" if f.backup else ""))
+    console.print(f"Claude Code: [bold]source {args.claude_env_file}[/bold]; "
+                  "Codex: export VLLM_API_KEY=\"$(pulumi stack output apiKey --show-secrets)\"")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""status — the cluster at a glance: nodes, rails, Ray, GPUs, the endpoint, spec decode.
+
+Per node (over SSH, launch/node-status.py fed on stdin): serving container up or
+restarting (restart count), rails (link, speed, MTU, RoCE state), GPU temperature and
+power; on the head, the Ray nodes alive with their GPUs. For the endpoint: /health, the
+model from /v1/models, and from /metrics the spec-decode acceptance (overall and per draft
+position) and the requests running and waiting. Exit code 1 when anything is unhealthy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Optional
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+NODE_PROBE = Path(__file__).resolve().parent.parent / "launch" / "node-status.py"
+METRIC_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
+
+# A function that runs the node probe on a node and returns its stdout (JSON).
+NodeRunner = Callable[[dict, list[str]], str]
+
+
+def ssh_runner(user: str, key: Optional[str]) -> NodeRunner:
+    def run(node: dict, args: list[str]) -> str:
+        command = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"] + (["-i", key] if key else [])
+        command += [f"{user}@{node['host']}", "python3 - " + " ".join(_quote(a) for a in args)]
+        proc = subprocess.run(command, input=NODE_PROBE.read_text(), capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ssh {user}@{node['host']} failed: {proc.stderr.strip()[-300:]}")
+        return proc.stdout
+
+    return run
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def probe_args(node: dict, head_ray_ip: Optional[str]) -> list[str]:
+    args = ["--name", node["name"], "--container", f"twinspark-{node['role']}"]
+    for rail in node.get("rails", []):
+        args += ["--rail", f"{rail['iface']}:{rail['hca']}"]
+    if node["role"] == "head" and head_ray_ip:
+        args += ["--ray-head", head_ray_ip]
+    return args
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict, float]]]:
+    metrics: dict[str, list[tuple[dict, float]]] = {}
+    for line in text.splitlines():
+        match = METRIC_LINE.match(line)
+        if not match or line.startswith("#"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        try:
+            metrics.setdefault(match.group(1), []).append((labels, float(match.group(3))))
+        except ValueError:
+            continue
+    return metrics
+
+
+def metric_sum(metrics, name) -> Optional[float]:
+    values = metrics.get(name)
+    return sum(v for _, v in values) if values else None
+
+
+def spec_decode(metrics) -> Optional[dict]:
+    draft = metric_sum(metrics, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = metric_sum(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+    if not draft:
+        return None
+    per_pos: dict[int, float] = {}
+    for labels, value in metrics.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", []):
+        pos = int(labels.get("position", -1))
+        per_pos[pos] = per_pos.get(pos, 0) + value
+    drafts = metric_sum(metrics, "vllm:spec_decode_num_drafts_total") or (draft / len(per_pos) if per_pos else None)
+    return {
+        "acceptance": (accepted or 0) / draft,
+        "per_position": [per_pos[p] / drafts for p in sorted(per_pos)] if drafts else [],
+        "mean_accepted_length": 1 + (accepted or 0) / drafts if drafts else None,
+    }
+
+
+def endpoint_status(base_url: str, api_key: str) -> dict:
+    out: dict = {"url": base_url}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(timeout=10, headers=headers) as http:
+        try:
+            out["health"] = http.get(f"{base_url}/health").status_code
+        except httpx.HTTPError as err:
+            out["health"], out["error"] = None, f"{type(err).__name__}: {err}"
+            return out
+        try:
+            models = http.get(f"{base_url}/v1/models")
+            out["models_status"] = models.status_code
+            out["model"] = models.json()["data"][0]["id"] if models.status_code == 200 else None
+            metrics = parse_metrics(http.get(f"{base_url}/metrics").text)
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as err:
+            out["error"] = f"{type(err).__name__}: {err}"
+            return out
+    out["requests_running"] = metric_sum(metrics, "vllm:num_requests_running")
+    out["requests_waiting"] = metric_sum(metrics, "vllm:num_requests_waiting")
+    out["spec_decode"] = spec_decode(metrics)
+    return out
+
+
+def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
+    """Everything unhealthy, one line each."""
+    found = []
+    ep = report["endpoint"]
+    if ep.get("health") != 200:
+        found.append(f"endpoint {ep['url']}: /health {ep.get('health') or ep.get('error')}")
+    elif ep.get("models_status") != 200:
+        found.append(f"endpoint {ep['url']}: /v1/models answered {ep.get('models_status')} (API key?)")
+    gpu_nodes = len(report["nodes"])
+    for node in report["nodes"]:
+        name = node["node"]
+        if "error" in node:
+            found.append(f"{name}: {node['error']}")
+            continue
+        c = node["container"]
+        if not c.get("present"):
+            found.append(f"{name}: container {c['name']} missing")
+        elif c.get("status") != "running" or c.get("restarting"):
+            found.append(f"{name}: container {c['name']} {c.get('status')} (restarts: {c.get('restart_count')})")
+        for rail in node["rails"]:
+            where = f"{name} rail {rail['iface']}"
+            if rail["operstate"] != "up":
+                found.append(f"{where}: link {rail['operstate']}")
+            if rail["speed_mbps"] != expect_speed:
+                found.append(f"{where}: speed {rail['speed_mbps']} Mb/s, expected {expect_speed}")
+            if rail["mtu"] != expect_mtu:
+                found.append(f"{where}: MTU {rail['mtu']}, expected {expect_mtu}")
+            if rail["roce_state"] != "PORT_ACTIVE":
+                found.append(f"{where}: RoCE {rail['hca']} {rail['roce_state'] or rail.get('roce_error')}")
+        ray = node.get("ray")
+        if ray is not None:
+            alive = [n for n in ray.get("nodes", []) if n["gpus"] >= 1]
+            if "error" in ray or len(alive) < gpu_nodes:
+                found.append(f"{name}: Ray has {len(alive)} of {gpu_nodes} GPU nodes alive {ray.get('error', '')}".rstrip())
+    return found
+
+
+def collect(target, runner: NodeRunner) -> dict:
+    head = next((n for n in target.nodes if n["role"] == "head"), None)
+    head_ray_ip = head["rails"][0]["address"].split("/")[0] if head and head.get("rails") else None
+
+    def one(node):
+        try:
+            return json.loads(runner(node, probe_args(node, head_ray_ip)))
+        except Exception as err:  # one unreachable node must not hide the others
+            return {"node": node["name"], "error": str(err)}
+
+    with ThreadPoolExecutor(max_workers=max(1, len(target.nodes))) as pool:
+        nodes = list(pool.map(one, target.nodes))
+    return {"endpoint": endpoint_status(target.base_url, target.api_key), "nodes": nodes}
+
+
+def render(report: dict, found: list[str], console: Console) -> None:
+    nodes = Table(title="nodes")
+    for col in ("node", "container", "rails (link speed MTU RoCE)", "GPU", "Ray"):
+        nodes.add_column(col)
+    for node in report["nodes"]:
+        if "error" in node:
+            nodes.add_row(node["node"], f"[red]{node['error']}[/red]", "", "", "")
+            continue
+        c = node["container"]
+        container = (f"{c['status']}{' (restarting)' if c.get('restarting') else ''}, {c['restart_count']} restarts"
+                     if c.get("present") else "[red]missing[/red]")
+        rails = "\n".join(f"{r['iface']}: {r['operstate']} {r['speed_mbps']} {r['mtu']} {r['roce_state']}"
+                          for r in node["rails"])
+        gpu = node.get("gpu") or {}
+        gpu_text = gpu.get("error") or f"{gpu.get('temperature_c')} °C {gpu.get('power_w')} W"
+        ray = node.get("ray")
+        ray_text = "" if ray is None else (ray.get("error") or ", ".join(
+            f"{n['node_ip']} ({n['gpus']:g} GPU)" for n in ray.get("nodes", [])))
+        nodes.add_row(node["node"], container, rails, gpu_text, ray_text)
+    console.print(nodes)
+    ep = report["endpoint"]
+    endpoint = Table(title="endpoint")
+    endpoint.add_column("")
+    endpoint.add_column("")
+    endpoint.add_row("url", ep["url"])
+    endpoint.add_row("/health", str(ep.get("health") or ep.get("error")))
+    endpoint.add_row("model", str(ep.get("model")))
+    endpoint.add_row("requests running / waiting", f"{ep.get('requests_running')} / {ep.get('requests_waiting')}")
+    sd = ep.get("spec_decode")
+    if sd:
+        endpoint.add_row("spec-decode acceptance", f"{sd['acceptance']:.0%}")
+        endpoint.add_row("per draft position", " ".join(f"{p:.0%}" for p in sd["per_position"]))
+    console.print(endpoint)
+    for line in found:
+        console.print(f"[red]UNHEALTHY[/red] {line}")
+    if not found:
+        console.print("[green]healthy[/green]")
+
+
+def run_status(target, runner: NodeRunner, as_json: bool, expect_mtu: int, expect_speed: int, console: Console) -> int:
+    report = collect(target, runner)
+    found = problems(report, expect_mtu, expect_speed)
+    if as_json:
+        console.print_json(json.dumps({**report, "problems": found, "healthy": not found}))
+    else:
+        render(report, found, console)
+    return 1 if found else 0

@@ -1,0 +1,322 @@
+"""Day-2 tools against a local stand-in endpoint with known timing and known answers."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fake_openai import Behaviour, serve  # noqa: E402
+from ops import bench, needle, status  # noqa: E402
+from ops.__main__ import main as ops_main  # noqa: E402
+from ops.client_setup import merge_codex_config, setup_clients  # noqa: E402
+from ops.stream import StreamResult  # noqa: E402
+from ops.target import Target  # noqa: E402
+from program_harness import ROOT  # noqa: E402
+
+LAUNCH = ROOT / "launch"
+
+
+@pytest.fixture
+def endpoint():
+    behaviour = Behaviour()
+    server = serve(behaviour)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    yield behaviour, Target(endpoint=base + "/v1", api_key=behaviour.api_key, model=behaviour.model)
+    server.shutdown()
+
+
+def quiet():
+    return Console(file=open(os.devnull, "w"), width=200)
+
+
+# ---- pure figures, exact ---------------------------------------------------------------------
+def test_stream_result_figures_are_exact():
+    r = StreamResult(sent=10.0, first_token=10.5, done=12.5, output_tokens=101, prompt_tokens=7000, text="")
+    assert r.ttft_s == 0.5
+    assert r.tpot_s == pytest.approx(0.02)
+    assert r.decode_tok_s == pytest.approx(50.0)
+
+
+def test_aggregate_and_percentiles_are_exact():
+    results = [StreamResult(0.0, 0.1, 2.0, 100, None, ""), StreamResult(0.5, 0.6, 4.0, 100, None, "")]
+    assert bench.aggregate_tok_s(results) == 50.0  # 200 tokens over 4 s of wall time
+    assert bench.percentile([1, 2, 3, 4], 50) == 2.5
+    assert bench.percentile([1, 2, 3, 4], 99) == pytest.approx(3.97)
+    assert bench.percentile([], 50) is None
+
+
+def test_compare_flags_a_tcp_fallback_as_a_regression():
+    def result(decode, ttft):
+        return {"single_stream": {"decode_tok_s": decode}, "concurrent": {"aggregate_tok_s": 80.0},
+                "long_prompt": {"ttft_s": ttft, "prefill_tok_s": 1700.0}, "sweep": []}
+
+    rows = {r["metric"]: r for r in bench.compare(result(27.3, 4.3), result(74.8, 4.26))}
+    assert rows["single_stream.decode_tok_s"]["regression"] is True
+    assert rows["single_stream.decode_tok_s"]["change"] == pytest.approx(27.3 / 74.8 - 1)
+    assert rows["long_prompt.ttft_s"]["regression"] is False  # +1% is inside 10%
+    assert rows["concurrent.aggregate_tok_s"]["regression"] is False
+    worse_ttft = {r["metric"]: r for r in bench.compare(result(74.8, 6.0), result(74.8, 4.26))}
+    assert worse_ttft["long_prompt.ttft_s"]["regression"] is True
+
+
+# ---- bench against the stand-in ---------------------------------------------------------------
+def test_bench_measures_the_known_rates(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s, behaviour.prefill_tok_s, behaviour.base_latency_s = 100.0, 20000.0, 0.05
+    plan = bench.BenchPlan(single_runs=3, single_max_tokens=41, concurrency=4, long_prompt_tokens=7000,
+                           sweep=(1, 3), sweep_requests_per_level=2, sweep_input_tokens=400, sweep_output_tokens=21)
+    out = tmp_path / "result.json"
+    assert bench.run_bench(target, plan, str(out), None, 0.1, quiet()) == 0
+    result = json.loads(out.read_text())
+    assert result["errors"] == []
+    # the stand-in sleeps on a fixed schedule: a busy machine can only make us slower
+    assert len(result["single_stream"]["runs_tok_s"]) == 3
+    assert 60 <= result["single_stream"]["decode_tok_s"] <= 101
+    assert 4 * 60 * 0.6 <= result["concurrent"]["aggregate_tok_s"] <= 4 * 100 * 1.01
+    lp = result["long_prompt"]
+    assert lp["prompt_tokens"] == len(bench.filler_text(7000) + "\nSummarize the code above.") // 4
+    expected_ttft = 0.05 + lp["prompt_tokens"] / 20000.0
+    assert expected_ttft * 0.99 <= lp["ttft_s"] <= expected_ttft + 0.3
+    assert lp["prefill_tok_s"] <= 20000.0
+    assert [row["concurrency"] for row in result["sweep"]] == [1, 3]
+    assert [row["requests"] for row in result["sweep"]] == [2, 6]
+    for row in result["sweep"]:
+        assert 9.9 <= row["tpot_p50_ms"] <= 20.0  # 100 tok/s = 10 ms per token
+        assert row["tpot_p50_ms"] <= row["tpot_p99_ms"]
+    assert all(r.get("ignore_eos") for r in behaviour.requests[-8:])  # sweep requests pin their length
+
+
+def test_bench_compare_exit_code(endpoint, tmp_path):
+    behaviour, target = endpoint
+    plan = bench.BenchPlan(single_runs=1, single_max_tokens=11, concurrency=1, long_prompt_tokens=100, sweep=(1,),
+                           sweep_requests_per_level=1, sweep_input_tokens=50, sweep_output_tokens=5)
+    base = tmp_path / "baseline.json"
+    bench.run_bench(target, plan, str(base), None, 0.1, quiet())
+    behaviour.decode_tok_s = 25.0  # the cable fell back to TCP
+    assert bench.run_bench(target, plan, str(tmp_path / "now.json"), str(base), 0.1, quiet()) == 1
+
+
+# ---- needle ---------------------------------------------------------------------------------------
+def test_haystack_plants_codes_at_depths():
+    stack = needle.build_haystack(5000, needles=3, seed=1)
+    assert len(stack.codes) == 3
+    positions = [stack.prompt.index(code) / len(stack.prompt) for code in stack.codes.values()]
+    assert positions == sorted(positions)
+    for found, expected in zip(positions, (0.25, 0.5, 0.75)):
+        assert abs(found - expected) < 0.05
+    assert 5000 * 4 <= len(stack.prompt) <= 5000 * 4 + 1000
+    assert needle.build_haystack(5000, 3, seed=2).codes != stack.codes  # not guessable across trials
+    assert needle.build_haystack(5000, 3, seed=1) == stack  # but reproducible
+
+
+@pytest.mark.parametrize("answer, verdict", [
+    ("alpha: AAAA-BBBB-CCCC\nbravo: DDDD-EEEE-FFFF", "pass"),
+    ("**alpha**: `AAAA-BBBB-CCCC`\n bravo : DDDD-EEEE-FFFF\n", "pass"),
+    ("alpha: AAAA-BBBB-CCCC\nbravo: DDDD-EEEE-FFFF\n</tool_call>", "junk"),
+    ("alpha: AAAA-BBBB-CCCX\nbravo: DDDD-EEEE-FFFF", "fail"),
+    ("alpha: AAAA-BBBB-CCCC", "fail"),
+    ("I cannot help with a prompt injection test.", "fail"),
+    ("", "fail"),
+])
+def test_needle_scorer(answer, verdict):
+    assert needle.score(answer, {"alpha": "AAAA-BBBB-CCCC", "bravo": "DDDD-EEEE-FFFF"}) == verdict
+
+
+def test_needle_probe_counts_known_outcomes(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s = 5000.0
+    behaviour.needle_behaviors = ["correct", "junk", "wrong", "correct", "missing", "refuse"]
+    out = tmp_path / "needle.json"
+    assert needle.run_needle(target, [2000, 4000], trials=3, needles=3, max_tokens=64, console=quiet(),
+                             output=str(out)) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["size"], r["passes"], r["junk"], r["real_failures"]) for r in rows] == [(2000, 1, 1, 1), (4000, 1, 0, 2)]
+    assert all(req["temperature"] == 0.0 for req in behaviour.requests)
+    assert rows[0]["prompt_tokens"] > 1900
+
+
+# ---- status ---------------------------------------------------------------------------------------
+METRICS = """# HELP vllm:spec_decode_num_drafts_total drafts
+vllm:spec_decode_num_drafts_total{model_name="fake-model"} 100
+vllm:spec_decode_num_draft_tokens_total{model_name="fake-model"} 700
+vllm:spec_decode_num_accepted_tokens_total{model_name="fake-model"} 350
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="fake-model",position="0"} 93
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="fake-model",position="1"} 80
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="fake-model",position="2"} 60
+vllm:num_requests_running{model_name="fake-model"} 2
+vllm:num_requests_waiting{model_name="fake-model"} 1
+"""
+
+
+def test_endpoint_status_reads_spec_decode_and_queue(endpoint):
+    behaviour, target = endpoint
+    behaviour.metrics_text = METRICS
+    ep = status.endpoint_status(target.base_url, target.api_key)
+    assert ep["health"] == 200 and ep["model"] == "fake-model"
+    assert ep["requests_running"] == 2 and ep["requests_waiting"] == 1
+    assert ep["spec_decode"]["acceptance"] == 0.5
+    assert ep["spec_decode"]["per_position"] == [0.93, 0.80, 0.60]
+    assert ep["spec_decode"]["mean_accepted_length"] == 4.5
+    assert status.endpoint_status(target.base_url, "wrong")["models_status"] == 401
+
+
+def shim_bin(tmp_path, restarting="false", restart_count=0, ray_gpus=(1, 1)):
+    """docker, nvidia-smi and ibv_devinfo as a Spark would answer them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    nodes = json.dumps([{"node_id": f"n{i}", "node_ip": f"10.0.0.{i + 1}", "gpus": g} for i, g in enumerate(ray_gpus)])
+    scripts = {
+        "docker": f"""#!/bin/sh
+case "$1" in
+  inspect) echo '{{"Status":"running","Restarting":{restarting},"StartedAt":"2026-11-29T10:00:00Z","ExitCode":0}}|{restart_count}' ;;
+  exec) echo '{nodes}' ;;
+esac""",
+        "nvidia-smi": "#!/bin/sh\necho '71, 64.25'",
+        "ibv_devinfo": "#!/bin/sh\nprintf '\\tstate:\\t\\t\\tPORT_ACTIVE (4)\\n\\tactive_mtu:\\t\\t4096 (5)\\n'",
+    }
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text + "\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def local_runner(bin_dir):
+    """The node probe run here instead of over ssh: same script, same arguments, same stdin."""
+    def run(node, args):
+        proc = subprocess.run([sys.executable, "-", *args], input=status.NODE_PROBE.read_text(), capture_output=True,
+                              text=True, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, check=True)
+        return proc.stdout
+    return run
+
+
+NODES = [
+    {"name": "spark1", "role": "head", "host": "h1", "rails": [{"iface": "lo", "hca": "rocep1s0f0", "address": "10.0.0.1/24"}]},
+    {"name": "spark2", "role": "worker", "host": "h2", "rails": [{"iface": "lo", "hca": "rocep1s0f0", "address": "10.0.0.2/24"}]},
+]
+
+
+def test_node_probe_reports_container_rails_gpu_and_ray(tmp_path):
+    out = json.loads(local_runner(shim_bin(tmp_path, restart_count=3))(NODES[0], status.probe_args(NODES[0], "10.0.0.1")))
+    assert out["container"] == {"name": "twinspark-head", "present": True, "status": "running", "restarting": False,
+                                "restart_count": 3, "started_at": "2026-11-29T10:00:00Z", "exit_code": 0}
+    assert out["rails"][0]["operstate"] == "unknown" and out["rails"][0]["mtu"] == 65536  # lo, read from sysfs
+    assert out["rails"][0]["roce_state"] == "PORT_ACTIVE" and out["rails"][0]["roce_active_mtu"] == 4096
+    assert out["gpu"] == {"temperature_c": 71.0, "power_w": 64.25}
+    assert [n["node_ip"] for n in out["ray"]["nodes"]] == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_status_exit_code_and_problems(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.metrics_text = METRICS
+    target.nodes = NODES
+    healthy = status.collect(target, local_runner(shim_bin(tmp_path)))
+    for node in healthy["nodes"]:  # lo stands in for a rail: make it look like a good one
+        node["rails"][0].update(operstate="up", speed_mbps=200000, mtu=9000)
+    assert status.problems(healthy, 9000, 200000) == []
+
+    sick = status.collect(target, local_runner(shim_bin(tmp_path / "sick", restarting="true", ray_gpus=(1,))))
+    found = status.problems(sick, 9000, 200000)
+    assert any("spark2: container twinspark-worker running (restarts: 0)" in f for f in found)
+    assert any("spark1: Ray has 1 of 2 GPU nodes alive" in f for f in found)
+    assert any("spark1 rail lo: MTU 65536, expected 9000" in f for f in found)
+    assert status.run_status(target, local_runner(shim_bin(tmp_path / "sick2")), True, 9000, 200000, quiet()) == 1
+
+
+def test_status_survives_an_unreachable_node(endpoint):
+    behaviour, target = endpoint
+    target.nodes = NODES
+
+    def unreachable(node, args):
+        raise RuntimeError(f"ssh nvidia@{node['host']} failed: Connection timed out")
+
+    report = status.collect(target, unreachable)
+    assert [n["error"] for n in report["nodes"]] == ["ssh nvidia@h1 failed: Connection timed out",
+                                                    "ssh nvidia@h2 failed: Connection timed out"]
+    assert len(status.problems(report, 9000, 200000)) == 2
+
+
+# ---- client setup ---------------------------------------------------------------------------------
+def stack_outputs_for_tests():
+    from components.client_outputs import render_claude_code_env, render_codex_config, render_codex_model_catalog
+    from components.config import parse_stack_config
+    from program_harness import stack_config
+
+    cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+    return {"codexConfig": render_codex_config(cfg), "codexModelCatalog": render_codex_model_catalog(cfg),
+            "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"), "model": "ds-0731"}
+
+
+EXISTING_CONFIG = """# my codex settings
+model = "gpt-5.5"          # the cloud default
+approval_policy = "on-request"
+
+[model_providers.openrouter]
+name = "OpenRouter"
+base_url = "https://openrouter.ai/api/v1"
+env_key = "OPENROUTER_API_KEY"
+
+[profiles.cloud]
+model = "gpt-5.5"
+model_provider = "openai"
+"""
+
+
+def test_codex_merge_keeps_everything_else():
+    merged = merge_codex_config(EXISTING_CONFIG, stack_outputs_for_tests()["codexConfig"])
+    import tomllib
+
+    doc = tomllib.loads(merged)
+    assert doc["model"] == "ds-0731" and doc["model_provider"] == "twinspark"
+    assert doc["model_auto_compact_token_limit"] == 150000
+    assert doc["approval_policy"] == "on-request"
+    assert doc["model_providers"]["openrouter"]["env_key"] == "OPENROUTER_API_KEY"
+    assert doc["model_providers"]["twinspark"]["wire_api"] == "responses"
+    assert doc["profiles"]["cloud"]["model"] == "gpt-5.5"
+    assert "# my codex settings" in merged
+
+
+def test_client_setup_writes_backs_up_and_is_idempotent(tmp_path):
+    codex_home, env_file = tmp_path / "codex", tmp_path / "cfg" / "claude-code.env"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(EXISTING_CONFIG)
+    outputs_file = tmp_path / "outputs.json"
+    outputs_file.write_text(json.dumps(stack_outputs_for_tests()))
+    args = ["client-setup", "--outputs-file", str(outputs_file), "--endpoint", "http://h:8000/v1",
+            "--codex-home", str(codex_home), "--claude-env-file", str(env_file)]
+    assert ops_main(args) == 0
+    backups = list(codex_home.glob("config.toml.bak-*"))
+    assert len(backups) == 1 and backups[0].read_text() == EXISTING_CONFIG
+    catalog = codex_home / "ds-0731-model-catalog.json"
+    assert json.loads(catalog.read_text())["models"][0]["context_window"] == 1048576
+    assert f'model_catalog_json = "{catalog}"' in (codex_home / "config.toml").read_text()
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert "ANTHROPIC_AUTH_TOKEN=sk-outputs-key" in env_file.read_text()
+    before = {p.name: p.read_text() for p in codex_home.iterdir()}
+    assert ops_main(args) == 0  # a second run changes nothing and keeps no second backup
+    assert {p.name: p.read_text() for p in codex_home.iterdir()} == before
+
+
+def test_codex_accepts_the_merged_config(tmp_path):
+    codex = ROOT / "build/codex/node_modules/.bin/codex"
+    assert codex.exists(), "scripts/test.sh installs the Codex CLI into build/codex"
+    codex_home = tmp_path / "codex"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(EXISTING_CONFIG)
+    setup_clients(stack_outputs_for_tests(), codex_home, tmp_path / "claude.env")
+    proc = subprocess.run([str(codex), "debug", "models"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CODEX_HOME": str(codex_home)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    models = json.loads(proc.stdout)["models"]
+    assert [m["slug"] for m in models] == ["ds-0731"] and models[0]["context_window"] == 1048576
+
+
+def test_missing_outputs_are_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="stack output 'codexConfig' is missing"):
+        setup_clients({}, tmp_path, tmp_path / "env")
