@@ -19,6 +19,7 @@ from components.fabric_check import FabricCheck
 from components.host_prep import HostPrep
 from components.launch_bundle import LaunchBundle
 from components.model_weights import ModelWeights
+from components.nccl_check import NcclCheck
 from components.readiness import Readiness
 from components.serving_cluster import NodeServingInputs, ServingCluster
 from components.serving_image import ServingImage, write_pinned_known_hosts
@@ -41,6 +42,17 @@ weights = ModelWeights("weights", cfg, hf_token, opts=after_fabric)
 known_hosts = write_pinned_known_hosts(cfg)
 images = {n.name: ServingImage(f"{n.name}-image", cfg, n, known_hosts, opts=after_fabric) for n in cfg.nodes}
 bundles = {n.name: LaunchBundle(f"{n.name}-bundle", cfg, n, api_key, opts=after_fabric) for n in cfg.nodes}
+nccl_checks = []
+if cfg.fabric.min_bus_bandwidth_gbps > 0:
+    nccl_checks.append(
+        NcclCheck(
+            "nccl",
+            cfg,
+            {name: image.image_id for name, image in images.items()},
+            [hp.content_hash for hp in host_preps.values()],
+            opts=pulumi.ResourceOptions(depends_on=[*images.values(), *bundles.values()]),
+        )
+    )
 cluster = ServingCluster(
     "serving",
     cfg,
@@ -50,7 +62,7 @@ cluster = ServingCluster(
             provider=images[n.name].provider,
             image_id=images[n.name].image_id,
             bundle_hash=bundles[n.name].content_hash,
-            ready_after=[bundles[n.name], weights],
+            ready_after=[bundles[n.name], weights, *nccl_checks],
         )
         for n in cfg.nodes
     ],

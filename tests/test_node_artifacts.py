@@ -265,3 +265,25 @@ def test_codex_accepts_the_generated_config_and_catalog(tmp_path):
     assert [m["slug"] for m in models] == ["ds-0731"]
     assert models[0]["context_window"] == 1048576
     assert models[0]["apply_patch_tool_type"] == "freeform"
+
+
+def load_launch_module(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name.replace("-", "_").removesuffix(".py"), LAUNCH_DIR / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nccl_check_bus_bandwidth_and_network_parsing():
+    check = load_launch_module("nccl-allreduce-check.py")
+    algbw, busbw = check.bus_bandwidth_gbps(1 << 30, 0.1, 2)
+    assert algbw == pytest.approx(10.737, abs=1e-3) and busbw == algbw  # 2(n-1)/n = 1 for two nodes
+    assert check.bus_bandwidth_gbps(1 << 30, 0.1, 3)[1] == pytest.approx(algbw * 4 / 3)
+    info = ("spark1:123:123 [0] NCCL INFO NET/Plugin: Using internal network plugin.\n"
+            "spark1:123:123 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [1]roceP2p1s0f0:1/RoCE\n"
+            "spark1:123:123 [0] NCCL INFO Using network IB\n")
+    assert check.chosen_network(info) == "IB"
+    assert check.chosen_network("NCCL INFO NET/Socket : Using [0]enP7s7\nNCCL INFO Using network Socket\n") == "Socket"
+    assert check.chosen_network("") is None

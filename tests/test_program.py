@@ -81,6 +81,7 @@ def test_component_type_tokens(recipe_run):
     assert tokens == {
         "twinspark:host_prep:HostPrep",
         "twinspark:fabric_check:FabricCheck",
+        "twinspark:nccl_check:NcclCheck",
         "twinspark:model_weights:ModelWeights",
         "twinspark:serving_image:ServingImage",
         "twinspark:launch_bundle:LaunchBundle",
@@ -98,8 +99,10 @@ def test_component_type_tokens(recipe_run):
         ("weights-sync-spark2", ["weights-fetch-spark1", "weights-authorize-spark2"]),
         ("spark1-image-image", ["spark1-fabric-run"]),
         ("spark2-bundle-launch-vllm-sh", ["spark2-fabric-run"]),
-        ("spark2-twinspark-worker", ["spark2-image-image", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "weights-sync-spark2"]),
-        ("spark1-twinspark-head", ["spark1-image-image", "spark1-bundle-secrets-env", "weights-fetch-spark1", "spark2-twinspark-worker"]),
+        ("nccl-spark1", ["spark1-image-image", "spark1-bundle-twinspark-env", "spark2-fabric-run"]),
+        ("nccl-spark2", ["spark2-image-image", "spark2-bundle-twinspark-env"]),
+        ("spark2-twinspark-worker", ["spark2-image-image", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "weights-sync-spark2", "nccl-spark1", "nccl-spark2"]),
+        ("spark1-twinspark-head", ["spark1-image-image", "spark1-bundle-secrets-env", "weights-fetch-spark1", "spark2-twinspark-worker", "nccl-spark2"]),
         ("readiness-wait", ["spark1-twinspark-head"]),
     ],
 )
@@ -158,6 +161,33 @@ def test_serving_image_build(recipe_run):
         provider = recipe_run.named(f"{node}-image-docker").inputs
         assert provider["host"] == f"ssh://nvidia@{host}"
         assert "StrictHostKeyChecking=accept-new" in json.loads(provider["sshOpts"])
+
+
+def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run):
+    for node, rank, container in (("spark1", "0", "spark1-twinspark-head"), ("spark2", "1", "spark2-twinspark-worker")):
+        inputs = recipe_run.named(f"nccl-{node}").inputs
+        docker = shlex.split(shlex.split(inputs["create"])[2].splitlines()[-1])
+        image = recipe_run.named(container).inputs["image"]
+        assert docker[docker.index("--entrypoint") + 2] == image  # the node's own built image
+        assert docker[docker.index("--env-file") + 1] == "/opt/twinspark/twinspark.env"
+        args = docker[docker.index(image) + 1:]
+        assert args[0] == "-" and args[args.index("--rank") + 1] == rank
+        assert args[args.index("--world-size") + 1] == "2"
+        assert args[args.index("--master") + 1] == "10.0.0.1:29555"
+        assert args[args.index("--min-busbw-gbps") + 1] == "10"
+        assert args[args.index("--require-network") + 1] == "IB"
+        # the same docker options the serving containers get (recipe §4)
+        flags = " ".join(docker)
+        for flag in ("--network host", "--ipc host", "--gpus all", "--ulimit memlock=-1", "--ulimit stack=67108864",
+                     "--cap-add IPC_LOCK", "--device /dev/infiniband"):
+            assert flag in flags
+        assert inputs["stdin"].startswith("#!/usr/bin/env python3\n\"\"\"nccl-allreduce-check.py")
+
+
+def test_nccl_check_can_be_switched_off(program, recipe_config):
+    recipe_config["twinspark:fabric"]["minBusBandwidthGBps"] = 0
+    run = program(recipe_config)
+    assert not [r for r in run.resources if r.name.startswith("nccl")]
 
 
 def test_launch_script_is_the_recipe_command(recipe_run):
@@ -318,6 +348,8 @@ def test_three_nodes(program, recipe_config):
     rails = [a for a in shlex.split(run.named("spark1-fabric-run").inputs["create"]) if a.startswith("enp1s0f0np0:")]
     assert rails == ["enp1s0f0np0:rocep1s0f0:10.0.0.2,10.0.0.3"]
     assert env_file(run, "spark3")["TWINSPARK_NODE_IPS"] == "10.0.0.1,10.0.0.2,10.0.0.3"
+    ranks = {n: shlex.split(run.named(f"nccl-{n}").inputs["create"])[2] for n in ("spark1", "spark2", "spark3")}
+    assert [("--rank " + r) in ranks[n] and "--world-size 3" in ranks[n] for n, r in (("spark1", "0"), ("spark2", "1"), ("spark3", "2"))] == [True] * 3
 
 
 def comparable(run):
