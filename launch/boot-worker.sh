@@ -31,7 +31,9 @@ main() {
     exit 1
   fi
   log "joined as Ray node $node_id; watching membership"
-  reason=$(membership watch --head "$TWINSPARK_HEAD_IP" --node-id "$node_id")
+  # How long the head may be unreachable before this node rejoins; a head that comes back
+  # sooner is still caught, by this node's NodeID missing from its new GCS.
+  reason=$(membership watch --head "$TWINSPARK_HEAD_IP" --node-id "$node_id" --grace "${TWINSPARK_HEAD_GRACE_S:-6}")
   log "leaving: $reason; docker restarts this container and it rejoins fresh"
   stop_ray
   exit 1

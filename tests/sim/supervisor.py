@@ -38,7 +38,8 @@ def container_script(args) -> str:
             lines.append(f"mount --bind {shlex.quote(source)} {shlex.quote(target)}")
             if read_only:
                 lines.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
-    env = " ".join(shlex.quote(f"{k}={v}") for k, v in (("PATH", args.path), ("HOME", "/root"), ("LANG", "C.UTF-8")))
+    base_env = [f"PATH={args.path}", "HOME=/root", "LANG=C.UTF-8", *args.env]
+    env = " ".join(shlex.quote(e) for e in base_env)
     lines.append(f"exec env -i {env} /bin/bash {shlex.quote(args.container_bundle_dir)}/boot-{args.role}.sh")
     return "\n".join(lines)
 
@@ -66,6 +67,7 @@ def main() -> int:
     parser.add_argument("--container-model-dir", required=True)
     parser.add_argument("--log-dir", required=True)
     parser.add_argument("--path", required=True, help="PATH inside the container")
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the container, as docker -e")
     args = parser.parse_args()
     SIM_LOG_DIR.mkdir(parents=True, exist_ok=True)
     RUN_DIR.mkdir(parents=True, exist_ok=True)

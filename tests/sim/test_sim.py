@@ -107,7 +107,7 @@ def supervisor_events(sim, node, container):
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def start_supervisor(sim, node):
+def start_supervisor(sim, node, env=()):
     from components.launch_bundle import BUNDLE_DIR, CONTAINER_BUNDLE_DIR, LOG_DIR
     from components.serving_cluster import container_name
 
@@ -119,6 +119,7 @@ def start_supervisor(sim, node):
         "--bundle-dir", BUNDLE_DIR, "--container-bundle-dir", CONTAINER_BUNDLE_DIR,
         "--model-dir", sim.cfg.model.dir, "--container-model-dir", sim.cfg.model.container_dir,
         "--log-dir", LOG_DIR, "--path", f"/usr/local/bin:{venv_bin}:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
+        *[a for e in env for a in ("--env", e)],
     )
 
 
@@ -462,10 +463,32 @@ def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report):
         kill_container(sim, node, container)
     wait_until(lambda: not completes(sim, api_key(sim)), 20, what="endpoint down")
     rebooted_at = time.time()
-    for node in ("sim2", "sim1"):  # boot order must not matter; the worker first is the harder case
-        start_supervisor(sim, node)
+    # boot order must not matter; the worker first is the harder case. The worker now
+    # tolerates a long-unreachable head, for the next scenario.
+    start_supervisor(sim, "sim2", env=[f"TWINSPARK_HEAD_GRACE_S={SLOW_HEAD_GRACE_S}"])
+    start_supervisor(sim, "sim1")
     wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after the reboot")
     report["reboot_to_serving_s"] = round(time.time() - rebooted_at, 1)
+
+
+SLOW_HEAD_GRACE_S = 120
+
+
+def test_head_back_fast_is_caught_by_node_id(sim, report):
+    """Gotcha 11 proper: the head is back (new GCS session) before the worker would call it
+    unreachable, `ray status` works again — only the NodeID check can tell."""
+    worker_exits = len([e for e in supervisor_events(sim, "sim2", "twinspark-worker") if e["event"] == "exit"])
+    killed_at = time.time()
+    kill_container(sim, "sim1", "twinspark-head")
+    wait_until(lambda: len([e for e in supervisor_events(sim, "sim2", "twinspark-worker") if e["event"] == "exit"]) > worker_exits,
+               60, what="worker leaving after the head came back")
+    report["worker_detects_head_restart_by_node_id_s"] = round(
+        last_event(sim, "sim2", "twinspark-worker", "exit")["t"] - killed_at, 1)
+    log = tail(sim, "sim2", "/var/log/twinspark/boot-worker.log", 80)
+    reasons = [l.split("leaving: ", 1)[1] for l in log.splitlines() if "leaving: " in l]
+    assert "is not alive in the head's GCS (head restarted?)" in reasons[-1], log
+    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the fast head restart")
+    report["head_fast_restart_to_serving_s"] = round(time.time() - killed_at, 1)
 
 
 # ---- last: teardown ---------------------------------------------------------------------------
