@@ -113,7 +113,7 @@ class Fabric(Contract):
     bootstrap_iface: IfaceName
     # NcclCheck's floor for cross-node all_reduce bus bandwidth; 0 skips the check.
     # The recipe measures ~20 GB/s over both rails, ~2 GB/s when NCCL falls back to TCP.
-    min_bus_bandwidth_gbps: float = Field(default=10.0, ge=0)
+    min_bus_bandwidth_gbps: float = Field(default=10.0, ge=0, alias="minBusBandwidthGBps")
 
 
 class ModelConfig(Contract):

@@ -52,6 +52,7 @@ CASES = [
     (("fabric", "mtu"), "jumbo", "twinspark:fabric.mtu", ["jumbo"]),
     (("fabric", "linkSpeedMbps"), 0, "twinspark:fabric.linkSpeedMbps", ["greater than 0"]),
     (("fabric", "bootstrapIface"), "", "twinspark:fabric.bootstrapIface", []),
+    (("fabric", "minBusBandwidthGBps"), -1, "twinspark:fabric.minBusBandwidthGBps", ["greater than or equal to 0"]),
     (("model", "repo"), "DeepSeek-V4-Flash", "twinspark:model.repo", ["DeepSeek-V4-Flash"]),
     (("model", "dir"), "models/ds", "twinspark:model.dir", ["models/ds"]),
     (("model", "dir"), "/home/nvidia/my models", "twinspark:model.dir", []),

@@ -187,6 +187,8 @@ def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run)
 def test_nccl_check_can_be_switched_off(program, recipe_config):
     recipe_config["twinspark:fabric"]["minBusBandwidthGBps"] = 0
     run = program(recipe_config)
+    assert run.error is None, run.error
+    assert "spark1-twinspark-head" in run.by_name
     assert not [r for r in run.resources if r.name.startswith("nccl")]
 
 
