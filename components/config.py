@@ -212,6 +212,8 @@ class StackConfig(Contract):
 
 
 class _CrossFieldError(ValueError):
+    """A rule failed at `path` (relative to the validated model); pydantic carries it in ctx."""
+
     def __init__(self, path: str, value: Any, expected: str):
         super().__init__(f"{value} — expected {expected}")
         self.path, self.value, self.expected = path, value, expected
@@ -248,8 +250,6 @@ def parse_stack_config(raw: dict[str, Any]) -> StackConfig:
         return StackConfig.model_validate(raw)
     except ValidationError as err:
         raise pulumi.RunError(_describe_validation_error(err)) from None
-    except _CrossFieldError as err:  # raised from inside a model validator, unwrapped by pydantic
-        raise pulumi.RunError(f"{format_key_path(tuple(_split_path(err.path)))}: {err}") from None
 
 
 def _split_path(path: str) -> list[Any]:

@@ -10,6 +10,7 @@ model must return all of them, exactly, at temperature 0. Per context size and t
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 from dataclasses import dataclass
@@ -118,8 +119,6 @@ def render(rows: list[dict], console: Console) -> None:
 
 def run_needle(target, sizes: Sequence[int], trials: int, needles: int, max_tokens: int, console: Console,
                output: Optional[str] = None) -> int:
-    import json
-
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("needle trials", total=len(sizes) * trials)
         rows = asyncio.run(probe(target.endpoint, target.api_key, target.model, sizes, trials, needles, max_tokens,

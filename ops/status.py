@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,19 +31,13 @@ NodeRunner = Callable[[dict, list[str]], str]
 def ssh_runner(user: str, key: Optional[str]) -> NodeRunner:
     def run(node: dict, args: list[str]) -> str:
         command = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"] + (["-i", key] if key else [])
-        command += [f"{user}@{node['host']}", "python3 - " + " ".join(_quote(a) for a in args)]
+        command += [f"{user}@{node['host']}", "python3 - " + " ".join(shlex.quote(a) for a in args)]
         proc = subprocess.run(command, input=NODE_PROBE.read_text(), capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
             raise RuntimeError(f"ssh {user}@{node['host']} failed: {proc.stderr.strip()[-300:]}")
         return proc.stdout
 
     return run
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
 
 
 def probe_args(node: dict, head_ray_ip: Optional[str]) -> list[str]:

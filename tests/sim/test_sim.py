@@ -25,8 +25,9 @@ from program_harness import unwrap
 
 from cluster import can_raise_memlock
 from components import host_prep
-from components.launch_bundle import vllm_argv
+from components.launch_bundle import BUNDLE_DIR, CONTAINER_BUNDLE_DIR, LOG_DIR, vllm_argv
 from components.model_weights import render_authorized_key_line
+from components.serving_cluster import container_name
 
 SIM_DIR = Path(__file__).resolve().parent
 SHARD_COUNT, SHARD_MB = 6, 50
@@ -108,9 +109,6 @@ def supervisor_events(sim, node, container):
 
 
 def start_supervisor(sim, node, env=()):
-    from components.launch_bundle import BUNDLE_DIR, CONTAINER_BUNDLE_DIR, LOG_DIR
-    from components.serving_cluster import container_name
-
     spec = sim.nodes[node].spec
     venv_bin = Path(sys.executable).parent
     return sim.node_spawn(
