@@ -137,7 +137,7 @@ def main() -> int:
     p = sub.add_parser("watch")
     p.add_argument("--head", required=True)
     p.add_argument("--node-id", required=True)
-    p.add_argument("--interval", type=float, default=2.0)
+    p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--grace", type=float, default=6.0)
     p.set_defaults(run=watch)
     p = sub.add_parser("alive")
