@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_arguments(p)
     p.add_argument("--ssh-user", default=os.environ.get("TWINSPARK_SSH_USER", "nvidia"))
     p.add_argument("--ssh-key", help="private key (default: ssh's own choice / the agent)")
+    p.add_argument("--ssh-option", action="append", default=[], help="extra `ssh -o` option, repeatable")
     p.add_argument("--expect-mtu", type=int, default=9000)
     p.add_argument("--expect-speed-mbps", type=int, default=200000)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     if args.tool == "status":
         from .status import run_status, ssh_runner
 
-        return run_status(target, ssh_runner(args.ssh_user, args.ssh_key), args.json, args.expect_mtu,
+        return run_status(target, ssh_runner(args.ssh_user, args.ssh_key, args.ssh_option), args.json, args.expect_mtu,
                           args.expect_speed_mbps, console)
     if args.tool == "bench":
         from .bench import BenchPlan, run_bench

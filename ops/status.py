@@ -15,7 +15,7 @@ import shlex
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import httpx
 from rich.console import Console
@@ -28,9 +28,10 @@ METRIC_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 NodeRunner = Callable[[dict, list[str]], str]
 
 
-def ssh_runner(user: str, key: Optional[str]) -> NodeRunner:
+def ssh_runner(user: str, key: Optional[str], options: Sequence[str] = ()) -> NodeRunner:
     def run(node: dict, args: list[str]) -> str:
         command = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"] + (["-i", key] if key else [])
+        command += [a for option in options for a in ("-o", option)]
         command += [f"{user}@{node['host']}", "python3 - " + " ".join(shlex.quote(a) for a in args)]
         proc = subprocess.run(command, input=NODE_PROBE.read_text(), capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:

@@ -418,6 +418,55 @@ def test_boot_serves_only_with_every_gpu_and_the_key(sim, sim_run, report):
     assert "serving: a 1-token completion succeeded" in ready.stdout
 
 
+def run_ops(*args):
+    from program_harness import ROOT
+
+    return subprocess.run([sys.executable, "-m", "ops", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def status_args(sim, sim_run):
+    out = sim_run.outputs
+    return ["status", "--json", "--endpoint", out["endpoint"]["value"], "--api-key", out["apiKey"]["value"],
+            "--nodes", json.dumps(out["nodes"]["value"]), "--ssh-user", sim.cfg.ssh.user, "--ssh-key", str(sim.key),
+            "--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null",
+            "--expect-mtu", "9000", "--expect-speed-mbps", str(sim.cfg.fabric.link_speed_mbps)]
+
+
+def test_ops_status_over_ssh_against_the_live_sim(sim, sim_run):
+    """`python -m ops status` end to end: real SSH, node-status.py, Ray's state API via the head container."""
+    proc = run_ops(*status_args(sim, sim_run))
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, (report["problems"], proc.stderr)
+    nodes = {n["node"]: n for n in report["nodes"]}
+    assert nodes["sim1"]["container"]["status"] == "running" and nodes["sim1"]["container"]["restart_count"] == 0
+    assert nodes["sim2"]["container"]["name"] == "twinspark-worker"
+    for node in nodes.values():
+        assert [(r["iface"], r["operstate"], r["speed_mbps"], r["mtu"], r["roce_state"]) for r in node["rails"]] == [
+            ("rail0", "up", 10000, 9000, "PORT_ACTIVE"), ("rail1", "up", 10000, 9000, "PORT_ACTIVE")]
+    assert sorted((n["node_ip"], n["gpus"]) for n in nodes["sim1"]["ray"]["nodes"]) == [("10.0.0.1", 1.0), ("10.0.0.2", 1.0)]
+    assert report["endpoint"]["health"] == 200 and report["endpoint"]["model"] == "sim-model"
+
+    sim.in_netns("sim2", "ip", "link", "set", "rail1", "down")
+    try:
+        sick = run_ops(*status_args(sim, sim_run))
+    finally:
+        sim.in_netns("sim2", "ip", "link", "set", "rail1", "up")
+    assert sick.returncode == 1
+    assert "sim2 rail rail1: link down" in json.loads(sick.stdout)["problems"]
+
+
+def test_ops_bench_against_the_live_sim(sim, sim_run, tmp_path):
+    out = sim_run.outputs
+    proc = run_ops("bench", "--endpoint", out["endpoint"]["value"], "--api-key", out["apiKey"]["value"],
+                   "--model", out["model"]["value"], "--runs", "2", "--max-tokens", "8", "--concurrency", "2",
+                   "--long-prompt-tokens", "200", "--sweep", "1,2", "--sweep-requests", "1",
+                   "--sweep-input-tokens", "50", "--sweep-output-tokens", "4", "-o", str(tmp_path / "bench.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["errors"] == [] and result["single_stream"]["decode_tok_s"] > 0
+    assert [row["requests"] for row in result["sweep"]] == [1, 2]
+
+
 # ---- 5. Faults -------------------------------------------------------------------------------
 def last_event(sim, node, container, kind):
     events = [e for e in supervisor_events(sim, node, container) if e["event"] == kind]
