@@ -30,29 +30,27 @@ api_key = secrets.get_secret("apiKey") or random.RandomPassword("api-key", lengt
 hf_token = secrets.get_secret("hfToken")
 
 host_preps = {n.name: HostPrep(f"{n.name}-hostprep", cfg, n) for n in cfg.nodes}
+host_prep_hashes = [hp.content_hash for hp in host_preps.values()]
 all_host_prep = pulumi.ResourceOptions(depends_on=list(host_preps.values()))
-fabric_checks = {
-    n.name: FabricCheck(
-        f"{n.name}-fabric", cfg, n, [hp.content_hash for hp in host_preps.values()], opts=all_host_prep
-    )
-    for n in cfg.nodes
-}
+fabric_checks = {n.name: FabricCheck(f"{n.name}-fabric", cfg, n, host_prep_hashes, opts=all_host_prep) for n in cfg.nodes}
 after_fabric = pulumi.ResourceOptions(depends_on=list(fabric_checks.values()))
 weights = ModelWeights("weights", cfg, hf_token, opts=after_fabric)
 known_hosts = write_pinned_known_hosts(cfg)
 images = {n.name: ServingImage(f"{n.name}-image", cfg, n, known_hosts, opts=after_fabric) for n in cfg.nodes}
 bundles = {n.name: LaunchBundle(f"{n.name}-bundle", cfg, n, api_key, opts=after_fabric) for n in cfg.nodes}
-nccl_checks = []
-if cfg.fabric.min_bus_bandwidth_gbps > 0:
-    nccl_checks.append(
+nccl_checks = (
+    [
         NcclCheck(
             "nccl",
             cfg,
             {name: image.image_id for name, image in images.items()},
-            [hp.content_hash for hp in host_preps.values()],
+            host_prep_hashes,
             opts=pulumi.ResourceOptions(depends_on=[*images.values(), *bundles.values()]),
         )
-    )
+    ]
+    if cfg.fabric.min_bus_bandwidth_gbps > 0  # 0 switches the check off
+    else []
+)
 cluster = ServingCluster(
     "serving",
     cfg,

@@ -7,7 +7,7 @@ Creates, per node, one idempotent remote command per file under BUNDLE_DIR:
 - twinspark.env    the recipe's environment list plus this node's identity
 - secrets.env      head only, mode 600: VLLM_API_KEY, which vLLM reads from its environment
 Exposes `content_hash`: the serving containers carry it in a label, so a bundle change
-replaces them (workers first, head last) and nothing else.
+replaces them (the head starts last, after the workers) and nothing else.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def render_launch_vllm(cfg: StackConfig) -> str:
 # launch-vllm.sh — rendered by twinspark; profile: {cfg.serving.profile}.
 # The single source of truth for vLLM parameters. Change them in the stack config
 # (`pulumi config set --path serving.profile multiagent`) and run `pulumi up`, which
-# rewrites this file and restarts the serving containers, workers first.
+# rewrites this file and restarts the serving containers (the head starts last).
 set -euo pipefail
 # VLLM_API_KEY: vLLM reads it from the environment, so the key is never in argv.
 set -a

@@ -3,7 +3,8 @@
 Creates one worker container per worker node (entrypoint boot-worker.sh) and one head
 container (boot-head.sh, vLLM as PID 1) that depends on every worker, all with restart
 `unless-stopped`. Each carries its node's bundle hash and image id, so a parameter change
-replaces workers first and the head last; a no-op changes nothing.
+replaces them (the head stops first, workers come back before it, the head starts last)
+and a no-op changes nothing.
 """
 
 from __future__ import annotations
