@@ -391,9 +391,11 @@ def test_boot_serves_only_with_every_gpu_and_the_key(sim, sim_run, report):
         for name in steps(sim_run, f"{node}-bundle-"):
             run_step(sim, sim_run, name)
     start_supervisor(sim, "sim1")
-    time.sleep(20)  # the head alone: Ray up, but one GPU of two
+    # the head alone: Ray up, but one GPU of two — it must wait, and say for whom
+    wait_until(lambda: "1/2 nodes with a GPU; waiting for 10.0.0.2" in tail(sim, "sim1", "/var/log/twinspark/boot-head.log"),
+               120, what="the head waiting for the worker's GPU")
+    time.sleep(5)
     assert sim.node_exec("sim1", "test", "-e", "/var/log/twinspark/vllm-argv.json", check=False).returncode != 0
-    assert "waiting for 10.0.0.2" in tail(sim, "sim1", "/var/log/twinspark/boot-head.log")
 
     started = time.monotonic()
     start_supervisor(sim, "sim2")
