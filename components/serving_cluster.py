@@ -92,5 +92,8 @@ class ServingCluster(pulumi.ComponentResource):
                 provider=inputs.provider,
                 depends_on=[*inputs.ready_after, *after],
                 delete_before_replace=True,  # the container name is fixed
+                # a replaced worker means a fresh raylet: the head must re-form the cluster
+                # after it (recipe gotcha 11: bounce the worker first, then the head)
+                replace_with=after or None,
             ),
         )

@@ -57,6 +57,7 @@ class RecordingMonitor(pm.MockMonitor):
                 "type": request.type, "name": request.name, "custom": request.custom,
                 "parent": request.parent, "dependencies": list(request.dependencies),
                 "provider": request.provider, "deleteBeforeReplace": request.deleteBeforeReplace,
+                "replaceWith": list(request.replace_with),
                 "inputs": json_format.MessageToDict(request.object),
             })
         return response
@@ -99,6 +100,7 @@ class Resource:
     dependencies: list[str]
     provider: str
     delete_before_replace: bool
+    replace_with: list[str]
 
 
 @dataclass
@@ -164,6 +166,7 @@ def run_program(config: dict[str, Any], preview: bool = False, extra_env: Option
         Resource(
             type=r["type"], name=r["name"], urn=r["urn"], inputs=r["inputs"], parent=r["parent"],
             dependencies=r["dependencies"], provider=r["provider"], delete_before_replace=r["deleteBeforeReplace"],
+            replace_with=r["replaceWith"],
         )
         for r in data["resources"]
     ]

@@ -111,6 +111,12 @@ def test_dependencies(recipe_run, resource, must_wait_for):
         assert recipe_run.depends_on(recipe_run.named(resource), target), f"{resource} does not wait for {target}"
 
 
+def test_a_replaced_worker_replaces_the_head(recipe_run):
+    head, worker = recipe_run.named("spark1-twinspark-head"), recipe_run.named("spark2-twinspark-worker")
+    assert head.replace_with == [worker.urn]
+    assert worker.replace_with == []
+
+
 def test_worker_does_not_wait_for_head(recipe_run):
     assert not recipe_run.depends_on(recipe_run.named("spark2-twinspark-worker"), "spark1-twinspark-head")
 
@@ -344,6 +350,7 @@ def test_three_nodes(program, recipe_config):
     head = run.named("spark1-twinspark-head")
     for w in workers:
         assert run.depends_on(head, w)
+    assert sorted(head.replace_with) == sorted(run.named(w).urn for w in workers)
     assert {"weights-sync-spark2", "weights-sync-spark3"} <= set(run.by_name)
     argv = launch_argv(run)
     assert argv[argv.index("--tensor-parallel-size") + 1] == "3"
