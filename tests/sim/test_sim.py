@@ -470,6 +470,15 @@ def test_ops_bench_against_the_live_sim(sim, sim_run, tmp_path):
 
 
 # ---- 5. Faults -------------------------------------------------------------------------------
+def exit_count(sim, node, container):
+    return len([e for e in supervisor_events(sim, node, container) if e["event"] == "exit"])
+
+
+def worker_leave_reasons(sim):
+    log = tail(sim, "sim2", "/var/log/twinspark/boot-worker.log", 80)
+    return [line.split("leaving: ", 1)[1] for line in log.splitlines() if "leaving: " in line], log
+
+
 def last_event(sim, node, container, kind):
     events = [e for e in supervisor_events(sim, node, container) if e["event"] == kind]
     return events[-1] if events else None
@@ -481,14 +490,13 @@ def kill_container(sim, node, container):
 
 
 def test_head_killed_worker_rejoins_and_serving_resumes(sim, report):
-    worker_exits = len([e for e in supervisor_events(sim, "sim2", "twinspark-worker") if e["event"] == "exit"])
+    worker_exits = exit_count(sim, "sim2", "twinspark-worker")
     killed_at = time.time()
     kill_container(sim, "sim1", "twinspark-head")
-    wait_until(lambda: len([e for e in supervisor_events(sim, "sim2", "twinspark-worker") if e["event"] == "exit"]) > worker_exits,
+    wait_until(lambda: exit_count(sim, "sim2", "twinspark-worker") > worker_exits,
                60, what="worker leaving after the head restart")
     report["worker_detects_head_restart_s"] = round(last_event(sim, "sim2", "twinspark-worker", "exit")["t"] - killed_at, 1)
-    log = tail(sim, "sim2", "/var/log/twinspark/boot-worker.log", 80)
-    reasons = [l.split("leaving: ", 1)[1] for l in log.splitlines() if "leaving: " in l]
+    reasons, log = worker_leave_reasons(sim)
     assert reasons and ("not alive in the head's GCS" in reasons[-1] or "unreachable" in reasons[-1]), log
     report["worker_leave_reason"] = reasons[-1].split(";")[0]
     wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the head restart")
@@ -496,10 +504,10 @@ def test_head_killed_worker_rejoins_and_serving_resumes(sim, report):
 
 
 def test_worker_raylet_killed_engine_exits_and_cluster_reforms(sim, report):
-    head_exits = len([e for e in supervisor_events(sim, "sim1", "twinspark-head") if e["event"] == "exit"])
+    head_exits = exit_count(sim, "sim1", "twinspark-head")
     killed_at = time.time()
     sim.node_exec("sim2", "pkill", "-9", "-x", "raylet")
-    wait_until(lambda: len([e for e in supervisor_events(sim, "sim1", "twinspark-head") if e["event"] == "exit"]) > head_exits,
+    wait_until(lambda: exit_count(sim, "sim1", "twinspark-head") > head_exits,
                60, what="the stand-in engine exiting")
     assert "a GPU worker died" in tail(sim, "sim1", "/var/log/twinspark/vllm.log", 80)
     wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the worker's raylet died")
@@ -526,15 +534,14 @@ SLOW_HEAD_GRACE_S = 120
 def test_head_back_fast_is_caught_by_node_id(sim, report):
     """Gotcha 11 proper: the head is back (new GCS session) before the worker would call it
     unreachable, `ray status` works again — only the NodeID check can tell."""
-    worker_exits = len([e for e in supervisor_events(sim, "sim2", "twinspark-worker") if e["event"] == "exit"])
+    worker_exits = exit_count(sim, "sim2", "twinspark-worker")
     killed_at = time.time()
     kill_container(sim, "sim1", "twinspark-head")
-    wait_until(lambda: len([e for e in supervisor_events(sim, "sim2", "twinspark-worker") if e["event"] == "exit"]) > worker_exits,
+    wait_until(lambda: exit_count(sim, "sim2", "twinspark-worker") > worker_exits,
                60, what="worker leaving after the head came back")
     report["worker_detects_head_restart_by_node_id_s"] = round(
         last_event(sim, "sim2", "twinspark-worker", "exit")["t"] - killed_at, 1)
-    log = tail(sim, "sim2", "/var/log/twinspark/boot-worker.log", 80)
-    reasons = [l.split("leaving: ", 1)[1] for l in log.splitlines() if "leaving: " in l]
+    reasons, log = worker_leave_reasons(sim)
     assert "is not alive in the head's GCS (head restarted?)" in reasons[-1], log
     wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the fast head restart")
     report["head_fast_restart_to_serving_s"] = round(time.time() - killed_at, 1)
