@@ -19,17 +19,11 @@ from pulumi_command import remote
 from .config import Node, StackConfig
 from .launch_bundle import BUNDLE_DIR, render_env_file
 from .remote import bash, connection, launch_file, sha256_text
-from .serving_cluster import STACK_SIZE_BYTES
+from .serving_cluster import docker_run_flags
 
 SCRIPT = "nccl-allreduce-check.py"
 RENDEZVOUS_PORT = 29555
 CONTAINER_NAME = "twinspark-nccl-check"
-# The serving containers' docker options (serving_cluster.container_args), as CLI flags.
-DOCKER_RUN_FLAGS = [
-    "--network", "host", "--ipc", "host", "--gpus", "all",
-    "--ulimit", "memlock=-1", "--ulimit", f"stack={STACK_SIZE_BYTES}",
-    "--cap-add", "IPC_LOCK", "--device", "/dev/infiniband",
-]
 
 
 def check_args(cfg: StackConfig, node: Node) -> list[str]:
@@ -51,7 +45,7 @@ def ranks(cfg: StackConfig) -> dict[str, int]:
 
 def render_check_command(cfg: StackConfig, node: Node, image_id: str) -> str:
     args = check_args(cfg, node)
-    docker_run = ["docker", "run", "--rm", "-i", "--name", CONTAINER_NAME, *DOCKER_RUN_FLAGS,
+    docker_run = ["docker", "run", "--rm", "-i", "--name", CONTAINER_NAME, *docker_run_flags(),
                   "--env-file", f"{BUNDLE_DIR}/twinspark.env", "--entrypoint", "python3", image_id, "-", *args]
     return bash(
         f"""set -euo pipefail

@@ -19,7 +19,21 @@ from .config import Node, StackConfig
 from .launch_bundle import BUNDLE_DIR, CONTAINER_BUNDLE_DIR, LOG_DIR
 
 BUNDLE_LABEL = "twinspark.bundle-sha256"
-STACK_SIZE_BYTES = 67108864
+# The recipe's docker options (§4), once: the serving containers and NcclCheck's `docker run`.
+NETWORK_MODE = IPC_MODE = "host"
+GPUS = "all"
+ULIMITS = {"memlock": -1, "stack": 67108864}
+CAPABILITIES = ["IPC_LOCK"]
+DEVICES = ["/dev/infiniband"]
+
+
+def docker_run_flags() -> list[str]:
+    """The same options as `docker run` flags."""
+    flags = ["--network", NETWORK_MODE, "--ipc", IPC_MODE, "--gpus", GPUS]
+    flags += [a for name, limit in ULIMITS.items() for a in ("--ulimit", f"{name}={limit}")]
+    flags += [a for cap in CAPABILITIES for a in ("--cap-add", cap)]
+    flags += [a for dev in DEVICES for a in ("--device", dev)]
+    return flags
 
 
 def container_name(node: Node) -> str:
@@ -47,15 +61,12 @@ def container_args(cfg: StackConfig, inputs: NodeServingInputs) -> dict:
         name=container_name(inputs.node),
         image=inputs.image_id,
         entrypoints=entrypoint(inputs.node),
-        network_mode="host",
-        ipc_mode="host",
-        gpus="all",
-        ulimits=[
-            docker.ContainerUlimitArgs(name="memlock", soft=-1, hard=-1),
-            docker.ContainerUlimitArgs(name="stack", soft=STACK_SIZE_BYTES, hard=STACK_SIZE_BYTES),
-        ],
-        capabilities=docker.ContainerCapabilitiesArgs(adds=["IPC_LOCK"]),
-        devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband", container_path="/dev/infiniband")],
+        network_mode=NETWORK_MODE,
+        ipc_mode=IPC_MODE,
+        gpus=GPUS,
+        ulimits=[docker.ContainerUlimitArgs(name=name, soft=limit, hard=limit) for name, limit in ULIMITS.items()],
+        capabilities=docker.ContainerCapabilitiesArgs(adds=CAPABILITIES),
+        devices=[docker.ContainerDeviceArgs(host_path=dev, container_path=dev) for dev in DEVICES],
         restart="unless-stopped",
         mounts=[
             docker.ContainerMountArgs(type="bind", source=cfg.model.dir, target=cfg.model.container_dir, read_only=True),
