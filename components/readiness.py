@@ -26,7 +26,7 @@ def wait_ready_args(cfg: StackConfig) -> list[str]:
         "--url", f"http://127.0.0.1:{cfg.serving.port}",
         "--model", cfg.model.served_name,
         "--timeout-s", str(cfg.serving.readiness_timeout_minutes * 60),
-        "--container", container_name(cfg.head),
+        "--container", container_name(cfg.head.role),
         "--log", f"{LOG_DIR}/vllm.log",
     ]
 

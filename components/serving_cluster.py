@@ -36,8 +36,9 @@ def docker_run_flags() -> list[str]:
     return flags
 
 
-def container_name(node: Node) -> str:
-    return f"twinspark-{node.role}"
+def container_name(role: str) -> str:
+    """The serving container on a node of that role (also what `ops status` inspects)."""
+    return f"twinspark-{role}"
 
 
 def entrypoint(node: Node) -> list[str]:
@@ -58,7 +59,7 @@ class NodeServingInputs:
 def container_args(cfg: StackConfig, inputs: NodeServingInputs) -> dict:
     """Every docker option of the recipe (§4): host network and IPC, all GPUs, RDMA devices."""
     return dict(
-        name=container_name(inputs.node),
+        name=container_name(inputs.node.role),
         image=inputs.image_id,
         entrypoints=entrypoint(inputs.node),
         network_mode=NETWORK_MODE,
@@ -96,7 +97,7 @@ class ServingCluster(pulumi.ComponentResource):
 
     def _container(self, cfg, inputs: NodeServingInputs, after: list) -> docker.Container:
         return docker.Container(
-            f"{inputs.node.name}-{container_name(inputs.node)}",
+            f"{inputs.node.name}-{container_name(inputs.node.role)}",
             **container_args(cfg, inputs),
             opts=pulumi.ResourceOptions(
                 parent=self,

@@ -21,6 +21,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from components.serving_cluster import container_name
+
 NODE_PROBE = Path(__file__).resolve().parent.parent / "launch" / "node-status.py"
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
@@ -42,7 +44,7 @@ def ssh_runner(user: str, key: Optional[str], options: Sequence[str] = ()) -> No
 
 
 def probe_args(node: dict, head_ray_ip: Optional[str]) -> list[str]:
-    args = ["--name", node["name"], "--container", f"twinspark-{node['role']}"]
+    args = ["--name", node["name"], "--container", container_name(node["role"])]
     for rail in node.get("rails", []):
         args += ["--rail", f"{rail['iface']}:{rail['hca']}"]
     if node["role"] == "head" and head_ray_ip:

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from program_harness import unwrap
+from program_harness import ROOT, unwrap
 
 from cluster import can_raise_memlock
 from components import host_prep
@@ -113,7 +113,7 @@ def start_supervisor(sim, node, env=()):
     venv_bin = Path(sys.executable).parent
     return sim.node_spawn(
         node, sys.executable, SIM_DIR / "supervisor.py",
-        "--name", container_name(spec), "--role", spec.role,
+        "--name", container_name(spec.role), "--role", spec.role,
         "--bundle-dir", BUNDLE_DIR, "--container-bundle-dir", CONTAINER_BUNDLE_DIR,
         "--model-dir", sim.cfg.model.dir, "--container-model-dir", sim.cfg.model.container_dir,
         "--log-dir", LOG_DIR, "--path", f"/usr/local/bin:{venv_bin}:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -421,8 +421,6 @@ def test_boot_serves_only_with_every_gpu_and_the_key(sim, sim_run, report):
 
 
 def run_ops(*args):
-    from program_harness import ROOT
-
     return subprocess.run([sys.executable, "-m", "ops", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
