@@ -1,78 +1,150 @@
 """twinspark: two (or more) DGX Sparks as one self-healing vLLM endpoint.
 
-Composition root only: validate the config, build the components per node, export the
-outputs contract. What each step does lives in components/.
+Composition root only: validate the config, give each component the small set of facts it
+needs, export the outputs contract. What each step does lives in components/.
 """
 
 import pulumi
 import pulumi_random as random
 
-from components.client_outputs import (
-    endpoint_base,
-    endpoint_url,
-    render_claude_code_env,
-    render_codex_config,
-    render_codex_model_catalog,
-)
+from components import client_outputs as client
 from components.config import NAMESPACE, load_stack_config
-from components.fabric_check import FabricCheck
-from components.host_prep import HostPrep
-from components.launch_bundle import LaunchBundle
-from components.model_weights import ModelWeights
-from components.nccl_check import NcclCheck
-from components.readiness import Readiness
-from components.serving_cluster import NodeServingInputs, ServingCluster
-from components.serving_image import ServingImage, write_pinned_known_hosts
+from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
+from components.host_prep import HostPrep, HostPrepArgs
+from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
+from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess
+from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank
+from components.readiness import Readiness, ReadinessArgs
+from components.remote import connection, docker_host, docker_ssh_opts, write_pinned_known_hosts
+from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs
+from components.serving_image import ServingImage, ServingImageArgs
 
 cfg = load_stack_config()
 secrets = pulumi.Config(NAMESPACE)
 api_key = secrets.get_secret("apiKey") or random.RandomPassword("api-key", length=48, special=False).result
 hf_token = secrets.get_secret("hfToken")
+conns = {n.name: connection(cfg.ssh, n) for n in cfg.nodes}
+head = cfg.head
 
-host_preps = {n.name: HostPrep(f"{n.name}-hostprep", cfg, n) for n in cfg.nodes}
+host_preps = {
+    n.name: HostPrep(f"{n.name}-hostprep", HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu))
+    for n in cfg.nodes
+}
 host_prep_hashes = [hp.content_hash for hp in host_preps.values()]
-all_host_prep = pulumi.ResourceOptions(depends_on=list(host_preps.values()))
-fabric_checks = {n.name: FabricCheck(f"{n.name}-fabric", cfg, n, host_prep_hashes, opts=all_host_prep) for n in cfg.nodes}
-after_fabric = pulumi.ResourceOptions(depends_on=list(fabric_checks.values()))
-weights = ModelWeights("weights", cfg, hf_token, opts=after_fabric)
-known_hosts = write_pinned_known_hosts(cfg)
-images = {n.name: ServingImage(f"{n.name}-image", cfg, n, known_hosts, opts=after_fabric) for n in cfg.nodes}
-bundles = {n.name: LaunchBundle(f"{n.name}-bundle", cfg, n, api_key, opts=after_fabric) for n in cfg.nodes}
-nccl_checks = (
-    [
-        NcclCheck(
-            "nccl",
-            cfg,
-            {name: image.image_id for name, image in images.items()},
-            host_prep_hashes,
-            opts=pulumi.ResourceOptions(depends_on=[*images.values(), *bundles.values()]),
-        )
-    ]
-    if cfg.fabric.min_bus_bandwidth_gbps > 0  # 0 switches the check off
-    else []
+fabric_checks = [
+    FabricCheck(
+        f"{n.name}-fabric",
+        FabricCheckArgs(
+            node_name=n.name,
+            connection=conns[n.name],
+            mtu=cfg.fabric.mtu,
+            link_speed_mbps=cfg.fabric.link_speed_mbps,
+            rails=[RailProbe(r.iface, r.hca, cfg.peers_on_rail(n, i)) for i, r in enumerate(n.rails)],
+            host_prep_hashes=host_prep_hashes,
+        ),
+        opts=pulumi.ResourceOptions(depends_on=list(host_preps.values())),
+    )
+    for n in cfg.nodes
+]
+after_fabric = pulumi.ResourceOptions(depends_on=fabric_checks)
+
+access = {n.name: NodeAccess(n.name, conns[n.name], n.ray_ip) for n in cfg.nodes}
+weights = ModelWeights(
+    "weights",
+    ModelWeightsArgs(
+        repo=cfg.model.repo,
+        dir=cfg.model.dir,
+        downloader_image=cfg.serving.image,
+        ssh_user=cfg.ssh.user,
+        head=access[head.name],
+        workers=[access[w.name] for w in cfg.workers],
+        hf_token=hf_token,
+    ),
+    opts=after_fabric,
+)
+known_hosts = write_pinned_known_hosts(cfg.nodes)
+images = {
+    n.name: ServingImage(
+        f"{n.name}-image",
+        ServingImageArgs(
+            node_name=n.name,
+            docker_host=docker_host(cfg.ssh, n),
+            ssh_opts=docker_ssh_opts(cfg.ssh, known_hosts),
+            base_image=cfg.serving.image,
+            ray_version=cfg.serving.ray_version,
+        ),
+        opts=after_fabric,
+    )
+    for n in cfg.nodes
+}
+vllm = VllmServe(serving=cfg.serving, model=cfg.model, tensor_parallel_size=cfg.tensor_parallel_size)
+bundles = {
+    n.name: LaunchBundle(
+        f"{n.name}-bundle",
+        LaunchBundleArgs(
+            node=n,
+            connection=conns[n.name],
+            vllm=vllm,
+            head_ray_ip=head.ray_ip,
+            node_ray_ips=[m.ray_ip for m in cfg.nodes],
+            bootstrap_iface=cfg.fabric.bootstrap_iface,
+            api_key=api_key if n.role == "head" else None,
+        ),
+        opts=after_fabric,
+    )
+    for n in cfg.nodes
+}
+nccl = NcclCheck(
+    "nccl",
+    NcclCheckArgs(
+        ranks=[
+            NcclRank(n.name, conns[n.name], images[n.name].image_id, bundles[n.name].env_hash)
+            for n in [head, *cfg.workers]
+        ],
+        master_ip=head.ray_ip,
+        min_bus_bandwidth_gbps=cfg.fabric.min_bus_bandwidth_gbps,
+    ),
+    opts=pulumi.ResourceOptions(depends_on=[*images.values(), *bundles.values()]),
 )
 cluster = ServingCluster(
     "serving",
-    cfg,
-    [
-        NodeServingInputs(
-            node=n,
-            provider=images[n.name].provider,
-            image_id=images[n.name].image_id,
-            bundle_hash=bundles[n.name].content_hash,
-            ready_after=[bundles[n.name], weights, *nccl_checks],
-        )
-        for n in cfg.nodes
-    ],
+    ServingClusterArgs(
+        nodes=[
+            NodeServingArgs(
+                node_name=n.name,
+                role=n.role,
+                provider=images[n.name].provider,
+                image_id=images[n.name].image_id,
+                bundle_hash=bundles[n.name].content_hash,
+                ready_after=[bundles[n.name], weights, nccl],
+            )
+            for n in cfg.nodes
+        ],
+        model_dir=cfg.model.dir,
+        model_container_dir=cfg.model.container_dir,
+    ),
 )
-Readiness("readiness", cfg, api_key, cluster.head)
+Readiness(
+    "readiness",
+    ReadinessArgs(
+        head_name=head.name,
+        connection=conns[head.name],
+        port=cfg.serving.port,
+        served_name=cfg.model.served_name,
+        timeout_minutes=cfg.serving.readiness_timeout_minutes,
+        api_key=api_key,
+        head_container=cluster.head,
+    ),
+)
 
-pulumi.export("endpoint", endpoint_url(cfg))
+pulumi.export("endpoint", client.endpoint_url(cfg))
 pulumi.export("model", cfg.model.served_name)
 pulumi.export("apiKey", pulumi.Output.secret(api_key))
-pulumi.export("healthUrl", endpoint_base(cfg) + "/health")
-pulumi.export("metricsUrl", endpoint_base(cfg) + "/metrics")
-pulumi.export("codexConfig", render_codex_config(cfg))
-pulumi.export("codexModelCatalog", render_codex_model_catalog(cfg))
-pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: render_claude_code_env(cfg, key)))
-pulumi.export("nodes", [n.model_dump(by_alias=True, include={"name", "role", "host", "rails"}) for n in cfg.nodes])
+pulumi.export("healthUrl", client.endpoint_base(cfg) + "/health")
+pulumi.export("metricsUrl", client.endpoint_base(cfg) + "/metrics")
+pulumi.export("codexConfig", client.render_codex_config(cfg))
+pulumi.export("codexModelCatalog", client.render_codex_model_catalog(cfg))
+pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_claude_code_env(cfg, key)))
+pulumi.export("nodes", client.nodes_output(cfg))
+pulumi.export("fabric", client.fabric_output(cfg))
+pulumi.export("sshUser", cfg.ssh.user)

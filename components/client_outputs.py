@@ -1,5 +1,8 @@
 """Client configs for the endpoint, rendered as stack outputs (pure functions, no resources).
 
+Every figure derives from the config: the context window is serving.maxModelLen, and the
+compaction fences never exceed it.
+
 - codexConfig:       ~/.codex/config.toml (wire_api "responses", auto-compaction fence)
 - codexModelCatalog: the model catalog JSON Codex reads via model_catalog_json
 - claudeCodeEnv:     ANTHROPIC_* lines for Claude Code (vLLM serves /v1/messages); secret
@@ -16,8 +19,9 @@ from .config import StackConfig
 AUTO_COMPACT_TOKENS = {"fp8_ds_mla": 150000}
 AUTO_COMPACT_TOKENS_DEFAULT = 110000
 CLAUDE_CODE_MAX_CONTEXT_TOKENS = 160000  # compacts at ~148k
+# A fence must leave room below the served context for the summary and the next turn.
+FENCE_SHARE_OF_CONTEXT = 0.9
 CODEX_PROVIDER_ID = "twinspark"
-CATALOG_CONTEXT_WINDOW = 1048576
 
 
 def endpoint_base(cfg: StackConfig) -> str:
@@ -29,7 +33,12 @@ def endpoint_url(cfg: StackConfig) -> str:
 
 
 def auto_compact_limit(cfg: StackConfig) -> int:
-    return AUTO_COMPACT_TOKENS.get(cfg.serving.kv_cache_dtype, AUTO_COMPACT_TOKENS_DEFAULT)
+    fence = AUTO_COMPACT_TOKENS.get(cfg.serving.kv_cache_dtype, AUTO_COMPACT_TOKENS_DEFAULT)
+    return min(fence, int(cfg.serving.max_model_len * FENCE_SHARE_OF_CONTEXT))
+
+
+def claude_code_max_context(cfg: StackConfig) -> int:
+    return min(CLAUDE_CODE_MAX_CONTEXT_TOKENS, cfg.serving.max_model_len)
 
 
 def catalog_file_name(cfg: StackConfig) -> str:
@@ -75,7 +84,7 @@ def render_codex_model_catalog(cfg: StackConfig) -> str:
         "apply_patch_tool_type": "freeform",
         "truncation_policy": {"mode": "tokens", "limit": 10000},
         "experimental_supported_tools": [],
-        "context_window": CATALOG_CONTEXT_WINDOW,
+        "context_window": cfg.serving.max_model_len,
         "input_modalities": ["text"],
         "base_instructions": (
             "You are a coding agent running in the user's terminal. Read the workspace before "
@@ -91,5 +100,24 @@ def render_claude_code_env(cfg: StackConfig, api_key: str) -> str:
         f"export ANTHROPIC_BASE_URL={endpoint_base(cfg)}\n"
         f"export ANTHROPIC_MODEL={cfg.model.served_name}\n"
         f"export ANTHROPIC_AUTH_TOKEN={api_key}\n"
-        f"export CLAUDE_CODE_MAX_CONTEXT_TOKENS={CLAUDE_CODE_MAX_CONTEXT_TOKENS}\n"
+        f"export CLAUDE_CODE_MAX_CONTEXT_TOKENS={claude_code_max_context(cfg)}\n"
     )
+
+
+def nodes_output(cfg: StackConfig) -> list[dict]:
+    """What the day-2 tools need of each node, typed: nothing for them to re-derive."""
+    return [
+        {
+            "name": n.name,
+            "role": n.role,
+            "host": n.host,
+            "rayIp": n.ray_ip,
+            "rails": [r.model_dump(by_alias=True) for r in n.rails],
+        }
+        for n in cfg.nodes
+    ]
+
+
+def fabric_output(cfg: StackConfig) -> dict:
+    """What `ops status` expects of every rail."""
+    return {"mtu": cfg.fabric.mtu, "linkSpeedMbps": cfg.fabric.link_speed_mbps}

@@ -1,4 +1,4 @@
-"""The stack config contract (DESIGN.md) as pydantic models, validated before any resource exists.
+"""The stack config contract (Pulumi.spark.yaml) as pydantic models, validated before any resource exists.
 
 `load_stack_config` reads the `twinspark:*` keys, validates field and cross-field rules and
 raises `pulumi.RunError` naming the key path as the user wrote it, the bad value and what
@@ -76,14 +76,17 @@ class Contract(BaseModel):
 
 
 class SshConfig(Contract):
-    user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]
-    private_key_path: Optional[NonEmpty] = None
+    user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")] = Field(
+        description="login user on every node (passwordless sudo)")
+    private_key_path: Optional[NonEmpty] = Field(
+        default=None, description="private key that logs in to every node; omit to use ssh-agent")
 
 
 class Rail(Contract):
-    iface: IfaceName
-    hca: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,64}$")]
-    address: RailAddress
+    iface: IfaceName = Field(description="the rail's network interface (`ip link`)")
+    hca: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,64}$")] = Field(
+        description="its RoCE device (`ibv_devinfo`), for NCCL_IB_HCA")
+    address: RailAddress = Field(description="static address with prefix; rail N of every node shares one subnet")
 
     @property
     def ip(self) -> str:
@@ -95,11 +98,13 @@ class Rail(Contract):
 
 
 class Node(Contract):
-    name: NodeName
-    role: Literal["head", "worker"]
-    host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")]
-    host_key: Optional[Annotated[str, StringConstraints(pattern=r"^(ssh-|ecdsa-)\S+ \S+$")]] = None
-    rails: list[Rail] = Field(min_length=1)
+    name: NodeName = Field(description="short name used in resource names (`{node}-{capability}-{step}`)")
+    role: Literal["head", "worker"] = Field(description="exactly one `head` (Ray head, API); the rest `worker`")
+    host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")] = Field(
+        description="LAN address or name for SSH and the API")
+    host_key: Optional[Annotated[str, StringConstraints(pattern=r"^(ssh-|ecdsa-)\S+ \S+$")]] = Field(
+        default=None, description="the node's SSH host key (`ssh-keyscan -t ed25519 HOST`, without the host)")
+    rails: list[Rail] = Field(min_length=1, description="the QSFP rails; the first carries Ray and the weight copy")
 
     @property
     def ray_ip(self) -> str:
@@ -108,18 +113,21 @@ class Node(Contract):
 
 
 class Fabric(Contract):
-    mtu: int = Field(ge=1280, le=9216)
-    link_speed_mbps: int = Field(gt=0)
-    bootstrap_iface: IfaceName
-    # NcclCheck's floor for cross-node all_reduce bus bandwidth; 0 skips the check.
+    mtu: int = Field(ge=1280, le=9216, description="MTU of every rail; FabricCheck and `ops status` expect it")
+    link_speed_mbps: int = Field(gt=0, description="link speed every rail must report")
+    bootstrap_iface: IfaceName = Field(description="NCCL/GLOO bootstrap interface (NCCL_SOCKET_IFNAME)")
     # The recipe measures ~20 GB/s over both rails, ~2 GB/s when NCCL falls back to TCP.
-    min_bus_bandwidth_gbps: float = Field(default=10.0, ge=0, alias="minBusBandwidthGBps")
+    min_bus_bandwidth_gbps: float = Field(
+        default=10.0, ge=0, alias="minBusBandwidthGBps",
+        description="NcclCheck's floor for all_reduce bus bandwidth in GB/s; `0` skips NcclCheck")
 
 
 class ModelConfig(Contract):
-    repo: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")]
-    dir: AbsolutePath
-    served_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
+    repo: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")] = Field(
+        description="Hugging Face repository to serve")
+    dir: AbsolutePath = Field(description="where the weights live on every node")
+    served_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")] = Field(
+        description="model name clients ask for (`--served-model-name`)")
 
     @property
     def container_dir(self) -> str:
@@ -127,15 +135,26 @@ class ModelConfig(Contract):
 
 
 class Serving(Contract):
-    image: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:@-]*$")]
-    profile: Literal["default", "multiagent"] = "default"
-    port: int = Field(default=8000, ge=1, le=65535)
-    max_model_len: int = Field(default=1048576, gt=0)
-    gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=0.95)
-    kv_cache_dtype: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")] = "fp8_ds_mla"
-    extra_args: list[str] = Field(default_factory=list)
-    ray_version: Annotated[str, StringConstraints(pattern=r"^\d+\.\d+\.\d+$")] = "2.57.0"
-    readiness_timeout_minutes: int = Field(default=20, ge=1, le=240)
+    image: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:@-]*$")] = Field(
+        description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`")
+    profile: Literal["default", "multiagent"] = Field(
+        default="default",
+        description="`default` (spec decode 7, 6 seqs: 74.8 tok/s single stream) or `multiagent` "
+        "(spec 3, 8 seqs: 105.7 tok/s at 4-way)")
+    port: int = Field(default=8000, ge=1, le=65535, description="API port on the head")
+    max_model_len: int = Field(
+        default=1048576, gt=0, description="`--max-model-len`; also the clients' context window and fences")
+    gpu_memory_utilization: float = Field(
+        default=0.85, gt=0.0, le=0.95, description="`--gpu-memory-utilization` (0 < x ≤ 0.95)")
+    kv_cache_dtype: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")] = Field(
+        default="fp8_ds_mla",
+        description="keep the native fp8 (gotcha 14); any other value tightens the compaction fence to 110k")
+    extra_args: list[str] = Field(
+        default_factory=list, description="more vLLM flags, appended last (flags owned by a config key are refused)")
+    ray_version: Annotated[str, StringConstraints(pattern=r"^\d+\.\d+\.\d+$")] = Field(
+        default="2.57.0", description="Ray installed into the serving image")
+    readiness_timeout_minutes: int = Field(
+        default=20, ge=1, le=240, description="how long `pulumi up` waits for the endpoint to answer")
 
     @model_validator(mode="after")
     def _extra_args_are_flags(self) -> "Serving":
@@ -228,6 +247,42 @@ def _require_distinct(nodes: list[Node], field: str, key) -> None:
                 f"nodes[{i}].{field}", value, f"a {field} different from nodes[{seen[value]}].{field}"
             )
         seen[value] = i
+
+
+SECRET_KEYS = {
+    "apiKey": "the API key clients send; generated once when unset (`pulumi config set --secret apiKey ...`)",
+    "hfToken": "Hugging Face token, for gated models",
+}
+
+
+def parameter_table() -> str:
+    """The README's parameter table, from the field descriptions: the two cannot drift."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{field.alias or name}"
+            annotation = field.annotation
+            inner = getattr(annotation, "__args__", (annotation,))
+            nested = next((t for t in inner if isinstance(t, type) and issubclass(t, Contract)), None)
+            if nested is not None:
+                rows.append(f"| `{key}` | required | {field.description} |")
+                walk(nested, f"{key}{'[]' if getattr(annotation, '__origin__', None) is list else ''}.")
+                continue
+            if field.is_required():
+                default = "required"
+            else:
+                value = field.get_default(call_default_factory=True)
+                default = "none" if value is None else f"`{value}`"
+            rows.append(f"| `{key}` | {default} | {field.description} |")
+
+    for block in STRUCTURED_KEYS:
+        model = StackConfig.model_fields[block].annotation
+        inner = getattr(model, "__args__", (model,))[0]
+        walk(inner, f"{block}{'[]' if block == 'nodes' else ''}.")
+    for key, meaning in SECRET_KEYS.items():
+        rows.append(f"| `{key}` (secret) | none | {meaning} |")
+    return "\n".join(rows) + "\n"
 
 
 def format_key_path(loc: tuple[Any, ...]) -> str:

@@ -1,9 +1,10 @@
 """HostPrep: the per-node OS settings the recipe needs before RDMA and the model work.
 
-Creates, per node, one idempotent remote command per managed file:
+Creates, per node, one idempotent remote command per managed file (launch/managed-file.sh):
 - /etc/security/limits.d/99-rdma.conf        memlock unlimited, soft and hard (gotcha 1)
 - /etc/systemd/system.conf.d/99-twinspark-memlock.conf  DefaultLimitMEMLOCK=infinity, re-exec'd
 - /etc/netplan/99-qsfp.yaml (mode 600)       the rails only; applied outside the SSH session
+- /etc/logrotate.d/twinspark                 the host log directory, rotated by size and day
 - /etc/sysctl.d/99-twinspark-userns.conf     head only: unprivileged userns for codex's sandbox
 Deleting the component removes each file and reverts its effect.
 """
@@ -17,22 +18,24 @@ import pulumi
 import yaml
 from pulumi_command import remote
 
-from .config import Fabric, Node, StackConfig
-from .remote import connection, install_file_command, remove_file_command, sha256_text
+from node_contract import LOG_DIR, LOGROTATE_PATH
+
+from .config import Node
+from .remote import ManagedFile, files_hash, managed_file_commands
 
 LIMITS_PATH = "/etc/security/limits.d/99-rdma.conf"
 SYSTEMD_MEMLOCK_PATH = "/etc/systemd/system.conf.d/99-twinspark-memlock.conf"
 NETPLAN_PATH = "/etc/netplan/99-qsfp.yaml"
 USERNS_SYSCTL_PATH = "/etc/sysctl.d/99-twinspark-userns.conf"
 USERNS_KEY = "kernel.apparmor_restrict_unprivileged_userns"
+USERNS_UBUNTU_DEFAULT = f"{USERNS_KEY}=1"
 
-# `netplan apply` runs as its own systemd unit: if it bounces links, the apply still
-# completes even when our SSH session is the one that drops.
-NETPLAN_APPLY = (
-    "sudo -n netplan generate && "
-    "sudo -n systemd-run --quiet --collect --wait --service-type=oneshot "
-    "--unit=twinspark-netplan-apply netplan apply"
-)
+
+@dataclass(frozen=True)
+class HostPrepArgs:
+    node: Node
+    connection: remote.ConnectionArgs
+    mtu: int
 
 
 def render_limits_conf() -> str:
@@ -51,12 +54,12 @@ def render_systemd_memlock() -> str:
     )
 
 
-def render_netplan(node: Node, fabric: Fabric) -> str:
+def render_netplan(node: Node, mtu: int) -> str:
     """Only the QSFP rails: static addresses, jumbo MTU, no DHCP, optional (boot never waits)."""
     ethernets = {
         rail.iface: {
             "addresses": [rail.address],
-            "mtu": fabric.mtu,
+            "mtu": mtu,
             "dhcp4": False,
             "dhcp6": False,
             "optional": True,
@@ -67,6 +70,22 @@ def render_netplan(node: Node, fabric: Fabric) -> str:
     return f"# twinspark: QSFP rails of {node.name} (managed; edit the stack config instead)\n{body}"
 
 
+def render_logrotate() -> str:
+    # copytruncate: the boot scripts and vLLM keep their log files open (O_APPEND) for months
+    return f"""# twinspark: the serving logs on the host outlive container restarts; keep them bounded
+{LOG_DIR}/*.log {{
+    daily
+    maxsize 200M
+    rotate 7
+    compress
+    delaycompress
+    missingok
+    notifempty
+    copytruncate
+}}
+"""
+
+
 def render_userns_sysctl() -> str:
     return (
         "# twinspark: codex's bubblewrap sandbox needs unprivileged user namespaces (Ubuntu 24.04)\n"
@@ -74,67 +93,28 @@ def render_userns_sysctl() -> str:
     )
 
 
-@dataclass(frozen=True)
-class ManagedFile:
-    step: str
-    path: str
-    content: str
-    mode: str = "0644"
-    apply: Optional[str] = None
-    revert: Optional[str] = None
-
-
-def managed_files(cfg: StackConfig, node: Node) -> list[ManagedFile]:
+def managed_files(node: Node, mtu: int) -> list[ManagedFile]:
     files = [
         ManagedFile("memlock-limits", LIMITS_PATH, render_limits_conf()),
-        ManagedFile(
-            "systemd-memlock",
-            SYSTEMD_MEMLOCK_PATH,
-            render_systemd_memlock(),
-            apply="sudo -n systemctl daemon-reexec",
-            revert="sudo -n systemctl daemon-reexec",
-        ),
-        ManagedFile(
-            "netplan",
-            NETPLAN_PATH,
-            render_netplan(node, cfg.fabric),
-            mode="0600",
-            apply=NETPLAN_APPLY,
-            revert=NETPLAN_APPLY,
-        ),
+        ManagedFile("systemd-memlock", SYSTEMD_MEMLOCK_PATH, render_systemd_memlock(), action="systemd"),
+        ManagedFile("netplan", NETPLAN_PATH, render_netplan(node, mtu), mode="0600", action="netplan"),
+        ManagedFile("logrotate", LOGROTATE_PATH, render_logrotate()),
     ]
     if node.role == "head":
         files.append(
-            ManagedFile(
-                "userns-sysctl",
-                USERNS_SYSCTL_PATH,
-                render_userns_sysctl(),
-                apply=f"sudo -n sysctl -q -p {USERNS_SYSCTL_PATH}",
-                revert=f"sudo -n sysctl -q -w {USERNS_KEY}=1",  # Ubuntu 24.04's default
-            )
+            ManagedFile("userns-sysctl", USERNS_SYSCTL_PATH, render_userns_sysctl(), action="sysctl",
+                        sysctl_default=USERNS_UBUNTU_DEFAULT)
         )
     return files
 
 
 class HostPrep(pulumi.ComponentResource):
-    """Memlock limits, netplan rails and sysctl on one node."""
+    """Memlock limits, netplan rails, log rotation and sysctl on one node."""
 
-    def __init__(self, name: str, cfg: StackConfig, node: Node, opts: Optional[pulumi.ResourceOptions] = None):
+    def __init__(self, name: str, args: HostPrepArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:host_prep:HostPrep", name, None, opts)
-        conn = connection(cfg.ssh, node)
-        self.files = managed_files(cfg, node)
-        self.commands = [
-            remote.Command(
-                f"{name}-{f.step}",
-                connection=conn,
-                create=install_file_command(node.name, f"hostprep/{f.step}", f.path, f.mode, f.apply),
-                delete=remove_file_command(node.name, f"hostprep/{f.step}", f.path, f.revert),
-                stdin=f.content,
-                add_previous_output_in_env=False,
-                opts=pulumi.ResourceOptions(parent=self),
-            )
-            for f in self.files
-        ]
+        files = managed_files(args.node, args.mtu)
+        self.commands = managed_file_commands(args.node.name, "hostprep", args.connection, files, parent=self)
         # FabricCheck re-runs whenever what HostPrep puts on a node changes.
-        self.content_hash = sha256_text(*(f.path + f.content for f in self.files))
+        self.content_hash = files_hash(files)
         self.register_outputs({"contentHash": self.content_hash})

@@ -1,82 +1,85 @@
 """NcclCheck: cross-node NCCL all-reduce over the rails, before any model loads (recipe §1).
 
-Creates one remote command per node running launch/nccl-allreduce-check.py (fed on stdin)
-in a throwaway container of that node's serving image, with the serving containers' docker
-flags and the bundle's environment (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...). The head is rank
-0 and hosts the rendezvous on its first rail. `pulumi up` stops when the bus bandwidth is
-under fabric.minBusBandwidthGBps or NCCL fell back to sockets. Re-runs when the image, the
-environment, the script or the fabric changes.
+Creates one remote command per node (`{node}-nccl-check`) running launch/nccl-check.sh: its
+rank of launch/nccl-allreduce-check.py in a throwaway container of that node's serving
+image, with the serving containers' docker options and the bundle's environment
+(NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...). The head is rank 0 and hosts the rendezvous on its
+first rail. `pulumi up` stops when the bus bandwidth is under fabric.minBusBandwidthGBps or
+NCCL fell back to sockets. The ranks share one trigger covering every node's image and
+environment and the check itself, so they always re-run together. A floor of 0 switches
+the check off: the component then creates nothing.
 """
 
 from __future__ import annotations
 
-import shlex
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import pulumi
 from pulumi_command import remote
 
-from .config import Node, StackConfig
-from .launch_bundle import BUNDLE_DIR, render_env_file
-from .remote import bash, connection, launch_file, sha256_text
-from .serving_cluster import docker_run_flags
+import node_contract as contract
 
-SCRIPT = "nccl-allreduce-check.py"
-RENDEZVOUS_PORT = 29555
-CONTAINER_NAME = "twinspark-nccl-check"
+from .remote import NodeScript, launch_file, node_command, script_text, sha256_text
+
+SCRIPT = "nccl-check.sh"
+CHECK_PROGRAM = "nccl-allreduce-check.py"
+TIMEOUT_S = 1200
 
 
-def check_args(cfg: StackConfig, node: Node) -> list[str]:
+@dataclass(frozen=True)
+class NcclRank:
+    node_name: str
+    connection: remote.ConnectionArgs
+    image_id: pulumi.Input[str]
+    env_hash: pulumi.Input[str]  # the node's twinspark.env, which the check runs with
+
+
+@dataclass(frozen=True)
+class NcclCheckArgs:
+    ranks: Sequence[NcclRank]  # rank 0 (the head) first
+    master_ip: str  # the head's first rail
+    min_bus_bandwidth_gbps: float  # 0 switches the check off
+
+
+def check_args(args: NcclCheckArgs, rank: int) -> list[str]:
     return [
-        "--node", node.name,
-        "--rank", str(ranks(cfg)[node.name]),
-        "--world-size", str(len(cfg.nodes)),
-        "--master", f"{cfg.head.ray_ip}:{RENDEZVOUS_PORT}",
-        "--min-busbw-gbps", f"{cfg.fabric.min_bus_bandwidth_gbps:g}",
+        "--node", args.ranks[rank].node_name,
+        "--rank", str(rank),
+        "--world-size", str(len(args.ranks)),
+        "--master", f"{args.master_ip}:{contract.NCCL_RENDEZVOUS_PORT}",
+        "--min-busbw-gbps", f"{args.min_bus_bandwidth_gbps:g}",
         "--require-network", "IB",
     ]
 
 
-def ranks(cfg: StackConfig) -> dict[str, int]:
-    """Head is rank 0; workers follow in config order."""
-    order = [cfg.head] + cfg.workers
-    return {n.name: i for i, n in enumerate(order)}
-
-
-def render_check_command(cfg: StackConfig, node: Node, image_id: str) -> str:
-    args = check_args(cfg, node)
-    docker_run = ["docker", "run", "--rm", "-i", "--name", CONTAINER_NAME, *docker_run_flags(),
-                  "--env-file", f"{BUNDLE_DIR}/twinspark.env", "--entrypoint", "python3", image_id, "-", *args]
-    return bash(
-        f"""set -euo pipefail
-docker rm -f {CONTAINER_NAME} >/dev/null 2>&1 || true
-timeout 1200 {" ".join(shlex.quote(a) for a in docker_run)}
-"""
-    )
+def rank_script_args(args: NcclCheckArgs, rank: int, image_id: str) -> list[str]:
+    flags = ["--node", args.ranks[rank].node_name, "--image", image_id,
+             "--env-file", f"{contract.BUNDLE_DIR}/{contract.ENV_FILE}",
+             "--container", contract.NCCL_CHECK_CONTAINER, "--timeout-s", str(TIMEOUT_S)]
+    flags += [a for flag in contract.docker_run_flags() for a in ("--docker-flag", flag)]
+    flags += [a for arg in check_args(args, rank) for a in ("--check-arg", arg)]
+    return flags
 
 
 class NcclCheck(pulumi.ComponentResource):
-    def __init__(
-        self,
-        name: str,
-        cfg: StackConfig,
-        image_ids: dict[str, pulumi.Input[str]],
-        fabric_hashes: Sequence[str],
-        opts: Optional[pulumi.ResourceOptions] = None,
-    ):
+    def __init__(self, name: str, args: NcclCheckArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:nccl_check:NcclCheck", name, None, opts)
-        self.commands = []
-        for node in cfg.nodes:
-            image_id = pulumi.Output.from_input(image_ids[node.name])
+        self.commands: list[remote.Command] = []
+        if args.min_bus_bandwidth_gbps <= 0:
+            self.register_outputs({})
+            return
+        shared_trigger = pulumi.Output.all(*(r.image_id for r in args.ranks), *(r.env_hash for r in args.ranks)).apply(
+            lambda facts: sha256_text(script_text(SCRIPT), launch_file(CHECK_PROGRAM), *facts)
+        )
+        for rank, node in enumerate(args.ranks):
+            image_id = pulumi.Output.from_input(node.image_id)
             self.commands.append(
-                remote.Command(
-                    f"{name}-{node.name}",
-                    connection=connection(cfg.ssh, node),
-                    create=image_id.apply(lambda i, n=node: render_check_command(cfg, n, i)),
-                    stdin=launch_file(SCRIPT),
-                    triggers=[image_id, sha256_text(launch_file(SCRIPT), render_env_file(cfg, node), *fabric_hashes)],
-                    add_previous_output_in_env=False,
-                    opts=pulumi.ResourceOptions(parent=self),
+                node_command(
+                    f"{node.node_name}-nccl-check", node.connection,
+                    NodeScript(SCRIPT, image_id.apply(lambda i, r=rank: rank_script_args(args, r, i)),
+                               payload=launch_file(CHECK_PROGRAM)),
+                    parent=self, triggers=[shared_trigger],
                 )
             )
         self.register_outputs({})

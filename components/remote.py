@@ -1,31 +1,35 @@
-"""How twinspark acts on a node over SSH: connections and the two command shapes it uses.
+"""How twinspark acts on a node over SSH: one connection rule, one script runner, one command
+factory and one shape for files on a node. Shared by the components; imports none of them.
 
-- `install_file_command`: a root-owned file whose content arrives on stdin, written and
-  applied only when the content (or the last apply) differs: the idempotent unit of HostPrep
-  and LaunchBundle.
-- `script_command`: a script from `launch/` run from stdin, with secrets read from the
-  first stdin lines so they never appear in argv, command strings or Pulumi logs.
-
-Every function here is pure (config -> text); components wire the texts to resources.
+- `connection`: SSH as the configured user, the key read as a secret (or the agent).
+- `script_command` + `script_stdin`: run a launch/ script fed on stdin behind the shared
+  prelude. Secrets come first on stdin, one base64 line each, so no value can end its line
+  early and become script; a payload (a file's content) comes after the script, which reads
+  it from its own stdin. Nothing secret is ever in the command line.
+- `node_command`: the one factory for a `remote.Command` running such a script.
+- `ManagedFile` + `managed_file_commands`: a list of root-owned files -> one idempotent
+  install/remove command each (launch/managed-file.sh) and one content hash.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
 import pulumi
 from pulumi_command import remote
 
+from node_contract import APPLIED_STATE_DIR, PRELUDE
+
 from .config import Node, SshConfig
 
 LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch"
-# Record of the content whose apply step last succeeded, per managed file: a dropped SSH
-# session between "file written" and "applied" must not read as "unchanged" next time.
-APPLIED_STATE_DIR = "/var/lib/twinspark/applied"
+MANAGED_FILE_SCRIPT = "managed-file.sh"
 
 
 def launch_file(name: str) -> str:
@@ -65,75 +69,167 @@ def connection(ssh: SshConfig, node: Node) -> remote.ConnectionArgs:
     )
 
 
-def bash(script: str) -> str:
-    """One remote command line running `script` in bash, whatever the login shell is."""
-    return "bash -c " + shlex.quote(script)
+def docker_host(ssh: SshConfig, node: Node) -> str:
+    return f"ssh://{ssh.user}@{node.host}"
 
 
-def _state_file(path: str) -> str:
-    return f"{APPLIED_STATE_DIR}/{path.strip('/').replace('/', '__')}.sha256"
+def docker_ssh_opts(ssh: SshConfig, known_hosts: Optional[str]) -> list[str]:
+    """Options for the local `ssh` the docker provider runs: non-interactive, key as configured."""
+    opts = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=20"]
+    key_file = private_key_file(ssh)
+    if key_file is not None:
+        opts += ["-i", str(key_file), "-o", "IdentitiesOnly=yes"]
+    if known_hosts:
+        opts += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"]
+    else:
+        opts += ["-o", "StrictHostKeyChecking=accept-new"]
+    return opts
 
 
-def install_file_command(
-    node: str, step: str, path: str, mode: str = "0644", apply: Optional[str] = None
-) -> str:
-    """Install stdin as `path` (root-owned, `mode`) and run `apply` when anything changed.
-
-    Prints `unchanged: PATH` and does nothing when file, mode and last successful apply all
-    match: running it twice changes nothing the second time.
-    """
-    quoted, state = shlex.quote(path), shlex.quote(_state_file(path))
-    apply_block = f"  {apply}\n" if apply else ""
-    return bash(
-        f"""set -euo pipefail
-trap 'echo "twinspark: node {node}, step {step}: failed (exit $?)" >&2' ERR
-staged=$(mktemp); trap 'rm -f "$staged"' EXIT
-cat > "$staged"
-want=$(sha256sum < "$staged" | cut -d' ' -f1)
-if sudo -n test -f {quoted} && sudo -n cmp -s "$staged" {quoted} \\
-   && [ "$(sudo -n stat -c %a:%U:%G {quoted})" = "{int(mode, 8):o}:root:root" ] \\
-   && [ "$(sudo -n cat {state} 2>/dev/null)" = "$want" ]; then
-  echo "unchanged: {path}"
-  exit 0
-fi
-sudo -n install -D -m {mode} -o root -g root "$staged" {quoted}
-echo "installed: {path}"
-{apply_block}echo "$want" | sudo -n install -D -m 0644 /dev/stdin {state}
-"""
-    )
+KNOWN_HOSTS_FILE = Path(".twinspark") / "known_hosts"
 
 
-def remove_file_command(node: str, step: str, path: str, revert: Optional[str] = None) -> str:
-    """Delete what install_file_command wrote, then undo its effect (idempotent)."""
-    revert_block = f"{revert}\n" if revert else ""
-    return bash(
-        f"""set -euo pipefail
-trap 'echo "twinspark: node {node}, step {step} (delete): failed (exit $?)" >&2' ERR
-if sudo -n test -e {shlex.quote(path)}; then
-  sudo -n rm -f {shlex.quote(path)} {shlex.quote(_state_file(path))}
-  echo "removed: {path}"
-  {revert_block}fi
-"""
-    )
+def render_known_hosts(nodes: Sequence[Node]) -> str:
+    return "".join(f"{n.host} {n.host_key}\n" for n in nodes if n.host_key)
 
 
+def write_pinned_known_hosts(nodes: Sequence[Node]) -> Optional[str]:
+    """The docker provider runs the local `ssh`: give it the pinned host keys, if any."""
+    text = render_known_hosts(nodes)
+    if not text:
+        return None
+    KNOWN_HOSTS_FILE.parent.mkdir(exist_ok=True)
+    KNOWN_HOSTS_FILE.write_text(text)
+    return str(KNOWN_HOSTS_FILE.resolve())
+
+
+# ---- the script runner ---------------------------------------------------------------------
 def script_command(name: str, args: Sequence[str], secret_env: Sequence[str] = ()) -> str:
-    """Run launch/<name> fed on stdin; the first len(secret_env) stdin lines become env vars.
+    """The command line running launch/<name> from stdin (see `script_stdin`) with `args`.
 
-    Use with `script_stdin`, which puts the secrets before the script text.
+    This one line is the only shell kept in Python: the bootstrap that reads the secrets
+    (one base64 line each, decoded into the environment) and hands the rest of stdin to bash.
     """
-    reads = "".join(f'IFS= read -r {var}; export {var}; ' for var in secret_env)
-    inner = f"set -euo pipefail; {reads}exec bash -s -- \"$@\""
-    return "bash -c " + shlex.quote(inner) + " " + shlex.quote(name) + "".join(
-        " " + shlex.quote(a) for a in args
+    reads = "".join(
+        f'IFS= read -r {var}; {var}=$(printf %s "${var}" | base64 -d); export {var}; ' for var in secret_env
+    )
+    inner = f"set -euo pipefail; {reads}TWINSPARK_SCRIPT={shlex.quote(name)} exec bash -s -- \"$@\""
+    return "bash -c " + shlex.quote(inner) + " " + shlex.quote(name) + "".join(" " + shlex.quote(a) for a in args)
+
+
+def script_text(name: str) -> str:
+    """What the runner feeds bash: the prelude, then the script, as one block.
+
+    bash parses a { ... } block whole before running it, so the script cannot read its own
+    text as payload, and the `exit` inside it ends the run before bash would read the
+    payload that follows as commands.
+    """
+    return "{\n" + launch_file(PRELUDE) + "\n" + launch_file(name) + "\nexit\n}\n"
+
+
+def encode_secret(value: str) -> str:
+    return base64.b64encode(value.encode()).decode() + "\n"
+
+
+def script_stdin(
+    name: str, secrets: Sequence[pulumi.Input[str]] = (), payload: Optional[pulumi.Input[str]] = None
+) -> pulumi.Input[str]:
+    """stdin for `script_command`: the secrets, the prelude and script, then the payload.
+
+    Secret if any secret or the payload is.
+    """
+    text = script_text(name)
+    if not secrets and payload is None:
+        return text
+    return pulumi.Output.all(pulumi.Output.all(*secrets), pulumi.Output.from_input(payload or "")).apply(
+        lambda parts: "".join(encode_secret(v) for v in parts[0]) + text + parts[1]
     )
 
 
-def script_stdin(name: str, secrets: Sequence[pulumi.Input[str]] = ()) -> pulumi.Input[str]:
-    """stdin for `script_command`: one line per secret, then the script. Secret if any is."""
-    text = launch_file(name)
-    if not secrets:
-        return text
-    return pulumi.Output.all(*secrets).apply(
-        lambda values: "".join(f"{v}\n" for v in values) + text
+@dataclass(frozen=True)
+class NodeScript:
+    """A launch/ script to run on a node: create args, and delete args when it undoes itself."""
+
+    script: str
+    args: pulumi.Input[Sequence[str]]  # an Output when an argument is known only after another step
+    delete_args: Optional[Sequence[str]] = None
+    secrets: dict[str, pulumi.Input[str]] = None  # env name -> value
+    payload: Optional[pulumi.Input[str]] = None
+
+
+def node_command(
+    resource_name: str,
+    conn: remote.ConnectionArgs,
+    run: NodeScript,
+    *,
+    parent: pulumi.Resource,
+    triggers: Optional[Sequence[pulumi.Input]] = None,
+    depends_on: Sequence[pulumi.Resource] = (),
+    delete_before_replace: bool = False,
+) -> remote.Command:
+    """The one way a component runs something on a node.
+
+    The delete command gets the same stdin as create: pulumi-command runs a delete with the
+    inputs stored in state (provider/pkg/provider/remote/commandController.go, Delete ->
+    props.run), stdin included, so the script and its secrets are there again.
+    """
+    secrets = run.secrets or {}
+    create = pulumi.Output.from_input(run.args).apply(lambda args: script_command(run.script, args, list(secrets)))
+    delete = script_command(run.script, run.delete_args, list(secrets)) if run.delete_args is not None else None
+    # A step that undoes itself on delete is replaced delete-first: pulumi-command would
+    # otherwise create the new one, then run the old delete, which removes what the new one
+    # just installed (pulumi/pulumi pkg/resource/deploy/step_generator.go, continueStepsFromDiff:
+    # create-before-delete unless the deleteBeforeReplace option is set; `--replace` never
+    # asks the provider, so only this option makes it delete-first).
+    delete_before_replace = delete_before_replace or delete is not None
+    return remote.Command(
+        resource_name,
+        connection=conn,
+        create=create,
+        delete=delete,
+        stdin=script_stdin(run.script, list(secrets.values()), run.payload),
+        triggers=triggers,
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(
+            parent=parent, depends_on=list(depends_on), delete_before_replace=delete_before_replace
+        ),
+    )
+
+
+# ---- files on a node -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ManagedFile:
+    """A root-owned file on a node; `action` applies it and undoes it (managed-file.sh)."""
+
+    step: str  # the last part of the resource name: {node}-{capability}-{step}
+    path: str
+    content: pulumi.Input[str]
+    mode: str = "0644"
+    action: str = "none"  # none | systemd | netplan | sysctl
+    sysctl_default: Optional[str] = None  # KEY=VALUE restored on remove, for action sysctl
+
+
+def managed_file_script(node: str, capability: str, f: ManagedFile) -> NodeScript:
+    owner = f"{node}-{capability}-{f.step}"
+    flags = ["--node", node, "--step", f"{capability}/{f.step}", "--path", f.path, "--mode", f.mode,
+             "--owner", owner, "--state-dir", APPLIED_STATE_DIR, "--action", f.action]
+    if f.sysctl_default:
+        flags += ["--sysctl-default", f.sysctl_default]
+    return NodeScript(MANAGED_FILE_SCRIPT, ["install", *flags], delete_args=["remove", *flags], payload=f.content)
+
+
+def managed_file_commands(
+    node: str, capability: str, conn: remote.ConnectionArgs, files: Sequence[ManagedFile], parent: pulumi.Resource
+) -> list[remote.Command]:
+    """One idempotent install/remove command per file, named {node}-{capability}-{step}."""
+    return [
+        node_command(f"{node}-{capability}-{f.step}", conn, managed_file_script(node, capability, f), parent=parent)
+        for f in files
+    ]
+
+
+def files_hash(files: Sequence[ManagedFile]) -> pulumi.Output[str]:
+    """One hash over every file's path, mode and content (secret if any content is)."""
+    return pulumi.Output.all(*(f.content for f in files)).apply(
+        lambda contents: sha256_text(*(f"{f.path}\0{f.mode}\0{c}" for f, c in zip(files, contents)))
     )

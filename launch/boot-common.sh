@@ -1,16 +1,21 @@
 # boot-common.sh — sourced by boot-head.sh and boot-worker.sh: environment, logging, Ray.
 # shellcheck shell=bash
 
-TWINSPARK_BUNDLE_DIR="${TWINSPARK_BUNDLE_DIR:-/twinspark}"
+# The bundle is this script's directory (mounted read-only in the container).
+TWINSPARK_BUNDLE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=prelude.sh
+. "$TWINSPARK_BUNDLE_DIR/prelude.sh"
 set -a
 # shellcheck source=/dev/null
 . "$TWINSPARK_BUNDLE_DIR/twinspark.env"
 set +a
+log_node=$TWINSPARK_NODE_NAME
 mkdir -p "$TWINSPARK_LOG_DIR"
 
-log() { printf '%s %s %s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$TWINSPARK_NODE_NAME" "$(basename "$0")" "$*"; }
+# One log file per stream, on the host (it outlives the container), rotated by logrotate.
+log_to() { exec >>"$TWINSPARK_LOG_DIR/$1" 2>&1; }
 
-membership() { python3 "$TWINSPARK_BUNDLE_DIR/ray-membership.py" "$@"; }
+membership() { python3 "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_MEMBERSHIP_SCRIPT" "$@"; }
 
 # A restarted container (or a supervisor in the sim) must not inherit a stale raylet.
 stop_ray() { ray stop --force >/dev/null 2>&1 || true; }

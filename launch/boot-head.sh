@@ -7,7 +7,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=boot-common.sh
 . "$(dirname "$0")/boot-common.sh"
-exec > >(tee -a "$TWINSPARK_LOG_DIR/boot-head.log") 2>&1
+log_to "$TWINSPARK_BOOT_LOG"
 
 main() {
   log "starting Ray head on $TWINSPARK_NODE_IP:$RAY_PORT"
@@ -16,9 +16,9 @@ main() {
     --dashboard-port="$RAY_DASHBOARD_PORT"
   log "waiting for ${TWINSPARK_NODE_COUNT} nodes with a GPU: $TWINSPARK_NODE_IPS"
   membership wait-cluster --head "$TWINSPARK_NODE_IP" --expect-ips "$TWINSPARK_NODE_IPS"
-  log "cluster complete; exec launch-vllm.sh (log: $TWINSPARK_LOG_DIR/vllm.log)"
-  exec > >(tee -a "$TWINSPARK_LOG_DIR/vllm.log") 2>&1
-  exec "$TWINSPARK_BUNDLE_DIR/launch-vllm.sh"
+  log "cluster complete; exec $TWINSPARK_LAUNCH_VLLM (log: $TWINSPARK_LOG_DIR/$TWINSPARK_VLLM_LOG)"
+  log_to "$TWINSPARK_VLLM_LOG"
+  exec "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_LAUNCH_VLLM"
 }
 
 main "$@"

@@ -8,7 +8,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=boot-common.sh
 . "$(dirname "$0")/boot-common.sh"
-exec > >(tee -a "$TWINSPARK_LOG_DIR/boot-worker.log") 2>&1
+log_to "$TWINSPARK_BOOT_LOG"
 
 join_head() {
   local attempt=1

@@ -9,34 +9,16 @@
 # to every peer; and memlock unlimited in this (fresh) login. Prints one FAIL line per failed
 # check naming node, rail, expected and measured value; exits 1 if any failed.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=prelude.sh
+[ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-node="$(hostname)"
-mtu=9000
-speed_mbps=200000
+node="" mtu="" speed_mbps=""
 rails=()
 failures=0
 
-log() { printf '%s fabric-check %s: %s\n' "$(date -u +%H:%M:%S)" "$node" "$*"; }
 ok() { log "ok   $*"; }
 fail() { log "FAIL $*"; failures=$((failures + 1)); }
 
-usage() {
-  echo "usage: $0 --node NAME --mtu N --speed-mbps N --rail IFACE:HCA:PEER[,PEER...] [--rail ...]" >&2
-  exit 2
-}
-
-parse_args() {
-  while [ $# -gt 0 ]; do
-    case "$1" in
-      --node) node="$2"; shift 2 ;;
-      --mtu) mtu="$2"; shift 2 ;;
-      --speed-mbps) speed_mbps="$2"; shift 2 ;;
-      --rail) rails+=("$2"); shift 2 ;;
-      *) usage ;;
-    esac
-  done
-  [ "${#rails[@]}" -gt 0 ] || usage
-}
 
 read_sys() { cat "/sys/class/net/$1/$2" 2>/dev/null || echo "unreadable"; }
 
@@ -90,7 +72,9 @@ check_memlock() {
 }
 
 main() {
-  parse_args "$@"
+  parse_flags --node=node --mtu=mtu --speed-mbps=speed_mbps --rail=rails[] -- "$@"
+  require_flags --node --mtu --speed-mbps --rail
+  log_node=$node
   local rail iface hca peers
   for rail in "${rails[@]}"; do
     IFS=':' read -r iface hca peers <<<"$rail"

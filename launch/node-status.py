@@ -2,7 +2,8 @@
 """node-status.py — one node's serving state as JSON, for `python -m ops status` (fed over ssh).
 
   python3 node-status.py --name spark1 --container twinspark-head \
-      --rail enp1s0f0np0:rocep1s0f0 --rail enP2p1s0f0np0:roceP2p1s0f0 [--ray-head 10.0.0.1]
+      --rail enp1s0f0np0:rocep1s0f0 --rail enP2p1s0f0np0:roceP2p1s0f0 \
+      [--ray-head 10.0.0.1 --membership /twinspark/ray-membership.py --dashboard-port 8265]
 
 Reports the serving container (state, restart count), each rail (link, speed, MTU, RoCE
 port state and active MTU), the GPU's temperature and power, and on the head (--ray-head)
@@ -67,8 +68,9 @@ def gpu_state():
     return {"temperature_c": as_float(first[0]), "power_w": as_float(first[1])}
 
 
-def ray_nodes(container, head_ip):
-    out, err = run("docker", "exec", container, "python3", "/twinspark/ray-membership.py", "alive", "--head", head_ip)
+def ray_nodes(container, head_ip, membership, dashboard_port):
+    out, err = run("docker", "exec", container, "python3", membership, "alive", "--head", head_ip,
+                   "--dashboard-port", str(dashboard_port))
     return {"error": err} if out is None else {"nodes": json.loads(out)}
 
 
@@ -78,7 +80,11 @@ def main():
     parser.add_argument("--container", required=True)
     parser.add_argument("--rail", action="append", default=[], help="IFACE:HCA")
     parser.add_argument("--ray-head", help="this node is the head: list Ray nodes via its state API")
+    parser.add_argument("--membership", help="ray-membership.py inside the container (with --ray-head)")
+    parser.add_argument("--dashboard-port", type=int, help="the head's Ray dashboard port (with --ray-head)")
     args = parser.parse_args()
+    if args.ray_head and not (args.membership and args.dashboard_port):
+        parser.error("--ray-head needs --membership and --dashboard-port")
     status = {
         "node": args.name,
         "container": container_state(args.container),
@@ -86,7 +92,7 @@ def main():
         "gpu": gpu_state(),
     }
     if args.ray_head:
-        status["ray"] = ray_nodes(args.container, args.ray_head)
+        status["ray"] = ray_nodes(args.container, args.ray_head, args.membership, args.dashboard_port)
     print(json.dumps(status))
 
 

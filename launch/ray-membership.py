@@ -19,19 +19,16 @@ import os
 import sys
 import time
 
-DASHBOARD_PORT = int(os.environ.get("RAY_DASHBOARD_PORT", "8265"))
-
-
 def log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S', time.gmtime())} ray-membership: {message}", file=sys.stderr, flush=True)
 
 
-def alive_nodes(head_ip: str) -> list[dict]:
+def alive_nodes(args: argparse.Namespace) -> list[dict]:
     """Alive nodes as the head's GCS sees them; raises when the head cannot be asked."""
     from ray.util.state import list_nodes
 
     nodes = list_nodes(
-        address=f"http://{head_ip}:{DASHBOARD_PORT}",
+        address=f"http://{args.head}:{args.dashboard_port}",
         filters=[("state", "=", "ALIVE")],
         limit=1000,
         timeout=5,
@@ -49,7 +46,7 @@ def wait_cluster(args: argparse.Namespace) -> int:
     last_report = 0.0
     while True:
         try:
-            ready = {n["node_ip"] for n in alive_nodes(args.head) if gpus(n) >= 1}
+            ready = {n["node_ip"] for n in alive_nodes(args) if gpus(n) >= 1}
         except Exception as err:  # dashboard still starting
             ready, problem = set(), f"state API not answering yet ({type(err).__name__})"
         else:
@@ -68,7 +65,7 @@ def node_id(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         try:
-            mine = [n for n in alive_nodes(args.head) if n["node_ip"] == args.ip]
+            mine = [n for n in alive_nodes(args) if n["node_ip"] == args.ip]
         except Exception:
             mine = []
         if mine:
@@ -98,7 +95,7 @@ def watch(args: argparse.Namespace) -> int:
             print("local raylet is gone")
             return 0
         try:
-            alive_ids = {n["node_id"] for n in alive_nodes(args.head)}
+            alive_ids = {n["node_id"] for n in alive_nodes(args)}
         except Exception as err:
             unreachable_since = unreachable_since or time.monotonic()
             if time.monotonic() - unreachable_since > args.grace:
@@ -115,7 +112,7 @@ def watch(args: argparse.Namespace) -> int:
 def alive(args: argparse.Namespace) -> int:
     import json
 
-    nodes = alive_nodes(args.head)
+    nodes = alive_nodes(args)
     print(json.dumps([{"node_id": n["node_id"], "node_ip": n["node_ip"], "gpus": gpus(n)} for n in nodes]))
     return 0
 
@@ -123,25 +120,26 @@ def alive(args: argparse.Namespace) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("wait-cluster")
-    p.add_argument("--head", required=True)
+    head = argparse.ArgumentParser(add_help=False)
+    head.add_argument("--head", required=True, help="the head's Ray IP")
+    # twinspark.env sets RAY_DASHBOARD_PORT for the boot scripts; `ops status` passes the flag
+    port = os.environ.get("RAY_DASHBOARD_PORT")
+    head.add_argument("--dashboard-port", type=int, default=port, required=port is None)
+    p = sub.add_parser("wait-cluster", parents=[head])
     p.add_argument("--expect-ips", required=True)
     p.add_argument("--interval", type=float, default=2.0)
     p.add_argument("--report-every", type=float, default=30.0)
     p.set_defaults(run=wait_cluster)
-    p = sub.add_parser("node-id")
-    p.add_argument("--head", required=True)
+    p = sub.add_parser("node-id", parents=[head])
     p.add_argument("--ip", required=True)
     p.add_argument("--timeout", type=float, default=60.0)
     p.set_defaults(run=node_id)
-    p = sub.add_parser("watch")
-    p.add_argument("--head", required=True)
+    p = sub.add_parser("watch", parents=[head])
     p.add_argument("--node-id", required=True)
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--grace", type=float, default=6.0)
     p.set_defaults(run=watch)
-    p = sub.add_parser("alive")
-    p.add_argument("--head", required=True)
+    p = sub.add_parser("alive", parents=[head])
     p.set_defaults(run=alive)
     args = parser.parse_args()
     return args.run(args)

@@ -2,36 +2,23 @@
 # wait-ready.sh — wait until the endpoint really serves: /health, then one 1-token completion.
 #
 #   VLLM_API_KEY=... wait-ready.sh --url http://127.0.0.1:8000 --model ds-0731 \
-#       --timeout-s 1200 --container twinspark-head --log /var/log/twinspark/vllm.log
+#       --timeout-s 1200 --container twinspark-head --log /var/log/twinspark/vllm.log \
+#       --log /var/log/twinspark/boot-head.log
 #
 # /health can stay 200 while a Ray worker is dead, so a real completion (with the API key,
 # read from the environment and handed to curl through a private config file, never argv)
 # is the liveness proof. Logs progress every 30 s; on timeout prints the tail of the head
-# container's log and exits 1.
+# container's docker log and of each --log file, and exits 1.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=prelude.sh
+[ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-url="" model="" timeout_s=1200 container="twinspark-head" log_file=""
-
-log() { printf '%s wait-ready: %s\n' "$(date -u +%H:%M:%S)" "$*"; }
-
-parse_args() {
-  while [ $# -gt 0 ]; do
-    case "$1" in
-      --url) url="$2"; shift 2 ;;
-      --model) model="$2"; shift 2 ;;
-      --timeout-s) timeout_s="$2"; shift 2 ;;
-      --container) container="$2"; shift 2 ;;
-      --log) log_file="$2"; shift 2 ;;
-      *) echo "usage: $0 --url URL --model NAME [--timeout-s S] [--container NAME] [--log FILE]" >&2; exit 2 ;;
-    esac
-  done
-  if [ -z "$url" ] || [ -z "$model" ]; then echo "--url and --model are required" >&2; exit 2; fi
-}
+url="" model="" timeout_s="" container=""
+log_files=()
 
 curl_config=""
 write_curl_config() {
-  curl_config=$(mktemp)
-  trap 'rm -f "$curl_config"' EXIT
+  make_temp curl_config
   chmod 600 "$curl_config"
   printf 'header = "Authorization: Bearer %s"\n' "${VLLM_API_KEY:-}" >"$curl_config"
 }
@@ -46,13 +33,17 @@ completes() {
 }
 
 show_failure() {
+  local file
   log "not serving after ${timeout_s} s; last lines of the head's logs:"
-  docker logs --tail 60 "$container" 2>&1 | sed 's/^/  container | /' || true
-  if [ -n "$log_file" ]; then tail -n 40 "$log_file" 2>/dev/null | sed 's/^/  vllm.log  | /' || true; fi
+  docker logs --tail 20 "$container" 2>&1 | sed "s/^/  docker logs $container | /" || true
+  for file in "${log_files[@]}"; do
+    tail -n 40 "$file" 2>/dev/null | sed "s|^|  $(basename "$file") | |" || true
+  done
 }
 
 main() {
-  parse_args "$@"
+  parse_flags --url=url --model=model --timeout-s=timeout_s --container=container --log=log_files[] -- "$@"
+  require_flags --url --model --timeout-s --container
   write_curl_config
   local started=$SECONDS stage="health" last_report=-30
   while [ $((SECONDS - started)) -lt "$timeout_s" ]; do

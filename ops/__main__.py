@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .target import TargetError, add_target_arguments, resolve_target
+from .target import TargetError, add_target_arguments, resolve_target, status_expectations
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,11 +18,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="nodes, rails, Ray, GPUs, endpoint and spec decode at a glance")
     add_target_arguments(p)
-    p.add_argument("--ssh-user", default=os.environ.get("TWINSPARK_SSH_USER", "nvidia"))
+    p.add_argument("--ssh-user", default=os.environ.get("TWINSPARK_SSH_USER"), help="default: the stack's ssh.user")
     p.add_argument("--ssh-key", help="private key (default: ssh's own choice / the agent)")
     p.add_argument("--ssh-option", action="append", default=[], help="extra `ssh -o` option, repeatable")
-    p.add_argument("--expect-mtu", type=int, default=9000)
-    p.add_argument("--expect-speed-mbps", type=int, default=200000)
+    p.add_argument("--expect-mtu", type=int, help="default: the stack's fabric.mtu")
+    p.add_argument("--expect-speed-mbps", type=int, help="default: the stack's fabric.linkSpeedMbps")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("bench", help="the recipe's benchmarks: decode, concurrency, TTFT, prefill, sweep")
@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     console = Console()
     try:
         target = resolve_target(args, need_nodes=args.tool == "status")
+        expect = status_expectations(args, target) if args.tool == "status" else None
     except TargetError as err:
         console.print(f"[red]{err}[/red]")
         return 2
@@ -69,8 +70,8 @@ def main(argv=None) -> int:
     if args.tool == "status":
         from .status import run_status, ssh_runner
 
-        return run_status(target, ssh_runner(args.ssh_user, args.ssh_key, args.ssh_option), args.json, args.expect_mtu,
-                          args.expect_speed_mbps, console)
+        return run_status(target, ssh_runner(expect.ssh_user, args.ssh_key, args.ssh_option), args.json, expect.mtu,
+                          expect.speed_mbps, console)
     if args.tool == "bench":
         from .bench import BenchPlan, run_bench
 

@@ -21,9 +21,10 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from components.serving_cluster import container_name
+import node_contract as contract
 
 NODE_PROBE = Path(__file__).resolve().parent.parent / "launch" / "node-status.py"
+MEMBERSHIP_IN_CONTAINER = f"{contract.CONTAINER_BUNDLE_DIR}/{contract.MEMBERSHIP_SCRIPT}"
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
 # A function that runs the node probe on a node and returns its stdout (JSON).
@@ -43,12 +44,13 @@ def ssh_runner(user: str, key: Optional[str], options: Sequence[str] = ()) -> No
     return run
 
 
-def probe_args(node: dict, head_ray_ip: Optional[str]) -> list[str]:
-    args = ["--name", node["name"], "--container", container_name(node["role"])]
+def probe_args(node: dict) -> list[str]:
+    args = ["--name", node["name"], "--container", contract.serving_container_name(node["role"])]
     for rail in node.get("rails", []):
         args += ["--rail", f"{rail['iface']}:{rail['hca']}"]
-    if node["role"] == "head" and head_ray_ip:
-        args += ["--ray-head", head_ray_ip]
+    if node["role"] == "head":
+        args += ["--ray-head", node["rayIp"], "--membership", MEMBERSHIP_IN_CONTAINER,
+                 "--dashboard-port", str(contract.RAY_DASHBOARD_PORT)]
     return args
 
 
@@ -149,12 +151,9 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
 
 
 def collect(target, runner: NodeRunner) -> dict:
-    head = next((n for n in target.nodes if n["role"] == "head"), None)
-    head_ray_ip = head["rails"][0]["address"].split("/")[0] if head and head.get("rails") else None
-
     def one(node):
         try:
-            return json.loads(runner(node, probe_args(node, head_ray_ip)))
+            return json.loads(runner(node, probe_args(node)))
         except Exception as err:  # one unreachable node must not hide the others
             return {"node": node["name"], "error": str(err)}
 

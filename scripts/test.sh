@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CODEX_VERSION=0.171.0
-DEBIAN_PACKAGES=(shellcheck netplan.io openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm)
+DEBIAN_PACKAGES=(shellcheck netplan.io logrotate openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm)
 
 log() { printf '%s test.sh: %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 

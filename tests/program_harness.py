@@ -193,3 +193,42 @@ def plain_occurrences(value, needle, path="") -> list[str]:
     if isinstance(value, list):
         return [p for i, v in enumerate(value) for p in plain_occurrences(v, needle, f"{path}[{i}]")]
     return [path] if isinstance(value, str) and needle in value else []
+
+
+@dataclass
+class RunnerCall:
+    """A remote command as the script runner sees it (components/remote.py)."""
+
+    script: str
+    args: list[str]
+    secrets: dict[str, str]
+    payload: str
+
+
+def runner_call(resource: Resource, field: str = "create") -> RunnerCall:
+    """Split a recorded command into its launch/ script, arguments, stdin secrets and payload."""
+    import base64
+    import re
+    import shlex
+
+    from components.remote import script_text
+
+    argv = shlex.split(unwrap(resource.inputs[field]))
+    assert argv[:2] == ["bash", "-c"], f"{resource.name}.{field} is not a runner call: {argv[:3]}"
+    secret_names = re.findall(r"IFS= read -r (\w+);", argv[2])
+    script, args = argv[3], argv[4:]
+    stdin = unwrap(resource.inputs.get("stdin", ""))
+    lines = stdin.split("\n", len(secret_names))
+    secrets = {name: base64.b64decode(line).decode() for name, line in zip(secret_names, lines)}
+    rest = lines[len(secret_names)] if secret_names else stdin
+    text = script_text(script)
+    assert rest.startswith(text), f"{resource.name}: stdin does not carry {script} behind the prelude"
+    return RunnerCall(script, args, secrets, rest[len(text):])
+
+
+def flag_value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]

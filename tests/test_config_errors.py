@@ -106,3 +106,13 @@ def test_a_single_node_is_tp1_and_valid():
     cfg = copy.deepcopy(BASE)
     cfg["nodes"] = cfg["nodes"][:1]
     assert parse_stack_config(cfg).tensor_parallel_size == 1
+
+
+def test_readme_parameter_table_is_the_schema():
+    from components.config import parameter_table
+    from program_harness import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("<!-- parameters:")
+    table = readme[readme.index("\n", start) + 1:readme.index("<!-- /parameters -->")]
+    assert table == parameter_table(), "README parameter table drifted; paste parameter_table()'s output"

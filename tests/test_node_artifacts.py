@@ -15,11 +15,16 @@ from program_harness import unwrap
 from components import host_prep, launch_bundle
 from components.config import parse_stack_config
 from components.client_outputs import render_codex_config, render_codex_model_catalog
-from components.readiness import SCRIPT as WAIT_READY, wait_ready_args
-from components.remote import LAUNCH_DIR, install_file_command, remove_file_command, script_command, script_stdin
+from components.readiness import SCRIPT as WAIT_READY, ReadinessArgs, wait_ready_args
+from components.remote import (LAUNCH_DIR, MANAGED_FILE_SCRIPT, ManagedFile, encode_secret, managed_file_script,
+                               script_command, script_text)
 from program_harness import ROOT, stack_config
 
 CFG = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+
+
+def vllm_of(cfg):
+    return launch_bundle.VllmServe(cfg.serving, cfg.model, cfg.tensor_parallel_size)
 SHELL_SCRIPTS = sorted(LAUNCH_DIR.glob("*.sh"))
 
 
@@ -37,7 +42,7 @@ def test_launch_scripts_pass_shellcheck(script):
 
 
 def test_rendered_launch_script_passes_shellcheck():
-    shellcheck(launch_bundle.render_launch_vllm(CFG), "launch-vllm.sh")
+    shellcheck(launch_bundle.render_launch_vllm(vllm_of(CFG)), "launch-vllm.sh")
 
 
 def test_every_remote_command_passes_shellcheck(recipe_run):
@@ -60,7 +65,7 @@ def test_netplan_generate_accepts_the_rendered_rails(tmp_path):
         root = tmp_path / node.name
         (root / "etc/netplan").mkdir(parents=True)
         target = root / "etc/netplan/99-qsfp.yaml"
-        target.write_text(host_prep.render_netplan(node, CFG.fabric))
+        target.write_text(host_prep.render_netplan(node, CFG.fabric.mtu))
         target.chmod(0o600)
         proc = subprocess.run(["netplan", "generate", "--root-dir", str(root)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
@@ -75,7 +80,7 @@ def test_netplan_generate_accepts_the_rendered_rails(tmp_path):
 
 def test_example_netplan_matches_the_renderer():
     example = (ROOT / "netplan/99-qsfp.spark1.example.yaml").read_text()
-    assert example == host_prep.render_netplan(CFG.head, CFG.fabric)
+    assert example == host_prep.render_netplan(CFG.head, CFG.fabric.mtu)
 
 
 def fake_vllm_bundle(tmp_path, cfg, api_key="sk-test-key"):
@@ -83,7 +88,7 @@ def fake_vllm_bundle(tmp_path, cfg, api_key="sk-test-key"):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     launch = bundle / "launch-vllm.sh"
-    launch.write_text(launch_bundle.render_launch_vllm(cfg))
+    launch.write_text(launch_bundle.render_launch_vllm(vllm_of(cfg)))
     launch.chmod(0o755)
     (bundle / "secrets.env").write_text(launch_bundle.render_secrets_env(api_key))
     bin_dir = tmp_path / "bin"
@@ -106,7 +111,7 @@ def test_launch_script_runs_vllm_with_exact_argv(tmp_path, profile, spec_tokens,
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record)}
     subprocess.run([str(launch)], check=True, env=env, timeout=30)
     seen = json.loads(record.read_text())
-    assert seen["argv"] == launch_bundle.vllm_argv(cfg)
+    assert seen["argv"] == launch_bundle.vllm_argv(vllm_of(cfg))
     argv = seen["argv"]
     assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
         "method": "dspark", "num_speculative_tokens": spec_tokens, "draft_sample_method": "probabilistic",
@@ -142,47 +147,85 @@ def run_remote(line, stdin=""):
 
 
 @pytest.fixture
-def private_state_dir():
-    """install_file_command keeps its applied-state under /var/lib/twinspark: give it a private tmpfs."""
+def private_node(tmp_path):
+    """A private mount namespace standing in for a node: the applied-state directory on a tmpfs
+    and recording shims first on sudo's PATH (/usr/local/bin), as on a simulated node."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.fail("needs root and unshare (CI runs as root)")
-    yield lambda line: ["unshare", "--mount", "bash", "-c",
-                        "mkdir -p /var/lib/twinspark && mount -t tmpfs tmpfs /var/lib/twinspark && " + line]
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ("systemctl", "sysctl", "netplan", "systemd-run"):
+        (shims / tool).write_text(f"#!/bin/sh\n[ -e {tmp_path}/fail-{tool} ] && {{ rm {tmp_path}/fail-{tool}; exit 3; }}\n"
+                                  f"echo \"{tool} $*\" >> {calls}\n")
+        (shims / tool).chmod(0o755)
+    prefix = (f"mkdir -p /var/lib/twinspark && mount -t tmpfs tmpfs /var/lib/twinspark && "
+              f"mount --bind {shims} /usr/local/bin && ")
+    return lambda script: subprocess.run(["unshare", "--mount", "bash", "-c", prefix + script],
+                                         capture_output=True, text=True, timeout=60), calls
 
 
-def test_install_file_is_idempotent_and_reverts(tmp_path, private_state_dir):
+def managed_file_lines(tmp_path, path, action="systemd", mode="0600", owner_node="spark1"):
+    """install/remove command lines for one managed file, and a stdin file per content."""
+    f = ManagedFile("test", str(path), "", mode, action)
+    run = managed_file_script(owner_node, "hostprep", f)
+    install, remove = script_command(MANAGED_FILE_SCRIPT, run.args), script_command(MANAGED_FILE_SCRIPT, run.delete_args)
+
+    def stdin(content):
+        file = tmp_path / f"stdin-{abs(hash(content))}"
+        file.write_text(script_text(MANAGED_FILE_SCRIPT) + content)
+        return file
+
+    return install, remove, stdin
+
+
+def test_managed_file_is_idempotent_and_reverts(tmp_path, private_node):
+    run, calls = private_node
     target = tmp_path / "etc" / "managed.conf"
-    marker = tmp_path / "applied-count"
-    apply = f"echo x >> {marker}"
-    install = install_file_command("spark1", "hostprep/test", str(target), "0600", apply)
-    remove = remove_file_command("spark1", "hostprep/test", str(target), f"echo reverted > {marker}")
-    # three installs of the same content, one after a content change, in one private namespace
+    install, remove, stdin = managed_file_lines(tmp_path, target)
+    # three installs of the same content, one after a content change, then two removes
     script = (
-        f"printf 'a=1\\n' | {install}; printf 'a=1\\n' | {install}; printf 'a=2\\n' | {install}; "
-        f"stat -c %a:%U {target}; cat {marker} | wc -l; {remove}; {remove}; test ! -e {target} && cat {marker}"
+        f"{install} < {stdin('a=1')}; {install} < {stdin('a=1')}; {install} < {stdin('a=2')}; "
+        f"stat -c %a:%U {target}; cat {target}; echo; {remove} < {stdin('')}; {remove} < {stdin('')}; test ! -e {target}"
     )
-    proc = subprocess.run(private_state_dir(script), capture_output=True, text=True, timeout=60)
+    proc = run(script)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == f"installed: {target}"
-    assert lines[1] == f"unchanged: {target}"
-    assert lines[2] == f"installed: {target}"
-    assert lines[3] == "600:root"
-    assert lines[4] == "2"  # applied once per real change
-    assert lines[5] == f"removed: {target}"
-    assert lines[6] == "reverted"  # second remove found nothing to do and printed nothing
+    assert lines == [f"installed: {target}", f"unchanged: {target}", f"installed: {target}", "600:root", "a=2",
+                     f"removed: {target}"]  # the second remove found nothing to do and printed nothing
+    # applied once per real change, reverted once
+    assert calls.read_text().splitlines() == ["systemctl daemon-reexec"] * 3
 
 
-def test_install_file_reapplies_when_the_last_apply_failed(tmp_path, private_state_dir):
+def test_managed_file_reapplies_when_the_last_apply_failed(tmp_path, private_node):
+    run, calls = private_node
     target = tmp_path / "f.conf"
-    flaky = tmp_path / "fail-once"
-    flaky.write_text("")
-    apply = f"if [ -e {flaky} ]; then rm {flaky}; false; fi; echo applied"
-    install = install_file_command("spark2", "hostprep/flaky", str(target), "0644", apply)
-    script = f"printf 'v\\n' | {install} || echo FAILED; printf 'v\\n' | {install}"
-    proc = subprocess.run(private_state_dir(script), capture_output=True, text=True, timeout=60)
-    assert "FAILED" in proc.stdout and "node spark2, step hostprep/flaky: failed" in proc.stderr
-    assert proc.stdout.strip().endswith("applied"), proc.stdout
+    (tmp_path / "fail-systemctl").write_text("")
+    install, _, stdin = managed_file_lines(tmp_path, target, owner_node="spark2")
+    proc = run(f"{install} < {stdin('v')} || echo FAILED; {install} < {stdin('v')}")
+    assert "FAILED" in proc.stdout and "managed-file spark2: step hostprep/test failed (exit 3)" in proc.stderr
+    assert proc.stdout.strip().endswith(f"installed: {target}"), proc.stdout
+    assert calls.read_text().splitlines() == ["systemctl daemon-reexec"]
+
+
+def test_managed_file_remove_keeps_a_file_another_resource_owns(tmp_path, private_node):
+    """A renamed resource: the engine creates the new one, then runs the old one's delete."""
+    run, calls = private_node
+    target = tmp_path / "renamed.conf"
+    _, old_remove, stdin = managed_file_lines(tmp_path, target, owner_node="old")
+    new_install, _, _ = managed_file_lines(tmp_path, target, owner_node="new")
+    proc = run(f"{new_install} < {stdin('x')}; {old_remove} < {stdin('')}; cat {target}")
+    assert proc.returncode == 0, proc.stderr
+    assert f"kept: {target} (now managed by new-hostprep-test)" in proc.stdout
+    assert proc.stdout.rstrip().endswith("x")
+
+
+def test_scripts_refuse_a_flag_without_its_value(tmp_path):
+    proc = subprocess.run(["bash", str(LAUNCH_DIR / "fetch-weights.sh"), "--repo", "a/b", "--dir"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "usage error: --dir needs a value" in proc.stderr
+    assert "unbound variable" not in proc.stderr
 
 
 class _FakeVllm(BaseHTTPRequestHandler):
@@ -219,15 +262,15 @@ def fake_endpoint():
 
 
 def readiness_command(port, timeout_s):
-    cfg = CFG.model_copy(update={"serving": CFG.serving.model_copy(update={"port": port})})
-    args = wait_ready_args(cfg)
-    args[args.index("--timeout-s") + 1] = str(timeout_s)
-    return script_command(WAIT_READY, args, secret_env=["VLLM_API_KEY"])
+    args = ReadinessArgs(CFG.head.name, None, port, CFG.model.served_name, 1, "unused", None)
+    argv = wait_ready_args(args)
+    argv[argv.index("--timeout-s") + 1] = str(timeout_s)
+    return script_command(WAIT_READY, argv, secret_env=["VLLM_API_KEY"])
 
 
 def test_readiness_waits_for_health_then_an_authorized_completion(fake_endpoint):
     line = readiness_command(fake_endpoint, 60)
-    proc = run_remote(line, stdin=f"{_FakeVllm.key}\n" + script_stdin(WAIT_READY))
+    proc = run_remote(line, stdin=encode_secret(_FakeVllm.key) + script_text(WAIT_READY))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "serving: a 1-token completion succeeded" in proc.stdout
     authorized, body = _FakeVllm.completions[-1]
@@ -237,7 +280,7 @@ def test_readiness_waits_for_health_then_an_authorized_completion(fake_endpoint)
 
 def test_readiness_times_out_with_the_log_tail(fake_endpoint, tmp_path):
     line = readiness_command(fake_endpoint, 14)
-    proc = run_remote(line, stdin="wrong-key\n" + script_stdin(WAIT_READY))
+    proc = run_remote(line, stdin=encode_secret("wrong-key") + script_text(WAIT_READY))
     assert proc.returncode == 1
     assert "not serving after 14 s" in proc.stdout
     assert _FakeVllm.completions and not any(ok for ok, _ in _FakeVllm.completions)
@@ -287,3 +330,13 @@ def test_nccl_check_bus_bandwidth_and_network_parsing():
     assert check.chosen_network(info) == "IB"
     assert check.chosen_network("NCCL INFO NET/Socket : Using [0]enP7s7\nNCCL INFO Using network Socket\n") == "Socket"
     assert check.chosen_network("") is None
+
+
+def test_logrotate_accepts_the_rendered_config(tmp_path):
+    conf = tmp_path / "twinspark"
+    conf.write_text(host_prep.render_logrotate())
+    proc = subprocess.run(["logrotate", "--debug", "--state", str(tmp_path / "state"), str(conf)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "rotating pattern: /var/log/twinspark/*.log" in proc.stderr
+    assert "copytruncate" in host_prep.render_logrotate()

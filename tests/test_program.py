@@ -4,7 +4,7 @@ import json
 import shlex
 
 import pytest
-from program_harness import plain_occurrences, unwrap
+from program_harness import flag_value, flag_values, plain_occurrences, runner_call, unwrap
 
 from components.config import parse_stack_config
 
@@ -45,7 +45,12 @@ RECIPE_ENV = {
 
 
 def stdin_of(run, name):
-    return unwrap(run.named(name).inputs["stdin"])
+    """What the step hands its script after the script itself: a managed file's content."""
+    return runner_call(run.named(name)).payload
+
+
+def args_of(run, name):
+    return runner_call(run.named(name)).args
 
 
 def env_file(run, node):
@@ -63,15 +68,15 @@ def test_every_node_gets_each_capability(recipe_run):
     for node in NODES:
         for component in ("hostprep", "fabric", "image", "bundle"):
             assert f"{node}-{component}" in recipe_run.by_name
-        assert f"{node}-image-docker" in recipe_run.by_name
-    assert {r.name for r in recipe_run.of_type(CONTAINER)} == {"spark1-twinspark-head", "spark2-twinspark-worker"}
-    assert {r.name for r in recipe_run.of_type(IMAGE)} == {"spark1-image-image", "spark2-image-image"}
+        assert f"{node}-docker" in recipe_run.by_name
+    assert {r.name for r in recipe_run.of_type(CONTAINER)} == {"spark1-serving-container", "spark2-serving-container"}
+    assert {r.name for r in recipe_run.of_type(IMAGE)} == {"spark1-image-build", "spark2-image-build"}
     # head-only and worker-only pieces
     assert "spark1-hostprep-userns-sysctl" in recipe_run.by_name
     assert "spark2-hostprep-userns-sysctl" not in recipe_run.by_name
     assert "spark1-bundle-secrets-env" in recipe_run.by_name
     assert "spark2-bundle-secrets-env" not in recipe_run.by_name
-    assert {"weights-fetch-spark1", "weights-sync-key-spark1", "weights-authorize-spark2", "weights-sync-spark2"} <= set(
+    assert {"spark1-weights-fetch", "spark1-weights-sync-key", "spark2-weights-authorize", "spark2-weights-sync"} <= set(
         recipe_run.by_name
     )
 
@@ -93,17 +98,17 @@ def test_component_type_tokens(recipe_run):
 @pytest.mark.parametrize(
     "resource, must_wait_for",
     [
-        ("spark1-fabric-run", ["spark1-hostprep-netplan", "spark2-hostprep-netplan", "spark2-hostprep-memlock-limits"]),
-        ("spark2-fabric-run", ["spark1-hostprep-netplan", "spark2-hostprep-netplan"]),
-        ("weights-fetch-spark1", ["spark1-fabric-run", "spark2-fabric-run"]),
-        ("weights-sync-spark2", ["weights-fetch-spark1", "weights-authorize-spark2"]),
-        ("spark1-image-image", ["spark1-fabric-run"]),
-        ("spark2-bundle-launch-vllm-sh", ["spark2-fabric-run"]),
-        ("nccl-spark1", ["spark1-image-image", "spark1-bundle-twinspark-env", "spark2-fabric-run"]),
-        ("nccl-spark2", ["spark2-image-image", "spark2-bundle-twinspark-env"]),
-        ("spark2-twinspark-worker", ["spark2-image-image", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "weights-sync-spark2", "nccl-spark1", "nccl-spark2"]),
-        ("spark1-twinspark-head", ["spark1-image-image", "spark1-bundle-secrets-env", "weights-fetch-spark1", "spark2-twinspark-worker", "nccl-spark2"]),
-        ("readiness-wait", ["spark1-twinspark-head"]),
+        ("spark1-fabric-check", ["spark1-hostprep-netplan", "spark2-hostprep-netplan", "spark2-hostprep-memlock-limits"]),
+        ("spark2-fabric-check", ["spark1-hostprep-netplan", "spark2-hostprep-netplan"]),
+        ("spark1-weights-fetch", ["spark1-fabric-check", "spark2-fabric-check"]),
+        ("spark2-weights-sync", ["spark1-weights-fetch", "spark2-weights-authorize"]),
+        ("spark1-image-build", ["spark1-fabric-check"]),
+        ("spark2-bundle-launch-vllm-sh", ["spark2-fabric-check"]),
+        ("spark1-nccl-check", ["spark1-image-build", "spark1-bundle-twinspark-env", "spark2-fabric-check"]),
+        ("spark2-nccl-check", ["spark2-image-build", "spark2-bundle-twinspark-env"]),
+        ("spark2-serving-container", ["spark2-image-build", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "spark2-weights-sync", "spark1-nccl-check", "spark2-nccl-check"]),
+        ("spark1-serving-container", ["spark1-image-build", "spark1-bundle-secrets-env", "spark1-weights-fetch", "spark2-serving-container", "spark2-nccl-check"]),
+        ("spark1-readiness-wait", ["spark1-serving-container"]),
     ],
 )
 def test_dependencies(recipe_run, resource, must_wait_for):
@@ -112,17 +117,17 @@ def test_dependencies(recipe_run, resource, must_wait_for):
 
 
 def test_a_replaced_worker_replaces_the_head(recipe_run):
-    head, worker = recipe_run.named("spark1-twinspark-head"), recipe_run.named("spark2-twinspark-worker")
+    head, worker = recipe_run.named("spark1-serving-container"), recipe_run.named("spark2-serving-container")
     assert head.replace_with == [worker.urn]
     assert worker.replace_with == []
 
 
 def test_worker_does_not_wait_for_head(recipe_run):
-    assert not recipe_run.depends_on(recipe_run.named("spark2-twinspark-worker"), "spark1-twinspark-head")
+    assert not recipe_run.depends_on(recipe_run.named("spark2-serving-container"), "spark1-serving-container")
 
 
 def test_containers_carry_every_recipe_docker_option(recipe_run):
-    for name, role in (("spark1-twinspark-head", "head"), ("spark2-twinspark-worker", "worker")):
+    for name, role in (("spark1-serving-container", "head"), ("spark2-serving-container", "worker")):
         c = recipe_run.named(name)
         inputs = unwrap(c.inputs)
         assert inputs["name"] == f"twinspark-{role}"
@@ -147,55 +152,58 @@ def test_containers_carry_every_recipe_docker_option(recipe_run):
 
 
 def test_containers_use_their_nodes_image_id_and_daemon(recipe_run):
-    for node, container in (("spark1", "spark1-twinspark-head"), ("spark2", "spark2-twinspark-worker")):
-        image = recipe_run.named(f"{node}-image-image")
+    for node, container in (("spark1", "spark1-serving-container"), ("spark2", "spark2-serving-container")):
+        image = recipe_run.named(f"{node}-image-build")
         c = recipe_run.named(container)
         assert c.inputs["image"].startswith("sha256:")  # the built image's id, never the tag
-        assert c.provider.startswith(recipe_run.named(f"{node}-image-docker").urn)
-        assert image.provider.startswith(recipe_run.named(f"{node}-image-docker").urn)
+        assert c.provider.startswith(recipe_run.named(f"{node}-docker").urn)
+        assert image.provider.startswith(recipe_run.named(f"{node}-docker").urn)
 
 
 def test_serving_image_build(recipe_run):
     for node, host in (("spark1", "192.168.1.10"), ("spark2", "192.168.1.11")):
-        image = recipe_run.named(f"{node}-image-image").inputs
+        image = recipe_run.named(f"{node}-image-build").inputs
         assert image["imageName"] == "twinspark-vllm:ray"
         assert image["skipPush"] is True
         build = image["build"]
         assert build["platform"] == "linux/arm64"
         assert build["context"] == "launch/serving-image"
         assert build["args"] == {"BASE_IMAGE": "ghcr.io/anemll/dspark-vllm-gx10:0.1.1", "RAY_VERSION": "2.57.0"}
-        provider = recipe_run.named(f"{node}-image-docker").inputs
+        provider = recipe_run.named(f"{node}-docker").inputs
         assert provider["host"] == f"ssh://nvidia@{host}"
         assert "StrictHostKeyChecking=accept-new" in json.loads(provider["sshOpts"])
 
 
 def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run):
-    for node, rank, container in (("spark1", "0", "spark1-twinspark-head"), ("spark2", "1", "spark2-twinspark-worker")):
-        inputs = recipe_run.named(f"nccl-{node}").inputs
-        docker = shlex.split(shlex.split(inputs["create"])[2].splitlines()[-1])
+    triggers = set()
+    for node, rank, container in (("spark1", "0", "spark1-serving-container"), ("spark2", "1", "spark2-serving-container")):
+        call = runner_call(recipe_run.named(f"{node}-nccl-check"))
         image = recipe_run.named(container).inputs["image"]
-        assert docker[docker.index("--entrypoint") + 2] == image  # the node's own built image
-        assert docker[docker.index("--env-file") + 1] == "/opt/twinspark/twinspark.env"
-        args = docker[docker.index(image) + 1:]
-        assert args[0] == "-" and args[args.index("--rank") + 1] == rank
+        assert call.script == "nccl-check.sh"
+        assert flag_value(call.args, "--image") == image  # the node's own built image
+        assert flag_value(call.args, "--env-file") == "/opt/twinspark/twinspark.env"
+        args = flag_values(call.args, "--check-arg")
+        assert args[args.index("--rank") + 1] == rank
         assert args[args.index("--world-size") + 1] == "2"
         assert args[args.index("--master") + 1] == "10.0.0.1:29555"
         assert args[args.index("--min-busbw-gbps") + 1] == "10"
         assert args[args.index("--require-network") + 1] == "IB"
         # the same docker options the serving containers get (recipe §4)
-        flags = " ".join(docker)
+        flags = " ".join(flag_values(call.args, "--docker-flag"))
         for flag in ("--network host", "--ipc host", "--gpus all", "--ulimit memlock=-1", "--ulimit stack=67108864",
                      "--cap-add IPC_LOCK", "--device /dev/infiniband"):
             assert flag in flags
-        assert inputs["stdin"].startswith("#!/usr/bin/env python3\n\"\"\"nccl-allreduce-check.py")
+        assert call.payload.startswith("#!/usr/bin/env python3\n\"\"\"nccl-allreduce-check.py")
+        triggers.add(json.dumps(recipe_run.named(f"{node}-nccl-check").inputs["triggers"]))
+    assert len(triggers) == 1  # every rank re-runs together
 
 
 def test_nccl_check_can_be_switched_off(program, recipe_config):
     recipe_config["twinspark:fabric"]["minBusBandwidthGBps"] = 0
     run = program(recipe_config)
     assert run.error is None, run.error
-    assert "spark1-twinspark-head" in run.by_name
-    assert not [r for r in run.resources if r.name.startswith("nccl")]
+    assert "spark1-serving-container" in run.by_name
+    assert not [r for r in run.of_type(COMMAND) if r.name.endswith("-nccl-check")]
 
 
 def test_launch_script_is_the_recipe_command(recipe_run):
@@ -236,28 +244,43 @@ def test_host_prep_files(recipe_run):
     assert "* soft memlock unlimited" in limits and "* hard memlock unlimited" in limits
     assert "DefaultLimitMEMLOCK=infinity" in stdin_of(recipe_run, "spark2-hostprep-systemd-memlock")
     assert "kernel.apparmor_restrict_unprivileged_userns = 0" in stdin_of(recipe_run, "spark1-hostprep-userns-sysctl")
-    netplan = recipe_run.named("spark2-hostprep-netplan").inputs
-    assert "/etc/netplan/99-qsfp.yaml" in netplan["create"] and "-m 0600" in netplan["create"]
-    assert "10.0.0.2/24" in netplan["stdin"] and "10.0.1.2/24" in netplan["stdin"]
+    netplan = runner_call(recipe_run.named("spark2-hostprep-netplan"))
+    assert netplan.script == "managed-file.sh" and netplan.args[0] == "install"
+    assert flag_value(netplan.args, "--path") == "/etc/netplan/99-qsfp.yaml" and flag_value(netplan.args, "--mode") == "0600"
+    assert flag_value(netplan.args, "--action") == "netplan"
+    assert "10.0.0.2/24" in netplan.payload and "10.0.1.2/24" in netplan.payload
     for r in recipe_run.of_type(COMMAND):
         if r.name.startswith(("spark1-hostprep", "spark2-hostprep")):
-            assert "sudo -n" in r.inputs["create"] and "sudo -n rm" in r.inputs["delete"]
+            create, delete = runner_call(r), runner_call(r, "delete")
+            assert (create.args[0], delete.args[0]) == ("install", "remove") and create.args[1:] == delete.args[1:]
+            assert flag_value(create.args, "--owner") == r.name
             assert r.inputs["addPreviousOutputInEnv"] is False
 
 
+def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
+    """`pulumi up --replace` on a file, the sync key or its authorization must not end with
+    the old delete removing what the new create just installed (issue 8, item 1)."""
+    undoing = [r for r in recipe_run.of_type(COMMAND) if r.inputs.get("delete")]
+    assert len(undoing) == 9 + 8 + 7 + 1 + 1  # host files (4 + 4 + userns), head bundle, worker bundle, sync key, authorize
+    assert [r.name for r in undoing if not r.delete_before_replace] == []
+
+
+def test_containers_get_a_stop_grace(recipe_run):
+    for r in recipe_run.of_type(CONTAINER):
+        assert r.inputs["destroyGraceSeconds"] == 60
+
+
 def test_fabric_check_arguments(recipe_run):
-    create = recipe_run.named("spark1-fabric-run").inputs["create"]
-    argv = shlex.split(create)
-    assert argv[argv.index("--mtu") + 1] == "9000"
-    assert argv[argv.index("--speed-mbps") + 1] == "200000"
-    rails = [argv[i + 1] for i, a in enumerate(argv) if a == "--rail"]
+    argv = args_of(recipe_run, "spark1-fabric-check")
+    assert flag_value(argv, "--mtu") == "9000"
+    assert flag_value(argv, "--speed-mbps") == "200000"
+    rails = flag_values(argv, "--rail")
     assert rails == ["enp1s0f0np0:rocep1s0f0:10.0.0.2", "enP2p1s0f0np0:roceP2p1s0f0:10.0.1.2"]
 
 
 def test_weights_copy_goes_over_the_first_rail(recipe_run):
-    argv = shlex.split(recipe_run.named("weights-sync-spark2").inputs["create"])
-    assert argv[argv.index("--to") + 1] == "nvidia@10.0.0.2"
-    authorized = stdin_of(recipe_run, "weights-authorize-spark2")
+    assert flag_value(args_of(recipe_run, "spark2-weights-sync"), "--to") == "nvidia@10.0.0.2"
+    authorized = stdin_of(recipe_run, "spark2-weights-authorize")
     assert authorized.startswith('from="10.0.0.1",restrict ssh-ed25519 ')
 
 
@@ -282,23 +305,23 @@ def test_secrets_stay_secret(program, recipe_config):
 def test_generated_key_reaches_vllm_and_readiness_on_stdin(recipe_run):
     key = recipe_run.outputs["apiKey"]["value"]
     assert stdin_of(recipe_run, "spark1-bundle-secrets-env") == f"VLLM_API_KEY={key}\n"
-    assert stdin_of(recipe_run, "readiness-wait").startswith(key + "\n")
-    assert "VLLM_API_KEY" in recipe_run.named("readiness-wait").inputs["create"]
+    assert runner_call(recipe_run.named("spark1-readiness-wait")).secrets == {"VLLM_API_KEY": key}
 
 
 def test_readiness_waits_for_a_real_completion(recipe_run):
-    r = recipe_run.named("readiness-wait").inputs
-    argv = shlex.split(r["create"])
-    assert argv[argv.index("--timeout-s") + 1] == str(20 * 60)
-    assert argv[argv.index("--url") + 1] == "http://127.0.0.1:8000"
-    assert r["triggers"] == ["spark1-twinspark-head_id"]
+    r = recipe_run.named("spark1-readiness-wait").inputs
+    argv = args_of(recipe_run, "spark1-readiness-wait")
+    assert flag_value(argv, "--timeout-s") == str(20 * 60)
+    assert flag_value(argv, "--url") == "http://127.0.0.1:8000"
+    assert flag_value(argv, "--container") == "twinspark-head"
+    assert r["triggers"] == ["spark1-serving-container_id"]
 
 
 def test_outputs_contract(recipe_run):
     out = recipe_run.outputs
     assert set(out) == {
         "endpoint", "model", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
-        "codexModelCatalog", "claudeCodeEnv", "nodes",
+        "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser",
     }
     assert out["endpoint"]["value"] == "http://192.168.1.10:8000/v1"
     assert out["model"]["value"] == "ds-0731"
@@ -318,6 +341,18 @@ def test_outputs_contract(recipe_run):
         ("spark2", "worker", "192.168.1.11"),
     ]
     assert nodes[1]["rails"][1] == {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.2/24"}
+    assert [n["rayIp"] for n in nodes] == ["10.0.0.1", "10.0.0.2"]
+    assert out["fabric"]["value"] == {"mtu": 9000, "linkSpeedMbps": 200000}
+    assert out["sshUser"]["value"] == "nvidia"
+
+
+def test_client_context_follows_max_model_len(program, recipe_config):
+    recipe_config["twinspark:serving"]["maxModelLen"] = 131072
+    out = program(recipe_config).outputs
+    assert json.loads(out["codexModelCatalog"]["value"])["models"][0]["context_window"] == 131072
+    # the fences stay under the served context: 90% of it, or the KV dtype's fence if lower
+    assert "model_auto_compact_token_limit = 117964" in out["codexConfig"]["value"]
+    assert "CLAUDE_CODE_MAX_CONTEXT_TOKENS=131072" in out["claudeCodeEnv"]["value"]
 
 
 def test_nvfp4_kv_tightens_the_compaction_fence(program, recipe_config):
@@ -345,20 +380,20 @@ def three_node_config(config):
 def test_three_nodes(program, recipe_config):
     run = program(three_node_config(recipe_config))
     assert run.error is None, run.error
-    workers = {r.name for r in run.of_type(CONTAINER) if "worker" in r.name}
-    assert workers == {"spark2-twinspark-worker", "spark3-twinspark-worker"}
-    head = run.named("spark1-twinspark-head")
+    workers = {r.name for r in run.of_type(CONTAINER) if unwrap(r.inputs)["name"] == "twinspark-worker"}
+    assert workers == {"spark2-serving-container", "spark3-serving-container"}
+    head = run.named("spark1-serving-container")
     for w in workers:
         assert run.depends_on(head, w)
     assert sorted(head.replace_with) == sorted(run.named(w).urn for w in workers)
-    assert {"weights-sync-spark2", "weights-sync-spark3"} <= set(run.by_name)
+    assert {"spark2-weights-sync", "spark3-weights-sync"} <= set(run.by_name)
     argv = launch_argv(run)
     assert argv[argv.index("--tensor-parallel-size") + 1] == "3"
-    rails = [a for a in shlex.split(run.named("spark1-fabric-run").inputs["create"]) if a.startswith("enp1s0f0np0:")]
+    rails = [a for a in args_of(run, "spark1-fabric-check") if a.startswith("enp1s0f0np0:")]
     assert rails == ["enp1s0f0np0:rocep1s0f0:10.0.0.2,10.0.0.3"]
     assert env_file(run, "spark3")["TWINSPARK_NODE_IPS"] == "10.0.0.1,10.0.0.2,10.0.0.3"
-    ranks = {n: shlex.split(run.named(f"nccl-{n}").inputs["create"])[2] for n in ("spark1", "spark2", "spark3")}
-    assert [("--rank " + r) in ranks[n] and "--world-size 3" in ranks[n] for n, r in (("spark1", "0"), ("spark2", "1"), ("spark3", "2"))] == [True] * 3
+    ranks = {n: flag_values(args_of(run, f"{n}-nccl-check"), "--check-arg") for n in ("spark1", "spark2", "spark3")}
+    assert [(flag_value(a, "--rank"), flag_value(a, "--world-size")) for a in ranks.values()] == [("0", "3"), ("1", "3"), ("2", "3")]
 
 
 def comparable(run):
@@ -378,11 +413,11 @@ def test_profile_change_touches_only_bundle_and_restarts(program, recipe_config,
     assert differing == {
         "spark1-bundle-launch-vllm-sh",
         "spark2-bundle-launch-vllm-sh",
-        "spark1-twinspark-head",
-        "spark2-twinspark-worker",
+        "spark1-serving-container",
+        "spark2-serving-container",
     }
     # containers differ only in their bundle label, which docker treats as replace
-    for name in ("spark1-twinspark-head", "spark2-twinspark-worker"):
+    for name in ("spark1-serving-container", "spark2-serving-container"):
         b, a = before[name][1], after[name][1]
         assert {k for k in b if b[k] != a[k]} == {"labels"}
 

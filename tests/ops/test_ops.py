@@ -176,7 +176,7 @@ def shim_bin(tmp_path, restarting="false", restart_count=0, ray_gpus=(1, 1)):
         "docker": f"""#!/bin/sh
 case "$1" in
   inspect) echo '{{"Status":"running","Restarting":{restarting},"StartedAt":"2026-11-29T10:00:00Z","ExitCode":0}}|{restart_count}' ;;
-  exec) echo '{nodes}' ;;
+  exec) case "$*" in *"/twinspark/ray-membership.py alive --head 10.0.0.1 --dashboard-port 8265") echo '{nodes}' ;; *) exit 1 ;; esac ;;
 esac""",
         "nvidia-smi": "#!/bin/sh\necho '71, 64.25'",
         "ibv_devinfo": "#!/bin/sh\nprintf '\\tstate:\\t\\t\\tPORT_ACTIVE (4)\\n\\tactive_mtu:\\t\\t4096 (5)\\n'",
@@ -197,13 +197,13 @@ def local_runner(bin_dir):
 
 
 NODES = [
-    {"name": "spark1", "role": "head", "host": "h1", "rails": [{"iface": "lo", "hca": "rocep1s0f0", "address": "10.0.0.1/24"}]},
-    {"name": "spark2", "role": "worker", "host": "h2", "rails": [{"iface": "lo", "hca": "rocep1s0f0", "address": "10.0.0.2/24"}]},
+    {"name": "spark1", "role": "head", "host": "h1", "rayIp": "10.0.0.1", "rails": [{"iface": "lo", "hca": "rocep1s0f0", "address": "10.0.0.1/24"}]},
+    {"name": "spark2", "role": "worker", "host": "h2", "rayIp": "10.0.0.2", "rails": [{"iface": "lo", "hca": "rocep1s0f0", "address": "10.0.0.2/24"}]},
 ]
 
 
 def test_node_probe_reports_container_rails_gpu_and_ray(tmp_path):
-    out = json.loads(local_runner(shim_bin(tmp_path, restart_count=3))(NODES[0], status.probe_args(NODES[0], "10.0.0.1")))
+    out = json.loads(local_runner(shim_bin(tmp_path, restart_count=3))(NODES[0], status.probe_args(NODES[0])))
     assert out["container"] == {"name": "twinspark-head", "present": True, "status": "running", "restarting": False,
                                 "restart_count": 3, "started_at": "2026-11-29T10:00:00Z", "exit_code": 0}
     assert out["rails"][0]["operstate"] == "unknown" and out["rails"][0]["mtu"] == 65536  # lo, read from sysfs

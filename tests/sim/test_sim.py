@@ -23,16 +23,21 @@ from pathlib import Path
 import pytest
 from program_harness import ROOT, unwrap
 
+import node_contract as contract
 from cluster import can_raise_memlock
 from components import host_prep
-from components.launch_bundle import BUNDLE_DIR, CONTAINER_BUNDLE_DIR, LOG_DIR, vllm_argv
+from components.launch_bundle import VllmServe, vllm_argv
 from components.model_weights import render_authorized_key_line
-from components.serving_cluster import container_name
+from components.remote import launch_file, script_text
 
 SIM_DIR = Path(__file__).resolve().parent
 SHARD_COUNT, SHARD_MB = 6, 50
 HUB_DIR = "/srv/twinspark-sim-hub"
 SIM_LOG = "/var/log/twinspark-sim"
+HEAD, WORKER = contract.serving_container_name("head"), contract.serving_container_name("worker")
+BOOT_HEAD_LOG = f"{contract.LOG_DIR}/{contract.boot_log('head')}"
+BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
+VLLM_LOG = f"{contract.LOG_DIR}/{contract.VLLM_LOG}"
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -42,11 +47,16 @@ def node_of(sim, resource) -> str:
 
 
 def run_step(sim, run, name, field="create", stdin=None, check=True):
-    """Run one remote command of the program exactly as pulumi-command would: same line, same stdin."""
+    """Run one remote command of the program exactly as pulumi-command would: same line, same stdin.
+
+    A delete gets the stdin stored with the resource too: pulumi-command runs it with the
+    inputs kept in state (provider/pkg/provider/remote/commandController.go, Delete ->
+    props.run, which sets session.Stdin from props.Stdin).
+    """
     resource = run.named(name)
     inputs = unwrap(resource.inputs)
     stdin = stdin if stdin is not None else inputs.get("stdin", "")
-    result = sim.ssh(node_of(sim, resource), inputs[field], stdin=stdin if field == "create" else "")
+    result = sim.ssh(node_of(sim, resource), inputs[field], stdin=stdin)
     if check:
         assert result.returncode == 0, f"{name}.{field} failed:\n{result.stdout}\n{result.stderr}"
     return result
@@ -113,10 +123,10 @@ def start_supervisor(sim, node, env=()):
     venv_bin = Path(sys.executable).parent
     return sim.node_spawn(
         node, sys.executable, SIM_DIR / "supervisor.py",
-        "--name", container_name(spec.role), "--role", spec.role,
-        "--bundle-dir", BUNDLE_DIR, "--container-bundle-dir", CONTAINER_BUNDLE_DIR,
+        "--name", contract.serving_container_name(spec.role), "--role", spec.role,
+        "--bundle-dir", contract.BUNDLE_DIR, "--container-bundle-dir", contract.CONTAINER_BUNDLE_DIR,
         "--model-dir", sim.cfg.model.dir, "--container-model-dir", sim.cfg.model.container_dir,
-        "--log-dir", LOG_DIR, "--path", f"/usr/local/bin:{venv_bin}:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "--log-dir", contract.LOG_DIR, "--path", f"/usr/local/bin:{venv_bin}:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
         *[a for e in env for a in ("--env", e)],
     )
 
@@ -125,10 +135,78 @@ def tail(sim, node, path, lines=40):
     return sim.node_exec(node, "tail", "-n", str(lines), path, check=False).stdout
 
 
+# ---- stages: each brings the cluster to a point of a `pulumi up`, idempotently ------------------
+# A test names the stage it needs, so any test selected alone brings up what it needs.
+@pytest.fixture(scope="session")
+def prepared(sim, sim_run):
+    """Host prep applied on every node."""
+    for name in steps(sim_run, "sim1-hostprep-") + steps(sim_run, "sim2-hostprep-"):
+        run_step(sim, sim_run, name)
+
+
+@pytest.fixture(scope="session")
+def fabric_checked(prepared, sim, sim_run):
+    for node in ("sim1", "sim2"):
+        result = fabric(sim, sim_run, node)
+        assert healthy(result), result.stdout
+
+
+def authorize_worker(sim, sim_run):
+    """The head's sync key and the worker's authorize step, with the key the head really made."""
+    key = run_step(sim, sim_run, "sim1-weights-sync-key").stdout
+    assert key.startswith("ssh-ed25519 ")
+    stdin = script_text("authorize-key.sh") + render_authorized_key_line(sim.cfg.head.ray_ip, key)
+    run_step(sim, sim_run, "sim2-weights-authorize", stdin=stdin)
+    assert "unchanged" in run_step(sim, sim_run, "sim2-weights-authorize", stdin=stdin).stdout
+
+
+@pytest.fixture(scope="session")
+def fetched(fabric_checked, model_on_hub, sim, sim_run):
+    run_step(sim, sim_run, "sim1-weights-fetch")
+
+
+@pytest.fixture(scope="session")
+def weights_everywhere(fetched, sim, sim_run):
+    authorize_worker(sim, sim_run)
+    run_step(sim, sim_run, "sim2-weights-sync")
+
+
+@pytest.fixture(scope="session")
+def bundles_installed(weights_everywhere, sim, sim_run):
+    for node in ("sim1", "sim2"):
+        for name in steps(sim_run, f"{node}-bundle-"):
+            run_step(sim, sim_run, name)
+
+
+def supervisor_running(sim, node):
+    return sim.node_exec(node, "pgrep", "-f", "supervisor.py", check=False).returncode == 0
+
+
+def stop_serving(sim):
+    """Both nodes powered off, as far as serving goes: supervisors and their containers gone."""
+    for node, container in (("sim1", HEAD), ("sim2", WORKER)):
+        sim.node_exec(node, "pkill", "-9", "-f", "supervisor.py", check=False)
+        if sim.node_exec(node, "test", "-s", f"/run/twinspark-sim/{container}.pid", check=False).returncode == 0:
+            sim.node_exec(node, "bash", "-c", f"kill -9 $(cat /run/twinspark-sim/{container}.pid) || true", check=False)
+
+
+@pytest.fixture
+def serving(bundles_installed, sim):
+    """The cluster answers completions; started here if no earlier test started it."""
+    if completes(sim, api_key(sim)):
+        return
+    for node in ("sim1", "sim2"):
+        if not supervisor_running(sim, node):
+            start_supervisor(sim, node)
+    wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving")
+
+
 # ---- 1. HostPrep over SSH ------------------------------------------------------------------
 def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
     names = steps(sim_run, "sim1-hostprep-") + steps(sim_run, "sim2-hostprep-")
-    assert len(names) == 7  # 3 per node + the head's userns sysctl
+    assert len(names) == 9  # 4 per node + the head's userns sysctl
+    for name in names:  # whatever an earlier stage applied
+        run_step(sim, sim_run, name, field="delete")
     memlock_before = sim.ssh("sim2", "ulimit -l").stdout.strip()
 
     started = time.monotonic()
@@ -138,7 +216,7 @@ def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
 
     for node in ("sim1", "sim2"):
         spec = sim.nodes[node].spec
-        expected = {f.path: f for f in host_prep.managed_files(sim.cfg, spec)}
+        expected = {f.path: f for f in host_prep.managed_files(spec, sim.cfg.fabric.mtu)}
         for path, f in expected.items():
             content = sim.node_exec(node, "cat", path).stdout
             assert content == f.content, path
@@ -183,10 +261,10 @@ def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
 
 
 def host_prep_paths(sim, node):
-    return [f.path for f in host_prep.managed_files(sim.cfg, sim.nodes[node].spec)]
+    return [f.path for f in host_prep.managed_files(sim.nodes[node].spec, sim.cfg.fabric.mtu)]
 
 
-def test_rendered_netplan_generates_inside_the_node(sim):
+def test_rendered_netplan_generates_inside_the_node(sim, prepared):
     out = sim.node_exec("sim1", "netplan", "generate", check=False)
     assert out.returncode == 0, out.stderr
     network = sim.node_exec("sim1", "cat", "/run/systemd/network/10-netplan-rail1.network").stdout
@@ -195,7 +273,7 @@ def test_rendered_netplan_generates_inside_the_node(sim):
 
 # ---- 2. FabricCheck ------------------------------------------------------------------------
 def fabric(sim, sim_run, node):
-    return run_step(sim, sim_run, f"{node}-fabric-run", check=False)
+    return run_step(sim, sim_run, f"{node}-fabric-check", check=False)
 
 
 MEMLOCK_FAIL = "FAIL memlock expected unlimited in a fresh login, measured 8192 KiB"
@@ -210,7 +288,7 @@ def healthy(result) -> bool:
     return result.returncode == 1 and len(fails) == 1 and MEMLOCK_FAIL in fails[0]
 
 
-def test_fabric_check_passes_on_a_healthy_sim(sim, sim_run):
+def test_fabric_check_passes_on_a_healthy_sim(sim, sim_run, prepared):
     for node in ("sim1", "sim2"):
         result = fabric(sim, sim_run, node)
         assert healthy(result), result.stdout + result.stderr
@@ -223,7 +301,7 @@ def test_fabric_check_passes_on_a_healthy_sim(sim, sim_run):
             assert f"ok   rail {rail}: 8972-byte DF ping to 10.0.{rail[-1]}." in result.stdout
 
 
-def test_fabric_check_catches_mtu_1500(sim, sim_run):
+def test_fabric_check_catches_mtu_1500(sim, sim_run, prepared):
     sim.in_netns("sim2", "ip", "link", "set", "rail1", "mtu", "1500")
     try:
         worker, head = fabric(sim, sim_run, "sim2"), fabric(sim, sim_run, "sim1")
@@ -236,7 +314,7 @@ def test_fabric_check_catches_mtu_1500(sim, sim_run):
     assert "fabric-check sim1: FAIL rail rail1: 8972-byte don't-fragment ping to 10.0.1.2 expected answered" in head.stdout
 
 
-def test_fabric_check_catches_a_rail_down(sim, sim_run):
+def test_fabric_check_catches_a_rail_down(sim, sim_run, prepared):
     sim.in_netns("sim2", "ip", "link", "set", "rail0", "down")
     try:
         result = fabric(sim, sim_run, "sim2")
@@ -248,7 +326,7 @@ def test_fabric_check_catches_a_rail_down(sim, sim_run):
     wait_until(lambda: healthy(fabric(sim, sim_run, "sim2")), 20, what="rail0 back")
 
 
-def test_fabric_check_catches_a_silent_peer(sim, sim_run):
+def test_fabric_check_catches_a_silent_peer(sim, sim_run, prepared):
     sim.in_netns("sim2", "ip", "addr", "del", "10.0.0.2/24", "dev", "rail0")
     try:
         result = fabric(sim, sim_run, "sim1")
@@ -261,17 +339,25 @@ def test_fabric_check_catches_a_silent_peer(sim, sim_run):
 
 
 # ---- 3. Weight sync ------------------------------------------------------------------------
+def manifest_listing(sim, node):
+    """What the node's model directory holds, in the manifest's own format (launch/prelude.sh)."""
+    return sim.node_exec(node, "bash", "-c", 'eval "$(cat)"; manifest_listing "$0" "$1"', sim.cfg.model.dir,
+                         contract.WEIGHTS_MANIFEST, input=launch_file(contract.PRELUDE), check=False).stdout
+
+
+def head_manifest(sim):
+    return sim.node_exec("sim1", "cat", f"{sim.cfg.model.dir}/{contract.WEIGHTS_MANIFEST}").stdout
+
+
 def worker_listing(sim):
-    d = shlex.quote(sim.cfg.model.dir)
-    return sim.node_exec("sim2", "bash", "-c", f"cd {d} && find . -type f ! -name .twinspark-manifest -printf '%P %s\\n' | sort",
-                         check=False).stdout
+    return manifest_listing(sim, "sim2")
 
 
 def rail_rx_bytes(sim, node="sim2"):
     return int(sim.in_netns(node, "cat", "/sys/class/net/rail0/statistics/rx_bytes").stdout)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_on_hub(sim):
     """A few hundred MB of safetensors-like shards plus an index, in the head's local hub."""
     repo_dir = f"{HUB_DIR}/{sim.cfg.model.repo}"
@@ -285,34 +371,33 @@ def model_on_hub(sim):
     return {"shards": shards, "bytes": SHARD_COUNT * (SHARD_MB << 20)}
 
 
-def test_fetch_downloads_once(sim, sim_run, model_on_hub):
-    first = run_step(sim, sim_run, "weights-fetch-sim1")
+def test_fetch_downloads_once(sim, sim_run, model_on_hub, fabric_checked):
+    sim.node_exec("sim1", "rm", "-rf", sim.cfg.model.dir)
+    downloads_before = sum("docker run" in c for c in shim_calls(sim, "sim1"))
+    first = run_step(sim, sim_run, "sim1-weights-fetch")
     assert "downloading twinspark-sim/tiny-model" in first.stdout
-    manifest = sim.node_exec("sim1", "cat", f"{sim.cfg.model.dir}/.twinspark-manifest").stdout
+    manifest = head_manifest(sim)
     assert len(manifest.splitlines()) == SHARD_COUNT + 2
+    assert manifest == manifest_listing(sim, "sim1")
     assert any("hf_token_passed=no" in c for c in shim_calls(sim, "sim1"))
-    again = run_step(sim, sim_run, "weights-fetch-sim1")
+    again = run_step(sim, sim_run, "sim1-weights-fetch")
     assert "nothing to download" in again.stdout
-    assert sum("docker run" in c for c in shim_calls(sim, "sim1")) == 1
+    assert sum("docker run" in c for c in shim_calls(sim, "sim1")) == downloads_before + 1
 
 
-def test_weights_sync_over_the_rail_and_verify(sim, sim_run, model_on_hub, report):
-    key = run_step(sim, sim_run, "weights-sync-key-sim1").stdout
-    assert key.startswith("ssh-ed25519 ")
-    authorize_line = render_authorized_key_line(sim.cfg.head, key)
-    run_step(sim, sim_run, "weights-authorize-sim2", stdin=authorize_line)
-    assert "unchanged" in run_step(sim, sim_run, "weights-authorize-sim2", stdin=authorize_line).stdout
+def test_weights_sync_over_the_rail_and_verify(sim, sim_run, model_on_hub, report, fetched):
+    authorize_worker(sim, sim_run)
+    sim.node_exec("sim2", "rm", "-rf", sim.cfg.model.dir)  # a worker that never had the weights
 
     rx_before, started = rail_rx_bytes(sim), time.monotonic()
-    result = run_step(sim, sim_run, "weights-sync-sim2")
+    result = run_step(sim, sim_run, "sim2-weights-sync")
     elapsed = time.monotonic() - started
     report["weight_sync_MBps"] = round(model_on_hub["bytes"] / elapsed / 1e6, 1)
     assert "files verified" in result.stdout
     # the bytes went over rail0 (the first rail), not the management link
     assert rail_rx_bytes(sim) - rx_before > model_on_hub["bytes"] * 0.9
-    head_manifest = sim.node_exec("sim1", "cat", f"{sim.cfg.model.dir}/.twinspark-manifest").stdout
-    assert worker_listing(sim) == head_manifest
-    assert "nothing to copy" in run_step(sim, sim_run, "weights-sync-sim2").stdout
+    assert worker_listing(sim) == head_manifest(sim)
+    assert "nothing to copy" in run_step(sim, sim_run, "sim2-weights-sync").stdout
 
     # the recipe's method on the same data and link: plain rsync over default ssh
     recipe_copy = "/home/nvidia/models/recipe-copy"
@@ -325,38 +410,38 @@ def test_weights_sync_over_the_rail_and_verify(sim, sim_run, model_on_hub, repor
     sim.node_exec("sim2", "rm", "-rf", recipe_copy)
 
 
-def test_sync_repairs_a_damaged_copy(sim, sim_run, model_on_hub):
+def test_sync_repairs_a_damaged_copy(sim, sim_run, model_on_hub, weights_everywhere):
     d, shards = sim.cfg.model.dir, model_on_hub["shards"]
     sim.node_exec("sim2", "truncate", "-s", "3M", f"{d}/{shards[1]}")
     sim.node_exec("sim2", "rm", f"{d}/{shards[4]}")
-    result = run_step(sim, sim_run, "weights-sync-sim2")
+    result = run_step(sim, sim_run, "sim2-weights-sync")
     assert "nothing to copy" not in result.stdout and "files verified" in result.stdout
-    assert worker_listing(sim) == sim.node_exec("sim1", "cat", f"{d}/.twinspark-manifest").stdout
+    assert worker_listing(sim) == head_manifest(sim)
 
 
 @pytest.mark.parametrize("fault, message", [("missing", "missing or wrong size on peer: "), ("truncated", "missing or wrong size on peer: ")])
-def test_verification_catches_a_faulty_copy(sim, sim_run, model_on_hub, fault, message):
+def test_verification_catches_a_faulty_copy(sim, sim_run, model_on_hub, fault, message, weights_everywhere):
     d, shard = sim.cfg.model.dir, model_on_hub["shards"][2]
     sim.node_exec("sim2", "rm", "-f", f"{d}/{model_on_hub['shards'][3]}")  # something to copy
     sim.node_exec("sim1", "bash", "-c",
                   f"mkdir -p /etc/twinspark-sim && echo '{fault} {shard}' > /etc/twinspark-sim/rsync-fault && "
                   f"install -m 755 {SIM_DIR}/faults/rsync-faulty /usr/local/bin/rsync")
     try:
-        result = run_step(sim, sim_run, "weights-sync-sim2", check=False)
+        result = run_step(sim, sim_run, "sim2-weights-sync", check=False)
     finally:
         sim.node_exec("sim1", "rm", "-f", "/usr/local/bin/rsync")
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert f"{message}{shard} {SHARD_MB << 20}" in output, output
     assert "verification failed for nvidia@10.0.0.2:" in output
-    run_step(sim, sim_run, "weights-sync-sim2")  # a clean run repairs it
+    run_step(sim, sim_run, "sim2-weights-sync")  # a clean run repairs it
 
 
-def test_interrupted_sync_resumes(sim, sim_run, model_on_hub):
+def test_interrupted_sync_resumes(sim, sim_run, model_on_hub, weights_everywhere):
     d = sim.cfg.model.dir
-    sim.node_exec("sim2", "bash", "-c", f"rm -f {d}/*.safetensors {d}/.twinspark-manifest")
+    sim.node_exec("sim2", "bash", "-c", f"rm -f {d}/*.safetensors {d}/{contract.WEIGHTS_MANIFEST}")
     sim.in_netns("sim1", "tc", "qdisc", "add", "dev", "rail0", "root", "tbf", "rate", "200mbit", "burst", "256kb", "latency", "400ms")
-    inputs = unwrap(sim_run.named("weights-sync-sim2").inputs)
+    inputs = unwrap(sim_run.named("sim2-weights-sync").inputs)
     proc = subprocess.Popen(
         ["ssh", "-i", str(sim.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
          "-o", "LogLevel=ERROR", f"nvidia@{sim.cfg.head.host}", inputs["create"]],
@@ -373,7 +458,7 @@ def test_interrupted_sync_resumes(sim, sim_run, model_on_hub):
     copied_before = rail_bytes_on_worker(sim)
     assert copied_before < model_on_hub["bytes"], "the copy finished before it could be interrupted"
     rx_before = rail_rx_bytes(sim)
-    result = run_step(sim, sim_run, "weights-sync-sim2")
+    result = run_step(sim, sim_run, "sim2-weights-sync")
     resumed_bytes = rail_rx_bytes(sim) - rx_before
     assert "files verified" in result.stdout
     # only what was missing crossed the rail again
@@ -386,16 +471,15 @@ def rail_bytes_on_worker(sim):
 
 
 # ---- 4. Boot ---------------------------------------------------------------------------------
-def test_boot_serves_only_with_every_gpu_and_the_key(sim, sim_run, report):
-    for node in ("sim1", "sim2"):
-        for name in steps(sim_run, f"{node}-bundle-"):
-            run_step(sim, sim_run, name)
+def test_boot_serves_only_with_every_gpu_and_the_key(sim, sim_run, report, bundles_installed):
+    stop_serving(sim)
+    sim.node_exec("sim1", "rm", "-f", BOOT_HEAD_LOG, f"{contract.LOG_DIR}/vllm-argv.json")
     start_supervisor(sim, "sim1")
     # the head alone: Ray up, but one GPU of two — it must wait, and say for whom
-    wait_until(lambda: "1/2 nodes with a GPU; waiting for 10.0.0.2" in tail(sim, "sim1", "/var/log/twinspark/boot-head.log"),
+    wait_until(lambda: "1/2 nodes with a GPU; waiting for 10.0.0.2" in tail(sim, "sim1", BOOT_HEAD_LOG),
                120, what="the head waiting for the worker's GPU")
     time.sleep(5)
-    assert sim.node_exec("sim1", "test", "-e", "/var/log/twinspark/vllm-argv.json", check=False).returncode != 0
+    assert sim.node_exec("sim1", "test", "-e", f"{contract.LOG_DIR}/vllm-argv.json", check=False).returncode != 0
 
     started = time.monotonic()
     start_supervisor(sim, "sim2")
@@ -411,12 +495,12 @@ def test_boot_serves_only_with_every_gpu_and_the_key(sim, sim_run, report):
                                                           "messages": [{"role": "user", "content": "hi"}]}, api_key(sim))
     assert status == 200 and body.count("data: ") == 4 and body.rstrip().endswith("[DONE]")
 
-    recorded = json.loads(sim.node_exec("sim1", "cat", "/var/log/twinspark/vllm-argv.json").stdout)
-    assert recorded["argv"] == vllm_argv(sim.cfg)
+    recorded = json.loads(sim.node_exec("sim1", "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)
+    assert recorded["argv"] == vllm_argv(VllmServe(sim.cfg.serving, sim.cfg.model, sim.cfg.tensor_parallel_size))
     assert recorded["api_key_from_env"] is True
     assert api_key(sim) not in sim.node_exec("sim1", "cat", f"/proc/{recorded['pid']}/cmdline").stdout
 
-    ready = run_step(sim, sim_run, "readiness-wait")
+    ready = run_step(sim, sim_run, "sim1-readiness-wait")
     assert "serving: a 1-token completion succeeded" in ready.stdout
 
 
@@ -426,20 +510,21 @@ def run_ops(*args):
 
 def status_args(sim, sim_run):
     out = sim_run.outputs
-    return ["status", "--json", "--endpoint", out["endpoint"]["value"], "--api-key", out["apiKey"]["value"],
-            "--nodes", json.dumps(out["nodes"]["value"]), "--ssh-user", sim.cfg.ssh.user, "--ssh-key", str(sim.key),
-            "--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null",
-            "--expect-mtu", "9000", "--expect-speed-mbps", str(sim.cfg.fabric.link_speed_mbps)]
+    outputs = {name: value["value"] for name, value in out.items()}
+    outputs_file = sim.workdir / "stack-outputs.json"  # what `pulumi stack output --json --show-secrets` gives
+    outputs_file.write_text(json.dumps(outputs))
+    return ["status", "--json", "--outputs-file", str(outputs_file), "--ssh-key", str(sim.key),
+            "--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null"]
 
 
-def test_ops_status_over_ssh_against_the_live_sim(sim, sim_run):
+def test_ops_status_over_ssh_against_the_live_sim(sim, sim_run, serving):
     """`python -m ops status` end to end: real SSH, node-status.py, Ray's state API via the head container."""
     proc = run_ops(*status_args(sim, sim_run))
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, (report["problems"], proc.stderr)
     nodes = {n["node"]: n for n in report["nodes"]}
     assert nodes["sim1"]["container"]["status"] == "running" and nodes["sim1"]["container"]["restart_count"] == 0
-    assert nodes["sim2"]["container"]["name"] == "twinspark-worker"
+    assert nodes["sim2"]["container"]["name"] == WORKER
     for node in nodes.values():
         assert [(r["iface"], r["operstate"], r["speed_mbps"], r["mtu"], r["roce_state"]) for r in node["rails"]] == [
             ("rail0", "up", 10000, 9000, "PORT_ACTIVE"), ("rail1", "up", 10000, 9000, "PORT_ACTIVE")]
@@ -455,7 +540,7 @@ def test_ops_status_over_ssh_against_the_live_sim(sim, sim_run):
     assert "sim2 rail rail1: link down" in json.loads(sick.stdout)["problems"]
 
 
-def test_ops_bench_against_the_live_sim(sim, sim_run, tmp_path):
+def test_ops_bench_against_the_live_sim(sim, sim_run, tmp_path, serving):
     out = sim_run.outputs
     proc = run_ops("bench", "--endpoint", out["endpoint"]["value"], "--api-key", out["apiKey"]["value"],
                    "--model", out["model"]["value"], "--runs", "2", "--max-tokens", "8", "--concurrency", "2",
@@ -473,7 +558,7 @@ def exit_count(sim, node, container):
 
 
 def worker_leave_reasons(sim):
-    log = tail(sim, "sim2", "/var/log/twinspark/boot-worker.log", 80)
+    log = tail(sim, "sim2", BOOT_WORKER_LOG, 80)
     return [line.split("leaving: ", 1)[1] for line in log.splitlines() if "leaving: " in line], log
 
 
@@ -487,13 +572,13 @@ def kill_container(sim, node, container):
     sim.node_exec(node, "kill", "-9", pid)
 
 
-def test_head_killed_worker_rejoins_and_serving_resumes(sim, report):
-    worker_exits = exit_count(sim, "sim2", "twinspark-worker")
+def test_head_killed_worker_rejoins_and_serving_resumes(sim, report, serving):
+    worker_exits = exit_count(sim, "sim2", WORKER)
     killed_at = time.time()
-    kill_container(sim, "sim1", "twinspark-head")
-    wait_until(lambda: exit_count(sim, "sim2", "twinspark-worker") > worker_exits,
+    kill_container(sim, "sim1", HEAD)
+    wait_until(lambda: exit_count(sim, "sim2", WORKER) > worker_exits,
                60, what="worker leaving after the head restart")
-    report["worker_detects_head_restart_s"] = round(last_event(sim, "sim2", "twinspark-worker", "exit")["t"] - killed_at, 1)
+    report["worker_detects_head_restart_s"] = round(last_event(sim, "sim2", WORKER, "exit")["t"] - killed_at, 1)
     reasons, log = worker_leave_reasons(sim)
     assert reasons and ("not alive in the head's GCS" in reasons[-1] or "unreachable" in reasons[-1]), log
     report["worker_leave_reason"] = reasons[-1].split(";")[0]
@@ -501,19 +586,19 @@ def test_head_killed_worker_rejoins_and_serving_resumes(sim, report):
     report["head_restart_to_serving_s"] = round(time.time() - killed_at, 1)
 
 
-def test_worker_raylet_killed_engine_exits_and_cluster_reforms(sim, report):
-    head_exits = exit_count(sim, "sim1", "twinspark-head")
+def test_worker_raylet_killed_engine_exits_and_cluster_reforms(sim, report, serving):
+    head_exits = exit_count(sim, "sim1", HEAD)
     killed_at = time.time()
     sim.node_exec("sim2", "pkill", "-9", "-x", "raylet")
-    wait_until(lambda: exit_count(sim, "sim1", "twinspark-head") > head_exits,
+    wait_until(lambda: exit_count(sim, "sim1", HEAD) > head_exits,
                60, what="the stand-in engine exiting")
-    assert "a GPU worker died" in tail(sim, "sim1", "/var/log/twinspark/vllm.log", 80)
+    assert "a GPU worker died" in tail(sim, "sim1", VLLM_LOG, 80)
     wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the worker's raylet died")
     report["worker_restart_to_serving_s"] = round(time.time() - killed_at, 1)
 
 
-def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report):
-    for node, container in (("sim1", "twinspark-head"), ("sim2", "twinspark-worker")):
+def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report, serving):
+    for node, container in (("sim1", HEAD), ("sim2", WORKER)):
         sim.node_exec(node, "pkill", "-9", "-f", "supervisor.py")
         kill_container(sim, node, container)
     wait_until(lambda: not completes(sim, api_key(sim)), 20, what="endpoint down")
@@ -529,16 +614,16 @@ def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report):
 SLOW_HEAD_GRACE_S = 120
 
 
-def test_head_back_fast_is_caught_by_node_id(sim, report):
+def test_head_back_fast_is_caught_by_node_id(sim, report, serving):
     """Gotcha 11 proper: the head is back (new GCS session) before the worker would call it
     unreachable, `ray status` works again — only the NodeID check can tell."""
-    worker_exits = exit_count(sim, "sim2", "twinspark-worker")
+    worker_exits = exit_count(sim, "sim2", WORKER)
     killed_at = time.time()
-    kill_container(sim, "sim1", "twinspark-head")
-    wait_until(lambda: exit_count(sim, "sim2", "twinspark-worker") > worker_exits,
+    kill_container(sim, "sim1", HEAD)
+    wait_until(lambda: exit_count(sim, "sim2", WORKER) > worker_exits,
                60, what="worker leaving after the head came back")
     report["worker_detects_head_restart_by_node_id_s"] = round(
-        last_event(sim, "sim2", "twinspark-worker", "exit")["t"] - killed_at, 1)
+        last_event(sim, "sim2", WORKER, "exit")["t"] - killed_at, 1)
     reasons, log = worker_leave_reasons(sim)
     assert "is not alive in the head's GCS (head restarted?)" in reasons[-1], log
     wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the fast head restart")

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# managed-file.sh — install or remove one root-owned file that twinspark manages on a node.
+#
+#   managed-file.sh install --node spark1 --step hostprep/netplan --path /etc/netplan/99-qsfp.yaml \
+#       --mode 0600 --owner spark1-hostprep-netplan --state-dir /var/lib/twinspark/applied \
+#       [--action netplan|systemd|sysctl|none] [--sysctl-default KEY=VALUE]   < content
+#   managed-file.sh remove  (same flags; stdin ignored)
+#
+# install writes stdin to --path and applies it when file, mode or the last successful apply
+# differ; otherwise it prints "unchanged: PATH" and touches nothing. The applied-state record
+# (content hash and owner) is written only after the apply succeeded, so a dropped session
+# between "written" and "applied" is retried next time.
+# remove deletes the file and reverts its effect — only when the record names --owner: a
+# renamed resource's old delete, which the engine runs after the new create, must not take
+# away what the new one just installed.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=prelude.sh
+[ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
+
+node="" step="" path="" mode="0644" owner="" state_dir="" action="none" sysctl_default=""
+
+# Each action applies the file's effect after install and undoes it after remove.
+apply_action() {
+  case "$action" in
+    none) ;;
+    systemd) sudo -n systemctl daemon-reexec ;;
+    # `netplan apply` runs as its own systemd unit: if it bounces links, the apply still
+    # completes even when our SSH session is the one that drops.
+    netplan)
+      sudo -n netplan generate
+      sudo -n systemd-run --quiet --collect --wait --service-type=oneshot --unit=twinspark-netplan-apply netplan apply
+      ;;
+    sysctl)
+      if [ "$1" = install ]; then sudo -n sysctl -q -p "$path"; else sudo -n sysctl -q -w "$sysctl_default"; fi
+      ;;
+    *) usage_error "--action $action: expected netplan, systemd, sysctl or none" ;;
+  esac
+}
+
+record_file() { printf '%s/%s.applied' "$state_dir" "$(echo "${path#/}" | tr / _)"; }
+
+install_file() {
+  local staged want record
+  make_temp staged
+  cat >"$staged"
+  want="$(sha256sum <"$staged" | cut -d' ' -f1) $owner"
+  record=$(record_file)
+  if sudo -n test -f "$path" && sudo -n cmp -s "$staged" "$path" \
+     && [ "$(sudo -n stat -c %a:%U:%G "$path")" = "${mode#0}:root:root" ] \
+     && [ "$(sudo -n cat "$record" 2>/dev/null)" = "$want" ]; then
+    echo "unchanged: $path"
+    return 0
+  fi
+  sudo -n install -D -m "$mode" -o root -g root "$staged" "$path"
+  echo "installed: $path"
+  apply_action install
+  echo "$want" | sudo -n install -D -m 0644 /dev/stdin "$record"
+}
+
+remove_file() {
+  local record recorded_owner
+  record=$(record_file)
+  recorded_owner=$({ sudo -n cat "$record" 2>/dev/null || true; } | cut -s -d' ' -f2)
+  if [ -n "$recorded_owner" ] && [ "$recorded_owner" != "$owner" ]; then
+    echo "kept: $path (now managed by $recorded_owner)"
+    return 0
+  fi
+  sudo -n test -e "$path" || return 0
+  sudo -n rm -f "$path" "$record"
+  echo "removed: $path"
+  apply_action remove
+}
+
+main() {
+  local verb="${1:-}"
+  [ $# -gt 0 ] && shift
+  parse_flags --node=node --step=step --path=path --mode=mode --owner=owner --state-dir=state_dir \
+    --action=action --sysctl-default=sysctl_default -- "$@"
+  require_flags --node --step --path --owner --state-dir
+  log_node=$node log_step=$step
+  [[ $mode =~ ^0[0-7]{3}$ ]] || usage_error "--mode $mode: expected an octal mode like 0644"
+  if [ "$action" = sysctl ] && [ -z "$sysctl_default" ]; then usage_error "--action sysctl needs --sysctl-default KEY=VALUE"; fi
+  case "$verb" in
+    install) install_file ;;
+    remove) remove_file ;;
+    *) usage_error "expected 'install' or 'remove' first, got '$verb'" ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,81 @@
+"""The on-node contract: every path, port, name and option that the program, the scripts on
+the nodes, the day-2 tools and the tests share. Each fact is spelled here once.
+
+A leaf module: it imports nothing of the project and no Pulumi, so `ops` stays light and the
+tests can read the contract without running the program. Scripts on the nodes learn these
+values from their arguments or from twinspark.env (rendered from here), never by hard-coding.
+"""
+
+from __future__ import annotations
+
+# ---- directories -------------------------------------------------------------------------
+BUNDLE_DIR = "/opt/twinspark"  # on the host: everything the serving containers run
+CONTAINER_BUNDLE_DIR = "/twinspark"  # the same files inside the containers (read-only)
+LOG_DIR = "/var/log/twinspark"  # host and container (bind mount); rotated by logrotate
+# Per managed file: the content hash whose apply last succeeded and the resource owning it.
+APPLIED_STATE_DIR = "/var/lib/twinspark/applied"
+
+# ---- bundle files --------------------------------------------------------------------------
+ENV_FILE = "twinspark.env"
+SECRETS_FILE = "secrets.env"
+LAUNCH_VLLM = "launch-vllm.sh"
+PRELUDE = "prelude.sh"  # shared shell helpers: logging, die, flags, cleanup
+MEMBERSHIP_SCRIPT = "ray-membership.py"
+BOOT_COMMON = "boot-common.sh"
+
+
+def boot_script(role: str) -> str:
+    return f"boot-{role}.sh"
+
+
+# ---- logs (one file per stream, under LOG_DIR) ---------------------------------------------
+def boot_log(role: str) -> str:
+    return f"boot-{role}.log"
+
+
+VLLM_LOG = "vllm.log"
+LOGROTATE_PATH = "/etc/logrotate.d/twinspark"
+# docker's own json-file log of each container: only what a boot script prints before it
+# reaches its log file, but capped all the same
+DOCKER_LOG_OPTIONS = {"max-size": "20m", "max-file": "3"}
+
+# ---- ports -------------------------------------------------------------------------------
+RAY_PORT = 6379
+RAY_DASHBOARD_PORT = 8265
+NCCL_RENDEZVOUS_PORT = 29555
+
+# ---- containers ----------------------------------------------------------------------------
+SERVING_IMAGE_NAME = "twinspark-vllm:ray"
+NCCL_CHECK_CONTAINER = "twinspark-nccl-check"
+
+
+def serving_container_name(role: str) -> str:
+    """The serving container on a node of that role (what `ops status` inspects)."""
+    return f"twinspark-{role}"
+
+
+# The recipe's docker options (§4), for the serving containers and NcclCheck's `docker run`.
+NETWORK_MODE = IPC_MODE = "host"
+GPUS = "all"
+ULIMITS = {"memlock": -1, "stack": 67108864}
+CAPABILITIES = ["IPC_LOCK"]
+DEVICES = ["/dev/infiniband"]
+BUNDLE_LABEL = "twinspark.bundle-sha256"
+
+
+def docker_run_flags() -> list[str]:
+    """The same options as `docker run` flags."""
+    flags = ["--network", NETWORK_MODE, "--ipc", IPC_MODE, "--gpus", GPUS]
+    flags += [a for name, limit in ULIMITS.items() for a in ("--ulimit", f"{name}={limit}")]
+    flags += [a for cap in CAPABILITIES for a in ("--cap-add", cap)]
+    flags += [a for dev in DEVICES for a in ("--device", dev)]
+    return flags
+
+
+# ---- weights -------------------------------------------------------------------------------
+# DIR/WEIGHTS_MANIFEST lists "relative/path size" per file, sorted (launch/prelude.sh,
+# manifest_listing): written by fetch-weights.sh, checked by sync-weights.sh.
+WEIGHTS_MANIFEST = ".twinspark-manifest"
+SYNC_KEY = "~/.ssh/twinspark_weights"
+SYNC_KEY_COMMENT = "twinspark-weights"
+SYNC_KNOWN_HOSTS = "~/.ssh/twinspark_known_hosts"
