@@ -614,9 +614,22 @@ def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report, servi
 SLOW_HEAD_GRACE_S = 120
 
 
+def ensure_worker_grace(sim, grace_s):
+    """The worker's supervisor runs with TWINSPARK_HEAD_GRACE_S=grace_s (the reboot scenario
+    leaves it so; a test selected alone restarts the worker with it)."""
+    if f"TWINSPARK_HEAD_GRACE_S={grace_s}" in sim.node_exec("sim2", "pgrep", "-af", "supervisor.py", check=False).stdout:
+        return
+    sim.node_exec("sim2", "pkill", "-9", "-f", "supervisor.py", check=False)
+    kill_container(sim, "sim2", WORKER)
+    start_supervisor(sim, "sim2", env=[f"TWINSPARK_HEAD_GRACE_S={grace_s}"])
+    wait_until(lambda: not completes(sim, api_key(sim)), 60, what="the engine noticing its worker left")
+    wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving with the patient worker")
+
+
 def test_head_back_fast_is_caught_by_node_id(sim, report, serving):
     """Gotcha 11 proper: the head is back (new GCS session) before the worker would call it
     unreachable, `ray status` works again — only the NodeID check can tell."""
+    ensure_worker_grace(sim, SLOW_HEAD_GRACE_S)
     worker_exits = exit_count(sim, "sim2", WORKER)
     killed_at = time.time()
     kill_container(sim, "sim1", HEAD)
