@@ -153,7 +153,7 @@ class NodeScript:
     script: str
     args: pulumi.Input[Sequence[str]]  # an Output when an argument is known only after another step
     delete_args: Optional[Sequence[str]] = None
-    secrets: dict[str, pulumi.Input[str]] = None  # env name -> value
+    secrets: Optional[dict[str, pulumi.Input[str]]] = None  # env name -> value
     payload: Optional[pulumi.Input[str]] = None
 
 
