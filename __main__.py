@@ -10,7 +10,7 @@ import pulumi_random as random
 from components import client_outputs as client
 from components.config import NAMESPACE, load_stack_config
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
-from components.host_prep import HostPrep, HostPrepArgs
+from components.host_prep import HostPrep, HostPrepArgs, firewall_policy
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank
@@ -23,11 +23,18 @@ cfg = load_stack_config()
 secrets = pulumi.Config(NAMESPACE)
 api_key = secrets.get_secret("apiKey") or random.RandomPassword("api-key", length=48, special=False).result
 hf_token = secrets.get_secret("hfToken")
+# Generated once and kept in the state (secret): Ray's cluster token, and the key that makes
+# the containers' bundle labels say nothing about the secrets in the bundle.
+ray_token = random.RandomPassword("ray-token", length=48, special=False).result
+label_key = random.RandomPassword("bundle-label-key", length=32, special=False).result
 conns = {n.name: connection(cfg.ssh, n) for n in cfg.nodes}
 head = cfg.head
 
 host_preps = {
-    n.name: HostPrep(f"{n.name}-hostprep", HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu))
+    n.name: HostPrep(
+        f"{n.name}-hostprep",
+        HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu, firewall=firewall_policy(n, cfg.nodes, cfg.serving.port)),
+    )
     for n in cfg.nodes
 }
 host_prep_hashes = [hp.content_hash for hp in host_preps.values()]
@@ -88,6 +95,8 @@ bundles = {
             head_ray_ip=head.ray_ip,
             node_ray_ips=[m.ray_ip for m in cfg.nodes],
             bootstrap_iface=cfg.fabric.bootstrap_iface,
+            ray_token=ray_token,
+            label_key=label_key,
             api_key=api_key if n.role == "head" else None,
         ),
         opts=after_fabric,
@@ -117,6 +126,7 @@ cluster = ServingCluster(
                 image_id=images[n.name].image_id,
                 bundle_hash=bundles[n.name].content_hash,
                 ready_after=[bundles[n.name], weights, nccl],
+                gateway_hash=bundles[n.name].gateway_hash,
             )
             for n in cfg.nodes
         ],
@@ -133,7 +143,7 @@ Readiness(
         served_name=cfg.model.served_name,
         timeout_minutes=cfg.serving.readiness_timeout_minutes,
         api_key=api_key,
-        head_container=cluster.head,
+        serving=[cluster.head, cluster.gateway],
     ),
 )
 

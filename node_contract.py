@@ -22,6 +22,9 @@ LAUNCH_VLLM = "launch-vllm.sh"
 PRELUDE = "prelude.sh"  # shared shell helpers: logging, die, flags, cleanup
 MEMBERSHIP_SCRIPT = "ray-membership.py"
 BOOT_COMMON = "boot-common.sh"
+RAY_TOKEN_FILE = "ray-token"  # every node, mode 600: Ray's token authentication
+API_GATEWAY_SCRIPT = "api-gateway.sh"  # head: entrypoint of the API gateway container
+API_GATEWAY_CONF = "api-gateway.conf"  # head: nginx config (the key itself is added at start)
 
 
 def boot_script(role: str) -> str:
@@ -34,6 +37,7 @@ def boot_log(role: str) -> str:
 
 
 VLLM_LOG = "vllm.log"
+API_GATEWAY_LOG = "api-gateway.log"
 LOGROTATE_PATH = "/etc/logrotate.d/twinspark"
 # docker's own json-file log of each container: only what a boot script prints before it
 # reaches its log file, but capped all the same
@@ -43,15 +47,28 @@ DOCKER_LOG_OPTIONS = {"max-size": "20m", "max-file": "3"}
 RAY_PORT = 6379
 RAY_DASHBOARD_PORT = 8265
 NCCL_RENDEZVOUS_PORT = 29555
+# vLLM listens on the head's loopback only, on this port; the API gateway (nginx) listens on
+# serving.port on every interface and checks the key on every path but /health.
+VLLM_LOOPBACK_PORT = 18080
+SSH_PORT = 22
+
+# ---- Ray token authentication (Ray >= 2.52): every ray process and client needs both ---------
+def ray_auth_env() -> dict[str, str]:
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": f"{CONTAINER_BUNDLE_DIR}/{RAY_TOKEN_FILE}"}
+
+
+# ---- host firewall (nftables), applied by HostPrep -------------------------------------------
+FIREWALL_TABLE = "twinspark"  # `table inet twinspark`: IPv4 and IPv6, ours alone
+FIREWALL_RULES_PATH = "/etc/twinspark/firewall.nft"
+FIREWALL_UNIT = "twinspark-firewall.service"
 
 # ---- containers ----------------------------------------------------------------------------
 SERVING_IMAGE_NAME = "twinspark-vllm:ray"
 NCCL_CHECK_CONTAINER = "twinspark-nccl-check"
-
-
-def serving_container_name(role: str) -> str:
-    """The serving container on a node of that role (what `ops status` inspects)."""
-    return f"twinspark-{role}"
+# One name on every node whatever its role: a role change replaces the node's container in
+# place (the old one stops first) instead of starting a second one beside it.
+SERVING_CONTAINER = "twinspark-serving"
+API_GATEWAY_CONTAINER = "twinspark-api-gateway"  # head only
 
 
 # The recipe's docker options (§4), for the serving containers and NcclCheck's `docker run`.
@@ -60,7 +77,9 @@ GPUS = "all"
 ULIMITS = {"memlock": -1, "stack": 67108864}
 CAPABILITIES = ["IPC_LOCK"]
 DEVICES = ["/dev/infiniband"]
-BUNDLE_LABEL = "twinspark.bundle-sha256"
+# What the container runs: a keyed hash (HMAC with a per-stack secret) over its bundle, so a
+# change restarts it while the label reveals nothing that a weak key could be guessed from.
+BUNDLE_LABEL = "twinspark.bundle-hmac"
 
 
 def docker_run_flags() -> list[str]:

@@ -6,18 +6,23 @@ Creates, per node, one idempotent remote command per managed file (launch/manage
 - /etc/netplan/99-qsfp.yaml (mode 600)       the rails only; applied outside the SSH session
 - /etc/logrotate.d/twinspark                 the host log directory, rotated by size and day
 - /etc/sysctl.d/99-twinspark-userns.conf     head only: unprivileged userns for codex's sandbox
+- /etc/twinspark/firewall.nft               the host firewall (nftables, inet: IPv4 and IPv6),
+  loaded at once (atomically) and at every boot by twinspark-firewall.service
 Deleting the component removes each file and reverts its effect.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import pulumi
 import yaml
 from pulumi_command import remote
 
+import ipaddress
+
+import node_contract as contract
 from node_contract import LOG_DIR, LOGROTATE_PATH
 
 from .config import Node
@@ -32,10 +37,19 @@ USERNS_UBUNTU_DEFAULT = f"{USERNS_KEY}=1"
 
 
 @dataclass(frozen=True)
+class FirewallPolicy:
+    """Who may open a connection to this node; everything else new inbound is dropped."""
+
+    open_tcp_ports: tuple[int, ...]  # from anywhere: SSH, and on the head the API gateway
+    peer_hosts: tuple[str, ...]  # the other nodes' host addresses: NCCL/GLOO bootstrap on the LAN
+
+
+@dataclass(frozen=True)
 class HostPrepArgs:
     node: Node
     connection: remote.ConnectionArgs
     mtu: int
+    firewall: FirewallPolicy
 
 
 def render_limits_conf() -> str:
@@ -93,27 +107,104 @@ def render_userns_sysctl() -> str:
     )
 
 
-def managed_files(node: Node, mtu: int) -> list[ManagedFile]:
+def firewall_policy(node: Node, nodes: Sequence[Node], api_port: int) -> FirewallPolicy:
+    """SSH from anywhere and the API on the head; the other nodes by address; the rails whole."""
+    ports = (contract.SSH_PORT, api_port) if node.role == "head" else (contract.SSH_PORT,)
+    return FirewallPolicy(open_tcp_ports=ports, peer_hosts=tuple(m.host for m in nodes if m.name != node.name))
+
+
+def ip_version(host: str) -> Optional[int]:
+    try:
+        return ipaddress.ip_address(host).version
+    except ValueError:
+        return None
+
+
+def nft_set(items) -> str:
+    return "{ " + ", ".join(items) + " }"
+
+
+def render_firewall(node: Node, policy: FirewallPolicy) -> str:
+    """The node's own nftables table: a drop here is final whatever Docker's tables accept.
+
+    Loaded with `nft -f`; the first two lines make a reload replace the table atomically
+    (and work when it does not exist yet), so applying twice changes nothing and an SSH
+    session in progress is never cut: established traffic and port 22 come first.
+    """
+    table = f"inet {contract.FIREWALL_TABLE}"
+    rules = [
+        'iifname "lo" accept',
+        "ct state established,related accept",
+        "ct state invalid drop",
+        "meta l4proto { icmp, ipv6-icmp } accept  # ping; IPv6 neighbour discovery",
+        "udp dport { 68, 546 } accept  # DHCP and DHCPv6 replies on the LAN",
+        f"tcp dport {nft_set(str(p) for p in policy.open_tcp_ports)} accept",
+        f"iifname {nft_set(chr(34) + r.iface + chr(34) for r in node.rails)} accept"
+        "  # the cable: Ray, NCCL, vLLM, the weight copy",
+    ]
+    # a host name is resolved by nft when the rules load (to its IPv4 addresses)
+    v6 = [h for h in policy.peer_hosts if ip_version(h) == 6]
+    v4 = [h for h in policy.peer_hosts if h not in v6]
+    for family, hosts in (("ip", v4), ("ip6", v6)):
+        if hosts:
+            rules.append(f"{family} saddr {nft_set(hosts)} accept  # the other nodes: NCCL/GLOO bootstrap")
+    body = "".join(f"        {r}\n" for r in rules)
+    return f"""# twinspark host firewall of {node.name} (managed; edit the stack config instead)
+table {table}
+delete table {table}
+table {table} {{
+    chain input {{
+        type filter hook input priority filter; policy drop;
+{body}    }}
+}}
+"""
+
+
+def render_firewall_unit() -> str:
+    return f"""# twinspark: load the host firewall at boot, before any interface comes up
+[Unit]
+Description=twinspark host firewall (nftables table inet {contract.FIREWALL_TABLE})
+DefaultDependencies=no
+Wants=network-pre.target
+Before=network-pre.target docker.service
+After=local-fs.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/sbin/nft -f {contract.FIREWALL_RULES_PATH}
+ExecStop=/usr/sbin/nft delete table inet {contract.FIREWALL_TABLE}
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+def managed_files(node: Node, mtu: int, firewall: FirewallPolicy) -> list[ManagedFile]:
     files = [
         ManagedFile("memlock-limits", LIMITS_PATH, render_limits_conf()),
         ManagedFile("systemd-memlock", SYSTEMD_MEMLOCK_PATH, render_systemd_memlock(), action="systemd"),
         ManagedFile("netplan", NETPLAN_PATH, render_netplan(node, mtu), mode="0600", action="netplan"),
         ManagedFile("logrotate", LOGROTATE_PATH, render_logrotate()),
+        ManagedFile("firewall", contract.FIREWALL_RULES_PATH, render_firewall(node, firewall), mode="0600",
+                    action="nftables", undo=f"inet {contract.FIREWALL_TABLE}"),
+        ManagedFile("firewall-unit", f"/etc/systemd/system/{contract.FIREWALL_UNIT}", render_firewall_unit(),
+                    action="unit"),
     ]
     if node.role == "head":
         files.append(
             ManagedFile("userns-sysctl", USERNS_SYSCTL_PATH, render_userns_sysctl(), action="sysctl",
-                        sysctl_default=USERNS_UBUNTU_DEFAULT)
+                        undo=USERNS_UBUNTU_DEFAULT)
         )
     return files
 
 
 class HostPrep(pulumi.ComponentResource):
-    """Memlock limits, netplan rails, log rotation and sysctl on one node."""
+    """Memlock limits, netplan rails, log rotation, sysctl and the firewall on one node."""
 
     def __init__(self, name: str, args: HostPrepArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:host_prep:HostPrep", name, None, opts)
-        files = managed_files(args.node, args.mtu)
+        files = managed_files(args.node, args.mtu, args.firewall)
         self.commands = managed_file_commands(args.node.name, "hostprep", args.connection, files, parent=self)
         # FabricCheck re-runs whenever what HostPrep puts on a node changes.
         self.content_hash = files_hash(files)

@@ -5,9 +5,12 @@ Creates, per node, one idempotent remote command per file under BUNDLE_DIR (mana
                    values in the recipe's layout (profile + serving.extraArgs)
 - prelude.sh, boot-common.sh, boot-head.sh, boot-worker.sh, ray-membership.py   from launch/
 - twinspark.env    the recipe's environment list, this node's identity and the on-node contract
-- secrets.env      head only, mode 600: VLLM_API_KEY, which vLLM reads from its environment
-Exposes `content_hash`: the serving containers carry it in a label, so a bundle change
-replaces them (the head starts last, after the workers) and nothing else.
+- ray-token        mode 600: Ray's token authentication (every ray process and client reads it)
+- secrets.env      head only, mode 600: VLLM_API_KEY, which the API gateway checks
+- api-gateway.sh, api-gateway.conf   head only: nginx in front of vLLM, the key on every path
+Exposes `content_hash` and `gateway_hash`: the containers carry them in a label, so a
+bundle change replaces them (the head starts last, after the workers) and nothing else.
+Both are keyed hashes (remote.files_hash): the label says nothing about the secrets.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class LaunchBundleArgs:
     head_ray_ip: str
     node_ray_ips: Sequence[str]  # every node's, in config order
     bootstrap_iface: str
+    ray_token: pulumi.Input[str]
+    label_key: pulumi.Input[str]  # keys the content hashes (secret)
     api_key: Optional[pulumi.Input[str]]  # the head's secrets.env; None on workers
 
 
@@ -68,7 +73,8 @@ def vllm_serve_args(vllm: VllmServe) -> list[list[str]]:
     lines = [
         ["vllm", "serve", m.container_dir],
         ["--served-model-name", m.served_name],
-        ["--host", "0.0.0.0", "--port", str(s.port)],
+        # loopback only: the API gateway (api-gateway.conf) is what listens on serving.port
+        ["--host", "127.0.0.1", "--port", str(contract.VLLM_LOOPBACK_PORT)],
         ["--tensor-parallel-size", str(vllm.tensor_parallel_size)],
         ["--distributed-executor-backend", "ray"],
         ["--trust-remote-code"],
@@ -108,11 +114,8 @@ def render_launch_vllm(vllm: VllmServe) -> str:
 # (`pulumi config set --path serving.profile multiagent`) and run `pulumi up`, which
 # rewrites this file and restarts the serving containers (the head starts last).
 set -euo pipefail
-# VLLM_API_KEY: vLLM reads it from the environment, so the key is never in argv.
-set -a
-# shellcheck source=/dev/null
-. "$(dirname "$0")/{contract.SECRETS_FILE}"
-set +a
+# vLLM listens on loopback only; the API gateway in front of it checks the key on every
+# path (vLLM itself would check it on /v1 only), so vLLM is started without one.
 exec {command}
 """
 
@@ -135,6 +138,10 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_MEMBERSHIP_SCRIPT", contract.MEMBERSHIP_SCRIPT),
         ("RAY_PORT", str(contract.RAY_PORT)),
         ("RAY_DASHBOARD_PORT", str(contract.RAY_DASHBOARD_PORT)),
+        ("TWINSPARK_API_GATEWAY_CONF", contract.API_GATEWAY_CONF),
+        ("TWINSPARK_API_GATEWAY_LOG", contract.API_GATEWAY_LOG),
+        ("# Ray's token authentication: every ray start, driver and client (docker exec too)", None),
+        *contract.ray_auth_env().items(),
         ("# vLLM must see the address Ray knows this node by (the first rail)", None),
         ("VLLM_HOST_IP", node.ray_ip),
         ("# the recipe's environment (§1, §4)", None),
@@ -163,27 +170,83 @@ def render_secrets_env(api_key: str) -> str:
     return f"VLLM_API_KEY={shlex.quote(api_key)}\n"
 
 
+def render_api_gateway_conf(port: int) -> str:
+    """nginx in front of vLLM: every path needs the key but /health, which says only up or down.
+
+    The key map is written at container start by api-gateway.sh (from secrets.env, into a
+    private tmpfs file), so this file holds no secret.
+    """
+    upstream = f"127.0.0.1:{contract.VLLM_LOOPBACK_PORT}"
+    return f"""# {contract.API_GATEWAY_CONF} — rendered by twinspark; the API on serving.port ({port}).
+worker_processes 2;
+pid /run/twinspark-api-gateway/nginx.pid;
+error_log {contract.LOG_DIR}/{contract.API_GATEWAY_LOG} warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    server_tokens off;
+    # map $http_authorization $twinspark_key_ok {{ default 0; "Bearer <key>" 1; }}
+    include /run/twinspark-api-gateway/api-key.conf;
+    client_max_body_size 64m;  # a 1M-token prompt is a few MB of JSON
+    client_body_temp_path /run/twinspark-api-gateway/body;
+    proxy_temp_path /run/twinspark-api-gateway/proxy;
+    # idle upstream connections end before uvicorn's 5 s keep-alive would close them under a
+    # request (nginx does not retry a POST on another connection: the client would get a 502)
+    upstream vllm {{ server {upstream}; keepalive 16; keepalive_timeout 4s; }}
+    server {{
+        listen {port};
+        listen [::]:{port};
+        location = /health {{ proxy_pass http://vllm; }}
+        location / {{
+            if ($twinspark_key_ok = 0) {{
+                add_header WWW-Authenticate Bearer always;
+                return 401 '{{"error":"a valid API key is required (Authorization: Bearer ...)"}}\n';
+            }}
+            proxy_pass http://vllm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            # stream tokens as vLLM sends them; long generations take minutes
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 1h;
+            proxy_send_timeout 1h;
+        }}
+    }}
+}}
+"""
+
+
 def bundle_file(name: str, content: pulumi.Input[str], mode: str) -> ManagedFile:
     return ManagedFile(name.replace(".", "-"), f"{contract.BUNDLE_DIR}/{name}", content, mode)
 
 
 def bundle_files(args: LaunchBundleArgs) -> list[ManagedFile]:
-    """Every bundle file of the node; the head's secrets.env last."""
+    """Every bundle file of the node; the secret ones last."""
     files = [bundle_file(contract.LAUNCH_VLLM, render_launch_vllm(args.vllm), "0755")]
     files += [bundle_file(name, launch_file(name), "0755") for name in STATIC_FILES]
     files.append(bundle_file(contract.ENV_FILE, render_env_file(args), "0644"))
-    if args.api_key is not None:
-        secrets = pulumi.Output.secret(args.api_key).apply(render_secrets_env)
-        files.append(bundle_file(contract.SECRETS_FILE, secrets, "0600"))
+    files.append(bundle_file(contract.RAY_TOKEN_FILE, pulumi.Output.secret(args.ray_token), "0600"))
     return files
+
+
+def gateway_files(args: LaunchBundleArgs) -> list[ManagedFile]:
+    """The head's API gateway: its entrypoint, its nginx config and the key it checks."""
+    secrets = pulumi.Output.secret(args.api_key).apply(render_secrets_env)
+    return [
+        bundle_file(contract.API_GATEWAY_SCRIPT, launch_file(contract.API_GATEWAY_SCRIPT), "0755"),
+        bundle_file(contract.API_GATEWAY_CONF, render_api_gateway_conf(args.vllm.serving.port), "0644"),
+        bundle_file(contract.SECRETS_FILE, secrets, "0600"),
+    ]
 
 
 class LaunchBundle(pulumi.ComponentResource):
     def __init__(self, name: str, args: LaunchBundleArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:launch_bundle:LaunchBundle", name, None, opts)
         files = bundle_files(args)
-        self.commands = managed_file_commands(args.node.name, "bundle", args.connection, files, parent=self)
-        # A new key must restart vLLM too; on the head the hash covers secrets.env and stays secret.
-        self.content_hash = files_hash(files)
+        gateway = gateway_files(args) if args.api_key is not None else []
+        self.commands = managed_file_commands(args.node.name, "bundle", args.connection, files + gateway, parent=self)
+        # keyed: the ray token (and on the head the API key) is in what they cover
+        self.content_hash = files_hash(files, key=args.label_key)
+        self.gateway_hash = files_hash(gateway, key=args.label_key) if gateway else None
         self.env_hash = files_hash([f for f in files if f.path.endswith(contract.ENV_FILE)])
         self.register_outputs({"contentHash": self.content_hash})

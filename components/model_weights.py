@@ -75,16 +75,20 @@ class ModelWeights(pulumi.ComponentResource):
         )
         self.syncs: list[remote.Command] = []
         if args.workers:
+            # --owner: a renamed resource's old delete (run after the new create) keeps the key
+            key_name = f"{head.name}-weights-sync-key"
+            key_flags = [*KEY_FLAGS, "--owner", key_name]
             sync_key = node_command(
-                f"{head.name}-weights-sync-key", head.connection,
-                NodeScript(SYNC_KEY_SCRIPT, ["create", *KEY_FLAGS], delete_args=["remove", *KEY_FLAGS]),
+                key_name, head.connection,
+                NodeScript(SYNC_KEY_SCRIPT, ["create", *key_flags], delete_args=["remove", *key_flags]),
                 parent=self,
             )
         for worker in args.workers:
-            comment = ["--comment", SYNC_KEY_COMMENT]
+            authorize_name = f"{worker.name}-weights-authorize"
+            flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
             authorize = node_command(
-                f"{worker.name}-weights-authorize", worker.connection,
-                NodeScript(AUTHORIZE_SCRIPT, ["add", *comment], delete_args=["remove", *comment],
+                authorize_name, worker.connection,
+                NodeScript(AUTHORIZE_SCRIPT, ["add", *flags], delete_args=["remove", *flags],
                            payload=sync_key.stdout.apply(lambda key: render_authorized_key_line(head.ray_ip, key))),
                 parent=self,
             )

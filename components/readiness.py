@@ -2,16 +2,17 @@
 
 Creates one remote command on the head (`{head}-readiness-wait`) running launch/wait-ready.sh
 with the API key as a stdin secret: /health, then one real 1-token completion with the key,
-bounded by serving.readinessTimeoutMinutes, failing with the tail of the head's logs. It
-re-runs whenever the head container is replaced.
+through the API gateway, bounded by serving.readinessTimeoutMinutes, failing with the tail of
+the head's logs. It re-runs whenever the head's serving or gateway container is replaced.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import pulumi
+import pulumi_docker as docker
 from pulumi_command import remote
 
 import node_contract as contract
@@ -29,7 +30,7 @@ class ReadinessArgs:
     served_name: str
     timeout_minutes: int
     api_key: pulumi.Input[str]
-    head_container: pulumi.Resource
+    serving: Sequence[docker.Container]  # the head's serving and API gateway containers
 
 
 def wait_ready_args(args: ReadinessArgs) -> list[str]:
@@ -37,9 +38,11 @@ def wait_ready_args(args: ReadinessArgs) -> list[str]:
         "--url", f"http://127.0.0.1:{args.port}",
         "--model", args.served_name,
         "--timeout-s", str(args.timeout_minutes * 60),
-        "--container", contract.serving_container_name("head"),
+        "--container", contract.SERVING_CONTAINER,
+        "--container", contract.API_GATEWAY_CONTAINER,
         "--log", f"{contract.LOG_DIR}/{contract.boot_log('head')}",
         "--log", f"{contract.LOG_DIR}/{contract.VLLM_LOG}",
+        "--log", f"{contract.LOG_DIR}/{contract.API_GATEWAY_LOG}",
     ]
 
 
@@ -49,6 +52,6 @@ class Readiness(pulumi.ComponentResource):
         self.command = node_command(
             f"{args.head_name}-readiness-wait", args.connection,
             NodeScript(SCRIPT, wait_ready_args(args), secrets={"VLLM_API_KEY": args.api_key}),
-            parent=self, triggers=[args.head_container.id], depends_on=[args.head_container],
+            parent=self, triggers=[c.id for c in args.serving], depends_on=list(args.serving),
         )
         self.register_outputs({})

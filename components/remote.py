@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import os
 import shlex
 from dataclasses import dataclass
@@ -205,16 +206,17 @@ class ManagedFile:
     path: str
     content: pulumi.Input[str]
     mode: str = "0644"
-    action: str = "none"  # none | systemd | netplan | sysctl
-    sysctl_default: Optional[str] = None  # KEY=VALUE restored on remove, for action sysctl
+    action: str = "none"  # none | systemd | netplan | sysctl | nftables | unit
+    # what remove restores: KEY=VALUE for sysctl, the table ("inet NAME") for nftables
+    undo: Optional[str] = None
 
 
 def managed_file_script(node: str, capability: str, f: ManagedFile) -> NodeScript:
     owner = f"{node}-{capability}-{f.step}"
     flags = ["--node", node, "--step", f"{capability}/{f.step}", "--path", f.path, "--mode", f.mode,
              "--owner", owner, "--state-dir", APPLIED_STATE_DIR, "--action", f.action]
-    if f.sysctl_default:
-        flags += ["--sysctl-default", f.sysctl_default]
+    if f.undo:
+        flags += ["--undo", f.undo]
     return NodeScript(MANAGED_FILE_SCRIPT, ["install", *flags], delete_args=["remove", *flags], payload=f.content)
 
 
@@ -228,8 +230,17 @@ def managed_file_commands(
     ]
 
 
-def files_hash(files: Sequence[ManagedFile]) -> pulumi.Output[str]:
-    """One hash over every file's path, mode and content (secret if any content is)."""
-    return pulumi.Output.all(*(f.content for f in files)).apply(
+def files_hash(files: Sequence[ManagedFile], key: Optional[pulumi.Input[str]] = None) -> pulumi.Output[str]:
+    """One hash over every file's path, mode and content.
+
+    With `key` (for files holding secrets) it is an HMAC: it still changes whenever a file
+    does, but whoever reads it (a container label) cannot test guesses of the secret offline.
+    """
+    digest = pulumi.Output.all(*(f.content for f in files)).apply(
         lambda contents: sha256_text(*(f"{f.path}\0{f.mode}\0{c}" for f, c in zip(files, contents)))
+    )
+    if key is None:
+        return digest
+    return pulumi.Output.all(key, digest).apply(
+        lambda kd: hmac.new(kd[0].encode(), kd[1].encode(), hashlib.sha256).hexdigest()
     )

@@ -1,10 +1,15 @@
 """ServingCluster: the Ray/vLLM containers, one per node, with the recipe's docker options.
 
-Creates one worker container per worker node (entrypoint boot-worker.sh) and one head
-container (boot-head.sh, vLLM as PID 1) that depends on every worker, all with restart
-`unless-stopped` and docker's own log capped. Each carries its node's bundle hash and image
-id, so a parameter change replaces them (the head stops first, workers come back before it,
-the head starts last) and a no-op changes nothing.
+Creates one worker container per worker node (entrypoint boot-worker.sh), one head
+container (boot-head.sh, vLLM as PID 1 on loopback) that depends on every worker, and on the
+head the API gateway container (api-gateway.sh: nginx on serving.port, the key on every
+path). All restart `unless-stopped`, with docker's own log capped. Each carries its node's
+bundle hash and image id, so a parameter change replaces them (the head stops first, workers
+come back before it, the head starts last) and a no-op changes nothing.
+
+Every node's serving container has the same name and a resource named by the node, never
+by its role: making another node the head replaces each node's container in place, the old
+one stopped (60 s grace) before the new one starts.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class NodeServingArgs:
     image_id: pulumi.Input[str]
     bundle_hash: pulumi.Input[str]
     ready_after: Sequence[pulumi.Resource]  # bundle files, weights, NCCL check
+    gateway_hash: Optional[pulumi.Input[str]] = None  # head: the API gateway's files and key
 
 
 @dataclass(frozen=True)
@@ -40,18 +46,12 @@ class ServingClusterArgs:
     model_container_dir: str
 
 
-def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
-    """Every docker option of the recipe (§4): host network and IPC, all GPUs, RDMA devices."""
+def common_args(node: NodeServingArgs, entrypoint: str, label: pulumi.Input[str]) -> dict:
+    """What every twinspark container shares: the image, host network, restart, logs, bundle."""
     return dict(
-        name=contract.serving_container_name(node.role),
         image=node.image_id,
-        entrypoints=["/bin/bash", f"{contract.CONTAINER_BUNDLE_DIR}/{contract.boot_script(node.role)}"],
+        entrypoints=["/bin/bash", f"{contract.CONTAINER_BUNDLE_DIR}/{entrypoint}"],
         network_mode=contract.NETWORK_MODE,
-        ipc_mode=contract.IPC_MODE,
-        gpus=contract.GPUS,
-        ulimits=[docker.ContainerUlimitArgs(name=name, soft=limit, hard=limit) for name, limit in contract.ULIMITS.items()],
-        capabilities=docker.ContainerCapabilitiesArgs(adds=contract.CAPABILITIES),
-        devices=[docker.ContainerDeviceArgs(host_path=dev, container_path=dev) for dev in contract.DEVICES],
         restart="unless-stopped",
         # docker stop with this grace on replace and destroy (0 s otherwise): vLLM finishes
         # its shutdown and frees the GPU's unified memory before the container is removed
@@ -59,22 +59,54 @@ def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
         log_driver="json-file",
         log_opts=contract.DOCKER_LOG_OPTIONS,
         mounts=[
-            docker.ContainerMountArgs(type="bind", source=args.model_dir, target=args.model_container_dir, read_only=True),
             docker.ContainerMountArgs(
                 type="bind", source=contract.BUNDLE_DIR, target=contract.CONTAINER_BUNDLE_DIR, read_only=True
             ),
         ],
         volumes=[docker.ContainerVolumeArgs(host_path=contract.LOG_DIR, container_path=contract.LOG_DIR)],
-        labels=[docker.ContainerLabelArgs(label=contract.BUNDLE_LABEL, value=node.bundle_hash)],
+        labels=[docker.ContainerLabelArgs(label=contract.BUNDLE_LABEL, value=label)],
         wait=False,
     )
+
+
+def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
+    """Every docker option of the recipe (§4): host network and IPC, all GPUs, RDMA devices."""
+    base = common_args(node, contract.boot_script(node.role), node.bundle_hash)
+    return dict(
+        base,
+        name=contract.SERVING_CONTAINER,
+        ipc_mode=contract.IPC_MODE,
+        gpus=contract.GPUS,
+        ulimits=[docker.ContainerUlimitArgs(name=name, soft=limit, hard=limit) for name, limit in contract.ULIMITS.items()],
+        capabilities=docker.ContainerCapabilitiesArgs(adds=contract.CAPABILITIES),
+        devices=[docker.ContainerDeviceArgs(host_path=dev, container_path=dev) for dev in contract.DEVICES],
+        # `docker exec` (the day-2 tools) gets these too: Ray refuses clients without the token
+        envs=[f"{name}={value}" for name, value in contract.ray_auth_env().items()],
+        mounts=[
+            docker.ContainerMountArgs(type="bind", source=args.model_dir, target=args.model_container_dir, read_only=True),
+            *base["mounts"],
+        ],
+    )
+
+
+def gateway_args(node: NodeServingArgs) -> dict:
+    """The head's API gateway: the serving image's nginx, nothing of the GPU."""
+    return dict(common_args(node, contract.API_GATEWAY_SCRIPT, node.gateway_hash), name=contract.API_GATEWAY_CONTAINER)
 
 
 class ServingCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: ServingClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:serving_cluster:ServingCluster", name, None, opts)
         self.workers = [self._container(args, node, []) for node in args.nodes if node.role == "worker"]
-        self.head = self._container(args, next(n for n in args.nodes if n.role == "head"), self.workers)
+        head = next(n for n in args.nodes if n.role == "head")
+        self.head = self._container(args, head, self.workers)
+        # independent of vLLM's restarts: clients get a 502 while it reloads, not a refused port
+        self.gateway = docker.Container(
+            f"{head.node_name}-serving-gateway",
+            **gateway_args(head),
+            opts=pulumi.ResourceOptions(parent=self, provider=head.provider, depends_on=list(head.ready_after),
+                                        delete_before_replace=True),
+        )
         self.register_outputs({"headContainerId": self.head.id})
 
     def _container(self, args: ServingClusterArgs, node: NodeServingArgs, after: list) -> docker.Container:

@@ -3,7 +3,7 @@
 #
 #   managed-file.sh install --node spark1 --step hostprep/netplan --path /etc/netplan/99-qsfp.yaml \
 #       --mode 0600 --owner spark1-hostprep-netplan --state-dir /var/lib/twinspark/applied \
-#       [--action netplan|systemd|sysctl|none] [--sysctl-default KEY=VALUE]   < content
+#       [--action netplan|systemd|sysctl|nftables|unit|none] [--undo WHAT]   < content
 #   managed-file.sh remove  (same flags; stdin ignored)
 #
 # install writes stdin to --path and applies it when file, mode or the last successful apply
@@ -17,7 +17,7 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-node="" step="" path="" mode="0644" owner="" state_dir="" action="none" sysctl_default=""
+node="" step="" path="" mode="0644" owner="" state_dir="" action="none" undo=""
 
 # Each action applies the file's effect after install and undoes it after remove.
 apply_action() {
@@ -31,9 +31,28 @@ apply_action() {
       sudo -n systemd-run --quiet --collect --wait --service-type=oneshot --unit=twinspark-netplan-apply netplan apply
       ;;
     sysctl)
-      if [ "$1" = install ]; then sudo -n sysctl -q -p "$path"; else sudo -n sysctl -q -w "$sysctl_default"; fi
+      if [ "$1" = install ]; then sudo -n sysctl -q -p "$path"; else sudo -n sysctl -q -w "$undo"; fi
       ;;
-    *) usage_error "--action $action: expected netplan, systemd, sysctl or none" ;;
+    # nft -f replaces the table in one transaction; --undo names the table to delete
+    nftables)
+      if [ "$1" = install ]; then
+        sudo -n nft -c -f "$path" || die "nft refused $path (nothing was changed)"
+        sudo -n nft -f "$path"
+      else
+        sudo -n nft delete table "$undo" 2>/dev/null || true
+      fi
+      ;;
+    # a systemd unit: enabled (it runs at the next boot; its file's effect is applied by
+    # the files before it), disabled on remove
+    unit)
+      if [ "$1" = install ]; then
+        sudo -n systemctl daemon-reload
+        sudo -n systemctl enable --quiet "$(basename "$path")"
+      else
+        sudo -n systemctl daemon-reload
+      fi
+      ;;
+    *) usage_error "--action $action: expected netplan, systemd, sysctl, nftables, unit or none" ;;
   esac
 }
 
@@ -66,6 +85,8 @@ remove_file() {
     return 0
   fi
   sudo -n test -e "$path" || return 0
+  # disabling needs the unit file still there (its [Install] names the links to remove)
+  if [ "$action" = unit ]; then sudo -n systemctl disable --quiet "$(basename "$path")"; fi
   sudo -n rm -f "$path" "$record"
   echo "removed: $path"
   apply_action remove
@@ -75,11 +96,14 @@ main() {
   local verb="${1:-}"
   [ $# -gt 0 ] && shift
   parse_flags --node=node --step=step --path=path --mode=mode --owner=owner --state-dir=state_dir \
-    --action=action --sysctl-default=sysctl_default -- "$@"
+    --action=action --undo=undo -- "$@"
   require_flags --node --step --path --owner --state-dir
   log_node=$node log_step=$step
   [[ $mode =~ ^0[0-7]{3}$ ]] || usage_error "--mode $mode: expected an octal mode like 0644"
-  if [ "$action" = sysctl ] && [ -z "$sysctl_default" ]; then usage_error "--action sysctl needs --sysctl-default KEY=VALUE"; fi
+  case "$action" in
+    sysctl) [ -n "$undo" ] || usage_error "--action sysctl needs --undo KEY=VALUE (the value to restore)" ;;
+    nftables) [ -n "$undo" ] || usage_error "--action nftables needs --undo 'FAMILY TABLE' (the table to delete)" ;;
+  esac
   case "$verb" in
     install) install_file ;;
     remove) remove_file ;;

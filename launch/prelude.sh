@@ -79,3 +79,16 @@ require_flags() {
 manifest_listing() {
   (cd "$1" && find . -type f ! -path './.cache/*' ! -name "$2*" -printf '%P %s\n' | LC_ALL=C sort)
 }
+
+# ---- ownership of what a step leaves in the user's home (the sync key, its authorization) ---
+# A renamed resource's old delete runs after the new create (the engine creates first); it
+# must leave alone what the new resource now owns. No record: installed before records
+# existed, so the caller owns it.
+owner_record() { printf '%s/.local/state/twinspark/owners/%s' "$HOME" "$1"; }
+claim_owner() {  # claim_owner THING OWNER
+  install -d -m 700 "$(dirname "$(owner_record "$1")")"
+  printf '%s\n' "$2" >"$(owner_record "$1")"
+}
+owner_of() { cat "$(owner_record "$1")" 2>/dev/null || true; }
+owned_by() { [ -z "$(owner_of "$1")" ] || [ "$(owner_of "$1")" = "$2" ]; }  # owned_by THING OWNER
+release_owner() { rm -f "$(owner_record "$1")"; }

@@ -11,25 +11,31 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-key="" comment=""
+key="" comment="" owner=""
 
 main() {
   local verb="${1:-}"
   [ $# -gt 0 ] && shift
-  parse_flags --key=key --comment=comment -- "$@"
-  require_flags --key --comment
+  parse_flags --key=key --comment=comment --owner=owner -- "$@"
+  require_flags --key --comment --owner
   key=${key/#\~/$HOME}
   case "$verb" in
     create)
       install -d -m 700 "$(dirname "$key")"
       [ -f "$key" ] || ssh-keygen -q -t ed25519 -N '' -C "$comment@$(hostname)" -f "$key"
+      claim_owner sync-key "$owner"
       cat "$key.pub"
       ;;
     remove)
+      if ! owned_by sync-key "$owner"; then
+        echo "kept: $key (now managed by $(owner_of sync-key))"
+        return 0
+      fi
       if [ -f "$key.pub" ] && grep -q " $comment@" "$key.pub"; then
         rm -f "$key" "$key.pub"
         echo "removed: $key"
       fi
+      release_owner sync-key
       ;;
     *) usage_error "expected 'create' or 'remove' first, got '$verb'" ;;
   esac

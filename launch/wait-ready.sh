@@ -2,8 +2,8 @@
 # wait-ready.sh — wait until the endpoint really serves: /health, then one 1-token completion.
 #
 #   VLLM_API_KEY=... wait-ready.sh --url http://127.0.0.1:8000 --model ds-0731 \
-#       --timeout-s 1200 --container twinspark-head --log /var/log/twinspark/vllm.log \
-#       --log /var/log/twinspark/boot-head.log
+#       --timeout-s 1200 --container twinspark-serving --container twinspark-api-gateway \
+#       --log /var/log/twinspark/vllm.log --log /var/log/twinspark/boot-head.log
 #
 # /health can stay 200 while a Ray worker is dead, so a real completion (with the API key,
 # read from the environment and handed to curl through a private config file, never argv)
@@ -13,8 +13,8 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-url="" model="" timeout_s="" container=""
-log_files=()
+url="" model="" timeout_s=""
+containers=() log_files=()
 
 curl_config=""
 write_curl_config() {
@@ -33,16 +33,18 @@ completes() {
 }
 
 show_failure() {
-  local file
+  local file container
   log "not serving after ${timeout_s} s; last lines of the head's logs:"
-  docker logs --tail 20 "$container" 2>&1 | sed "s/^/  docker logs $container | /" || true
+  for container in "${containers[@]}"; do
+    docker logs --tail 20 "$container" 2>&1 | sed "s/^/  docker logs $container | /" || true
+  done
   for file in "${log_files[@]}"; do
     tail -n 40 "$file" 2>/dev/null | sed "s|^|  $(basename "$file") | |" || true
   done
 }
 
 main() {
-  parse_flags --url=url --model=model --timeout-s=timeout_s --container=container --log=log_files[] -- "$@"
+  parse_flags --url=url --model=model --timeout-s=timeout_s --container=containers[] --log=log_files[] -- "$@"
   require_flags --url --model --timeout-s --container
   write_curl_config
   local started=$SECONDS stage="health" last_report=-30

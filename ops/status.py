@@ -45,7 +45,7 @@ def ssh_runner(user: str, key: Optional[str], options: Sequence[str] = ()) -> No
 
 
 def probe_args(node: dict) -> list[str]:
-    args = ["--name", node["name"], "--container", contract.serving_container_name(node["role"])]
+    args = ["--name", node["name"], "--container", contract.SERVING_CONTAINER]
     for rail in node.get("rails", []):
         args += ["--rail", f"{rail['iface']}:{rail['hca']}"]
     if node["role"] == "head":

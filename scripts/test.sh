@@ -5,13 +5,13 @@
 #   sudo ./scripts/test.sh -k fabric  # extra arguments go to pytest
 #
 # Installs only what is missing: Debian tools the tests run for real (shellcheck, netplan,
-# sshd, rsync, ping, sudo, iproute2), a virtualenv with requirements-dev.txt in .venv, and
+# sshd, rsync, ping, sudo, iproute2, nftables, nginx), a virtualenv with requirements-dev.txt in .venv, and
 # the Codex CLI from npm in build/codex.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CODEX_VERSION=0.171.0
-DEBIAN_PACKAGES=(shellcheck netplan.io logrotate openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm)
+DEBIAN_PACKAGES=(shellcheck netplan.io logrotate openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm nftables nginx)
 
 log() { printf '%s test.sh: %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 
@@ -30,7 +30,12 @@ install_debian_packages() {
   log "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q >/dev/null
+  # no service may start here (nginx's package would listen on port 80): the tests run the
+  # daemons themselves
+  local policy=/usr/sbin/policy-rc.d had_policy=yes
+  [ -e "$policy" ] || { had_policy=no; printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; }
   apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  [ "$had_policy" = yes ] || rm -f "$policy"
 }
 
 install_python_env() {

@@ -84,7 +84,7 @@ def test_example_netplan_matches_the_renderer():
 
 
 def fake_vllm_bundle(tmp_path, cfg, api_key="sk-test-key"):
-    """A bundle directory with the rendered launch script and a `vllm` that records argv and env."""
+    """A bundle directory with the rendered launch script and a `vllm` that records argv, env and pid."""
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     launch = bundle / "launch-vllm.sh"
@@ -96,7 +96,7 @@ def fake_vllm_bundle(tmp_path, cfg, api_key="sk-test-key"):
     fake = bin_dir / "vllm"
     fake.write_text(
         "#!/usr/bin/env python3\nimport json, os, sys\n"
-        "json.dump({'argv': sys.argv[1:], 'key': os.environ.get('VLLM_API_KEY'), 'pid_is_exec': True},"
+        "json.dump({'argv': sys.argv[1:], 'key': os.environ.get('VLLM_API_KEY'), 'pid': os.getpid()},"
         " open(os.environ['RECORD'], 'w'))\n"
     )
     fake.chmod(0o755)
@@ -109,16 +109,18 @@ def test_launch_script_runs_vllm_with_exact_argv(tmp_path, profile, spec_tokens,
     launch, bin_dir = fake_vllm_bundle(tmp_path, cfg, api_key="sk-it's \"quoted\" $HOME")
     record = tmp_path / "record.json"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record)}
-    subprocess.run([str(launch)], check=True, env=env, timeout=30)
+    proc = subprocess.Popen([str(launch)], env=env)
+    assert proc.wait(timeout=30) == 0
     seen = json.loads(record.read_text())
+    assert seen["pid"] == proc.pid, "launch-vllm.sh must exec vllm (vLLM is the container's PID 1)"
     assert seen["argv"] == launch_bundle.vllm_argv(vllm_of(cfg))
     argv = seen["argv"]
     assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
         "method": "dspark", "num_speculative_tokens": spec_tokens, "draft_sample_method": "probabilistic",
     }
     assert argv[argv.index("--max-num-seqs") + 1] == seqs
-    # the key reaches vLLM through its environment, byte for byte, and never through argv
-    assert seen["key"] == "sk-it's \"quoted\" $HOME"
+    # vLLM listens on loopback behind the API gateway, which alone holds the key
+    assert seen["key"] is None
     assert not any("sk-it" in a for a in argv)
 
 

@@ -16,7 +16,7 @@ NODES = ("spark1", "spark2")
 
 # The recipe's launch command (§4), verbatim.
 RECIPE_VLLM_ARGV = shlex.split(
-    """serve /models/DeepSeek-V4-Flash-0731 --served-model-name ds-0731 --host 0.0.0.0 --port 8000
+    """serve /models/DeepSeek-V4-Flash-0731 --served-model-name ds-0731 --host 127.0.0.1 --port 18080
     --tensor-parallel-size 2 --distributed-executor-backend ray --trust-remote-code
     --tokenizer-mode deepseek_v4 --tool-call-parser deepseek_v4 --reasoning-parser deepseek_v4
     --enable-auto-tool-choice --kv-cache-dtype fp8_ds_mla --moe-backend flashinfer_b12x
@@ -69,13 +69,17 @@ def test_every_node_gets_each_capability(recipe_run):
         for component in ("hostprep", "fabric", "image", "bundle"):
             assert f"{node}-{component}" in recipe_run.by_name
         assert f"{node}-docker" in recipe_run.by_name
-    assert {r.name for r in recipe_run.of_type(CONTAINER)} == {"spark1-serving-container", "spark2-serving-container"}
+    assert {r.name for r in recipe_run.of_type(CONTAINER)} == {
+        "spark1-serving-container", "spark2-serving-container", "spark1-serving-gateway"}
     assert {r.name for r in recipe_run.of_type(IMAGE)} == {"spark1-image-build", "spark2-image-build"}
     # head-only and worker-only pieces
     assert "spark1-hostprep-userns-sysctl" in recipe_run.by_name
     assert "spark2-hostprep-userns-sysctl" not in recipe_run.by_name
     assert "spark1-bundle-secrets-env" in recipe_run.by_name
     assert "spark2-bundle-secrets-env" not in recipe_run.by_name
+    assert {"spark1-bundle-ray-token", "spark2-bundle-ray-token"} <= set(recipe_run.by_name)
+    assert "spark1-bundle-api-gateway-conf" in recipe_run.by_name
+    assert "spark2-bundle-api-gateway-conf" not in recipe_run.by_name
     assert {"spark1-weights-fetch", "spark1-weights-sync-key", "spark2-weights-authorize", "spark2-weights-sync"} <= set(
         recipe_run.by_name
     )
@@ -107,8 +111,9 @@ def test_component_type_tokens(recipe_run):
         ("spark1-nccl-check", ["spark1-image-build", "spark1-bundle-twinspark-env", "spark2-fabric-check"]),
         ("spark2-nccl-check", ["spark2-image-build", "spark2-bundle-twinspark-env"]),
         ("spark2-serving-container", ["spark2-image-build", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "spark2-weights-sync", "spark1-nccl-check", "spark2-nccl-check"]),
-        ("spark1-serving-container", ["spark1-image-build", "spark1-bundle-secrets-env", "spark1-weights-fetch", "spark2-serving-container", "spark2-nccl-check"]),
-        ("spark1-readiness-wait", ["spark1-serving-container"]),
+        ("spark1-serving-container", ["spark1-image-build", "spark1-bundle-ray-token", "spark1-weights-fetch", "spark2-serving-container", "spark2-nccl-check"]),
+        ("spark1-serving-gateway", ["spark1-image-build", "spark1-bundle-secrets-env", "spark1-bundle-api-gateway-conf"]),
+        ("spark1-readiness-wait", ["spark1-serving-container", "spark1-serving-gateway"]),
     ],
 )
 def test_dependencies(recipe_run, resource, must_wait_for):
@@ -130,7 +135,10 @@ def test_containers_carry_every_recipe_docker_option(recipe_run):
     for name, role in (("spark1-serving-container", "head"), ("spark2-serving-container", "worker")):
         c = recipe_run.named(name)
         inputs = unwrap(c.inputs)
-        assert inputs["name"] == f"twinspark-{role}"
+        # one name whatever the role: a role change replaces the node's container in place
+        assert inputs["name"] == "twinspark-serving"
+        assert inputs["entrypoints"] == ["/bin/bash", f"/twinspark/boot-{role}.sh"]
+        assert set(inputs["envs"]) == {"RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=/twinspark/ray-token"}
         assert inputs["networkMode"] == "host"
         assert inputs["ipcMode"] == "host"
         assert inputs["gpus"] == "all"
@@ -148,7 +156,25 @@ def test_containers_carry_every_recipe_docker_option(recipe_run):
         assert inputs["volumes"] == [{"hostPath": "/var/log/twinspark", "containerPath": "/var/log/twinspark"}]
         assert inputs["entrypoints"] == ["/bin/bash", f"/twinspark/boot-{role}.sh"]
         assert c.delete_before_replace
-        assert [l["label"] for l in inputs["labels"]] == ["twinspark.bundle-sha256"]
+        assert [l["label"] for l in inputs["labels"]] == ["twinspark.bundle-hmac"]
+
+
+def bundle_label(run, container="spark1-serving-container"):
+    return unwrap(run.named(container).inputs["labels"])[0]["value"]
+
+
+def test_bundle_label_follows_the_key_but_cannot_be_checked_against_a_guess(program, recipe_config, recipe_run):
+    """Issue 9: anyone reading container labels must not be able to test API-key guesses offline."""
+    from components.remote import sha256_text
+
+    files = [r for r in recipe_run.of_type(COMMAND) if r.name.startswith("spark1-bundle-")]
+    calls = {r.name: runner_call(r) for r in files}
+    plain = sha256_text(*(f"{flag_value(c.args, '--path')}\0{flag_value(c.args, '--mode')}\0{c.payload}"
+                          for name, c in calls.items() if "gateway" not in name and "secrets" not in name))
+    assert bundle_label(recipe_run) != plain
+    recipe_config["twinspark:apiKey"] = "sk-another-key-0123456789"
+    rekeyed = program(recipe_config)
+    assert bundle_label(rekeyed, "spark1-serving-gateway") != bundle_label(recipe_run, "spark1-serving-gateway")
 
 
 def test_containers_use_their_nodes_image_id_and_daemon(recipe_run):
@@ -261,7 +287,8 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     """`pulumi up --replace` on a file, the sync key or its authorization must not end with
     the old delete removing what the new create just installed (issue 8, item 1)."""
     undoing = [r for r in recipe_run.of_type(COMMAND) if r.inputs.get("delete")]
-    assert len(undoing) == 9 + 8 + 7 + 1 + 1  # host files (4 + 4 + userns), head bundle, worker bundle, sync key, authorize
+    # host files (6 + 6 + userns), head bundle (+ gateway), worker bundle, sync key, authorize
+    assert len(undoing) == 13 + 11 + 8 + 1 + 1
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 
@@ -313,8 +340,8 @@ def test_readiness_waits_for_a_real_completion(recipe_run):
     argv = args_of(recipe_run, "spark1-readiness-wait")
     assert flag_value(argv, "--timeout-s") == str(20 * 60)
     assert flag_value(argv, "--url") == "http://127.0.0.1:8000"
-    assert flag_value(argv, "--container") == "twinspark-head"
-    assert r["triggers"] == ["spark1-serving-container_id"]
+    assert flag_values(argv, "--container") == ["twinspark-serving", "twinspark-api-gateway"]
+    assert r["triggers"] == ["spark1-serving-container_id", "spark1-serving-gateway_id"]
 
 
 def test_outputs_contract(recipe_run):
@@ -380,7 +407,7 @@ def three_node_config(config):
 def test_three_nodes(program, recipe_config):
     run = program(three_node_config(recipe_config))
     assert run.error is None, run.error
-    workers = {r.name for r in run.of_type(CONTAINER) if unwrap(r.inputs)["name"] == "twinspark-worker"}
+    workers = {r.name for r in run.of_type(CONTAINER) if unwrap(r.inputs)["entrypoints"][-1].endswith("boot-worker.sh")}
     assert workers == {"spark2-serving-container", "spark3-serving-container"}
     head = run.named("spark1-serving-container")
     for w in workers:

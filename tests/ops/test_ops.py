@@ -204,7 +204,7 @@ NODES = [
 
 def test_node_probe_reports_container_rails_gpu_and_ray(tmp_path):
     out = json.loads(local_runner(shim_bin(tmp_path, restart_count=3))(NODES[0], status.probe_args(NODES[0])))
-    assert out["container"] == {"name": "twinspark-head", "present": True, "status": "running", "restarting": False,
+    assert out["container"] == {"name": "twinspark-serving", "present": True, "status": "running", "restarting": False,
                                 "restart_count": 3, "started_at": "2026-11-29T10:00:00Z", "exit_code": 0}
     assert out["rails"][0]["operstate"] == "unknown" and out["rails"][0]["mtu"] == 65536  # lo, read from sysfs
     assert out["rails"][0]["roce_state"] == "PORT_ACTIVE" and out["rails"][0]["roce_active_mtu"] == 4096
@@ -223,7 +223,7 @@ def test_status_exit_code_and_problems(endpoint, tmp_path):
 
     sick = status.collect(target, local_runner(shim_bin(tmp_path / "sick", restarting="true", ray_gpus=(1,))))
     found = status.problems(sick, 9000, 200000)
-    assert any("spark2: container twinspark-worker running (restarts: 0)" in f for f in found)
+    assert any("spark2: container twinspark-serving running (restarts: 0)" in f for f in found)
     assert any("spark1: Ray has 1 of 2 GPU nodes alive" in f for f in found)
     assert any("spark1 rail lo: MTU 65536, expected 9000" in f for f in found)
     assert status.run_status(target, local_runner(shim_bin(tmp_path / "sick2")), True, 9000, 200000, quiet()) == 1

@@ -41,4 +41,5 @@ def sim_run(sim):
     """The real program under mocks with the sim stack: the exact commands it would run."""
     run = run_program(sim.config)
     assert run.error is None, run.error
+    sim.program = run  # the sim's dockerd starts containers from the program's own inputs
     return run

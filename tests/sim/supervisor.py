@@ -1,9 +1,10 @@
-"""Stand-in for dockerd running one serving container with restart policy unless-stopped.
+"""Stand-in for dockerd running one container with restart policy unless-stopped.
 
 Runs inside a simulated node. Each "container" is its own pid and mount namespace (so when
 its PID 1 — the boot script, later vLLM — exits, every process it started dies with it,
-as in docker), with the same bind mounts and paths the real container gets:
-bundle -> /twinspark (ro), model dir -> /models/<name> (ro), /var/log/twinspark.
+as in docker), with the entrypoint, environment and bind mounts of the program's own
+docker.Container: bundle -> /twinspark (ro), model dir -> /models/<name> (ro, serving
+containers only), /var/log/twinspark.
 Events go to /var/log/twinspark-sim/supervisor-<name>.jsonl; the container's PID 1 (as
 the node sees it) to /run/twinspark-sim/<name>.pid.
 """
@@ -26,11 +27,9 @@ def event(name: str, **fields) -> None:
 
 
 def container_script(args) -> str:
-    binds = [
-        (args.bundle_dir, args.container_bundle_dir, True),
-        (args.model_dir, args.container_model_dir, True),
-        (args.log_dir, args.log_dir, False),
-    ]
+    binds = [(args.bundle_dir, args.container_bundle_dir, True), (args.log_dir, args.log_dir, False)]
+    if args.model_dir:
+        binds.append((args.model_dir, args.container_model_dir, True))
     lines = ["set -e"]
     for source, target, read_only in binds:
         lines.append(f"mkdir -p {shlex.quote(source)} {shlex.quote(target)}")
@@ -40,7 +39,7 @@ def container_script(args) -> str:
                 lines.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
     base_env = [f"PATH={args.path}", "HOME=/root", "LANG=C.UTF-8", *args.env]
     env = " ".join(shlex.quote(e) for e in base_env)
-    lines.append(f"exec env -i {env} /bin/bash {shlex.quote(args.container_bundle_dir)}/boot-{args.role}.sh")
+    lines.append(f"exec env -i {env} {shlex.join(args.entrypoint)}")
     return "\n".join(lines)
 
 
@@ -60,11 +59,11 @@ def container_init_pid(unshare_pid: int, timeout: float = 5.0) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", required=True)
-    parser.add_argument("--role", choices=["head", "worker"], required=True)
+    parser.add_argument("--entrypoint", action="append", required=True, help="one argv element, in order")
     parser.add_argument("--bundle-dir", required=True)
     parser.add_argument("--container-bundle-dir", required=True)
-    parser.add_argument("--model-dir", required=True)
-    parser.add_argument("--container-model-dir", required=True)
+    parser.add_argument("--model-dir", default="")
+    parser.add_argument("--container-model-dir", default="")
     parser.add_argument("--log-dir", required=True)
     parser.add_argument("--path", required=True, help="PATH inside the container")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the container, as docker -e")

@@ -13,6 +13,7 @@ download copies from a local hub; `docker logs` reads the supervisor's container
 
 import json
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ SIM_DIR = Path(__file__).resolve().parent
 SHARD_COUNT, SHARD_MB = 6, 50
 HUB_DIR = "/srv/twinspark-sim-hub"
 SIM_LOG = "/var/log/twinspark-sim"
-HEAD, WORKER = contract.serving_container_name("head"), contract.serving_container_name("worker")
+SERVING, GATEWAY = contract.SERVING_CONTAINER, contract.API_GATEWAY_CONTAINER
 BOOT_HEAD_LOG = f"{contract.LOG_DIR}/{contract.boot_log('head')}"
 BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
 VLLM_LOG = f"{contract.LOG_DIR}/{contract.VLLM_LOG}"
@@ -118,17 +119,29 @@ def supervisor_events(sim, node, container):
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+def node_containers(sim, node):
+    """The program's docker.Container inputs for that node (serving, and the head's gateway)."""
+    return [unwrap(r.inputs) for r in sim.program.of_type("docker:index/container:Container")
+            if r.name.startswith(f"{node}-serving-")]
+
+
 def start_supervisor(sim, node, env=()):
-    spec = sim.nodes[node].spec
+    """dockerd on that node starting its containers as the program declares them; `env` is
+    added to the serving container's (test-only knobs such as the worker's grace)."""
     venv_bin = Path(sys.executable).parent
-    return sim.node_spawn(
-        node, sys.executable, SIM_DIR / "supervisor.py",
-        "--name", contract.serving_container_name(spec.role), "--role", spec.role,
-        "--bundle-dir", contract.BUNDLE_DIR, "--container-bundle-dir", contract.CONTAINER_BUNDLE_DIR,
-        "--model-dir", sim.cfg.model.dir, "--container-model-dir", sim.cfg.model.container_dir,
-        "--log-dir", contract.LOG_DIR, "--path", f"/usr/local/bin:{venv_bin}:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
-        *[a for e in env for a in ("--env", e)],
-    )
+    for container in node_containers(sim, node):
+        mounts = {m["target"]: m["source"] for m in container["mounts"]}
+        model = (["--model-dir", mounts[sim.cfg.model.container_dir], "--container-model-dir", sim.cfg.model.container_dir]
+                 if sim.cfg.model.container_dir in mounts else [])
+        extra = env if container["name"] == SERVING else ()
+        sim.node_spawn(
+            node, sys.executable, SIM_DIR / "supervisor.py", "--name", container["name"],
+            *[a for part in container["entrypoints"] for a in ("--entrypoint", part)],
+            "--bundle-dir", mounts[contract.CONTAINER_BUNDLE_DIR], "--container-bundle-dir", contract.CONTAINER_BUNDLE_DIR,
+            *model, "--log-dir", contract.LOG_DIR,
+            "--path", f"/usr/local/bin:{venv_bin}:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
+            *[a for e in [*container.get("envs", []), *extra] for a in ("--env", e)],
+        )
 
 
 def tail(sim, node, path, lines=40):
@@ -184,10 +197,11 @@ def supervisor_running(sim, node):
 
 def stop_serving(sim):
     """Both nodes powered off, as far as serving goes: supervisors and their containers gone."""
-    for node, container in (("sim1", HEAD), ("sim2", WORKER)):
+    for node in ("sim1", "sim2"):
         sim.node_exec(node, "pkill", "-9", "-f", "supervisor.py", check=False)
-        if sim.node_exec(node, "test", "-s", f"/run/twinspark-sim/{container}.pid", check=False).returncode == 0:
-            sim.node_exec(node, "bash", "-c", f"kill -9 $(cat /run/twinspark-sim/{container}.pid) || true", check=False)
+        for container in (SERVING, GATEWAY):
+            sim.node_exec(node, "bash", "-c", f"kill -9 $(cat /run/twinspark-sim/{container}.pid 2>/dev/null) 2>/dev/null",
+                          check=False)
 
 
 @pytest.fixture
@@ -202,9 +216,13 @@ def serving(bundles_installed, sim):
 
 
 # ---- 1. HostPrep over SSH ------------------------------------------------------------------
+def firewall_tables(sim, node):
+    return sim.node_exec(node, "nft", "list", "tables").stdout.splitlines()
+
+
 def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
     names = steps(sim_run, "sim1-hostprep-") + steps(sim_run, "sim2-hostprep-")
-    assert len(names) == 9  # 4 per node + the head's userns sysctl
+    assert len(names) == 13  # 6 per node + the head's userns sysctl
     for name in names:  # whatever an earlier stage applied
         run_step(sim, sim_run, name, field="delete")
     memlock_before = sim.ssh("sim2", "ulimit -l").stdout.strip()
@@ -216,7 +234,7 @@ def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
 
     for node in ("sim1", "sim2"):
         spec = sim.nodes[node].spec
-        expected = {f.path: f for f in host_prep.managed_files(spec, sim.cfg.fabric.mtu)}
+        expected = {f.path: f for f in host_prep_files(sim, node)}
         for path, f in expected.items():
             content = sim.node_exec(node, "cat", path).stdout
             assert content == f.content, path
@@ -233,6 +251,9 @@ def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
     assert any("systemd-run" in c and "netplan apply" in c for c in calls)
     assert any(f"sysctl -q -p {host_prep.USERNS_SYSCTL_PATH}" in c for c in calls)
     assert not any("sysctl" in c for c in shim_calls(sim, "sim2"))  # head only
+    assert any(f"systemctl enable --quiet {contract.FIREWALL_UNIT}" in c for c in calls)
+    for node in ("sim1", "sim2"):
+        assert firewall_tables(sim, node) == [f"table inet {contract.FIREWALL_TABLE}"]
 
     states = {(n, p): file_state(sim, n, p) for n in ("sim1", "sim2") for p in host_prep_paths(sim, n)}
     shims_before = len(shim_calls(sim, "sim1")) + len(shim_calls(sim, "sim2"))
@@ -255,13 +276,21 @@ def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
         assert file_state(sim, n, p) is None, p
     assert any("sysctl -q -w kernel.apparmor_restrict_unprivileged_userns=1" in c for c in shim_calls(sim, "sim1"))
     assert sim.ssh("sim2", "ulimit -l").stdout.strip() == memlock_before
+    assert firewall_tables(sim, "sim1") == firewall_tables(sim, "sim2") == []
+    assert any(f"systemctl disable --quiet {contract.FIREWALL_UNIT}" in c for c in shim_calls(sim, "sim2"))
 
     for name in names:  # leave the nodes prepared for the next scenarios
         run_step(sim, sim_run, name)
 
 
+def host_prep_files(sim, node):
+    spec = sim.nodes[node].spec
+    firewall = host_prep.firewall_policy(spec, sim.cfg.nodes, sim.cfg.serving.port)
+    return host_prep.managed_files(spec, sim.cfg.fabric.mtu, firewall)
+
+
 def host_prep_paths(sim, node):
-    return [f.path for f in host_prep.managed_files(sim.nodes[node].spec, sim.cfg.fabric.mtu)]
+    return [f.path for f in host_prep_files(sim, node)]
 
 
 def test_rendered_netplan_generates_inside_the_node(sim, prepared):
@@ -470,6 +499,70 @@ def rail_bytes_on_worker(sim):
     return int(out.stdout.strip() or 0)
 
 
+# ---- replace and rename, in the engine's order (issue 8, item 1) --------------------------------
+UNDOING_KINDS = {  # one step of each kind that undoes itself on delete: (old name, path, node)
+    "root file, applied": ("sim1-hostprep-netplan", host_prep.NETPLAN_PATH, "sim1"),
+    "bundle secret": ("sim1-bundle-secrets-env", f"{contract.BUNDLE_DIR}/{contract.SECRETS_FILE}", "sim1"),
+    "sync key": ("sim1-weights-sync-key", "/home/nvidia/.ssh/twinspark_weights", "sim1"),
+    "key authorization": ("sim2-weights-authorize", "/home/nvidia/.ssh/authorized_keys", "sim2"),
+}
+
+
+def renamed_run(sim):
+    """The program after the user renamed both nodes (same hosts): every resource gets a new name."""
+    from program_harness import run_program
+
+    config = json.loads(json.dumps(sim.config))
+    for node in config["twinspark:nodes"]:
+        node["name"] += "x"
+    run = run_program(config)
+    assert run.error is None, run.error
+    return run
+
+
+def run_kind(sim, run, name, field):
+    if name.endswith("-weights-authorize") and field == "create":  # its payload: the key the head's step printed
+        key_step = next(n for n in run.by_name if n.endswith("-weights-sync-key"))
+        key = run_step(sim, run, key_step).stdout
+        stdin = script_text("authorize-key.sh") + render_authorized_key_line(sim.cfg.head.ray_ip, key)
+        return run_step(sim, run, name, field, stdin=stdin)
+    return run_step(sim, run, name, field)
+
+
+def still_in_place(sim, path, node):
+    if path.endswith("authorized_keys"):
+        return contract.SYNC_KEY_COMMENT in sim.node_exec(node, "cat", path).stdout
+    return file_state(sim, node, path) is not None
+
+
+def test_replace_and_rename_in_the_engines_order_keep_what_the_new_step_installed(sim, sim_run, bundles_installed):
+    # --replace: the program declares these delete-first (the engine then deletes the old
+    # instance before creating the new: step_generator.go, continueStepsFromDiff)
+    for kind, (name, path, node) in UNDOING_KINDS.items():
+        assert sim_run.named(name).delete_before_replace, kind
+        run_kind(sim, sim_run, name, "delete")
+        run_kind(sim, sim_run, name, "create")
+        assert still_in_place(sim, path, node), kind
+    # rename: no replace, a new resource: the engine creates it with the program and deletes
+    # the old one after the program (GenerateDeletes), with the old one's stored command
+    renamed = renamed_run(sim)
+    new_name = {name: name.replace("sim1-", "sim1x-").replace("sim2-", "sim2x-") for name, _, _ in UNDOING_KINDS.values()}
+    for name, path, node in UNDOING_KINDS.values():
+        run_kind(sim, renamed, new_name[name], "create")
+    applies_before = sum("netplan apply" in c for c in shim_calls(sim, "sim1"))
+    for kind, (name, path, node) in UNDOING_KINDS.items():
+        out = run_kind(sim, sim_run, name, "delete").stdout
+        assert out.startswith("kept: "), (kind, out)
+        assert still_in_place(sim, path, node), kind
+    assert sum("netplan apply" in c for c in shim_calls(sim, "sim1")) == applies_before, "netplan was reverted"
+    # destroy after the rename: the new owners' deletes remove everything
+    for kind, (name, path, node) in UNDOING_KINDS.items():
+        run_kind(sim, renamed, new_name[name], "delete")
+        assert not still_in_place(sim, path, node), kind
+    for kind, (name, path, node) in UNDOING_KINDS.items():  # as the rest of the scenarios expect
+        run_kind(sim, sim_run, name, "create")
+
+
 # ---- 4. Boot ---------------------------------------------------------------------------------
 def test_boot_serves_only_with_every_gpu_and_the_key(sim, sim_run, report, bundles_installed):
     stop_serving(sim)
@@ -493,11 +586,12 @@ def test_boot_serves_only_with_every_gpu_and_the_key(sim, sim_run, report, bundl
     assert request(sim, "/health")[0] == 200
     status, body = request(sim, "/v1/chat/completions", {"model": "sim-model", "stream": True, "max_tokens": 3,
                                                           "messages": [{"role": "user", "content": "hi"}]}, api_key(sim))
-    assert status == 200 and body.count("data: ") == 4 and body.rstrip().endswith("[DONE]")
+    gateway_log = tail(sim, "sim1", f"{contract.LOG_DIR}/{contract.API_GATEWAY_LOG}")
+    assert status == 200 and body.count("data: ") == 4 and body.rstrip().endswith("[DONE]"), (body, gateway_log)
 
     recorded = json.loads(sim.node_exec("sim1", "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)
     assert recorded["argv"] == vllm_argv(VllmServe(sim.cfg.serving, sim.cfg.model, sim.cfg.tensor_parallel_size))
-    assert recorded["api_key_from_env"] is True
+    assert recorded["api_key_from_env"] is False  # the gateway holds it; vLLM is on loopback
     assert api_key(sim) not in sim.node_exec("sim1", "cat", f"/proc/{recorded['pid']}/cmdline").stdout
 
     ready = run_step(sim, sim_run, "sim1-readiness-wait")
@@ -524,7 +618,7 @@ def test_ops_status_over_ssh_against_the_live_sim(sim, sim_run, serving):
     assert proc.returncode == 0, (report["problems"], proc.stderr)
     nodes = {n["node"]: n for n in report["nodes"]}
     assert nodes["sim1"]["container"]["status"] == "running" and nodes["sim1"]["container"]["restart_count"] == 0
-    assert nodes["sim2"]["container"]["name"] == WORKER
+    assert nodes["sim2"]["container"]["name"] == SERVING
     for node in nodes.values():
         assert [(r["iface"], r["operstate"], r["speed_mbps"], r["mtu"], r["roce_state"]) for r in node["rails"]] == [
             ("rail0", "up", 10000, 9000, "PORT_ACTIVE"), ("rail1", "up", 10000, 9000, "PORT_ACTIVE")]
@@ -552,6 +646,65 @@ def test_ops_bench_against_the_live_sim(sim, sim_run, tmp_path, serving):
     assert [row["requests"] for row in result["sweep"]] == [1, 2]
 
 
+# ---- security: what the LAN sees ---------------------------------------------------------------
+def listening_tcp_ports(sim, node):
+    out = sim.in_netns(node, "ss", "-Hltn").stdout
+    return sorted({int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines()})
+
+
+def lan_can_connect(host, port):
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
+
+
+# every path vLLM 0.25 serves that runs the model or tells something about it
+MODEL_PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/invocations", "/generative_scoring",
+               "/tokenize", "/detokenize", "/metrics", "/version", "/ping", "/load", "/v2/models", "/pooling"]
+
+
+def test_lan_reaches_ssh_and_the_api_only_and_the_api_needs_the_key(sim, serving, report):
+    """Issue 9: from a LAN address (this machine, on each node's management link) every port
+    Ray, vLLM and the rest listen on is closed but SSH and the API; every API path but
+    /health answers 401 without the key — /invocations included."""
+    reachable = {}
+    for node in ("sim1", "sim2"):
+        ports = listening_tcp_ports(sim, node)
+        assert contract.RAY_PORT in ports or node == "sim2"
+        reachable[node] = [p for p in ports if lan_can_connect(sim.nodes[node].spec.host, p)]
+    report["lan_reachable_ports"] = reachable
+    assert reachable == {"sim1": [22, sim.cfg.serving.port], "sim2": [22]}
+    assert request(sim, "/health")[0] == 200
+    for path in MODEL_PATHS:
+        assert request(sim, path, body={"model": "sim-model", "prompt": "x", "max_tokens": 1})[0] == 401, path
+        assert request(sim, path, body={"model": "sim-model"}, key="sk-wrong-key-0123456789")[0] == 401, path
+    assert request(sim, "/v1/models", key=api_key(sim))[0] == 200
+
+
+RAY_CLIENT = """
+import sys
+from ray.util.state import list_nodes
+try:
+    nodes = list_nodes(address="http://{head}:{port}", timeout=10, raise_on_missing_output=False)
+    print("listed", len(nodes))
+except Exception as err:
+    print("refused", type(err).__name__, str(err).splitlines()[0][:120])
+"""
+
+
+def test_ray_refuses_a_client_without_the_token(sim, serving):
+    """Past the firewall (on the head itself), Ray's API still wants the cluster's token."""
+    code = RAY_CLIENT.format(head=sim.cfg.head.ray_ip, port=contract.RAY_DASHBOARD_PORT)
+    python = str(Path(sys.executable))
+    token_path = f"{contract.BUNDLE_DIR}/{contract.RAY_TOKEN_FILE}"
+    without = sim.node_exec("sim1", "env", "-u", "RAY_AUTH_MODE", python, "-c", code)
+    with_token = sim.node_exec("sim1", "env", "RAY_AUTH_MODE=token", f"RAY_AUTH_TOKEN_PATH={token_path}", python, "-c", code)
+    assert without.stdout.startswith("refused"), without.stdout + without.stderr
+    assert with_token.stdout.strip() == "listed 2", with_token.stdout + with_token.stderr
+    mode = file_state(sim, "sim2", token_path).split()[0]
+    assert mode == "600"
+
+
 # ---- 5. Faults -------------------------------------------------------------------------------
 def exit_count(sim, node, container):
     return len([e for e in supervisor_events(sim, node, container) if e["event"] == "exit"])
@@ -573,12 +726,12 @@ def kill_container(sim, node, container):
 
 
 def test_head_killed_worker_rejoins_and_serving_resumes(sim, report, serving):
-    worker_exits = exit_count(sim, "sim2", WORKER)
+    worker_exits = exit_count(sim, "sim2", SERVING)
     killed_at = time.time()
-    kill_container(sim, "sim1", HEAD)
-    wait_until(lambda: exit_count(sim, "sim2", WORKER) > worker_exits,
+    kill_container(sim, "sim1", SERVING)
+    wait_until(lambda: exit_count(sim, "sim2", SERVING) > worker_exits,
                60, what="worker leaving after the head restart")
-    report["worker_detects_head_restart_s"] = round(last_event(sim, "sim2", WORKER, "exit")["t"] - killed_at, 1)
+    report["worker_detects_head_restart_s"] = round(last_event(sim, "sim2", SERVING, "exit")["t"] - killed_at, 1)
     reasons, log = worker_leave_reasons(sim)
     assert reasons and ("not alive in the head's GCS" in reasons[-1] or "unreachable" in reasons[-1]), log
     report["worker_leave_reason"] = reasons[-1].split(";")[0]
@@ -587,10 +740,10 @@ def test_head_killed_worker_rejoins_and_serving_resumes(sim, report, serving):
 
 
 def test_worker_raylet_killed_engine_exits_and_cluster_reforms(sim, report, serving):
-    head_exits = exit_count(sim, "sim1", HEAD)
+    head_exits = exit_count(sim, "sim1", SERVING)
     killed_at = time.time()
     sim.node_exec("sim2", "pkill", "-9", "-x", "raylet")
-    wait_until(lambda: exit_count(sim, "sim1", HEAD) > head_exits,
+    wait_until(lambda: exit_count(sim, "sim1", SERVING) > head_exits,
                60, what="the stand-in engine exiting")
     assert "a GPU worker died" in tail(sim, "sim1", VLLM_LOG, 80)
     wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the worker's raylet died")
@@ -598,9 +751,7 @@ def test_worker_raylet_killed_engine_exits_and_cluster_reforms(sim, report, serv
 
 
 def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report, serving):
-    for node, container in (("sim1", HEAD), ("sim2", WORKER)):
-        sim.node_exec(node, "pkill", "-9", "-f", "supervisor.py")
-        kill_container(sim, node, container)
+    stop_serving(sim)
     wait_until(lambda: not completes(sim, api_key(sim)), 20, what="endpoint down")
     rebooted_at = time.time()
     # boot order must not matter; the worker first is the harder case. The worker now
@@ -620,7 +771,7 @@ def ensure_worker_grace(sim, grace_s):
     if f"TWINSPARK_HEAD_GRACE_S={grace_s}" in sim.node_exec("sim2", "pgrep", "-af", "supervisor.py", check=False).stdout:
         return
     sim.node_exec("sim2", "pkill", "-9", "-f", "supervisor.py", check=False)
-    kill_container(sim, "sim2", WORKER)
+    kill_container(sim, "sim2", SERVING)
     start_supervisor(sim, "sim2", env=[f"TWINSPARK_HEAD_GRACE_S={grace_s}"])
     wait_until(lambda: not completes(sim, api_key(sim)), 60, what="the engine noticing its worker left")
     wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving with the patient worker")
@@ -630,13 +781,13 @@ def test_head_back_fast_is_caught_by_node_id(sim, report, serving):
     """Gotcha 11 proper: the head is back (new GCS session) before the worker would call it
     unreachable, `ray status` works again — only the NodeID check can tell."""
     ensure_worker_grace(sim, SLOW_HEAD_GRACE_S)
-    worker_exits = exit_count(sim, "sim2", WORKER)
+    worker_exits = exit_count(sim, "sim2", SERVING)
     killed_at = time.time()
-    kill_container(sim, "sim1", HEAD)
-    wait_until(lambda: exit_count(sim, "sim2", WORKER) > worker_exits,
+    kill_container(sim, "sim1", SERVING)
+    wait_until(lambda: exit_count(sim, "sim2", SERVING) > worker_exits,
                60, what="worker leaving after the head came back")
     report["worker_detects_head_restart_by_node_id_s"] = round(
-        last_event(sim, "sim2", WORKER, "exit")["t"] - killed_at, 1)
+        last_event(sim, "sim2", SERVING, "exit")["t"] - killed_at, 1)
     reasons, log = worker_leave_reasons(sim)
     assert "is not alive in the head's GCS (head restarted?)" in reasons[-1], log
     wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the fast head restart")

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# api-gateway.sh — entrypoint of the head's API gateway container (restart: unless-stopped).
+#
+# nginx on serving.port in front of vLLM (on loopback): vLLM checks its key only on /v1, and
+# paths such as /invocations run the model without one. The gateway checks the key on every
+# path but /health. The key comes from secrets.env into a private tmpfs file at start; the
+# rendered api-gateway.conf holds no secret.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=prelude.sh
+. "$(dirname "$0")/prelude.sh"
+BUNDLE=$(cd "$(dirname "$0")" && pwd)
+set -a
+# shellcheck source=/dev/null
+. "$BUNDLE/twinspark.env"
+# shellcheck source=/dev/null
+. "$BUNDLE/secrets.env"
+set +a
+log_node=$TWINSPARK_NODE_NAME log_step=api-gateway
+RUN_DIR=/run/twinspark-api-gateway
+
+write_key_map() {
+  # The stack refuses other characters; checked again here because the key is spliced into
+  # an nginx string and must not be able to end it.
+  [[ ${VLLM_API_KEY:-} =~ ^[A-Za-z0-9._~+/=-]{16,}$ ]] \
+    || die "the API key in secrets.env is empty, shorter than 16 or has characters other than letters, digits and -._~+/="
+  mkdir -p "$RUN_DIR"
+  chmod 700 "$RUN_DIR"
+  # shellcheck disable=SC2016 # $http_authorization and $twinspark_key_ok are nginx variables
+  (umask 077 && printf 'map $http_authorization $twinspark_key_ok {\n    default 0;\n    "Bearer %s" 1;\n}\n' \
+    "$VLLM_API_KEY" >"$RUN_DIR/api-key.conf")
+}
+
+main() {
+  mkdir -p "$TWINSPARK_LOG_DIR"
+  write_key_map
+  log "API gateway: nginx with $TWINSPARK_API_GATEWAY_CONF (log: $TWINSPARK_LOG_DIR/$TWINSPARK_API_GATEWAY_LOG)"
+  exec nginx -e stderr -g 'daemon off;' -c "$BUNDLE/$TWINSPARK_API_GATEWAY_CONF"
+}
+
+main "$@"

@@ -1,0 +1,235 @@
+"""The doors on a node, with the real tools: the host firewall under nft in network namespaces,
+and the API gateway under nginx in front of a recording upstream (issue 9)."""
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from program_harness import stack_config
+from test_node_artifacts import managed_file_lines, private_node  # noqa: F401 (fixture)
+
+import node_contract as contract
+from components import host_prep, launch_bundle
+from components.config import parse_stack_config
+from components.remote import LAUNCH_DIR
+
+CFG = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+HEAD, WORKER = CFG.nodes
+API_KEY = "sk-gateway-test-0123456789"
+
+
+def sh(*argv, check=True, **kw):
+    return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, timeout=60, **kw)
+
+
+def firewall_text(node=HEAD):
+    return host_prep.render_firewall(node, host_prep.firewall_policy(node, CFG.nodes, CFG.serving.port))
+
+
+# ---- firewall ---------------------------------------------------------------------------------
+def test_firewall_loads_and_a_reload_changes_nothing(tmp_path):
+    rules = tmp_path / "fw.nft"
+    rules.write_text(firewall_text())
+    script = f"nft -f {rules} && nft list ruleset > {tmp_path}/a && nft -f {rules} && nft list ruleset > {tmp_path}/b"
+    proc = sh("unshare", "--net", "bash", "-c", script, check=False)
+    assert proc.returncode == 0, proc.stderr
+    first = (tmp_path / "a").read_text()
+    assert first == (tmp_path / "b").read_text()
+    assert "policy drop" in first and 'iifname { "enp1s0f0np0", "enP2p1s0f0np0" } accept' in first
+
+
+def test_firewall_admits_ssh_api_rails_and_peers_only(tmp_path):
+    """The head's rules in its own netns: a LAN client reaches SSH and the API but not Ray; the
+    peer node reaches Ray over the rail and the bootstrap ports from its LAN address."""
+    node, lan, rail_peer = "tsfw-node", "tsfw-lan", "tsfw-peer"
+    peer_lan_ip = WORKER.host
+    try:
+        for ns in (node, lan, rail_peer):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "add", "tsfw-m0", "netns", node, "type", "veth", "peer", "name", "tsfw-m1", "netns", lan)
+        sh("ip", "link", "add", HEAD.rails[0].iface[:15], "netns", node, "type", "veth", "peer", "name", "tsfw-r1",
+           "netns", rail_peer)
+        sh("ip", "-n", node, "addr", "add", f"{HEAD.host}/24", "dev", "tsfw-m0")
+        sh("ip", "-n", node, "addr", "add", "fd00:ab::1/64", "dev", "tsfw-m0", "nodad")
+        sh("ip", "-n", lan, "addr", "add", "192.168.1.50/24", "dev", "tsfw-m1")
+        sh("ip", "-n", lan, "addr", "add", f"{peer_lan_ip}/24", "dev", "tsfw-m1")
+        sh("ip", "-n", lan, "addr", "add", "fd00:ab::50/64", "dev", "tsfw-m1", "nodad")
+        sh("ip", "-n", node, "addr", "add", HEAD.rails[0].address, "dev", HEAD.rails[0].iface[:15])
+        sh("ip", "-n", rail_peer, "addr", "add", WORKER.rails[0].address, "dev", "tsfw-r1")
+        for ns, iface in ((node, "tsfw-m0"), (lan, "tsfw-m1"), (node, HEAD.rails[0].iface[:15]), (rail_peer, "tsfw-r1")):
+            sh("ip", "-n", ns, "link", "set", iface, "up")
+        rules = tmp_path / "fw.nft"
+        rules.write_text(firewall_text())
+        sh("ip", "netns", "exec", node, "nft", "-f", rules)
+        ports = [22, CFG.serving.port, contract.RAY_PORT, 40000]
+        listener = ("import socket, sys, time\nsocks = []\nfor p in sys.argv[1:]:\n"
+                    "    s = socket.socket(socket.AF_INET6); s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n"
+                    "    s.bind(('::', int(p))); s.listen(); socks.append(s)\ntime.sleep(60)\n")
+        server = subprocess.Popen(["ip", "netns", "exec", node, "python3", "-c", listener, *map(str, ports)])
+        time.sleep(0.5)
+
+        def reach(ns, address, port, source=None):
+            code = (f"import socket; s = socket.socket(socket.AF_INET6 if ':' in '{address}' else socket.AF_INET);"
+                    f"s.settimeout(1.5); {'s.bind((%r, 0));' % source if source else ''}"
+                    f"print(s.connect_ex(('{address}', {port})))")
+            return sh("ip", "netns", "exec", ns, "python3", "-c", code).stdout.strip() == "0"
+
+        try:
+            lan_client = {p: reach(lan, HEAD.host, p, source="192.168.1.50") for p in ports}
+            assert lan_client == {22: True, CFG.serving.port: True, contract.RAY_PORT: False, 40000: False}
+            assert not reach(lan, "fd00:ab::1", contract.RAY_PORT), "IPv6 must be filtered too (inet table)"
+            assert reach(lan, "fd00:ab::1", 22)
+            assert reach(rail_peer, HEAD.rails[0].ip, contract.RAY_PORT), "Ray over the rail"
+            assert reach(lan, HEAD.host, 40000, source=peer_lan_ip), "the peer's NCCL bootstrap over the LAN"
+        finally:
+            server.kill()
+    finally:
+        for ns in (node, lan, rail_peer):
+            sh("ip", "netns", "del", ns, check=False)
+
+
+def test_managed_firewall_applies_once_and_remove_deletes_the_table(tmp_path, private_node):  # noqa: F811
+    run, calls = private_node
+    rules = tmp_path / "etc" / "firewall.nft"
+    install, remove, stdin = managed_file_lines(tmp_path, rules, action="nftables")
+    install += " --undo 'inet twinspark'"
+    remove += " --undo 'inet twinspark'"
+    text = stdin(firewall_text())
+    inner = tmp_path / "inner.sh"
+    inner.write_text(f"{install} < {text}; {install} < {text}; nft list tables; "
+                     f"{remove} < {stdin('')}; echo after:; nft list tables\n")
+    proc = run(f"unshare --net bash {inner}")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"installed: {rules}", f"unchanged: {rules}", "table inet twinspark",
+                                        f"removed: {rules}", "after:"]
+
+
+def test_managed_firewall_refuses_rules_nft_rejects_and_changes_nothing(tmp_path, private_node):  # noqa: F811
+    run, _ = private_node
+    rules = tmp_path / "etc" / "firewall.nft"
+    install, _, stdin = managed_file_lines(tmp_path, rules, action="nftables")
+    bad = stdin("table inet twinspark { chain input { type filter hook input priority filter; policy dropp; } }\n")
+    inner = tmp_path / "inner.sh"
+    inner.write_text(f"{install} --undo 'inet twinspark' < {bad}; echo rc=$?; nft list tables\n")
+    proc = run(f"unshare --net bash {inner}")
+    assert "nft refused" in proc.stderr and "rc=1" in proc.stdout
+    assert "table inet twinspark" not in proc.stdout
+
+
+# ---- API gateway -----------------------------------------------------------------------------
+class Upstream(BaseHTTPRequestHandler):
+    """Stands in for vLLM on loopback: answers every path, records what reached it."""
+
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def answer(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        type(self).seen.append(self.path)
+        body = json.dumps({"path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = answer
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gateway_bundle(tmp_path, api_key, port):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    for name in (contract.PRELUDE, contract.API_GATEWAY_SCRIPT):
+        shutil.copy(LAUNCH_DIR / name, bundle / name)
+    args = launch_bundle.LaunchBundleArgs(HEAD, None, None, HEAD.ray_ip, [n.ray_ip for n in CFG.nodes], "lan0",
+                                          "token", "label-key", api_key)
+    (bundle / contract.ENV_FILE).write_text(launch_bundle.render_env_file(args))
+    (bundle / contract.SECRETS_FILE).write_text(launch_bundle.render_secrets_env(api_key))
+    (bundle / contract.API_GATEWAY_CONF).write_text(launch_bundle.render_api_gateway_conf(port))
+    return bundle
+
+
+@contextlib.contextmanager
+def running_gateway(tmp_path, api_key=API_KEY):
+    if shutil.which("nginx") is None:
+        pytest.fail("needs nginx (scripts/test.sh installs it)")
+    upstream = ThreadingHTTPServer(("127.0.0.1", contract.VLLM_LOOPBACK_PORT), Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    Upstream.seen = []
+    port = free_port()
+    bundle = gateway_bundle(tmp_path, api_key, port)
+    proc = subprocess.Popen(["bash", str(bundle / contract.API_GATEWAY_SCRIPT)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        yield proc, port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        upstream.shutdown()
+        upstream.server_close()
+
+
+def call(port, path, key=None, body=None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def wait_for_port(port, proc):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.1)
+    raise AssertionError("the gateway never listened")
+
+
+# every path vLLM 0.25 serves that runs the model or says something about it
+MODEL_PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/invocations", "/generative_scoring",
+               "/tokenize", "/detokenize", "/metrics", "/version", "/ping", "/load", "/docs", "/openapi.json",
+               "/v2/models", "/inference/v1/generate", "/pooling", "/score", "/rerank", "/unknown/path"]
+
+
+def test_gateway_demands_the_key_on_every_path_but_health(tmp_path):
+    with running_gateway(tmp_path) as (proc, port):
+        wait_for_port(port, proc)
+        assert call(port, "/health") == 200
+        for path in MODEL_PATHS:
+            for key in (None, "wrong-key", API_KEY + "x", API_KEY[:-1]):
+                assert call(port, path, key, body={}) == 401, (path, key)
+        assert Upstream.seen == ["/health"], "nothing without the key may reach vLLM"
+        for path in MODEL_PATHS:
+            assert call(port, path, API_KEY, body={}) == 200, path
+        assert Upstream.seen[1:] == MODEL_PATHS
+
+
+@pytest.mark.parametrize("key", ['sk-has-"quote"-0123456789', "sk-short", "", "sk-new\nline-0123456789"])
+def test_gateway_refuses_a_key_that_could_break_its_config(tmp_path, key):
+    with running_gateway(tmp_path, api_key=key) as (proc, _port):
+        out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 1
+    assert "the API key in secrets.env is empty, shorter than 16 or has characters other than" in out
