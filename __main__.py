@@ -15,7 +15,7 @@ from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank
 from components.observability import Observability, ObservabilityArgs, ObservedAccess
-from components.observability_files import ObservabilityPlan, ObservedNode, ObservedRail
+from components.observability_files import plan_from_config
 from components.readiness import Readiness, ReadinessArgs
 from components.remote import connection, docker_host, docker_ssh_opts, write_pinned_known_hosts
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs
@@ -146,16 +146,7 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
     Observability(
         "observability",
         ObservabilityArgs(
-            plan=ObservabilityPlan(
-                nodes=tuple(ObservedNode(n.name, n.role, n.ray_ip, tuple(ObservedRail(r.iface, r.hca) for r in n.rails))
-                            for n in cfg.nodes),
-                vllm_port=cfg.serving.port,
-                expected_mtu=cfg.fabric.mtu,
-                expected_link_speed_mbps=cfg.fabric.link_speed_mbps,
-                bootstrap_iface=cfg.fabric.bootstrap_iface,
-                settings=cfg.observability,
-                alertmanager=alert_webhook_url is not None,
-            ),
+            plan=plan_from_config(cfg, alertmanager=alert_webhook_url is not None),
             access={n.name: ObservedAccess(conns[n.name], images[n.name].provider) for n in cfg.nodes},
             grafana_admin_password=grafana_password,
             alert_webhook_url=alert_webhook_url.apply(check_webhook_url) if alert_webhook_url is not None else None,

@@ -44,7 +44,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 import node_contract as contract
 
-from .config import Observability
+from .config import Observability, StackConfig
 
 RULES_FILE = "twinspark-alerts.yml"
 CONTAINER_RULES_DIR = f"{contract.PROMETHEUS_CONTAINER_CONFIG_DIR}/rules"
@@ -132,6 +132,20 @@ class ObservabilityPlan:
     @property
     def head(self) -> ObservedNode:
         return next(n for n in self.nodes if n.role == "head")
+
+
+def plan_from_config(cfg: StackConfig, alertmanager: bool) -> ObservabilityPlan:
+    """The stack's facts the monitoring stack needs (alertmanager: an alert webhook is set)."""
+    return ObservabilityPlan(
+        nodes=tuple(ObservedNode(n.name, n.role, n.ray_ip, tuple(ObservedRail(r.iface, r.hca) for r in n.rails))
+                    for n in cfg.nodes),
+        vllm_port=cfg.serving.port,
+        expected_mtu=cfg.fabric.mtu,
+        expected_link_speed_mbps=cfg.fabric.link_speed_mbps,
+        bootstrap_iface=cfg.fabric.bootstrap_iface,
+        settings=cfg.observability,
+        alertmanager=alertmanager,
+    )
 
 
 def _dump(data) -> str:

@@ -11,36 +11,20 @@ import subprocess
 
 from program_harness import stack_config
 
-from components.config import StackConfig, parse_stack_config
+from components.config import parse_stack_config
 from components.observability_files import (
     GUARD_METRICS,
     ROCE_ERROR_COUNTERS,
-    ObservabilityPlan,
-    ObservedNode,
-    ObservedRail,
     alert_groups,
+    plan_from_config,
     render_dashboards,
 )
 
 BASE = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
 
 
-def plan_of(cfg: StackConfig, alertmanager: bool = False) -> ObservabilityPlan:
-    """The plan exactly as __main__.py builds it (test_observability checks the two agree)."""
-    return ObservabilityPlan(
-        nodes=tuple(ObservedNode(n.name, n.role, n.ray_ip, tuple(ObservedRail(r.iface, r.hca) for r in n.rails))
-                    for n in cfg.nodes),
-        vllm_port=cfg.serving.port,
-        expected_mtu=cfg.fabric.mtu,
-        expected_link_speed_mbps=cfg.fabric.link_speed_mbps,
-        bootstrap_iface=cfg.fabric.bootstrap_iface,
-        settings=cfg.observability,
-        alertmanager=alertmanager,
-    )
-
-
-def recipe_plan(alertmanager: bool = False, **settings) -> ObservabilityPlan:
-    return plan_of(parse_stack_config({**copy.deepcopy(BASE), "observability": settings}), alertmanager)
+def recipe_plan(alertmanager: bool = False, **settings):
+    return plan_from_config(parse_stack_config({**copy.deepcopy(BASE), "observability": settings}), alertmanager)
 
 
 def every_rule(plan=None):

@@ -32,7 +32,6 @@ from observability_helpers import (
     dashboard_targets,
     every_rule,
     metric_names,
-    plan_of,
     promql_of,
     recipe_plan,
     run,
@@ -44,6 +43,7 @@ from components.observability_files import (
     GUARD_METRICS,
     RULES_FILE,
     grafana_files,
+    plan_from_config,
     prometheus_files,
     render_alert_rules,
     render_alertmanager_config,
@@ -399,7 +399,7 @@ def test_thresholds_follow_the_config():
     assert "< 5)" in exprs["TwinsparkThroughputCollapse"] and "< 100)" in exprs["TwinsparkThroughputCollapse"]
     cfg = copy.deepcopy(BASE)
     cfg["fabric"]["mtu"] = 4200
-    assert {r.alert: r.expr for r in every_rule(plan_of(parse_stack_config(cfg)))}[
+    assert {r.alert: r.expr for r in every_rule(plan_from_config(parse_stack_config(cfg), False))}[
         "TwinsparkRailMtuWrong"].endswith("!= 4200")
 
 
@@ -532,7 +532,7 @@ def test_exporters_listen_on_the_first_rail_with_the_fabric_collectors(recipe_ru
 
 
 def test_the_head_gets_the_rendered_files_as_managed_files(recipe_run):
-    plan = plan_of(parse_stack_config(copy.deepcopy(BASE)))  # as __main__.py builds it
+    plan = plan_from_config(parse_stack_config(copy.deepcopy(BASE)), alertmanager=False)
     for f in [*prometheus_files(plan), *grafana_files(plan)]:
         call = runner_call(recipe_run.named(f"spark1-observability-{f.step}"))
         assert call.script == "managed-file.sh" and call.args[0] == "install"
@@ -621,3 +621,83 @@ def test_three_nodes_get_exporters_and_scrape_targets(program, recipe_config):
     assert [sc["targets"] for sc in node_job["static_configs"]] == [["10.0.0.1:9100"], ["10.0.0.2:9100"],
                                                                     ["10.0.0.3:9100"]]
     assert "spark3-observability-prometheus" not in run_.by_name
+
+
+# ---- the scripts on the nodes, run through the program's own runner line ---------------------
+def runner(script: str, args: list[str], secrets: dict[str, str] = None) -> tuple[str, str]:
+    """(command line, stdin) exactly as node_command sends them."""
+    from components.remote import encode_secret, script_command, script_text
+
+    secrets = secrets or {}
+    return (script_command(script, args, list(secrets)),
+            "".join(encode_secret(v) for v in secrets.values()) + script_text(script))
+
+
+def test_dirs_script_creates_owns_and_is_idempotent(tmp_path):
+    from components.observability import DIRS_SCRIPT
+
+    spec = [f"{tmp_path}/data:0:0:0755", f"{tmp_path}/data/prometheus:65534:65534:0750"]
+    line, stdin = runner(DIRS_SCRIPT, ["--node", "t"] + [a for s in spec for a in ("--dir", s)])
+    first, second = (run(["bash", "-c", line], input=stdin) for _ in range(2))
+    assert first.returncode == 0 and "ready:" in first.stdout, first.stdout + first.stderr
+    assert second.returncode == 0 and "ready:" not in second.stdout and second.stdout.count("unchanged:") == 2
+    prom = tmp_path / "data" / "prometheus"
+    assert (prom.stat().st_uid, prom.stat().st_gid, oct(prom.stat().st_mode & 0o777)) == (65534, 65534, "0o750")
+    bad_line, bad_stdin = runner(DIRS_SCRIPT, ["--node", "t", "--dir", "relative:0:0:0755"])
+    bad = run(["bash", "-c", bad_line], input=bad_stdin)
+    assert bad.returncode == 2 and "expected /PATH:UID:GID:MODE" in bad.stderr
+
+
+def test_grafana_password_reaches_grafana_cli_on_stdin_only(tmp_path):
+    """A stand-in Grafana answers /api/health; a stand-in `docker` records its argv and stdin."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from components.observability import PASSWORD_SCRIPT, grafana_admin_args
+
+    class Health(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200 if self.path == "/api/health" else 404)
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f'#!/bin/sh\necho "$*" > {tmp_path}/argv\ncat > {tmp_path}/stdin\n')
+    (bin_dir / "docker").chmod(0o755)
+    password = "pw with spaces, 'quotes' and $dollars"
+    args = grafana_admin_args(recipe_plan())
+    args[args.index("--url") + 1] = f"http://127.0.0.1:{server.server_address[1]}"
+    line, stdin = runner(PASSWORD_SCRIPT, args, {"GRAFANA_ADMIN_PASSWORD": password})
+    assert password not in line
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    proc = run(["bash", "-c", line], input=stdin, env=env)
+    server.shutdown()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    argv = (tmp_path / "argv").read_text()
+    assert argv.split() == ["exec", "-i", "twinspark-grafana", "grafana", "cli", "--homepath", "/usr/share/grafana",
+                            "admin", "reset-admin-password", "--password-from-stdin"]
+    assert (tmp_path / "stdin").read_text() == password
+    assert "admin password set in twinspark-grafana" in proc.stdout
+    empty_line, empty_stdin = runner(PASSWORD_SCRIPT, args, {"GRAFANA_ADMIN_PASSWORD": ""})
+    empty = run(["bash", "-c", empty_line], input=empty_stdin, env=env)
+    assert empty.returncode == 2 and "GRAFANA_ADMIN_PASSWORD is empty" in empty.stderr
+
+
+def test_readme_panel_list_is_the_dashboards():
+    from components.observability_files import HOME_DASHBOARD
+
+    lines = []
+    for name, text in render_dashboards(recipe_plan()).items():
+        model = json.loads(text)
+        titles = [p["title"] for top in model["panels"] for p in [top, *top.get("panels", [])] if p["type"] != "row"]
+        home = " (Grafana's home page)" if name == HOME_DASHBOARD else ""
+        lines.append(f"- *{model['title']}*{home}: " + " · ".join(titles))
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("<!-- panels:")
+    listed = readme[readme.index("\n", start) + 1:readme.index("<!-- /panels -->")]
+    assert listed == "\n".join(lines) + "\n", "README panel list drifted from render_dashboards()"
