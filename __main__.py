@@ -8,12 +8,14 @@ import pulumi
 import pulumi_random as random
 
 from components import client_outputs as client
-from components.config import NAMESPACE, load_stack_config
+from components.config import NAMESPACE, check_webhook_url, load_stack_config
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
 from components.host_prep import HostPrep, HostPrepArgs, firewall_policy
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank
+from components.observability import Observability, ObservabilityArgs, ObservedAccess
+from components.observability_files import plan_from_config
 from components.readiness import Readiness, ReadinessArgs
 from components.remote import connection, docker_host, docker_ssh_opts, write_pinned_known_hosts
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs
@@ -33,7 +35,8 @@ head = cfg.head
 host_preps = {
     n.name: HostPrep(
         f"{n.name}-hostprep",
-        HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu, firewall=firewall_policy(n, cfg.nodes, cfg.serving.port)),
+        HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu,
+                     firewall=firewall_policy(n, cfg.nodes, cfg.head_public_ports)),
     )
     for n in cfg.nodes
 }
@@ -146,6 +149,25 @@ Readiness(
         serving=[cluster.head, cluster.gateway],
     ),
 )
+
+if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the head, exporters on every node
+    grafana_password = secrets.get_secret("grafanaAdminPassword") or random.RandomPassword(
+        "grafana-admin-password", length=32, special=False).result
+    alert_webhook_url = secrets.get_secret("alertWebhookUrl")
+    Observability(
+        "observability",
+        ObservabilityArgs(
+            plan=plan_from_config(cfg, alertmanager=alert_webhook_url is not None),
+            access={n.name: ObservedAccess(conns[n.name], images[n.name].provider) for n in cfg.nodes},
+            grafana_admin_password=grafana_password,
+            alert_webhook_url=alert_webhook_url.apply(check_webhook_url) if alert_webhook_url is not None else None,
+        ),
+        opts=after_fabric,  # the exporters bind the first-rail addresses
+    )
+    pulumi.export("grafanaUrl", client.grafana_url(cfg))
+    pulumi.export("grafanaAdminPassword", pulumi.Output.secret(grafana_password))
+    pulumi.export("prometheusUrl", client.prometheus_url())
+    pulumi.export("prometheusTunnel", client.prometheus_tunnel(cfg))
 
 pulumi.export("endpoint", client.endpoint_url(cfg))
 pulumi.export("model", cfg.model.served_name)

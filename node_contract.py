@@ -98,3 +98,42 @@ WEIGHTS_MANIFEST = ".twinspark-manifest"
 SYNC_KEY = "~/.ssh/twinspark_weights"
 SYNC_KEY_COMMENT = "twinspark-weights"
 SYNC_KNOWN_HOSTS = "~/.ssh/twinspark_known_hosts"
+
+# ---- observability (components/observability.py) ------------------------------------------
+# Everything the monitoring containers keep on the host; `pulumi destroy` keeps it (metrics and
+# Grafana's database), like the weights.
+OBSERVABILITY_DIR = "/var/lib/twinspark/observability"
+OBSERVABILITY_CONFIG_DIR = f"{OBSERVABILITY_DIR}/config"  # the rendered files, per container
+PROMETHEUS_DATA_DIR = f"{OBSERVABILITY_DIR}/prometheus"  # the TSDB (head)
+GRAFANA_DATA_DIR = f"{OBSERVABILITY_DIR}/grafana"  # Grafana's database (head)
+ALERTMANAGER_DATA_DIR = f"{OBSERVABILITY_DIR}/alertmanager"  # silences, notification log (head)
+# The node exporter's textfile collector reads DIR/*.prom: where the guard writes its metrics.
+TEXTFILE_DIR = f"{OBSERVABILITY_DIR}/textfile"
+GRAFANA_PASSWORD_FILE = f"{OBSERVABILITY_DIR}/secrets/grafana-admin-password"
+# The images' own users: Prometheus and Alertmanager run as nobody, Grafana as 472 in group root.
+PROMETHEUS_UID = ALERTMANAGER_UID = 65534
+GRAFANA_UID, GRAFANA_GID = 472, 0
+# Ports. Prometheus and Alertmanager listen on the head's loopback only (no authentication);
+# the exporters on each node's first-rail address, so scrapes cross the cable, not the LAN.
+PROMETHEUS_PORT = 9090
+ALERTMANAGER_PORT = 9093
+NODE_EXPORTER_PORT = 9100
+GPU_EXPORTER_PORT = 9835
+OBSERVABILITY_PORTS = {"Prometheus": PROMETHEUS_PORT, "Alertmanager": ALERTMANAGER_PORT,
+                       "the node exporter": NODE_EXPORTER_PORT, "the GPU exporter": GPU_EXPORTER_PORT}
+OBSERVABILITY_CONFIG_LABEL = "twinspark.config-sha256"
+# Inside the containers (bind mounts of the directories above).
+PROMETHEUS_CONTAINER_CONFIG_DIR = "/etc/prometheus"  # <- OBSERVABILITY_CONFIG_DIR/prometheus
+PROMETHEUS_CONTAINER_DATA_DIR = "/prometheus"
+GRAFANA_CONTAINER_PROVISIONING_DIR = "/etc/grafana/provisioning"  # <- OBSERVABILITY_CONFIG_DIR/grafana/provisioning
+GRAFANA_CONTAINER_DASHBOARDS_DIR = "/etc/grafana/dashboards"  # <- OBSERVABILITY_CONFIG_DIR/grafana/dashboards
+GRAFANA_CONTAINER_DATA_DIR = "/var/lib/grafana"
+GRAFANA_CONTAINER_PASSWORD_FILE = "/run/secrets/grafana-admin-password"
+ALERTMANAGER_CONTAINER_CONFIG_DIR = "/etc/alertmanager"  # <- OBSERVABILITY_CONFIG_DIR/alertmanager
+ALERTMANAGER_CONTAINER_DATA_DIR = "/alertmanager"
+NODE_EXPORTER_HOST_ROOT = "/host"  # the host's / inside the node exporter, read-only
+
+
+def observability_container_name(capability: str) -> str:
+    """twinspark-prometheus, -grafana, -alertmanager, -node-exporter, -gpu-exporter."""
+    return f"twinspark-{capability}"

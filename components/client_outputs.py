@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+import node_contract as contract
+
 from .config import StackConfig
 
 # Agent sessions degrade past ~150k of history with the native fp8 KV, ~100-120k with
@@ -26,6 +28,20 @@ CODEX_PROVIDER_ID = "twinspark"
 
 def endpoint_base(cfg: StackConfig) -> str:
     return f"http://{cfg.head.host}:{cfg.serving.port}"
+
+
+def grafana_url(cfg: StackConfig) -> str:
+    return f"http://{cfg.head.host}:{cfg.observability.grafana_port}"
+
+
+def prometheus_url() -> str:
+    """Prometheus listens on the head's loopback only: this URL works through `prometheus_tunnel`."""
+    return f"http://127.0.0.1:{contract.PROMETHEUS_PORT}"
+
+
+def prometheus_tunnel(cfg: StackConfig) -> str:
+    port = contract.PROMETHEUS_PORT
+    return f"ssh -N -L {port}:127.0.0.1:{port} {cfg.ssh.user}@{cfg.head.host}"
 
 
 def endpoint_url(cfg: StackConfig) -> str:

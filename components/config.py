@@ -23,8 +23,11 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+import node_contract as contract
+
 NAMESPACE = "twinspark"
 STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "model", "serving")
+OPTIONAL_STRUCTURED_KEYS = ("observability",)  # omitted: the block's defaults
 
 # Launch profiles exactly as the recipe's table (§5): speculative depth and batch width.
 PROFILES: dict[str, dict[str, int]] = {
@@ -176,12 +179,73 @@ class Serving(Contract):
         return self
 
 
+# An image is pinned when it names a digest or an exact version tag (major.minor.patch, as
+# v3.13.1 or 12.4.5-ubuntu): never "latest", "v3" or "12.4", never a bare repository (which
+# docker reads as "latest").
+_IMAGE_REFERENCE = re.compile(
+    r"^(?P<repo>[a-z0-9][a-z0-9._/-]*(:[0-9]+/[a-z0-9._/-]+)?)"
+    r"(:(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
+_EXACT_VERSION = re.compile(r"^v?[0-9]+\.[0-9]+\.[0-9]+([-+._][A-Za-z0-9_.-]+)?$")
+
+
+def _pinned_image(value: str) -> str:
+    match = _IMAGE_REFERENCE.match(value)
+    if not match:
+        raise ValueError("expected an image reference like prom/prometheus:v3.13.1 or repo@sha256:<64 hex>")
+    tag, digest = match.group("tag"), match.group("digest")
+    if digest is None and (tag is None or not _EXACT_VERSION.match(tag)):
+        raise ValueError("expected an image pinned to an exact version tag (e.g. :v3.13.1) or a @sha256: digest")
+    return value
+
+
+PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
+
+
+class ObservabilityImages(Contract):
+    prometheus: PinnedImage = Field(default="prom/prometheus:v3.13.1", description="Prometheus, on the head")
+    grafana: PinnedImage = Field(default="grafana/grafana:12.4.5", description="Grafana, on the head")
+    alertmanager: PinnedImage = Field(
+        default="prom/alertmanager:v0.28.1", description="Alertmanager, on the head, only with `alertWebhookUrl` set")
+    node_exporter: PinnedImage = Field(
+        default="prom/node-exporter:v1.12.1",
+        description="node exporter on every node: host, RoCE port counters and state, link state, MTU, speed")
+    gpu_exporter: PinnedImage = Field(
+        default="utkuozdemir/nvidia_gpu_exporter:1.14.0",
+        description="nvidia-smi exporter on every node (works on GB10, where DCGM does not)")
+
+
+class Observability(Contract):
+    enabled: bool = Field(
+        default=True, description="`false`: deploy no metrics, dashboards or alerts (and remove them if deployed)")
+    retention_days: int = Field(default=30, ge=1, le=3650, description="Prometheus keeps this many days of samples")
+    retention_size: Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]*(KB|MB|GB|TB)$")] = Field(
+        default="100GB", description="...and at most this much of the head's disk, whichever limit is hit first")
+    scrape_interval_seconds: int = Field(
+        default=15, ge=1, le=300, description="how often every target is scraped and every rule evaluated")
+    grafana_port: int = Field(default=3000, ge=1, le=65535, description="Grafana's port on every interface of the head")
+    images: ObservabilityImages = Field(
+        default_factory=ObservabilityImages,
+        description="the images, each pinned to an exact `major.minor.patch` tag or a `@sha256:` digest")
+    gpu_temperature_alert_celsius: float = Field(
+        default=85.0, gt=0, le=120, description="TwinsparkGpuHot fires above this GPU temperature for 5 min")
+    spec_decode_min_acceptance: float = Field(
+        default=0.2, ge=0, lt=1,
+        description="TwinsparkSpecDecodeAcceptanceCollapse fires when accepted/drafted tokens stay below this")
+    throughput_floor_tokens_per_second: float = Field(
+        default=10.0, gt=0,
+        description="TwinsparkThroughputCollapse fires when requests run but output stays under this many tok/s "
+        "(and prefill under 20 times it) for 10 min; healthy decode is 27-105 tok/s")
+
+
 class StackConfig(Contract):
     ssh: SshConfig
     nodes: list[Node] = Field(min_length=1)
     fabric: Fabric
     model: ModelConfig
     serving: Serving
+    observability: Observability = Field(default_factory=Observability)
 
     @property
     def head(self) -> Node:
@@ -194,6 +258,12 @@ class StackConfig(Contract):
     @property
     def tensor_parallel_size(self) -> int:
         return len(self.nodes)  # one GB10 GPU per Spark
+
+    @property
+    def head_public_ports(self) -> tuple[int, ...]:
+        """What the head serves to the LAN (the host firewall opens these and SSH, nothing else)."""
+        grafana = (self.observability.grafana_port,) if self.observability.enabled else ()
+        return (self.serving.port, *grafana)
 
     def peers_on_rail(self, node: Node, rail_index: int) -> list[str]:
         return [n.rails[rail_index].ip for n in self.nodes if n.name != node.name]
@@ -227,6 +297,15 @@ class StackConfig(Contract):
                         f"an address in {first.network} (rail {r} of every node shares one subnet, "
                         f"as nodes[0].rails[{r}] does)",
                     )
+        if self.observability.enabled:
+            taken = {**contract.OBSERVABILITY_PORTS, "Ray": contract.RAY_PORT,
+                     "the Ray dashboard": contract.RAY_DASHBOARD_PORT}
+            for path, port in (("serving.port", self.serving.port),
+                               ("observability.grafanaPort", self.observability.grafana_port)):
+                user = next((name for name, p in taken.items() if p == port), None)
+                if user:
+                    raise _CrossFieldError(path, port, f"a port other than {user}'s ({port}, on the head)")
+                taken[path] = port
         return self
 
 
@@ -252,7 +331,18 @@ def _require_distinct(nodes: list[Node], field: str, key) -> None:
 SECRET_KEYS = {
     "apiKey": "the API key clients send; generated once when unset (`pulumi config set --secret apiKey ...`)",
     "hfToken": "Hugging Face token, for gated models",
+    "grafanaAdminPassword": "Grafana's `admin` password; generated once when unset",
+    "alertWebhookUrl": "where alerts are sent (an Alertmanager webhook receiver: JSON POST); unset: they show "
+    "in Grafana and Prometheus only",
 }
+
+
+def check_webhook_url(url: str) -> str:
+    """twinspark:alertWebhookUrl is a secret: the message never shows it."""
+    if not re.fullmatch(r"https?://[^\s/'\"]+(/\S*)?", url or ""):
+        raise pulumi.RunError(f"{NAMESPACE}:alertWebhookUrl: not an http(s) URL (value not shown: it is a secret) "
+                              "— expected the URL of a receiver for Alertmanager's webhook POSTs")
+    return url
 
 
 def parameter_table() -> str:
@@ -266,17 +356,17 @@ def parameter_table() -> str:
             inner = getattr(annotation, "__args__", (annotation,))
             nested = next((t for t in inner if isinstance(t, type) and issubclass(t, Contract)), None)
             if nested is not None:
-                rows.append(f"| `{key}` | required | {field.description} |")
+                rows.append(f"| `{key}` | {'required' if field.is_required() else 'see below'} | {field.description} |")
                 walk(nested, f"{key}{'[]' if getattr(annotation, '__origin__', None) is list else ''}.")
                 continue
             if field.is_required():
                 default = "required"
             else:
                 value = field.get_default(call_default_factory=True)
-                default = "none" if value is None else f"`{value}`"
+                default = "none" if value is None else f"`{str(value).lower() if isinstance(value, bool) else value}`"
             rows.append(f"| `{key}` | {default} | {field.description} |")
 
-    for block in STRUCTURED_KEYS:
+    for block in STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS:
         model = StackConfig.model_fields[block].annotation
         inner = getattr(model, "__args__", (model,))[0]
         walk(inner, f"{block}{'[]' if block == 'nodes' else ''}.")
@@ -331,7 +421,7 @@ def load_stack_config(config: Optional[pulumi.Config] = None) -> StackConfig:
     """Read every structured `twinspark:*` key from the stack and validate it."""
     config = config or pulumi.Config(NAMESPACE)
     raw = {}
-    for key in STRUCTURED_KEYS:
+    for key in STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS:
         try:
             raw[key] = config.get_object(key)
         except Exception:  # pulumi raises a bare ConfigTypeError on non-JSON values
@@ -339,4 +429,4 @@ def load_stack_config(config: Optional[pulumi.Config] = None) -> StackConfig:
                 f"{NAMESPACE}:{key}: {config.get(key)!r} is not structured — expected a YAML "
                 "mapping or list as in Pulumi.spark.yaml"
             ) from None
-    return parse_stack_config(raw)
+    return parse_stack_config({k: v for k, v in raw.items() if v is not None or k in STRUCTURED_KEYS})

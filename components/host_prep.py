@@ -107,9 +107,10 @@ def render_userns_sysctl() -> str:
     )
 
 
-def firewall_policy(node: Node, nodes: Sequence[Node], api_port: int) -> FirewallPolicy:
-    """SSH from anywhere and the API on the head; the other nodes by address; the rails whole."""
-    ports = (contract.SSH_PORT, api_port) if node.role == "head" else (contract.SSH_PORT,)
+def firewall_policy(node: Node, nodes: Sequence[Node], head_ports: Sequence[int]) -> FirewallPolicy:
+    """SSH from anywhere, and on the head `head_ports` (the API, Grafana); the other nodes by
+    address; the rails whole."""
+    ports = (contract.SSH_PORT, *head_ports) if node.role == "head" else (contract.SSH_PORT,)
     return FirewallPolicy(open_tcp_ports=ports, peer_hosts=tuple(m.host for m in nodes if m.name != node.name))
 
 

@@ -5,13 +5,14 @@
 #   sudo ./scripts/test.sh -k fabric  # extra arguments go to pytest
 #
 # Installs only what is missing: Debian tools the tests run for real (shellcheck, netplan,
-# sshd, rsync, ping, sudo, iproute2, nftables, nginx), a virtualenv with requirements-dev.txt in .venv, and
+# sshd, rsync, ping, sudo, iproute2, nftables, nginx, Prometheus with promtool, the node
+# exporter, Alertmanager with amtool), a virtualenv with requirements-dev.txt in .venv, and
 # the Codex CLI from npm in build/codex.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CODEX_VERSION=0.171.0
-DEBIAN_PACKAGES=(shellcheck netplan.io logrotate openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm nftables nginx)
+DEBIAN_PACKAGES=(shellcheck netplan.io logrotate prometheus prometheus-node-exporter prometheus-alertmanager openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm nftables nginx)
 
 log() { printf '%s test.sh: %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 

@@ -35,6 +35,8 @@ def fake_outputs(type_, name, inputs):
     out = dict(inputs)
     if type_ == "docker:index/image:Image":
         out["repoDigest"] = "sha256:" + hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    if type_ == "docker:index/remoteImage:RemoteImage":
+        out["imageId"] = "sha256:" + hashlib.sha256(inputs["name"].encode()).hexdigest()
     if type_ == "random:index/randomPassword:RandomPassword":
         out["result"] = "generated-api-key-0123456789abcdef0123456789abcd"
     if type_ == "command:remote:Command":

@@ -3,6 +3,7 @@ and the API gateway under nginx in front of a recording upstream (issue 9)."""
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -31,7 +32,7 @@ def sh(*argv, check=True, **kw):
 
 
 def firewall_text(node=HEAD):
-    return host_prep.render_firewall(node, host_prep.firewall_policy(node, CFG.nodes, CFG.serving.port))
+    return host_prep.render_firewall(node, host_prep.firewall_policy(node, CFG.nodes, CFG.head_public_ports))
 
 
 # ---- firewall ---------------------------------------------------------------------------------
@@ -49,7 +50,8 @@ def test_firewall_loads_and_a_reload_changes_nothing(tmp_path):
 def test_firewall_admits_ssh_api_rails_and_peers_only(tmp_path):
     """The head's rules in its own netns: a LAN client reaches SSH and the API but not Ray; the
     peer node reaches Ray over the rail and the bootstrap ports from its LAN address."""
-    node, lan, rail_peer = "tsfw-node", "tsfw-lan", "tsfw-peer"
+    tag = f"tsfw{os.getpid() % 100000}"  # concurrent runs must not share namespaces
+    node, lan, rail_peer = f"{tag}-node", f"{tag}-lan", f"{tag}-peer"
     peer_lan_ip = WORKER.host
     try:
         for ns in (node, lan, rail_peer):

@@ -11,6 +11,7 @@ from components.config import parse_stack_config
 COMMAND = "command:remote:Command"
 CONTAINER = "docker:index/container:Container"
 IMAGE = "docker:index/image:Image"
+REMOTE_IMAGE = "docker:index/remoteImage:RemoteImage"
 DOCKER_PROVIDER = "pulumi:providers:docker"
 NODES = ("spark1", "spark2")
 
@@ -69,9 +70,12 @@ def test_every_node_gets_each_capability(recipe_run):
         for component in ("hostprep", "fabric", "image", "bundle"):
             assert f"{node}-{component}" in recipe_run.by_name
         assert f"{node}-docker" in recipe_run.by_name
+    observability = {f"{n}-observability-{c}" for n in NODES for c in ("node-exporter", "gpu-exporter")}
+    observability |= {"spark1-observability-prometheus", "spark1-observability-grafana"}  # no webhook: no Alertmanager
     assert {r.name for r in recipe_run.of_type(CONTAINER)} == {
-        "spark1-serving-container", "spark2-serving-container", "spark1-serving-gateway"}
+        "spark1-serving-container", "spark2-serving-container", "spark1-serving-gateway", *observability}
     assert {r.name for r in recipe_run.of_type(IMAGE)} == {"spark1-image-build", "spark2-image-build"}
+    assert {r.name for r in recipe_run.of_type(REMOTE_IMAGE)} == {f"{c}-image" for c in observability}
     # head-only and worker-only pieces
     assert "spark1-hostprep-userns-sysctl" in recipe_run.by_name
     assert "spark2-hostprep-userns-sysctl" not in recipe_run.by_name
@@ -96,6 +100,7 @@ def test_component_type_tokens(recipe_run):
         "twinspark:launch_bundle:LaunchBundle",
         "twinspark:serving_cluster:ServingCluster",
         "twinspark:readiness:Readiness",
+        "twinspark:observability:Observability",
     }
 
 
@@ -114,6 +119,15 @@ def test_component_type_tokens(recipe_run):
         ("spark1-serving-container", ["spark1-image-build", "spark1-bundle-ray-token", "spark1-weights-fetch", "spark2-serving-container", "spark2-nccl-check"]),
         ("spark1-serving-gateway", ["spark1-image-build", "spark1-bundle-secrets-env", "spark1-bundle-api-gateway-conf"]),
         ("spark1-readiness-wait", ["spark1-serving-container", "spark1-serving-gateway"]),
+        # the exporters bind first-rail addresses, which exist once the fabric is checked
+        ("spark2-observability-node-exporter", ["spark2-observability-dirs", "spark2-fabric-check"]),
+        ("spark2-observability-gpu-exporter", ["spark2-observability-dirs", "spark2-fabric-check"]),
+        ("spark1-observability-prometheus", ["spark1-observability-dirs", "spark1-observability-prometheus-config",
+                                             "spark1-observability-alert-rules", "spark1-fabric-check"]),
+        ("spark1-observability-grafana", ["spark1-observability-dirs", "spark1-observability-grafana-password",
+                                          "spark1-observability-grafana-datasource",
+                                          "spark1-observability-dashboard-overview"]),
+        ("spark1-observability-grafana-admin", ["spark1-observability-grafana"]),
     ],
 )
 def test_dependencies(recipe_run, resource, must_wait_for):
@@ -287,14 +301,16 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     """`pulumi up --replace` on a file, the sync key or its authorization must not end with
     the old delete removing what the new create just installed (issue 8, item 1)."""
     undoing = [r for r in recipe_run.of_type(COMMAND) if r.inputs.get("delete")]
-    # host files (6 + 6 + userns), head bundle (+ gateway), worker bundle, sync key, authorize
-    assert len(undoing) == 13 + 11 + 8 + 1 + 1
+    # host files (6 + 6 + userns), head bundle (+ gateway), worker bundle, sync key, authorize,
+    # observability files on the head (prometheus.yml, rules, datasource, dashboard provider,
+    # 3 dashboards, Grafana password)
+    assert len(undoing) == 13 + 11 + 8 + 1 + 1 + 8
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 
 def test_containers_get_a_stop_grace(recipe_run):
     for r in recipe_run.of_type(CONTAINER):
-        assert r.inputs["destroyGraceSeconds"] == 60
+        assert r.inputs["destroyGraceSeconds"] == (30 if "-observability-" in r.name else 60), r.name
 
 
 def test_fabric_check_arguments(recipe_run):
@@ -314,19 +330,23 @@ def test_weights_copy_goes_over_the_first_rail(recipe_run):
 def test_secrets_stay_secret(program, recipe_config):
     recipe_config["twinspark:apiKey"] = "sk-user-chosen-key-123"
     recipe_config["twinspark:hfToken"] = "hf_user_token_456"
+    recipe_config["twinspark:grafanaAdminPassword"] = "grafana-pw-chosen-789"
+    recipe_config["twinspark:alertWebhookUrl"] = "https://hooks.example.test/T0KEN-in-the-path"
     # set_all_config cannot mark values secret; the program must wrap them itself
     run = program(recipe_config)
     assert run.error is None, run.error
-    for secret in ("sk-user-chosen-key-123", "hf_user_token_456"):
+    for secret in ("sk-user-chosen-key-123", "hf_user_token_456", "grafana-pw-chosen-789", "T0KEN-in-the-path"):
         for r in run.resources:
             assert not plain_occurrences(r.inputs, secret), f"{secret} in plain inputs of {r.name}"
-            for field in ("create", "delete", "update"):
+            for field in ("create", "delete", "update", "command", "envs", "labels", "entrypoints", "triggers"):
                 assert secret not in json.dumps(unwrap(r.inputs.get(field, ""))), (r.name, field)
     assert run.outputs["apiKey"] == {"value": "sk-user-chosen-key-123", "secret": True}
     assert run.outputs["claudeCodeEnv"]["secret"] is True
+    assert run.outputs["grafanaAdminPassword"] == {"value": "grafana-pw-chosen-789", "secret": True}
     for name, out in run.outputs.items():
         if not out["secret"]:
-            assert "sk-user-chosen-key-123" not in json.dumps(out["value"]), name
+            for secret in ("sk-user-chosen-key-123", "grafana-pw-chosen-789", "T0KEN-in-the-path"):
+                assert secret not in json.dumps(out["value"]), name
 
 
 def test_generated_key_reaches_vllm_and_readiness_on_stdin(recipe_run):
@@ -349,6 +369,7 @@ def test_outputs_contract(recipe_run):
     assert set(out) == {
         "endpoint", "model", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
         "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser",
+        "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel",
     }
     assert out["endpoint"]["value"] == "http://192.168.1.10:8000/v1"
     assert out["model"]["value"] == "ds-0731"
@@ -371,6 +392,10 @@ def test_outputs_contract(recipe_run):
     assert [n["rayIp"] for n in nodes] == ["10.0.0.1", "10.0.0.2"]
     assert out["fabric"]["value"] == {"mtu": 9000, "linkSpeedMbps": 200000}
     assert out["sshUser"]["value"] == "nvidia"
+    assert out["grafanaUrl"] == {"value": "http://192.168.1.10:3000", "secret": False}
+    assert out["grafanaAdminPassword"]["secret"] is True
+    assert out["prometheusUrl"]["value"] == "http://127.0.0.1:9090"
+    assert out["prometheusTunnel"]["value"] == "ssh -N -L 9090:127.0.0.1:9090 nvidia@192.168.1.10"
 
 
 def test_client_context_follows_max_model_len(program, recipe_config):
@@ -407,7 +432,7 @@ def three_node_config(config):
 def test_three_nodes(program, recipe_config):
     run = program(three_node_config(recipe_config))
     assert run.error is None, run.error
-    workers = {r.name for r in run.of_type(CONTAINER) if unwrap(r.inputs)["entrypoints"][-1].endswith("boot-worker.sh")}
+    workers = {r.name for r in run.of_type(CONTAINER) if unwrap(r.inputs).get("entrypoints", [""])[-1].endswith("boot-worker.sh")}
     assert workers == {"spark2-serving-container", "spark3-serving-container"}
     head = run.named("spark1-serving-container")
     for w in workers:

@@ -285,7 +285,7 @@ def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
 
 def host_prep_files(sim, node):
     spec = sim.nodes[node].spec
-    firewall = host_prep.firewall_policy(spec, sim.cfg.nodes, sim.cfg.serving.port)
+    firewall = host_prep.firewall_policy(spec, sim.cfg.nodes, sim.cfg.head_public_ports)
     return host_prep.managed_files(spec, sim.cfg.fabric.mtu, firewall)
 
 
