@@ -49,7 +49,9 @@ RAY_DASHBOARD_PORT = 8265
 NCCL_RENDEZVOUS_PORT = 29555
 # vLLM listens on the head's loopback only, on this port; the API gateway (nginx) listens on
 # serving.port on every interface and checks the key on every path but /health.
-VLLM_LOOPBACK_PORT = 18080
+# Below Ray's worker ports (10002-19999) and the kernel's ephemeral range, where Ray's own
+# processes could hold it first.
+VLLM_LOOPBACK_PORT = 8100
 SSH_PORT = 22
 
 # ---- Ray token authentication (Ray >= 2.52): every ray process and client needs both ---------

@@ -46,15 +46,18 @@ class ServingClusterArgs:
     model_container_dir: str
 
 
-def common_args(node: NodeServingArgs, entrypoint: str, label: pulumi.Input[str]) -> dict:
+def common_args(node: NodeServingArgs, entrypoint: str, label: pulumi.Input[str], stop_signal: str) -> dict:
     """What every twinspark container shares: the image, host network, restart, logs, bundle."""
     return dict(
         image=node.image_id,
         entrypoints=["/bin/bash", f"{contract.CONTAINER_BUNDLE_DIR}/{entrypoint}"],
         network_mode=contract.NETWORK_MODE,
         restart="unless-stopped",
-        # docker stop with this grace on replace and destroy (0 s otherwise): vLLM finishes
-        # its shutdown and frees the GPU's unified memory before the container is removed
+        # The same grace for `pulumi up` replacing or destroying it (destroy_grace_seconds;
+        # the provider's own default is 0 s) and for a `docker stop` or a reboot (stop_timeout):
+        # in-flight requests finish and vLLM frees the GPU's unified memory before it goes.
+        stop_signal=stop_signal,
+        stop_timeout=STOP_GRACE_SECONDS,
         destroy_grace_seconds=STOP_GRACE_SECONDS,
         log_driver="json-file",
         log_opts=contract.DOCKER_LOG_OPTIONS,
@@ -71,7 +74,8 @@ def common_args(node: NodeServingArgs, entrypoint: str, label: pulumi.Input[str]
 
 def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
     """Every docker option of the recipe (§4): host network and IPC, all GPUs, RDMA devices."""
-    base = common_args(node, contract.boot_script(node.role), node.bundle_hash)
+    # SIGTERM: vLLM (PID 1 on the head) drains and exits; the boot scripts leave Ray at once
+    base = common_args(node, contract.boot_script(node.role), node.bundle_hash, "SIGTERM")
     return dict(
         base,
         name=contract.SERVING_CONTAINER,
@@ -91,7 +95,9 @@ def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
 
 def gateway_args(node: NodeServingArgs) -> dict:
     """The head's API gateway: the serving image's nginx, nothing of the GPU."""
-    return dict(common_args(node, contract.API_GATEWAY_SCRIPT, node.gateway_hash), name=contract.API_GATEWAY_CONTAINER)
+    # SIGQUIT is nginx's graceful stop: open streams finish, new connections are refused
+    gateway = common_args(node, contract.API_GATEWAY_SCRIPT, node.gateway_hash, "SIGQUIT")
+    return dict(gateway, name=contract.API_GATEWAY_CONTAINER)
 
 
 class ServingCluster(pulumi.ComponentResource):

@@ -20,6 +20,14 @@ membership() { python3 "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_MEMBERSHIP_SCRIPT" "$@"
 # A restarted container (or a supervisor in the sim) must not inherit a stale raylet.
 stop_ray() { ray stop --force >/dev/null 2>&1 || true; }
 
+# `docker stop` sends SIGTERM to PID 1 — this bash — which ignores it unless trapped and
+# runs a trap only between commands: the long waits run in the background (`interruptible`)
+# so a stop leaves Ray at once instead of after the 60 s grace.
+# (stderr: the trap may run inside `interruptible ... >file`, where stdout is that file)
+on_stop() { log "stop requested (SIGTERM): leaving Ray" >&2; stop_ray; exit 0; }
+trap on_stop TERM
+interruptible() { "$@" & wait $!; }
+
 # Every node declares one GPU: a GB10 Spark has exactly one, and TP spans the nodes.
 # Bounded: `ray start` can hang on an unreachable GCS.
 ray_start() { timeout 90 ray start --node-ip-address="$TWINSPARK_NODE_IP" --num-gpus=1 --disable-usage-stats "$@"; }

@@ -12,10 +12,10 @@ log_to "$TWINSPARK_BOOT_LOG"
 main() {
   log "starting Ray head on $TWINSPARK_NODE_IP:$RAY_PORT"
   stop_ray
-  ray_start --head --port="$RAY_PORT" --dashboard-host="$TWINSPARK_NODE_IP" \
+  interruptible ray_start --head --port="$RAY_PORT" --dashboard-host="$TWINSPARK_NODE_IP" \
     --dashboard-port="$RAY_DASHBOARD_PORT"
   log "waiting for ${TWINSPARK_NODE_COUNT} nodes with a GPU: $TWINSPARK_NODE_IPS"
-  membership wait-cluster --head "$TWINSPARK_NODE_IP" --expect-ips "$TWINSPARK_NODE_IPS"
+  interruptible membership wait-cluster --head "$TWINSPARK_NODE_IP" --expect-ips "$TWINSPARK_NODE_IPS"
   log "cluster complete; exec $TWINSPARK_LAUNCH_VLLM (log: $TWINSPARK_LOG_DIR/$TWINSPARK_VLLM_LOG)"
   log_to "$TWINSPARK_VLLM_LOG"
   exec "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_LAUNCH_VLLM"

@@ -12,11 +12,11 @@ log_to "$TWINSPARK_BOOT_LOG"
 
 join_head() {
   local attempt=1
-  until ray_start --address="$TWINSPARK_HEAD_IP:$RAY_PORT"; do
+  until interruptible ray_start --address="$TWINSPARK_HEAD_IP:$RAY_PORT"; do
     log "head $TWINSPARK_HEAD_IP:$RAY_PORT not joinable yet (attempt $attempt); retrying in 5 s"
     stop_ray
     attempt=$((attempt + 1))
-    sleep 5
+    interruptible sleep 5
   done
 }
 
@@ -24,16 +24,20 @@ main() {
   stop_ray
   log "joining Ray head $TWINSPARK_HEAD_IP:$RAY_PORT as $TWINSPARK_NODE_IP"
   join_head
-  local node_id reason
-  if ! node_id=$(membership node-id --head "$TWINSPARK_HEAD_IP" --ip "$TWINSPARK_NODE_IP"); then
+  local node_id reason answer
+  make_temp answer
+  if ! interruptible membership node-id --head "$TWINSPARK_HEAD_IP" --ip "$TWINSPARK_NODE_IP" >"$answer"; then
     log "joined, but the head does not list this node; restarting to rejoin"
     stop_ray
     exit 1
   fi
+  node_id=$(cat "$answer")
   log "joined as Ray node $node_id; watching membership"
   # How long the head may be unreachable before this node rejoins; a head that comes back
   # sooner is still caught, by this node's NodeID missing from its new GCS.
-  reason=$(membership watch --head "$TWINSPARK_HEAD_IP" --node-id "$node_id" --grace "${TWINSPARK_HEAD_GRACE_S:-6}")
+  interruptible membership watch --head "$TWINSPARK_HEAD_IP" --node-id "$node_id" \
+    --grace "${TWINSPARK_HEAD_GRACE_S:-6}" >"$answer"
+  reason=$(cat "$answer")
   log "leaving: $reason; docker restarts this container and it rejoins fresh"
   stop_ray
   exit 1

@@ -38,7 +38,7 @@ def fake_outputs(type_, name, inputs):
     if type_ == "docker:index/remoteImage:RemoteImage":
         out["imageId"] = "sha256:" + hashlib.sha256(inputs["name"].encode()).hexdigest()
     if type_ == "random:index/randomPassword:RandomPassword":
-        out["result"] = "generated-api-key-0123456789abcdef0123456789abcd"
+        out["result"] = f"generated-{name}-0123456789abcdef0123456789abcd"  # each secret its own value
     if type_ == "command:remote:Command":
         out["stdout"] = "ssh-ed25519 AAAAC3NzaFAKEKEY twinspark-weights@" + name.rsplit("-", 1)[-1] if "sync-key" in name else ""
         out["stderr"] = ""

@@ -17,7 +17,7 @@ NODES = ("spark1", "spark2")
 
 # The recipe's launch command (§4), verbatim.
 RECIPE_VLLM_ARGV = shlex.split(
-    """serve /models/DeepSeek-V4-Flash-0731 --served-model-name ds-0731 --host 127.0.0.1 --port 18080
+    """serve /models/DeepSeek-V4-Flash-0731 --served-model-name ds-0731 --host 127.0.0.1 --port 8100
     --tensor-parallel-size 2 --distributed-executor-backend ray --trust-remote-code
     --tokenizer-mode deepseek_v4 --tool-call-parser deepseek_v4 --reasoning-parser deepseek_v4
     --enable-auto-tool-choice --kv-cache-dtype fp8_ds_mla --moe-backend flashinfer_b12x
@@ -311,6 +311,14 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
 def test_containers_get_a_stop_grace(recipe_run):
     for r in recipe_run.of_type(CONTAINER):
         assert r.inputs["destroyGraceSeconds"] == (30 if "-observability-" in r.name else 60), r.name
+
+
+def test_serving_containers_stop_gracefully(recipe_run):
+    """Issue 8 item 8: 60 s to drain, whoever stops them (pulumi, docker stop, a reboot)."""
+    for name, signal in (("spark1-serving-container", "SIGTERM"), ("spark2-serving-container", "SIGTERM"),
+                         ("spark1-serving-gateway", "SIGQUIT")):
+        inputs = recipe_run.named(name).inputs
+        assert (inputs["destroyGraceSeconds"], inputs["stopTimeout"], inputs["stopSignal"]) == (60, 60, signal)
 
 
 def test_fabric_check_arguments(recipe_run):

@@ -11,6 +11,7 @@ sysctl, ibv_devinfo (a RoCE port that follows its veth rail), and docker (the we
 download copies from a local hub; `docker logs` reads the supervisor's container log).
 """
 
+import http.client
 import json
 import shlex
 import socket
@@ -41,6 +42,10 @@ BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
 VLLM_LOG = f"{contract.LOG_DIR}/{contract.VLLM_LOG}"
 
 
+# What every step printed (pulumi-command keeps it in the state and streams it to the log).
+STEP_OUTPUTS: list[tuple[str, str]] = []
+
+
 # ---- helpers -------------------------------------------------------------------------------
 def node_of(sim, resource) -> str:
     host = unwrap(resource.inputs["connection"])["host"]
@@ -58,6 +63,7 @@ def run_step(sim, run, name, field="create", stdin=None, check=True):
     inputs = unwrap(resource.inputs)
     stdin = stdin if stdin is not None else inputs.get("stdin", "")
     result = sim.ssh(node_of(sim, resource), inputs[field], stdin=stdin)
+    STEP_OUTPUTS.append((f"{name}.{field}", result.stdout + result.stderr))
     if check:
         assert result.returncode == 0, f"{name}.{field} failed:\n{result.stdout}\n{result.stderr}"
     return result
@@ -92,7 +98,7 @@ def request(sim, path, body=None, key=None, timeout=10):
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
-    except (urllib.error.URLError, OSError, TimeoutError) as err:
+    except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as err:
         return None, str(err)
 
 
@@ -750,6 +756,21 @@ def test_worker_raylet_killed_engine_exits_and_cluster_reforms(sim, report, serv
     report["worker_restart_to_serving_s"] = round(time.time() - killed_at, 1)
 
 
+def test_docker_stop_leaves_ray_at_once(sim, report, serving):
+    """Issue 8 item 8: `docker stop` signals the container's PID 1 — the worker's boot script,
+    which as PID 1 would ignore SIGTERM and be killed only after the whole grace period."""
+    exits = exit_count(sim, "sim2", SERVING)
+    pid = sim.node_exec("sim2", "cat", f"/run/twinspark-sim/{SERVING}.pid").stdout.strip()
+    stopped_at = time.time()
+    sim.node_exec("sim2", "kill", "-TERM", pid)
+    wait_until(lambda: exit_count(sim, "sim2", SERVING) > exits, 20, what="the worker stopping on SIGTERM")
+    exit_event = last_event(sim, "sim2", SERVING, "exit")
+    report["worker_sigterm_to_exit_s"] = round(exit_event["t"] - stopped_at, 1)
+    assert exit_event["rc"] == 0
+    assert "stop requested (SIGTERM): leaving Ray" in tail(sim, "sim2", BOOT_WORKER_LOG)
+    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the worker came back")
+
+
 def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report, serving):
     stop_serving(sim)
     wait_until(lambda: not completes(sim, api_key(sim)), 20, what="endpoint down")
@@ -792,6 +813,35 @@ def test_head_back_fast_is_caught_by_node_id(sim, report, serving):
     assert "is not alive in the head's GCS (head restarted?)" in reasons[-1], log
     wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the fast head restart")
     report["head_fast_restart_to_serving_s"] = round(time.time() - killed_at, 1)
+
+
+# ---- logs and state hold no secret (issue 8, item 7) --------------------------------------------
+def secret_values(sim):
+    """Each secret as it really is on the nodes."""
+    return {
+        "apiKey": api_key(sim),
+        "hfToken": sim.config["twinspark:hfToken"],
+        "ray token": sim.node_exec("sim1", "cat", f"{contract.BUNDLE_DIR}/{contract.RAY_TOKEN_FILE}").stdout.strip(),
+        "operator private key": private_key_body(sim.key.read_text()),
+        "sync private key": private_key_body(sim.node_exec("sim1", "cat", "/home/nvidia/.ssh/twinspark_weights").stdout),
+    }
+
+
+def private_key_body(pem):
+    """The longest base64 line of a private key: any leak of the key contains part of it."""
+    return max((line for line in pem.splitlines() if not line.startswith("-----")), key=len)
+
+
+def test_no_step_output_or_log_holds_a_secret(sim, sim_run, serving):
+    run_step(sim, sim_run, "sim1-readiness-wait")  # selected alone, a step has run all the same
+    assert len(STEP_OUTPUTS) > 0
+    logs = sim.node_exec("sim1", "bash", "-c", f"cat {contract.LOG_DIR}/*.log").stdout
+    logs += sim.node_exec("sim2", "bash", "-c", f"cat {contract.LOG_DIR}/*.log").stdout
+    for what, value in secret_values(sim).items():
+        assert len(value) >= 16, what
+        leaks = [name for name, out in STEP_OUTPUTS if value in out]
+        assert leaks == [], f"{what} printed by {leaks}"
+        assert value not in logs, f"{what} in {contract.LOG_DIR}"
 
 
 # ---- last: teardown ---------------------------------------------------------------------------
