@@ -16,9 +16,10 @@ from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank
 from components.readiness import Readiness, ReadinessArgs
 from components.remote import connection, docker_host, docker_ssh_opts, write_pinned_known_hosts
-from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs
+from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
 from components.serving_image import ServingImage, ServingImageArgs
 
+require_engine_support()
 cfg = load_stack_config()
 secrets = pulumi.Config(NAMESPACE)
 api_key = secrets.get_secret("apiKey") or random.RandomPassword("api-key", length=48, special=False).result

@@ -463,3 +463,12 @@ def test_recipe_stack_file_is_valid():
 
     cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
     assert [n.name for n in cfg.nodes] == ["spark1", "spark2"]
+
+
+def test_an_engine_without_replace_with_stops_before_any_resource(program):
+    """An older Pulumi CLI: the SDK would raise only when the head container registers, after
+    every step before it ran (issue 8, item 10)."""
+    run = program(withheld_features=("RESOURCE_MONITOR_FEATURE_REPLACE_WITH",))
+    assert run.error["kind"] == "RunError", run.error
+    assert "upgrade the Pulumi CLI to ≥ 3.207.0" in run.error["message"]
+    assert run.resources == []
