@@ -8,7 +8,7 @@ import pulumi
 import pulumi_random as random
 
 from components import client_outputs as client
-from components.config import NAMESPACE, load_stack_config
+from components.config import load_secrets, load_stack_config
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
 from components.host_prep import HostPrep, HostPrepArgs, firewall_policy
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
@@ -21,9 +21,9 @@ from components.serving_image import ServingImage, ServingImageArgs
 
 require_engine_support()
 cfg = load_stack_config()
-secrets = pulumi.Config(NAMESPACE)
-api_key = secrets.get_secret("apiKey") or random.RandomPassword("api-key", length=48, special=False).result
-hf_token = secrets.get_secret("hfToken")
+secrets = load_secrets()
+api_key = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
+hf_token = secrets["hfToken"]
 # Generated once and kept in the state (secret): Ray's cluster token, and the key that makes
 # the containers' bundle labels say nothing about the secrets in the bundle.
 ray_token = random.RandomPassword("ray-token", length=48, special=False).result

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import string
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
 
 import pulumi
+from pulumi.runtime.config import is_config_secret
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -249,10 +252,58 @@ def _require_distinct(nodes: list[Node], field: str, key) -> None:
         seen[value] = i
 
 
+@dataclass(frozen=True)
+class SecretKey:
+    meaning: str
+    min_length: int
+    max_length: int = 256
+
+
+# A secret lands in a shell's environment, a curl config line, an env file and an HTTP
+# header. RFC 6750's bearer-token characters are plain in all of them, so a valid value
+# cannot end a line, close a quote or expand.
+SECRET_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-._~+/=")
+SECRET_CHARACTERS_IN_WORDS = "a letter, digit or one of - . _ ~ + / ="
 SECRET_KEYS = {
-    "apiKey": "the API key clients send; generated once when unset (`pulumi config set --secret apiKey ...`)",
-    "hfToken": "Hugging Face token, for gated models",
+    # shorter keys can be guessed; the generated one has 48 characters
+    "apiKey": SecretKey(
+        "the API key clients send; generated once when unset (`pulumi config set --secret apiKey ...`)",
+        min_length=16),
+    "hfToken": SecretKey("Hugging Face token, for gated models", min_length=8),
 }
+_CHARACTER_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", " ": "a space"}
+
+
+def secret_problem(key: str, value: str) -> Optional[str]:
+    """Why `value` cannot be the secret `key`, in words that never show the value; None if it can."""
+    spec = SECRET_KEYS[key]
+    expected = f"expected {spec.min_length} to {spec.max_length} characters, each {SECRET_CHARACTERS_IN_WORDS}"
+    if not value:
+        return f"the value (a secret, not shown) is empty — {expected}"
+    outside = sorted({c for c in value if c not in SECRET_CHARACTERS})
+    if outside:
+        names = ", ".join(_CHARACTER_NAMES.get(c, repr(c)) for c in outside)
+        return f"the value (a secret, not shown) holds {names} — {expected}"
+    if not spec.min_length <= len(value) <= spec.max_length:
+        return f"the value (a secret, not shown) has {len(value)} characters — {expected}"
+    return None
+
+
+def load_secrets(config: Optional[pulumi.Config] = None) -> dict[str, Optional[pulumi.Output[str]]]:
+    """Every secret key, validated and wrapped as a secret at once; None where unset."""
+    config = config or pulumi.Config(NAMESPACE)
+    secrets, problems = {}, []
+    for key in SECRET_KEYS:
+        value = config.get(key)  # plain only for the check below
+        if value is not None and (problem := secret_problem(key, value)):
+            problems.append(f"{NAMESPACE}:{key}: {problem}")
+        elif value is not None and not is_config_secret(config.full_key(key)):
+            pulumi.log.warn(f"{NAMESPACE}:{key} is stored in plain text in the stack file: "
+                            f"`pulumi config set --secret {key} ...` encrypts it")
+        secrets[key] = None if value is None else pulumi.Output.secret(value)
+    if problems:
+        raise pulumi.RunError("invalid stack config:\n  " + "\n  ".join(problems))
+    return secrets
 
 
 def parameter_table() -> str:
@@ -280,8 +331,9 @@ def parameter_table() -> str:
         model = StackConfig.model_fields[block].annotation
         inner = getattr(model, "__args__", (model,))[0]
         walk(inner, f"{block}{'[]' if block == 'nodes' else ''}.")
-    for key, meaning in SECRET_KEYS.items():
-        rows.append(f"| `{key}` (secret) | none | {meaning} |")
+    for key, spec in SECRET_KEYS.items():
+        rules = f"{spec.min_length}–{spec.max_length} letters, digits or `-._~+/=`"
+        rows.append(f"| `{key}` (secret) | none | {spec.meaning}; {rules} |")
     return "\n".join(rows) + "\n"
 
 

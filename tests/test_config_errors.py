@@ -116,3 +116,32 @@ def test_readme_parameter_table_is_the_schema():
     start = readme.index("<!-- parameters:")
     table = readme[readme.index("\n", start) + 1:readme.index("<!-- /parameters -->")]
     assert table == parameter_table(), "README parameter table drifted; paste parameter_table()'s output"
+
+
+# Secrets reach a shell's environment, a curl config line, an env file and an HTTP header: each
+# bad value is refused before any resource, naming the key but never showing the value.
+SECRET_CASES = [
+    ("apiKey", "", ["empty"]),
+    ("apiKey", "short-key", ["9 characters", "16 to 256"]),
+    ("apiKey", "k" * 257, ["257 characters", "16 to 256"]),
+    ("apiKey", "sk-0123456789abcdef\ntouch /tmp/pwned", ["a newline"]),
+    ("apiKey", 'sk-0123456789abcdef"quoted"', ["'\"'"]),
+    ("apiKey", "sk-0123456789abcdef$(id)", ["'$'", "'('"]),
+    ("apiKey", "sk-0123456789 abcdef", ["a space"]),
+    ("hfToken", "hf_0123456789\nrm -rf ~", ["a newline"]),
+    ("hfToken", "", ["empty"]),
+]
+
+
+@pytest.mark.parametrize("key, value, fragments", SECRET_CASES, ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(SECRET_CASES)])
+def test_bad_secret_is_refused_before_any_resource(program, recipe_config, key, value, fragments):
+    recipe_config[f"twinspark:{key}"] = value
+    run = program(recipe_config)
+    assert run.error and run.error["kind"] == "RunError", run.error
+    message = run.error["message"]
+    assert f"twinspark:{key}:" in message and "letter, digit or one of - . _ ~ + / =" in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+    if len(value) > 3:
+        assert value not in message and value.split("\n")[-1] not in message, message
+    assert run.resources == []

@@ -17,7 +17,7 @@ from components.config import parse_stack_config
 from components.client_outputs import render_codex_config, render_codex_model_catalog
 from components.readiness import SCRIPT as WAIT_READY, ReadinessArgs, wait_ready_args
 from components.remote import (LAUNCH_DIR, MANAGED_FILE_SCRIPT, ManagedFile, encode_secret, managed_file_script,
-                               script_command, script_text)
+                               runner_stdin, script_command, script_text)
 from program_harness import ROOT, stack_config
 
 CFG = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
@@ -268,6 +268,25 @@ def readiness_command(port, timeout_s):
     argv = wait_ready_args(args)
     argv[argv.index("--timeout-s") + 1] = str(timeout_s)
     return script_command(WAIT_READY, argv, secret_env=["VLLM_API_KEY"])
+
+
+def test_a_secret_that_looks_like_script_never_runs(tmp_path):
+    """Even if validation let it through: each secret is one base64 line on stdin, decoded into
+    the environment, so a newline, `$(...)` or a quote in it is data, never script."""
+    secrets = {
+        "FIRST": "sk-0123456789abcdef\n$(touch ran-1)\ntouch ran-2; `touch ran-3`",
+        "SECOND": "'; touch ran-4 #\necho \"$(touch ran-5)\"",
+    }
+    probe = '{\nprintf %s "$FIRST" > first; printf %s "$SECOND" > second\nexit\n}\n'
+    line = script_command("secret-probe.sh", [], secret_env=list(secrets))
+    stdin = runner_stdin(list(secrets.values()), probe, payload="touch ran-6\n")
+    proc = subprocess.run(["bash", "-c", line], input=stdin, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "first").read_text() == secrets["FIRST"]
+    assert (tmp_path / "second").read_text() == secrets["SECOND"]
+    assert sorted(p.name for p in tmp_path.glob("ran-*")) == []
+    for value in secrets.values():
+        assert value not in line
 
 
 def test_readiness_waits_for_health_then_an_authorized_completion(fake_endpoint):

@@ -472,3 +472,16 @@ def test_an_engine_without_replace_with_stops_before_any_resource(program):
     assert run.error["kind"] == "RunError", run.error
     assert "upgrade the Pulumi CLI to ≥ 3.207.0" in run.error["message"]
     assert run.resources == []
+
+
+def test_claude_code_env_gives_back_the_key_when_sourced(program, recipe_config):
+    """Every allowed key character survives `source`: an unquoted `~/...` would become $HOME."""
+    import subprocess
+
+    key = "~/sk-0123456789abcdef+/="
+    recipe_config["twinspark:apiKey"] = key
+    run = program(recipe_config)
+    assert run.error is None, run.error
+    env = run.outputs["claudeCodeEnv"]["value"]
+    proc = subprocess.run(["bash", "-c", env + 'printf %s "$ANTHROPIC_AUTH_TOKEN"'], capture_output=True, text=True)
+    assert proc.stdout == key, proc
