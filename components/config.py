@@ -35,18 +35,42 @@ PROFILES: dict[str, dict[str, int]] = {
     "multiagent": {"num_speculative_tokens": 3, "max_num_seqs": 8},
 }
 
-# vLLM flags owned by a config key; extraArgs may not set them behind the config's back.
-FLAGS_OWNED_BY_CONFIG = {
-    "--served-model-name": "model.servedName",
-    "--port": "serving.port",
-    "--host": "serving.port (twinspark listens on 0.0.0.0)",
-    "--max-model-len": "serving.maxModelLen",
-    "--gpu-memory-utilization": "serving.gpuMemoryUtilization",
-    "--kv-cache-dtype": "serving.kvCacheDtype",
-    "--tensor-parallel-size": "the node list (TP spans every node)",
-    "--distributed-executor-backend": "nothing: Ray is required for multi-node TP",
-    "--api-key": "twinspark:apiKey (a secret; never a flag, it would show in argv)",
+# vLLM flags extraArgs may not set, and why: a config key (or the node list) owns their value,
+# or they would bypass this check.
+FLAGS_NOT_IN_EXTRA_ARGS = {
+    "--served-model-name": "set model.servedName",
+    "--port": "set serving.port",
+    "--host": "twinspark listens on 0.0.0.0; set serving.port",
+    "--max-model-len": "set serving.maxModelLen",
+    "--gpu-memory-utilization": "set serving.gpuMemoryUtilization",
+    "--kv-cache-dtype": "set serving.kvCacheDtype",
+    "--tensor-parallel-size": "TP spans every node: change the node list",
+    "--distributed-executor-backend": "multi-node TP runs on Ray",
+    "--api-key": "set twinspark:apiKey, a secret; as a flag it would show in argv and state",
+    # a profile is a measured pair (recipe §5): overriding half of it serves an unmeasured one
+    "--max-num-seqs": "set by serving.profile, which is not meant to be overridden; choose 'default' or 'multiagent'",
+    "--speculative-config": "set by serving.profile, which is not meant to be overridden; choose 'default' or "
+    "'multiagent'",
+    "--config": "it reads more flags from a file, where twinspark cannot check them; list them in serving.extraArgs",
 }
+# A flag as vLLM's parser reads it: '_' for '-' (FlexibleArgumentParser), an optional
+# '.key' into a JSON flag, an optional '=value'.
+_FLAG = re.compile(r"--(?P<name>[a-z0-9][a-z0-9_-]*)(?P<key>\.[A-Za-z0-9_.-]+)?(?P<value>=.*)?", re.S)
+
+
+def _flag_refusal(name: str) -> Optional[str]:
+    """Why extraArgs may not hold flag `name` (without '--'), or None.
+
+    argparse (allow_abbrev, vLLM's default) takes any unambiguous prefix of a flag for the flag,
+    so every prefix of a refused flag is refused too.
+    """
+    name = "--" + name.replace("_", "-")
+    for flag, reason in FLAGS_NOT_IN_EXTRA_ARGS.items():
+        if flag.startswith(name):
+            subject = flag if name == flag else f"vLLM takes {name} for {flag}"
+            return f"a flag twinspark does not own ({subject}: {reason})"
+    return None
+
 
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 NodeName = Annotated[
@@ -153,7 +177,8 @@ class Serving(Contract):
         default="fp8_ds_mla",
         description="keep the native fp8 (gotcha 14); any other value tightens the compaction fence to 110k")
     extra_args: list[str] = Field(
-        default_factory=list, description="more vLLM flags, appended last (flags owned by a config key are refused)")
+        default_factory=list, description="more vLLM flags, appended last; refused: a flag a config key or the profile sets, any "
+        "abbreviation of one (vLLM's parser takes them), and `--config`")
     ray_version: Annotated[str, StringConstraints(pattern=r"^\d+\.\d+\.\d+$")] = Field(
         default="2.57.0", description="Ray installed into the serving image")
     readiness_timeout_minutes: int = Field(
@@ -163,13 +188,13 @@ class Serving(Contract):
     def _extra_args_are_flags(self) -> "Serving":
         expect_value = False
         for i, token in enumerate(self.extra_args):
-            if re.fullmatch(r"--[a-z0-9][a-z0-9-]*(=.*)?", token, re.S):
-                flag = token.split("=", 1)[0]
-                if flag in FLAGS_OWNED_BY_CONFIG:
-                    raise _CrossFieldError(
-                        f"extraArgs[{i}]", token, f"a flag twinspark does not own: set {FLAGS_OWNED_BY_CONFIG[flag]}"
-                    )
-                expect_value = "=" not in token
+            flag = _FLAG.fullmatch(token)
+            if flag:
+                refusal = _flag_refusal(flag["name"])
+                if refusal:  # the value is left out: it may be the very secret that belongs elsewhere
+                    shown = token if flag["value"] is None else token.split("=", 1)[0] + "=(value not shown)"
+                    raise _CrossFieldError(f"extraArgs[{i}]", shown, refusal)
+                expect_value = flag["value"] is None
             elif expect_value and not token.startswith("-"):
                 expect_value = False
             else:

@@ -67,7 +67,25 @@ CASES = [
     (("serving", "extraArgs"), ["max-num-seqs=4"], "twinspark:serving.extraArgs[0]", ["'--flag'"]),
     (("serving", "extraArgs"), ["--enforce-eager", "--port", "9000"], "twinspark:serving.extraArgs[1]", ["serving.port"]),
     (("serving", "extraArgs"), ["--api-key=x"], "twinspark:serving.extraArgs[0]", ["twinspark:apiKey"]),
-    (("serving", "extraArgs"), ["--max-num-seqs", "4", "5"], "twinspark:serving.extraArgs[2]", ["'5'"]),
+    (("serving", "extraArgs"), ["--max-log-len", "4", "5"], "twinspark:serving.extraArgs[2]", ["'5'"]),
+    # argparse (and so vLLM) takes any unambiguous prefix of a flag, and '_' for '-'
+    (("serving", "extraArgs"), ["--api-ke=X"], "twinspark:serving.extraArgs[0]", ["--api-key", "twinspark:apiKey"]),
+    (("serving", "extraArgs"), ["--api_key", "X"], "twinspark:serving.extraArgs[0]", ["--api-key"]),
+    (("serving", "extraArgs"), ["--enforce-eager", "--tensor-parallel", "1"], "twinspark:serving.extraArgs[1]",
+     ["--tensor-parallel-size", "the node list"]),
+    (("serving", "extraArgs"), ["--hos=127.0.0.1"], "twinspark:serving.extraArgs[0]", ["--host"]),
+    (("serving", "extraArgs"), ["--gpu-memory-util", "0.5"], "twinspark:serving.extraArgs[0]",
+     ["serving.gpuMemoryUtilization"]),
+    (("serving", "extraArgs"), ["--port.x=1"], "twinspark:serving.extraArgs[0]", ["serving.port"]),
+    (("serving", "extraArgs"), ["--config", "/etc/vllm.yaml"], "twinspark:serving.extraArgs[0]", ["--config", "file"]),
+    (("serving", "extraArgs"), ["--conf=/etc/vllm.yaml"], "twinspark:serving.extraArgs[0]", ["--config"]),
+    # the profile's flags: a profile is a measured pair, not a default to override
+    (("serving", "extraArgs"), ["--max-num-seqs", "4"], "twinspark:serving.extraArgs[0]",
+     ["serving.profile", "not meant to be overridden"]),
+    (("serving", "extraArgs"), ["--speculative-config.num_speculative_tokens=2"], "twinspark:serving.extraArgs[0]",
+     ["serving.profile"]),
+    (("serving", "extraArgs"), ["--speculative_config", "{}"], "twinspark:serving.extraArgs[0]", ["serving.profile"]),
+    (("serving", "extraArgs"), ["-tp", "1"], "twinspark:serving.extraArgs[0]", ["'--flag'"]),
     (("serving", "readinessTimeoutMinutes"), 0, "twinspark:serving.readinessTimeoutMinutes", []),
     (("serving", "image"), "", "twinspark:serving.image", []),
 ]
@@ -91,6 +109,46 @@ def test_missing_block_is_named(block):
     del cfg[block]
     with pytest.raises(pulumi.RunError, match=f"twinspark:{block}: missing"):
         parse_stack_config(cfg)
+
+
+def test_extra_args_that_own_nothing_pass():
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["extraArgs"] = ["--enable-log-requests", "--max-log-len", "100", "--compilation-config.mode=3",
+                                   "--max_num_batched_tokens=4096", "--port-x", "--configx"]
+    assert parse_stack_config(cfg).serving.extra_args[0] == "--enable-log-requests"
+
+
+def test_a_refused_flag_never_shows_its_value():
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["extraArgs"] = ["--api-k=sk-secret-in-the-wrong-place"]
+    with pytest.raises(pulumi.RunError) as err:
+        parse_stack_config(cfg)
+    assert "--api-k=(value not shown)" in str(err.value) and "sk-secret" not in str(err.value)
+
+
+def test_every_flag_the_config_sets_is_refused_in_extra_args():
+    """Render vLLM's flags from two configs that differ in every key: each flag whose value
+    moved belongs to the config, so extraArgs must not set it."""
+    from components.config import FLAGS_NOT_IN_EXTRA_ARGS
+    from components.launch_bundle import VllmServe, vllm_argv
+
+    def flags(raw):
+        cfg = parse_stack_config(raw)
+        argv = vllm_argv(VllmServe(cfg.serving, cfg.model, cfg.tensor_parallel_size))
+        return {a: argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+                for i, a in enumerate(argv) if a.startswith("--")}
+
+    other = copy.deepcopy(BASE)
+    other["nodes"] = other["nodes"][:1]
+    other["fabric"]["minBusBandwidthGBps"] = 0
+    other["model"]["servedName"] = "other"
+    other["serving"].update(profile="multiagent", port=8001, maxModelLen=4096, gpuMemoryUtilization=0.5,
+                            kvCacheDtype="auto")
+    before, after = flags(BASE), flags(other)
+    moved = {flag for flag in before if before[flag] != after.get(flag)}
+    assert moved == {"--served-model-name", "--port", "--tensor-parallel-size", "--max-model-len",
+                     "--gpu-memory-utilization", "--kv-cache-dtype", "--max-num-seqs", "--speculative-config"}
+    assert moved <= set(FLAGS_NOT_IN_EXTRA_ARGS)
 
 
 def test_several_errors_are_all_reported():

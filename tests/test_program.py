@@ -247,9 +247,9 @@ def test_multiagent_profile(program, recipe_config):
 
 
 def test_extra_args_are_appended_last(program, recipe_config):
-    recipe_config["twinspark:serving"]["extraArgs"] = ["--max-num-seqs", "4", "--enable-log-requests"]
+    recipe_config["twinspark:serving"]["extraArgs"] = ["--max-log-len", "100", "--enable-log-requests"]
     argv = launch_argv(program(recipe_config))
-    assert argv[-3:] == ["--max-num-seqs", "4", "--enable-log-requests"]
+    assert argv[-3:] == ["--max-log-len", "100", "--enable-log-requests"]
 
 
 def test_env_file_holds_the_recipe_environment(recipe_run):
