@@ -35,7 +35,7 @@ CASES = [
     (("nodes", 1, "role"), "leader", "twinspark:nodes[1].role", ["'head' or 'worker'", "leader"]),
     (("nodes", 1, "host"), "192.168.1.10", "twinspark:nodes[1].host", ["nodes[0].host"]),
     (("nodes", 1, "name"), "spark1", "twinspark:nodes[1].name", ["nodes[0].name"]),
-    (("nodes", 1, "name"), "", "twinspark:nodes[1].name", ["pattern"]),
+    (("nodes", 1, "name"), "", "twinspark:nodes[1].name", ["lowercase letters, digits or '-'"]),
     (("nodes", 1, "name"), "Spark 2", "twinspark:nodes[1].name", ["Spark 2"]),
     (("nodes", 0, "rails", 0, "iface"), "", "twinspark:nodes[0].rails[0].iface", []),
     (("nodes", 0, "rails", 0, "hca"), "", "twinspark:nodes[0].rails[0].hca", []),
@@ -101,6 +101,7 @@ def test_bad_config_names_the_key(path, value, key, fragments):
     assert f"{key}:" in message, message
     for fragment in fragments:
         assert fragment in message, message
+    assert "pattern" not in message and "^" not in message, f"say what is allowed in words: {message}"
 
 
 @pytest.mark.parametrize("block", ["ssh", "nodes", "fabric", "model", "serving"])
@@ -163,6 +164,7 @@ def test_several_errors_are_all_reported():
 def test_a_single_node_is_tp1_and_valid():
     cfg = copy.deepcopy(BASE)
     cfg["nodes"] = cfg["nodes"][:1]
+    cfg["fabric"]["minBusBandwidthGBps"] = 0
     assert parse_stack_config(cfg).tensor_parallel_size == 1
 
 
@@ -202,4 +204,134 @@ def test_bad_secret_is_refused_before_any_resource(program, recipe_config, key, 
         assert fragment in message, message
     if len(value) > 3:
         assert value not in message and value.split("\n")[-1] not in message, message
+    assert run.resources == []
+
+
+def rails(*per_node):
+    """Set rail addresses: rails(("10.0.0.1/24", "10.0.1.1/24"), ("10.0.0.2/24", "10.0.1.2/24"))."""
+    def mutate(cfg):
+        for node, addresses in zip(cfg["nodes"], per_node):
+            for rail, address in zip(node["rails"], addresses):
+                rail["address"] = address
+    return mutate
+
+
+def at(path, value):
+    return lambda cfg: set_path(cfg, path, value)
+
+
+# Configs that would lock a node out or destroy data: (mutation, key, fragments)
+LOCKOUT_CASES = [
+    # the LAN/SSH port as a rail: netplan would take its DHCP away
+    (at(("nodes", 1, "rails", 0, "iface"), "enP7s7"), "twinspark:nodes[1].rails[0].iface", ["fabric.bootstrapIface"]),
+    (rails(("192.168.1.1/24", "10.0.1.1/24"), ("192.168.1.2/24", "10.0.1.2/24")),
+     "twinspark:nodes[0].rails[0].address", ["nodes[0].host 192.168.1.10"]),
+    (rails(("10.0.0.1/8",), ("10.0.0.2/8",)), "twinspark:nodes[0].rails[0].address", ["/16"]),
+    (rails(("10.0.0.1/1",), ("10.0.0.2/1",)), "twinspark:nodes[0].rails[0].address", ["/16"]),
+    (rails(("127.0.0.1/24",), ("127.0.0.2/24",)), "twinspark:nodes[0].rails[0].address", ["loopback", "10.0.0.0/8"]),
+    (rails(("224.0.0.1/24",), ("224.0.0.2/24",)), "twinspark:nodes[0].rails[0].address", ["multicast"]),
+    (rails(("255.255.255.254/24",), ("255.255.255.253/24",)), "twinspark:nodes[0].rails[0].address", ["reserved"]),
+    (rails(("169.254.0.1/24",), ("169.254.0.2/24",)), "twinspark:nodes[0].rails[0].address", ["link-local"]),
+    (rails(("8.8.8.1/24",), ("8.8.8.2/24",)), "twinspark:nodes[0].rails[0].address", ["public"]),
+    (rails((), ("10.0.0.255/24",)), "twinspark:nodes[1].rails[0].address", ["broadcast address of 10.0.0.0/24"]),
+    (rails((), ("10.0.0.0/24",)), "twinspark:nodes[1].rails[0].address", ["network address of 10.0.0.0/24"]),
+    # each rail is its own cable and subnet: two rails in one subnet, or overlapping ones
+    (rails(("10.0.0.1/24", "10.0.0.3/24"), ("10.0.0.2/24", "10.0.0.4/24")),
+     "twinspark:nodes[0].rails[1].address", ["nodes[0].rails[0]", "10.0.0.0/24"]),
+    (rails(("10.0.0.1/16", "10.0.1.1/24"), ("10.0.0.2/16", "10.0.1.2/24")),
+     "twinspark:nodes[0].rails[1].address", ["overlap", "10.0.0.0/16"]),
+    (at(("nodes", 1, "rails", 1, "iface"), "enp1s0f0np0"), "twinspark:nodes[1].rails[1].iface",
+     ["nodes[1].rails[0].iface"]),
+    (at(("nodes", 0, "rails", 1, "hca"), "rocep1s0f0"), "twinspark:nodes[0].rails[1].hca", ["nodes[0].rails[0].hca"]),
+    # Linux interface names: at most 15 bytes, no '/', ':' or whitespace, not '.' or '..'
+    (at(("nodes", 0, "rails", 0, "iface"), ".."), "twinspark:nodes[0].rails[0].iface", ["'.' or '..'"]),
+    (at(("nodes", 0, "rails", 0, "iface"), "."), "twinspark:nodes[0].rails[0].iface", ["'.' or '..'"]),
+    (at(("nodes", 0, "rails", 0, "iface"), "enp1s0f0np0:1"), "twinspark:nodes[0].rails[0].iface", ["15"]),
+    (at(("nodes", 0, "rails", 0, "iface"), "a/b"), "twinspark:nodes[0].rails[0].iface", ["15"]),
+    (at(("nodes", 0, "rails", 0, "iface"), "enp1s0f0np0xxxxx"), "twinspark:nodes[0].rails[0].iface", ["15"]),
+    (at(("fabric", "bootstrapIface"), ".."), "twinspark:fabric.bootstrapIface", ["'.' or '..'"]),
+    # model.dir is bind-mounted and the worker's copy is rsync --delete'd to mirror the head's
+    (at(("model", "dir"), "/home/nvidia"), "twinspark:model.dir", ["home directory"]),
+    (at(("model", "dir"), "/root"), "twinspark:model.dir", ["system directory"]),
+    (at(("model", "dir"), "/"), "twinspark:model.dir", ["system directory"]),
+    (at(("model", "dir"), "/home"), "twinspark:model.dir", ["system directory"]),
+    (at(("model", "dir"), "/var"), "twinspark:model.dir", ["system directory"]),
+    (at(("model", "dir"), "/etc/models"), "twinspark:model.dir", ["inside /etc"]),
+    (at(("model", "dir"), "/usr/share/models"), "twinspark:model.dir", ["inside /usr"]),
+    (at(("model", "dir"), "/opt/twinspark/models"), "twinspark:model.dir", ["inside /opt/twinspark"]),
+    (at(("model", "dir"), "/var/log/twinspark"), "twinspark:model.dir", ["inside /var/log/twinspark"]),
+    (at(("model", "dir"), "/home/nvidia/models/../.ssh"), "twinspark:model.dir", ["'..'"]),
+    (at(("model", "dir"), "/home/nvidia/.ssh"), "twinspark:model.dir", ["hidden"]),
+    (at(("model", "dir"), "/data/models:/etc"), "twinspark:model.dir", ["':'"]),
+    (at(("model", "dir"), "/data//models"), "twinspark:model.dir", ["empty"]),
+    # serving.port must not collide with what else listens on the head
+    (at(("serving", "port"), 22), "twinspark:serving.port", ["22 is SSH's"]),
+    (at(("serving", "port"), 6379), "twinspark:serving.port", ["Ray GCS"]),
+    (at(("serving", "port"), 8265), "twinspark:serving.port", ["Ray dashboard"]),
+    (at(("serving", "port"), 10001), "twinspark:serving.port", ["Ray client"]),
+    (at(("serving", "port"), 12345), "twinspark:serving.port", ["Ray's worker ports"]),
+    (at(("serving", "port"), 29555), "twinspark:serving.port", ["NCCL"]),
+    (at(("serving", "port"), 45000), "twinspark:serving.port", ["ephemeral"]),
+    # YAML booleans are no numbers (pydantic would read true as 1)
+    (at(("serving", "port"), True), "twinspark:serving.port", ["YAML boolean"]),
+    (at(("fabric", "mtu"), True), "twinspark:fabric.mtu", ["YAML boolean"]),
+    (at(("fabric", "linkSpeedMbps"), True), "twinspark:fabric.linkSpeedMbps", ["YAML boolean"]),
+    (at(("serving", "readinessTimeoutMinutes"), True), "twinspark:serving.readinessTimeoutMinutes", ["YAML boolean"]),
+    (at(("serving", "maxModelLen"), True), "twinspark:serving.maxModelLen", ["YAML boolean"]),
+    (at(("serving", "gpuMemoryUtilization"), True), "twinspark:serving.gpuMemoryUtilization", ["YAML boolean"]),
+    (at(("fabric", "minBusBandwidthGBps"), True), "twinspark:fabric.minBusBandwidthGBps", ["YAML boolean"]),
+    # one node has no cable to measure: NcclCheck could never pass
+    (lambda cfg: cfg.update(nodes=cfg["nodes"][:1]), "twinspark:fabric.minBusBandwidthGBps", ["single-node", "0"]),
+]
+
+
+@pytest.mark.parametrize("mutate, key, fragments", LOCKOUT_CASES,
+                         ids=[f"{c[1].split(':')[1]}-{i}" for i, c in enumerate(LOCKOUT_CASES)])
+def test_a_config_that_locks_a_node_out_is_refused(mutate, key, fragments):
+    cfg = copy.deepcopy(BASE)
+    mutate(cfg)
+    with pytest.raises(pulumi.RunError) as err:
+        parse_stack_config(cfg)
+    message = str(err.value)
+    assert f"{key}:" in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+@pytest.mark.parametrize("value", ["0.9", 0.9, 1])
+def test_gpu_memory_utilization_takes_what_pulumi_config_set_path_writes(value):
+    """`pulumi config set --path` stores 0.9 as a string and 1 as a number."""
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["gpuMemoryUtilization"] = value
+    if value == 1:
+        with pytest.raises(pulumi.RunError, match="0.95"):
+            parse_stack_config(cfg)
+    else:
+        assert parse_stack_config(cfg).serving.gpu_memory_utilization == 0.9
+
+
+@pytest.mark.parametrize("model_dir", ["/home/nvidia/models/DeepSeek-V4-Flash-0731", "/models/ds", "/data/m_1.2",
+                                       "/var/lib/models/ds", "/opt/models/x", "/mnt/nvme/ds"])
+def test_model_dirs_that_hold_only_a_model_pass(model_dir):
+    cfg = copy.deepcopy(BASE)
+    cfg["model"]["dir"] = model_dir
+    assert parse_stack_config(cfg).model.dir == model_dir
+
+
+def test_a_31_bit_rail_is_point_to_point():
+    cfg = copy.deepcopy(BASE)
+    rails(("10.0.0.0/31", "10.0.1.0/31"), ("10.0.0.1/31", "10.0.1.1/31"))(cfg)
+    assert parse_stack_config(cfg).nodes[1].ray_ip == "10.0.0.1"
+
+
+def test_unknown_top_level_key_is_refused(program, recipe_config):
+    """A typo must not pass silently: twinspark:apikey would leave the key unset and generate one."""
+    recipe_config["twinspark:apikey"] = "sk-0123456789abcdef"
+    recipe_config["twinspark:servng"] = {"port": 9000}
+    run = program(recipe_config)
+    assert run.error and run.error["kind"] == "RunError", run.error
+    message = run.error["message"]
+    assert "twinspark:apikey: unknown key — did you mean twinspark:apiKey?" in message, message
+    assert "twinspark:servng: unknown key — did you mean twinspark:serving?" in message, message
+    assert "sk-0123456789abcdef" not in message
     assert run.resources == []
