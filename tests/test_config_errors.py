@@ -335,3 +335,14 @@ def test_unknown_top_level_key_is_refused(program, recipe_config):
     assert "twinspark:servng: unknown key — did you mean twinspark:serving?" in message, message
     assert "sk-0123456789abcdef" not in message
     assert run.resources == []
+
+
+def test_config_keys_come_from_the_bag_the_language_host_hands_over(monkeypatch):
+    """Under a real engine the keys arrive as PULUMI_CONFIG (pulumi-language-python-exec loads
+    them with set_all_config); a host that does not load them still leaves the variable."""
+    import json
+
+    from components.config import stack_config_keys
+
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps({"twinspark:apikey": "x", "twinspark:nodes": "[]", "aws:region": "y"}))
+    assert stack_config_keys() == {"apikey", "nodes"}
