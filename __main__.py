@@ -67,6 +67,8 @@ weights = ModelWeights(
         head=access[head.name],
         workers=[access[w.name] for w in cfg.workers],
         hf_token=hf_token,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        gpu_memory_utilization=cfg.serving.gpu_memory_utilization,
     ),
     opts=after_fabric,
 )
