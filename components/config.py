@@ -278,7 +278,7 @@ class Fabric(Contract):
     min_bus_bandwidth_gbps: Number = Field(
         default=10.0, ge=0, alias="minBusBandwidthGBps",
         description="NcclCheck's floor for all_reduce bus bandwidth in GB/s; `0` skips NcclCheck "
-        "(required on a single node)")
+        "(and must, on a single node)")
 
 
 class ModelConfig(Contract):
@@ -334,7 +334,7 @@ class Serving(Contract):
                 expect_value = False
             else:
                 raise _CrossFieldError(
-                    f"extraArgs[{i}]", token, "'--flag', '--flag=value', or a value right after a '--flag'"
+                    f"extraArgs[{i}]", repr(token), "'--flag', '--flag=value', or a value right after a '--flag'"
                 )
         return self
 
@@ -433,7 +433,7 @@ class _CrossFieldError(ValueError):
     """A rule failed at `path` (relative to the validated model); pydantic carries it in ctx."""
 
     def __init__(self, path: str, value: Any, expected: str):
-        super().__init__(f"{value!r} — expected {expected}")
+        super().__init__(f"{value} — expected {expected}")
         self.path, self.value, self.expected = path, value, expected
 
 
@@ -487,19 +487,23 @@ def secret_problem(key: str, value: str) -> Optional[str]:
 
 def load_secrets(config: Optional[pulumi.Config] = None) -> dict[str, Optional[pulumi.Output[str]]]:
     """Every secret key, validated and wrapped as a secret at once; None where unset."""
-    config = config or pulumi.Config(NAMESPACE)
-    secrets, problems = {}, []
+    values = _checked_secrets(config or pulumi.Config(NAMESPACE))
+    return {key: None if value is None else pulumi.Output.secret(value) for key, value in values.items()}
+
+
+def _checked_secrets(config: pulumi.Config) -> dict[str, Optional[str]]:
+    """The plain values, for load_secrets only: refused unless valid, warned about if stored plain."""
+    values, problems = {}, []
     for key in SECRET_KEYS:
-        value = config.get(key)  # plain only for the check below
+        values[key] = value = config.get(key)
         if value is not None and (problem := secret_problem(key, value)):
             problems.append(f"{NAMESPACE}:{key}: {problem}")
         elif value is not None and not runtime_config.is_config_secret(config.full_key(key)):
             pulumi.log.warn(f"{NAMESPACE}:{key} is stored in plain text in the stack file: "
                             f"`pulumi config set --secret {key} ...` encrypts it")
-        secrets[key] = None if value is None else pulumi.Output.secret(value)
     if problems:
         raise _config_error(problems)
-    return secrets
+    return values
 
 
 def parameter_table() -> str:
@@ -591,9 +595,9 @@ def stack_config_keys() -> set[str]:
     """Every `twinspark:` key of the stack, without the namespace.
 
     pulumi.Config can only look a key up. The language host hands the program the whole config
-    as PULUMI_CONFIG, which pulumi-language-python-exec loads with runtime.set_all_config (as
-    the mocks do): the keys are those of runtime.config.CONFIG, or of PULUMI_CONFIG where
-    nothing loaded it.
+    as PULUMI_CONFIG (sdk/python/cmd/pulumi-language-python/main.go), which
+    pulumi-language-python-exec loads with runtime.set_all_config, as the mocks do: the keys
+    are those of runtime.config.CONFIG, or of PULUMI_CONFIG where nothing loaded it.
     """
     keys = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
     prefix = NAMESPACE + ":"
@@ -603,9 +607,9 @@ def stack_config_keys() -> set[str]:
 def _unknown_key_problems() -> list[str]:
     """A typo (twinspark:apikey) would otherwise pass unnoticed, leaving the real key unset."""
     known = [*STRUCTURED_KEYS, *SECRET_KEYS]
+    lowered = {k.lower(): k for k in known}
     problems = []
     for key in sorted(stack_config_keys() - set(known)):
-        lowered = {k.lower(): k for k in known}
         match = difflib.get_close_matches(key.lower(), list(lowered), n=1)
         expected = (f"did you mean {NAMESPACE}:{lowered[match[0]]}?" if match
                     else f"expected one of {', '.join(f'{NAMESPACE}:{k}' for k in known)}")

@@ -346,3 +346,22 @@ def test_config_keys_come_from_the_bag_the_language_host_hands_over(monkeypatch)
 
     monkeypatch.setenv("PULUMI_CONFIG", json.dumps({"twinspark:apikey": "x", "twinspark:nodes": "[]", "aws:region": "y"}))
     assert stack_config_keys() == {"apikey", "nodes"}
+
+
+def test_a_secret_kept_in_plain_text_is_warned_about(capsys):
+    """The engine lists the secret keys (PULUMI_CONFIG_SECRET_KEYS); a plain apiKey sits
+    readable in the stack file."""
+    from pulumi.runtime import config as runtime_config
+
+    from components.config import _checked_secrets
+
+    config = runtime_config.CONFIG.set({"twinspark:apiKey": "sk-0123456789abcdef", "twinspark:hfToken": "hf_01234567"})
+    secret_keys = runtime_config._SECRET_KEYS.set({"twinspark:hfToken"})
+    try:
+        secrets = _checked_secrets(pulumi.Config("twinspark"))
+    finally:
+        runtime_config.CONFIG.reset(config)
+        runtime_config._SECRET_KEYS.reset(secret_keys)
+    warnings = capsys.readouterr().err
+    assert "twinspark:apiKey is stored in plain text" in warnings and "hfToken" not in warnings, warnings
+    assert secrets == {"apiKey": "sk-0123456789abcdef", "hfToken": "hf_01234567"}
