@@ -45,8 +45,8 @@ PROFILES: dict[str, dict[str, int]] = {
 # or they would bypass this check.
 FLAGS_NOT_IN_EXTRA_ARGS = {
     "--served-model-name": "set model.servedName",
-    "--port": "set serving.port",
-    "--host": "twinspark listens on 0.0.0.0; set serving.port",
+    "--port": "vLLM listens on a fixed loopback port behind the API gateway; set serving.port for the API",
+    "--host": "vLLM listens on loopback only, behind the API gateway that checks the key",
     "--max-model-len": "set serving.maxModelLen",
     "--gpu-memory-utilization": "set serving.gpuMemoryUtilization",
     "--kv-cache-dtype": "set serving.kvCacheDtype",
@@ -211,6 +211,7 @@ PORTS_IN_USE = (
     ((contract.RAY_PORT,) * 2, "the Ray GCS's"),
     ((contract.RAY_DASHBOARD_PORT,) * 2, "the Ray dashboard's"),
     ((contract.RAY_CLIENT_PORT,) * 2, "the Ray client server's"),
+    ((contract.VLLM_LOOPBACK_PORT,) * 2, "vLLM's own, on loopback behind the API gateway"),
     (contract.RAY_WORKER_PORTS, "one of Ray's worker ports"),
     ((contract.NCCL_RENDEZVOUS_PORT,) * 2, "NcclCheck's NCCL rendezvous"),
     (contract.EPHEMERAL_PORTS, "in the kernel's ephemeral range, where Ray, NCCL and vLLM pick random ports"),
@@ -220,7 +221,7 @@ PORTS_IN_USE = (
 def _serving_port(port: int) -> int:
     for (low, high), owner in PORTS_IN_USE:
         if low <= port <= high:
-            taken = [str(lo) if lo == hi else f"{lo}–{hi}" for (lo, hi), _ in PORTS_IN_USE]
+            taken = [str(lo) if lo == hi else f"{lo}–{hi}" for (lo, hi), _ in sorted(PORTS_IN_USE)]
             raise ValueError(f"expected a port nothing else on the nodes uses (not {', '.join(taken[:-1])} or "
                              f"{taken[-1]}): {port} is {owner}")
     return port

@@ -152,7 +152,7 @@ def test_every_flag_the_config_sets_is_refused_in_extra_args():
                             kvCacheDtype="auto")
     before, after = flags(BASE), flags(other)
     moved = {flag for flag in before if before[flag] != after.get(flag)}
-    assert moved == {"--served-model-name", "--port", "--tensor-parallel-size", "--max-model-len",
+    assert moved == {"--served-model-name", "--tensor-parallel-size", "--max-model-len",
                      "--gpu-memory-utilization", "--kv-cache-dtype", "--max-num-seqs", "--speculative-config"}
     assert moved <= set(FLAGS_NOT_IN_EXTRA_ARGS)
 
@@ -275,6 +275,7 @@ LOCKOUT_CASES = [
     (at(("serving", "port"), 8265), "twinspark:serving.port", ["Ray dashboard"]),
     (at(("serving", "port"), 10001), "twinspark:serving.port", ["Ray client"]),
     (at(("serving", "port"), 12345), "twinspark:serving.port", ["Ray's worker ports"]),
+    (at(("serving", "port"), 18080), "twinspark:serving.port", ["vLLM's own"]),
     (at(("serving", "port"), 29555), "twinspark:serving.port", ["NCCL"]),
     (at(("serving", "port"), 45000), "twinspark:serving.port", ["ephemeral"]),
     # YAML booleans are no numbers (pydantic would read true as 1)
