@@ -8,7 +8,7 @@ import pulumi
 import pulumi_random as random
 
 from components import client_outputs as client
-from components.config import NAMESPACE, check_webhook_url, load_stack_config
+from components.config import load_secrets, load_stack_config
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
 from components.host_prep import HostPrep, HostPrepArgs, firewall_policy
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
@@ -18,13 +18,14 @@ from components.observability import Observability, ObservabilityArgs, ObservedA
 from components.observability_files import plan_from_config
 from components.readiness import Readiness, ReadinessArgs
 from components.remote import connection, docker_host, docker_ssh_opts, write_pinned_known_hosts
-from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs
+from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
 from components.serving_image import ServingImage, ServingImageArgs
 
+require_engine_support()
 cfg = load_stack_config()
-secrets = pulumi.Config(NAMESPACE)
-api_key = secrets.get_secret("apiKey") or random.RandomPassword("api-key", length=48, special=False).result
-hf_token = secrets.get_secret("hfToken")
+secrets = load_secrets()
+api_key = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
+hf_token = secrets["hfToken"]
 # Generated once and kept in the state (secret): Ray's cluster token, and the key that makes
 # the containers' bundle labels say nothing about the secrets in the bundle.
 ray_token = random.RandomPassword("ray-token", length=48, special=False).result
@@ -69,6 +70,8 @@ weights = ModelWeights(
         head=access[head.name],
         workers=[access[w.name] for w in cfg.workers],
         hf_token=hf_token,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        gpu_memory_utilization=cfg.serving.gpu_memory_utilization,
     ),
     opts=after_fabric,
 )
@@ -151,16 +154,16 @@ Readiness(
 )
 
 if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the head, exporters on every node
-    grafana_password = secrets.get_secret("grafanaAdminPassword") or random.RandomPassword(
+    grafana_password = secrets["grafanaAdminPassword"] or random.RandomPassword(
         "grafana-admin-password", length=32, special=False).result
-    alert_webhook_url = secrets.get_secret("alertWebhookUrl")
+    alert_webhook_url = secrets["alertWebhookUrl"]
     Observability(
         "observability",
         ObservabilityArgs(
             plan=plan_from_config(cfg, alertmanager=alert_webhook_url is not None),
             access={n.name: ObservedAccess(conns[n.name], images[n.name].provider) for n in cfg.nodes},
             grafana_admin_password=grafana_password,
-            alert_webhook_url=alert_webhook_url.apply(check_webhook_url) if alert_webhook_url is not None else None,
+            alert_webhook_url=alert_webhook_url,
         ),
         opts=after_fabric,  # the exporters bind the first-rail addresses
     )

@@ -44,6 +44,7 @@ LOGROTATE_PATH = "/etc/logrotate.d/twinspark"
 DOCKER_LOG_OPTIONS = {"max-size": "20m", "max-file": "3"}
 
 # ---- ports -------------------------------------------------------------------------------
+SSH_PORT = 22
 RAY_PORT = 6379
 RAY_DASHBOARD_PORT = 8265
 NCCL_RENDEZVOUS_PORT = 29555
@@ -53,6 +54,13 @@ NCCL_RENDEZVOUS_PORT = 29555
 # processes could hold it first.
 VLLM_LOOPBACK_PORT = 8100
 SSH_PORT = 22
+
+# Ray's defaults for the ports the boot scripts leave unset (`ray start --help`)
+RAY_CLIENT_PORT = 10001
+RAY_WORKER_PORTS = (10002, 19999)
+# Linux's default net.ipv4.ip_local_port_range: Ray, NCCL and vLLM take their random ports here
+EPHEMERAL_PORTS = (32768, 60999)
+
 
 # ---- Ray token authentication (Ray >= 2.52): every ray process and client needs both ---------
 def ray_auth_env() -> dict[str, str]:

@@ -11,6 +11,7 @@ compaction fences never exceed it.
 from __future__ import annotations
 
 import json
+import shlex
 
 import node_contract as contract
 
@@ -115,7 +116,7 @@ def render_claude_code_env(cfg: StackConfig, api_key: str) -> str:
     return (
         f"export ANTHROPIC_BASE_URL={endpoint_base(cfg)}\n"
         f"export ANTHROPIC_MODEL={cfg.model.served_name}\n"
-        f"export ANTHROPIC_AUTH_TOKEN={api_key}\n"
+        f"export ANTHROPIC_AUTH_TOKEN={shlex.quote(api_key)}\n"  # quoted: a key may start with ~
         f"export CLAUDE_CODE_MAX_CONTEXT_TOKENS={claude_code_max_context(cfg)}\n"
     )
 

@@ -1,22 +1,29 @@
 """The stack config contract (Pulumi.spark.yaml) as pydantic models, validated before any resource exists.
 
-`load_stack_config` reads the `twinspark:*` keys, validates field and cross-field rules and
-raises `pulumi.RunError` naming the key path as the user wrote it, the bad value and what
-is expected. Nothing here touches a node.
+`load_stack_config` reads the `twinspark:*` keys, refuses keys it does not know, validates
+field and cross-field rules and raises `pulumi.RunError` naming the key path as the user
+wrote it, the bad value and, in words, what is expected; `load_secrets` does the same for the
+secrets without ever showing them. Nothing here touches a node.
 """
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
+import string
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
 
 import pulumi
+from pulumi.runtime import config as runtime_config
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     StringConstraints,
     ValidationError,
     model_validator,
@@ -35,39 +42,190 @@ PROFILES: dict[str, dict[str, int]] = {
     "multiagent": {"num_speculative_tokens": 3, "max_num_seqs": 8},
 }
 
-# vLLM flags owned by a config key; extraArgs may not set them behind the config's back.
-FLAGS_OWNED_BY_CONFIG = {
-    "--served-model-name": "model.servedName",
-    "--port": "serving.port",
-    "--host": "serving.port (twinspark listens on 0.0.0.0)",
-    "--max-model-len": "serving.maxModelLen",
-    "--gpu-memory-utilization": "serving.gpuMemoryUtilization",
-    "--kv-cache-dtype": "serving.kvCacheDtype",
-    "--tensor-parallel-size": "the node list (TP spans every node)",
-    "--distributed-executor-backend": "nothing: Ray is required for multi-node TP",
-    "--api-key": "twinspark:apiKey (a secret; never a flag, it would show in argv)",
+# vLLM flags extraArgs may not set, and why: a config key (or the node list) owns their value,
+# or they would bypass this check.
+FLAGS_NOT_IN_EXTRA_ARGS = {
+    "--served-model-name": "set model.servedName",
+    "--port": "vLLM listens on a fixed loopback port behind the API gateway; set serving.port for the API",
+    "--host": "vLLM listens on loopback only, behind the API gateway that checks the key",
+    "--max-model-len": "set serving.maxModelLen",
+    "--gpu-memory-utilization": "set serving.gpuMemoryUtilization",
+    "--kv-cache-dtype": "set serving.kvCacheDtype",
+    "--tensor-parallel-size": "TP spans every node: change the node list",
+    "--distributed-executor-backend": "multi-node TP runs on Ray",
+    "--api-key": "set twinspark:apiKey, a secret; as a flag it would show in argv and state",
+    # a profile is a measured pair (recipe §5): overriding half of it serves an unmeasured one
+    "--max-num-seqs": "set by serving.profile, which is not meant to be overridden; choose 'default' or 'multiagent'",
+    "--speculative-config": "set by serving.profile, which is not meant to be overridden; choose 'default' or "
+    "'multiagent'",
+    "--config": "it reads more flags from a file, where twinspark cannot check them; list them in serving.extraArgs",
 }
+# A flag as vLLM's parser reads it: '_' for '-' (FlexibleArgumentParser), an optional
+# '.key' into a JSON flag, an optional '=value'.
+_FLAG = re.compile(r"--(?P<name>[a-z0-9][a-z0-9_-]*)(?P<key>\.[A-Za-z0-9_.-]+)?(?P<value>=.*)?", re.S)
 
+
+def _flag_refusal(name: str) -> Optional[str]:
+    """Why extraArgs may not hold flag `name` (without '--'), or None.
+
+    argparse (allow_abbrev, vLLM's default) takes any unambiguous prefix of a flag for the flag,
+    so every prefix of a refused flag is refused too.
+    """
+    name = "--" + name.replace("_", "-")
+    for flag, reason in FLAGS_NOT_IN_EXTRA_ARGS.items():
+        if flag.startswith(name):
+            subject = flag if name == flag else f"vLLM takes {name} for {flag}"
+            return f"a flag twinspark does not own ({subject}: {reason})"
+    return None
+
+
+def _text(pattern: str, allowed: str) -> Any:
+    """A string matching `pattern`; a mismatch says `allowed` in words, never the pattern."""
+    regex = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not regex.fullmatch(value):
+            raise ValueError(f"expected {allowed}")
+        return value
+
+    return Annotated[str, AfterValidator(check)]
+
+
+def _not_a_boolean(value: Any) -> Any:
+    # pydantic reads true as 1; `pulumi config set --path` writes 0.9 as a string, so floats stay lax
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a YAML boolean")
+    return value
+
+
+Integer = Annotated[int, Strict(), BeforeValidator(_not_a_boolean)]  # YAML and `config set --path` write numbers
+Number = Annotated[float, BeforeValidator(_not_a_boolean)]
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
-NodeName = Annotated[
-    str,
-    StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$"),
-]
-IfaceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,15}$")]
-AbsolutePath = Annotated[str, StringConstraints(pattern=r"^/[^\s'\"$`\\]*[^/\s'\"$`\\]$")]
+NodeName = _text(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?",
+                 "1 to 32 lowercase letters, digits or '-', starting and ending with a letter or digit")
+# Linux refuses '.', '..', '/', ':', whitespace and 16 bytes or more (dev_valid_name); the
+# name also goes into netplan, env files and command lines, so only plain characters.
+IfaceName = _text(r"(?!\.\.?$)[A-Za-z0-9_.-]{1,15}",
+                  "a Linux interface name as `ip link` shows it: 1 to 15 characters, each a letter, digit, "
+                  "'_', '.' or '-', and not '.' or '..'")
+UserName = _text(r"[a-z_][a-z0-9_-]{0,31}",
+                 "a Linux user name: 1 to 32 lowercase letters, digits, '_' or '-', not starting with a digit "
+                 "or '-'")
+HcaName = _text(r"[A-Za-z0-9_]{1,64}", "an RDMA device name as `ibv_devinfo` shows it: 1 to 64 letters, digits or '_'")
+HostName = _text(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?",
+                 "an IPv4 address or DNS name: letters, digits, '.' and '-', starting and ending with a letter "
+                 "or digit")
+HostKey = _text(r"(ssh-|ecdsa-)\S+ \S+",
+                "a host key as `ssh-keyscan` prints it after the host: its type and key, like "
+                "'ssh-ed25519 AAAAC3Nza...'")
+RepoId = _text(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*",
+               "a Hugging Face repository OWNER/NAME, each part letters, digits, '_', '.' or '-' and starting "
+               "with a letter or digit")
+ServedName = _text(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
+                   "1 to 128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit")
+ImageRef = _text(r"[a-z0-9][a-z0-9._/:@-]*",
+                 "a docker image reference in lowercase letters, digits and '.', '_', '/', ':', '@', '-'")
+KvCacheDtype = _text(r"[a-z0-9_]+", "a vLLM --kv-cache-dtype value: lowercase letters, digits and '_'")
+RayVersion = _text(r"\d+\.\d+\.\d+", "a Ray version MAJOR.MINOR.PATCH, like 2.57.0")
+
+# Rails are point-to-point cables in private address space. A shorter prefix than /16 would
+# route addresses beyond the cable (at /1, half the internet) over it.
+RAIL_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+RAIL_PREFIXES = (16, 31)
 
 
-def _ipv4_interface(value: str) -> str:
+def _address_kind(ip: ipaddress.IPv4Address) -> str:
+    for is_kind, kind in ((ip.is_loopback, "loopback"), (ip.is_multicast, "multicast"),
+                          (ip.is_link_local, "link-local"), (ip.is_reserved, "reserved"),
+                          (ip in ipaddress.IPv4Network("0.0.0.0/8"), "'this network'")):
+        if is_kind:
+            return f"a {kind} address"
+    return "a public or special-purpose address"
+
+
+def _rail_address(value: str) -> str:
     try:
         iface = ipaddress.IPv4Interface(value)
     except ValueError:
         raise ValueError("expected an IPv4 address with prefix length, like 10.0.0.1/24") from None
-    if "/" not in value or iface.network.prefixlen in (0, 32) or iface.ip == iface.network.network_address:
-        raise ValueError("expected a host address with a prefix length between /1 and /31, like 10.0.0.1/24")
+    if "/" not in value:
+        raise ValueError("expected an IPv4 address with a prefix length, like 10.0.0.1/24")
+    ip, net = iface.ip, iface.network
+    if not any(ip in r for r in RAIL_RANGES):
+        ranges = ", ".join(str(r) for r in RAIL_RANGES)
+        raise ValueError(f"expected a private address (in {ranges}), not {_address_kind(ip)}")
+    low, high = RAIL_PREFIXES
+    if not low <= net.prefixlen <= high:
+        raise ValueError(f"expected a prefix length from /{low} to /{high}: a rail is one cable, and a shorter "
+                         "prefix routes addresses beyond it over the cable")
+    if net.prefixlen < 31:  # a /31 has no network or broadcast address (RFC 3021)
+        for special, name in ((net.network_address, "network"), (net.broadcast_address, "broadcast")):
+            if ip == special:
+                raise ValueError(f"expected a host address, not the {name} address of {net}")
     return str(iface)
 
 
-RailAddress = Annotated[str, AfterValidator(_ipv4_interface)]
+RailAddress = Annotated[str, AfterValidator(_rail_address)]
+
+# model.dir is bind-mounted into the containers and each worker's copy is made to mirror the
+# head's (rsync --delete): a directory holding anything else loses it on the workers.
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
+               "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv", "/sys", "/tmp", "/usr",
+               "/var", "/var/lib", "/var/log", "/var/tmp")
+NEVER_INSIDE = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run",
+                "/sbin", "/snap", "/sys", "/usr", contract.BUNDLE_DIR, contract.LOG_DIR,
+                contract.APPLIED_STATE_DIR.rsplit("/", 1)[0])
+_PATH_CHARACTERS = re.compile(r"[A-Za-z0-9._/-]*")
+
+
+def _model_dir(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError("expected an absolute path, like /home/nvidia/models/NAME")
+    if not _PATH_CHARACTERS.fullmatch(value):
+        raise ValueError("expected a path of letters, digits, '.', '_', '-' and '/' only (no spaces, quotes or ':'; "
+                         "docker's bind mount and rsync read ':' as a separator)")
+    parts = value.split("/")[1:]
+    if value != "/" and "" in parts:
+        raise ValueError("expected no empty component ('//' or a trailing '/')")
+    if any(part in (".", "..") for part in parts):
+        raise ValueError("expected a path without '.' or '..' components")
+    if any(part.startswith(".") for part in parts):
+        raise ValueError("expected no hidden component (like ~/.ssh): they hold what a mirror would delete")
+    tree = next((t for t in NEVER_INSIDE if value == t or value.startswith(t + "/")), None)
+    if value in SYSTEM_DIRS:
+        what = "a system directory"
+    elif tree:
+        what = f"a directory inside {tree}"
+    elif len(parts) == 2 and parts[0] == "home":
+        what = "a home directory"
+    else:
+        return value
+    raise ValueError(f"expected a directory that holds only the model, not {what} (every worker's copy "
+                     "mirrors the head's: whatever else it holds is deleted)")
+
+
+ModelDir = Annotated[str, AfterValidator(_model_dir)]
+
+# What else listens on the nodes: the API port must be none of it.
+PORTS_IN_USE = (
+    ((contract.SSH_PORT,) * 2, "SSH's"),
+    ((contract.RAY_PORT,) * 2, "the Ray GCS's"),
+    ((contract.RAY_DASHBOARD_PORT,) * 2, "the Ray dashboard's"),
+    ((contract.RAY_CLIENT_PORT,) * 2, "the Ray client server's"),
+    ((contract.VLLM_LOOPBACK_PORT,) * 2, "vLLM's own, on loopback behind the API gateway"),
+    (contract.RAY_WORKER_PORTS, "one of Ray's worker ports"),
+    ((contract.NCCL_RENDEZVOUS_PORT,) * 2, "NcclCheck's NCCL rendezvous"),
+    (contract.EPHEMERAL_PORTS, "in the kernel's ephemeral range, where Ray, NCCL and vLLM pick random ports"),
+)
+
+
+def _serving_port(port: int) -> int:
+    for (low, high), owner in PORTS_IN_USE:
+        if low <= port <= high:
+            taken = [str(lo) if lo == hi else f"{lo}–{hi}" for (lo, hi), _ in sorted(PORTS_IN_USE)]
+            raise ValueError(f"expected a port nothing else on the nodes uses (not {', '.join(taken[:-1])} or "
+                             f"{taken[-1]}): {port} is {owner}")
+    return port
 
 
 class Contract(BaseModel):
@@ -79,17 +237,17 @@ class Contract(BaseModel):
 
 
 class SshConfig(Contract):
-    user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")] = Field(
-        description="login user on every node (passwordless sudo)")
+    user: UserName = Field(description="login user on every node (passwordless sudo)")
     private_key_path: Optional[NonEmpty] = Field(
         default=None, description="private key that logs in to every node; omit to use ssh-agent")
 
 
 class Rail(Contract):
     iface: IfaceName = Field(description="the rail's network interface (`ip link`)")
-    hca: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,64}$")] = Field(
-        description="its RoCE device (`ibv_devinfo`), for NCCL_IB_HCA")
-    address: RailAddress = Field(description="static address with prefix; rail N of every node shares one subnet")
+    hca: HcaName = Field(description="its RoCE device (`ibv_devinfo`), for NCCL_IB_HCA")
+    address: RailAddress = Field(
+        description="static private address with prefix (/16 to /31); rail N of every node shares one subnet, "
+        "and no two rails overlap")
 
     @property
     def ip(self) -> str:
@@ -103,9 +261,8 @@ class Rail(Contract):
 class Node(Contract):
     name: NodeName = Field(description="short name used in resource names (`{node}-{capability}-{step}`)")
     role: Literal["head", "worker"] = Field(description="exactly one `head` (Ray head, API); the rest `worker`")
-    host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")] = Field(
-        description="LAN address or name for SSH and the API")
-    host_key: Optional[Annotated[str, StringConstraints(pattern=r"^(ssh-|ecdsa-)\S+ \S+$")]] = Field(
+    host: HostName = Field(description="LAN address or name for SSH and the API")
+    host_key: Optional[HostKey] = Field(
         default=None, description="the node's SSH host key (`ssh-keyscan -t ed25519 HOST`, without the host)")
     rails: list[Rail] = Field(min_length=1, description="the QSFP rails; the first carries Ray and the weight copy")
 
@@ -116,21 +273,22 @@ class Node(Contract):
 
 
 class Fabric(Contract):
-    mtu: int = Field(ge=1280, le=9216, description="MTU of every rail; FabricCheck and `ops status` expect it")
-    link_speed_mbps: int = Field(gt=0, description="link speed every rail must report")
+    mtu: Integer = Field(ge=1280, le=9216, description="MTU of every rail; FabricCheck and `ops status` expect it")
+    link_speed_mbps: Integer = Field(gt=0, description="link speed every rail must report")
     bootstrap_iface: IfaceName = Field(description="NCCL/GLOO bootstrap interface (NCCL_SOCKET_IFNAME)")
     # The recipe measures ~20 GB/s over both rails, ~2 GB/s when NCCL falls back to TCP.
-    min_bus_bandwidth_gbps: float = Field(
+    min_bus_bandwidth_gbps: Number = Field(
         default=10.0, ge=0, alias="minBusBandwidthGBps",
-        description="NcclCheck's floor for all_reduce bus bandwidth in GB/s; `0` skips NcclCheck")
+        description="NcclCheck's floor for all_reduce bus bandwidth in GB/s; `0` skips NcclCheck "
+        "(and must, on a single node)")
 
 
 class ModelConfig(Contract):
-    repo: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")] = Field(
-        description="Hugging Face repository to serve")
-    dir: AbsolutePath = Field(description="where the weights live on every node")
-    served_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")] = Field(
-        description="model name clients ask for (`--served-model-name`)")
+    repo: RepoId = Field(description="Hugging Face repository to serve")
+    dir: ModelDir = Field(
+        description="where the weights live on every node: a directory of its own (each worker's copy mirrors "
+        "the head's), not a system or home directory")
+    served_name: ServedName = Field(description="model name clients ask for (`--served-model-name`)")
 
     @property
     def container_dir(self) -> str:
@@ -138,38 +296,42 @@ class ModelConfig(Contract):
 
 
 class Serving(Contract):
-    image: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:@-]*$")] = Field(
+    image: ImageRef = Field(
         description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`")
     profile: Literal["default", "multiagent"] = Field(
         default="default",
         description="`default` (spec decode 7, 6 seqs: 74.8 tok/s single stream) or `multiagent` "
         "(spec 3, 8 seqs: 105.7 tok/s at 4-way)")
-    port: int = Field(default=8000, ge=1, le=65535, description="API port on the head")
-    max_model_len: int = Field(
+    port: Annotated[Integer, AfterValidator(_serving_port)] = Field(
+        default=8000, ge=1, le=65535,
+        description="API port on the head; not SSH's, Ray's, NcclCheck's or an ephemeral one")
+    max_model_len: Integer = Field(
         default=1048576, gt=0, description="`--max-model-len`; also the clients' context window and fences")
-    gpu_memory_utilization: float = Field(
+    gpu_memory_utilization: Number = Field(
         default=0.85, gt=0.0, le=0.95, description="`--gpu-memory-utilization` (0 < x ≤ 0.95)")
-    kv_cache_dtype: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")] = Field(
+    kv_cache_dtype: KvCacheDtype = Field(
         default="fp8_ds_mla",
         description="keep the native fp8 (gotcha 14); any other value tightens the compaction fence to 110k")
     extra_args: list[str] = Field(
-        default_factory=list, description="more vLLM flags, appended last (flags owned by a config key are refused)")
-    ray_version: Annotated[str, StringConstraints(pattern=r"^\d+\.\d+\.\d+$")] = Field(
+        default_factory=list,
+        description="more vLLM flags, appended last; refused: a flag a config key or the profile sets, any "
+        "abbreviation of one (vLLM's parser takes them), and `--config`")
+    ray_version: RayVersion = Field(
         default="2.57.0", description="Ray installed into the serving image")
-    readiness_timeout_minutes: int = Field(
+    readiness_timeout_minutes: Integer = Field(
         default=20, ge=1, le=240, description="how long `pulumi up` waits for the endpoint to answer")
 
     @model_validator(mode="after")
     def _extra_args_are_flags(self) -> "Serving":
         expect_value = False
         for i, token in enumerate(self.extra_args):
-            if re.fullmatch(r"--[a-z0-9][a-z0-9-]*(=.*)?", token, re.S):
-                flag = token.split("=", 1)[0]
-                if flag in FLAGS_OWNED_BY_CONFIG:
-                    raise _CrossFieldError(
-                        f"extraArgs[{i}]", token, f"a flag twinspark does not own: set {FLAGS_OWNED_BY_CONFIG[flag]}"
-                    )
-                expect_value = "=" not in token
+            flag = _FLAG.fullmatch(token)
+            if flag:
+                refusal = _flag_refusal(flag["name"])
+                if refusal:  # the value is left out: it may be the very secret that belongs elsewhere
+                    shown = token if flag["value"] is None else token.split("=", 1)[0] + "=(value not shown)"
+                    raise _CrossFieldError(f"extraArgs[{i}]", shown, refusal)
+                expect_value = flag["value"] is None
             elif expect_value and not token.startswith("-"):
                 expect_value = False
             else:
@@ -275,28 +437,27 @@ class StackConfig(Contract):
             raise _CrossFieldError(
                 "nodes", f"{len(heads)} nodes have role head", "exactly one node with role: head"
             )
-        _require_distinct(self.nodes, "name", lambda n: n.name)
-        _require_distinct(self.nodes, "host", lambda n: n.host)
+        _require_distinct(self.nodes, "nodes", "name")
+        _require_distinct(self.nodes, "nodes", "host")
         rail_counts = {len(n.rails) for n in self.nodes}
         if len(rail_counts) != 1:
             raise _CrossFieldError(
                 "nodes", f"rail counts {sorted(rail_counts)}", "the same number of rails on every node"
             )
-        seen: dict[str, str] = {}
         for i, node in enumerate(self.nodes):
             for r, rail in enumerate(node.rails):
-                path = f"nodes[{i}].rails[{r}].address"
-                if rail.ip in seen:
-                    raise _CrossFieldError(path, rail.address, f"a rail address not already used by {seen[rail.ip]}")
-                seen[rail.ip] = path
-                first = self.nodes[0].rails[r]
-                if rail.network != first.network:
+                if rail.iface == self.fabric.bootstrap_iface:
                     raise _CrossFieldError(
-                        path,
-                        rail.address,
-                        f"an address in {first.network} (rail {r} of every node shares one subnet, "
-                        f"as nodes[0].rails[{r}] does)",
-                    )
+                        f"nodes[{i}].rails[{r}].iface", rail.iface,
+                        "a QSFP interface, not fabric.bootstrapIface (the LAN port SSH uses: the rails' netplan "
+                        "would switch its DHCP off)")
+            _require_distinct(node.rails, f"nodes[{i}].rails", "iface")
+            _require_distinct(node.rails, f"nodes[{i}].rails", "hca")
+        self._rails_are_separate_cables()
+        if len(self.nodes) == 1 and self.fabric.min_bus_bandwidth_gbps > 0:
+            raise _CrossFieldError(
+                "fabric.minBusBandwidthGBps", self.fabric.min_bus_bandwidth_gbps,
+                "0 on a single-node stack (NcclCheck measures the cable between nodes; alone, it can never pass)")
         if self.observability.enabled:
             taken = {**contract.OBSERVABILITY_PORTS, "Ray": contract.RAY_PORT,
                      "the Ray dashboard": contract.RAY_DASHBOARD_PORT}
@@ -308,6 +469,43 @@ class StackConfig(Contract):
                 taken[path] = port
         return self
 
+    def _rails_are_separate_cables(self) -> None:
+        """Rail N of every node in one subnet of its own, apart from every other rail and the LAN."""
+        first = self.nodes[0].rails
+        for r, rail in enumerate(first):  # node 0's first: every other node must match it
+            for q in range(r):
+                if rail.network.overlaps(first[q].network):
+                    raise _CrossFieldError(
+                        f"nodes[0].rails[{r}].address", rail.address,
+                        f"a subnet that does not overlap nodes[0].rails[{q}]'s {first[q].network} (each rail is "
+                        "its own cable)")
+        hosts = {}
+        for j, node in enumerate(self.nodes):
+            try:
+                hosts[j] = ipaddress.IPv4Address(node.host)
+            except ValueError:
+                continue  # a DNS name: its address is not known here
+        seen: dict[str, str] = {}
+        for i, node in enumerate(self.nodes):
+            for r, rail in enumerate(node.rails):
+                path = f"nodes[{i}].rails[{r}].address"
+                if rail.ip in seen:
+                    raise _CrossFieldError(path, rail.address, f"a rail address not already used by {seen[rail.ip]}")
+                seen[rail.ip] = path
+                if rail.network != first[r].network:
+                    raise _CrossFieldError(
+                        path,
+                        rail.address,
+                        f"an address in {first[r].network} (rail {r} of every node shares one subnet, "
+                        f"as nodes[0].rails[{r}] does)",
+                    )
+                for j, host in hosts.items():
+                    if host in rail.network:
+                        raise _CrossFieldError(
+                            path, rail.address,
+                            f"a subnet apart from the LAN, without nodes[{j}].host {host} (SSH and the API would "
+                            "be routed over the cable)")
+
 
 class _CrossFieldError(ValueError):
     """A rule failed at `path` (relative to the validated model); pydantic carries it in ctx."""
@@ -317,32 +515,88 @@ class _CrossFieldError(ValueError):
         self.path, self.value, self.expected = path, value, expected
 
 
-def _require_distinct(nodes: list[Node], field: str, key) -> None:
+def _require_distinct(items: list[BaseModel], prefix: str, field: str) -> None:
     seen: dict[str, int] = {}
-    for i, node in enumerate(nodes):
-        value = key(node)
+    for i, item in enumerate(items):
+        value = getattr(item, field)
         if value in seen:
             raise _CrossFieldError(
-                f"nodes[{i}].{field}", value, f"a {field} different from nodes[{seen[value]}].{field}"
+                f"{prefix}[{i}].{field}", value, f"a value different from {prefix}[{seen[value]}].{field}"
             )
         seen[value] = i
 
 
+# A secret lands in a shell's environment, a curl config line, an env file and an HTTP
+# header. RFC 6750's bearer-token characters are plain in all of them, so a valid value
+# cannot end a line, close a quote or expand.
+SECRET_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-._~+/=")
+SECRET_CHARACTERS_IN_WORDS = "a letter, digit or one of - . _ ~ + / ="
+# A URL's characters (RFC 3986) but quotes and backslashes: it only lands in a YAML file.
+URL_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-._~:/?#[]@!$&()*+,;=%")
+URL_CHARACTERS_IN_WORDS = "a letter, digit or one of - . _ ~ : / ? # [ ] @ ! $ & ( ) * + , ; = %"
+
+
+@dataclass(frozen=True)
+class SecretKey:
+    meaning: str
+    min_length: int
+    max_length: int = 256
+    characters: frozenset = SECRET_CHARACTERS
+    characters_in_words: str = SECRET_CHARACTERS_IN_WORDS
+    shape: Optional[str] = None  # a regular expression the whole value must match
+    shape_in_words: str = ""
 SECRET_KEYS = {
-    "apiKey": "the API key clients send; generated once when unset (`pulumi config set --secret apiKey ...`)",
-    "hfToken": "Hugging Face token, for gated models",
-    "grafanaAdminPassword": "Grafana's `admin` password; generated once when unset",
-    "alertWebhookUrl": "where alerts are sent (an Alertmanager webhook receiver: JSON POST); unset: they show "
-    "in Grafana and Prometheus only",
+    # shorter keys can be guessed; the generated one has 48 characters
+    "apiKey": SecretKey(
+        "the API key clients send; generated once when unset (`pulumi config set --secret apiKey ...`)",
+        min_length=16),
+    "hfToken": SecretKey("Hugging Face token, for gated models", min_length=8),
+    "grafanaAdminPassword": SecretKey("Grafana's `admin` password; generated once when unset", min_length=12),
+    "alertWebhookUrl": SecretKey(
+        "where alerts are sent (an Alertmanager webhook receiver: JSON POST); unset: they show in Grafana and "
+        "Prometheus only", min_length=10, characters=URL_CHARACTERS, characters_in_words=URL_CHARACTERS_IN_WORDS,
+        shape=r"https?://[^/]+(/.*)?", shape_in_words="an http(s) URL of a receiver for Alertmanager's webhook POSTs"),
 }
+_CHARACTER_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", " ": "a space"}
 
 
-def check_webhook_url(url: str) -> str:
-    """twinspark:alertWebhookUrl is a secret: the message never shows it."""
-    if not re.fullmatch(r"https?://[^\s/'\"]+(/\S*)?", url or ""):
-        raise pulumi.RunError(f"{NAMESPACE}:alertWebhookUrl: not an http(s) URL (value not shown: it is a secret) "
-                              "— expected the URL of a receiver for Alertmanager's webhook POSTs")
-    return url
+def secret_problem(key: str, value: str) -> Optional[str]:
+    """Why `value` cannot be the secret `key`, in words that never show the value; None if it can."""
+    spec = SECRET_KEYS[key]
+    expected = f"expected {spec.min_length} to {spec.max_length} characters, each {spec.characters_in_words}"
+    if not value:
+        return f"the value (a secret, not shown) is empty — {expected}"
+    outside = sorted({c for c in value if c not in spec.characters})
+    if outside:
+        names = ", ".join(_CHARACTER_NAMES.get(c, repr(c)) for c in outside)
+        return f"the value (a secret, not shown) holds {names} — {expected}"
+    if not spec.min_length <= len(value) <= spec.max_length:
+        return f"the value (a secret, not shown) has {len(value)} characters — {expected}"
+    if spec.shape and not re.fullmatch(spec.shape, value):
+        return f"the value (a secret, not shown) is not {spec.shape_in_words.split(' of ')[0]} — expected {spec.shape_in_words}"
+    return None
+
+
+def load_secrets(config: Optional[pulumi.Config] = None) -> dict[str, Optional[pulumi.Output[str]]]:
+    """Every secret key, validated and wrapped as a secret at once; None where unset."""
+    values = _checked_secrets(config or pulumi.Config(NAMESPACE))
+    return {key: None if value is None else pulumi.Output.secret(value) for key, value in values.items()}
+
+
+def _checked_secrets(config: pulumi.Config) -> dict[str, Optional[str]]:
+    """The plain values, for load_secrets only: refused unless valid, warned about if stored plain."""
+    values, problems = {}, []
+    for key in SECRET_KEYS:
+        values[key] = value = config.get(key)
+        if value is not None and (problem := secret_problem(key, value)):
+            problems.append(f"{NAMESPACE}:{key}: {problem}")
+        elif value is not None and not runtime_config.is_config_secret(config.full_key(key)):
+            pulumi.log.warn(f"{NAMESPACE}:{key} is stored in plain text in the stack file: "
+                            f"`pulumi config set --secret {key} ...` encrypts it")
+    if problems:
+        raise _config_error(problems)
+    return values
+
 
 
 def parameter_table() -> str:
@@ -370,8 +624,10 @@ def parameter_table() -> str:
         model = StackConfig.model_fields[block].annotation
         inner = getattr(model, "__args__", (model,))[0]
         walk(inner, f"{block}{'[]' if block == 'nodes' else ''}.")
-    for key, meaning in SECRET_KEYS.items():
-        rows.append(f"| `{key}` (secret) | none | {meaning} |")
+    for key, spec in SECRET_KEYS.items():
+        shown = "".join(sorted(spec.characters - set(string.ascii_letters + string.digits)))
+        rules = f"{spec.min_length}–{spec.max_length} letters, digits or `{shown}`"
+        rows.append(f"| `{key}` (secret) | none | {spec.meaning}; {rules} |")
     return "\n".join(rows) + "\n"
 
 
@@ -383,50 +639,91 @@ def format_key_path(loc: tuple[Any, ...]) -> str:
     return f"{NAMESPACE}:{path}"
 
 
-def parse_stack_config(raw: dict[str, Any]) -> StackConfig:
-    """Validate raw config values (keys without namespace). Raises pulumi.RunError."""
+def _config_error(problems: list[str]) -> pulumi.RunError:
+    return pulumi.RunError("invalid stack config:\n  " + "\n  ".join(problems))
+
+
+def _stack_config_problems(raw: dict[str, Any]) -> tuple[Optional[StackConfig], list[str]]:
     missing = [k for k in STRUCTURED_KEYS if raw.get(k) is None]
     if missing:
-        raise pulumi.RunError(
-            "; ".join(f"{NAMESPACE}:{k}: missing — expected the {k} block of the config contract "
-                      "(see Pulumi.spark.yaml)" for k in missing)
-        )
+        return None, [f"{NAMESPACE}:{k}: missing — expected the {k} block of the config contract "
+                      "(see Pulumi.spark.yaml)" for k in missing]
     try:
-        return StackConfig.model_validate(raw)
+        return StackConfig.model_validate(raw), []
     except ValidationError as err:
-        raise pulumi.RunError(_describe_validation_error(err)) from None
+        return None, _describe_validation_error(err)
+
+
+def parse_stack_config(raw: dict[str, Any]) -> StackConfig:
+    """Validate raw config values (keys without namespace). Raises pulumi.RunError."""
+    cfg, problems = _stack_config_problems(raw)
+    if problems:
+        raise _config_error(problems)
+    return cfg
 
 
 def _split_path(path: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
 
 
-def _describe_validation_error(err: ValidationError) -> str:
+def _describe_validation_error(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
         ctx_err = (e.get("ctx") or {}).get("error")
-        loc = tuple(p for p in e["loc"] if p not in ("function-after",))
+        loc = tuple(p for p in e["loc"] if p not in ("function-after", "function-before"))
         if isinstance(ctx_err, _CrossFieldError):
             loc = loc + tuple(_split_path(ctx_err.path))
             lines.append(f"{format_key_path(loc)}: {ctx_err}")
             continue
         message = e["msg"].removeprefix("Value error, ")
-        value = e.get("input")
-        shown = "" if e["type"] == "missing" else f" (got {value!r})"
-        lines.append(f"{format_key_path(loc)}: {message}{shown}")
-    return "invalid stack config:\n  " + "\n  ".join(lines)
+        if e["type"] == "missing":
+            lines.append(f"{format_key_path(loc)}: {message}")
+        elif e["type"] == "value_error":  # ours: "expected ..."
+            lines.append(f"{format_key_path(loc)}: {e['input']!r} — {message}")
+        else:
+            lines.append(f"{format_key_path(loc)}: {message} (got {e['input']!r})")
+    return lines
+
+
+def stack_config_keys() -> set[str]:
+    """Every `twinspark:` key of the stack, without the namespace.
+
+    pulumi.Config can only look a key up. The language host hands the program the whole config
+    as PULUMI_CONFIG (sdk/python/cmd/pulumi-language-python/main.go), which
+    pulumi-language-python-exec loads with runtime.set_all_config, as the mocks do: the keys
+    are those of runtime.config.CONFIG, or of PULUMI_CONFIG where nothing loaded it.
+    """
+    keys = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
+    prefix = NAMESPACE + ":"
+    return {k[len(prefix):] for k in keys if k.startswith(prefix)}
+
+
+def _unknown_key_problems() -> list[str]:
+    """A typo (twinspark:apikey) would otherwise pass unnoticed, leaving the real key unset."""
+    known = [*STRUCTURED_KEYS, *OPTIONAL_STRUCTURED_KEYS, *SECRET_KEYS]
+    lowered = {k.lower(): k for k in known}
+    problems = []
+    for key in sorted(stack_config_keys() - set(known)):
+        match = difflib.get_close_matches(key.lower(), list(lowered), n=1)
+        expected = (f"did you mean {NAMESPACE}:{lowered[match[0]]}?" if match
+                    else f"expected one of {', '.join(f'{NAMESPACE}:{k}' for k in known)}")
+        problems.append(f"{NAMESPACE}:{key}: unknown key — {expected}")
+    return problems
 
 
 def load_stack_config(config: Optional[pulumi.Config] = None) -> StackConfig:
-    """Read every structured `twinspark:*` key from the stack and validate it."""
+    """Read every structured `twinspark:*` key from the stack and validate it; refuse unknown keys."""
     config = config or pulumi.Config(NAMESPACE)
-    raw = {}
+    problems, raw = _unknown_key_problems(), {}
+    unstructured = []
     for key in STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS:
         try:
             raw[key] = config.get_object(key)
         except Exception:  # pulumi raises a bare ConfigTypeError on non-JSON values
-            raise pulumi.RunError(
-                f"{NAMESPACE}:{key}: {config.get(key)!r} is not structured — expected a YAML "
-                "mapping or list as in Pulumi.spark.yaml"
-            ) from None
-    return parse_stack_config({k: v for k, v in raw.items() if v is not None or k in STRUCTURED_KEYS})
+            unstructured.append(f"{NAMESPACE}:{key}: {config.get(key)!r} is not structured — expected a YAML "
+                                "mapping or list as in Pulumi.spark.yaml")
+    raw = {k: v for k, v in raw.items() if v is not None or k in STRUCTURED_KEYS}
+    cfg, invalid = _stack_config_problems(raw) if not unstructured else (None, unstructured)
+    if problems or invalid:
+        raise _config_error(problems + invalid)
+    return cfg

@@ -5,9 +5,12 @@ Creates:
   the serving base image, HF token as a stdin secret) and `{head}-weights-sync-key`
   (launch/sync-key.sh: a dedicated ed25519 key for the copy);
 - per worker: `{worker}-weights-authorize` (launch/authorize-key.sh: that key, restricted to
-  the head's rail address, in the worker's authorized_keys) and `{worker}-weights-sync`
-  (launch/sync-weights.sh on the head: rsync to the worker's first-rail address, then verify
-  file list and sizes against the manifest).
+  the head's rail address, in the worker's authorized_keys);
+- on the head: `{head}-weights-shape-check` (launch/model-shape-check.sh: config.json's heads
+  must split over the nodes and the weights fit gpuMemoryUtilization x each node's MemTotal,
+  read over the rail), so a model that cannot load stops `pulumi up` before the copy;
+- per worker: `{worker}-weights-sync` (launch/sync-weights.sh on the head: rsync to the
+  worker's first-rail address, then verify file list and sizes against the manifest).
 No step does anything when its part is already complete.
 """
 
@@ -21,10 +24,12 @@ from pulumi_command import remote
 
 from node_contract import SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHTS_MANIFEST
 
-from .remote import NodeScript, node_command
+from .remote import NodeScript, launch_file, node_command
 
 FETCH_SCRIPT = "fetch-weights.sh"
 SYNC_SCRIPT = "sync-weights.sh"
+SHAPE_SCRIPT = "model-shape-check.sh"
+SHAPE_PROGRAM = "model-shape-check.py"
 SYNC_KEY_SCRIPT = "sync-key.sh"
 AUTHORIZE_SCRIPT = "authorize-key.sh"
 
@@ -45,6 +50,8 @@ class ModelWeightsArgs:
     head: NodeAccess
     workers: Sequence[NodeAccess]
     hf_token: Optional[pulumi.Input[str]]
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
 
 
 def fetch_args(args: ModelWeightsArgs) -> list[str]:
@@ -54,6 +61,14 @@ def fetch_args(args: ModelWeightsArgs) -> list[str]:
 def sync_args(args: ModelWeightsArgs, worker: NodeAccess) -> list[str]:
     return ["--dir", args.dir, "--manifest", WEIGHTS_MANIFEST, "--to", f"{args.ssh_user}@{worker.ray_ip}",
             "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
+
+
+def shape_check_args(args: ModelWeightsArgs) -> list[str]:
+    flags = ["--node", args.head.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
+             "--tensor-parallel-size", str(args.tensor_parallel_size),
+             "--gpu-memory-utilization", f"{args.gpu_memory_utilization:g}",
+             "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
+    return flags + [a for w in args.workers for a in ("--peer", f"{w.name}={args.ssh_user}@{w.ray_ip}")]
 
 
 def render_authorized_key_line(head_ray_ip: str, public_key: str) -> str:
@@ -73,7 +88,7 @@ class ModelWeights(pulumi.ComponentResource):
             NodeScript(FETCH_SCRIPT, fetch_args(args), secrets={"HF_TOKEN": pulumi.Output.secret(args.hf_token or "")}),
             parent=self,
         )
-        self.syncs: list[remote.Command] = []
+        authorizations: list[remote.Command] = []
         if args.workers:
             # --owner: a renamed resource's old delete (run after the new create) keeps the key
             key_name = f"{head.name}-weights-sync-key"
@@ -86,16 +101,23 @@ class ModelWeights(pulumi.ComponentResource):
         for worker in args.workers:
             authorize_name = f"{worker.name}-weights-authorize"
             flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
-            authorize = node_command(
+            authorizations.append(node_command(
                 authorize_name, worker.connection,
                 NodeScript(AUTHORIZE_SCRIPT, ["add", *flags], delete_args=["remove", *flags],
                            payload=sync_key.stdout.apply(lambda key: render_authorized_key_line(head.ray_ip, key))),
                 parent=self,
+            ))
+        # the workers' memory is read with the sync key, so after the authorizations
+        self.shape_check = node_command(
+            f"{head.name}-weights-shape-check", head.connection,
+            NodeScript(SHAPE_SCRIPT, shape_check_args(args), payload=launch_file(SHAPE_PROGRAM)),
+            parent=self, triggers=[args.repo], depends_on=[self.fetch, *authorizations],
+        )
+        self.syncs = [
+            node_command(
+                f"{worker.name}-weights-sync", head.connection, NodeScript(SYNC_SCRIPT, sync_args(args, worker)),
+                parent=self, triggers=[args.repo], depends_on=[self.fetch, authorize, self.shape_check],
             )
-            self.syncs.append(
-                node_command(
-                    f"{worker.name}-weights-sync", head.connection, NodeScript(SYNC_SCRIPT, sync_args(args, worker)),
-                    parent=self, triggers=[args.repo], depends_on=[self.fetch, authorize],
-                )
-            )
+            for worker, authorize in zip(args.workers, authorizations)
+        ]
         self.register_outputs({})

@@ -143,8 +143,13 @@ def script_stdin(
     if not secrets and payload is None:
         return text
     return pulumi.Output.all(pulumi.Output.all(*secrets), pulumi.Output.from_input(payload or "")).apply(
-        lambda parts: "".join(encode_secret(v) for v in parts[0]) + text + parts[1]
+        lambda parts: runner_stdin(parts[0], text, parts[1])
     )
+
+
+def runner_stdin(secret_values: Sequence[str], text: str, payload: str = "") -> str:
+    """The runner's stdin from plain values: one base64 line per secret, the script, the payload."""
+    return "".join(encode_secret(v) for v in secret_values) + text + payload
 
 
 @dataclass(frozen=True)

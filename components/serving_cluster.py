@@ -19,11 +19,29 @@ from typing import Optional, Sequence
 
 import pulumi
 import pulumi_docker as docker
+from pulumi.runtime.proto import resource_pb2
+from pulumi.runtime.settings import monitor_supports_feature
 
 import node_contract as contract
 
 
 STOP_GRACE_SECONDS = 60
+# The engine learned replaceWith in Pulumi v3.207.0 (2025-11-12, pulumi/pulumi#20693).
+MIN_PULUMI_CLI = "3.207.0"
+
+
+def require_engine_support() -> None:
+    """Refuse an engine without replaceWith before any resource exists.
+
+    The SDK itself raises only when the head container registers (pulumi/runtime/resource.py,
+    prepare_resource), by which time a real `pulumi up` has run every step before it. The
+    features are known from the start: run_in_stack loads them before the program runs.
+    """
+    if not monitor_supports_feature(resource_pb2.RESOURCE_MONITOR_FEATURE_REPLACE_WITH):
+        raise pulumi.RunError(
+            "this Pulumi CLI's engine does not support the replaceWith resource option, which the "
+            f"serving containers need — upgrade the Pulumi CLI to ≥ {MIN_PULUMI_CLI} (`pulumi version` shows yours)"
+        )
 
 
 @dataclass(frozen=True)

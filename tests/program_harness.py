@@ -26,9 +26,11 @@ _CHILD = r'''
 import asyncio, hashlib, json, os, runpy, sys, traceback
 import pulumi
 from pulumi.runtime import mocks as pm
+from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.stack import wait_for_rpcs
 
 config, preview = json.loads(sys.argv[1]), sys.argv[2] == "preview"
+withheld = {getattr(resource_pb2, name) for name in json.loads(sys.argv[3])}  # engine features to deny
 records, exports = [], {}
 
 def fake_outputs(type_, name, inputs):
@@ -51,6 +53,11 @@ class Mocks(pm.Mocks):
         return {}
 
 class RecordingMonitor(pm.MockMonitor):
+    def GetDeploymentInfo(self, request):
+        # an older engine: what it cannot do is missing from the features it reports
+        info = super().GetDeploymentInfo(request)
+        return resource_pb2.DeploymentInfo(supportedFeatures=[f for f in info.supportedFeatures if f not in withheld])
+
     def RegisterResource(self, request):
         from google.protobuf import json_format
         response = super().RegisterResource(request)
@@ -153,11 +160,16 @@ def stack_config(path: Path = STACK_FILE) -> dict[str, Any]:
     return dict(yaml.safe_load(path.read_text())["config"])
 
 
-def run_program(config: dict[str, Any], preview: bool = False, extra_env: Optional[dict] = None) -> ProgramRun:
+def run_program(
+    config: dict[str, Any], preview: bool = False, extra_env: Optional[dict] = None,
+    withheld_features: tuple[str, ...] = (),
+) -> ProgramRun:
+    """withheld_features: RESOURCE_MONITOR_FEATURE_* names the mock engine reports unsupported."""
     encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
     env = {**os.environ, **(extra_env or {})}
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(encoded), "preview" if preview else "up"],
+        [sys.executable, "-c", _CHILD, json.dumps(encoded), "preview" if preview else "up",
+         json.dumps(list(withheld_features))],
         cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
     )
     marker = proc.stdout.rfind("@@RESULT@@")

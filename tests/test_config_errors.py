@@ -35,7 +35,7 @@ CASES = [
     (("nodes", 1, "role"), "leader", "twinspark:nodes[1].role", ["'head' or 'worker'", "leader"]),
     (("nodes", 1, "host"), "192.168.1.10", "twinspark:nodes[1].host", ["nodes[0].host"]),
     (("nodes", 1, "name"), "spark1", "twinspark:nodes[1].name", ["nodes[0].name"]),
-    (("nodes", 1, "name"), "", "twinspark:nodes[1].name", ["pattern"]),
+    (("nodes", 1, "name"), "", "twinspark:nodes[1].name", ["lowercase letters, digits or '-'"]),
     (("nodes", 1, "name"), "Spark 2", "twinspark:nodes[1].name", ["Spark 2"]),
     (("nodes", 0, "rails", 0, "iface"), "", "twinspark:nodes[0].rails[0].iface", []),
     (("nodes", 0, "rails", 0, "hca"), "", "twinspark:nodes[0].rails[0].hca", []),
@@ -67,7 +67,25 @@ CASES = [
     (("serving", "extraArgs"), ["max-num-seqs=4"], "twinspark:serving.extraArgs[0]", ["'--flag'"]),
     (("serving", "extraArgs"), ["--enforce-eager", "--port", "9000"], "twinspark:serving.extraArgs[1]", ["serving.port"]),
     (("serving", "extraArgs"), ["--api-key=x"], "twinspark:serving.extraArgs[0]", ["twinspark:apiKey"]),
-    (("serving", "extraArgs"), ["--max-num-seqs", "4", "5"], "twinspark:serving.extraArgs[2]", ["'5'"]),
+    (("serving", "extraArgs"), ["--max-log-len", "4", "5"], "twinspark:serving.extraArgs[2]", ["'5'"]),
+    # argparse (and so vLLM) takes any unambiguous prefix of a flag, and '_' for '-'
+    (("serving", "extraArgs"), ["--api-ke=X"], "twinspark:serving.extraArgs[0]", ["--api-key", "twinspark:apiKey"]),
+    (("serving", "extraArgs"), ["--api_key", "X"], "twinspark:serving.extraArgs[0]", ["--api-key"]),
+    (("serving", "extraArgs"), ["--enforce-eager", "--tensor-parallel", "1"], "twinspark:serving.extraArgs[1]",
+     ["--tensor-parallel-size", "the node list"]),
+    (("serving", "extraArgs"), ["--hos=127.0.0.1"], "twinspark:serving.extraArgs[0]", ["--host"]),
+    (("serving", "extraArgs"), ["--gpu-memory-util", "0.5"], "twinspark:serving.extraArgs[0]",
+     ["serving.gpuMemoryUtilization"]),
+    (("serving", "extraArgs"), ["--port.x=1"], "twinspark:serving.extraArgs[0]", ["serving.port"]),
+    (("serving", "extraArgs"), ["--config", "/etc/vllm.yaml"], "twinspark:serving.extraArgs[0]", ["--config", "file"]),
+    (("serving", "extraArgs"), ["--conf=/etc/vllm.yaml"], "twinspark:serving.extraArgs[0]", ["--config"]),
+    # the profile's flags: a profile is a measured pair, not a default to override
+    (("serving", "extraArgs"), ["--max-num-seqs", "4"], "twinspark:serving.extraArgs[0]",
+     ["serving.profile", "not meant to be overridden"]),
+    (("serving", "extraArgs"), ["--speculative-config.num_speculative_tokens=2"], "twinspark:serving.extraArgs[0]",
+     ["serving.profile"]),
+    (("serving", "extraArgs"), ["--speculative_config", "{}"], "twinspark:serving.extraArgs[0]", ["serving.profile"]),
+    (("serving", "extraArgs"), ["-tp", "1"], "twinspark:serving.extraArgs[0]", ["'--flag'"]),
     (("serving", "readinessTimeoutMinutes"), 0, "twinspark:serving.readinessTimeoutMinutes", []),
     (("serving", "image"), "", "twinspark:serving.image", []),
 ]
@@ -77,12 +95,18 @@ CASES = [
 def test_bad_config_names_the_key(path, value, key, fragments):
     cfg = copy.deepcopy(BASE)
     set_path(cfg, path, value)
+    assert_refused(cfg, key, fragments)
+
+
+def assert_refused(cfg, key, fragments):
+    """The config stops with a RunError naming `key` and saying `fragments`, in words."""
     with pytest.raises(pulumi.RunError) as err:
         parse_stack_config(cfg)
     message = str(err.value)
     assert f"{key}:" in message, message
     for fragment in fragments:
         assert fragment in message, message
+    assert "pattern" not in message and "^" not in message, f"say what is allowed in words: {message}"
 
 
 @pytest.mark.parametrize("block", ["ssh", "nodes", "fabric", "model", "serving"])
@@ -91,6 +115,46 @@ def test_missing_block_is_named(block):
     del cfg[block]
     with pytest.raises(pulumi.RunError, match=f"twinspark:{block}: missing"):
         parse_stack_config(cfg)
+
+
+def test_extra_args_that_own_nothing_pass():
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["extraArgs"] = ["--enable-log-requests", "--max-log-len", "100", "--compilation-config.mode=3",
+                                   "--max_num_batched_tokens=4096", "--port-x", "--configx"]
+    assert parse_stack_config(cfg).serving.extra_args[0] == "--enable-log-requests"
+
+
+def test_a_refused_flag_never_shows_its_value():
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["extraArgs"] = ["--api-k=sk-secret-in-the-wrong-place"]
+    with pytest.raises(pulumi.RunError) as err:
+        parse_stack_config(cfg)
+    assert "--api-k=(value not shown)" in str(err.value) and "sk-secret" not in str(err.value)
+
+
+def test_every_flag_the_config_sets_is_refused_in_extra_args():
+    """Render vLLM's flags from two configs that differ in every key: each flag whose value
+    moved belongs to the config, so extraArgs must not set it."""
+    from components.config import FLAGS_NOT_IN_EXTRA_ARGS
+    from components.launch_bundle import VllmServe, vllm_argv
+
+    def flags(raw):
+        cfg = parse_stack_config(raw)
+        argv = vllm_argv(VllmServe(cfg.serving, cfg.model, cfg.tensor_parallel_size))
+        return {a: argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+                for i, a in enumerate(argv) if a.startswith("--")}
+
+    other = copy.deepcopy(BASE)
+    other["nodes"] = other["nodes"][:1]
+    other["fabric"]["minBusBandwidthGBps"] = 0
+    other["model"]["servedName"] = "other"
+    other["serving"].update(profile="multiagent", port=8001, maxModelLen=4096, gpuMemoryUtilization=0.5,
+                            kvCacheDtype="auto")
+    before, after = flags(BASE), flags(other)
+    moved = {flag for flag in before if before[flag] != after.get(flag)}
+    assert moved == {"--served-model-name", "--tensor-parallel-size", "--max-model-len",
+                     "--gpu-memory-utilization", "--kv-cache-dtype", "--max-num-seqs", "--speculative-config"}
+    assert moved <= set(FLAGS_NOT_IN_EXTRA_ARGS)
 
 
 def test_several_errors_are_all_reported():
@@ -105,6 +169,7 @@ def test_several_errors_are_all_reported():
 def test_a_single_node_is_tp1_and_valid():
     cfg = copy.deepcopy(BASE)
     cfg["nodes"] = cfg["nodes"][:1]
+    cfg["fabric"]["minBusBandwidthGBps"] = 0
     assert parse_stack_config(cfg).tensor_parallel_size == 1
 
 
@@ -116,3 +181,189 @@ def test_readme_parameter_table_is_the_schema():
     start = readme.index("<!-- parameters:")
     table = readme[readme.index("\n", start) + 1:readme.index("<!-- /parameters -->")]
     assert table == parameter_table(), "README parameter table drifted; paste parameter_table()'s output"
+
+
+# Secrets reach a shell's environment, a curl config line, an env file and an HTTP header: each
+# bad value is refused before any resource, naming the key but never showing the value.
+SECRET_CASES = [
+    ("apiKey", "", ["empty"]),
+    ("apiKey", "short-key", ["9 characters", "16 to 256"]),
+    ("apiKey", "k" * 257, ["257 characters", "16 to 256"]),
+    ("apiKey", "sk-0123456789abcdef\ntouch /tmp/pwned", ["a newline"]),
+    ("apiKey", 'sk-0123456789abcdef"quoted"', ["'\"'"]),
+    ("apiKey", "sk-0123456789abcdef$(id)", ["'$'", "'('"]),
+    ("apiKey", "sk-0123456789 abcdef", ["a space"]),
+    ("hfToken", "hf_0123456789\nrm -rf ~", ["a newline"]),
+    ("hfToken", "", ["empty"]),
+]
+
+
+@pytest.mark.parametrize("key, value, fragments", SECRET_CASES, ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(SECRET_CASES)])
+def test_bad_secret_is_refused_before_any_resource(program, recipe_config, key, value, fragments):
+    recipe_config[f"twinspark:{key}"] = value
+    run = program(recipe_config)
+    assert run.error and run.error["kind"] == "RunError", run.error
+    message = run.error["message"]
+    assert f"twinspark:{key}:" in message and "letter, digit or one of - . _ ~ + / =" in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+    if len(value) > 3:
+        assert value not in message and value.split("\n")[-1] not in message, message
+    assert run.resources == []
+
+
+def rails(*per_node):
+    """Set rail addresses: rails(("10.0.0.1/24", "10.0.1.1/24"), ("10.0.0.2/24", "10.0.1.2/24"))."""
+    def mutate(cfg):
+        for node, addresses in zip(cfg["nodes"], per_node):
+            for rail, address in zip(node["rails"], addresses):
+                rail["address"] = address
+    return mutate
+
+
+def at(path, value):
+    return lambda cfg: set_path(cfg, path, value)
+
+
+# Configs that would lock a node out or destroy data: (mutation, key, fragments)
+LOCKOUT_CASES = [
+    # the LAN/SSH port as a rail: netplan would take its DHCP away
+    (at(("nodes", 1, "rails", 0, "iface"), "enP7s7"), "twinspark:nodes[1].rails[0].iface", ["fabric.bootstrapIface"]),
+    (rails(("192.168.1.1/24", "10.0.1.1/24"), ("192.168.1.2/24", "10.0.1.2/24")),
+     "twinspark:nodes[0].rails[0].address", ["nodes[0].host 192.168.1.10"]),
+    (rails(("10.0.0.1/8",), ("10.0.0.2/8",)), "twinspark:nodes[0].rails[0].address", ["/16"]),
+    (rails(("10.0.0.1/1",), ("10.0.0.2/1",)), "twinspark:nodes[0].rails[0].address", ["/16"]),
+    (rails(("127.0.0.1/24",), ("127.0.0.2/24",)), "twinspark:nodes[0].rails[0].address", ["loopback", "10.0.0.0/8"]),
+    (rails(("224.0.0.1/24",), ("224.0.0.2/24",)), "twinspark:nodes[0].rails[0].address", ["multicast"]),
+    (rails(("255.255.255.254/24",), ("255.255.255.253/24",)), "twinspark:nodes[0].rails[0].address", ["reserved"]),
+    (rails(("169.254.0.1/24",), ("169.254.0.2/24",)), "twinspark:nodes[0].rails[0].address", ["link-local"]),
+    (rails(("8.8.8.1/24",), ("8.8.8.2/24",)), "twinspark:nodes[0].rails[0].address", ["public"]),
+    (rails((), ("10.0.0.255/24",)), "twinspark:nodes[1].rails[0].address", ["broadcast address of 10.0.0.0/24"]),
+    (rails((), ("10.0.0.0/24",)), "twinspark:nodes[1].rails[0].address", ["network address of 10.0.0.0/24"]),
+    # each rail is its own cable and subnet: two rails in one subnet, or overlapping ones
+    (rails(("10.0.0.1/24", "10.0.0.3/24"), ("10.0.0.2/24", "10.0.0.4/24")),
+     "twinspark:nodes[0].rails[1].address", ["nodes[0].rails[0]", "10.0.0.0/24"]),
+    (rails(("10.0.0.1/16", "10.0.1.1/24"), ("10.0.0.2/16", "10.0.1.2/24")),
+     "twinspark:nodes[0].rails[1].address", ["overlap", "10.0.0.0/16"]),
+    (at(("nodes", 1, "rails", 1, "iface"), "enp1s0f0np0"), "twinspark:nodes[1].rails[1].iface",
+     ["nodes[1].rails[0].iface"]),
+    (at(("nodes", 0, "rails", 1, "hca"), "rocep1s0f0"), "twinspark:nodes[0].rails[1].hca", ["nodes[0].rails[0].hca"]),
+    # Linux interface names: at most 15 bytes, no '/', ':' or whitespace, not '.' or '..'
+    (at(("nodes", 0, "rails", 0, "iface"), ".."), "twinspark:nodes[0].rails[0].iface", ["'.' or '..'"]),
+    (at(("nodes", 0, "rails", 0, "iface"), "."), "twinspark:nodes[0].rails[0].iface", ["'.' or '..'"]),
+    (at(("nodes", 0, "rails", 0, "iface"), "enp1s0f0np0:1"), "twinspark:nodes[0].rails[0].iface", ["15"]),
+    (at(("nodes", 0, "rails", 0, "iface"), "a/b"), "twinspark:nodes[0].rails[0].iface", ["15"]),
+    (at(("nodes", 0, "rails", 0, "iface"), "enp1s0f0np0xxxxx"), "twinspark:nodes[0].rails[0].iface", ["15"]),
+    (at(("fabric", "bootstrapIface"), ".."), "twinspark:fabric.bootstrapIface", ["'.' or '..'"]),
+    # model.dir is bind-mounted and the worker's copy is rsync --delete'd to mirror the head's
+    (at(("model", "dir"), "/home/nvidia"), "twinspark:model.dir", ["home directory"]),
+    (at(("model", "dir"), "/root"), "twinspark:model.dir", ["system directory"]),
+    (at(("model", "dir"), "/"), "twinspark:model.dir", ["system directory"]),
+    (at(("model", "dir"), "/home"), "twinspark:model.dir", ["system directory"]),
+    (at(("model", "dir"), "/var"), "twinspark:model.dir", ["system directory"]),
+    (at(("model", "dir"), "/etc/models"), "twinspark:model.dir", ["inside /etc"]),
+    (at(("model", "dir"), "/usr/share/models"), "twinspark:model.dir", ["inside /usr"]),
+    (at(("model", "dir"), "/opt/twinspark/models"), "twinspark:model.dir", ["inside /opt/twinspark"]),
+    (at(("model", "dir"), "/var/log/twinspark"), "twinspark:model.dir", ["inside /var/log/twinspark"]),
+    (at(("model", "dir"), "/home/nvidia/models/../.ssh"), "twinspark:model.dir", ["'..'"]),
+    (at(("model", "dir"), "/home/nvidia/.ssh"), "twinspark:model.dir", ["hidden"]),
+    (at(("model", "dir"), "/data/models:/etc"), "twinspark:model.dir", ["':'"]),
+    (at(("model", "dir"), "/data//models"), "twinspark:model.dir", ["empty"]),
+    # serving.port must not collide with what else listens on the head
+    (at(("serving", "port"), 22), "twinspark:serving.port", ["22 is SSH's"]),
+    (at(("serving", "port"), 6379), "twinspark:serving.port", ["Ray GCS"]),
+    (at(("serving", "port"), 8265), "twinspark:serving.port", ["Ray dashboard"]),
+    (at(("serving", "port"), 10001), "twinspark:serving.port", ["Ray client"]),
+    (at(("serving", "port"), 12345), "twinspark:serving.port", ["Ray's worker ports"]),
+    (at(("serving", "port"), 8100), "twinspark:serving.port", ["vLLM's own"]),
+    (at(("serving", "port"), 29555), "twinspark:serving.port", ["NCCL"]),
+    (at(("serving", "port"), 45000), "twinspark:serving.port", ["ephemeral"]),
+    # YAML booleans are no numbers (pydantic would read true as 1)
+    (at(("serving", "port"), True), "twinspark:serving.port", ["YAML boolean"]),
+    (at(("fabric", "mtu"), True), "twinspark:fabric.mtu", ["YAML boolean"]),
+    (at(("fabric", "linkSpeedMbps"), True), "twinspark:fabric.linkSpeedMbps", ["YAML boolean"]),
+    (at(("serving", "readinessTimeoutMinutes"), True), "twinspark:serving.readinessTimeoutMinutes", ["YAML boolean"]),
+    (at(("serving", "maxModelLen"), True), "twinspark:serving.maxModelLen", ["YAML boolean"]),
+    (at(("serving", "gpuMemoryUtilization"), True), "twinspark:serving.gpuMemoryUtilization", ["YAML boolean"]),
+    (at(("fabric", "minBusBandwidthGBps"), True), "twinspark:fabric.minBusBandwidthGBps", ["YAML boolean"]),
+    # one node has no cable to measure: NcclCheck could never pass
+    (lambda cfg: cfg.update(nodes=cfg["nodes"][:1]), "twinspark:fabric.minBusBandwidthGBps", ["single-node", "0"]),
+]
+
+
+@pytest.mark.parametrize("mutate, key, fragments", LOCKOUT_CASES,
+                         ids=[f"{c[1].split(':')[1]}-{i}" for i, c in enumerate(LOCKOUT_CASES)])
+def test_a_config_that_locks_a_node_out_is_refused(mutate, key, fragments):
+    cfg = copy.deepcopy(BASE)
+    mutate(cfg)
+    assert_refused(cfg, key, fragments)
+
+
+@pytest.mark.parametrize("value", ["0.9", 0.9, 1])
+def test_gpu_memory_utilization_takes_what_pulumi_config_set_path_writes(value):
+    """`pulumi config set --path` stores 0.9 as a string and 1 as a number."""
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["gpuMemoryUtilization"] = value
+    if value == 1:
+        with pytest.raises(pulumi.RunError, match="0.95"):
+            parse_stack_config(cfg)
+    else:
+        assert parse_stack_config(cfg).serving.gpu_memory_utilization == 0.9
+
+
+@pytest.mark.parametrize("model_dir", ["/home/nvidia/models/DeepSeek-V4-Flash-0731", "/models/ds", "/data/m_1.2",
+                                       "/var/lib/models/ds", "/opt/models/x", "/mnt/nvme/ds"])
+def test_model_dirs_that_hold_only_a_model_pass(model_dir):
+    cfg = copy.deepcopy(BASE)
+    cfg["model"]["dir"] = model_dir
+    assert parse_stack_config(cfg).model.dir == model_dir
+
+
+def test_a_31_bit_rail_is_point_to_point():
+    cfg = copy.deepcopy(BASE)
+    rails(("10.0.0.0/31", "10.0.1.0/31"), ("10.0.0.1/31", "10.0.1.1/31"))(cfg)
+    assert parse_stack_config(cfg).nodes[1].ray_ip == "10.0.0.1"
+
+
+def test_unknown_top_level_key_is_refused(program, recipe_config):
+    """A typo must not pass silently: twinspark:apikey would leave the key unset and generate one."""
+    recipe_config["twinspark:apikey"] = "sk-0123456789abcdef"
+    recipe_config["twinspark:servng"] = {"port": 9000}
+    run = program(recipe_config)
+    assert run.error and run.error["kind"] == "RunError", run.error
+    message = run.error["message"]
+    assert "twinspark:apikey: unknown key — did you mean twinspark:apiKey?" in message, message
+    assert "twinspark:servng: unknown key — did you mean twinspark:serving?" in message, message
+    assert "sk-0123456789abcdef" not in message
+    assert run.resources == []
+
+
+def test_config_keys_come_from_the_bag_the_language_host_hands_over(monkeypatch):
+    """Under a real engine the keys arrive as PULUMI_CONFIG (pulumi-language-python-exec loads
+    them with set_all_config); a host that does not load them still leaves the variable."""
+    import json
+
+    from components.config import stack_config_keys
+
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps({"twinspark:apikey": "x", "twinspark:nodes": "[]", "aws:region": "y"}))
+    assert stack_config_keys() == {"apikey", "nodes"}
+
+
+def test_a_secret_kept_in_plain_text_is_warned_about(capsys):
+    """The engine lists the secret keys (PULUMI_CONFIG_SECRET_KEYS); a plain apiKey sits
+    readable in the stack file."""
+    from pulumi.runtime import config as runtime_config
+
+    from components.config import _checked_secrets
+
+    config = runtime_config.CONFIG.set({"twinspark:apiKey": "sk-0123456789abcdef", "twinspark:hfToken": "hf_01234567"})
+    secret_keys = runtime_config._SECRET_KEYS.set({"twinspark:hfToken"})
+    try:
+        secrets = _checked_secrets(pulumi.Config("twinspark"))
+    finally:
+        runtime_config.CONFIG.reset(config)
+        runtime_config._SECRET_KEYS.reset(secret_keys)
+    warnings = capsys.readouterr().err
+    assert "twinspark:apiKey is stored in plain text" in warnings and "hfToken" not in warnings, warnings
+    assert secrets == {"apiKey": "sk-0123456789abcdef", "hfToken": "hf_01234567", "grafanaAdminPassword": None,
+                       "alertWebhookUrl": None}

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from program_harness import unwrap
 
-from components import host_prep, launch_bundle
+from components import host_prep, launch_bundle, model_weights
 from components.config import parse_stack_config
 from components.client_outputs import render_codex_config, render_codex_model_catalog
 from components.readiness import SCRIPT as WAIT_READY, ReadinessArgs, wait_ready_args
-from components.remote import (LAUNCH_DIR, MANAGED_FILE_SCRIPT, ManagedFile, encode_secret, managed_file_script,
-                               script_command, script_text)
+from components.remote import (LAUNCH_DIR, MANAGED_FILE_SCRIPT, ManagedFile, encode_secret, launch_file,
+                               managed_file_script, runner_stdin, script_command, script_text)
 from program_harness import ROOT, stack_config
 
 CFG = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
@@ -270,6 +270,25 @@ def readiness_command(port, timeout_s):
     return script_command(WAIT_READY, argv, secret_env=["VLLM_API_KEY"])
 
 
+def test_a_secret_that_looks_like_script_never_runs(tmp_path):
+    """Even if validation let it through: each secret is one base64 line on stdin, decoded into
+    the environment, so a newline, `$(...)` or a quote in it is data, never script."""
+    secrets = {
+        "FIRST": "sk-0123456789abcdef\n$(touch ran-1)\ntouch ran-2; `touch ran-3`",
+        "SECOND": "'; touch ran-4 #\necho \"$(touch ran-5)\"",
+    }
+    probe = '{\nprintf %s "$FIRST" > first; printf %s "$SECOND" > second\nexit\n}\n'
+    line = script_command("secret-probe.sh", [], secret_env=list(secrets))
+    stdin = runner_stdin(list(secrets.values()), probe, payload="touch ran-6\n")
+    proc = subprocess.run(["bash", "-c", line], input=stdin, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "first").read_text() == secrets["FIRST"]
+    assert (tmp_path / "second").read_text() == secrets["SECOND"]
+    assert sorted(p.name for p in tmp_path.glob("ran-*")) == []
+    for value in secrets.values():
+        assert value not in line
+
+
 def test_readiness_waits_for_health_then_an_authorized_completion(fake_endpoint):
     line = readiness_command(fake_endpoint, 60)
     proc = run_remote(line, stdin=encode_secret(_FakeVllm.key) + script_text(WAIT_READY))
@@ -342,3 +361,105 @@ def test_logrotate_accepts_the_rendered_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "rotating pattern: /var/log/twinspark/*.log" in proc.stderr
     assert "copytruncate" in host_prep.render_logrotate()
+
+
+GIB = 1 << 30
+
+
+def local_memtotal_kb():
+    return next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal:"))
+
+
+def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85):
+    """model-shape-check exactly as the program sends it, on a generated model directory; the
+    peers' /proc/meminfo come from a stand-in `ssh` that records whom it was asked."""
+    model = tmp_path / "model"
+    model.mkdir()
+    if config is not None:
+        (model / "config.json").write_text(json.dumps(config))
+    (model / ".twinspark-manifest").write_text("".join(f"{name} {size}\n" for name, size in sorted(sizes.items())))
+    bin_dir, calls = tmp_path / "bin", tmp_path / "ssh-calls"
+    bin_dir.mkdir()
+    table = "".join(f"nvidia@10.0.0.{i + 2} {kb}\n" for i, kb in enumerate(peers_kb))
+    (bin_dir / "ssh").write_text(
+        "#!/bin/bash\n"
+        f'echo "$*" >> {calls}\n'
+        'peer=${*: -3:1}\n'
+        f"printf 'MemFree:  1 kB\\nMemTotal: %s kB\\n' \"$(awk -v p=\"$peer\" '$1 == p {{print $2}}' <<'EOF'\n{table}EOF\n)\"\n"
+    )
+    (bin_dir / "ssh").chmod(0o755)
+    workers = [model_weights.NodeAccess(f"spark{i + 2}", None, f"10.0.0.{i + 2}") for i in range(len(peers_kb))]
+    args = model_weights.ModelWeightsArgs(
+        repo="org/model", dir=str(model), downloader_image="img", ssh_user="nvidia",
+        head=model_weights.NodeAccess("spark1", None, "10.0.0.1"), workers=workers, hf_token=None,
+        tensor_parallel_size=tp, gpu_memory_utilization=utilization)
+    line = script_command(model_weights.SHAPE_SCRIPT, model_weights.shape_check_args(args))
+    stdin = script_text(model_weights.SHAPE_SCRIPT) + launch_file(model_weights.SHAPE_PROGRAM)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", "-c", line], input=stdin, capture_output=True, text=True, env=env, timeout=60)
+    return proc, (calls.read_text().splitlines() if calls.exists() else [])
+
+
+SHARDS = {"model-00001-of-00002.safetensors": 3 * GIB, "model-00002-of-00002.safetensors": GIB,
+          "config.json": 2000, "tokenizer.json": 9 * GIB}  # only safetensors count as weights
+
+
+def test_shape_check_passes_a_model_that_splits_and_fits(tmp_path):
+    big = 64 << 20  # kB: 64 GiB on the peer
+    proc, ssh_calls = run_shape_check(tmp_path, {"num_attention_heads": 64, "num_key_value_heads": 8}, SHARDS, tp=2,
+                                      peers_kb=[big])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "model-shape-check spark1: ok   attention heads: 64 over TP 2, 32 per node" in out, out
+    assert "ok   KV heads: 8 over TP 2, 4 per node" in out, out
+    assert "ok   weights: 4.0 GiB of safetensors, 2.0 GiB per node over TP 2" in out, out
+    assert "within 0.85 × MemTotal on every node (spark1 " in out and ", spark2 64.0 GiB)" in out, out
+    # the peer is asked over its rail address, with the sync key and the sync's known_hosts only
+    assert len(ssh_calls) == 1 and ssh_calls[0].endswith("nvidia@10.0.0.2 cat /proc/meminfo"), ssh_calls
+    assert "-i " + str(tmp_path) + "/.ssh/twinspark_weights" in ssh_calls[0] and "BatchMode=yes" in ssh_calls[0]
+
+
+def test_shape_check_fails_a_third_node_the_heads_cannot_split_over(tmp_path):
+    proc, _ = run_shape_check(tmp_path, {"num_attention_heads": 64, "num_key_value_heads": 8}, SHARDS, tp=3,
+                              peers_kb=[64 << 20, 64 << 20])
+    assert proc.returncode == 1, proc.stdout
+    assert "FAIL attention heads: 64 not divisible by TP 3 (the node count)" in proc.stdout, proc.stdout
+    assert "FAIL KV heads: 8 neither divisible by TP 3 nor a divisor of it" in proc.stdout, proc.stdout
+    assert "cannot run tensor-parallel over these 3 nodes" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("config, tp, line", [
+    ({"num_attention_heads": 48, "num_key_value_heads": 1}, 3, "ok   KV heads: 1, each replicated on 3 nodes"),
+    ({"num_attention_heads": 32, "num_key_value_heads": 2}, 4, "ok   KV heads: 2, each replicated on 2 nodes"),
+    ({"num_attention_heads": 24}, 3, "ok   KV heads: 24 over TP 3, 8 per node"),  # absent: one per attention head
+    ({"num_attention_heads": 64, "num_key_value_heads": 64, "kv_lora_rank": 512}, 2,
+     "ok   KV heads: latent (MLA, kv_lora_rank 512), the same on every node"),
+    ({"text_config": {"num_attention_heads": 40, "num_key_value_heads": 8}}, 2, "ok   attention heads: 40 over TP 2"),
+])
+def test_shape_check_follows_vllms_head_rules(tmp_path, config, tp, line):
+    proc, _ = run_shape_check(tmp_path, config, SHARDS, tp=tp, peers_kb=[64 << 20] * (tp - 1))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert line in proc.stdout, proc.stdout
+
+
+def test_shape_check_fails_weights_beyond_the_smallest_nodes_memory(tmp_path):
+    small = 2 << 20  # kB: 2 GiB on the peer, 1.7 GiB of it for vLLM at 0.85
+    sizes = {"model-00001.safetensors": 5 * GIB, "model-00002.safetensors": GIB}  # 3 GiB per node at TP 2
+    proc, _ = run_shape_check(tmp_path, {"num_attention_heads": 64}, sizes, tp=2, peers_kb=[small])
+    assert proc.returncode == 1, proc.stdout
+    assert ("FAIL weights: 6.0 GiB of safetensors need 3.0 GiB per node over TP 2, but 0.85 × spark2's "
+            "MemTotal 2.0 GiB leaves 1.7 GiB") in proc.stdout, proc.stdout
+
+
+def test_shape_check_without_heads_in_config_checks_memory_and_says_so(tmp_path):
+    proc, _ = run_shape_check(tmp_path, {"architectures": ["Custom"]}, SHARDS, tp=2, peers_kb=[64 << 20])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "skip attention heads: config.json names no num_attention_heads" in proc.stdout, proc.stdout
+    assert "ok   weights:" in proc.stdout
+
+
+def test_shape_check_fails_without_config_json(tmp_path):
+    proc, _ = run_shape_check(tmp_path, None, SHARDS, tp=1)
+    assert proc.returncode == 1
+    assert "FAIL config.json: missing" in proc.stdout, proc.stdout

@@ -117,7 +117,7 @@ def test_a_webhook_that_is_no_url_stops_the_program_without_showing_it(program, 
     recipe_config["twinspark:alertWebhookUrl"] = "hooks.example.test/s3cret-token"
     result = program(recipe_config)
     assert result.error is not None, "a bad webhook URL was accepted"
-    assert "twinspark:alertWebhookUrl: not an http(s) URL" in result.error["message"]
+    assert "twinspark:alertWebhookUrl: the value (a secret, not shown) is not an http(s) URL" in result.error["message"]
     assert "s3cret-token" not in result.error["message"]
 
 

@@ -84,9 +84,9 @@ def test_every_node_gets_each_capability(recipe_run):
     assert {"spark1-bundle-ray-token", "spark2-bundle-ray-token"} <= set(recipe_run.by_name)
     assert "spark1-bundle-api-gateway-conf" in recipe_run.by_name
     assert "spark2-bundle-api-gateway-conf" not in recipe_run.by_name
-    assert {"spark1-weights-fetch", "spark1-weights-sync-key", "spark2-weights-authorize", "spark2-weights-sync"} <= set(
-        recipe_run.by_name
-    )
+    assert {"spark1-weights-fetch", "spark1-weights-shape-check", "spark1-weights-sync-key", "spark2-weights-authorize",
+            "spark2-weights-sync"} <= set(recipe_run.by_name)
+    assert "spark2-weights-shape-check" not in recipe_run.by_name
 
 
 def test_component_type_tokens(recipe_run):
@@ -110,13 +110,16 @@ def test_component_type_tokens(recipe_run):
         ("spark1-fabric-check", ["spark1-hostprep-netplan", "spark2-hostprep-netplan", "spark2-hostprep-memlock-limits"]),
         ("spark2-fabric-check", ["spark1-hostprep-netplan", "spark2-hostprep-netplan"]),
         ("spark1-weights-fetch", ["spark1-fabric-check", "spark2-fabric-check"]),
-        ("spark2-weights-sync", ["spark1-weights-fetch", "spark2-weights-authorize"]),
+        # the shape check reads the fetched config.json and every node's memory (over the rail)
+        ("spark1-weights-shape-check", ["spark1-weights-fetch", "spark2-weights-authorize"]),
+        # no 167 GB copy of a model that cannot load
+        ("spark2-weights-sync", ["spark1-weights-fetch", "spark2-weights-authorize", "spark1-weights-shape-check"]),
         ("spark1-image-build", ["spark1-fabric-check"]),
         ("spark2-bundle-launch-vllm-sh", ["spark2-fabric-check"]),
         ("spark1-nccl-check", ["spark1-image-build", "spark1-bundle-twinspark-env", "spark2-fabric-check"]),
         ("spark2-nccl-check", ["spark2-image-build", "spark2-bundle-twinspark-env"]),
-        ("spark2-serving-container", ["spark2-image-build", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "spark2-weights-sync", "spark1-nccl-check", "spark2-nccl-check"]),
-        ("spark1-serving-container", ["spark1-image-build", "spark1-bundle-ray-token", "spark1-weights-fetch", "spark2-serving-container", "spark2-nccl-check"]),
+        ("spark2-serving-container", ["spark2-image-build", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "spark2-weights-sync", "spark1-weights-shape-check", "spark1-nccl-check", "spark2-nccl-check"]),
+        ("spark1-serving-container", ["spark1-image-build", "spark1-bundle-ray-token", "spark1-weights-fetch", "spark1-weights-shape-check", "spark2-serving-container", "spark2-nccl-check"]),
         ("spark1-serving-gateway", ["spark1-image-build", "spark1-bundle-secrets-env", "spark1-bundle-api-gateway-conf"]),
         ("spark1-readiness-wait", ["spark1-serving-container", "spark1-serving-gateway"]),
         # the exporters bind first-rail addresses, which exist once the fabric is checked
@@ -261,9 +264,9 @@ def test_multiagent_profile(program, recipe_config):
 
 
 def test_extra_args_are_appended_last(program, recipe_config):
-    recipe_config["twinspark:serving"]["extraArgs"] = ["--max-num-seqs", "4", "--enable-log-requests"]
+    recipe_config["twinspark:serving"]["extraArgs"] = ["--max-log-len", "100", "--enable-log-requests"]
     argv = launch_argv(program(recipe_config))
-    assert argv[-3:] == ["--max-num-seqs", "4", "--enable-log-requests"]
+    assert argv[-3:] == ["--max-log-len", "100", "--enable-log-requests"]
 
 
 def test_env_file_holds_the_recipe_environment(recipe_run):
@@ -327,6 +330,19 @@ def test_fabric_check_arguments(recipe_run):
     assert flag_value(argv, "--speed-mbps") == "200000"
     rails = flag_values(argv, "--rail")
     assert rails == ["enp1s0f0np0:rocep1s0f0:10.0.0.2", "enP2p1s0f0np0:roceP2p1s0f0:10.0.1.2"]
+
+
+def test_model_shape_check_knows_tp_memory_share_and_every_peer(recipe_run):
+    call = runner_call(recipe_run.named("spark1-weights-shape-check"))
+    assert call.script == "model-shape-check.sh"
+    assert flag_value(call.args, "--dir") == "/home/nvidia/models/DeepSeek-V4-Flash-0731"
+    assert flag_value(call.args, "--manifest") == ".twinspark-manifest"
+    assert flag_value(call.args, "--tensor-parallel-size") == "2"
+    assert flag_value(call.args, "--gpu-memory-utilization") == "0.85"
+    assert flag_values(call.args, "--peer") == ["spark2=nvidia@10.0.0.2"]  # its rail address: the sync key's way in
+    assert flag_value(call.args, "--key") == "~/.ssh/twinspark_weights"
+    assert call.payload.startswith("#!/usr/bin/env python3\n\"\"\"model-shape-check.py")
+    assert recipe_run.named("spark1-weights-shape-check").inputs["triggers"] == ["deepseek-ai/DeepSeek-V4-Flash-0731"]
 
 
 def test_weights_copy_goes_over_the_first_rail(recipe_run):
@@ -447,6 +463,9 @@ def test_three_nodes(program, recipe_config):
         assert run.depends_on(head, w)
     assert sorted(head.replace_with) == sorted(run.named(w).urn for w in workers)
     assert {"spark2-weights-sync", "spark3-weights-sync"} <= set(run.by_name)
+    shape = args_of(run, "spark1-weights-shape-check")
+    assert flag_value(shape, "--tensor-parallel-size") == "3"
+    assert flag_values(shape, "--peer") == ["spark2=nvidia@10.0.0.2", "spark3=nvidia@10.0.0.3"]
     argv = launch_argv(run)
     assert argv[argv.index("--tensor-parallel-size") + 1] == "3"
     rails = [a for a in args_of(run, "spark1-fabric-check") if a.startswith("enp1s0f0np0:")]
@@ -496,3 +515,25 @@ def test_recipe_stack_file_is_valid():
 
     cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
     assert [n.name for n in cfg.nodes] == ["spark1", "spark2"]
+
+
+def test_an_engine_without_replace_with_stops_before_any_resource(program):
+    """An older Pulumi CLI: the SDK would raise only when the head container registers, after
+    every step before it ran (issue 8, item 10)."""
+    run = program(withheld_features=("RESOURCE_MONITOR_FEATURE_REPLACE_WITH",))
+    assert run.error["kind"] == "RunError", run.error
+    assert "upgrade the Pulumi CLI to ≥ 3.207.0" in run.error["message"]
+    assert run.resources == []
+
+
+def test_claude_code_env_gives_back_the_key_when_sourced(program, recipe_config):
+    """Every allowed key character survives `source`: an unquoted `~/...` would become $HOME."""
+    import subprocess
+
+    key = "~/sk-0123456789abcdef+/="
+    recipe_config["twinspark:apiKey"] = key
+    run = program(recipe_config)
+    assert run.error is None, run.error
+    env = run.outputs["claudeCodeEnv"]["value"]
+    proc = subprocess.run(["bash", "-c", env + 'printf %s "$ANTHROPIC_AUTH_TOKEN"'], capture_output=True, text=True)
+    assert proc.stdout == key, proc

@@ -187,6 +187,8 @@ def fetched(fabric_checked, model_on_hub, sim, sim_run):
 @pytest.fixture(scope="session")
 def weights_everywhere(fetched, sim, sim_run):
     authorize_worker(sim, sim_run)
+    shape = run_step(sim, sim_run, "sim1-weights-shape-check").stdout
+    assert "ok   attention heads: 64 over TP 2" in shape and "ok   weights" in shape, shape
     run_step(sim, sim_run, "sim2-weights-sync")
 
 
@@ -393,6 +395,9 @@ def rail_rx_bytes(sim, node="sim2"):
 
 
 @pytest.fixture(scope="session")
+SIM_MODEL_CONFIG = {"num_attention_heads": 64, "num_key_value_heads": 8}  # divisible by TP 2
+
+
 def model_on_hub(sim):
     """A few hundred MB of safetensors-like shards plus an index, in the head's local hub."""
     repo_dir = f"{HUB_DIR}/{sim.cfg.model.repo}"
@@ -401,7 +406,8 @@ def model_on_hub(sim):
              "weight_map": {f"layers.{i}.weight": s for i, s in enumerate(shards)}}
     script = (f"mkdir -p {repo_dir} && cd {repo_dir} && "
               + " && ".join(f"head -c {SHARD_MB}M /dev/urandom > {s}" for s in shards)
-              + f" && echo '{json.dumps(index)}' > model.safetensors.index.json && echo '{{}}' > config.json")
+              + f" && echo '{json.dumps(index)}' > model.safetensors.index.json"
+              + f" && echo '{json.dumps(SIM_MODEL_CONFIG)}' > config.json")
     sim.node_exec("sim1", "bash", "-c", script, timeout=300)
     return {"shards": shards, "bytes": SHARD_COUNT * (SHARD_MB << 20)}
 
@@ -414,7 +420,7 @@ def test_fetch_downloads_once(sim, sim_run, model_on_hub, fabric_checked):
     manifest = head_manifest(sim)
     assert len(manifest.splitlines()) == SHARD_COUNT + 2
     assert manifest == manifest_listing(sim, "sim1")
-    assert any("hf_token_passed=no" in c for c in shim_calls(sim, "sim1"))
+    assert any("hf_token_passed=yes" in c for c in shim_calls(sim, "sim1"))
     again = run_step(sim, sim_run, "sim1-weights-fetch")
     assert "nothing to download" in again.stdout
     assert sum("docker run" in c for c in shim_calls(sim, "sim1")) == downloads_before + 1

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# model-shape-check.sh — can the fetched model run tensor-parallel over these nodes?
+#
+#   model-shape-check.sh --node spark1 --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 \
+#       --manifest .twinspark-manifest --tensor-parallel-size 2 --gpu-memory-utilization 0.85 \
+#       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts \
+#       --peer spark2=nvidia@10.0.0.2   < model-shape-check.py
+#
+# Runs on the head once the weights are complete there: before they are copied, and long
+# before vLLM would fail loading them. Reads every node's MemTotal (Spark's memory is unified:
+# it is what the GPU can use): this node's from /proc/meminfo, each peer's over its rail with
+# the weight sync's key. The check program (stdin, after this script) then judges config.json,
+# the manifest's safetensors sizes and those figures, one ok/FAIL line per check.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=prelude.sh
+[ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
+
+node="" dir="" manifest="" tp="" utilization="" key="" known_hosts=""
+peers=()
+
+memtotal_kb() { awk '$1 == "MemTotal:" {print $2; exit}'; }
+
+peer_memtotal_kb() {
+  local address="$1"
+  # the sync key is authorized on the peer only from this node's rail address (authorize-key.sh)
+  ssh -i "$key" -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new \
+    -o "UserKnownHostsFile=$known_hosts" -o ConnectTimeout=20 "$address" cat /proc/meminfo | memtotal_kb
+}
+
+main() {
+  parse_flags --node=node --dir=dir --manifest=manifest --tensor-parallel-size=tp \
+    --gpu-memory-utilization=utilization --key=key --known-hosts=known_hosts --peer=peers[] -- "$@"
+  require_flags --node --dir --manifest --tensor-parallel-size --gpu-memory-utilization --key --known-hosts
+  log_node=$node
+  key=${key/#\~/$HOME} known_hosts=${known_hosts/#\~/$HOME}
+  [ -s "$dir/$manifest" ] || die "$dir/$manifest missing: the weights here are not complete (run fetch-weights.sh)"
+  local memory=(--memory-kb "$node=$(memtotal_kb </proc/meminfo)") peer kb
+  for peer in "${peers[@]}"; do
+    kb=$(peer_memtotal_kb "${peer#*=}") || die "cannot read MemTotal of ${peer%%=*} at ${peer#*=}"
+    [[ $kb =~ ^[0-9]+$ ]] || die "${peer%%=*} at ${peer#*=} reported no MemTotal"
+    memory+=(--memory-kb "${peer%%=*}=$kb")
+  done
+  local report status=0
+  report=$(python3 - --config "$dir/config.json" --manifest "$dir/$manifest" --tensor-parallel-size "$tp" \
+    --gpu-memory-utilization "$utilization" "${memory[@]}") || status=$?
+  while IFS= read -r line; do [ -z "$line" ] || log "$line"; done <<<"$report"
+  [ "$status" -eq 0 ] || die "$dir cannot run tensor-parallel over these $tp nodes (see the FAIL lines)"
+}
+
+main "$@"
