@@ -17,12 +17,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     StringConstraints,
     ValidationError,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
+import host_keys
 import node_contract as contract
 
 NAMESPACE = "twinspark"
@@ -70,6 +72,14 @@ def _ipv4_interface(value: str) -> str:
 RailAddress = Annotated[str, AfterValidator(_ipv4_interface)]
 
 
+def _host_key(value: str) -> str:
+    try:
+        host_keys.parse(value)
+    except host_keys.HostKeyError as err:
+        raise ValueError(str(err)) from None
+    return value
+
+
 class Contract(BaseModel):
     """camelCase keys as in Pulumi.spark.yaml; unknown keys are an error (typos must not pass)."""
 
@@ -82,7 +92,14 @@ class SshConfig(Contract):
     user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")] = Field(
         description="login user on every node (passwordless sudo)")
     private_key_path: Optional[NonEmpty] = Field(
-        default=None, description="private key that logs in to every node; omit to use ssh-agent")
+        default=None, description="private key that logs in to every node; omit to use ssh-agent "
+        "(a passphrase-protected key must be in ssh-agent: the docker provider's ssh cannot ask for it)")
+    private_key_passphrase: Optional[SecretStr] = Field(
+        default=None, description="passphrase of `privateKeyPath`, a secret (`pulumi config set --secret --path "
+        "ssh.privateKeyPassphrase ...`): the remote commands decrypt the key with it instead of asking ssh-agent")
+    trust_on_first_use: bool = Field(
+        default=False, description="accept a node without a pinned `hostKey`: its key is read at first contact "
+        "and trusted from then on (see Security); off, `pulumi up` refuses such a node")
 
 
 class Rail(Contract):
@@ -105,8 +122,9 @@ class Node(Contract):
     role: Literal["head", "worker"] = Field(description="exactly one `head` (Ray head, API); the rest `worker`")
     host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")] = Field(
         description="LAN address or name for SSH and the API")
-    host_key: Optional[Annotated[str, StringConstraints(pattern=r"^(ssh-|ecdsa-)\S+ \S+$")]] = Field(
-        default=None, description="the node's SSH host key (`ssh-keyscan -t ed25519 HOST`, without the host)")
+    host_key: Optional[Annotated[str, AfterValidator(_host_key)]] = Field(
+        default=None, description="the node's SSH host key, pinned: `python -m ops pin-host-keys` reads it "
+        "(`ssh-ed25519 AAAA...`, as `ssh-keyscan` prints it without the host)")
     rails: list[Rail] = Field(min_length=1, description="the QSFP rails; the first carries Ray and the weight copy")
 
     @property
@@ -401,6 +419,15 @@ def _split_path(path: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
 
 
+# The ssh block may hold the key's passphrase: an error there shows the value only where it is
+# one of these plain fields (a misspelt passphrase key is an unknown key whose value is secret).
+SSH_PLAIN_FIELDS = ("user", "privateKeyPath", "trustOnFirstUse")
+
+
+def _may_hold_secret(loc: tuple[Any, ...]) -> bool:
+    return bool(loc) and loc[0] == "ssh" and (len(loc) != 2 or loc[1] not in SSH_PLAIN_FIELDS)
+
+
 def _describe_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
@@ -412,7 +439,7 @@ def _describe_validation_error(err: ValidationError) -> str:
             continue
         message = e["msg"].removeprefix("Value error, ")
         value = e.get("input")
-        shown = "" if e["type"] == "missing" else f" (got {value!r})"
+        shown = "" if e["type"] == "missing" or _may_hold_secret(loc) else f" (got {value!r})"
         lines.append(f"{format_key_path(loc)}: {message}{shown}")
     return "invalid stack config:\n  " + "\n  ".join(lines)
 

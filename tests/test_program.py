@@ -4,6 +4,7 @@ import json
 import shlex
 
 import pytest
+from conftest import TEST_HOST_KEYS
 from program_harness import flag_value, flag_values, plain_occurrences, runner_call, unwrap
 
 from components.config import parse_stack_config
@@ -211,7 +212,7 @@ def test_serving_image_build(recipe_run):
         assert build["args"] == {"BASE_IMAGE": "ghcr.io/anemll/dspark-vllm-gx10:0.1.1", "RAY_VERSION": "2.57.0"}
         provider = recipe_run.named(f"{node}-docker").inputs
         assert provider["host"] == f"ssh://nvidia@{host}"
-        assert "StrictHostKeyChecking=accept-new" in json.loads(provider["sshOpts"])
+        assert "StrictHostKeyChecking=yes" in json.loads(provider["sshOpts"])  # tests/test_ssh_access.py: the rest
 
 
 def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run):
@@ -234,8 +235,10 @@ def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run)
                      "--cap-add IPC_LOCK", "--device /dev/infiniband"):
             assert flag in flags
         assert call.payload.startswith("#!/usr/bin/env python3\n\"\"\"nccl-allreduce-check.py")
-        triggers.add(json.dumps(recipe_run.named(f"{node}-nccl-check").inputs["triggers"]))
-    assert len(triggers) == 1  # every rank re-runs together
+        own, *shared = recipe_run.named(f"{node}-nccl-check").inputs["triggers"]
+        assert own == f"ssh://nvidia@{recipe_run.named(f'{node}-docker').inputs['host'].split('@')[1]}"
+        triggers.add(json.dumps(shared))
+    assert len(triggers) == 1  # every rank re-runs together (the shared part holds every node's identity)
 
 
 def test_nccl_check_can_be_switched_off(program, recipe_config):
@@ -361,7 +364,7 @@ def test_readiness_waits_for_a_real_completion(recipe_run):
     assert flag_value(argv, "--timeout-s") == str(20 * 60)
     assert flag_value(argv, "--url") == "http://127.0.0.1:8000"
     assert flag_values(argv, "--container") == ["twinspark-serving", "twinspark-api-gateway"]
-    assert r["triggers"] == ["spark1-serving-container_id", "spark1-serving-gateway_id"]
+    assert r["triggers"] == ["ssh://nvidia@192.168.1.10", "spark1-serving-container_id", "spark1-serving-gateway_id"]
 
 
 def test_outputs_contract(recipe_run):
@@ -420,6 +423,7 @@ def three_node_config(config):
             "name": "spark3",
             "role": "worker",
             "host": "192.168.1.12",
+            "hostKey": TEST_HOST_KEYS["spark3"],
             "rails": [
                 {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
                 {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"},
