@@ -138,8 +138,9 @@ def passphrase_opens(key: PrivateKey, passphrase: str) -> bool:
         askpass = Path(tmp) / "askpass"
         askpass.write_text('#!/bin/sh\nprintf "%s\\n" "$TWINSPARK_ASKPASS_VALUE"\n')
         askpass.chmod(0o700)
+        # SSH_ASKPASS_REQUIRE=force from OpenSSH 8.4; older ones use askpass only with a DISPLAY
         env = {**os.environ, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force",
-               "TWINSPARK_ASKPASS_VALUE": passphrase}
+               "DISPLAY": os.environ.get("DISPLAY") or ":0", "TWINSPARK_ASKPASS_VALUE": passphrase}
         try:
             proc = subprocess.run(["ssh-keygen", "-y", "-f", str(key.path)], env=env, stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=30, start_new_session=True)

@@ -266,13 +266,15 @@ kill "$sshd"; exit "$rc"
 """
 
 
-@pytest.mark.parametrize("pin", ["its own", "another"])
-def test_docker_ssh_options_hold_a_real_ssh_to_the_pinned_key(tmp_path, monkeypatch, pin):
+@pytest.mark.parametrize("pin, login_key", [("its own", "plain"), ("another", "plain"), ("its own", "locked")])
+def test_docker_ssh_options_hold_a_real_ssh_to_the_pinned_key(tmp_path, monkeypatch, agent, pin, login_key):
     """The docker provider's ssh, with exactly the options the program gives it, against a real
-    sshd on port 22 of a private network namespace."""
+    sshd on port 22 of a private network namespace; a passphrase key signs through the agent."""
     from components.ssh_access import resolve_ssh_access
 
-    login = new_key(tmp_path / "login")
+    login = new_key(tmp_path / "login", PASSPHRASE if login_key == "locked" else "")
+    if login_key == "locked":
+        agent.add(login, PASSPHRASE)
     argv = sshd_argv(tmp_path, 22, Path(f"{login}.pub"))
     node_key = " ".join((tmp_path / "ssh_host_ed25519_key.pub").read_text().split()[:2])
     raw = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
@@ -281,11 +283,11 @@ def test_docker_ssh_options_hold_a_real_ssh_to_the_pinned_key(tmp_path, monkeypa
     raw["nodes"][0].update(host="127.0.0.1", hostKey=node_key if pin == "its own" else OTHER_HOST_KEY)
     monkeypatch.setenv("TWINSPARK_KNOWN_HOSTS_DIR", str(tmp_path / "known_hosts.d"))
     cfg = parse_stack_config(raw)
-    access = resolve_ssh_access(cfg, env={})
+    access = resolve_ssh_access(cfg, env=agent.env)
     opts = access.docker_ssh_opts(cfg.nodes[0])
     script = f"SSHD={argv[0]}; SSHD_ARGS=({' '.join(repr(a) for a in argv[1:])})\n" + REAL_SSH
     proc = subprocess.run(["unshare", "--net", "bash", "-c", script, "real-ssh", *opts],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **agent.env})
     if pin == "its own":
         assert proc.returncode == 0, proc.stderr
     else:
