@@ -17,7 +17,9 @@ import subprocess
 
 KEY_TYPE = "ssh-ed25519"  # what DGX OS's sshd offers and what both providers pin
 NODE_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"  # the same key, as the node itself holds it
-KNOWN_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
+# ssh-rsa is left out: both clients would ask for exactly the key's type, and "ssh-rsa" also
+# names the SHA-1 signature that current sshd refuses.
+KNOWN_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521")
 
 
 class HostKeyError(ValueError):

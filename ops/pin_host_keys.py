@@ -84,7 +84,7 @@ def run_pin_host_keys(args: argparse.Namespace, stdin: TextIO = sys.stdin, out: 
     say()
     say("Compare each fingerprint with the one the node shows on its own console (not over this network):")
     say(f"    ssh-keygen -lf {host_keys.NODE_KEY_FILE}")
-    say(f"then record the keys, from {args.stack_file.resolve().parent}:")
+    say(f"then record them (in {args.stack_file.resolve().parent}):")
     for command in commands:
         say("    " + shlex.join(command))
     if not args.apply:

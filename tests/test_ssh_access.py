@@ -244,7 +244,8 @@ def test_trust_on_first_use_that_cannot_reach_a_node_names_it(program, tmp_path)
 @pytest.mark.parametrize("key, fragment", [
     ("ssh-ed25519", "as ssh-keyscan prints it"),
     ("ssh-ed25519 AAAA!!!", "not a base64 SSH public key"),
-    ("ssh-rsa " + TEST_HOST_KEYS["spark1"].split()[1], "holds a ssh-ed25519 key"),
+    ("ecdsa-sha2-nistp256 " + TEST_HOST_KEYS["spark1"].split()[1], "holds a ssh-ed25519 key"),
+    ("ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC6", "one of ssh-ed25519"),
 ])
 def test_a_malformed_host_key_is_named(key, fragment):
     import pulumi
