@@ -20,10 +20,10 @@ OTHER_HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAX7YOV0hhi0nGrPlT2oyR0/e/
 
 
 def pinned(config):
-    """The stack config with the test host key pinned on every node that has none."""
+    """The stack config with a test host key pinned on every node that has none."""
     config = copy.deepcopy(config)
     for node in config["twinspark:nodes"]:
-        node["hostKey"] = node.get("hostKey") or TEST_HOST_KEYS[node["name"]]
+        node["hostKey"] = node.get("hostKey") or TEST_HOST_KEYS.get(node["name"], OTHER_HOST_KEY)
     return config
 
 
@@ -45,14 +45,16 @@ def operator_home(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def program(operator_home):
-    """run(config=None, **kw): the real program under mocks; the recipe stack, its host keys
-    pinned, by default. No ssh-agent unless a test passes SSH_AUTH_SOCK in extra_env; one
-    known_hosts directory for every run, as an operator's checkout has."""
+    """run(config=None, **kw): the real program under mocks, the recipe stack by default, with a
+    test host key pinned on every node that has none (pin_host_keys=False: as given). No
+    ssh-agent unless a test passes SSH_AUTH_SOCK in extra_env; one known_hosts directory for
+    every run, as an operator's checkout has."""
 
-    def run(config=None, extra_env=None, **kw):
+    def run(config=None, extra_env=None, pin_host_keys=True, **kw):
+        config = config or stack_config()
         env = {"HOME": str(operator_home), "SSH_AUTH_SOCK": "",
                "TWINSPARK_KNOWN_HOSTS_DIR": str(operator_home / "known_hosts.d"), **(extra_env or {})}
-        return run_program(config or pinned(stack_config()), extra_env=env, **kw)
+        return run_program(pinned(config) if pin_host_keys else config, extra_env=env, **kw)
 
     return run
 

@@ -94,7 +94,10 @@ except Exception as e:
 if error is not None:
     # as the SDK does after a failed program (pulumi/runtime/stack.py, run_pulumi_func): what
     # was registered before the error still reaches the engine, so it is recorded here too
-    loop.run_until_complete(wait_for_rpcs())
+    try:
+        loop.run_until_complete(wait_for_rpcs())
+    except Exception:
+        pass  # the failure already reported, seen again by an outstanding RPC
 print("@@RESULT@@" + json.dumps({"resources": records, "outputs": outputs, "error": error}, default=str))
 '''
 

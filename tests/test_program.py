@@ -4,7 +4,6 @@ import json
 import shlex
 
 import pytest
-from conftest import TEST_HOST_KEYS
 from program_harness import flag_value, flag_values, plain_occurrences, runner_call, unwrap
 
 from components.config import parse_stack_config
@@ -423,7 +422,6 @@ def three_node_config(config):
             "name": "spark3",
             "role": "worker",
             "host": "192.168.1.12",
-            "hostKey": TEST_HOST_KEYS["spark3"],
             "rails": [
                 {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
                 {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"},

@@ -174,7 +174,7 @@ def test_a_misspelt_passphrase_key_does_not_show_its_value():
 
 # ---- item 5 / issue 9: host keys, per node, verified by default ----------------------------
 def test_unpinned_nodes_are_refused_by_default(program):
-    run = program(stack_config())  # the shipped stack file: hostKey not pinned yet
+    run = program(stack_config(), pin_host_keys=False)  # the shipped stack file: hostKey not pinned yet
     assert_stopped_before_any_resource(
         run, "twinspark:nodes[0].hostKey: not pinned", "twinspark:nodes[1].hostKey: not pinned",
         "python -m ops pin-host-keys --stack-file Pulumi.spark.yaml", "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub",
@@ -214,7 +214,7 @@ def test_trust_on_first_use_records_the_first_key_and_holds_to_it(program, tmp_p
     config["twinspark:ssh"]["trustOnFirstUse"] = True
     known_hosts = tmp_path / "known_hosts.d"
     env = tofu_env(tmp_path, {"192.168.1.11": OTHER_HOST_KEY}, known_hosts)
-    run = program(config, extra_env=env)
+    run = program(config, extra_env=env, pin_host_keys=False)
     assert run.error is None, run.error
     assert (tmp_path / "scans").read_text().split("\n")[:-1] == ["-T 10 -p 22 -t ed25519 192.168.1.11"]
     by_node = {"192.168.1.10": TEST_HOST_KEYS["spark1"], "192.168.1.11": OTHER_HOST_KEY}
@@ -226,7 +226,7 @@ def test_trust_on_first_use_records_the_first_key_and_holds_to_it(program, tmp_p
         assert opt_value(docker_opts(run, node), "StrictHostKeyChecking") == "yes"
     # the next run trusts the record: no scan, even when the network would now show another key
     env = tofu_env(tmp_path, {"192.168.1.11": TEST_HOST_KEYS["spark3"]}, known_hosts)
-    run = program(config, extra_env=env)
+    run = program(config, extra_env=env, pin_host_keys=False)
     assert run.error is None, run.error
     assert (tmp_path / "scans").read_text().count("\n") == 1
     assert connection(run.named("spark2-fabric-check"))["hostKey"] == OTHER_HOST_KEY
@@ -236,7 +236,7 @@ def test_trust_on_first_use_that_cannot_reach_a_node_names_it(program, tmp_path)
     config = stack_config()
     config["twinspark:nodes"][0]["hostKey"] = TEST_HOST_KEYS["spark1"]
     config["twinspark:ssh"]["trustOnFirstUse"] = True
-    run = program(config, extra_env=tofu_env(tmp_path, {}, tmp_path / "kh"))
+    run = program(config, extra_env=tofu_env(tmp_path, {}, tmp_path / "kh"), pin_host_keys=False)
     assert_stopped_before_any_resource(run, "twinspark:nodes[1].hostKey: not pinned, and its first contact failed",
                                        "192.168.1.11")
 
