@@ -17,12 +17,13 @@ from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank
 from components.observability import Observability, ObservabilityArgs, ObservedAccess
 from components.observability_files import plan_from_config
 from components.readiness import Readiness, ReadinessArgs
-from components.remote import connection, docker_host, docker_ssh_opts, write_pinned_known_hosts
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
 from components.serving_image import ServingImage, ServingImageArgs
+from components.ssh_access import resolve_ssh_access
 
 require_engine_support()
 cfg = load_stack_config()
+ssh = resolve_ssh_access(cfg)  # key, agent, host keys: checked before any resource exists
 secrets = load_secrets()
 api_key = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
 hf_token = secrets["hfToken"]
@@ -30,7 +31,7 @@ hf_token = secrets["hfToken"]
 # the containers' bundle labels say nothing about the secrets in the bundle.
 ray_token = random.RandomPassword("ray-token", length=48, special=False).result
 label_key = random.RandomPassword("bundle-label-key", length=32, special=False).result
-conns = {n.name: connection(cfg.ssh, n) for n in cfg.nodes}
+conns = {n.name: ssh.connection(n) for n in cfg.nodes}
 head = cfg.head
 
 host_preps = {
@@ -75,14 +76,13 @@ weights = ModelWeights(
     ),
     opts=after_fabric,
 )
-known_hosts = write_pinned_known_hosts(cfg.nodes)
 images = {
     n.name: ServingImage(
         f"{n.name}-image",
         ServingImageArgs(
             node_name=n.name,
-            docker_host=docker_host(cfg.ssh, n),
-            ssh_opts=docker_ssh_opts(cfg.ssh, known_hosts),
+            docker_host=ssh.docker_host(n),
+            ssh_opts=ssh.docker_ssh_opts(n),
             base_image=cfg.serving.image,
             ray_version=cfg.serving.ray_version,
         ),

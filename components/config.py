@@ -23,6 +23,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
     Strict,
     StringConstraints,
     ValidationError,
@@ -30,6 +31,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+import host_keys
 import node_contract as contract
 
 NAMESPACE = "twinspark"
@@ -116,7 +118,7 @@ HostName = _text(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?",
                  "an IPv4 address or DNS name: letters, digits, '.' and '-', starting and ending with a letter "
                  "or digit")
 HostKey = _text(r"(ssh-|ecdsa-)\S+ \S+",
-                "a host key as `ssh-keyscan` prints it after the host: its type and key, like "
+                "a host key as ssh-keyscan prints it after the host: its type and key, like "
                 "'ssh-ed25519 AAAAC3Nza...'")
 RepoId = _text(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*",
                "a Hugging Face repository OWNER/NAME, each part letters, digits, '_', '.' or '-' and starting "
@@ -228,6 +230,14 @@ def _serving_port(port: int) -> int:
     return port
 
 
+def _host_key(value: str) -> str:
+    try:
+        host_keys.parse(value)
+    except host_keys.HostKeyError as err:
+        raise ValueError(str(err)) from None
+    return value
+
+
 class Contract(BaseModel):
     """camelCase keys as in Pulumi.spark.yaml; unknown keys are an error (typos must not pass)."""
 
@@ -239,7 +249,14 @@ class Contract(BaseModel):
 class SshConfig(Contract):
     user: UserName = Field(description="login user on every node (passwordless sudo)")
     private_key_path: Optional[NonEmpty] = Field(
-        default=None, description="private key that logs in to every node; omit to use ssh-agent")
+        default=None, description="private key that logs in to every node; omit to use ssh-agent "
+        "(a passphrase-protected key must be in ssh-agent: the docker provider's ssh cannot ask for it)")
+    private_key_passphrase: Optional[SecretStr] = Field(
+        default=None, description="passphrase of `privateKeyPath`, a secret (`pulumi config set --secret --path "
+        "ssh.privateKeyPassphrase ...`): the remote commands decrypt the key with it instead of asking ssh-agent")
+    trust_on_first_use: bool = Field(
+        default=False, description="accept a node without a pinned `hostKey`: its key is read at first contact "
+        "and trusted from then on (see Security); off, `pulumi up` refuses such a node")
 
 
 class Rail(Contract):
@@ -262,8 +279,9 @@ class Node(Contract):
     name: NodeName = Field(description="short name used in resource names (`{node}-{capability}-{step}`)")
     role: Literal["head", "worker"] = Field(description="exactly one `head` (Ray head, API); the rest `worker`")
     host: HostName = Field(description="LAN address or name for SSH and the API")
-    host_key: Optional[HostKey] = Field(
-        default=None, description="the node's SSH host key (`ssh-keyscan -t ed25519 HOST`, without the host)")
+    host_key: Optional[Annotated[HostKey, AfterValidator(_host_key)]] = Field(
+        default=None, description="the node's SSH host key, pinned: `python -m ops pin-host-keys` reads it "
+        "(`ssh-ed25519 AAAA...`, as `ssh-keyscan` prints it without the host)")
     rails: list[Rail] = Field(min_length=1, description="the QSFP rails; the first carries Ray and the weight copy")
 
     @property
@@ -666,6 +684,15 @@ def _split_path(path: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
 
 
+# The ssh block may hold the key's passphrase: an error there shows the value only where it is
+# one of these plain fields (a misspelt passphrase key is an unknown key whose value is secret).
+SSH_PLAIN_FIELDS = ("user", "privateKeyPath", "trustOnFirstUse")
+
+
+def _may_hold_secret(loc: tuple[Any, ...]) -> bool:
+    return bool(loc) and loc[0] == "ssh" and (len(loc) != 2 or loc[1] not in SSH_PLAIN_FIELDS)
+
+
 def _describe_validation_error(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
@@ -678,6 +705,8 @@ def _describe_validation_error(err: ValidationError) -> list[str]:
         message = e["msg"].removeprefix("Value error, ")
         if e["type"] == "missing":
             lines.append(f"{format_key_path(loc)}: {message}")
+        elif _may_hold_secret(loc):
+            lines.append(f"{format_key_path(loc)}: {message} (value not shown: this key may hold a secret)")
         elif e["type"] == "value_error":  # ours: "expected ..."
             lines.append(f"{format_key_path(loc)}: {e['input']!r} — {message}")
         else:

@@ -5,9 +5,9 @@ rank of launch/nccl-allreduce-check.py in a throwaway container of that node's s
 image, with the serving containers' docker options and the bundle's environment
 (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...). The head is rank 0 and hosts the rendezvous on its
 first rail. `pulumi up` stops when the bus bandwidth is under fabric.minBusBandwidthGBps or
-NCCL fell back to sockets. The ranks share one trigger covering every node's image and
-environment and the check itself, so they always re-run together. A floor of 0 switches
-the check off: the component then creates nothing.
+NCCL fell back to sockets. The ranks share one trigger covering every node's image,
+environment and identity (user@host) and the check itself, so they always re-run together.
+A floor of 0 switches the check off: the component then creates nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pulumi_command import remote
 
 import node_contract as contract
 
-from .remote import NodeScript, launch_file, node_command, script_text, sha256_text
+from .remote import NodeScript, launch_file, node_command, node_identity, script_text, sha256_text
 
 SCRIPT = "nccl-check.sh"
 CHECK_PROGRAM = "nccl-allreduce-check.py"
@@ -69,8 +69,10 @@ class NcclCheck(pulumi.ComponentResource):
         if args.min_bus_bandwidth_gbps <= 0:
             self.register_outputs({})
             return
+        # every node's identity too: another machine for one rank replaces every rank
+        identities = [node_identity(r.connection) for r in args.ranks]
         shared_trigger = pulumi.Output.all(*(r.image_id for r in args.ranks), *(r.env_hash for r in args.ranks)).apply(
-            lambda facts: sha256_text(script_text(SCRIPT), launch_file(CHECK_PROGRAM), *facts)
+            lambda facts: sha256_text(script_text(SCRIPT), launch_file(CHECK_PROGRAM), *facts, *identities)
         )
         for rank, node in enumerate(args.ranks):
             image_id = pulumi.Output.from_input(node.image_id)

@@ -1,7 +1,9 @@
 """How twinspark acts on a node over SSH: one connection rule, one script runner, one command
 factory and one shape for files on a node. Shared by the components; imports none of them.
 
-- `connection`: SSH as the configured user, the key read as a secret (or the agent).
+- `node_command`'s connection comes from `ssh_access` (credentials, host keys); here it is
+  fixed which of it counts: who the node is (user@host) replaces a step, a new host key
+  updates it, and the operator's credentials count for nothing.
 - `script_command` + `script_stdin`: run a launch/ script fed on stdin behind the shared
   prelude. Secrets come first on stdin, one base64 line each, so no value can end its line
   early and become script; a payload (a file's content) comes after the script, which reads
@@ -27,8 +29,6 @@ from pulumi_command import remote
 
 from node_contract import APPLIED_STATE_DIR, PRELUDE
 
-from .config import Node, SshConfig
-
 LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch"
 MANAGED_FILE_SCRIPT = "managed-file.sh"
 
@@ -43,65 +43,6 @@ def sha256_text(*texts: str) -> str:
     for text in texts:
         digest.update(hashlib.sha256(text.encode()).digest())
     return digest.hexdigest()
-
-
-def private_key_file(ssh: SshConfig) -> Optional[Path]:
-    return Path(os.path.expanduser(ssh.private_key_path)) if ssh.private_key_path else None
-
-
-def connection(ssh: SshConfig, node: Node) -> remote.ConnectionArgs:
-    """SSH as the configured user; the key file is read as a secret, or the agent is used."""
-    key_file = private_key_file(ssh)
-    private_key = None
-    if key_file is not None:
-        if not key_file.is_file():
-            raise pulumi.RunError(
-                f"twinspark:ssh.privateKeyPath: {ssh.private_key_path!r} is not a readable file — "
-                "expected the private key that logs in to every node (or omit it to use ssh-agent)"
-            )
-        private_key = pulumi.Output.secret(key_file.read_text())
-    return remote.ConnectionArgs(
-        host=node.host,
-        user=ssh.user,
-        private_key=private_key,
-        host_key=node.host_key,
-        dial_error_limit=20,
-        per_dial_timeout=20,
-    )
-
-
-def docker_host(ssh: SshConfig, node: Node) -> str:
-    return f"ssh://{ssh.user}@{node.host}"
-
-
-def docker_ssh_opts(ssh: SshConfig, known_hosts: Optional[str]) -> list[str]:
-    """Options for the local `ssh` the docker provider runs: non-interactive, key as configured."""
-    opts = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=20"]
-    key_file = private_key_file(ssh)
-    if key_file is not None:
-        opts += ["-i", str(key_file), "-o", "IdentitiesOnly=yes"]
-    if known_hosts:
-        opts += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"]
-    else:
-        opts += ["-o", "StrictHostKeyChecking=accept-new"]
-    return opts
-
-
-KNOWN_HOSTS_FILE = Path(".twinspark") / "known_hosts"
-
-
-def render_known_hosts(nodes: Sequence[Node]) -> str:
-    return "".join(f"{n.host} {n.host_key}\n" for n in nodes if n.host_key)
-
-
-def write_pinned_known_hosts(nodes: Sequence[Node]) -> Optional[str]:
-    """The docker provider runs the local `ssh`: give it the pinned host keys, if any."""
-    text = render_known_hosts(nodes)
-    if not text:
-        return None
-    KNOWN_HOSTS_FILE.parent.mkdir(exist_ok=True)
-    KNOWN_HOSTS_FILE.write_text(text)
-    return str(KNOWN_HOSTS_FILE.resolve())
 
 
 # ---- the script runner ---------------------------------------------------------------------
@@ -163,6 +104,30 @@ class NodeScript:
     payload: Optional[pulumi.Input[str]] = None
 
 
+# What of a connection counts between runs (issue 8 item 6). The credentials are the operator's:
+# another key path, the agent instead of the file, or a passphrase must not re-run every step, so
+# the engine keeps the stored value in the diff (pulumi/pulumi step_generator.go,
+# processIgnoreChanges -> PropertyPath.Reset). The price: pulumi-command runs an update and a
+# delete with the connection in state, so a step keeps the credentials of the run that created
+# it — the key's content, not its path — until it is replaced. TWINSPARK_UPDATE_CREDENTIALS=1
+# lifts this for one run: every step then takes the current credentials and re-runs once.
+CREDENTIAL_FIELDS = ["connection.privateKey", "connection.privateKeyPassword"]
+
+
+def credential_fields_ignored() -> list[str]:
+    return [] if os.environ.get("TWINSPARK_UPDATE_CREDENTIALS") == "1" else CREDENTIAL_FIELDS
+
+
+def ssh_url(user: str, host: str) -> str:
+    """Who a node is: the docker provider's host, and the first trigger of each of its steps, so
+    another machine or login replaces them. This form is in every step's state: keep it."""
+    return f"ssh://{user}@{host}"
+
+
+def node_identity(conn: remote.ConnectionArgs) -> str:
+    return ssh_url(conn.user, conn.host)
+
+
 def node_command(
     resource_name: str,
     conn: remote.ConnectionArgs,
@@ -178,6 +143,11 @@ def node_command(
     The delete command gets the same stdin as create: pulumi-command runs a delete with the
     inputs stored in state (provider/pkg/provider/remote/commandController.go, Delete ->
     props.run), stdin included, so the script and its secrets are there again.
+
+    A step re-runs when its script, arguments, stdin or triggers change (pulumi-command's
+    Update runs `create` again), or when its node's host key does (an update: the step runs
+    once more, verified with the new key). The node's identity leads the triggers, which
+    pulumi-command replaces on (common/inputs.go: triggers are replaceOnChanges).
     """
     secrets = run.secrets or {}
     create = pulumi.Output.from_input(run.args).apply(lambda args: script_command(run.script, args, list(secrets)))
@@ -194,10 +164,11 @@ def node_command(
         create=create,
         delete=delete,
         stdin=script_stdin(run.script, list(secrets.values()), run.payload),
-        triggers=triggers,
+        triggers=[node_identity(conn), *(triggers or [])],
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(
-            parent=parent, depends_on=list(depends_on), delete_before_replace=delete_before_replace
+            parent=parent, depends_on=list(depends_on), delete_before_replace=delete_before_replace,
+            ignore_changes=credential_fields_ignored(),
         ),
     )
 

@@ -39,11 +39,16 @@ def build_args(args: ServingImageArgs) -> dict[str, str]:
 class ServingImage(pulumi.ComponentResource):
     def __init__(self, name: str, args: ServingImageArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:serving_image:ServingImage", name, None, opts)
+        # ssh_opts carry operator-local details (key path, known_hosts path): a change there is
+        # a provider update, which touches no image or container (pulumi-docker's DiffConfig is
+        # the bridge's: no config key forces replacement). Another user@host is another daemon:
+        # replacing the provider replaces its image and containers, as the commands' identity
+        # trigger replaces them (remote.node_identity).
         self.provider = docker.Provider(
             f"{args.node_name}-docker",
             host=args.docker_host,
             ssh_opts=list(args.ssh_opts),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["host"]),
         )
         self.image = docker.Image(
             f"{args.node_name}-image-build",

@@ -1,4 +1,4 @@
-"""python -m ops {status,bench,needle,client-setup} — see each one's --help."""
+"""python -m ops {status,bench,needle,client-setup,pin-host-keys} — see each one's --help."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .pin_host_keys import add_parser as add_pin_host_keys_parser
 from .target import TargetError, add_target_arguments, resolve_target, status_expectations
 
 
@@ -51,11 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_arguments(p)
     p.add_argument("--codex-home", type=Path, default=Path(os.environ.get("CODEX_HOME", "~/.codex")).expanduser())
     p.add_argument("--claude-env-file", type=Path, default=Path("~/.config/twinspark/claude-code.env").expanduser())
+
+    add_pin_host_keys_parser(sub)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.tool == "pin-host-keys":  # reads the stack file, not the stack's outputs
+        from .pin_host_keys import run_pin_host_keys
+
+        return run_pin_host_keys(args)
     console = Console()
     try:
         target = resolve_target(args, need_nodes=args.tool == "status")

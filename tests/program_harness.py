@@ -1,7 +1,8 @@
 """Run the real __main__.py under Pulumi mocks, in a subprocess, and report what it asked for.
 
 `run_program(config)` returns every registered resource (type, name, inputs, parent,
-dependencies, provider, options seen by the monitor), the exported outputs (with their
+dependencies, provider, options seen by the monitor: deleteBeforeReplace, replaceWith,
+ignoreChanges, replaceOnChanges), the exported outputs (with their
 secret flags), or the error the program stopped with. A subprocess per run keeps Pulumi's
 global runtime state from leaking between runs.
 """
@@ -12,9 +13,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import yaml
 
@@ -29,8 +31,8 @@ from pulumi.runtime import mocks as pm
 from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.stack import wait_for_rpcs
 
-config, preview = json.loads(sys.argv[1]), sys.argv[2] == "preview"
-withheld = {getattr(resource_pb2, name) for name in json.loads(sys.argv[3])}  # engine features to deny
+config, preview, secret_keys = json.loads(sys.argv[1]), sys.argv[2] == "preview", json.loads(sys.argv[3])
+withheld = {getattr(resource_pb2, name) for name in json.loads(sys.argv[4])}  # engine features to deny
 records, exports = [], {}
 
 def fake_outputs(type_, name, inputs):
@@ -67,13 +69,14 @@ class RecordingMonitor(pm.MockMonitor):
                 "parent": request.parent, "dependencies": list(request.dependencies),
                 "provider": request.provider, "deleteBeforeReplace": request.deleteBeforeReplace,
                 "replaceWith": list(request.replace_with),
+                "ignoreChanges": list(request.ignoreChanges), "replaceOnChanges": list(request.replaceOnChanges),
                 "inputs": json_format.MessageToDict(request.object),
             })
         return response
 
 mocks = Mocks()
 pm.set_mocks(mocks, project="twinspark", stack="spark", preview=preview, monitor=RecordingMonitor(mocks))
-pulumi.runtime.set_all_config(config)
+pulumi.runtime.set_all_config(config, secret_keys)
 
 def export(name, value):
     exports[name] = pulumi.Output.from_input(value)
@@ -95,6 +98,13 @@ except pulumi.RunError as e:
     error, outputs = {"kind": "RunError", "message": str(e)}, {}
 except Exception as e:
     error, outputs = {"kind": type(e).__name__, "message": traceback.format_exc()}, {}
+if error is not None:
+    # as the SDK does after a failed program (pulumi/runtime/stack.py, run_pulumi_func): what
+    # was registered before the error still reaches the engine, so it is recorded here too
+    try:
+        loop.run_until_complete(wait_for_rpcs())
+    except Exception:
+        pass  # the failure already reported, seen again by an outstanding RPC
 print("@@RESULT@@" + json.dumps({"resources": records, "outputs": outputs, "error": error}, default=str))
 '''
 
@@ -110,6 +120,8 @@ class Resource:
     provider: str
     delete_before_replace: bool
     replace_with: list[str]
+    ignore_changes: list[str]
+    replace_on_changes: list[str]
 
 
 @dataclass
@@ -162,16 +174,23 @@ def stack_config(path: Path = STACK_FILE) -> dict[str, Any]:
 
 def run_program(
     config: dict[str, Any], preview: bool = False, extra_env: Optional[dict] = None,
+    secret_keys: Sequence[str] = (),
     withheld_features: tuple[str, ...] = (),
 ) -> ProgramRun:
-    """withheld_features: RESOURCE_MONITOR_FEATURE_* names the mock engine reports unsupported."""
+    """`secret_keys`: config keys the engine would mark secret (set with --secret).
+    `withheld_features`: RESOURCE_MONITOR_FEATURE_* names the mock engine reports unsupported.
+
+    The per-node known_hosts files go to a fresh directory unless extra_env names one, so a run
+    never sees, nor overwrites, what an operator's own deployment from this checkout recorded.
+    """
     encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
-    env = {**os.environ, **(extra_env or {})}
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(encoded), "preview" if preview else "up",
-         json.dumps(list(withheld_features))],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
-    )
+    with tempfile.TemporaryDirectory() as known_hosts:
+        env = {**os.environ, "TWINSPARK_KNOWN_HOSTS_DIR": known_hosts, **(extra_env or {})}
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, json.dumps(encoded), "preview" if preview else "up",
+             json.dumps(list(secret_keys)), json.dumps(list(withheld_features))],
+            cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+        )
     marker = proc.stdout.rfind("@@RESULT@@")
     if marker < 0:
         raise AssertionError(f"program run crashed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -180,7 +199,7 @@ def run_program(
         Resource(
             type=r["type"], name=r["name"], urn=r["urn"], inputs=r["inputs"], parent=r["parent"],
             dependencies=r["dependencies"], provider=r["provider"], delete_before_replace=r["deleteBeforeReplace"],
-            replace_with=r["replaceWith"],
+            replace_with=r["replaceWith"], ignore_changes=r["ignoreChanges"], replace_on_changes=r["replaceOnChanges"],
         )
         for r in data["resources"]
     ]
@@ -246,3 +265,18 @@ def flag_value(argv: list[str], flag: str) -> str:
 
 def flag_values(argv: list[str], flag: str) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def compared_inputs(resource: Resource) -> dict[str, Any]:
+    """The inputs as the engine compares them with the state: a path in ignore_changes keeps its
+    stored value (pulumi/pulumi pkg/resource/deploy/step_generator.go, processIgnoreChanges ->
+    PropertyPath.Reset), so it can never cause a diff; it is left out here (dotted paths only)."""
+    inputs = unwrap(resource.inputs)
+    for path in resource.ignore_changes:
+        *parents, leaf = path.split(".")
+        target = inputs
+        for part in parents:
+            target = target.get(part) if isinstance(target, dict) else None
+        if isinstance(target, dict):
+            target.pop(leaf, None)
+    return inputs

@@ -214,7 +214,7 @@ def test_serving_image_build(recipe_run):
         assert build["args"] == {"BASE_IMAGE": "ghcr.io/anemll/dspark-vllm-gx10:0.1.1", "RAY_VERSION": "2.57.0"}
         provider = recipe_run.named(f"{node}-docker").inputs
         assert provider["host"] == f"ssh://nvidia@{host}"
-        assert "StrictHostKeyChecking=accept-new" in json.loads(provider["sshOpts"])
+        assert "StrictHostKeyChecking=yes" in json.loads(provider["sshOpts"])  # tests/test_ssh_access.py: the rest
 
 
 def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run):
@@ -237,8 +237,10 @@ def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run)
                      "--cap-add IPC_LOCK", "--device /dev/infiniband"):
             assert flag in flags
         assert call.payload.startswith("#!/usr/bin/env python3\n\"\"\"nccl-allreduce-check.py")
-        triggers.add(json.dumps(recipe_run.named(f"{node}-nccl-check").inputs["triggers"]))
-    assert len(triggers) == 1  # every rank re-runs together
+        own, *shared = recipe_run.named(f"{node}-nccl-check").inputs["triggers"]
+        assert own == f"ssh://nvidia@{recipe_run.named(f'{node}-docker').inputs['host'].split('@')[1]}"
+        triggers.add(json.dumps(shared))
+    assert len(triggers) == 1  # every rank re-runs together (the shared part holds every node's identity)
 
 
 def test_nccl_check_can_be_switched_off(program, recipe_config):
@@ -342,7 +344,8 @@ def test_model_shape_check_knows_tp_memory_share_and_every_peer(recipe_run):
     assert flag_values(call.args, "--peer") == ["spark2=nvidia@10.0.0.2"]  # its rail address: the sync key's way in
     assert flag_value(call.args, "--key") == "~/.ssh/twinspark_weights"
     assert call.payload.startswith("#!/usr/bin/env python3\n\"\"\"model-shape-check.py")
-    assert recipe_run.named("spark1-weights-shape-check").inputs["triggers"] == ["deepseek-ai/DeepSeek-V4-Flash-0731"]
+    assert recipe_run.named("spark1-weights-shape-check").inputs["triggers"] == [
+        "ssh://nvidia@192.168.1.10", "deepseek-ai/DeepSeek-V4-Flash-0731"]
 
 
 def test_weights_copy_goes_over_the_first_rail(recipe_run):
@@ -385,7 +388,7 @@ def test_readiness_waits_for_a_real_completion(recipe_run):
     assert flag_value(argv, "--timeout-s") == str(20 * 60)
     assert flag_value(argv, "--url") == "http://127.0.0.1:8000"
     assert flag_values(argv, "--container") == ["twinspark-serving", "twinspark-api-gateway"]
-    assert r["triggers"] == ["spark1-serving-container_id", "spark1-serving-gateway_id"]
+    assert r["triggers"] == ["ssh://nvidia@192.168.1.10", "spark1-serving-container_id", "spark1-serving-gateway_id"]
 
 
 def test_outputs_contract(recipe_run):

@@ -1,0 +1,99 @@
+"""Real OpenSSH pieces for the tests: an ssh-agent, and an sshd on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ASKPASS = '#!/bin/sh\nprintf "%s\\n" "$TEST_ASKPASS_VALUE"\n'
+
+
+def wait_for(predicate, what: str, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
+class Agent:
+    """ssh-agent on a socket of its own (a short path: unix sockets allow ~100 bytes)."""
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="ts-agent-", dir="/tmp"))
+        self.sock = self.dir / "s"
+        self.proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(self.sock)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self.sock.exists, "ssh-agent socket")
+        askpass = self.dir / "askpass"
+        askpass.write_text(ASKPASS)
+        askpass.chmod(0o700)
+        self.askpass = askpass
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SSH_AUTH_SOCK": str(self.sock)}
+
+    def add(self, key: Path, passphrase: str = "") -> None:
+        env = {**os.environ, **self.env, "SSH_ASKPASS": str(self.askpass), "SSH_ASKPASS_REQUIRE": "force",
+               "TEST_ASKPASS_VALUE": passphrase}
+        subprocess.run(["ssh-add", "-q", str(key)], env=env, stdin=subprocess.DEVNULL, check=True,
+                       capture_output=True, start_new_session=True)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sshd_argv(workdir: Path, port: int, authorized_key: Path) -> list[str]:
+    """sshd on 127.0.0.1:port with a host key of its own, accepting `authorized_key` for any user."""
+    host_key = workdir / "ssh_host_ed25519_key"
+    if not host_key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(host_key)], check=True)
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+    return ["/usr/sbin/sshd", "-D", "-e", "-f", "/dev/null", "-o", f"Port={port}", "-o", "ListenAddress=127.0.0.1",
+            "-o", f"HostKey={host_key}", "-o", f"AuthorizedKeysFile={authorized_key}", "-o", "StrictModes=no",
+            "-o", "PasswordAuthentication=no", "-o", "KbdInteractiveAuthentication=no", "-o", "UsePAM=no",
+            "-o", "PidFile=none"]
+
+
+class Sshd:
+    """A loopback sshd for the length of a test."""
+
+    def __init__(self, workdir: Path, authorized_key: Path):
+        self.workdir = workdir
+        self.port = free_port()
+        self.log = open(workdir / "sshd.log", "w")
+        self.proc = subprocess.Popen(sshd_argv(workdir, self.port, authorized_key), stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+
+        def listening():
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return True
+            except OSError:
+                return False
+
+        wait_for(listening, "sshd listening")
+
+    @property
+    def host_key(self) -> str:
+        """The key as ssh-keyscan prints it, without the host."""
+        return " ".join((self.workdir / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.log.close()
