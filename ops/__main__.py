@@ -9,6 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .inputs import positive_int, positive_int_list
+from .needle import DEFAULT_MAX_TOKENS, parse_sizes
 from .target import TargetError, add_target_arguments, resolve_target, status_expectations
 
 
@@ -27,24 +29,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="the recipe's benchmarks: decode, concurrency, TTFT, prefill, sweep")
     add_target_arguments(p)
-    p.add_argument("--runs", type=int, default=3, help="single-stream runs to average")
-    p.add_argument("--max-tokens", type=int, default=256, help="output tokens per single/concurrent request")
-    p.add_argument("--concurrency", type=int, default=4, help="streams in the N-way aggregate test")
-    p.add_argument("--long-prompt-tokens", type=int, default=7000)
-    p.add_argument("--sweep", default="1,2,4,6", help="concurrency levels, comma separated")
-    p.add_argument("--sweep-requests", type=int, default=2, help="requests per level, times the level")
-    p.add_argument("--sweep-input-tokens", type=int, default=1000)
-    p.add_argument("--sweep-output-tokens", type=int, default=128)
+    p.add_argument("--runs", type=positive_int, default=3, help="single-stream runs to average")
+    p.add_argument("--max-tokens", type=positive_int, default=256, help="output tokens per single/concurrent request")
+    p.add_argument("--concurrency", type=positive_int, default=4, help="streams in the N-way aggregate test")
+    p.add_argument("--long-prompt-tokens", type=positive_int, default=7000)
+    p.add_argument("--sweep", type=positive_int_list, default=[1, 2, 4, 6], help="concurrency levels, comma separated")
+    p.add_argument("--sweep-requests", type=positive_int, default=2, help="requests per level, times the level")
+    p.add_argument("--sweep-input-tokens", type=positive_int, default=1000)
+    p.add_argument("--sweep-output-tokens", type=positive_int, default=128)
+    p.add_argument("--profile", help="serving profile in use (default, multiagent), kept in the plan; "
+                                     "--compare refuses a baseline with another one")
+    p.add_argument("--cache-salt", action="store_true",
+                   help="also send vLLM's per-request cache_salt (vLLM >= 0.9 with the V1 engine; the prompt "
+                        "salt alone already defeats the prefix cache)")
     p.add_argument("--output", "-o", help="write the results JSON here")
-    p.add_argument("--compare", help="a previous results JSON: flag regressions")
+    p.add_argument("--compare", help="a previous results JSON made with the same plan: flag regressions")
+    p.add_argument("--allow-plan-mismatch", action="store_true",
+                   help="compare with a baseline made with another plan anyway (with a warning)")
     p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening before a regression (0.10 = 10%%)")
 
     p = sub.add_parser("needle", help="long-context retrieval probe: real failures and junk per size")
     add_target_arguments(p)
-    p.add_argument("--sizes", default="74k,110k,129k,148k,166k,184k", help="context sizes in tokens")
-    p.add_argument("--trials", type=int, default=5)
-    p.add_argument("--needles", type=int, default=3)
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("74k,110k,129k,148k,166k,184k"),
+                   help="context sizes in tokens, comma separated (default 74k,110k,129k,148k,166k,184k)")
+    p.add_argument("--trials", type=positive_int, default=5)
+    p.add_argument("--needles", type=positive_int, default=3)
+    p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
+                   help="per reply, reasoning included; a reply cut off here counts as truncated, not failed")
+    p.add_argument("--profile", help="serving profile in use (default, multiagent), kept in the plan")
     p.add_argument("--output", "-o")
 
     p = sub.add_parser("client-setup", help="write Codex and Claude Code configs from the stack outputs")
@@ -52,6 +64,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codex-home", type=Path, default=Path(os.environ.get("CODEX_HOME", "~/.codex")).expanduser())
     p.add_argument("--claude-env-file", type=Path, default=Path("~/.config/twinspark/claude-code.env").expanduser())
     return parser
+
+
+def run_measurement(args, target, console: Console) -> int:
+    """bench or needle; bad input is one line on stderr and exit 2, before any request."""
+    from .bench import BenchPlan, run_bench
+    from .inputs import InputError
+    from .needle import run_needle
+
+    profile = args.profile  # the stack does not export its serving profile; unknown stays null in the plan
+    try:
+        if args.tool == "needle":
+            return run_needle(target, args.sizes, args.trials, args.needles, args.max_tokens, console, args.output,
+                              profile)
+        plan = BenchPlan(single_runs=args.runs, single_max_tokens=args.max_tokens, concurrency=args.concurrency,
+                         long_prompt_tokens=args.long_prompt_tokens, sweep=args.sweep,
+                         sweep_requests_per_level=args.sweep_requests, sweep_input_tokens=args.sweep_input_tokens,
+                         sweep_output_tokens=args.sweep_output_tokens)
+        return run_bench(target, plan, args.output, args.compare, args.tolerance, console, profile=profile,
+                         send_cache_salt=args.cache_salt, allow_plan_mismatch=args.allow_plan_mismatch)
+    except InputError as err:
+        print(f"ops {args.tool}: {err}", file=sys.stderr)
+        return 2
 
 
 def main(argv=None) -> int:
@@ -72,19 +106,8 @@ def main(argv=None) -> int:
 
         return run_status(target, ssh_runner(expect.ssh_user, args.ssh_key, args.ssh_option), args.json, expect.mtu,
                           expect.speed_mbps, console)
-    if args.tool == "bench":
-        from .bench import BenchPlan, run_bench
-
-        plan = BenchPlan(single_runs=args.runs, single_max_tokens=args.max_tokens, concurrency=args.concurrency,
-                         long_prompt_tokens=args.long_prompt_tokens,
-                         sweep=[int(c) for c in args.sweep.split(",") if c], sweep_requests_per_level=args.sweep_requests,
-                         sweep_input_tokens=args.sweep_input_tokens, sweep_output_tokens=args.sweep_output_tokens)
-        return run_bench(target, plan, args.output, args.compare, args.tolerance, console)
-    if args.tool == "needle":
-        from .needle import parse_size, run_needle
-
-        sizes = [parse_size(s) for s in args.sizes.split(",") if s]
-        return run_needle(target, sizes, args.trials, args.needles, args.max_tokens, console, args.output)
+    if args.tool in ("bench", "needle"):
+        return run_measurement(args, target, console)
     from .client_setup import setup_clients
 
     try:

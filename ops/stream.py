@@ -9,6 +9,11 @@ from typing import Callable, Optional
 
 import httpx
 
+# Where a request's token count came from: the server's `usage`, or counting stream chunks
+# (an undercount when one chunk carries several tokens, as under speculative decoding).
+USAGE_FROM_SERVER = "server"
+USAGE_FROM_CHUNKS = "chunks"
+
 
 @dataclass
 class StreamResult:
@@ -17,8 +22,12 @@ class StreamResult:
     done: float
     output_tokens: int
     prompt_tokens: Optional[int]
-    text: str
+    text: str  # the answer (`content`) only
     error: Optional[str] = None
+    usage_source: str = USAGE_FROM_SERVER
+    finish_reason: Optional[str] = None  # "length" when max_tokens cut the reply
+    reasoning_text: str = ""
+    cached_prompt_tokens: Optional[int] = None  # prefix-cache hits, when the server reports them
 
     @property
     def ttft_s(self) -> Optional[float]:
@@ -63,10 +72,17 @@ async def stream_chat(
         "max_tokens": max_tokens,
         "temperature": temperature,
         "stream": True,
+        # vLLM then ends the stream with a chunk carrying `usage`: the only exact token count
         "stream_options": {"include_usage": True},
         **(extra or {}),
     }
-    sent, first, chunks, usage, parts = clock(), None, 0, None, []
+    sent, first, chunks, usage, finish = clock(), None, 0, None, None
+    content, reasoning = [], []
+
+    def partial(error: str) -> StreamResult:
+        return StreamResult(sent, first, clock(), chunks, None, "".join(content), error,
+                            USAGE_FROM_CHUNKS, finish, "".join(reasoning))
+
     try:
         async with http.stream("POST", endpoint.rstrip("/") + "/chat/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -75,17 +91,31 @@ async def stream_chat(
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                event = json.loads(line[6:])
+                try:
+                    event = json.loads(line[6:])
+                except json.JSONDecodeError:
+                    return partial(f"malformed stream event: {line[:200]}")
+                if event.get("error"):  # vLLM reports a failure mid-stream as an event
+                    return partial(f"server error in stream: {json.dumps(event['error'])[:300]}")
                 usage = event.get("usage") or usage
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
-                    piece = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
-                    if piece:
+                    # reasoning parsers name the field `reasoning_content` (older vLLM) or `reasoning`
+                    thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    answer = delta.get("content") or ""
+                    if thought or answer:
                         first = first if first is not None else clock()
                         chunks += 1
-                        parts.append(delta.get("content") or "")
+                        reasoning.append(thought)
+                        content.append(answer)
+                    finish = choice.get("finish_reason") or finish
     except httpx.HTTPError as err:
-        return StreamResult(sent, first, clock(), chunks, None, "".join(parts), f"{type(err).__name__}: {err}")
+        return partial(f"{type(err).__name__}: {err}")
     done = clock()
-    tokens = (usage or {}).get("completion_tokens") or chunks
-    return StreamResult(sent, first, done, tokens, (usage or {}).get("prompt_tokens"), "".join(parts))
+    if usage and usage.get("completion_tokens") is not None:
+        tokens, source = usage["completion_tokens"], USAGE_FROM_SERVER
+    else:
+        tokens, source = chunks, USAGE_FROM_CHUNKS
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    return StreamResult(sent, first, done, tokens, (usage or {}).get("prompt_tokens"), "".join(content), None,
+                        source, finish, "".join(reasoning), cached)

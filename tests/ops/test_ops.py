@@ -1,5 +1,6 @@
 """Day-2 tools against a local stand-in endpoint with known timing and known answers."""
 
+import asyncio
 import json
 import os
 import stat
@@ -81,7 +82,9 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
     assert 60 <= result["single_stream"]["decode_tok_s"] <= 101
     assert 4 * 60 * 0.6 <= result["concurrent"]["aggregate_tok_s"] <= 4 * 100 * 1.01
     lp = result["long_prompt"]
-    assert lp["prompt_tokens"] == len(bench.filler_text(7000) + "\nSummarize the code above.") // 4
+    long_request = next(r for r in behaviour.requests if r["max_tokens"] == 1)
+    assert long_request["messages"][0]["content"].endswith(bench.filler_text(7000) + "\nSummarize the code above.")
+    assert lp["prompt_tokens"] == len(long_request["messages"][0]["content"]) // 4
     expected_ttft = 0.05 + lp["prompt_tokens"] / 20000.0
     assert expected_ttft * 0.99 <= lp["ttft_s"] <= expected_ttft + 0.3
     assert lp["prefill_tok_s"] <= 20000.0
@@ -101,6 +104,196 @@ def test_bench_compare_exit_code(endpoint, tmp_path):
     bench.run_bench(target, plan, str(base), None, 0.1, quiet())
     behaviour.decode_tok_s = 25.0  # the cable fell back to TCP
     assert bench.run_bench(target, plan, str(tmp_path / "now.json"), str(base), 0.1, quiet()) == 1
+
+
+SMALL_PLAN = dict(single_runs=2, single_max_tokens=5, concurrency=2, long_prompt_tokens=300, sweep=(1, 2),
+                  sweep_requests_per_level=1, sweep_input_tokens=100, sweep_output_tokens=3)
+SMALL_FLAGS = ["--runs", "2", "--max-tokens", "5", "--concurrency", "2", "--long-prompt-tokens", "300",
+               "--sweep", "1,2", "--sweep-requests", "1", "--sweep-input-tokens", "100", "--sweep-output-tokens", "3"]
+
+
+def target_flags(target):
+    return ["--endpoint", target.endpoint, "--api-key", target.api_key, "--model", target.model]
+
+
+def first_user_content(body):
+    return body["messages"][0]["content"]
+
+
+def test_bench_measures_prefill_not_prefix_cache_hits(endpoint):
+    """Against a prefix cache like vLLM's: no request of two runs hits it, so run 2 pays full prefill."""
+    behaviour, target = endpoint
+    behaviour.prefix_cache, behaviour.prefill_tok_s, behaviour.base_latency_s = True, 20000.0, 0.01
+    behaviour.decode_tok_s = 2000.0
+    plan = bench.BenchPlan(single_runs=2, single_max_tokens=4, concurrency=2, long_prompt_tokens=4000, sweep=(1, 2),
+                           sweep_requests_per_level=1, sweep_input_tokens=2000, sweep_output_tokens=3)
+    runs = [asyncio.run(bench.Bench(target.endpoint, target.api_key, target.model, plan).run()) for _ in range(2)]
+    assert all(r["errors"] == [] for r in runs)
+    # the stand-in caches 4-token blocks, finer than vLLM's 16: not one block of any prompt was reused
+    assert behaviour.cached_prompt_tokens == [0] * len(behaviour.requests) == [0] * 2 * 8
+    openings = [first_user_content(body)[:behaviour.cache_block_chars] for body in behaviour.requests]
+    assert len(set(openings)) == len(openings)
+    second = runs[1]
+    assert second["prompt_uniqueness"] == "salt"
+    assert second["server_cached_prompt_tokens"] == {"requests_reporting": 8, "total": 0}
+    # lower bounds only (the stand-in sleeps at least this long): a cache hit would answer in ~0.01 s
+    lp = second["long_prompt"]
+    assert lp["ttft_s"] >= 0.99 * (0.01 + lp["prompt_tokens"] / 20000.0)
+    level2 = second["sweep"][1]
+    assert level2["concurrency"] == 2 and level2["ttft_p50_s"] >= 0.99 * (0.01 + 2000 / 20000.0)
+
+
+def test_bench_cache_salt_flag_sends_a_unique_cache_salt_and_says_so(endpoint, tmp_path):
+    behaviour, target = endpoint
+    out = tmp_path / "r.json"
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--cache-salt", "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["prompt_uniqueness"] == "salt+cache_salt"
+    salts = [body["cache_salt"] for body in behaviour.requests]
+    assert len(salts) == 2 + 2 + 1 + 3 and len(set(salts)) == len(salts)
+    assert all(result["run_id"] in salt for salt in salts)
+    behaviour.accept_cache_salt = False  # vLLM's V0 engine refuses the field: every request says why
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--cache-salt", "-o", str(out)]) == 1
+    assert all("cache_salt" in e for e in json.loads(out.read_text())["errors"])
+
+
+def test_server_error_with_markup_is_printed_literally_and_the_results_kept(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.chat_error = (500, "template error near [/INST] and [bold]")
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))
+    out = tmp_path / "r.json"
+    assert bench.run_bench(target, bench.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 1
+    assert len(json.loads(out.read_text())["errors"]) == 8
+    text = console.export_text()
+    assert "request failed: HTTP 500" in text and "near [/INST] and [bold]" in text
+
+
+def test_compare_table_names_every_metric_literally():
+    def result(rate):
+        row = lambda c: {"concurrency": c, "requests": c, "output_tok_s": rate * c, "ttft_p50_s": 0.5,  # noqa: E731
+                         "ttft_p99_s": 0.6, "tpot_p50_ms": 13.0, "tpot_p99_ms": 14.0}
+        return {"model": "m[x]", "endpoint": "http://h/v1", "single_stream": {"decode_tok_s": 70.0},
+                "concurrent": {"streams": 4, "aggregate_tok_s": 250.0},
+                "long_prompt": {"prompt_tokens": 7000, "ttft_s": 4.0, "prefill_tok_s": 1750.0},
+                "sweep": [row(1), row(2)], "errors": []}
+
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))
+    bench.render(result(30.0), console, bench.compare(result(30.0), result(40.0)))
+    text = console.export_text()
+    for metric in ("sweep[c=1].output_tok_s", "sweep[c=2].output_tok_s", "sweep[c=2].tpot_p99_ms"):
+        assert text.count(metric) == 1, metric
+    assert "bench m[x] @ http://h/v1" in text and "REGRESSION" in text
+
+
+def test_results_keep_the_plan_and_the_profile(endpoint, tmp_path):
+    behaviour, target = endpoint
+    out = tmp_path / "r.json"
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--profile", "multiagent", "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["schema"] == 2
+    assert result["plan"] == {"runs": 2, "max_tokens": 5, "concurrency": 2, "long_prompt_tokens": 300, "sweep": [1, 2],
+                              "sweep_requests": 1, "sweep_input_tokens": 100, "sweep_output_tokens": 3,
+                              "temperature": 0.2, "model": "fake-model", "endpoint": target.endpoint,
+                              "profile": "multiagent"}
+    assert result["usage"] == {"server": 8, "chunk_count_fallback": 0}
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["plan"]["profile"] is None  # not given: unknown, and said so
+
+
+def test_compare_refuses_a_baseline_with_another_plan(endpoint, tmp_path, capsys):
+    behaviour, target = endpoint
+    base = tmp_path / "base.json"
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "-o", str(base)]) == 0
+    sent = len(behaviour.requests)
+    capsys.readouterr()
+    other = [*SMALL_FLAGS, "--runs", "3", "--sweep", "1,3"]  # the last of a repeated flag wins
+    assert ops_main(["bench", *target_flags(target), *other, "--compare", str(base)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runs 2→3" in err and "sweep [1, 2]→[1, 3]" in err
+    assert "--allow-plan-mismatch" in err
+    assert len(behaviour.requests) == sent  # refused before a single request
+    loose = ["--tolerance", "100"]  # tiny timings are noisy; this test is about plans, not regressions
+    assert ops_main(["bench", *target_flags(target), *other, *loose, "--compare", str(base),
+                     "--allow-plan-mismatch"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: the plans differ" in out and "sweep[c=1].output_tok_s" in out
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, *loose, "--compare", str(base)]) == 0  # like with like
+    assert "WARNING" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("{not json", "not JSON"),
+    ("[1, 2]", "not the results of ops bench"),
+    (json.dumps({"single_stream": {"decode_tok_s": 70.0}, "concurrent": {}, "long_prompt": {}, "sweep": []}),
+     "schema 1→2"),  # a results file from before the plan was kept
+])
+def test_unusable_baseline_is_one_line_before_any_request(endpoint, tmp_path, capsys, content, message):
+    behaviour, target = endpoint
+    base = tmp_path / "base.json"
+    if content is not None:
+        base.write_text(content)
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--compare", str(base)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert behaviour.requests == []
+
+
+@pytest.mark.parametrize("flags", [["--sweep", "1,x"], ["--runs", "0"], ["-o", "/nonexistent-dir/r.json"]])
+def test_bad_bench_input_exits_2_without_a_traceback(endpoint, capsys, flags):
+    behaviour, target = endpoint
+    try:
+        code = ops_main(["bench", *target_flags(target), *SMALL_FLAGS, *flags])
+    except SystemExit as exit_:  # argparse's own exit for a malformed flag
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(("ops bench: ", "python -m ops bench: "))
+    assert behaviour.requests == []
+
+
+@pytest.mark.parametrize("send_usage, source, tokens", [(True, "server", 12), (False, "chunks", 4)])
+def test_token_count_says_where_it_came_from(endpoint, send_usage, source, tokens):
+    """Three tokens a chunk, as under speculative decoding: only the server's usage counts them all."""
+    from ops.stream import client, stream_chat
+
+    behaviour, target = endpoint
+    behaviour.tokens_per_chunk, behaviour.send_usage, behaviour.decode_tok_s = 3, send_usage, 5000.0
+
+    async def one():
+        async with client(target.api_key) as http:
+            return await stream_chat(http, target.endpoint, target.model, [{"role": "user", "content": "hi"}], 12, 0.2)
+
+    result = asyncio.run(one())
+    assert behaviour.requests[0]["stream_options"] == {"include_usage": True}
+    assert (result.usage_source, result.output_tokens) == (source, tokens)
+
+
+def test_bench_says_loudly_when_the_server_sends_no_usage(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.tokens_per_chunk, behaviour.send_usage = 3, False
+    console = Console(record=True, width=300, file=open(os.devnull, "w"))
+    out = tmp_path / "r.json"
+    assert bench.run_bench(target, bench.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
+    assert json.loads(out.read_text())["usage"] == {"server": 0, "chunk_count_fallback": 8}
+    assert "WARNING: 8 of 8 requests came without usage from the server" in console.export_text()
+
+
+def test_reasoning_deltas_count_as_output_in_either_field_name(endpoint):
+    """vLLM's reasoning parsers stream `reasoning_content` (older) or `reasoning` (newer)."""
+    from ops.stream import client, stream_chat
+
+    behaviour, target = endpoint
+    behaviour.reasoning_tokens, behaviour.reasoning_field, behaviour.send_usage = 5, "reasoning", False
+    behaviour.decode_tok_s = 5000.0
+
+    async def one():
+        async with client(target.api_key) as http:
+            return await stream_chat(http, target.endpoint, target.model, [{"role": "user", "content": "hi"}], 8, 0.2)
+
+    result = asyncio.run(one())
+    assert result.output_tokens == 8 and result.finish_reason == "length"
+    assert result.reasoning_text == "r0 r1 r2 r3 r4 " and result.text == "t0 t1 t2 "
 
 
 # ---- needle ---------------------------------------------------------------------------------------
@@ -136,10 +329,43 @@ def test_needle_probe_counts_known_outcomes(endpoint, tmp_path):
     out = tmp_path / "needle.json"
     assert needle.run_needle(target, [2000, 4000], trials=3, needles=3, max_tokens=64, console=quiet(),
                              output=str(out)) == 0
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["sizes"]
     assert [(r["size"], r["passes"], r["junk"], r["real_failures"]) for r in rows] == [(2000, 1, 1, 1), (4000, 1, 0, 2)]
     assert all(req["temperature"] == 0.0 for req in behaviour.requests)
     assert rows[0]["prompt_tokens"] > 1900
+
+
+def test_needle_reports_a_reply_cut_off_by_reasoning_as_truncated(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s, behaviour.reasoning_tokens = 20000.0, 100
+    out = tmp_path / "needle.json"
+    assert needle.run_needle(target, [2000], trials=2, needles=3, max_tokens=64, console=quiet(), output=str(out)) == 0
+    row = json.loads(out.read_text())["sizes"][0]
+    assert (row["truncated"], row["real_failures"], row["passes"]) == (2, 0, 0)
+    assert row["max_completion_tokens"] == 64 and row["examples"][0]["finish_reason"] == "length"
+
+
+def test_needle_default_budget_leaves_room_to_reason(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s, behaviour.reasoning_tokens = 50000.0, 2000  # a model that thinks before answering
+    out = tmp_path / "needle.json"
+    assert ops_main(["needle", *target_flags(target), "--sizes", "2k", "--trials", "2", "--profile", "default",
+                     "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["sizes"][0]["passes"] == 2 and result["sizes"][0]["truncated"] == 0
+    assert result["plan"] == {"sizes": [2000], "trials": 2, "needles": 3, "max_tokens": 8192, "temperature": 0.0,
+                              "model": "fake-model", "endpoint": target.endpoint, "profile": "default"}
+
+
+@pytest.mark.parametrize("flags", [["--sizes", "2k,abc"], ["--sizes", "0"], ["--trials", "-1"]])
+def test_bad_needle_input_exits_2_without_a_traceback(endpoint, capsys, flags):
+    behaviour, target = endpoint
+    with pytest.raises(SystemExit) as exit_:
+        ops_main(["needle", *target_flags(target), *flags])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error: argument" in err
+    assert behaviour.requests == []
 
 
 # ---- status ---------------------------------------------------------------------------------------
