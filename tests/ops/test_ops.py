@@ -6,20 +6,17 @@ import os
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fake_openai import Behaviour, serve  # noqa: E402
-from ops import bench, needle, status  # noqa: E402
-from ops.__main__ import main as ops_main  # noqa: E402
-from ops.client_setup import merge_codex_config, setup_clients  # noqa: E402
-from ops.stream import StreamResult  # noqa: E402
-from ops.target import Target  # noqa: E402
-from program_harness import ROOT  # noqa: E402
+from openai_standin import Behaviour, serve
+from ops import bench, needle, status
+from ops.__main__ import main as ops_main
+from ops.client_setup import merge_codex_config, setup_clients
+from ops.stream import StreamResult
+from ops.target import Target
+from program_harness import ROOT
 
 LAUNCH = ROOT / "launch"
 
@@ -82,7 +79,7 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
     assert 60 <= result["single_stream"]["decode_tok_s"] <= 101
     assert 4 * 60 * 0.6 <= result["concurrent"]["aggregate_tok_s"] <= 4 * 100 * 1.01
     lp = result["long_prompt"]
-    long_request = next(r for r in behaviour.requests if r["max_tokens"] == 1)
+    long_request = next(r.body for r in behaviour.requests if r.body["max_tokens"] == 1)
     assert long_request["messages"][0]["content"].endswith(bench.filler_text(7000) + "\nSummarize the code above.")
     assert lp["prompt_tokens"] == len(long_request["messages"][0]["content"]) // 4
     expected_ttft = 0.05 + lp["prompt_tokens"] / 20000.0
@@ -93,7 +90,7 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
     for row in result["sweep"]:
         assert 9.9 <= row["tpot_p50_ms"] <= 20.0  # 100 tok/s = 10 ms per token
         assert row["tpot_p50_ms"] <= row["tpot_p99_ms"]
-    assert all(r.get("ignore_eos") for r in behaviour.requests[-8:])  # sweep requests pin their length
+    assert all(r.body.get("ignore_eos") for r in behaviour.requests[-8:])  # sweep requests pin their length
 
 
 def test_bench_compare_exit_code(endpoint, tmp_path):
@@ -130,8 +127,8 @@ def test_bench_measures_prefill_not_prefix_cache_hits(endpoint):
     runs = [asyncio.run(bench.Bench(target.endpoint, target.api_key, target.model, plan).run()) for _ in range(2)]
     assert all(r["errors"] == [] for r in runs)
     # the stand-in caches 4-token blocks, finer than vLLM's 16: not one block of any prompt was reused
-    assert behaviour.cached_prompt_tokens == [0] * len(behaviour.requests) == [0] * 2 * 8
-    openings = [first_user_content(body)[:behaviour.cache_block_chars] for body in behaviour.requests]
+    assert [r.cached_prompt_tokens for r in behaviour.requests] == [0] * 2 * 8
+    openings = [first_user_content(r.body)[:behaviour.cache_block_chars] for r in behaviour.requests]
     assert len(set(openings)) == len(openings)
     second = runs[1]
     assert second["prompt_uniqueness"] == "salt"
@@ -149,7 +146,7 @@ def test_bench_cache_salt_flag_sends_a_unique_cache_salt_and_says_so(endpoint, t
     assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--cache-salt", "-o", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["prompt_uniqueness"] == "salt+cache_salt"
-    salts = [body["cache_salt"] for body in behaviour.requests]
+    salts = [r.body["cache_salt"] for r in behaviour.requests]
     assert len(salts) == 2 + 2 + 1 + 3 and len(set(salts)) == len(salts)
     assert all(result["run_id"] in salt for salt in salts)
     behaviour.accept_cache_salt = False  # vLLM's V0 engine refuses the field: every request says why
@@ -265,7 +262,7 @@ def test_token_count_says_where_it_came_from(endpoint, send_usage, source, token
             return await stream_chat(http, target.endpoint, target.model, [{"role": "user", "content": "hi"}], 12, 0.2)
 
     result = asyncio.run(one())
-    assert behaviour.requests[0]["stream_options"] == {"include_usage": True}
+    assert behaviour.requests[0].body["stream_options"] == {"include_usage": True}
     assert (result.usage_source, result.output_tokens) == (source, tokens)
 
 
@@ -331,7 +328,7 @@ def test_needle_probe_counts_known_outcomes(endpoint, tmp_path):
                              output=str(out)) == 0
     rows = json.loads(out.read_text())["sizes"]
     assert [(r["size"], r["passes"], r["junk"], r["real_failures"]) for r in rows] == [(2000, 1, 1, 1), (4000, 1, 0, 2)]
-    assert all(req["temperature"] == 0.0 for req in behaviour.requests)
+    assert all(r.body["temperature"] == 0.0 for r in behaviour.requests)
     assert rows[0]["prompt_tokens"] > 1900
 
 
@@ -546,3 +543,24 @@ def test_codex_accepts_the_merged_config(tmp_path):
 def test_missing_outputs_are_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="stack output 'codexConfig' is missing"):
         setup_clients({}, tmp_path, tmp_path / "env")
+
+
+# ---- the stand-in itself ----------------------------------------------------------------------------
+def test_standin_streams_vllms_chunk_format(endpoint):
+    """Every event is a whole chat.completion.chunk (one id for the stream), so any OpenAI client can read it."""
+    import httpx
+
+    behaviour, target = endpoint
+    behaviour.decode_tok_s = 5000.0
+    body = {"model": target.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}}
+    resp = httpx.post(target.endpoint + "/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {target.api_key}"})
+    lines = [line[6:] for line in resp.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(line) for line in lines[:-1]]
+    assert len(events) == 4 and len({e["id"] for e in events}) == 1 and events[0]["id"].startswith("chatcmpl-")
+    assert all(e["object"] == "chat.completion.chunk" and e["model"] == "fake-model" and isinstance(e["created"], int)
+               for e in events)
+    assert [e["choices"][0]["finish_reason"] for e in events[:3]] == [None, None, "length"]
+    assert events[3]["choices"] == [] and events[3]["usage"]["completion_tokens"] == 3
