@@ -19,6 +19,7 @@ import asyncio
 import json
 import math
 import secrets
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -35,6 +36,9 @@ from .stream import USAGE_FROM_CHUNKS, USAGE_FROM_SERVER, StreamResult, client, 
 # 2: plan, salted prompts, usage sources. A results file without `schema` is version 1: no
 # plan, and prompts fixed in the code, so its TTFT and prefill may be prefix-cache hits.
 SCHEMA = 2
+
+WARMUP_REQUESTS = 1
+WARMUP_MAX_TOKENS = 16
 
 CODING_PROMPTS = [
     "Write a Python function that parses an ISO 8601 duration such as 'P3DT4H5M' into seconds, with tests.",
@@ -75,6 +79,13 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
 def mean(values: Sequence[float]) -> Optional[float]:
     data = [v for v in values if v is not None]
     return sum(data) / len(data) if data else None
+
+
+def spread(values: Sequence[Optional[float]], unit: str) -> dict:
+    """min / median / max of the runs, beside their mean: noise and a regression look different."""
+    data = [v for v in values if v is not None]
+    return {f"min_{unit}": min(data, default=None), f"median_{unit}": statistics.median(data) if data else None,
+            f"max_{unit}": max(data, default=None)}
 
 
 def aggregate_tok_s(results: Sequence[StreamResult]) -> Optional[float]:
@@ -130,20 +141,24 @@ class Bench:
 
     def total_requests(self) -> int:
         p = self.plan
-        return p.single_runs + p.concurrency + 1 + sum(c * p.sweep_requests_per_level for c in p.sweep)
+        return WARMUP_REQUESTS + p.single_runs + p.concurrency + 1 + sum(c * p.sweep_requests_per_level for c in p.sweep)
 
-    async def _one(self, http, prompt: str, max_tokens, extra=None) -> StreamResult:
+    async def _one(self, http, prompt: str, max_tokens, extra=None, warmup: bool = False) -> StreamResult:
         # The salt opens the prompt, so even the first cache block differs from every other
         # request's, in this run and any other: the figures are prefill and decode, never cache hits.
-        slot = len(self.results)
-        self.results.append(None)  # taken before the first await, so concurrent requests get distinct numbers
-        tag = f"{self.run_id}.{slot}"
+        if warmup:  # kept out of self.results: no figure or count includes it
+            slot, tag = None, f"{self.run_id}.warmup"
+        else:
+            slot = len(self.results)
+            self.results.append(None)  # taken before the first await, so concurrent requests get distinct numbers
+            tag = f"{self.run_id}.{slot}"
         extra = {**(extra or {}), **({"cache_salt": f"twinspark-bench-{tag}"} if self.send_cache_salt else {})}
         result = await stream_chat(http, self.endpoint, self.model, user(f"[{tag}] {prompt}"), max_tokens,
                                    self.plan.temperature, extra=extra)
-        self.results[slot] = result
+        if slot is not None:
+            self.results[slot] = result
         if result.error:
-            self.errors.append(result.error)
+            self.errors.append(("warm-up: " if warmup else "") + result.error)
         self.on_request_done()
         return result
 
@@ -160,6 +175,9 @@ class Bench:
     async def run(self) -> dict:
         p = self.plan
         async with client(self.api_key) as http:
+            # the first request after a restart or an idle spell can pay one-off costs (graph capture,
+            # allocator growth): a warm-up takes them, outside every figure
+            warmup = await self._one(http, CODING_PROMPTS[0], WARMUP_MAX_TOKENS, warmup=True)
             single = [await self._one(http, CODING_PROMPTS[i % len(CODING_PROMPTS)], p.single_max_tokens)
                       for i in range(p.single_runs)]
             concurrent = await asyncio.gather(*(
@@ -180,8 +198,10 @@ class Bench:
             "run_id": self.run_id,
             "usage": self.usage_counts(),
             "server_cached_prompt_tokens": self.cached_prompt_tokens(),
+            "warmup": {"requests": WARMUP_REQUESTS, "ttft_s": warmup.ttft_s, "error": warmup.error},
             "single_stream": {
                 "decode_tok_s": mean([r.decode_tok_s for r in single]),
+                **spread([r.decode_tok_s for r in single], "tok_s"),
                 "runs_tok_s": [r.decode_tok_s for r in single],
             },
             "concurrent": {"streams": p.concurrency, "aggregate_tok_s": aggregate_tok_s(concurrent)},
@@ -302,8 +322,12 @@ def render(result: dict, console: Console, comparison: Optional[list[dict]] = No
     summary = Table(title=escape(f"bench {result['model']} @ {result['endpoint']}"))
     summary.add_column("figure")
     summary.add_column("value", justify="right")
+    summary.add_column("min / median / max", justify="right")
     fmt = lambda v, unit: "—" if v is None else f"{v:.1f} {unit}"  # noqa: E731
-    summary.add_row("single-stream decode (mean of runs)", fmt(result["single_stream"]["decode_tok_s"], "tok/s"))
+    single = result["single_stream"]
+    runs = "" if single.get("min_tok_s") is None else \
+        f"{single['min_tok_s']:.1f} / {single['median_tok_s']:.1f} / {single['max_tok_s']:.1f}"
+    summary.add_row("single-stream decode (mean of runs)", fmt(single["decode_tok_s"], "tok/s"), runs)
     summary.add_row(f"{result['concurrent']['streams']}-way aggregate", fmt(result["concurrent"]["aggregate_tok_s"], "tok/s"))
     lp = result["long_prompt"]
     summary.add_row(f"TTFT, {lp['prompt_tokens'] or '?'}-token prompt", fmt(lp["ttft_s"], "s"))

@@ -127,7 +127,7 @@ def test_bench_measures_prefill_not_prefix_cache_hits(endpoint):
     runs = [asyncio.run(bench.Bench(target.endpoint, target.api_key, target.model, plan).run()) for _ in range(2)]
     assert all(r["errors"] == [] for r in runs)
     # the stand-in caches 4-token blocks, finer than vLLM's 16: not one block of any prompt was reused
-    assert [r.cached_prompt_tokens for r in behaviour.requests] == [0] * 2 * 8
+    assert [r.cached_prompt_tokens for r in behaviour.requests] == [0] * 2 * (1 + 8)  # warm-up + 8 measured, per run
     openings = [first_user_content(r.body)[:behaviour.cache_block_chars] for r in behaviour.requests]
     assert len(set(openings)) == len(openings)
     second = runs[1]
@@ -147,11 +147,30 @@ def test_bench_cache_salt_flag_sends_a_unique_cache_salt_and_says_so(endpoint, t
     result = json.loads(out.read_text())
     assert result["prompt_uniqueness"] == "salt+cache_salt"
     salts = [r.body["cache_salt"] for r in behaviour.requests]
-    assert len(salts) == 2 + 2 + 1 + 3 and len(set(salts)) == len(salts)
+    assert len(salts) == 1 + 2 + 2 + 1 + 3 and len(set(salts)) == len(salts)
     assert all(result["run_id"] in salt for salt in salts)
     behaviour.accept_cache_salt = False  # vLLM's V0 engine refuses the field: every request says why
     assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--cache-salt", "-o", str(out)]) == 1
     assert all("cache_salt" in e for e in json.loads(out.read_text())["errors"])
+
+
+def test_bench_warms_up_outside_the_figures_and_reports_the_spread(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s = 1000.0
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))
+    out = tmp_path / "r.json"
+    assert bench.run_bench(target, bench.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
+    result = json.loads(out.read_text())
+    warmup = behaviour.requests[0].body
+    assert first_user_content(warmup).startswith(f"[{result['run_id']}.warmup] ")
+    assert warmup["max_tokens"] == bench.WARMUP_MAX_TOKENS and result["warmup"]["error"] is None
+    assert len(behaviour.requests) == 1 + 8 and result["usage"]["server"] == 8  # the figures are the other 8
+    single = result["single_stream"]
+    runs = single["runs_tok_s"]
+    assert len(runs) == 2
+    assert [single["min_tok_s"], single["median_tok_s"], single["max_tok_s"]] == [min(runs), sum(runs) / 2, max(runs)]
+    spread = f"{single['min_tok_s']:.1f} / {single['median_tok_s']:.1f} / {single['max_tok_s']:.1f}"
+    assert spread in console.export_text()
 
 
 def test_server_error_with_markup_is_printed_literally_and_the_results_kept(endpoint, tmp_path):
@@ -160,7 +179,7 @@ def test_server_error_with_markup_is_printed_literally_and_the_results_kept(endp
     console = Console(record=True, width=200, file=open(os.devnull, "w"))
     out = tmp_path / "r.json"
     assert bench.run_bench(target, bench.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 1
-    assert len(json.loads(out.read_text())["errors"]) == 8
+    assert len(json.loads(out.read_text())["errors"]) == 1 + 8  # the warm-up says so too
     text = console.export_text()
     assert "request failed: HTTP 500" in text and "near [/INST] and [bold]" in text
 
