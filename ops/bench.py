@@ -22,7 +22,9 @@ import secrets
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+from pydantic import Field, ValidationError
 
 from rich.console import Console
 from rich.markup import escape
@@ -30,7 +32,8 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from .inputs import InputError, check_output_path
+from .api import Lenient, first_problem
+from .inputs import DeadlineError, InputError, check_output_path, read_json_file, run_with_deadline
 from .stream import USAGE_FROM_CHUNKS, USAGE_FROM_SERVER, StreamResult, client, stream_chat
 
 # 2: plan, salted prompts, usage sources. A results file without `schema` is version 1: no
@@ -272,21 +275,48 @@ def compare(current: dict, baseline: dict, tolerance: float = 0.10) -> list[dict
     return rows
 
 
+class SingleStreamFigures(Lenient):
+    decode_tok_s: Optional[float] = None
+
+
+class ConcurrentFigures(Lenient):
+    aggregate_tok_s: Optional[float] = None
+
+
+class LongPromptFigures(Lenient):
+    ttft_s: Optional[float] = None
+    prefill_tok_s: Optional[float] = None
+
+
+class SweepFigures(Lenient):
+    concurrency: int
+    output_tok_s: Optional[float] = None
+    ttft_p50_s: Optional[float] = None
+    ttft_p99_s: Optional[float] = None
+    tpot_p50_ms: Optional[float] = None
+    tpot_p99_ms: Optional[float] = None
+
+
+class Results(Lenient):
+    """What --compare reads of a results file (ops bench -o); schema 1 files have only the figures."""
+    schema_version: Optional[int] = Field(None, alias="schema")
+    plan: Optional[dict[str, Any]] = None
+    prompt_uniqueness: Optional[str] = None
+    usage: Optional[dict[str, int]] = None
+    single_stream: SingleStreamFigures
+    concurrent: ConcurrentFigures
+    long_prompt: LongPromptFigures
+    sweep: list[SweepFigures]
+
+
 def load_baseline(path: str) -> dict:
+    data = read_json_file(path, "--compare")
     try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise InputError(f"--compare {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"--compare {path}: cannot read it ({err})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputError(f"--compare {path}: not JSON ({err.msg}, line {err.lineno})") from None
-    if not isinstance(data, dict) or not all(k in data for k in ("single_stream", "concurrent", "long_prompt", "sweep")):
-        raise InputError(f"--compare {path}: not the results of ops bench (-o)")
-    return data
+        figures = Results.model_validate(data)
+    except ValidationError as err:
+        raise InputError(f"--compare {path}: not the results of ops bench -o ({first_problem(err)})") from None
+    # every figure present (None where the file has none), the rest as the file has it
+    return {**data, **figures.model_dump(include={"single_stream", "concurrent", "long_prompt", "sweep"})}
 
 
 def plan_differences(plan: dict, baseline: dict) -> list[str]:
@@ -381,8 +411,9 @@ def render(result: dict, console: Console, comparison: Optional[list[dict]] = No
 
 def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Optional[str], tolerance: float,
               console: Console, profile: Optional[str] = None, send_cache_salt: bool = False,
-              allow_plan_mismatch: bool = False) -> int:
-    """Raises InputError, before any request, for an output or baseline that cannot be used."""
+              allow_plan_mismatch: bool = False, deadline_s: Optional[float] = None) -> int:
+    """Raises InputError, before any request, for an output or baseline that cannot be used, and
+    DeadlineError when the run outlasts deadline_s."""
     check_output_path(output)
     baseline = None
     if baseline_path:
@@ -396,7 +427,12 @@ def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Opt
                       profile=profile)
         task = progress.add_task("benchmarking", total=bench.total_requests())
         bench.on_request_done = lambda: progress.advance(task)
-        result = asyncio.run(bench.run())
+        try:
+            result = run_with_deadline(bench.run(), deadline_s)
+        except DeadlineError as err:
+            done = sum(r is not None for r in bench.results)
+            raise DeadlineError(f"{err}; {done} of {bench.total_requests()} requests had finished, nothing written "
+                                "(a hanging server? see `ops status`)") from None
     if output:  # first: nothing that follows may lose the run
         with open(output, "w") as f:
             json.dump(result, f, indent=2)

@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 from rich.console import Console
@@ -243,6 +244,10 @@ def test_compare_refuses_a_baseline_with_another_plan(endpoint, tmp_path, capsys
     ("[1, 2]", "not the results of ops bench"),
     (json.dumps({"single_stream": {"decode_tok_s": 70.0}, "concurrent": {}, "long_prompt": {}, "sweep": []}),
      "schema 1→2"),  # a results file from before the plan was kept
+    (json.dumps({"single_stream": 5, "concurrent": {}, "long_prompt": {}, "sweep": []}),
+     "single_stream: Input should be a valid dictionary"),  # the right keys, the wrong shape
+    (json.dumps({"single_stream": {}, "concurrent": {}, "long_prompt": {}, "sweep": [{"concurrency": "x"}]}),
+     "sweep[0].concurrency: Input should be a valid integer"),
 ])
 def test_unusable_baseline_is_one_line_before_any_request(endpoint, tmp_path, capsys, content, message):
     behaviour, target = endpoint
@@ -252,19 +257,6 @@ def test_unusable_baseline_is_one_line_before_any_request(endpoint, tmp_path, ca
     assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--compare", str(base)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
-    assert behaviour.requests == []
-
-
-@pytest.mark.parametrize("flags", [["--sweep", "1,x"], ["--runs", "0"], ["-o", "/nonexistent-dir/r.json"]])
-def test_bad_bench_input_exits_2_without_a_traceback(endpoint, capsys, flags):
-    behaviour, target = endpoint
-    try:
-        code = ops_main(["bench", *target_flags(target), *SMALL_FLAGS, *flags])
-    except SystemExit as exit_:  # argparse's own exit for a malformed flag
-        code = exit_.code
-    assert code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(("ops bench: ", "python -m ops bench: "))
     assert behaviour.requests == []
 
 
@@ -371,17 +363,6 @@ def test_needle_default_budget_leaves_room_to_reason(endpoint, tmp_path):
     assert result["sizes"][0]["passes"] == 2 and result["sizes"][0]["truncated"] == 0
     assert result["plan"] == {"sizes": [2000], "trials": 2, "needles": 3, "max_tokens": 8192, "temperature": 0.0,
                               "model": "fake-model", "endpoint": target.endpoint, "profile": "default"}
-
-
-@pytest.mark.parametrize("flags", [["--sizes", "2k,abc"], ["--sizes", "0"], ["--trials", "-1"]])
-def test_bad_needle_input_exits_2_without_a_traceback(endpoint, capsys, flags):
-    behaviour, target = endpoint
-    with pytest.raises(SystemExit) as exit_:
-        ops_main(["needle", *target_flags(target), *flags])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "error: argument" in err
-    assert behaviour.requests == []
 
 
 # ---- status ---------------------------------------------------------------------------------------
@@ -492,7 +473,8 @@ def stack_outputs_for_tests():
 
     cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
     return {"codexConfig": render_codex_config(cfg), "codexModelCatalog": render_codex_model_catalog(cfg),
-            "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"), "model": "ds-0731"}
+            "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"), "model": "ds-0731",
+            "endpoint": "http://192.168.1.10:8000/v1"}
 
 
 EXISTING_CONFIG = """# my codex settings
@@ -562,6 +544,310 @@ def test_codex_accepts_the_merged_config(tmp_path):
 def test_missing_outputs_are_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="stack output 'codexConfig' is missing"):
         setup_clients({}, tmp_path, tmp_path / "env")
+
+
+# ---- bad input, a bad endpoint: one clear line and a nonzero exit (issue 9) --------------------------
+def run_ops(capsys, *args):
+    """ops' exit code, stderr and stdout; argparse's own exit counts too."""
+    try:
+        code = ops_main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.err, captured.out
+
+
+def one_clear_line(err, *words):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(word in lines[0] for word in words), err
+    return lines[0]
+
+
+def dead_endpoint():
+    """An address where nothing listens."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.mark.parametrize("tool, flags, words", [
+    ("bench", ["--sweep", "1,x"], ["--sweep", "'x' is not a whole number"]),
+    ("bench", ["--runs", "0"], ["--runs", "not above zero"]),
+    ("bench", ["-o", "/nonexistent-dir/r.json"], ["no such directory"]),
+    ("bench", ["--deadline-min", "soon"], ["--deadline-min", "not a number"]),
+    ("needle", ["--sizes", "12q"], ["--sizes", "'12q' is not a number of tokens"]),
+    ("needle", ["--sizes", "2k,abc"], ["--sizes", "'abc'"]),
+    ("needle", ["--sizes", "inf"], ["--sizes", "'inf'"]),
+    ("needle", ["--sizes", "0"], ["--sizes", "not above zero"]),
+    ("needle", ["--trials", "-1"], ["--trials"]),
+])
+def test_bad_flags_are_one_line_before_any_request(endpoint, capsys, tool, flags, words):
+    behaviour, target = endpoint
+    extra = SMALL_FLAGS if tool == "bench" else []
+    code, err, _ = run_ops(capsys, tool, *target_flags(target), *extra, *flags)
+    assert code == 2
+    assert one_clear_line(err, *words).startswith((f"ops {tool}: ", f"python -m ops {tool}: "))
+    assert behaviour.requests == []
+
+
+@pytest.mark.parametrize("tool", ["bench", "needle"])
+def test_a_dead_endpoint_or_a_refused_key_is_an_error(endpoint, capsys, tool):
+    behaviour, target = endpoint
+    code, err, _ = run_ops(capsys, tool, "--endpoint", dead_endpoint(), "--api-key", "k", "--model", target.model)
+    assert code == 1
+    one_clear_line(err, f"ops {tool}: cannot reach", "ConnectError")
+    code, err, _ = run_ops(capsys, tool, "--endpoint", target.endpoint, "--api-key", "wrong", "--model", target.model)
+    assert code == 1
+    one_clear_line(err, f"ops {tool}: ", "refused the API key (HTTP 401)")
+    behaviour.model = "another-model"
+    code, err, _ = run_ops(capsys, tool, *target_flags(target))
+    assert code == 1
+    one_clear_line(err, "does not serve 'fake-model' (it serves another-model)")
+    assert all(r.path == "/v1/chat/completions" and not r.authorized for r in behaviour.requests) or not behaviour.requests
+
+
+def test_needle_counts_trials_without_an_answer_as_errors_not_model_failures(endpoint, tmp_path, capsys):
+    behaviour, target = endpoint
+    behaviour.chat_error = (500, "engine dead")
+    out = tmp_path / "needle.json"
+    code, _, stdout = run_ops(capsys, "needle", *target_flags(target), "--sizes", "2k", "--trials", "2", "-o", str(out))
+    assert code == 1
+    row = json.loads(out.read_text())["sizes"][0]
+    assert (row["errors"], row["real_failures"], row["passes"]) == (2, 0, 0)
+    assert "ERROR: 2 of 2 trials got no answer to score" in stdout
+
+
+GARBAGE_STREAMS = [
+    (b"<html><body>502 Bad Gateway</body></html>\n", "not a server-sent event line"),
+    (b"data: {not json\n\n", "malformed stream event"),
+    (b'data: {"choices": "abc"}\n\n', "malformed stream event (choices: Input should be a valid array)"),
+    (b"data: [1, 2]\n\n", "malformed stream event"),
+    (b'data: {"choices": [{"delta": "x"}]}\n\n', "malformed stream event (choices[0].delta"),
+    (b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n', "the stream ended before `data: [DONE]`"),
+]
+
+
+@pytest.mark.parametrize("garbage, message", GARBAGE_STREAMS)
+def test_garbage_streams_are_request_errors_not_tracebacks(endpoint, tmp_path, capsys, garbage, message):
+    behaviour, target = endpoint
+    behaviour.raw_stream = garbage
+    out = tmp_path / "r.json"
+    assert run_ops(capsys, "bench", *target_flags(target), *SMALL_FLAGS, "-o", str(out))[0] == 1
+    errors = json.loads(out.read_text())["errors"]
+    assert len(errors) == 1 + 8 and all(message in e for e in errors)
+    out = tmp_path / "n.json"
+    assert run_ops(capsys, "needle", *target_flags(target), "--sizes", "2k", "--trials", "1", "-o", str(out))[0] == 1
+    assert json.loads(out.read_text())["sizes"][0]["errors"] == 1
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"<html>it works</html>", "not a model list"),
+    (b'{"data": []}', "data: List should have at least 1 item"),
+    (b'{"data": [{"name": "m"}]}', "data[0].id: Field required"),
+    (b"[1, 2]", "not a model list"),
+])
+def test_status_judges_what_v1_models_says(endpoint, capsys, body, message):
+    behaviour, target = endpoint
+    behaviour.raw_models = body
+    report = {"endpoint": status.endpoint_status(target.base_url, target.api_key, target.model), "nodes": []}
+    assert [p for p in status.problems(report, 9000, 200000) if message in p and "/v1/models" in p]
+    code, err, _ = run_ops(capsys, "bench", *target_flags(target))  # bench and needle check it before any request
+    assert code == 1 and message in one_clear_line(err)
+
+
+def test_status_flags_a_model_other_than_the_stacks(endpoint):
+    behaviour, target = endpoint
+    behaviour.model = "something-else"
+    report = {"endpoint": status.endpoint_status(target.base_url, target.api_key, "fake-model"), "nodes": []}
+    assert status.problems(report, 9000, 200000) == [
+        f"endpoint {target.base_url}: serves something-else, not the stack's model fake-model"]
+
+
+def test_status_prints_what_servers_say_literally(endpoint, capsys):
+    behaviour, target = endpoint
+    behaviour.raw_models = b"[/oops] [bold]"  # rich would read it as markup and raise
+    console = Console(record=True, width=300, file=open(os.devnull, "w"))
+    report = {"endpoint": status.endpoint_status(target.base_url, target.api_key), "nodes": [
+        {"node": "spark1", "error": "ssh nvidia@h1 failed: [/x] closed"}]}
+    status.render(report, status.problems(report, 9000, 200000), console)
+    text = console.export_text()
+    assert "[/x] closed" in text and "[/oops] [bold]" in text
+
+
+@pytest.mark.parametrize("nodes, words", [
+    ("not json", ["--nodes: not JSON"]),
+    ('{"name": "spark1"}', ["--nodes: the top level: Input should be a valid array"]),
+    ("[1]", ["--nodes: [0]: Input should be an object"]),
+    ('[{"name": "spark1"}]', ["--nodes: [0].role: Field required"]),
+    ('[{"name": "a", "role": "boss", "host": "h", "rayIp": "10.0.0.1", "rails": []}]', ["--nodes: [0].role: "]),
+    ('[{"name": "a", "role": "worker", "host": "h", "rayIp": "10.0.0.1", "rails": [{"iface": "x"}]}]',
+     ["--nodes: [0].rails[0].hca: Field required"]),
+    ('[{"name": "a", "role": "worker", "host": "h", "rayIp": "10.0.0.1", "rails": []}]', ["exactly one with role head"]),
+])
+def test_bad_nodes_are_one_line(endpoint, capsys, nodes, words):
+    behaviour, target = endpoint
+    code, err, _ = run_ops(capsys, "status", *target_flags(target), "--nodes", nodes, "--ssh-user", "u",
+                        "--expect-mtu", "9000", "--expect-speed-mbps", "200000")
+    assert code == 2
+    one_clear_line(err, "ops status: ", *words)
+
+
+@pytest.mark.parametrize("tool", ["status", "bench", "needle", "client-setup"])
+@pytest.mark.parametrize("content, words", [
+    (None, ["--outputs-file", "no such file"]),
+    ("{oops", ["--outputs-file", "not JSON"]),
+    ("[1, 2]", ["--outputs-file", "not `pulumi stack output --json --show-secrets`"]),
+    ('{"endpoint": "http://h:8000/v1", "nodes": 5}', ["nodes: Input should be a valid list"]),
+    ('{"endpoint": ["http://h"]}', ["endpoint: Input should be a valid string"]),
+])
+def test_bad_outputs_file_is_one_line(tmp_path, capsys, tool, content, words):
+    outputs = tmp_path / "outputs.json"
+    if content is not None:
+        outputs.write_text(content)
+    code, err, _ = run_ops(capsys, tool, "--outputs-file", str(outputs))
+    assert code == 2
+    one_clear_line(err, f"ops {tool}: ", *words)
+
+
+@pytest.mark.parametrize("tool, flags", [
+    ("bench", ["--max-tokens", "100000", "--deadline-min", "0.02"]),
+    ("needle", ["--sizes", "1k,2k", "--trials", "1", "--max-tokens", "100000", "--deadline-min", "0.02"]),
+])
+def test_bench_and_needle_stop_at_their_overall_deadline(endpoint, capsys, tool, flags):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s = 5.0  # a server that has all but stopped answering
+    started = time.monotonic()
+    code, err, _ = run_ops(capsys, tool, *target_flags(target), *flags)
+    assert code == 1 and time.monotonic() - started < 10
+    one_clear_line(err, f"ops {tool}: stopped at the overall deadline of 0.02 min (--deadline-min)")
+
+
+def test_needle_keeps_the_sizes_done_at_the_deadline(endpoint, tmp_path, capsys):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s = 50000.0
+    out = tmp_path / "n.json"
+    calls = []
+
+    def hangs_after_the_first_size(tokens):
+        calls.append(tokens)
+        if len(calls) > 1:
+            time.sleep(5)  # past the deadline; the client has given up by then
+        return [f"t{i} " for i in range(tokens)]
+
+    behaviour.engine = hangs_after_the_first_size
+    code, err, _ = run_ops(capsys, "needle", *target_flags(target), "--sizes", "1k,2k", "--trials", "1",
+                        "--deadline-min", "0.03", "-o", str(out))
+    assert code == 1
+    one_clear_line(err, "overall deadline", "1 of 2 sizes were done and are written to")
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and [row["size"] for row in result["sizes"]] == [1000]
+
+
+# The user's providers in each way TOML allows, without and with an older twinspark provider of theirs.
+PROVIDER_STYLES = {
+    "inline table": ('model_providers = { openrouter = { name = "OR", base_url = "https://or/v1" }{} }\n',
+                     ', twinspark = { name = "old", x = 1 }'),
+    "dotted keys": ('model_providers.openrouter.name = "OR"\nmodel_providers.openrouter.base_url = "https://or/v1"\n{}',
+                    'model_providers.twinspark.name = "old"\nmodel_providers.twinspark.x = 1\n'),
+    "dotted inline": ('model_providers.openrouter = { name = "OR", base_url = "https://or/v1" }\n{}',
+                      'model_providers.twinspark = { name = "old", x = 1 }\n'),
+    "inline in a table": ('[model_providers]\nopenrouter = { name = "OR", base_url = "https://or/v1" }\n{}',
+                          'twinspark = { name = "old", x = 1 }\n'),
+    "dotted in a table": ('[model_providers]\nopenrouter.name = "OR"\nopenrouter.base_url = "https://or/v1"\n{}',
+                          'twinspark.name = "old"\ntwinspark.x = 1\n'),
+    "split tables": ('[model_providers.openrouter]\nname = "OR"\n[profiles.a]\nmodel = "m"\n'
+                     '[model_providers.other]\nname = "O"\n{}', '[model_providers.twinspark]\nname = "old"\nx = 1\n'),
+}
+
+
+@pytest.mark.parametrize("style", PROVIDER_STYLES)
+@pytest.mark.parametrize("with_old_twinspark", [False, True])
+def test_codex_merge_keeps_providers_in_any_toml_style(style, with_old_twinspark):
+    """Whatever way the user wrote their providers, they are all still there, and ours replaces only ours."""
+    import tomllib
+
+    template, old_twinspark = PROVIDER_STYLES[style]
+    existing = template.replace("{}", old_twinspark if with_old_twinspark else "")
+    user = tomllib.loads(existing)
+    assert ("twinspark" in user["model_providers"]) == with_old_twinspark
+    generated = stack_outputs_for_tests()["codexConfig"]
+    merged = tomllib.loads(merge_codex_config(existing, generated))
+    ours = tomllib.loads(generated)
+    assert merged["model_providers"] == {**user["model_providers"], "twinspark": ours["model_providers"]["twinspark"]}
+    assert merged["model"] == "ds-0731" and merged["model_provider"] == "twinspark"
+    assert merged.get("profiles") == user.get("profiles")
+
+
+def client_setup_args(tmp_path, outputs):
+    codex_home, env_file = tmp_path / "codex", tmp_path / "cfg" / "claude-code.env"
+    codex_home.mkdir(exist_ok=True)
+    outputs_file = tmp_path / "outputs.json"
+    outputs_file.write_text(json.dumps(outputs))
+    return codex_home, env_file, ["client-setup", "--outputs-file", str(outputs_file), "--codex-home", str(codex_home),
+                                  "--claude-env-file", str(env_file)]
+
+
+def test_client_setup_twice_in_one_second_keeps_every_backup(tmp_path, monkeypatch):
+    import ops.client_setup
+
+    moment = time.gmtime(1_800_000_000)
+    monkeypatch.setattr(ops.client_setup.time, "gmtime", lambda *_: moment)  # both runs in one second
+    outputs = stack_outputs_for_tests()
+    codex_home, _, args = client_setup_args(tmp_path, outputs)
+    (codex_home / "config.toml").write_text(EXISTING_CONFIG)
+    assert ops_main(args) == 0
+    first = (codex_home / "config.toml").read_text()
+    outputs["codexConfig"] = outputs["codexConfig"].replace("150000", "140000")  # the stack changed meanwhile
+    _, _, args = client_setup_args(tmp_path, outputs)
+    assert ops_main(args) == 0
+    backups = sorted(codex_home.glob("config.toml.bak-*"))
+    assert [b.name for b in backups] == ["config.toml.bak-20270115T080000Z", "config.toml.bak-20270115T080000Z-1"]
+    assert [b.read_text() for b in backups] == [EXISTING_CONFIG, first]  # the user's own file is still there
+
+
+@pytest.mark.parametrize("broken", ["config.toml is a directory", "config.toml is not TOML", "catalog is a directory"])
+def test_client_setup_refuses_what_it_cannot_merge_and_writes_nothing(tmp_path, capsys, broken):
+    codex_home, env_file, args = client_setup_args(tmp_path, stack_outputs_for_tests())
+    if broken == "config.toml is a directory":
+        (codex_home / "config.toml").mkdir()
+    elif broken == "config.toml is not TOML":
+        (codex_home / "config.toml").write_text("model = [unclosed\n")
+    else:
+        (codex_home / "ds-0731-model-catalog.json").mkdir()
+    before = sorted(p.name for p in codex_home.iterdir())
+    code, err, _ = run_ops(capsys, *args)
+    assert code == 2
+    one_clear_line(err, "ops client-setup: ", "nothing was written")
+    assert sorted(p.name for p in codex_home.iterdir()) == before and not env_file.exists()
+    if broken == "config.toml is not TOML":
+        assert (codex_home / "config.toml").read_text() == "model = [unclosed\n"
+
+
+def test_claude_env_file_is_private_from_its_creation(tmp_path, monkeypatch):
+    """With a permissive umask and every chmod a no-op, the key's file and its backup are still 0600:
+    they were created that way, never written under a wider mode and narrowed afterwards."""
+    import pathlib
+
+    for module, name in ((os, "chmod"), (os, "fchmod"), (pathlib.Path, "chmod")):
+        monkeypatch.setattr(module, name, lambda *a, **k: None)
+    old_umask = os.umask(0)
+    try:
+        outputs = stack_outputs_for_tests()
+        _, env_file, args = client_setup_args(tmp_path, outputs)
+        assert ops_main(args) == 0
+        assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+        outputs["claudeCodeEnv"] = outputs["claudeCodeEnv"].replace("sk-outputs-key", "sk-rotated")
+        _, _, args = client_setup_args(tmp_path, outputs)
+        assert ops_main(args) == 0
+        for path in env_file.parent.iterdir():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+        assert len(list(env_file.parent.iterdir())) == 2  # the file and its backup, no temporary left
+    finally:
+        os.umask(old_umask)
 
 
 # ---- the stand-in itself ----------------------------------------------------------------------------
