@@ -113,12 +113,14 @@ def render_codex_model_catalog(cfg: StackConfig) -> str:
 
 
 def render_claude_code_env(cfg: StackConfig, api_key: str) -> str:
-    return (
-        f"export ANTHROPIC_BASE_URL={endpoint_base(cfg)}\n"
-        f"export ANTHROPIC_MODEL={cfg.model.served_name}\n"
-        f"export ANTHROPIC_AUTH_TOKEN={shlex.quote(api_key)}\n"  # quoted: a key may start with ~
-        f"export CLAUDE_CODE_MAX_CONTEXT_TOKENS={claude_code_max_context(cfg)}\n"
-    )
+    """Lines to `source`: every value shell-quoted, so none can run as code ($(...), `...`, ;)."""
+    values = {
+        "ANTHROPIC_BASE_URL": endpoint_base(cfg),
+        "ANTHROPIC_MODEL": cfg.model.served_name,
+        "ANTHROPIC_AUTH_TOKEN": api_key,
+        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(claude_code_max_context(cfg)),
+    }
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
 
 
 def nodes_output(cfg: StackConfig) -> list[dict]:

@@ -8,13 +8,28 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
+from .inputs import ToolError, positive_float, positive_int, positive_int_list
+from .needle import DEFAULT_MAX_TOKENS, parse_sizes
 from .pin_host_keys import add_parser as add_pin_host_keys_parser
-from .target import TargetError, add_target_arguments, resolve_target, status_expectations
+from .target import add_target_arguments, check_endpoint, resolve_target, status_expectations
+
+# Overall deadlines: a hanging server must not hold a run for hours. The default bench takes
+# ~2 min at the recipe's rates; a default needle run up to ~2 h when the model thinks long.
+BENCH_DEADLINE_MIN = 30
+NEEDLE_DEADLINE_MIN = 180
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's errors in one line (its usage block would bury the reason), exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ops", description=__doc__)
+    parser = Parser(prog="python -m ops", description=__doc__)
     sub = parser.add_subparsers(dest="tool", required=True)
 
     p = sub.add_parser("status", help="nodes, rails, Ray, GPUs, endpoint and spec decode at a glance")
@@ -28,25 +43,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="the recipe's benchmarks: decode, concurrency, TTFT, prefill, sweep")
     add_target_arguments(p)
-    p.add_argument("--runs", type=int, default=3, help="single-stream runs to average")
-    p.add_argument("--max-tokens", type=int, default=256, help="output tokens per single/concurrent request")
-    p.add_argument("--concurrency", type=int, default=4, help="streams in the N-way aggregate test")
-    p.add_argument("--long-prompt-tokens", type=int, default=7000)
-    p.add_argument("--sweep", default="1,2,4,6", help="concurrency levels, comma separated")
-    p.add_argument("--sweep-requests", type=int, default=2, help="requests per level, times the level")
-    p.add_argument("--sweep-input-tokens", type=int, default=1000)
-    p.add_argument("--sweep-output-tokens", type=int, default=128)
+    p.add_argument("--runs", type=positive_int, default=3, help="single-stream runs to average")
+    p.add_argument("--max-tokens", type=positive_int, default=256, help="output tokens per single/concurrent request")
+    p.add_argument("--concurrency", type=positive_int, default=4, help="streams in the N-way aggregate test")
+    p.add_argument("--long-prompt-tokens", type=positive_int, default=7000)
+    p.add_argument("--sweep", type=positive_int_list, default=[1, 2, 4, 6], help="concurrency levels, comma separated")
+    p.add_argument("--sweep-requests", type=positive_int, default=2, help="requests per level, times the level")
+    p.add_argument("--sweep-input-tokens", type=positive_int, default=1000)
+    p.add_argument("--sweep-output-tokens", type=positive_int, default=128)
+    p.add_argument("--profile", help="serving profile in use (default, multiagent), kept in the plan; "
+                                     "--compare refuses a baseline with another one")
+    p.add_argument("--cache-salt", action="store_true",
+                   help="also send vLLM's per-request cache_salt (vLLM >= 0.9 with the V1 engine; the prompt "
+                        "salt alone already defeats the prefix cache)")
     p.add_argument("--output", "-o", help="write the results JSON here")
-    p.add_argument("--compare", help="a previous results JSON: flag regressions")
+    p.add_argument("--compare", help="a previous results JSON made with the same plan: flag regressions")
+    p.add_argument("--allow-plan-mismatch", action="store_true",
+                   help="compare with a baseline made with another plan anyway (with a warning)")
     p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening before a regression (0.10 = 10%%)")
+    p.add_argument("--deadline-min", type=positive_float, default=BENCH_DEADLINE_MIN,
+                   help=f"stop the whole run after this many minutes (default {BENCH_DEADLINE_MIN})")
 
     p = sub.add_parser("needle", help="long-context retrieval probe: real failures and junk per size")
     add_target_arguments(p)
-    p.add_argument("--sizes", default="74k,110k,129k,148k,166k,184k", help="context sizes in tokens")
-    p.add_argument("--trials", type=int, default=5)
-    p.add_argument("--needles", type=int, default=3)
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("74k,110k,129k,148k,166k,184k"),
+                   help="context sizes in tokens, comma separated (default 74k,110k,129k,148k,166k,184k)")
+    p.add_argument("--trials", type=positive_int, default=5)
+    p.add_argument("--needles", type=positive_int, default=3)
+    p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
+                   help="per reply, reasoning included; a reply cut off here counts as truncated, not failed")
+    p.add_argument("--profile", help="serving profile in use (default, multiagent), kept in the plan")
     p.add_argument("--output", "-o")
+    p.add_argument("--deadline-min", type=positive_float, default=NEEDLE_DEADLINE_MIN,
+                   help=f"stop the whole run after this many minutes, keeping the sizes done (default {NEEDLE_DEADLINE_MIN})")
 
     p = sub.add_parser("client-setup", help="write Codex and Claude Code configs from the stack outputs")
     add_target_arguments(p)
@@ -57,53 +86,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_measurement(args, target, console: Console) -> int:
+    """bench or needle; bad input is found before any request."""
+    from .bench import BenchPlan, run_bench
+    from .needle import run_needle
+
+    profile = args.profile  # the stack does not export its serving profile; unknown stays null in the plan
+    deadline_s = args.deadline_min * 60
+    if args.tool == "needle":
+        return run_needle(target, args.sizes, args.trials, args.needles, args.max_tokens, console, args.output,
+                          profile, deadline_s=deadline_s)
+    plan = BenchPlan(single_runs=args.runs, single_max_tokens=args.max_tokens, concurrency=args.concurrency,
+                     long_prompt_tokens=args.long_prompt_tokens, sweep=args.sweep,
+                     sweep_requests_per_level=args.sweep_requests, sweep_input_tokens=args.sweep_input_tokens,
+                     sweep_output_tokens=args.sweep_output_tokens)
+    return run_bench(target, plan, args.output, args.compare, args.tolerance, console, profile=profile,
+                     send_cache_salt=args.cache_salt, allow_plan_mismatch=args.allow_plan_mismatch,
+                     deadline_s=deadline_s)
+
+
+def run_tool(args, console: Console) -> int:
+    target = resolve_target(args, need_nodes=args.tool == "status")
+    if args.tool == "status":
+        from .status import run_status, ssh_runner
+
+        expect = status_expectations(args, target)
+        return run_status(target, ssh_runner(expect.ssh_user, args.ssh_key, args.ssh_option), args.json, expect.mtu,
+                          expect.speed_mbps, console)
+    if args.tool in ("bench", "needle"):
+        target.model = check_endpoint(target)  # a dead endpoint or a refused key ends here, in one line
+        return run_measurement(args, target, console)
+    from .client_setup import setup_clients
+
+    written = setup_clients(target.outputs, args.codex_home, args.claude_env_file)
+    for f in written:
+        console.print(Text(f"{f.action:9} {f.path}" + (f"  (previous kept as {f.backup.name})" if f.backup else "")))
+    console.print(Text.assemble("Claude Code: ", (f"source {args.claude_env_file}", "bold"),
+                                '; Codex: export VLLM_API_KEY="$(pulumi stack output apiKey --show-secrets)"'))
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.tool == "pin-host-keys":  # reads the stack file, not the stack's outputs
         from .pin_host_keys import run_pin_host_keys
 
         return run_pin_host_keys(args)
-    console = Console()
     try:
-        target = resolve_target(args, need_nodes=args.tool == "status")
-        expect = status_expectations(args, target) if args.tool == "status" else None
-    except TargetError as err:
-        console.print(f"[red]{err}[/red]")
-        return 2
-    if args.tool in ("bench", "needle") and not target.model:
-        from .status import endpoint_status
-
-        target.model = endpoint_status(target.base_url, target.api_key).get("model") or ""
-    if args.tool == "status":
-        from .status import run_status, ssh_runner
-
-        return run_status(target, ssh_runner(expect.ssh_user, args.ssh_key, args.ssh_option), args.json, expect.mtu,
-                          expect.speed_mbps, console)
-    if args.tool == "bench":
-        from .bench import BenchPlan, run_bench
-
-        plan = BenchPlan(single_runs=args.runs, single_max_tokens=args.max_tokens, concurrency=args.concurrency,
-                         long_prompt_tokens=args.long_prompt_tokens,
-                         sweep=[int(c) for c in args.sweep.split(",") if c], sweep_requests_per_level=args.sweep_requests,
-                         sweep_input_tokens=args.sweep_input_tokens, sweep_output_tokens=args.sweep_output_tokens)
-        return run_bench(target, plan, args.output, args.compare, args.tolerance, console)
-    if args.tool == "needle":
-        from .needle import parse_size, run_needle
-
-        sizes = [parse_size(s) for s in args.sizes.split(",") if s]
-        return run_needle(target, sizes, args.trials, args.needles, args.max_tokens, console, args.output)
-    from .client_setup import setup_clients
-
-    try:
-        written = setup_clients(target.outputs, args.codex_home, args.claude_env_file)
-    except ValueError as err:
-        console.print(f"[red]{err}[/red]")
-        return 2
-    for f in written:
-        console.print(f"{f.action:9} {f.path}" + (f"  (previous kept as {f.backup.name})" if f.backup else ""))
-    console.print(f"Claude Code: [bold]source {args.claude_env_file}[/bold]; "
-                  "Codex: export VLLM_API_KEY=\"$(pulumi stack output apiKey --show-secrets)\"")
-    return 0
+        return run_tool(args, Console())
+    except ToolError as err:
+        print(f"ops {args.tool}: {err}", file=sys.stderr)
+        return err.exit_code
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@
 
 Results are JSON (plus a table); `--compare baseline.json` flags regressions, which is how
 a silent NCCL fallback to TCP after a restart shows up (decode collapses).
+
+Comparable across days: every prompt starts with a salt unique to the run and the request,
+so the server's prefix cache cannot serve any of it (optionally also vLLM's `cache_salt`);
+the results keep the plan, and --compare refuses a baseline made with a different plan.
 """
 
 from __future__ import annotations
@@ -14,15 +18,30 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import secrets
+import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+from pydantic import Field, ValidationError
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
-from .stream import StreamResult, client, stream_chat
+from .api import Lenient, first_problem
+from .inputs import DeadlineError, InputError, check_output_path, read_json_file, run_with_deadline
+from .stream import USAGE_FROM_CHUNKS, USAGE_FROM_SERVER, StreamResult, client, stream_chat
+
+# 2: plan, salted prompts, usage sources. A results file without `schema` is version 1: no
+# plan, and prompts fixed in the code, so its TTFT and prefill may be prefix-cache hits.
+SCHEMA = 2
+
+WARMUP_REQUESTS = 1
+WARMUP_MAX_TOKENS = 16
 
 CODING_PROMPTS = [
     "Write a Python function that parses an ISO 8601 duration such as 'P3DT4H5M' into seconds, with tests.",
@@ -65,6 +84,13 @@ def mean(values: Sequence[float]) -> Optional[float]:
     return sum(data) / len(data) if data else None
 
 
+def spread(values: Sequence[Optional[float]], unit: str) -> dict:
+    """min / median / max of the runs, beside their mean: noise and a regression look different."""
+    data = [v for v in values if v is not None]
+    return {f"min_{unit}": min(data, default=None), f"median_{unit}": statistics.median(data) if data else None,
+            f"max_{unit}": max(data, default=None)}
+
+
 def aggregate_tok_s(results: Sequence[StreamResult]) -> Optional[float]:
     ok = [r for r in results if r.error is None and r.output_tokens]
     if not ok:
@@ -87,43 +113,98 @@ def user(prompt: str) -> list[dict]:
     return [{"role": "user", "content": prompt}]
 
 
+def plan_record(plan: BenchPlan, model: str, endpoint: str, profile: Optional[str]) -> dict:
+    """Everything that changes the figures, keyed like the command-line flags that set it."""
+    return {
+        "runs": plan.single_runs,
+        "max_tokens": plan.single_max_tokens,
+        "concurrency": plan.concurrency,
+        "long_prompt_tokens": plan.long_prompt_tokens,
+        "sweep": list(plan.sweep),
+        "sweep_requests": plan.sweep_requests_per_level,
+        "sweep_input_tokens": plan.sweep_input_tokens,
+        "sweep_output_tokens": plan.sweep_output_tokens,
+        "temperature": plan.temperature,
+        "model": model,
+        "endpoint": endpoint,
+        "profile": profile,
+    }
+
+
 class Bench:
     def __init__(self, endpoint: str, api_key: str, model: str, plan: BenchPlan,
-                 on_request_done: Callable[[], None] = lambda: None):
+                 on_request_done: Callable[[], None] = lambda: None, send_cache_salt: bool = False,
+                 profile: Optional[str] = None):
         self.endpoint, self.api_key, self.model, self.plan = endpoint, api_key, model, plan
         self.on_request_done = on_request_done
+        self.send_cache_salt, self.profile = send_cache_salt, profile
+        self.run_id = secrets.token_hex(4)
         self.errors: list[str] = []
+        self.results: list[Optional[StreamResult]] = []
 
     def total_requests(self) -> int:
         p = self.plan
-        return p.single_runs + p.concurrency + 1 + sum(c * p.sweep_requests_per_level for c in p.sweep)
+        return WARMUP_REQUESTS + p.single_runs + p.concurrency + 1 + sum(c * p.sweep_requests_per_level for c in p.sweep)
 
-    async def _one(self, http, messages, max_tokens, extra=None) -> StreamResult:
-        result = await stream_chat(http, self.endpoint, self.model, messages, max_tokens, self.plan.temperature, extra=extra)
+    async def _one(self, http, prompt: str, max_tokens, extra=None, warmup: bool = False) -> StreamResult:
+        # The salt opens the prompt, so even the first cache block differs from every other
+        # request's, in this run and any other: the figures are prefill and decode, never cache hits.
+        if warmup:  # kept out of self.results: no figure or count includes it
+            slot, tag = None, f"{self.run_id}.warmup"
+        else:
+            slot = len(self.results)
+            self.results.append(None)  # taken before the first await, so concurrent requests get distinct numbers
+            tag = f"{self.run_id}.{slot}"
+        extra = {**(extra or {}), **({"cache_salt": f"twinspark-bench-{tag}"} if self.send_cache_salt else {})}
+        result = await stream_chat(http, self.endpoint, self.model, user(f"[{tag}] {prompt}"), max_tokens,
+                                   self.plan.temperature, extra=extra)
+        if slot is not None:
+            self.results[slot] = result
         if result.error:
-            self.errors.append(result.error)
+            self.errors.append(("warm-up: " if warmup else "") + result.error)
         self.on_request_done()
         return result
+
+    def usage_counts(self) -> dict:
+        answered = [r for r in self.results if r is not None and r.error is None]
+        return {"server": sum(r.usage_source == USAGE_FROM_SERVER for r in answered),
+                "chunk_count_fallback": sum(r.usage_source == USAGE_FROM_CHUNKS for r in answered)}
+
+    def cached_prompt_tokens(self) -> dict:
+        reported = [r.cached_prompt_tokens for r in self.results
+                    if r is not None and r.error is None and r.cached_prompt_tokens is not None]
+        return {"requests_reporting": len(reported), "total": sum(reported)}
 
     async def run(self) -> dict:
         p = self.plan
         async with client(self.api_key) as http:
-            single = [await self._one(http, user(CODING_PROMPTS[i % len(CODING_PROMPTS)]), p.single_max_tokens)
+            # the first request after a restart or an idle spell can pay one-off costs (graph capture,
+            # allocator growth): a warm-up takes them, outside every figure
+            warmup = await self._one(http, CODING_PROMPTS[0], WARMUP_MAX_TOKENS, warmup=True)
+            single = [await self._one(http, CODING_PROMPTS[i % len(CODING_PROMPTS)], p.single_max_tokens)
                       for i in range(p.single_runs)]
             concurrent = await asyncio.gather(*(
-                self._one(http, user(CODING_PROMPTS[i % len(CODING_PROMPTS)]), p.single_max_tokens)
+                self._one(http, CODING_PROMPTS[i % len(CODING_PROMPTS)], p.single_max_tokens)
                 for i in range(p.concurrency)))
-            long = await self._one(http, user(filler_text(p.long_prompt_tokens) + "\nSummarize the code above."), 1)
+            long = await self._one(http, filler_text(p.long_prompt_tokens) + "\nSummarize the code above.", 1)
             sweep = []
             for level in p.sweep:
                 results = await self._level(http, level)
                 sweep.append(sweep_row(level, results))
         return {
+            "schema": SCHEMA,
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "endpoint": self.endpoint,
             "model": self.model,
+            "plan": plan_record(p, self.model, self.endpoint, self.profile),
+            "prompt_uniqueness": "salt+cache_salt" if self.send_cache_salt else "salt",
+            "run_id": self.run_id,
+            "usage": self.usage_counts(),
+            "server_cached_prompt_tokens": self.cached_prompt_tokens(),
+            "warmup": {"requests": WARMUP_REQUESTS, "ttft_s": warmup.ttft_s, "error": warmup.error},
             "single_stream": {
                 "decode_tok_s": mean([r.decode_tok_s for r in single]),
+                **spread([r.decode_tok_s for r in single], "tok_s"),
                 "runs_tok_s": [r.decode_tok_s for r in single],
             },
             "concurrent": {"streams": p.concurrency, "aggregate_tok_s": aggregate_tok_s(concurrent)},
@@ -145,10 +226,9 @@ class Bench:
 
         async def worker():
             while queue:
-                i = queue.pop()
+                queue.pop()
                 # ignore_eos: every request produces exactly the requested tokens (vLLM extension)
-                results.append(await self._one(http, user(f"[{i}] {prompt}"), p.sweep_output_tokens,
-                                               extra={"ignore_eos": True}))
+                results.append(await self._one(http, prompt, p.sweep_output_tokens, extra={"ignore_eos": True}))
 
         await asyncio.gather(*(worker() for _ in range(level)))
         return results
@@ -186,7 +266,7 @@ def compare(current: dict, baseline: dict, tolerance: float = 0.10) -> list[dict
     """Each shared figure with its change; `regression` when worse by more than tolerance."""
     rows = []
     now, before = flat_metrics(current), flat_metrics(baseline)
-    for name in sorted(set(now) & set(before)):
+    for name in [n for n in now if n in before]:
         higher_better = name.endswith(HIGHER_IS_BETTER)
         change = (now[name] - before[name]) / before[name] if before[name] else 0.0
         worse = -change if higher_better else change
@@ -195,12 +275,89 @@ def compare(current: dict, baseline: dict, tolerance: float = 0.10) -> list[dict
     return rows
 
 
-def render(result: dict, console: Console, comparison: Optional[list[dict]] = None) -> None:
-    summary = Table(title=f"bench {result['model']} @ {result['endpoint']}")
+class SingleStreamFigures(Lenient):
+    decode_tok_s: Optional[float] = None
+
+
+class ConcurrentFigures(Lenient):
+    aggregate_tok_s: Optional[float] = None
+
+
+class LongPromptFigures(Lenient):
+    ttft_s: Optional[float] = None
+    prefill_tok_s: Optional[float] = None
+
+
+class SweepFigures(Lenient):
+    concurrency: int
+    output_tok_s: Optional[float] = None
+    ttft_p50_s: Optional[float] = None
+    ttft_p99_s: Optional[float] = None
+    tpot_p50_ms: Optional[float] = None
+    tpot_p99_ms: Optional[float] = None
+
+
+class Results(Lenient):
+    """What --compare reads of a results file (ops bench -o); schema 1 files have only the figures."""
+    schema_version: Optional[int] = Field(None, alias="schema")
+    plan: Optional[dict[str, Any]] = None
+    prompt_uniqueness: Optional[str] = None
+    usage: Optional[dict[str, int]] = None
+    single_stream: SingleStreamFigures
+    concurrent: ConcurrentFigures
+    long_prompt: LongPromptFigures
+    sweep: list[SweepFigures]
+
+
+def load_baseline(path: str) -> dict:
+    data = read_json_file(path, "--compare")
+    try:
+        figures = Results.model_validate(data)
+    except ValidationError as err:
+        raise InputError(f"--compare {path}: not the results of ops bench -o ({first_problem(err)})") from None
+    # every figure present (None where the file has none), the rest as the file has it
+    return {**data, **figures.model_dump(include={"single_stream", "concurrent", "long_prompt", "sweep"})}
+
+
+def plan_differences(plan: dict, baseline: dict) -> list[str]:
+    """'key baseline→now' for every plan key that differs; empty when like is compared with like."""
+    if baseline.get("schema") != SCHEMA or not isinstance(baseline.get("plan"), dict):
+        return [f"schema {baseline.get('schema', 1)}→{SCHEMA} (the baseline keeps no plan and its prompts "
+                "could hit the prefix cache)"]
+    before = baseline["plan"]
+    return [f"{key} {json.dumps(before.get(key))}→{json.dumps(plan.get(key))}"
+            for key in dict.fromkeys([*before, *plan]) if before.get(key) != plan.get(key)]
+
+
+def comparison_warnings(current: dict, baseline: dict) -> list[str]:
+    """What makes a comparison shaky even when it is allowed."""
+    warnings = []
+    diffs = plan_differences(current["plan"], baseline)
+    if diffs:
+        warnings.append("the plans differ (" + "; ".join(diffs) + "): a change below may come from the plan, "
+                        "not from the cluster")
+    fallback = (baseline.get("usage") or {}).get("chunk_count_fallback")
+    if fallback:  # this run's own fallback has its warning already
+        warnings.append(f"the baseline counted stream chunks instead of server usage for {fallback} requests: "
+                        "its token rates read low under speculative decoding")
+    if baseline.get("prompt_uniqueness") not in (None, current.get("prompt_uniqueness")):
+        warnings.append(f"prompt uniqueness differs: baseline {baseline['prompt_uniqueness']}, "
+                        f"this run {current['prompt_uniqueness']}")
+    return warnings
+
+
+def render(result: dict, console: Console, comparison: Optional[list[dict]] = None,
+           warnings: Sequence[str] = ()) -> None:
+    """Every text that comes from outside (model, endpoint, server messages, metric names) is escaped."""
+    summary = Table(title=escape(f"bench {result['model']} @ {result['endpoint']}"))
     summary.add_column("figure")
     summary.add_column("value", justify="right")
+    summary.add_column("min / median / max", justify="right")
     fmt = lambda v, unit: "—" if v is None else f"{v:.1f} {unit}"  # noqa: E731
-    summary.add_row("single-stream decode (mean of runs)", fmt(result["single_stream"]["decode_tok_s"], "tok/s"))
+    single = result["single_stream"]
+    runs = "" if single.get("min_tok_s") is None else \
+        f"{single['min_tok_s']:.1f} / {single['median_tok_s']:.1f} / {single['max_tok_s']:.1f}"
+    summary.add_row("single-stream decode (mean of runs)", fmt(single["decode_tok_s"], "tok/s"), runs)
     summary.add_row(f"{result['concurrent']['streams']}-way aggregate", fmt(result["concurrent"]["aggregate_tok_s"], "tok/s"))
     lp = result["long_prompt"]
     summary.add_row(f"TTFT, {lp['prompt_tokens'] or '?'}-token prompt", fmt(lp["ttft_s"], "s"))
@@ -214,33 +371,77 @@ def render(result: dict, console: Console, comparison: Optional[list[dict]] = No
         sweep.add_row(str(row["concurrency"]), fmt(row["output_tok_s"], ""), pair(row["ttft_p50_s"], row["ttft_p99_s"]),
                       pair(row["tpot_p50_ms"], row["tpot_p99_ms"]))
     console.print(sweep)
-    if comparison:
+    if result.get("plan"):
+        console.print(Text("plan: " + ", ".join(f"{k} {json.dumps(v)}" for k, v in result["plan"].items()
+                                                 if k not in ("model", "endpoint")), style="dim"))
+    uniqueness = {"salt": "a per-run, per-request salt opens every prompt",
+                  "salt+cache_salt": "a per-run, per-request salt opens every prompt, and each request sends "
+                                     "vLLM's cache_salt"}
+    if result.get("prompt_uniqueness") in uniqueness:
+        console.print(Text(f"prompts: {uniqueness[result['prompt_uniqueness']]} (run {result['run_id']})",
+                           style="dim"))
+    cached = result.get("server_cached_prompt_tokens") or {}
+    if cached.get("requests_reporting"):
+        # only a chat template's shared opening, if it fills a whole cache block, can still hit
+        console.print(Text(f"server-reported prefix-cache hits: {cached['total']} prompt tokens over "
+                           f"{cached['requests_reporting']} requests", style="dim"))
+    usage = result.get("usage") or {}
+    if usage.get("chunk_count_fallback"):
+        answered = usage["chunk_count_fallback"] + usage.get("server", 0)
+        console.print(Text(f"WARNING: {usage['chunk_count_fallback']} of {answered} requests came without usage "
+                           "from the server although the stream asked for it; their output tokens are counted as "
+                           "stream chunks, an undercount when a chunk carries several tokens (speculative "
+                           "decoding): decode tok/s and aggregates read low, TPOT high", style="bold red"))
+    for warning in warnings:
+        console.print(Text(f"WARNING: {warning}", style="bold yellow"))
+    if comparison is not None:
         diff = Table(title="against baseline")
-        for col in ("metric", "baseline", "current", "change", ""):
+        diff.add_column("metric", no_wrap=True)
+        for col in ("baseline", "current", "change", ""):
             diff.add_column(col)
         for row in comparison:
-            diff.add_row(row["metric"], f"{row['baseline']:.2f}", f"{row['current']:.2f}", f"{row['change']:+.0%}",
-                         "[red]REGRESSION[/red]" if row["regression"] else "")
+            diff.add_row(Text(row["metric"]), f"{row['baseline']:.2f}", f"{row['current']:.2f}",
+                         f"{row['change']:+.0%}", Text("REGRESSION", style="red") if row["regression"] else "")
         console.print(diff)
     for error in result["errors"][:5]:
-        console.print(f"[red]request failed:[/red] {error}")
+        console.print(Text("request failed: ", style="red") + Text(error))
+    if len(result["errors"]) > 5:
+        console.print(Text(f"... and {len(result['errors']) - 5} more failed requests", style="red"))
 
 
-def run_bench(target, plan: BenchPlan, output: Optional[str], baseline: Optional[str], tolerance: float,
-              console: Console) -> int:
+def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Optional[str], tolerance: float,
+              console: Console, profile: Optional[str] = None, send_cache_salt: bool = False,
+              allow_plan_mismatch: bool = False, deadline_s: Optional[float] = None) -> int:
+    """Raises InputError, before any request, for an output or baseline that cannot be used, and
+    DeadlineError when the run outlasts deadline_s."""
+    check_output_path(output)
+    baseline = None
+    if baseline_path:
+        baseline = load_baseline(baseline_path)
+        diffs = plan_differences(plan_record(plan, target.model, target.endpoint, profile), baseline)
+        if diffs and not allow_plan_mismatch:
+            raise InputError(f"--compare {baseline_path} was made with another plan: {'; '.join(diffs)}. "
+                             "Rerun with the baseline's parameters, or pass --allow-plan-mismatch")
     with Progress(console=console, transient=True) as progress:
-        bench = Bench(target.endpoint, target.api_key, target.model, plan)
+        bench = Bench(target.endpoint, target.api_key, target.model, plan, send_cache_salt=send_cache_salt,
+                      profile=profile)
         task = progress.add_task("benchmarking", total=bench.total_requests())
         bench.on_request_done = lambda: progress.advance(task)
-        result = asyncio.run(bench.run())
-    comparison = None
-    if baseline:
-        with open(baseline) as f:
-            comparison = compare(result, json.load(f), tolerance)
-    render(result, console, comparison)
-    if output:
+        try:
+            result = run_with_deadline(bench.run(), deadline_s)
+        except DeadlineError as err:
+            done = sum(r is not None for r in bench.results)
+            raise DeadlineError(f"{err}; {done} of {bench.total_requests()} requests had finished, nothing written "
+                                "(a hanging server? see `ops status`)") from None
+    if output:  # first: nothing that follows may lose the run
         with open(output, "w") as f:
             json.dump(result, f, indent=2)
-        console.print(f"results written to {output}")
+    comparison, warnings = None, []
+    if baseline is not None:
+        comparison = compare(result, baseline, tolerance)
+        warnings = comparison_warnings(result, baseline)
+    render(result, console, comparison, warnings)
+    if output:
+        console.print(Text(f"results written to {output}"))
     failed = bool(result["errors"]) or any(row["regression"] for row in comparison or [])
     return 1 if failed else 0

@@ -1,21 +1,34 @@
 """client-setup — point Codex and Claude Code at the endpoint, from the stack outputs.
 
 - ~/.codex/config.toml: merges in the stack's codexConfig (model, provider block, catalog
-  path, compaction fence) with tomlkit, keeping every other key, table and comment; the
-  previous file is kept as config.toml.bak-<UTC time>. Unchanged content is not rewritten.
+  path, compaction fence) with tomlkit, keeping every other key, table and comment, in the
+  style it is written in (tables, inline tables, dotted keys); the previous file is kept as
+  config.toml.bak-<UTC time>[-N], never overwriting an earlier backup. Unchanged content is
+  not rewritten.
 - the model catalog JSON, where model_catalog_json points;
-- a Claude Code env file (mode 600: it holds the API key) to `source`.
+- a Claude Code env file (mode 600 from its creation: it holds the API key) to `source`.
+
+Every file is written whole or not at all (a temporary file renamed over it). A config.toml
+that is not valid TOML, or a path that is a directory, stops it before anything is written.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import tomlkit
+from tomlkit.exceptions import TOMLKitError
+from tomlkit.items import InlineTable
+
+from .inputs import InputError, ToolError
+
+SECRET_MODE = 0o600
 
 
 @dataclass
@@ -25,50 +38,122 @@ class WrittenFile:
     backup: Optional[Path] = None
 
 
+def inline(table) -> InlineTable:
+    copy = tomlkit.inline_table()
+    copy.update(table.unwrap())
+    return copy
+
+
 def merge_codex_config(existing: str, generated: str) -> str:
-    """`existing` with every key and table of `generated` set; all else (and comments) kept."""
+    """`existing` with every key and table of `generated` set; all else (and comments) kept.
+
+    A generated table one level down (model_providers.twinspark) replaces the user's whole and
+    is written the way its parent is: inside an inline table, as a dotted key, or as a [table].
+    """
     doc = tomlkit.parse(existing)
     new = tomlkit.parse(generated)
-    for key, value in new.items():
-        if isinstance(value, tomlkit.items.Table) and key in doc and isinstance(doc[key], tomlkit.items.Table):
-            for sub_key, sub_value in value.items():
-                doc[key][sub_key] = sub_value  # e.g. model_providers.twinspark, replaced whole
-        else:
+    for key, value in new.items():  # scalars first, so no table added below can end up above them
+        if not isinstance(value, dict):
             doc[key] = value
+    for key, value in new.items():
+        if not isinstance(value, dict):
+            continue
+        if not isinstance(doc.get(key), dict):
+            doc[key] = value
+            continue
+        for sub_key, sub_value in value.items():
+            parent = doc[key]
+            if isinstance(parent, InlineTable):  # model_providers = { openrouter = {...} }
+                parent[sub_key] = inline(sub_value)
+            elif any(k is not None and k.key == key and k.is_dotted() for k, _ in doc.body):
+                # model_providers.openrouter.name = "..." at the top level: tomlkit would put a
+                # [table] between those lines, and the ones below it would move into it
+                if sub_key in parent:
+                    del parent[sub_key]
+                doc.append(tomlkit.key([key, sub_key]), inline(sub_value))
+            else:
+                parent[sub_key] = sub_value
     return tomlkit.dumps(doc)
 
 
+def default_mode() -> int:
+    """What open() would give a new file: 0666 less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def keep_backup(path: Path, old: bytes, mode: int) -> Path:
+    """A new file beside `path` holding `old`; an existing backup is never overwritten."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in itertools.count():
+        backup = path.with_name(f"{path.name}.bak-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "wb") as f:
+            f.write(old)
+        return backup
+
+
+def replace_file(path: Path, content: str, mode: int) -> None:
+    """Write whole or not at all; the temporary file is private (0600) from its creation."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), mode)  # while empty: nothing is ever readable under a wider mode
+            f.write(content)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_with_backup(path: Path, content: str, mode: Optional[int] = None) -> WrittenFile:
+    """`mode` None: the file keeps its mode (a new one gets the umask's)."""
     if path.exists():
-        old = path.read_text()
-        if old == content:
+        old = path.read_bytes()
+        if old == content.encode():
             return WrittenFile(path, "unchanged")
-        backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-        backup.write_text(old)
-        if mode is not None:
-            backup.chmod(mode)
+        file_mode = mode if mode is not None else path.stat().st_mode & 0o7777
+        backup = keep_backup(path, old, file_mode)
         action = "updated"
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
+        file_mode = mode if mode is not None else default_mode()
         backup, action = None, "created"
-    path.write_text(content)
-    if mode is not None:
-        path.chmod(mode)
+    replace_file(path, content, file_mode)
     return WrittenFile(path, action, backup)
+
+
+def check_writable_file(path: Path) -> None:
+    if path.is_dir():
+        raise InputError(f"{path} is a directory, not a file: move it away (nothing was written)")
 
 
 def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path) -> list[WrittenFile]:
     for key in ("codexConfig", "codexModelCatalog", "claudeCodeEnv"):
         if not outputs.get(key):
-            raise ValueError(f"stack output {key!r} is missing: run `pulumi up` first (or pass --outputs-file)")
+            raise InputError(f"stack output {key!r} is missing: run `pulumi up` first (or pass --outputs-file)")
     config_path = codex_home / "config.toml"
     generated = tomlkit.parse(outputs["codexConfig"])
     # the catalog lives beside this config.toml, by absolute path (codex_home may not be ~/.codex)
     catalog_path = codex_home / Path(os.path.expanduser(str(generated["model_catalog_json"]))).name
     generated["model_catalog_json"] = str(catalog_path)
     generated_text = tomlkit.dumps(generated)
-    merged = merge_codex_config(config_path.read_text(), generated_text) if config_path.exists() else generated_text
-    written = [write_with_backup(config_path, merged)]
-    written.append(write_with_backup(catalog_path, outputs["codexModelCatalog"]))
-    written.append(write_with_backup(claude_env_file, outputs["claudeCodeEnv"], mode=0o600))
-    return written
+    for path in (config_path, catalog_path, claude_env_file):
+        check_writable_file(path)
+    try:
+        merged = merge_codex_config(config_path.read_text(), generated_text) if config_path.exists() else generated_text
+    except TOMLKitError as err:
+        raise InputError(f"{config_path} is not valid TOML ({err}): fix it or move it away (nothing was written)") \
+            from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read {config_path} ({err}); nothing was written") from None
+    try:
+        return [write_with_backup(config_path, merged),
+                write_with_backup(catalog_path, outputs["codexModelCatalog"]),
+                write_with_backup(claude_env_file, outputs["claudeCodeEnv"], mode=SECRET_MODE)]
+    except OSError as err:
+        raise ToolError(f"cannot write {err.filename}: {err.strerror}") from None

@@ -4,27 +4,41 @@ Non-guessable access codes are planted at several depths of a synthetic service 
 model must return all of them, exactly, at temperature 0. Per context size and trial:
 - pass:  every code right, nothing else;
 - junk:  every code right, plus trailing garbage;
-- fail:  a code wrong or missing, or a refusal (a "real failure" in the recipe's table).
+- fail:  a code wrong or missing, or a refusal (a "real failure" in the recipe's table);
+- truncated: the reply hit max_tokens (finish_reason "length") before a complete answer,
+  usually because reasoning used the budget: inconclusive, not a failure of the model;
+- error: no answer at all (key refused, endpoint gone, HTTP error, a stream that is not the
+  API's): not the model's failure either, and the run exits 1.
+
+Only the answer (`content`) is scored; reasoning counts against max_tokens, which is why the
+default budget is large.
 """
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import json
 import random
 import re
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
+from .inputs import DeadlineError, check_output_path, run_with_deadline
 from .stream import client, stream_chat
 
 VAULTS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
 CHARS_PER_TOKEN = 4  # log text; the endpoint's usage gives the real prompt size
+# Reasoning and the answer share max_tokens; a few lines of answer need ~60 tokens, the rest is
+# room to think (reasoning models spend thousands of tokens on a long haystack).
+DEFAULT_MAX_TOKENS = 8192
+SCHEMA = 2  # 2: an object with the plan and per-size rows (1 was the bare list of rows)
 ANSWER_LINE = re.compile(r"^\s*[`*]*(\w+)[`*]*\s*:\s*[`*]*([A-Z0-9-]+)[`*]*\s*$")
 
 
@@ -34,10 +48,29 @@ class Haystack:
     codes: dict[str, str]  # vault -> code
 
 
+SIZE = re.compile(r"^(\d+(?:\.\d+)?)([km]?)$")
+
+
 def parse_size(text: str) -> int:
-    text = text.strip().lower()
-    scale = {"k": 1000, "m": 1000000}.get(text[-1], 1)
-    return int(float(text.rstrip("km")) * scale)
+    """'74k' -> 74000; ValueError for anything that is not a positive size."""
+    match = SIZE.match(text.strip().lower())
+    if not match:
+        raise ValueError(f"size {text.strip()!r} is not a number of tokens such as 2000, 74k or 1.5m")
+    size = int(float(match.group(1)) * {"": 1, "k": 1000, "m": 1000000}[match.group(2)])
+    if size <= 0:
+        raise ValueError(f"size {text.strip()!r} is not above zero")
+    return size
+
+
+def parse_sizes(text: str) -> list[int]:
+    """argparse type: '74k,110k' -> [74000, 110000]."""
+    try:
+        sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"{text!r} lists no sizes")
+    return sizes
 
 
 def build_haystack(tokens: int, needles: int = 3, seed: int = 0) -> Haystack:
@@ -67,6 +100,17 @@ def build_haystack(tokens: int, needles: int = 3, seed: int = 0) -> Haystack:
     return Haystack("".join(lines) + question, codes)
 
 
+def verdict(result, codes: dict[str, str]) -> str:
+    """pass / junk / fail; truncated when max_tokens cut the reply before a complete answer; error
+    when there was no answer to score."""
+    if result.error:
+        return "error"
+    scored = score(result.text, codes)
+    if scored == "fail" and result.finish_reason == "length":
+        return "truncated"
+    return scored
+
+
 def score(answer: str, codes: dict[str, str]) -> str:
     found, other = {}, []
     for line in answer.strip().splitlines():
@@ -81,50 +125,87 @@ def score(answer: str, codes: dict[str, str]) -> str:
 
 
 async def probe(endpoint: str, api_key: str, model: str, sizes: Sequence[int], trials: int, needles: int,
-                max_tokens: int, on_trial_done: Callable[[], None] = lambda: None) -> list[dict]:
-    rows = []
-    async with client(api_key, timeout=3600) as http:
+                max_tokens: int, on_trial_done: Callable[[], None] = lambda: None,
+                rows: Optional[list] = None) -> list[dict]:
+    """One row per size, appended to `rows` as each size completes (a deadline keeps them)."""
+    rows = [] if rows is None else rows
+    async with client(api_key, timeout=3600) as http:  # a 1M-token prefill is minutes before a first byte
         for size in sizes:
-            outcome = {"pass": 0, "junk": 0, "fail": 0}
-            prompt_tokens, examples = [], []
+            outcome = {"pass": 0, "junk": 0, "fail": 0, "truncated": 0, "error": 0}
+            prompt_tokens, completion_tokens, examples = [], [], []
             for trial in range(trials):
                 stack = build_haystack(size, needles, seed=size * 1000 + trial)
                 result = await stream_chat(http, endpoint, model, [{"role": "user", "content": stack.prompt}],
                                            max_tokens, 0.0)
-                verdict = "fail" if result.error else score(result.text, stack.codes)
-                outcome[verdict] += 1
+                found = verdict(result, stack.codes)
+                outcome[found] += 1
                 prompt_tokens.append(result.prompt_tokens)
-                if verdict != "pass" and len(examples) < 2:
-                    examples.append((result.error or result.text)[:200])
+                if not result.error:
+                    completion_tokens.append(result.output_tokens)
+                if found != "pass" and len(examples) < 2:
+                    examples.append({"verdict": found, "finish_reason": result.finish_reason,
+                                     "answer": (result.error or result.text)[:200],
+                                     "reasoning_tail": result.reasoning_text[-200:]})
                 on_trial_done()
             known = [t for t in prompt_tokens if t]
             rows.append({"size": size, "prompt_tokens": round(sum(known) / len(known)) if known else None,
                          "trials": trials, "real_failures": outcome["fail"], "junk": outcome["junk"],
-                         "passes": outcome["pass"], "examples": examples})
+                         "passes": outcome["pass"], "truncated": outcome["truncated"], "errors": outcome["error"],
+                         "max_completion_tokens": max(completion_tokens) if completion_tokens else None,
+                         "examples": examples})
     return rows
 
 
-def render(rows: list[dict], console: Console) -> None:
+def render(rows: list[dict], console: Console, max_tokens: Optional[int] = None) -> None:
     table = Table(title="needle retrieval (real failures = wrong, missing or refused)")
-    for col in ("context", "prompt tokens", "real failures", "junk", "passes"):
+    for col in ("context", "prompt tokens", "real failures", "junk", "passes", "truncated", "errors",
+                "most tokens used"):
         table.add_column(col, justify="right")
     for row in rows:
         table.add_row(f"{row['size'] // 1000}k", str(row["prompt_tokens"] or "?"),
-                      f"{row['real_failures']}/{row['trials']}", str(row["junk"]), str(row["passes"]))
+                      f"{row['real_failures']}/{row['trials']}", str(row["junk"]), str(row["passes"]),
+                      str(row["truncated"]), str(row["errors"]), str(row["max_completion_tokens"] or "?"))
     total_fail = sum(r["real_failures"] for r in rows)
     total = sum(r["trials"] for r in rows)
-    table.add_row("total", "", f"{total_fail}/{total}", str(sum(r["junk"] for r in rows)), "")
+    total_truncated = sum(r["truncated"] for r in rows)
+    total_errors = sum(r["errors"] for r in rows)
+    table.add_row("total", "", f"{total_fail}/{total}", str(sum(r["junk"] for r in rows)), "", str(total_truncated),
+                  str(total_errors), "")
     console.print(table)
+    if total_errors:
+        example = next(e["answer"] for r in rows for e in r["examples"] if e["verdict"] == "error")
+        console.print(Text(f"ERROR: {total_errors} of {total} trials got no answer to score, e.g. {example}",
+                           style="bold red"))
+    if total_truncated:
+        console.print(Text(f"WARNING: {total_truncated} of {total} trials hit max_tokens ({max_tokens or '?'}) before "
+                           "a complete answer, usually while reasoning; they are not counted as failures. "
+                           "Raise --max-tokens to score them.", style="bold yellow"))
 
 
 def run_needle(target, sizes: Sequence[int], trials: int, needles: int, max_tokens: int, console: Console,
-               output: Optional[str] = None) -> int:
+               output: Optional[str] = None, profile: Optional[str] = None, deadline_s: Optional[float] = None) -> int:
+    """0, or 1 when a trial got no answer; raises InputError, before any request, for an output file
+    that cannot be written, and DeadlineError (after writing the sizes done) at the deadline."""
+    check_output_path(output)
+    plan = {"sizes": list(sizes), "trials": trials, "needles": needles, "max_tokens": max_tokens,
+            "temperature": 0.0, "model": target.model, "endpoint": target.endpoint, "profile": profile}
+    rows: list[dict] = []
+    missed: Optional[DeadlineError] = None
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("needle trials", total=len(sizes) * trials)
-        rows = asyncio.run(probe(target.endpoint, target.api_key, target.model, sizes, trials, needles, max_tokens,
-                                 lambda: progress.advance(task)))
-    render(rows, console)
-    if output:
+        try:
+            run_with_deadline(probe(target.endpoint, target.api_key, target.model, sizes, trials, needles, max_tokens,
+                                    lambda: progress.advance(task), rows), deadline_s)
+        except DeadlineError as err:
+            missed = err
+    if output:  # before rendering: nothing that follows may lose the run
         with open(output, "w") as f:
-            json.dump(rows, f, indent=2)
-    return 0
+            json.dump({"schema": SCHEMA, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "plan": plan, "complete": missed is None, "sizes": rows}, f, indent=2)
+    if missed:
+        if rows:
+            render(rows, console, max_tokens)
+        raise DeadlineError(f"{missed}; {len(rows)} of {len(sizes)} sizes were done"
+                            + (f" and are written to {output}" if output and rows else ""))
+    render(rows, console, max_tokens)
+    return 1 if any(row["errors"] for row in rows) else 0

@@ -20,8 +20,11 @@ from typing import Callable, Optional, Sequence
 import httpx
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import node_contract as contract
+
+from .api import served_models
 
 NODE_PROBE = Path(__file__).resolve().parent.parent / "launch" / "node-status.py"
 MEMBERSHIP_IN_CONTAINER = f"{contract.CONTAINER_BUNDLE_DIR}/{contract.MEMBERSHIP_SCRIPT}"
@@ -90,8 +93,8 @@ def spec_decode(metrics) -> Optional[dict]:
     }
 
 
-def endpoint_status(base_url: str, api_key: str) -> dict:
-    out: dict = {"url": base_url}
+def endpoint_status(base_url: str, api_key: str, expected_model: str = "") -> dict:
+    out: dict = {"url": base_url, "expected_model": expected_model or None}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=10, headers=headers) as http:
         try:
@@ -102,9 +105,14 @@ def endpoint_status(base_url: str, api_key: str) -> dict:
         try:
             models = http.get(f"{base_url}/v1/models")
             out["models_status"] = models.status_code
-            out["model"] = models.json()["data"][0]["id"] if models.status_code == 200 else None
+            if models.status_code == 200:
+                try:  # a 200 proves nothing by itself: the body must list the model
+                    out["models"] = served_models(models.content)
+                    out["model"] = expected_model if expected_model in out["models"] else out["models"][0]
+                except ValueError as err:
+                    out["models_error"] = str(err)
             metrics = parse_metrics(http.get(f"{base_url}/metrics").text)
-        except (httpx.HTTPError, ValueError, KeyError, IndexError) as err:
+        except httpx.HTTPError as err:
             out["error"] = f"{type(err).__name__}: {err}"
             return out
     out["requests_running"] = metric_sum(metrics, "vllm:num_requests_running")
@@ -120,7 +128,15 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
     if ep.get("health") != 200:
         found.append(f"endpoint {ep['url']}: /health {ep.get('health') or ep.get('error')}")
     elif ep.get("models_status") != 200:
-        found.append(f"endpoint {ep['url']}: /v1/models answered {ep.get('models_status')} (API key?)")
+        found.append(f"endpoint {ep['url']}: /v1/models answered {ep.get('models_status') or ep.get('error')}"
+                     + (" (API key?)" if ep.get("models_status") in (401, 403) else ""))
+    elif ep.get("models_error"):
+        found.append(f"endpoint {ep['url']}: /v1/models answered {ep['models_error']}")
+    elif ep.get("expected_model") and ep["expected_model"] not in ep["models"]:
+        found.append(f"endpoint {ep['url']}: serves {', '.join(ep['models'])}, not the stack's model "
+                     f"{ep['expected_model']}")
+    elif ep.get("error"):
+        found.append(f"endpoint {ep['url']}: /metrics {ep['error']}")
     gpu_nodes = len(report["nodes"])
     for node in report["nodes"]:
         name = node["node"]
@@ -159,20 +175,22 @@ def collect(target, runner: NodeRunner) -> dict:
 
     with ThreadPoolExecutor(max_workers=max(1, len(target.nodes))) as pool:
         nodes = list(pool.map(one, target.nodes))
-    return {"endpoint": endpoint_status(target.base_url, target.api_key), "nodes": nodes}
+    return {"endpoint": endpoint_status(target.base_url, target.api_key, target.model), "nodes": nodes}
 
 
 def render(report: dict, found: list[str], console: Console) -> None:
+    """Every cell is a Text: what nodes and servers say is printed as it is, never read as markup."""
     nodes = Table(title="nodes")
     for col in ("node", "container", "rails (link speed MTU RoCE)", "GPU", "Ray"):
         nodes.add_column(col)
+    red = "red"
     for node in report["nodes"]:
         if "error" in node:
-            nodes.add_row(node["node"], f"[red]{node['error']}[/red]", "", "", "")
+            nodes.add_row(Text(node["node"]), Text(node["error"], style=red))
             continue
         c = node["container"]
-        container = (f"{c['status']}{' (restarting)' if c.get('restarting') else ''}, {c['restart_count']} restarts"
-                     if c.get("present") else "[red]missing[/red]")
+        container = (Text(f"{c['status']}{' (restarting)' if c.get('restarting') else ''}, {c['restart_count']} restarts")
+                     if c.get("present") else Text("missing", style=red))
         rails = "\n".join(f"{r['iface']}: {r['operstate']} {r['speed_mbps']} {r['mtu']} {r['roce_state']}"
                           for r in node["rails"])
         gpu = node.get("gpu") or {}
@@ -180,15 +198,15 @@ def render(report: dict, found: list[str], console: Console) -> None:
         ray = node.get("ray")
         ray_text = "" if ray is None else (ray.get("error") or ", ".join(
             f"{n['node_ip']} ({n['gpus']:g} GPU)" for n in ray.get("nodes", [])))
-        nodes.add_row(node["node"], container, rails, gpu_text, ray_text)
+        nodes.add_row(Text(node["node"]), container, Text(rails), Text(gpu_text), Text(ray_text))
     console.print(nodes)
     ep = report["endpoint"]
     endpoint = Table(title="endpoint")
     endpoint.add_column("")
     endpoint.add_column("")
-    endpoint.add_row("url", ep["url"])
-    endpoint.add_row("/health", str(ep.get("health") or ep.get("error")))
-    endpoint.add_row("model", str(ep.get("model")))
+    endpoint.add_row("url", Text(ep["url"]))
+    endpoint.add_row("/health", Text(str(ep.get("health") or ep.get("error"))))
+    endpoint.add_row("model", Text(str(ep.get("model"))))
     endpoint.add_row("requests running / waiting", f"{ep.get('requests_running')} / {ep.get('requests_waiting')}")
     sd = ep.get("spec_decode")
     if sd:
@@ -196,9 +214,9 @@ def render(report: dict, found: list[str], console: Console) -> None:
         endpoint.add_row("per draft position", " ".join(f"{p:.0%}" for p in sd["per_position"]))
     console.print(endpoint)
     for line in found:
-        console.print(f"[red]UNHEALTHY[/red] {line}")
+        console.print(Text("UNHEALTHY ", style=red) + Text(line))
     if not found:
-        console.print("[green]healthy[/green]")
+        console.print(Text("healthy", style="green"))
 
 
 def run_status(target, runner: NodeRunner, as_json: bool, expect_mtu: int, expect_speed: int, console: Console) -> int:

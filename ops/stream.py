@@ -8,6 +8,14 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import httpx
+from pydantic import ValidationError
+
+from .api import ChatChunk, first_problem
+
+# Where a request's token count came from: the server's `usage`, or counting stream chunks
+# (an undercount when one chunk carries several tokens, as under speculative decoding).
+USAGE_FROM_SERVER = "server"
+USAGE_FROM_CHUNKS = "chunks"
 
 
 @dataclass
@@ -17,8 +25,12 @@ class StreamResult:
     done: float
     output_tokens: int
     prompt_tokens: Optional[int]
-    text: str
+    text: str  # the answer (`content`) only
     error: Optional[str] = None
+    usage_source: str = USAGE_FROM_SERVER
+    finish_reason: Optional[str] = None  # "length" when max_tokens cut the reply
+    reasoning_text: str = ""
+    cached_prompt_tokens: Optional[int] = None  # prefix-cache hits, when the server reports them
 
     @property
     def ttft_s(self) -> Optional[float]:
@@ -63,29 +75,60 @@ async def stream_chat(
         "max_tokens": max_tokens,
         "temperature": temperature,
         "stream": True,
+        # vLLM then ends the stream with a chunk carrying `usage`: the only exact token count
         "stream_options": {"include_usage": True},
         **(extra or {}),
     }
-    sent, first, chunks, usage, parts = clock(), None, 0, None, []
+    sent, first, chunks, usage, finish = clock(), None, 0, None, None
+    content, reasoning = [], []
+
+    def partial(error: str) -> StreamResult:
+        return StreamResult(sent, first, clock(), chunks, None, "".join(content), error,
+                            USAGE_FROM_CHUNKS, finish, "".join(reasoning))
+
     try:
         async with http.stream("POST", endpoint.rstrip("/") + "/chat/completions", json=body) as resp:
             if resp.status_code != 200:
                 detail = (await resp.aread()).decode(errors="replace")[:300]
-                return StreamResult(sent, None, clock(), 0, None, "", f"HTTP {resp.status_code}: {detail}")
+                return partial(f"HTTP {resp.status_code}: {detail}")
+            done = False
             async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if not line or line.startswith(":"):  # event separators and SSE comments (keep-alives)
                     continue
-                event = json.loads(line[6:])
-                usage = event.get("usage") or usage
-                for choice in event.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    piece = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
-                    if piece:
+                name, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if name in ("event", "id", "retry"):
+                    continue
+                if name != "data":
+                    return partial(f"not a server-sent event line: {line[:200]!r}")
+                if value == "[DONE]":
+                    done = True
+                    break
+                try:
+                    event = ChatChunk.model_validate_json(value)
+                except ValidationError as err:
+                    return partial(f"malformed stream event ({first_problem(err)}): {value[:200]}")
+                if event.error:  # vLLM reports a failure mid-stream as an event
+                    return partial(f"server error in stream: {json.dumps(event.error)[:300]}")
+                usage = event.usage or usage
+                for choice in event.choices or []:
+                    thought = choice.delta.reasoning_content or choice.delta.reasoning or ""
+                    answer = choice.delta.content or ""
+                    if thought or answer:
                         first = first if first is not None else clock()
                         chunks += 1
-                        parts.append(delta.get("content") or "")
+                        reasoning.append(thought)
+                        content.append(answer)
+                    finish = choice.finish_reason or finish
+            if not done:
+                return partial("the stream ended before `data: [DONE]`")
     except httpx.HTTPError as err:
-        return StreamResult(sent, first, clock(), chunks, None, "".join(parts), f"{type(err).__name__}: {err}")
-    done = clock()
-    tokens = (usage or {}).get("completion_tokens") or chunks
-    return StreamResult(sent, first, done, tokens, (usage or {}).get("prompt_tokens"), "".join(parts))
+        return partial(f"{type(err).__name__}: {err}")
+    done_at = clock()
+    if usage and usage.completion_tokens is not None:
+        tokens, source = usage.completion_tokens, USAGE_FROM_SERVER
+    else:
+        tokens, source = chunks, USAGE_FROM_CHUNKS
+    cached = usage.prompt_tokens_details.cached_tokens if usage and usage.prompt_tokens_details else None
+    return StreamResult(sent, first, done_at, tokens, usage.prompt_tokens if usage else None, "".join(content), None,
+                        source, finish, "".join(reasoning), cached)

@@ -9,8 +9,14 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import httpx
+from pydantic import TypeAdapter, ValidationError
 
-class TargetError(RuntimeError):
+from .api import Node, StackOutputs, first_problem, served_models
+from .inputs import EndpointError, InputError, read_json_file
+
+
+class TargetError(InputError):
     """The tools cannot tell which endpoint to talk to; the message says what to pass."""
 
 
@@ -45,33 +51,91 @@ def stack_outputs(stack: Optional[str]) -> dict[str, Any]:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
         raise TargetError("the Pulumi CLI is not on PATH: pass --endpoint and --api-key (and --nodes)") from None
+    except subprocess.TimeoutExpired:
+        raise TargetError(f"`{' '.join(command)}` did not answer in 120 s") from None
     if proc.returncode != 0:
-        raise TargetError(f"`{' '.join(command)}` failed: {proc.stderr.strip()[-500:]}")
-    return json.loads(proc.stdout)
+        raise TargetError(f"`{' '.join(command)}` failed: {one_line(proc.stderr.strip()[-500:])}")
+    return parse_outputs(proc.stdout, f"`{' '.join(command)}`")
+
+
+def read_outputs_file(path: str) -> dict[str, Any]:
+    return check_outputs(read_json_file(path, "--outputs-file"), f"--outputs-file {path}")
+
+
+def parse_outputs(text: str, source: str) -> dict[str, Any]:
+    try:
+        outputs = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TargetError(f"{source}: not JSON ({err.msg}, line {err.lineno})") from None
+    return check_outputs(outputs, source)
+
+
+def check_outputs(outputs: Any, source: str) -> dict[str, Any]:
+    """The outputs as a dict, each one the tools read of the type they expect."""
+    try:
+        StackOutputs.model_validate(outputs)
+    except ValidationError as err:
+        raise TargetError(f"{source}: not `pulumi stack output --json --show-secrets` ({first_problem(err)})") from None
+    return outputs
+
+
+def parse_nodes(text: str) -> list[dict[str, Any]]:
+    try:
+        nodes = TypeAdapter(list[Node]).validate_json(text)
+    except ValidationError as err:
+        problem = first_problem(err)
+        if err.errors()[0]["type"] == "json_invalid":
+            problem = "not JSON"
+        raise TargetError(f"--nodes: {problem}; pass the `nodes` stack output "
+                          "(a JSON list of {name, role, host, rayIp, rails: [{iface, hca}]})") from None
+    return json.loads(text)
+
+
+def check_endpoint(target: Target, timeout: float = 10.0) -> str:
+    """Before bench or needle spend minutes: the endpoint answers, takes the key and serves the
+    model. Returns the model to ask for: the one given, else the first one served."""
+    url = f"{target.base_url}/v1/models"
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    try:
+        resp = httpx.get(url, headers=headers, timeout=timeout)
+    except httpx.HTTPError as err:
+        raise EndpointError(f"cannot reach {url}: {type(err).__name__}: {one_line(str(err))}") from None
+    if resp.status_code in (401, 403):
+        raise EndpointError(f"{url} refused the API key (HTTP {resp.status_code}): pass --api-key or set VLLM_API_KEY")
+    if resp.status_code != 200:
+        raise EndpointError(f"{url} answered HTTP {resp.status_code}: {one_line(resp.text[:200])}")
+    try:
+        models = served_models(resp.content)
+    except ValueError as err:
+        raise EndpointError(f"{url} answered {err}") from None
+    if target.model and target.model not in models:
+        raise EndpointError(f"{url} does not serve {target.model!r} (it serves {', '.join(models)}): pass --model")
+    return target.model or models[0]
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def resolve_target(args: argparse.Namespace, need_nodes: bool = False) -> Target:
     """Flags win over stack outputs; the stack is read only when a flag is missing."""
     outputs: dict[str, Any] = {}
     if args.outputs_file:
-        with open(args.outputs_file) as f:
-            outputs = json.load(f)
+        outputs = read_outputs_file(args.outputs_file)
     elif not (args.endpoint and args.api_key and (not need_nodes or status_flags_complete(args))):
         outputs = stack_outputs(args.stack)
     endpoint = args.endpoint or outputs.get("endpoint")
     if not endpoint:
         raise TargetError("no endpoint: pass --endpoint http://HEAD:8000/v1 or run inside the Pulumi project")
-    try:
-        nodes = json.loads(args.nodes) if args.nodes else outputs.get("nodes", [])
-    except json.JSONDecodeError as err:
-        raise TargetError(f"--nodes is not JSON ({err.msg}): pass the `nodes` stack output") from None
+    if not endpoint.startswith(("http://", "https://")):
+        raise TargetError(f"endpoint {endpoint!r} is not an http:// or https:// URL")
+    nodes = parse_nodes(args.nodes) if args.nodes else outputs.get("nodes") or []
     if need_nodes:
         if not nodes:
             raise TargetError("no nodes: pass --nodes '[{\"name\":...,\"role\":...,\"host\":...,\"rayIp\":...,\"rails\":[...]}]'")
-        lacking = [str(n.get("name", i)) for i, n in enumerate(nodes) if not NODE_FIELDS <= set(n)]
-        if lacking:
-            raise TargetError(f"nodes {', '.join(lacking)} lack one of {', '.join(sorted(NODE_FIELDS))}: "
-                              "pass the `nodes` output of the current stack")
+        heads = [n["name"] for n in nodes if n["role"] == "head"]
+        if len(heads) != 1:
+            raise TargetError(f"nodes: expected exactly one with role head, found {len(heads)}")
     return Target(
         endpoint=endpoint,
         api_key=args.api_key or outputs.get("apiKey") or "",
@@ -81,9 +145,6 @@ def resolve_target(args: argparse.Namespace, need_nodes: bool = False) -> Target
         ssh_user=outputs.get("sshUser"),
         fabric=outputs.get("fabric") or {},
     )
-
-
-NODE_FIELDS = {"name", "role", "host", "rayIp", "rails"}
 
 
 def status_flags_complete(args: argparse.Namespace) -> bool:

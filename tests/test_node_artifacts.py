@@ -5,11 +5,10 @@ import os
 import shlex
 import shutil
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from openai_standin import Behaviour, serve
 from program_harness import unwrap
 
 from components import host_prep, launch_bundle, model_weights
@@ -230,36 +229,12 @@ def test_scripts_refuse_a_flag_without_its_value(tmp_path):
     assert "unbound variable" not in proc.stderr
 
 
-class _FakeVllm(BaseHTTPRequestHandler):
-    key = "sk-ready-test"
-    healthy_after = 2
-    health_calls = 0
-    completions = []
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        cls = type(self)
-        cls.health_calls += 1
-        self.send_response(200 if self.path == "/health" and cls.health_calls > cls.healthy_after else 503)
-        self.end_headers()
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        authorized = self.headers.get("Authorization") == f"Bearer {self.key}"
-        type(self).completions.append((authorized, body))
-        self.send_response(200 if authorized else 401)
-        self.end_headers()
-        self.wfile.write(json.dumps({"choices": [{"text": "!"}]} if authorized else {"error": "x"}).encode())
-
-
 @pytest.fixture
 def fake_endpoint():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVllm)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _FakeVllm.health_calls, _FakeVllm.completions = 0, []
-    yield server.server_address[1]
+    """vLLM still loading for two /health calls, then serving CFG's model with its key."""
+    behaviour = Behaviour(api_key="sk-ready-test", model=CFG.model.served_name, healthy_after=2)
+    server = serve(behaviour)
+    yield server.server_address[1], behaviour
     server.shutdown()
 
 
@@ -290,21 +265,24 @@ def test_a_secret_that_looks_like_script_never_runs(tmp_path):
 
 
 def test_readiness_waits_for_health_then_an_authorized_completion(fake_endpoint):
-    line = readiness_command(fake_endpoint, 60)
-    proc = run_remote(line, stdin=encode_secret(_FakeVllm.key) + script_text(WAIT_READY))
+    port, behaviour = fake_endpoint
+    line = readiness_command(port, 60)
+    proc = run_remote(line, stdin=encode_secret(behaviour.api_key) + script_text(WAIT_READY))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "serving: a 1-token completion succeeded" in proc.stdout
-    authorized, body = _FakeVllm.completions[-1]
-    assert authorized and body["model"] == "ds-0731" and body["max_tokens"] == 1
-    assert _FakeVllm.key not in line
+    assert behaviour.health_calls == 3  # two 503s while loading, then 200
+    last = behaviour.requests[-1]
+    assert last.authorized and last.body["model"] == "ds-0731" and last.body["max_tokens"] == 1
+    assert behaviour.api_key not in line
 
 
 def test_readiness_times_out_with_the_log_tail(fake_endpoint, tmp_path):
-    line = readiness_command(fake_endpoint, 14)
+    port, behaviour = fake_endpoint
+    line = readiness_command(port, 14)
     proc = run_remote(line, stdin=encode_secret("wrong-key") + script_text(WAIT_READY))
     assert proc.returncode == 1
     assert "not serving after 14 s" in proc.stdout
-    assert _FakeVllm.completions and not any(ok for ok, _ in _FakeVllm.completions)
+    assert behaviour.requests and not any(r.authorized for r in behaviour.requests)
 
 
 def codex_binary():

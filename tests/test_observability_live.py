@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from observability_helpers import dashboard_targets, every_rule, promql_of, recipe_plan
+from openai_standin import Behaviour, serve
 
 from components.observability import node_exporter_command
 from components.observability_files import (
@@ -39,8 +40,6 @@ from components.observability_files import (
     render_prometheus_config,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "ops"))
-from fake_openai import Behaviour, serve  # noqa: E402
 
 NODE_EXPORTER = "prometheus-node-exporter"  # Debian's name for node_exporter
 ALERTMANAGER = "prometheus-alertmanager"

@@ -409,7 +409,7 @@ def test_outputs_contract(recipe_run):
     assert catalog["models"][0]["context_window"] == 1048576
     claude = out["claudeCodeEnv"]["value"]
     assert "ANTHROPIC_BASE_URL=http://192.168.1.10:8000\n" in claude and "ANTHROPIC_MODEL=ds-0731" in claude
-    assert f"ANTHROPIC_AUTH_TOKEN={out['apiKey']['value']}" in claude
+    assert f"ANTHROPIC_AUTH_TOKEN={shlex.quote(out['apiKey']['value'])}\n" in claude
     nodes = out["nodes"]["value"]
     assert [(n["name"], n["role"], n["host"]) for n in nodes] == [
         ("spark1", "head", "192.168.1.10"),
@@ -423,6 +423,24 @@ def test_outputs_contract(recipe_run):
     assert out["grafanaAdminPassword"]["secret"] is True
     assert out["prometheusUrl"]["value"] == "http://127.0.0.1:9090"
     assert out["prometheusTunnel"]["value"] == "ssh -N -L 9090:127.0.0.1:9090 nvidia@192.168.1.10"
+
+
+@pytest.mark.parametrize("api_key", ["sk-$(touch PWNED)", "sk-`touch PWNED`", "sk-'; touch PWNED; '", 'sk-"x" $HOME'])
+def test_claude_code_env_cannot_run_code_when_sourced(tmp_path, api_key):
+    """A key with shell syntax in it is only a value: sourcing the file runs nothing and keeps it exact."""
+    import subprocess
+
+    from components.client_outputs import render_claude_code_env
+    from program_harness import stack_config
+
+    cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+    env_file = tmp_path / "claude-code.env"
+    env_file.write_text(render_claude_code_env(cfg, api_key))
+    proc = subprocess.run(["bash", "-c", f'source {shlex.quote(str(env_file))} && printf %s "$ANTHROPIC_AUTH_TOKEN"'],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == api_key
+    assert not (tmp_path / "PWNED").exists()
 
 
 def test_client_context_follows_max_model_len(program, recipe_config):

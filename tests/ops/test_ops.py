@@ -1,24 +1,23 @@
 """Day-2 tools against a local stand-in endpoint with known timing and known answers."""
 
+import asyncio
 import json
 import os
 import stat
 import subprocess
 import sys
-from pathlib import Path
+import time
 
 import pytest
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fake_openai import Behaviour, serve  # noqa: E402
-from ops import bench, needle, status  # noqa: E402
-from ops.__main__ import main as ops_main  # noqa: E402
-from ops.client_setup import merge_codex_config, setup_clients  # noqa: E402
-from ops.stream import StreamResult  # noqa: E402
-from ops.target import Target  # noqa: E402
-from program_harness import ROOT  # noqa: E402
+from openai_standin import Behaviour, serve
+from ops import bench, needle, status
+from ops.__main__ import main as ops_main
+from ops.client_setup import merge_codex_config, setup_clients
+from ops.stream import StreamResult
+from ops.target import Target
+from program_harness import ROOT
 
 LAUNCH = ROOT / "launch"
 
@@ -81,7 +80,9 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
     assert 60 <= result["single_stream"]["decode_tok_s"] <= 101
     assert 4 * 60 * 0.6 <= result["concurrent"]["aggregate_tok_s"] <= 4 * 100 * 1.01
     lp = result["long_prompt"]
-    assert lp["prompt_tokens"] == len(bench.filler_text(7000) + "\nSummarize the code above.") // 4
+    long_request = next(r.body for r in behaviour.requests if r.body["max_tokens"] == 1)
+    assert long_request["messages"][0]["content"].endswith(bench.filler_text(7000) + "\nSummarize the code above.")
+    assert lp["prompt_tokens"] == len(long_request["messages"][0]["content"]) // 4
     expected_ttft = 0.05 + lp["prompt_tokens"] / 20000.0
     assert expected_ttft * 0.99 <= lp["ttft_s"] <= expected_ttft + 0.3
     assert lp["prefill_tok_s"] <= 20000.0
@@ -90,7 +91,7 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
     for row in result["sweep"]:
         assert 9.9 <= row["tpot_p50_ms"] <= 20.0  # 100 tok/s = 10 ms per token
         assert row["tpot_p50_ms"] <= row["tpot_p99_ms"]
-    assert all(r.get("ignore_eos") for r in behaviour.requests[-8:])  # sweep requests pin their length
+    assert all(r.body.get("ignore_eos") for r in behaviour.requests[-8:])  # sweep requests pin their length
 
 
 def test_bench_compare_exit_code(endpoint, tmp_path):
@@ -101,6 +102,206 @@ def test_bench_compare_exit_code(endpoint, tmp_path):
     bench.run_bench(target, plan, str(base), None, 0.1, quiet())
     behaviour.decode_tok_s = 25.0  # the cable fell back to TCP
     assert bench.run_bench(target, plan, str(tmp_path / "now.json"), str(base), 0.1, quiet()) == 1
+
+
+SMALL_PLAN = dict(single_runs=2, single_max_tokens=5, concurrency=2, long_prompt_tokens=300, sweep=(1, 2),
+                  sweep_requests_per_level=1, sweep_input_tokens=100, sweep_output_tokens=3)
+SMALL_FLAGS = ["--runs", "2", "--max-tokens", "5", "--concurrency", "2", "--long-prompt-tokens", "300",
+               "--sweep", "1,2", "--sweep-requests", "1", "--sweep-input-tokens", "100", "--sweep-output-tokens", "3"]
+
+
+def target_flags(target):
+    return ["--endpoint", target.endpoint, "--api-key", target.api_key, "--model", target.model]
+
+
+def first_user_content(body):
+    return body["messages"][0]["content"]
+
+
+def test_bench_measures_prefill_not_prefix_cache_hits(endpoint):
+    """Against a prefix cache like vLLM's: no request of two runs hits it, so run 2 pays full prefill."""
+    behaviour, target = endpoint
+    behaviour.prefix_cache, behaviour.prefill_tok_s, behaviour.base_latency_s = True, 20000.0, 0.01
+    behaviour.decode_tok_s = 2000.0
+    plan = bench.BenchPlan(single_runs=2, single_max_tokens=4, concurrency=2, long_prompt_tokens=4000, sweep=(1, 2),
+                           sweep_requests_per_level=1, sweep_input_tokens=2000, sweep_output_tokens=3)
+    runs = [asyncio.run(bench.Bench(target.endpoint, target.api_key, target.model, plan).run()) for _ in range(2)]
+    assert all(r["errors"] == [] for r in runs)
+    # the stand-in caches 4-token blocks, finer than vLLM's 16: not one block of any prompt was reused
+    assert [r.cached_prompt_tokens for r in behaviour.requests] == [0] * 2 * (1 + 8)  # warm-up + 8 measured, per run
+    openings = [first_user_content(r.body)[:behaviour.cache_block_chars] for r in behaviour.requests]
+    assert len(set(openings)) == len(openings)
+    second = runs[1]
+    assert second["prompt_uniqueness"] == "salt"
+    assert second["server_cached_prompt_tokens"] == {"requests_reporting": 8, "total": 0}
+    # lower bounds only (the stand-in sleeps at least this long): a cache hit would answer in ~0.01 s
+    lp = second["long_prompt"]
+    assert lp["ttft_s"] >= 0.99 * (0.01 + lp["prompt_tokens"] / 20000.0)
+    level2 = second["sweep"][1]
+    assert level2["concurrency"] == 2 and level2["ttft_p50_s"] >= 0.99 * (0.01 + 2000 / 20000.0)
+
+
+def test_bench_cache_salt_flag_sends_a_unique_cache_salt_and_says_so(endpoint, tmp_path):
+    behaviour, target = endpoint
+    out = tmp_path / "r.json"
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--cache-salt", "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["prompt_uniqueness"] == "salt+cache_salt"
+    salts = [r.body["cache_salt"] for r in behaviour.requests]
+    assert len(salts) == 1 + 2 + 2 + 1 + 3 and len(set(salts)) == len(salts)
+    assert all(result["run_id"] in salt for salt in salts)
+    behaviour.accept_cache_salt = False  # vLLM's V0 engine refuses the field: every request says why
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--cache-salt", "-o", str(out)]) == 1
+    assert all("cache_salt" in e for e in json.loads(out.read_text())["errors"])
+
+
+def test_bench_warms_up_outside_the_figures_and_reports_the_spread(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s = 1000.0
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))
+    out = tmp_path / "r.json"
+    assert bench.run_bench(target, bench.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
+    result = json.loads(out.read_text())
+    warmup = behaviour.requests[0].body
+    assert first_user_content(warmup).startswith(f"[{result['run_id']}.warmup] ")
+    assert warmup["max_tokens"] == bench.WARMUP_MAX_TOKENS and result["warmup"]["error"] is None
+    assert len(behaviour.requests) == 1 + 8 and result["usage"]["server"] == 8  # the figures are the other 8
+    single = result["single_stream"]
+    runs = single["runs_tok_s"]
+    assert len(runs) == 2
+    assert [single["min_tok_s"], single["median_tok_s"], single["max_tok_s"]] == [min(runs), sum(runs) / 2, max(runs)]
+    spread = f"{single['min_tok_s']:.1f} / {single['median_tok_s']:.1f} / {single['max_tok_s']:.1f}"
+    assert spread in console.export_text()
+
+
+def test_server_error_with_markup_is_printed_literally_and_the_results_kept(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.chat_error = (500, "template error near [/INST] and [bold]")
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))
+    out = tmp_path / "r.json"
+    assert bench.run_bench(target, bench.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 1
+    assert len(json.loads(out.read_text())["errors"]) == 1 + 8  # the warm-up says so too
+    text = console.export_text()
+    assert "request failed: HTTP 500" in text and "near [/INST] and [bold]" in text
+
+
+def test_compare_table_names_every_metric_literally():
+    def result(rate):
+        row = lambda c: {"concurrency": c, "requests": c, "output_tok_s": rate * c, "ttft_p50_s": 0.5,  # noqa: E731
+                         "ttft_p99_s": 0.6, "tpot_p50_ms": 13.0, "tpot_p99_ms": 14.0}
+        return {"model": "m[x]", "endpoint": "http://h/v1", "single_stream": {"decode_tok_s": 70.0},
+                "concurrent": {"streams": 4, "aggregate_tok_s": 250.0},
+                "long_prompt": {"prompt_tokens": 7000, "ttft_s": 4.0, "prefill_tok_s": 1750.0},
+                "sweep": [row(1), row(2)], "errors": []}
+
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))
+    bench.render(result(30.0), console, bench.compare(result(30.0), result(40.0)))
+    text = console.export_text()
+    for metric in ("sweep[c=1].output_tok_s", "sweep[c=2].output_tok_s", "sweep[c=2].tpot_p99_ms"):
+        assert text.count(metric) == 1, metric
+    assert "bench m[x] @ http://h/v1" in text and "REGRESSION" in text
+
+
+def test_results_keep_the_plan_and_the_profile(endpoint, tmp_path):
+    behaviour, target = endpoint
+    out = tmp_path / "r.json"
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--profile", "multiagent", "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["schema"] == 2
+    assert result["plan"] == {"runs": 2, "max_tokens": 5, "concurrency": 2, "long_prompt_tokens": 300, "sweep": [1, 2],
+                              "sweep_requests": 1, "sweep_input_tokens": 100, "sweep_output_tokens": 3,
+                              "temperature": 0.2, "model": "fake-model", "endpoint": target.endpoint,
+                              "profile": "multiagent"}
+    assert result["usage"] == {"server": 8, "chunk_count_fallback": 0}
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["plan"]["profile"] is None  # not given: unknown, and said so
+
+
+def test_compare_refuses_a_baseline_with_another_plan(endpoint, tmp_path, capsys):
+    behaviour, target = endpoint
+    base = tmp_path / "base.json"
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "-o", str(base)]) == 0
+    sent = len(behaviour.requests)
+    capsys.readouterr()
+    other = [*SMALL_FLAGS, "--runs", "3", "--sweep", "1,3"]  # the last of a repeated flag wins
+    assert ops_main(["bench", *target_flags(target), *other, "--compare", str(base)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runs 2→3" in err and "sweep [1, 2]→[1, 3]" in err
+    assert "--allow-plan-mismatch" in err
+    assert len(behaviour.requests) == sent  # refused before a single request
+    loose = ["--tolerance", "100"]  # tiny timings are noisy; this test is about plans, not regressions
+    assert ops_main(["bench", *target_flags(target), *other, *loose, "--compare", str(base),
+                     "--allow-plan-mismatch"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: the plans differ" in out and "sweep[c=1].output_tok_s" in out
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, *loose, "--compare", str(base)]) == 0  # like with like
+    assert "WARNING" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("{not json", "not JSON"),
+    ("[1, 2]", "not the results of ops bench"),
+    (json.dumps({"single_stream": {"decode_tok_s": 70.0}, "concurrent": {}, "long_prompt": {}, "sweep": []}),
+     "schema 1→2"),  # a results file from before the plan was kept
+    (json.dumps({"single_stream": 5, "concurrent": {}, "long_prompt": {}, "sweep": []}),
+     "single_stream: Input should be a valid dictionary"),  # the right keys, the wrong shape
+    (json.dumps({"single_stream": {}, "concurrent": {}, "long_prompt": {}, "sweep": [{"concurrency": "x"}]}),
+     "sweep[0].concurrency: Input should be a valid integer"),
+])
+def test_unusable_baseline_is_one_line_before_any_request(endpoint, tmp_path, capsys, content, message):
+    behaviour, target = endpoint
+    base = tmp_path / "base.json"
+    if content is not None:
+        base.write_text(content)
+    assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "--compare", str(base)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert behaviour.requests == []
+
+
+@pytest.mark.parametrize("send_usage, source, tokens", [(True, "server", 12), (False, "chunks", 4)])
+def test_token_count_says_where_it_came_from(endpoint, send_usage, source, tokens):
+    """Three tokens a chunk, as under speculative decoding: only the server's usage counts them all."""
+    from ops.stream import client, stream_chat
+
+    behaviour, target = endpoint
+    behaviour.tokens_per_chunk, behaviour.send_usage, behaviour.decode_tok_s = 3, send_usage, 5000.0
+
+    async def one():
+        async with client(target.api_key) as http:
+            return await stream_chat(http, target.endpoint, target.model, [{"role": "user", "content": "hi"}], 12, 0.2)
+
+    result = asyncio.run(one())
+    assert behaviour.requests[0].body["stream_options"] == {"include_usage": True}
+    assert (result.usage_source, result.output_tokens) == (source, tokens)
+
+
+def test_bench_says_loudly_when_the_server_sends_no_usage(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.tokens_per_chunk, behaviour.send_usage = 3, False
+    console = Console(record=True, width=300, file=open(os.devnull, "w"))
+    out = tmp_path / "r.json"
+    assert bench.run_bench(target, bench.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
+    assert json.loads(out.read_text())["usage"] == {"server": 0, "chunk_count_fallback": 8}
+    assert "WARNING: 8 of 8 requests came without usage from the server" in console.export_text()
+
+
+def test_reasoning_deltas_count_as_output_in_either_field_name(endpoint):
+    """vLLM's reasoning parsers stream `reasoning_content` (older) or `reasoning` (newer)."""
+    from ops.stream import client, stream_chat
+
+    behaviour, target = endpoint
+    behaviour.reasoning_tokens, behaviour.reasoning_field, behaviour.send_usage = 5, "reasoning", False
+    behaviour.decode_tok_s = 5000.0
+
+    async def one():
+        async with client(target.api_key) as http:
+            return await stream_chat(http, target.endpoint, target.model, [{"role": "user", "content": "hi"}], 8, 0.2)
+
+    result = asyncio.run(one())
+    assert result.output_tokens == 8 and result.finish_reason == "length"
+    assert result.reasoning_text == "r0 r1 r2 r3 r4 " and result.text == "t0 t1 t2 "
 
 
 # ---- needle ---------------------------------------------------------------------------------------
@@ -136,10 +337,32 @@ def test_needle_probe_counts_known_outcomes(endpoint, tmp_path):
     out = tmp_path / "needle.json"
     assert needle.run_needle(target, [2000, 4000], trials=3, needles=3, max_tokens=64, console=quiet(),
                              output=str(out)) == 0
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["sizes"]
     assert [(r["size"], r["passes"], r["junk"], r["real_failures"]) for r in rows] == [(2000, 1, 1, 1), (4000, 1, 0, 2)]
-    assert all(req["temperature"] == 0.0 for req in behaviour.requests)
+    assert all(r.body["temperature"] == 0.0 for r in behaviour.requests)
     assert rows[0]["prompt_tokens"] > 1900
+
+
+def test_needle_reports_a_reply_cut_off_by_reasoning_as_truncated(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s, behaviour.reasoning_tokens = 20000.0, 100
+    out = tmp_path / "needle.json"
+    assert needle.run_needle(target, [2000], trials=2, needles=3, max_tokens=64, console=quiet(), output=str(out)) == 0
+    row = json.loads(out.read_text())["sizes"][0]
+    assert (row["truncated"], row["real_failures"], row["passes"]) == (2, 0, 0)
+    assert row["max_completion_tokens"] == 64 and row["examples"][0]["finish_reason"] == "length"
+
+
+def test_needle_default_budget_leaves_room_to_reason(endpoint, tmp_path):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s, behaviour.reasoning_tokens = 50000.0, 2000  # a model that thinks before answering
+    out = tmp_path / "needle.json"
+    assert ops_main(["needle", *target_flags(target), "--sizes", "2k", "--trials", "2", "--profile", "default",
+                     "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["sizes"][0]["passes"] == 2 and result["sizes"][0]["truncated"] == 0
+    assert result["plan"] == {"sizes": [2000], "trials": 2, "needles": 3, "max_tokens": 8192, "temperature": 0.0,
+                              "model": "fake-model", "endpoint": target.endpoint, "profile": "default"}
 
 
 # ---- status ---------------------------------------------------------------------------------------
@@ -250,7 +473,8 @@ def stack_outputs_for_tests():
 
     cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
     return {"codexConfig": render_codex_config(cfg), "codexModelCatalog": render_codex_model_catalog(cfg),
-            "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"), "model": "ds-0731"}
+            "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"), "model": "ds-0731",
+            "endpoint": "http://192.168.1.10:8000/v1"}
 
 
 EXISTING_CONFIG = """# my codex settings
@@ -320,3 +544,328 @@ def test_codex_accepts_the_merged_config(tmp_path):
 def test_missing_outputs_are_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="stack output 'codexConfig' is missing"):
         setup_clients({}, tmp_path, tmp_path / "env")
+
+
+# ---- bad input, a bad endpoint: one clear line and a nonzero exit (issue 9) --------------------------
+def run_ops(capsys, *args):
+    """ops' exit code, stderr and stdout; argparse's own exit counts too."""
+    try:
+        code = ops_main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.err, captured.out
+
+
+def one_clear_line(err, *words):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(word in lines[0] for word in words), err
+    return lines[0]
+
+
+def dead_endpoint():
+    """An address where nothing listens."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.mark.parametrize("tool, flags, words", [
+    ("bench", ["--sweep", "1,x"], ["--sweep", "'x' is not a whole number"]),
+    ("bench", ["--runs", "0"], ["--runs", "not above zero"]),
+    ("bench", ["-o", "/nonexistent-dir/r.json"], ["no such directory"]),
+    ("bench", ["--deadline-min", "soon"], ["--deadline-min", "not a number"]),
+    ("needle", ["--sizes", "12q"], ["--sizes", "'12q' is not a number of tokens"]),
+    ("needle", ["--sizes", "2k,abc"], ["--sizes", "'abc'"]),
+    ("needle", ["--sizes", "inf"], ["--sizes", "'inf'"]),
+    ("needle", ["--sizes", "0"], ["--sizes", "not above zero"]),
+    ("needle", ["--trials", "-1"], ["--trials"]),
+])
+def test_bad_flags_are_one_line_before_any_request(endpoint, capsys, tool, flags, words):
+    behaviour, target = endpoint
+    extra = SMALL_FLAGS if tool == "bench" else []
+    code, err, _ = run_ops(capsys, tool, *target_flags(target), *extra, *flags)
+    assert code == 2
+    assert one_clear_line(err, *words).startswith((f"ops {tool}: ", f"python -m ops {tool}: "))
+    assert behaviour.requests == []
+
+
+@pytest.mark.parametrize("tool", ["bench", "needle"])
+def test_a_dead_endpoint_or_a_refused_key_is_an_error(endpoint, capsys, tool):
+    behaviour, target = endpoint
+    code, err, _ = run_ops(capsys, tool, "--endpoint", dead_endpoint(), "--api-key", "k", "--model", target.model)
+    assert code == 1
+    one_clear_line(err, f"ops {tool}: cannot reach", "ConnectError")
+    code, err, _ = run_ops(capsys, tool, "--endpoint", target.endpoint, "--api-key", "wrong", "--model", target.model)
+    assert code == 1
+    one_clear_line(err, f"ops {tool}: ", "refused the API key (HTTP 401)")
+    behaviour.model = "another-model"
+    code, err, _ = run_ops(capsys, tool, *target_flags(target))
+    assert code == 1
+    one_clear_line(err, "does not serve 'fake-model' (it serves another-model)")
+    assert all(r.path == "/v1/chat/completions" and not r.authorized for r in behaviour.requests) or not behaviour.requests
+
+
+def test_needle_counts_trials_without_an_answer_as_errors_not_model_failures(endpoint, tmp_path, capsys):
+    behaviour, target = endpoint
+    behaviour.chat_error = (500, "engine dead")
+    out = tmp_path / "needle.json"
+    code, _, stdout = run_ops(capsys, "needle", *target_flags(target), "--sizes", "2k", "--trials", "2", "-o", str(out))
+    assert code == 1
+    row = json.loads(out.read_text())["sizes"][0]
+    assert (row["errors"], row["real_failures"], row["passes"]) == (2, 0, 0)
+    assert "ERROR: 2 of 2 trials got no answer to score" in stdout
+
+
+GARBAGE_STREAMS = [
+    (b"<html><body>502 Bad Gateway</body></html>\n", "not a server-sent event line"),
+    (b"data: {not json\n\n", "malformed stream event"),
+    (b'data: {"choices": "abc"}\n\n', "malformed stream event (choices: Input should be a valid array)"),
+    (b"data: [1, 2]\n\n", "malformed stream event"),
+    (b'data: {"choices": [{"delta": "x"}]}\n\n', "malformed stream event (choices[0].delta"),
+    (b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n', "the stream ended before `data: [DONE]`"),
+]
+
+
+@pytest.mark.parametrize("garbage, message", GARBAGE_STREAMS)
+def test_garbage_streams_are_request_errors_not_tracebacks(endpoint, tmp_path, capsys, garbage, message):
+    behaviour, target = endpoint
+    behaviour.raw_stream = garbage
+    out = tmp_path / "r.json"
+    assert run_ops(capsys, "bench", *target_flags(target), *SMALL_FLAGS, "-o", str(out))[0] == 1
+    errors = json.loads(out.read_text())["errors"]
+    assert len(errors) == 1 + 8 and all(message in e for e in errors)
+    out = tmp_path / "n.json"
+    assert run_ops(capsys, "needle", *target_flags(target), "--sizes", "2k", "--trials", "1", "-o", str(out))[0] == 1
+    assert json.loads(out.read_text())["sizes"][0]["errors"] == 1
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"<html>it works</html>", "not a model list"),
+    (b'{"data": []}', "data: List should have at least 1 item"),
+    (b'{"data": [{"name": "m"}]}', "data[0].id: Field required"),
+    (b"[1, 2]", "not a model list"),
+])
+def test_status_judges_what_v1_models_says(endpoint, capsys, body, message):
+    behaviour, target = endpoint
+    behaviour.raw_models = body
+    report = {"endpoint": status.endpoint_status(target.base_url, target.api_key, target.model), "nodes": []}
+    assert [p for p in status.problems(report, 9000, 200000) if message in p and "/v1/models" in p]
+    code, err, _ = run_ops(capsys, "bench", *target_flags(target))  # bench and needle check it before any request
+    assert code == 1 and message in one_clear_line(err)
+
+
+def test_status_flags_a_model_other_than_the_stacks(endpoint):
+    behaviour, target = endpoint
+    behaviour.model = "something-else"
+    report = {"endpoint": status.endpoint_status(target.base_url, target.api_key, "fake-model"), "nodes": []}
+    assert status.problems(report, 9000, 200000) == [
+        f"endpoint {target.base_url}: serves something-else, not the stack's model fake-model"]
+
+
+def test_status_prints_what_servers_say_literally(endpoint, capsys):
+    behaviour, target = endpoint
+    behaviour.raw_models = b"[/oops] [bold]"  # rich would read it as markup and raise
+    console = Console(record=True, width=300, file=open(os.devnull, "w"))
+    report = {"endpoint": status.endpoint_status(target.base_url, target.api_key), "nodes": [
+        {"node": "spark1", "error": "ssh nvidia@h1 failed: [/x] closed"}]}
+    status.render(report, status.problems(report, 9000, 200000), console)
+    text = console.export_text()
+    assert "[/x] closed" in text and "[/oops] [bold]" in text
+
+
+@pytest.mark.parametrize("nodes, words", [
+    ("not json", ["--nodes: not JSON"]),
+    ('{"name": "spark1"}', ["--nodes: the top level: Input should be a valid array"]),
+    ("[1]", ["--nodes: [0]: Input should be an object"]),
+    ('[{"name": "spark1"}]', ["--nodes: [0].role: Field required"]),
+    ('[{"name": "a", "role": "boss", "host": "h", "rayIp": "10.0.0.1", "rails": []}]', ["--nodes: [0].role: "]),
+    ('[{"name": "a", "role": "worker", "host": "h", "rayIp": "10.0.0.1", "rails": [{"iface": "x"}]}]',
+     ["--nodes: [0].rails[0].hca: Field required"]),
+    ('[{"name": "a", "role": "worker", "host": "h", "rayIp": "10.0.0.1", "rails": []}]', ["exactly one with role head"]),
+])
+def test_bad_nodes_are_one_line(endpoint, capsys, nodes, words):
+    behaviour, target = endpoint
+    code, err, _ = run_ops(capsys, "status", *target_flags(target), "--nodes", nodes, "--ssh-user", "u",
+                        "--expect-mtu", "9000", "--expect-speed-mbps", "200000")
+    assert code == 2
+    one_clear_line(err, "ops status: ", *words)
+
+
+@pytest.mark.parametrize("tool", ["status", "bench", "needle", "client-setup"])
+@pytest.mark.parametrize("content, words", [
+    (None, ["--outputs-file", "no such file"]),
+    ("{oops", ["--outputs-file", "not JSON"]),
+    ("[1, 2]", ["--outputs-file", "not `pulumi stack output --json --show-secrets`"]),
+    ('{"endpoint": "http://h:8000/v1", "nodes": 5}', ["nodes: Input should be a valid list"]),
+    ('{"endpoint": ["http://h"]}', ["endpoint: Input should be a valid string"]),
+])
+def test_bad_outputs_file_is_one_line(tmp_path, capsys, tool, content, words):
+    outputs = tmp_path / "outputs.json"
+    if content is not None:
+        outputs.write_text(content)
+    code, err, _ = run_ops(capsys, tool, "--outputs-file", str(outputs))
+    assert code == 2
+    one_clear_line(err, f"ops {tool}: ", *words)
+
+
+@pytest.mark.parametrize("tool, flags", [
+    ("bench", ["--max-tokens", "100000", "--deadline-min", "0.02"]),
+    ("needle", ["--sizes", "1k,2k", "--trials", "1", "--max-tokens", "100000", "--deadline-min", "0.02"]),
+])
+def test_bench_and_needle_stop_at_their_overall_deadline(endpoint, capsys, tool, flags):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s = 5.0  # a server that has all but stopped answering
+    started = time.monotonic()
+    code, err, _ = run_ops(capsys, tool, *target_flags(target), *flags)
+    assert code == 1 and time.monotonic() - started < 10
+    one_clear_line(err, f"ops {tool}: stopped at the overall deadline of 0.02 min (--deadline-min)")
+
+
+def test_needle_keeps_the_sizes_done_at_the_deadline(endpoint, tmp_path, capsys):
+    behaviour, target = endpoint
+    behaviour.decode_tok_s = 50000.0
+    out = tmp_path / "n.json"
+    calls = []
+
+    def hangs_after_the_first_size(tokens):
+        calls.append(tokens)
+        if len(calls) > 1:
+            time.sleep(5)  # past the deadline; the client has given up by then
+        return [f"t{i} " for i in range(tokens)]
+
+    behaviour.engine = hangs_after_the_first_size
+    code, err, _ = run_ops(capsys, "needle", *target_flags(target), "--sizes", "1k,2k", "--trials", "1",
+                        "--deadline-min", "0.03", "-o", str(out))
+    assert code == 1
+    one_clear_line(err, "overall deadline", "1 of 2 sizes were done and are written to")
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and [row["size"] for row in result["sizes"]] == [1000]
+
+
+# The user's providers in each way TOML allows, without and with an older twinspark provider of theirs.
+PROVIDER_STYLES = {
+    "inline table": ('model_providers = { openrouter = { name = "OR", base_url = "https://or/v1" }{} }\n',
+                     ', twinspark = { name = "old", x = 1 }'),
+    "dotted keys": ('model_providers.openrouter.name = "OR"\nmodel_providers.openrouter.base_url = "https://or/v1"\n{}',
+                    'model_providers.twinspark.name = "old"\nmodel_providers.twinspark.x = 1\n'),
+    "dotted inline": ('model_providers.openrouter = { name = "OR", base_url = "https://or/v1" }\n{}',
+                      'model_providers.twinspark = { name = "old", x = 1 }\n'),
+    "inline in a table": ('[model_providers]\nopenrouter = { name = "OR", base_url = "https://or/v1" }\n{}',
+                          'twinspark = { name = "old", x = 1 }\n'),
+    "dotted in a table": ('[model_providers]\nopenrouter.name = "OR"\nopenrouter.base_url = "https://or/v1"\n{}',
+                          'twinspark.name = "old"\ntwinspark.x = 1\n'),
+    "split tables": ('[model_providers.openrouter]\nname = "OR"\n[profiles.a]\nmodel = "m"\n'
+                     '[model_providers.other]\nname = "O"\n{}', '[model_providers.twinspark]\nname = "old"\nx = 1\n'),
+}
+
+
+@pytest.mark.parametrize("style", PROVIDER_STYLES)
+@pytest.mark.parametrize("with_old_twinspark", [False, True])
+def test_codex_merge_keeps_providers_in_any_toml_style(style, with_old_twinspark):
+    """Whatever way the user wrote their providers, they are all still there, and ours replaces only ours."""
+    import tomllib
+
+    template, old_twinspark = PROVIDER_STYLES[style]
+    existing = template.replace("{}", old_twinspark if with_old_twinspark else "")
+    user = tomllib.loads(existing)
+    assert ("twinspark" in user["model_providers"]) == with_old_twinspark
+    generated = stack_outputs_for_tests()["codexConfig"]
+    merged = tomllib.loads(merge_codex_config(existing, generated))
+    ours = tomllib.loads(generated)
+    assert merged["model_providers"] == {**user["model_providers"], "twinspark": ours["model_providers"]["twinspark"]}
+    assert merged["model"] == "ds-0731" and merged["model_provider"] == "twinspark"
+    assert merged.get("profiles") == user.get("profiles")
+
+
+def client_setup_args(tmp_path, outputs):
+    codex_home, env_file = tmp_path / "codex", tmp_path / "cfg" / "claude-code.env"
+    codex_home.mkdir(exist_ok=True)
+    outputs_file = tmp_path / "outputs.json"
+    outputs_file.write_text(json.dumps(outputs))
+    return codex_home, env_file, ["client-setup", "--outputs-file", str(outputs_file), "--codex-home", str(codex_home),
+                                  "--claude-env-file", str(env_file)]
+
+
+def test_client_setup_twice_in_one_second_keeps_every_backup(tmp_path, monkeypatch):
+    import ops.client_setup
+
+    moment = time.gmtime(1_800_000_000)
+    monkeypatch.setattr(ops.client_setup.time, "gmtime", lambda *_: moment)  # both runs in one second
+    outputs = stack_outputs_for_tests()
+    codex_home, _, args = client_setup_args(tmp_path, outputs)
+    (codex_home / "config.toml").write_text(EXISTING_CONFIG)
+    assert ops_main(args) == 0
+    first = (codex_home / "config.toml").read_text()
+    outputs["codexConfig"] = outputs["codexConfig"].replace("150000", "140000")  # the stack changed meanwhile
+    _, _, args = client_setup_args(tmp_path, outputs)
+    assert ops_main(args) == 0
+    backups = sorted(codex_home.glob("config.toml.bak-*"))
+    assert [b.name for b in backups] == ["config.toml.bak-20270115T080000Z", "config.toml.bak-20270115T080000Z-1"]
+    assert [b.read_text() for b in backups] == [EXISTING_CONFIG, first]  # the user's own file is still there
+
+
+@pytest.mark.parametrize("broken", ["config.toml is a directory", "config.toml is not TOML", "catalog is a directory"])
+def test_client_setup_refuses_what_it_cannot_merge_and_writes_nothing(tmp_path, capsys, broken):
+    codex_home, env_file, args = client_setup_args(tmp_path, stack_outputs_for_tests())
+    if broken == "config.toml is a directory":
+        (codex_home / "config.toml").mkdir()
+    elif broken == "config.toml is not TOML":
+        (codex_home / "config.toml").write_text("model = [unclosed\n")
+    else:
+        (codex_home / "ds-0731-model-catalog.json").mkdir()
+    before = sorted(p.name for p in codex_home.iterdir())
+    code, err, _ = run_ops(capsys, *args)
+    assert code == 2
+    one_clear_line(err, "ops client-setup: ", "nothing was written")
+    assert sorted(p.name for p in codex_home.iterdir()) == before and not env_file.exists()
+    if broken == "config.toml is not TOML":
+        assert (codex_home / "config.toml").read_text() == "model = [unclosed\n"
+
+
+def test_claude_env_file_is_private_from_its_creation(tmp_path, monkeypatch):
+    """With a permissive umask and every chmod a no-op, the key's file and its backup are still 0600:
+    they were created that way, never written under a wider mode and narrowed afterwards."""
+    import pathlib
+
+    for module, name in ((os, "chmod"), (os, "fchmod"), (pathlib.Path, "chmod")):
+        monkeypatch.setattr(module, name, lambda *a, **k: None)
+    old_umask = os.umask(0)
+    try:
+        outputs = stack_outputs_for_tests()
+        _, env_file, args = client_setup_args(tmp_path, outputs)
+        assert ops_main(args) == 0
+        assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+        outputs["claudeCodeEnv"] = outputs["claudeCodeEnv"].replace("sk-outputs-key", "sk-rotated")
+        _, _, args = client_setup_args(tmp_path, outputs)
+        assert ops_main(args) == 0
+        for path in env_file.parent.iterdir():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+        assert len(list(env_file.parent.iterdir())) == 2  # the file and its backup, no temporary left
+    finally:
+        os.umask(old_umask)
+
+
+# ---- the stand-in itself ----------------------------------------------------------------------------
+def test_standin_streams_vllms_chunk_format(endpoint):
+    """Every event is a whole chat.completion.chunk (one id for the stream), so any OpenAI client can read it."""
+    import httpx
+
+    behaviour, target = endpoint
+    behaviour.decode_tok_s = 5000.0
+    body = {"model": target.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}}
+    resp = httpx.post(target.endpoint + "/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {target.api_key}"})
+    lines = [line[6:] for line in resp.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(line) for line in lines[:-1]]
+    assert len(events) == 4 and len({e["id"] for e in events}) == 1 and events[0]["id"].startswith("chatcmpl-")
+    assert all(e["object"] == "chat.completion.chunk" and e["model"] == "fake-model" and isinstance(e["created"], int)
+               for e in events)
+    assert [e["choices"][0]["finish_reason"] for e in events[:3]] == [None, None, "length"]
+    assert events[3]["choices"] == [] and events[3]["usage"]["completion_tokens"] == 3

@@ -30,9 +30,10 @@ def prepare(name: str, user: str, sim_dir: Path) -> None:
         target = Path("/usr/local/bin") / shim.name  # on the login PATH and first in sudo's secure_path
         shutil.copy(shim, target)
         target.chmod(0o755)
+    # a link, not a copy: the stand-in imports tests/openai_standin.py relative to its real path
     vllm = Path("/usr/local/bin/vllm")
-    shutil.copy(sim_dir / "bin" / "vllm", vllm)
-    vllm.chmod(0o755)
+    vllm.unlink(missing_ok=True)
+    vllm.symlink_to(sim_dir.resolve() / "bin" / "vllm")
     # sudo would otherwise log "unable to resolve host"
     with open("/etc/hosts", "a") as hosts:
         hosts.write(f"127.0.1.1 {name}\n")

@@ -1,0 +1,100 @@
+"""What the day-2 tools read from outside, validated: the endpoint's answers and the stack's outputs.
+
+A server, a file or a flag that says something else is reported in one line naming the first
+thing wrong, never a traceback. Unknown extra fields are ignored (servers and stacks grow).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---- the OpenAI-compatible API ------------------------------------------------------------------
+class ModelCard(Lenient):
+    id: str
+
+
+class ModelList(Lenient):
+    data: list[ModelCard] = Field(min_length=1)
+
+
+class Delta(Lenient):
+    content: Optional[str] = None
+    # reasoning parsers name the field `reasoning_content` (older vLLM) or `reasoning`
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None
+
+
+class ChunkChoice(Lenient):
+    delta: Delta = Delta()
+    finish_reason: Optional[str] = None
+
+
+class PromptTokensDetails(Lenient):
+    cached_tokens: Optional[int] = None
+
+
+class Usage(Lenient):
+    prompt_tokens: Optional[int] = None
+    completion_tokens: Optional[int] = None
+    prompt_tokens_details: Optional[PromptTokensDetails] = None
+
+
+class ChatChunk(Lenient):
+    choices: Optional[list[ChunkChoice]] = None
+    usage: Optional[Usage] = None
+    error: Any = None  # vLLM reports a failure mid-stream as an event with `error`
+
+
+# ---- the stack's outputs ------------------------------------------------------------------------
+class Rail(Lenient):
+    iface: str
+    hca: str
+
+
+class Node(Lenient):
+    name: str
+    role: Literal["head", "worker"]
+    host: str
+    rayIp: str
+    rails: list[Rail]
+
+
+class Fabric(Lenient):
+    mtu: Optional[int] = None
+    linkSpeedMbps: Optional[int] = None
+
+
+class StackOutputs(Lenient):
+    """The outputs the tools read; each is optional here, and asked for where a tool needs it."""
+    endpoint: Optional[str] = None
+    apiKey: Optional[str] = None
+    model: Optional[str] = None
+    nodes: Optional[list[Node]] = None
+    sshUser: Optional[str] = None
+    fabric: Optional[Fabric] = None
+    codexConfig: Optional[str] = None
+    codexModelCatalog: Optional[str] = None
+    claudeCodeEnv: Optional[str] = None
+
+
+def first_problem(err: ValidationError) -> str:
+    """`where: what` of the first error; pydantic's own message is several lines."""
+    first = err.errors()[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+    return f"{where or 'the top level'}: {first['msg']}" + (f" (and {err.error_count() - 1} more)"
+                                                        if err.error_count() > 1 else "")
+
+
+def served_models(body: bytes) -> list[str]:
+    """The ids in a /v1/models answer; ValueError saying what is wrong when it is not a model list."""
+    try:
+        return [card.id for card in ModelList.model_validate_json(body).data]
+    except ValidationError as err:
+        raise ValueError(f"not a model list ({first_problem(err)}): {body[:120]!r}") from None

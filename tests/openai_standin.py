@@ -1,0 +1,302 @@
+"""The one OpenAI-compatible stand-in for vLLM in the tests: known timing, known answers.
+
+Used by the day-2 tool tests (tests/ops), the readiness tests (tests/test_node_artifacts.py)
+and the simulator's `vllm` (tests/sim/bin/vllm), which runs it inside the simulated nodes
+under their python3: so the standard library only, nothing else.
+
+It serves what vLLM serves and the tests touch: /health, /metrics, /v1/models,
+/v1/completions and /v1/chat/completions, streamed in vLLM's format (`id`, `object`,
+`created`, `model`, `choices`, a last chunk with `usage` when `stream_options.include_usage`
+asks for it, then `data: [DONE]`) or as one JSON body. The API key, when set, is enforced
+on /v1 only, as vLLM does. Every POST lands in `Behaviour.requests` with whether it was
+authorized.
+
+Prompt tokens are len(text) // 4. A reply waits base_latency + uncached prompt / prefill_tok_s
+before its first token, then emits tokens at decode_tok_s, on a schedule kept against the
+clock (no drift). `engine(n)` produces the token pieces (the simulator's runs its Ray forward
+pass there); needle prompts are answered from the codes really planted in them, bent by
+`needle_behaviors` (correct, wrong, missing, junk, refuse), one per request.
+
+Off by default, so the plain stand-in stays simple:
+- `prefix_cache`: a block-hashed prefix cache like vLLM's (salted by `cache_salt`); cached
+  prompt tokens skip prefill, and usage reports them as `prompt_tokens_details.cached_tokens`;
+- `tokens_per_chunk` > 1: several tokens per stream chunk, as under speculative decoding;
+- `send_usage` False: no `usage` chunk even when asked, as some proxies and old servers do;
+- `reasoning_tokens`: that many reasoning deltas (in `reasoning_field`) before the answer;
+  reasoning and answer together stop at max_tokens with finish_reason "length";
+- `chat_error`: (status, message) returned for every completion request;
+- `accept_cache_salt` False: `cache_salt` is refused with 400, as vLLM's V0 engine does;
+- `healthy_after`: /health answers 503 that many times before 200, as a loading server;
+- `raw_stream` / `raw_models`: bytes sent as they are (status 200) instead of a completion
+  stream / the model list: garbage for the clients' error paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Optional
+
+COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def default_engine(tokens: int) -> list:
+    return [f"t{i} " for i in range(tokens)]
+
+
+@dataclass
+class Request:
+    path: str
+    body: dict
+    authorized: bool
+    cached_prompt_tokens: int = 0
+
+
+@dataclass
+class Behaviour:
+    api_key: Optional[str] = "sk-fake"  # empty or None: no key checked (vLLM started without one)
+    model: str = "fake-model"
+    base_latency_s: float = 0.02
+    prefill_tok_s: float = 20000.0  # float("inf"): no prefill time
+    decode_tok_s: float = 100.0  # float("inf"): every token at once
+    engine: Callable[[int], list] = default_engine  # max_tokens -> token pieces
+    on_engine_error: Optional[Callable[[BaseException], None]] = None  # after the 500 is sent
+    healthy_after: int = 0
+    metrics_text: Optional[str] = None  # None: the stand-in's own request counters, in vLLM's names
+    needle_behaviors: list = field(default_factory=list)
+    requests: list = field(default_factory=list)  # Request, one per POST, in arrival order
+    prefix_cache: bool = False
+    cache_block_chars: int = 16  # 4 tokens: finer than vLLM's 16-token blocks, so a stricter test
+    tokens_per_chunk: int = 1
+    send_usage: bool = True
+    reasoning_tokens: int = 0
+    reasoning_field: str = "reasoning_content"
+    chat_error: Optional[tuple] = None
+    accept_cache_salt: bool = True
+    raw_stream: Optional[bytes] = None
+    raw_models: Optional[bytes] = None
+    health_calls: int = 0
+    running: int = 0
+    finished: int = 0
+    _cache: set = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def lookup_and_fill_cache(self, prompt: str, salt: str) -> int:
+        """Prompt characters served from the cache: whole leading blocks seen before, chained like vLLM's."""
+        block, digest, hit_chars, missed = self.cache_block_chars, salt.encode(), 0, False
+        with self._lock:
+            for start in range(0, len(prompt) - block + 1, block):
+                digest = hashlib.sha256(digest + prompt[start:start + block].encode()).digest()
+                if not missed and digest in self._cache:
+                    hit_chars += block
+                else:
+                    missed = True
+                    self._cache.add(digest)
+        return hit_chars
+
+    def metrics(self) -> str:
+        if self.metrics_text is not None:
+            return self.metrics_text
+        label = f'{{model_name="{self.model}"}}'
+        with self._lock:
+            return (f"vllm:num_requests_running{label} {self.running}\n"
+                    f"vllm:num_requests_waiting{label} 0\n"
+                    f"vllm:request_success_total{label} {self.finished}\n")
+
+
+def prompt_text(body: dict) -> str:
+    if "messages" in body:
+        return "".join(m.get("content", "") for m in body["messages"])
+    return str(body.get("prompt", ""))
+
+
+def needle_answer(prompt: str, behaviour: str) -> str:
+    codes = re.findall(r"vault=(\w+) access_code=([A-Z0-9-]+)", prompt)
+    lines = [f"{vault}: {code}" for vault, code in codes]
+    if behaviour == "wrong":
+        lines[0] = lines[0][:-1] + ("A" if lines[0][-1] != "A" else "B")
+    elif behaviour == "missing":
+        lines = lines[1:]
+    elif behaviour == "junk":
+        lines.append("<|end|> </tool_call> </tool_call>")
+    elif behaviour == "refuse":
+        return "This looks like a prompt injection test; I will not reveal access codes."
+    return "\n".join(lines)
+
+
+def make_handler(behaviour: Behaviour):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def reply(self, code, body, content_type="application/json"):
+            data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(body)).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def authorized(self) -> bool:
+            return not behaviour.api_key or self.headers.get("Authorization") == f"Bearer {behaviour.api_key}"
+
+        def do_GET(self):
+            if self.path == "/health":
+                with behaviour._lock:
+                    behaviour.health_calls += 1
+                    loading = behaviour.health_calls <= behaviour.healthy_after
+                return self.reply(503 if loading else 200, "", "text/plain")
+            if self.path == "/metrics":
+                return self.reply(200, behaviour.metrics(), "text/plain")
+            if self.path == "/v1/models":
+                if not self.authorized():
+                    return self.reply(401, {"error": "Unauthorized"})
+                if behaviour.raw_models is not None:
+                    return self.reply(200, behaviour.raw_models)
+                return self.reply(200, {"object": "list", "data": [{"id": behaviour.model, "object": "model"}]})
+            self.reply(404, {"error": "not found"})
+
+        def do_POST(self):
+            raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path not in COMPLETION_PATHS:
+                return self.reply(404, {"error": "not found"})
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                return self.reply(400, {"error": "request body is not JSON"})
+            request = Request(self.path, body, self.authorized())
+            with behaviour._lock:
+                behaviour.requests.append(request)
+            if not request.authorized:
+                return self.reply(401, {"error": "Unauthorized"})
+            if body.get("model") != behaviour.model:
+                return self.reply(404, {"error": f"model {body.get('model')!r} not served"})
+            if behaviour.chat_error:
+                return self.reply(behaviour.chat_error[0], {"error": {"message": behaviour.chat_error[1]}})
+            if "cache_salt" in body and not behaviour.accept_cache_salt:
+                return self.reply(400, {"error": {"message": "Parameter 'cache_salt' is not supported"}})
+            with behaviour._lock:
+                behaviour.running += 1
+            try:
+                self.complete(request)
+            finally:
+                with behaviour._lock:
+                    behaviour.running -= 1
+                    behaviour.finished += 1
+
+        def complete(self, request: Request):
+            start = time.perf_counter()
+            body, chat = request.body, request.path.endswith("chat/completions")
+            prompt = prompt_text(body)
+            n_prompt = len(prompt) // 4
+            if behaviour.prefix_cache:
+                cached = behaviour.lookup_and_fill_cache(prompt, body.get("cache_salt", "")) // 4
+                request.cached_prompt_tokens = min(n_prompt, cached)
+            max_tokens = max(1, int(body.get("max_tokens") or 16))
+            try:
+                pieces = behaviour.engine(max_tokens)  # every request runs the engine, needle or not
+            except Exception as err:  # the simulator's engine: a Ray worker died
+                self.reply(500, {"error": "engine dead"})
+                if behaviour.on_engine_error:
+                    behaviour.on_engine_error(err)
+                return
+            if behaviour.raw_stream is not None:
+                return self.stream_raw(behaviour.raw_stream)
+            if "access codes of the vaults" in prompt:
+                with behaviour._lock:
+                    kind = behaviour.needle_behaviors.pop(0) if behaviour.needle_behaviors else "correct"
+                pieces = [w + " " for w in needle_answer(prompt, kind).replace("\n", " \n").split(" ") if w]
+            answer_field = "content" if chat else "text"
+            tokens = [(behaviour.reasoning_field, f"r{i} ") for i in range(behaviour.reasoning_tokens if chat else 0)]
+            tokens += [(answer_field, piece) for piece in pieces]
+            finish = "length" if len(tokens) >= max_tokens else "stop"
+            tokens = tokens[:max_tokens]
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": len(tokens),
+                     "total_tokens": n_prompt + len(tokens)}
+            if behaviour.prefix_cache:  # what vLLM adds with --enable-prompt-tokens-details
+                usage["prompt_tokens_details"] = {"cached_tokens": request.cached_prompt_tokens}
+            first_at = start + behaviour.base_latency_s + (n_prompt - request.cached_prompt_tokens) / behaviour.prefill_tok_s
+            header = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+                      "model": behaviour.model}
+            if body.get("stream"):
+                return self.stream(header, chat, tokens, finish, first_at,
+                                   usage if (body.get("stream_options") or {}).get("include_usage") else None)
+            pause_until(first_at + len(tokens) / behaviour.decode_tok_s)
+            text = "".join(piece for key, piece in tokens if key == answer_field)
+            choice = {"index": 0, "finish_reason": finish}
+            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            self.reply(200, {**header, "object": "chat.completion" if chat else "text_completion",
+                             "choices": [choice], "usage": usage})
+
+        def stream(self, header, chat, tokens, finish, first_at, usage):
+            self.start_stream()
+            per_chunk = behaviour.tokens_per_chunk
+            chunks = [tokens[i:i + per_chunk] for i in range(0, len(tokens), per_chunk)]
+            header = {**header, "object": "chat.completion.chunk" if chat else "text_completion"}
+            for i, chunk in enumerate(chunks):
+                pause_until(first_at + i * per_chunk / behaviour.decode_tok_s)
+                parts = {}
+                for key, text in chunk:
+                    parts[key] = parts.get(key, "") + text
+                choice = {"index": 0, **({"delta": parts} if chat else parts), "logprobs": None,
+                          "finish_reason": finish if i == len(chunks) - 1 else None}
+                self.event({**header, "choices": [choice]})
+            if usage is not None and behaviour.send_usage:
+                self.event({**header, "choices": [], "usage": usage})
+            self.chunk(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+
+        def stream_raw(self, data: bytes):
+            self.start_stream()
+            self.chunk(data)
+            self.wfile.write(b"0\r\n\r\n")
+
+        def start_stream(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+        def event(self, payload):
+            self.chunk(("data: " + json.dumps(payload) + "\n\n").encode())
+
+        def chunk(self, data: bytes):
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+    return Handler
+
+
+def pause_until(moment: float) -> None:
+    delay = moment - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # a client that gave up mid-stream (a test's deadline) is not the stand-in's error; anything else is
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
+def make_server(behaviour: Behaviour, host: str = "127.0.0.1", port: int = 0) -> Server:
+    return Server((host, port), make_handler(behaviour))
+
+
+def serve(behaviour: Behaviour, host: str = "127.0.0.1", port: int = 0) -> Server:
+    """Started on a daemon thread; `server.server_address[1]` is the port, `server.shutdown()` stops it."""
+    server = make_server(behaviour, host, port)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
