@@ -39,7 +39,7 @@ show_failure() {
     docker logs --tail 20 "$container" 2>&1 | sed "s/^/  docker logs $container | /" || true
   done
   for file in "${log_files[@]}"; do
-    tail -n 40 "$file" 2>/dev/null | sed "s|^|  $(basename "$file") | |" || true
+    tail -n 40 "$file" 2>/dev/null | sed "s#^#  $(basename "$file") | #" || true
   done
 }
 

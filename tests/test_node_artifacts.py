@@ -1,6 +1,7 @@
 """What lands on the nodes, checked with real tools: shellcheck, netplan, bash, curl, codex."""
 
 import json
+import re
 import os
 import shlex
 import shutil
@@ -72,7 +73,8 @@ def test_netplan_generate_accepts_the_rendered_rails(tmp_path):
         for rail in node.rails:
             network = generated[f"10-netplan-{rail.iface}.network"]
             assert f"Address={rail.address}" in network
-            assert "LinkLocalAddressing=ipv6" not in network or "DHCP=no" in network or "DHCP" not in network
+            # no DHCP on a rail: networkd's default is off, so no line may switch it on
+            assert not re.search(r"^DHCP=(yes|ipv4|ipv6)$", network, re.M), network
             link = generated[f"10-netplan-{rail.iface}.link"]
             assert "MTUBytes=9000" in link
 
@@ -238,10 +240,14 @@ def fake_endpoint():
     server.shutdown()
 
 
-def readiness_command(port, timeout_s):
-    args = ReadinessArgs(CFG.head.name, None, port, CFG.model.served_name, 1, "unused", None)
+def readiness_command(port, timeout_s, logs=()):
+    """The program's readiness arguments for a local endpoint; `logs` replace the head's log files."""
+    args = ReadinessArgs(CFG.head.name, None, port, CFG.model.served_name, 1, "unused", [])
     argv = wait_ready_args(args)
     argv[argv.index("--timeout-s") + 1] = str(timeout_s)
+    if logs:
+        argv = [a for i, a in enumerate(argv) if a != "--log" and (i == 0 or argv[i - 1] != "--log")]
+        argv += [a for log in logs for a in ("--log", str(log))]
     return script_command(WAIT_READY, argv, secret_env=["VLLM_API_KEY"])
 
 
@@ -278,10 +284,16 @@ def test_readiness_waits_for_health_then_an_authorized_completion(fake_endpoint)
 
 def test_readiness_times_out_with_the_log_tail(fake_endpoint, tmp_path):
     port, behaviour = fake_endpoint
-    line = readiness_command(port, 14)
+    logs = [tmp_path / "boot-head.log", tmp_path / "vllm.log"]
+    for log in logs:
+        log.write_text("".join(f"{log.stem} line {i}\n" for i in range(100)))
+    line = readiness_command(port, 14, logs)
     proc = run_remote(line, stdin=encode_secret("wrong-key") + script_text(WAIT_READY))
     assert proc.returncode == 1
     assert "not serving after 14 s" in proc.stdout
+    for log in logs:  # the last 40 lines of each log, named, and nothing older
+        assert f"  {log.name} | {log.stem} line 99" in proc.stdout and f"{log.stem} line 60" in proc.stdout
+        assert f"{log.stem} line 59\n" not in proc.stdout
     assert behaviour.requests and not any(r.authorized for r in behaviour.requests)
 
 
