@@ -23,7 +23,8 @@ memtotal_kb() { awk '$1 == "MemTotal:" {print $2; exit}'; }
 peer_memtotal_kb() {
   local address="$1"
   # the sync key is authorized on the peer only from this node's rail address (authorize-key.sh)
-  ssh -i "$key" -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new \
+  # -n: the check program waits on this script's stdin, and ssh would swallow it
+  ssh -n -i "$key" -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new \
     -o "UserKnownHostsFile=$known_hosts" -o ConnectTimeout=20 "$address" cat /proc/meminfo | memtotal_kb
 }
 
@@ -43,6 +44,7 @@ main() {
   local report status=0
   report=$(python3 - --config "$dir/config.json" --manifest "$dir/$manifest" --tensor-parallel-size "$tp" \
     --gpu-memory-utilization "$utilization" "${memory[@]}") || status=$?
+  [ -n "$report" ] || die "the check program (model-shape-check.py, on stdin) did not run"
   while IFS= read -r line; do [ -z "$line" ] || log "$line"; done <<<"$report"
   [ "$status" -eq 0 ] || die "$dir cannot run tensor-parallel over these $tp nodes (see the FAIL lines)"
 }

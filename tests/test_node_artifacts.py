@@ -363,7 +363,8 @@ def local_memtotal_kb():
 
 def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85):
     """model-shape-check exactly as the program sends it, on a generated model directory; the
-    peers' /proc/meminfo come from a stand-in `ssh` that records whom it was asked."""
+    peers' /proc/meminfo come from a stand-in `ssh` that records whom it was asked and, like
+    the real one, reads its stdin away unless given -n."""
     model = tmp_path / "model"
     model.mkdir()
     if config is not None:
@@ -375,6 +376,7 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85):
     (bin_dir / "ssh").write_text(
         "#!/bin/bash\n"
         f'echo "$*" >> {calls}\n'
+        '[ "$1" = -n ] || cat >/dev/null\n'
         'peer=${*: -3:1}\n'
         f"printf 'MemFree:  1 kB\\nMemTotal: %s kB\\n' \"$(awk -v p=\"$peer\" '$1 == p {{print $2}}' <<'EOF'\n{table}EOF\n)\"\n"
     )

@@ -394,10 +394,10 @@ def rail_rx_bytes(sim, node="sim2"):
     return int(sim.in_netns(node, "cat", "/sys/class/net/rail0/statistics/rx_bytes").stdout)
 
 
-@pytest.fixture(scope="session")
 SIM_MODEL_CONFIG = {"num_attention_heads": 64, "num_key_value_heads": 8}  # divisible by TP 2
 
 
+@pytest.fixture(scope="session")
 def model_on_hub(sim):
     """A few hundred MB of safetensors-like shards plus an index, in the head's local hub."""
     repo_dir = f"{HUB_DIR}/{sim.cfg.model.repo}"
