@@ -1,5 +1,3 @@
-import copy
-import subprocess
 import sys
 from pathlib import Path
 
@@ -8,32 +6,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from program_harness import run_program, stack_config  # noqa: E402
-
-# Host keys the tests pin for the recipe's nodes (public keys of throwaway key pairs): the
-# shipped stack file leaves them for the user to pin, and `pulumi up` refuses unpinned nodes.
-TEST_HOST_KEYS = {
-    "spark1": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINdV4pdiqGY7pMis6v4kNDyXRxI7Rjmg01vZ9lSTzlaB",
-    "spark2": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOht1g6bv1QKIUm6YMbEqPRHfV3XCh8QatW64FJSvgCp",
-    "spark3": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAII665kzRLz0ac7j88/Z/HQc8WYeLoS0B5bC8E/VUOf9g",
-}
-OTHER_HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAX7YOV0hhi0nGrPlT2oyR0/e/7z/T1+RKQojDyq2pGr"
-
-
-def pinned(config):
-    """The stack config with a test host key pinned on every node that has none."""
-    config = copy.deepcopy(config)
-    for node in config["twinspark:nodes"]:
-        node["hostKey"] = node.get("hostKey") or TEST_HOST_KEYS.get(node["name"], OTHER_HOST_KEY)
-    return config
-
-
-def new_key(path: Path, passphrase: str = "") -> Path:
-    """A fresh ed25519 key pair at `path` (and path.pub)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", "twinspark-test", "-f", str(path)],
-                   check=True)
-    return path
-
+from ssh_fixtures import new_key, pinned  # noqa: E402
 
 @pytest.fixture(scope="session")
 def operator_home(tmp_path_factory):

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import OTHER_HOST_KEY, TEST_HOST_KEYS, new_key, pinned
+from ssh_fixtures import OTHER_HOST_KEY, TEST_HOST_KEYS, new_key, pinned
 from program_harness import compared_inputs, plain_occurrences, stack_config, unwrap
 from ssh_fixtures import Agent, sshd_argv
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import OTHER_HOST_KEY, new_key
+from ssh_fixtures import OTHER_HOST_KEY, new_key
 from program_harness import ROOT
 from ssh_fixtures import Sshd
 
