@@ -25,6 +25,9 @@ BOOT_COMMON = "boot-common.sh"
 RAY_TOKEN_FILE = "ray-token"  # every node, mode 600: Ray's token authentication
 API_GATEWAY_SCRIPT = "api-gateway.sh"  # head: entrypoint of the API gateway container
 API_GATEWAY_CONF = "api-gateway.conf"  # head: nginx config (the key itself is added at start)
+# inside the gateway container: nginx's pid, temp files and the key map (api-key.conf, mode 600)
+API_GATEWAY_RUN_DIR = "/run/twinspark-api-gateway"
+API_GATEWAY_KEY_MAP = "api-key.conf"
 
 
 def boot_script(role: str) -> str:

@@ -140,6 +140,8 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("RAY_DASHBOARD_PORT", str(contract.RAY_DASHBOARD_PORT)),
         ("TWINSPARK_API_GATEWAY_CONF", contract.API_GATEWAY_CONF),
         ("TWINSPARK_API_GATEWAY_LOG", contract.API_GATEWAY_LOG),
+        ("TWINSPARK_API_GATEWAY_RUN_DIR", contract.API_GATEWAY_RUN_DIR),
+        ("TWINSPARK_API_GATEWAY_KEY_MAP", contract.API_GATEWAY_KEY_MAP),
         ("# Ray's token authentication: every ray start, driver and client (docker exec too)", None),
         *contract.ray_auth_env().items(),
         ("# vLLM must see the address Ray knows this node by (the first rail)", None),
@@ -177,22 +179,24 @@ def render_api_gateway_conf(port: int) -> str:
     private tmpfs file), so this file holds no secret.
     """
     upstream = f"127.0.0.1:{contract.VLLM_LOOPBACK_PORT}"
+    run = contract.API_GATEWAY_RUN_DIR
     return f"""# {contract.API_GATEWAY_CONF} — rendered by twinspark; the API on serving.port ({port}).
 worker_processes 2;
-pid /run/twinspark-api-gateway/nginx.pid;
+pid {run}/nginx.pid;
 error_log {contract.LOG_DIR}/{contract.API_GATEWAY_LOG} warn;
 events {{ worker_connections 1024; }}
 http {{
     access_log off;
     server_tokens off;
     # map $http_authorization $twinspark_key_ok {{ default 0; "Bearer <key>" 1; }}
-    include /run/twinspark-api-gateway/api-key.conf;
+    include {run}/{contract.API_GATEWAY_KEY_MAP};
     client_max_body_size 64m;  # a 1M-token prompt is a few MB of JSON
-    client_body_temp_path /run/twinspark-api-gateway/body;
-    proxy_temp_path /run/twinspark-api-gateway/proxy;
-    # idle upstream connections end before uvicorn's 5 s keep-alive would close them under a
-    # request (nginx does not retry a POST on another connection: the client would get a 502)
-    upstream vllm {{ server {upstream}; keepalive 16; keepalive_timeout 4s; }}
+    client_body_temp_path {run}/body;
+    proxy_temp_path {run}/proxy;
+    # A fresh loopback connection per request (nginx's default, Connection: close): a kept-alive
+    # one can be closed by uvicorn (5 s keep-alive) just as a request goes out on it, and nginx
+    # does not retry a POST, so the client would get a 502. A connect on loopback is ~0.1 ms.
+    upstream vllm {{ server {upstream}; }}
     server {{
         listen {port};
         listen [::]:{port};
@@ -204,7 +208,6 @@ http {{
             }}
             proxy_pass http://vllm;
             proxy_http_version 1.1;
-            proxy_set_header Connection "";
             # stream tokens as vLLM sends them; long generations take minutes
             proxy_buffering off;
             proxy_request_buffering off;

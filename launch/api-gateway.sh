@@ -16,7 +16,7 @@ set -a
 . "$BUNDLE/secrets.env"
 set +a
 log_node=$TWINSPARK_NODE_NAME log_step=api-gateway
-RUN_DIR=/run/twinspark-api-gateway
+RUN_DIR=$TWINSPARK_API_GATEWAY_RUN_DIR
 
 write_key_map() {
   # The stack refuses other characters; checked again here because the key is spliced into
@@ -27,7 +27,7 @@ write_key_map() {
   chmod 700 "$RUN_DIR"
   # shellcheck disable=SC2016 # $http_authorization and $twinspark_key_ok are nginx variables
   (umask 077 && printf 'map $http_authorization $twinspark_key_ok {\n    default 0;\n    "Bearer %s" 1;\n}\n' \
-    "$VLLM_API_KEY" >"$RUN_DIR/api-key.conf")
+    "$VLLM_API_KEY" >"$RUN_DIR/$TWINSPARK_API_GATEWAY_KEY_MAP")
 }
 
 main() {

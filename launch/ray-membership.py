@@ -6,16 +6,19 @@
   watch --head IP --node-id ID                      (worker) return when this node must rejoin
   alive --head IP                                   (status) alive nodes with their GPUs, as JSON
 
-`watch` exits 0 with the reason on stdout when: the NodeID is no longer alive in the GCS node
-table (the head restarted: a new GCS session never knows the old raylet — recipe gotcha 11,
-where `ray status` keeps succeeding), the head stays unreachable past the grace period, or
-the local raylet process is gone.
+`watch` exits 0 with the reason on stdout only on evidence: the NodeID is no longer alive in a
+node table the head returned (the head restarted: a new GCS session never knows the old
+raylet — recipe gotcha 11, where `ray status` keeps succeeding), the local raylet process is
+gone, or the head is silent — its state API and its GCS port both — past the grace period.
+A slow or frozen dashboard whose GCS still accepts connections (a busy head loading the
+model) is not silence: the worker stays, for up to --dashboard-limit seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 
@@ -88,8 +91,17 @@ def raylet_running() -> bool:
     return False
 
 
+def gcs_accepts(args: argparse.Namespace) -> bool:
+    """The head's GCS port takes a connection: the head is alive, whatever its dashboard does."""
+    try:
+        with socket.create_connection((args.head, args.gcs_port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def watch(args: argparse.Namespace) -> int:
-    unreachable_since = None
+    silent_since = unanswered_since = None  # head silent (both doors) / state API unanswered
     while True:
         if not raylet_running():
             print("local raylet is gone")
@@ -97,12 +109,22 @@ def watch(args: argparse.Namespace) -> int:
         try:
             alive_ids = {n["node_id"] for n in alive_nodes(args)}
         except Exception as err:
-            unreachable_since = unreachable_since or time.monotonic()
-            if time.monotonic() - unreachable_since > args.grace:
-                print(f"head {args.head} unreachable for {args.grace:.0f} s ({type(err).__name__})")
-                return 0
+            now = time.monotonic()
+            unanswered_since = unanswered_since or now
+            if gcs_accepts(args):
+                silent_since = None
+                if now - unanswered_since > args.dashboard_limit:
+                    print(f"head {args.head}'s state API unanswered for {args.dashboard_limit:.0f} s while its GCS "
+                          f"accepts ({type(err).__name__}): cannot check this node's membership")
+                    return 0
+            else:
+                silent_since = silent_since or now
+                if now - silent_since > args.grace:
+                    print(f"head {args.head} unreachable for {args.grace:.0f} s: state API ({type(err).__name__}) "
+                          f"and GCS port {args.gcs_port} both silent")
+                    return 0
         else:
-            unreachable_since = None
+            silent_since = unanswered_since = None
             if args.node_id not in alive_ids:
                 print(f"node {args.node_id[:12]} is not alive in the head's GCS (head restarted?)")
                 return 0
@@ -137,7 +159,14 @@ def main() -> int:
     p = sub.add_parser("watch", parents=[head])
     p.add_argument("--node-id", required=True)
     p.add_argument("--interval", type=float, default=1.0)
-    p.add_argument("--grace", type=float, default=6.0)
+    p.add_argument("--grace", type=float, default=6.0,
+                   help="seconds the head may be silent (state API and GCS port) before this node rejoins")
+    # The recipe's cold start loads 167 GB for ~8 min on a busy head; a dashboard that stays
+    # unanswered longer, while the GCS accepts, leaves the membership unknowable.
+    p.add_argument("--dashboard-limit", type=float, default=900.0,
+                   help="seconds the state API may stay unanswered while the GCS accepts")
+    gcs_port = os.environ.get("RAY_PORT")
+    p.add_argument("--gcs-port", type=int, default=gcs_port, required=gcs_port is None)
     p.set_defaults(run=watch)
     p = sub.add_parser("alive", parents=[head])
     p.set_defaults(run=alive)

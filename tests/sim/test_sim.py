@@ -598,8 +598,10 @@ def test_boot_serves_only_with_every_gpu_and_the_key(sim, sim_run, report, bundl
     assert request(sim, "/health")[0] == 200
     status, body = request(sim, "/v1/chat/completions", {"model": "sim-model", "stream": True, "max_tokens": 3,
                                                           "messages": [{"role": "user", "content": "hi"}]}, api_key(sim))
-    gateway_log = tail(sim, "sim1", f"{contract.LOG_DIR}/{contract.API_GATEWAY_LOG}")
-    assert status == 200 and body.count("data: ") == 4 and body.rstrip().endswith("[DONE]"), (body, gateway_log)
+    if status != 200:
+        pytest.fail(f"stream through the gateway: {status}\n{tail(sim, 'sim1', f'{contract.LOG_DIR}/{contract.API_GATEWAY_LOG}')}"
+                    f"\n{tail(sim, 'sim1', VLLM_LOG)}", pytrace=False)
+    assert body.count("data: ") == 4 and body.rstrip().endswith("[DONE]"), body
 
     recorded = json.loads(sim.node_exec("sim1", "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)
     assert recorded["argv"] == vllm_argv(VllmServe(sim.cfg.serving, sim.cfg.model, sim.cfg.tensor_parallel_size))
@@ -775,6 +777,35 @@ def test_docker_stop_leaves_ray_at_once(sim, report, serving):
     assert exit_event["rc"] == 0
     assert "stop requested (SIGTERM): leaving Ray" in tail(sim, "sim2", BOOT_WORKER_LOG)
     wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the worker came back")
+
+
+DASHBOARD_PROCESSES = ("ray/dashboard/dashboard.py", "ray-dashboard-")
+
+
+def test_a_frozen_dashboard_is_no_reason_to_leave(sim, report, serving):
+    """Issue 10 item 1: the head's state API frozen for 30 s (SIGSTOP) while serving, its GCS
+    alive — the worker (default 6 s grace) stays and serving is not interrupted."""
+    if "TWINSPARK_HEAD_GRACE_S" in sim.node_exec("sim2", "pgrep", "-af", "supervisor.py", check=False).stdout:
+        sim.node_exec("sim2", "pkill", "-9", "-f", "supervisor.py", check=False)  # back to the default grace
+        kill_container(sim, "sim2", SERVING)
+        start_supervisor(sim, "sim2")
+        wait_until(lambda: not completes(sim, api_key(sim)), 60, what="the engine noticing its worker left")
+        wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving with the default grace")
+    worker_exits, head_exits = exit_count(sim, "sim2", SERVING), exit_count(sim, "sim1", SERVING)
+    for pattern in DASHBOARD_PROCESSES:
+        sim.node_exec("sim1", "pkill", "-STOP", "-f", pattern)
+    failed, started = 0, time.monotonic()
+    try:
+        while time.monotonic() - started < 30:
+            failed += not completes(sim, api_key(sim))
+            time.sleep(2)
+    finally:
+        for pattern in DASHBOARD_PROCESSES:
+            sim.node_exec("sim1", "pkill", "-CONT", "-f", pattern)
+    reasons, log = worker_leave_reasons(sim)
+    report["frozen_dashboard_30s_failed_completions"] = failed
+    assert (exit_count(sim, "sim2", SERVING), exit_count(sim, "sim1", SERVING)) == (worker_exits, head_exits), log
+    assert failed == 0
 
 
 def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report, serving):
