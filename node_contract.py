@@ -12,6 +12,9 @@ from __future__ import annotations
 BUNDLE_DIR = "/opt/twinspark"  # on the host: everything the serving containers run
 CONTAINER_BUNDLE_DIR = "/twinspark"  # the same files inside the containers (read-only)
 LOG_DIR = "/var/log/twinspark"  # host and container (bind mount); rotated by logrotate
+# host and serving containers (bind mount): compile and kernel caches outlive a replaced
+# container, so its successor does not recompile from scratch
+CACHE_DIR = "/var/cache/twinspark"
 # Per managed file: the content hash whose apply last succeeded and the resource owning it.
 APPLIED_STATE_DIR = "/var/lib/twinspark/applied"
 
@@ -68,6 +71,16 @@ EPHEMERAL_PORTS = (32768, 60999)
 # ---- Ray token authentication (Ray >= 2.52): every ray process and client needs both ---------
 def ray_auth_env() -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": f"{CONTAINER_BUNDLE_DIR}/{RAY_TOKEN_FILE}"}
+
+
+# ---- compile caches (under CACHE_DIR): where each library keeps what it compiled -------------
+def compile_cache_env() -> dict[str, str]:
+    return {
+        "VLLM_CACHE_ROOT": f"{CACHE_DIR}/vllm",  # vLLM's torch.compile artefacts
+        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/torchinductor",  # Inductor's kernels (default: /tmp)
+        "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",
+        "FLASHINFER_WORKSPACE_BASE": f"{CACHE_DIR}/flashinfer",  # FlashInfer's JIT (+ .cache/flashinfer)
+    }
 
 
 # ---- host firewall (nftables), applied by HostPrep -------------------------------------------

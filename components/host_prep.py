@@ -5,6 +5,8 @@ Creates, per node, one idempotent remote command per managed file (launch/manage
 - /etc/systemd/system.conf.d/99-twinspark-memlock.conf  DefaultLimitMEMLOCK=infinity, re-exec'd
 - /etc/netplan/99-qsfp.yaml (mode 600)       the rails only; applied outside the SSH session
 - /etc/logrotate.d/twinspark                 the host log directory, rotated by size and day
+- /etc/sysctl.d/99-twinspark-hang-recovery.conf   panic on a soft/hard lockup, reboot 30 s after
+- /etc/systemd/system.conf.d/99-twinspark-watchdog.conf   systemd pets the hardware watchdog
 - /etc/sysctl.d/99-twinspark-userns.conf     head only: unprivileged userns for codex's sandbox
 - /etc/twinspark/firewall.nft               the host firewall (nftables, inet: IPv4 and IPv6),
   loaded at once (atomically) and at every boot by twinspark-firewall.service
@@ -34,6 +36,13 @@ NETPLAN_PATH = "/etc/netplan/99-qsfp.yaml"
 USERNS_SYSCTL_PATH = "/etc/sysctl.d/99-twinspark-userns.conf"
 USERNS_KEY = "kernel.apparmor_restrict_unprivileged_userns"
 USERNS_UBUNTU_DEFAULT = f"{USERNS_KEY}=1"
+HANG_SYSCTL_PATH = "/etc/sysctl.d/99-twinspark-hang-recovery.conf"
+WATCHDOG_PATH = "/etc/systemd/system.conf.d/99-twinspark-watchdog.conf"
+# A hard-locked Spark answers nothing until someone power-cycles it: panic on a soft or hard
+# lockup and reboot 30 s later instead; docker then brings serving back on its own.
+HANG_RECOVERY = {"kernel.softlockup_panic": 1, "kernel.hardlockup_panic": 1, "kernel.panic": 30}
+HANG_RECOVERY_DEFAULTS = "kernel.softlockup_panic=0 kernel.hardlockup_panic=0 kernel.panic=0"
+WATCHDOG_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,21 @@ def render_logrotate() -> str:
     copytruncate
 }}
 """
+
+
+def render_hang_sysctl() -> str:
+    lines = "".join(f"{key} = {value}\n" for key, value in HANG_RECOVERY.items())
+    return "# twinspark: a lockup panics the kernel, and a panic reboots after 30 s\n" + lines
+
+
+def render_watchdog() -> str:
+    return (
+        "# twinspark: systemd pets the hardware watchdog (where the platform has one; ignored where\n"
+        "# not): a frozen kernel is reset by the board, a hung reboot too\n"
+        "[Manager]\n"
+        f"RuntimeWatchdogSec={WATCHDOG_SECONDS}s\n"
+        f"RebootWatchdogSec={2 * WATCHDOG_SECONDS}s\n"
+    )
 
 
 def render_userns_sysctl() -> str:
@@ -187,6 +211,9 @@ def managed_files(node: Node, mtu: int, firewall: FirewallPolicy) -> list[Manage
         ManagedFile("systemd-memlock", SYSTEMD_MEMLOCK_PATH, render_systemd_memlock(), action="systemd"),
         ManagedFile("netplan", NETPLAN_PATH, render_netplan(node, mtu), mode="0600", action="netplan"),
         ManagedFile("logrotate", LOGROTATE_PATH, render_logrotate()),
+        ManagedFile("hang-recovery", HANG_SYSCTL_PATH, render_hang_sysctl(), action="sysctl",
+                    undo=HANG_RECOVERY_DEFAULTS),
+        ManagedFile("watchdog", WATCHDOG_PATH, render_watchdog(), action="systemd"),
         ManagedFile("firewall", contract.FIREWALL_RULES_PATH, render_firewall(node, firewall), mode="0600",
                     action="nftables", undo=f"inet {contract.FIREWALL_TABLE}"),
         ManagedFile("firewall-unit", f"/etc/systemd/system/{contract.FIREWALL_UNIT}", render_firewall_unit(),

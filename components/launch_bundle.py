@@ -160,6 +160,8 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("VLLM_USE_BREAKABLE_CUDAGRAPH", "0"),
         ("DEFAULT_THINKING", "low"),
         ("HF_HUB_OFFLINE", "1"),
+        ("# compile and kernel caches on the host: a replaced container starts warm", None),
+        *contract.compile_cache_env().items(),
         ("# Ray model workers are not the kernel OOM killer's first victims (gotcha 13)", None),
         ("RAY_worker_oom_score_adjustment", str(WORKER_OOM_SCORE_ADJUSTMENT)),
     ]

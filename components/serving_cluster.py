@@ -108,6 +108,7 @@ def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
             docker.ContainerMountArgs(type="bind", source=args.model_dir, target=args.model_container_dir, read_only=True),
             *base["mounts"],
         ],
+        volumes=[*base["volumes"], docker.ContainerVolumeArgs(host_path=contract.CACHE_DIR, container_path=contract.CACHE_DIR)],
     )
 
 

@@ -21,6 +21,7 @@ node="" step="" path="" mode="0644" owner="" state_dir="" action="none" undo=""
 
 # Each action applies the file's effect after install and undoes it after remove.
 apply_action() {
+  local pairs
   case "$action" in
     none) ;;
     systemd) sudo -n systemctl daemon-reexec ;;
@@ -31,7 +32,8 @@ apply_action() {
       sudo -n systemd-run --quiet --collect --wait --service-type=oneshot --unit=twinspark-netplan-apply netplan apply
       ;;
     sysctl)
-      if [ "$1" = install ]; then sudo -n sysctl -q -p "$path"; else sudo -n sysctl -q -w "$undo"; fi
+      # --undo: one or more KEY=VALUE, space-separated
+      if [ "$1" = install ]; then sudo -n sysctl -q -p "$path"; else read -ra pairs <<<"$undo" && sudo -n sysctl -q -w "${pairs[@]}"; fi
       ;;
     # nft -f replaces the table in one transaction; --undo names the table to delete
     nftables)

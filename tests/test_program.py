@@ -211,7 +211,8 @@ def test_containers_carry_every_recipe_docker_option(recipe_run):
         assert mounts["/models/DeepSeek-V4-Flash-0731"]["source"] == "/home/nvidia/models/DeepSeek-V4-Flash-0731"
         assert mounts["/models/DeepSeek-V4-Flash-0731"]["readOnly"] is True
         assert mounts["/twinspark"] == {"target": "/twinspark", "source": "/opt/twinspark", "readOnly": True, "type": "bind"}
-        assert inputs["volumes"] == [{"hostPath": "/var/log/twinspark", "containerPath": "/var/log/twinspark"}]
+        assert inputs["volumes"] == [{"hostPath": "/var/log/twinspark", "containerPath": "/var/log/twinspark"},
+                                     {"hostPath": "/var/cache/twinspark", "containerPath": "/var/cache/twinspark"}]
         assert inputs["entrypoints"] == ["/bin/bash", f"/twinspark/boot-{role}.sh"]
         assert c.delete_before_replace
         assert [l["label"] for l in inputs["labels"]] == ["twinspark.bundle-hmac"]
@@ -330,6 +331,11 @@ def test_host_prep_files(recipe_run):
     assert "* soft memlock unlimited" in limits and "* hard memlock unlimited" in limits
     assert "DefaultLimitMEMLOCK=infinity" in stdin_of(recipe_run, "spark2-hostprep-systemd-memlock")
     assert "kernel.apparmor_restrict_unprivileged_userns = 0" in stdin_of(recipe_run, "spark1-hostprep-userns-sysctl")
+    # issue 10 item 6: a hard-locked node reboots itself instead of waiting for a power cycle
+    hang = runner_call(recipe_run.named("spark2-hostprep-hang-recovery"))
+    assert hang.payload.splitlines()[1:] == ["kernel.softlockup_panic = 1", "kernel.hardlockup_panic = 1", "kernel.panic = 30"]
+    assert flag_value(hang.args, "--undo") == "kernel.softlockup_panic=0 kernel.hardlockup_panic=0 kernel.panic=0"
+    assert "RuntimeWatchdogSec=60s" in stdin_of(recipe_run, "spark1-hostprep-watchdog")
     netplan = runner_call(recipe_run.named("spark2-hostprep-netplan"))
     assert netplan.script == "managed-file.sh" and netplan.args[0] == "install"
     assert flag_value(netplan.args, "--path") == "/etc/netplan/99-qsfp.yaml" and flag_value(netplan.args, "--mode") == "0600"
@@ -347,16 +353,27 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     """`pulumi up --replace` on a file, the sync key or its authorization must not end with
     the old delete removing what the new create just installed (issue 8, item 1)."""
     undoing = [r for r in recipe_run.of_type(COMMAND) if r.inputs.get("delete")]
-    # host files (6 + 6 + userns), head bundle (+ gateway), worker bundle, sync key, authorize,
+    # host files (8 + 8 + userns), head bundle (+ gateway), worker bundle, sync key, authorize,
     # observability files on the head (prometheus.yml, rules, datasource, dashboard provider,
     # 3 dashboards, Grafana password)
-    assert len(undoing) == 13 + 11 + 8 + 1 + 1 + 8
+    assert len(undoing) == 17 + 11 + 8 + 1 + 1 + 8
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 
 def test_containers_get_a_stop_grace(recipe_run):
     for r in recipe_run.of_type(CONTAINER):
         assert r.inputs["destroyGraceSeconds"] == (30 if "-observability-" in r.name else 60), r.name
+
+
+def test_compile_caches_live_on_the_host(recipe_run):
+    """Issue 10 item 7: vLLM, Inductor, Triton and FlashInfer write under the host's cache
+    directory, which every serving container mounts: a replaced container starts warm."""
+    for node in ("spark1", "spark2"):
+        env = env_file(recipe_run, node)
+        assert {k: env[k] for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+                                    "FLASHINFER_WORKSPACE_BASE")} == {
+            "VLLM_CACHE_ROOT": "/var/cache/twinspark/vllm", "TORCHINDUCTOR_CACHE_DIR": "/var/cache/twinspark/torchinductor",
+            "TRITON_CACHE_DIR": "/var/cache/twinspark/triton", "FLASHINFER_WORKSPACE_BASE": "/var/cache/twinspark/flashinfer"}
 
 
 def test_serving_containers_stop_gracefully(recipe_run):
