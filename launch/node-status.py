@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """node-status.py — one node's serving state as JSON, for `python -m ops status` (fed over ssh).
 
-  python3 node-status.py --name spark1 --container twinspark-head \
+  python3 node-status.py --name spark1 --container twinspark-serving \
       --rail enp1s0f0np0:rocep1s0f0 --rail enP2p1s0f0np0:roceP2p1s0f0 \
       [--ray-head 10.0.0.1 --membership /twinspark/ray-membership.py --dashboard-port 8265]
 
