@@ -38,7 +38,8 @@ host_preps = {
     n.name: HostPrep(
         f"{n.name}-hostprep",
         HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu,
-                     firewall=firewall_policy(n, cfg.nodes, cfg.head_public_ports)),
+                     firewall=firewall_policy(n, cfg.nodes, cfg.head_public_ports),
+                     gpu_clock_cap_mhz=cfg.serving.gpu_clock_cap_mhz),
     )
     for n in cfg.nodes
 }

@@ -338,6 +338,11 @@ class Serving(Contract):
         default="2.57.0", description="Ray installed into the serving image")
     readiness_timeout_minutes: Integer = Field(
         default=20, ge=1, le=240, description="how long `pulumi up` waits for the endpoint to answer")
+    gpu_clock_cap_mhz: Optional[Integer] = Field(
+        default=None, ge=300, le=4000,
+        description="cap every node's GPU clock at this many MHz, applied now and at every boot "
+        "(`nvidia-smi -lgc 0,N`, which alone does not survive a reboot): what cures overheat shutdowns "
+        "on some Sparks; unset: the driver's clocks")
 
     @model_validator(mode="after")
     def _extra_args_are_flags(self) -> "Serving":

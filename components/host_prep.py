@@ -10,6 +10,8 @@ Creates, per node, one idempotent remote command per managed file (launch/manage
 - /etc/sysctl.d/99-twinspark-userns.conf     head only: unprivileged userns for codex's sandbox
 - /etc/twinspark/firewall.nft               the host firewall (nftables, inet: IPv4 and IPv6),
   loaded at once (atomically) and at every boot by twinspark-firewall.service
+- /etc/systemd/system/twinspark-gpu-clocks.service   with serving.gpuClockCapMhz: the clock cap,
+  applied now and at every boot; removing it resets the clocks
 Deleting the component removes each file and reverts its effect.
 """
 
@@ -43,6 +45,7 @@ WATCHDOG_PATH = "/etc/systemd/system.conf.d/99-twinspark-watchdog.conf"
 HANG_RECOVERY = {"kernel.softlockup_panic": 1, "kernel.hardlockup_panic": 1, "kernel.panic": 30}
 HANG_RECOVERY_DEFAULTS = "kernel.softlockup_panic=0 kernel.hardlockup_panic=0 kernel.panic=0"
 WATCHDOG_SECONDS = 60
+GPU_CLOCKS_UNIT = "twinspark-gpu-clocks.service"
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class HostPrepArgs:
     connection: remote.ConnectionArgs
     mtu: int
     firewall: FirewallPolicy
+    gpu_clock_cap_mhz: Optional[int] = None
 
 
 def render_limits_conf() -> str:
@@ -122,6 +126,23 @@ def render_watchdog() -> str:
         f"RuntimeWatchdogSec={WATCHDOG_SECONDS}s\n"
         f"RebootWatchdogSec={2 * WATCHDOG_SECONDS}s\n"
     )
+
+
+def render_gpu_clocks_unit(cap_mhz: int) -> str:
+    return f"""# twinspark: the GPU clock cap (serving.gpuClockCapMhz); nvidia-smi's own lock is lost at reboot
+[Unit]
+Description=twinspark GPU clock cap ({cap_mhz} MHz)
+After=nvidia-persistenced.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/nvidia-smi -lgc 0,{cap_mhz}
+ExecStop=/usr/bin/nvidia-smi -rgc
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 
 def render_userns_sysctl() -> str:
@@ -205,7 +226,8 @@ WantedBy=sysinit.target
 """
 
 
-def managed_files(node: Node, mtu: int, firewall: FirewallPolicy) -> list[ManagedFile]:
+def managed_files(node: Node, mtu: int, firewall: FirewallPolicy, gpu_clock_cap_mhz: Optional[int] = None
+                  ) -> list[ManagedFile]:
     files = [
         ManagedFile("memlock-limits", LIMITS_PATH, render_limits_conf()),
         ManagedFile("systemd-memlock", SYSTEMD_MEMLOCK_PATH, render_systemd_memlock(), action="systemd"),
@@ -219,6 +241,9 @@ def managed_files(node: Node, mtu: int, firewall: FirewallPolicy) -> list[Manage
         ManagedFile("firewall-unit", f"/etc/systemd/system/{contract.FIREWALL_UNIT}", render_firewall_unit(),
                     action="unit"),
     ]
+    if gpu_clock_cap_mhz is not None:
+        files.append(ManagedFile("gpu-clocks", f"/etc/systemd/system/{GPU_CLOCKS_UNIT}",
+                                 render_gpu_clocks_unit(gpu_clock_cap_mhz), action="service"))
     if node.role == "head":
         files.append(
             ManagedFile("userns-sysctl", USERNS_SYSCTL_PATH, render_userns_sysctl(), action="sysctl",
@@ -232,7 +257,7 @@ class HostPrep(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: HostPrepArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:host_prep:HostPrep", name, None, opts)
-        files = managed_files(args.node, args.mtu, args.firewall)
+        files = managed_files(args.node, args.mtu, args.firewall, args.gpu_clock_cap_mhz)
         self.commands = managed_file_commands(args.node.name, "hostprep", args.connection, files, parent=self)
         # FabricCheck re-runs whenever what HostPrep puts on a node changes.
         self.content_hash = files_hash(files)

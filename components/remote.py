@@ -182,7 +182,7 @@ class ManagedFile:
     path: str
     content: pulumi.Input[str]
     mode: str = "0644"
-    action: str = "none"  # none | systemd | netplan | sysctl | nftables | unit
+    action: str = "none"  # none | systemd | netplan | sysctl | nftables | unit | service
     # what remove restores: KEY=VALUE for sysctl, the table ("inet NAME") for nftables
     undo: Optional[str] = None
 

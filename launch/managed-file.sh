@@ -3,7 +3,7 @@
 #
 #   managed-file.sh install --node spark1 --step hostprep/netplan --path /etc/netplan/99-qsfp.yaml \
 #       --mode 0600 --owner spark1-hostprep-netplan --state-dir /var/lib/twinspark/applied \
-#       [--action netplan|systemd|sysctl|nftables|unit|none] [--undo WHAT]   < content
+#       [--action netplan|systemd|sysctl|nftables|unit|service|none] [--undo WHAT]   < content
 #   managed-file.sh remove  (same flags; stdin ignored)
 #
 # install writes stdin to --path and applies it when file, mode or the last successful apply
@@ -54,7 +54,18 @@ apply_action() {
         sudo -n systemctl daemon-reload
       fi
       ;;
-    *) usage_error "--action $action: expected netplan, systemd, sysctl, nftables, unit or none" ;;
+    # a oneshot service whose start applies the file (and whose stop undoes it): restarted on
+    # every install, so a changed unit takes effect now, not at the next boot
+    service)
+      if [ "$1" = install ]; then
+        sudo -n systemctl daemon-reload
+        sudo -n systemctl enable --quiet "$(basename "$path")"
+        sudo -n systemctl restart "$(basename "$path")"
+      else
+        sudo -n systemctl daemon-reload
+      fi
+      ;;
+    *) usage_error "--action $action: expected netplan, systemd, sysctl, nftables, unit, service or none" ;;
   esac
 }
 
@@ -88,7 +99,10 @@ remove_file() {
   fi
   sudo -n test -e "$path" || return 0
   # disabling needs the unit file still there (its [Install] names the links to remove)
-  if [ "$action" = unit ]; then sudo -n systemctl disable --quiet "$(basename "$path")"; fi
+  case "$action" in
+    unit) sudo -n systemctl disable --quiet "$(basename "$path")" ;;
+    service) sudo -n systemctl disable --now --quiet "$(basename "$path")" ;;  # its stop undoes it
+  esac
   sudo -n rm -f "$path" "$record"
   echo "removed: $path"
   apply_action remove

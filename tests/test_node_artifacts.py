@@ -200,6 +200,21 @@ def test_managed_file_is_idempotent_and_reverts(tmp_path, private_node):
     assert calls.read_text().splitlines() == ["systemctl daemon-reexec"] * 3
 
 
+def test_managed_service_is_restarted_on_change_and_stopped_on_remove(tmp_path, private_node):
+    run, calls = private_node
+    target = tmp_path / "etc" / "twinspark-test.service"
+    install, remove, stdin = managed_file_lines(tmp_path, target, action="service", mode="0644")
+    proc = run(f"{install} < {stdin('[Service]')}; {install} < {stdin('[Service]')}; "
+               f"{install} < {stdin('[Service] ')}; {remove} < {stdin('')}")
+    assert proc.returncode == 0, proc.stderr
+    name = target.name
+    assert calls.read_text().splitlines() == [
+        "systemctl daemon-reload", f"systemctl enable --quiet {name}", f"systemctl restart {name}",  # first install
+        "systemctl daemon-reload", f"systemctl enable --quiet {name}", f"systemctl restart {name}",  # changed
+        f"systemctl disable --now --quiet {name}", "systemctl daemon-reload",  # removed: stopped first
+    ]
+
+
 def test_managed_file_reapplies_when_the_last_apply_failed(tmp_path, private_node):
     run, calls = private_node
     target = tmp_path / "f.conf"

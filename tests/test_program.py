@@ -376,6 +376,20 @@ def test_compile_caches_live_on_the_host(recipe_run):
             "TRITON_CACHE_DIR": "/var/cache/twinspark/triton", "FLASHINFER_WORKSPACE_BASE": "/var/cache/twinspark/flashinfer"}
 
 
+def test_gpu_clock_cap_survives_reboots_when_asked_for(program, recipe_config, recipe_run):
+    """Issue 10 item 6: `nvidia-smi -lgc` alone is lost at reboot; a unit applies it now and at boot."""
+    assert not [r for r in recipe_run.of_type(COMMAND) if r.name.endswith("-hostprep-gpu-clocks")]
+    recipe_config["twinspark:serving"]["gpuClockCapMhz"] = 1800
+    run = program(recipe_config)
+    assert run.error is None, run.error
+    for node in ("spark1", "spark2"):
+        call = runner_call(run.named(f"{node}-hostprep-gpu-clocks"))
+        assert flag_value(call.args, "--action") == "service"
+        assert flag_value(call.args, "--path") == "/etc/systemd/system/twinspark-gpu-clocks.service"
+        assert "ExecStart=/usr/bin/nvidia-smi -lgc 0,1800\n" in call.payload
+        assert "ExecStop=/usr/bin/nvidia-smi -rgc\n" in call.payload
+
+
 def test_serving_containers_stop_gracefully(recipe_run):
     """Issue 8 item 8: 60 s to drain, whoever stops them (pulumi, docker stop, a reboot)."""
     for name, signal in (("spark1-serving-container", "SIGTERM"), ("spark2-serving-container", "SIGTERM"),
