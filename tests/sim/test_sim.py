@@ -97,7 +97,10 @@ def request(sim, path, body=None, key=None, timeout=10):
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
+        try:
+            return err.code, err.read().decode()
+        except (OSError, http.client.HTTPException):  # an engine that dies mid-reply cuts its body short
+            return err.code, ""
     except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as err:
         return None, str(err)
 
