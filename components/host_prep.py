@@ -42,8 +42,11 @@ HANG_SYSCTL_PATH = "/etc/sysctl.d/99-twinspark-hang-recovery.conf"
 WATCHDOG_PATH = "/etc/systemd/system.conf.d/99-twinspark-watchdog.conf"
 # A hard-locked Spark answers nothing until someone power-cycles it: panic on a soft or hard
 # lockup and reboot 30 s later instead; docker then brings serving back on its own.
-HANG_RECOVERY = {"kernel.softlockup_panic": 1, "kernel.hardlockup_panic": 1, "kernel.panic": 30}
-HANG_RECOVERY_DEFAULTS = "kernel.softlockup_panic=0 kernel.hardlockup_panic=0 kernel.panic=0"
+PANIC_REBOOT_SECONDS = 30
+# key -> (ours, the kernel's default, restored on remove)
+HANG_RECOVERY = {"kernel.softlockup_panic": (1, 0), "kernel.hardlockup_panic": (1, 0),
+                 "kernel.panic": (PANIC_REBOOT_SECONDS, 0)}
+HANG_RECOVERY_DEFAULTS = " ".join(f"{key}={default}" for key, (_, default) in HANG_RECOVERY.items())
 WATCHDOG_SECONDS = 60
 GPU_CLOCKS_UNIT = "twinspark-gpu-clocks.service"
 
@@ -114,8 +117,8 @@ def render_logrotate() -> str:
 
 
 def render_hang_sysctl() -> str:
-    lines = "".join(f"{key} = {value}\n" for key, value in HANG_RECOVERY.items())
-    return "# twinspark: a lockup panics the kernel, and a panic reboots after 30 s\n" + lines
+    lines = "".join(f"{key} = {ours}\n" for key, (ours, _) in HANG_RECOVERY.items())
+    return f"# twinspark: a lockup panics the kernel, and a panic reboots after {PANIC_REBOOT_SECONDS} s\n" + lines
 
 
 def render_watchdog() -> str:

@@ -21,11 +21,10 @@ peers=()
 memtotal_kb() { awk '$1 == "MemTotal:" {print $2; exit}'; }
 
 peer_memtotal_kb() {
-  local address="$1"
-  # the sync key is authorized on the peer only from this node's rail address (authorize-key.sh)
+  local address="$1" peer_options
+  sync_key_ssh_options peer_options "$key" "$known_hosts"
   # -n: the check program waits on this script's stdin, and ssh would swallow it
-  ssh -n -i "$key" -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new \
-    -o "UserKnownHostsFile=$known_hosts" -o ConnectTimeout=20 "$address" cat /proc/meminfo | memtotal_kb
+  ssh -n "${peer_options[@]}" -o ConnectTimeout=20 "$address" cat /proc/meminfo | memtotal_kb
 }
 
 main() {

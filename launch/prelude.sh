@@ -80,6 +80,15 @@ manifest_listing() {
   (cd "$1" && find . -type f ! -path './.cache/*' ! -name "$2*" -printf '%P %s\n' | LC_ALL=C sort)
 }
 
+# ---- the peers, over the rail with the weight-sync key ----------------------------------------
+# sync_key_ssh_options VAR KEY KNOWN_HOSTS: ssh options for a peer that authorized the sync key
+# (only from this node's rail address, authorize-key.sh); its host key is learnt at first use.
+sync_key_ssh_options() {
+  local -n options=$1
+  options=(-i "$2" -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new
+    -o "UserKnownHostsFile=$3")
+}
+
 # ---- ownership of what a step leaves in the user's home (the sync key, its authorization) ---
 # A renamed resource's old delete runs after the new create (the engine creates first); it
 # must leave alone what the new resource now owns. No record: installed before records

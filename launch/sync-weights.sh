@@ -21,8 +21,9 @@ dir="" manifest="" to="" key="" known_hosts=""
 # for every call to the peer (a handshake costs more than a small shard).
 ssh_transport=()
 set_ssh_transport() {
-  ssh_transport=(ssh -i "$key" -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new
-    -o "UserKnownHostsFile=$known_hosts" -o Compression=no -c aes128-gcm@openssh.com
+  local peer_options
+  sync_key_ssh_options peer_options "$key" "$known_hosts"
+  ssh_transport=(ssh "${peer_options[@]}" -o Compression=no -c aes128-gcm@openssh.com
     -o ControlMaster=auto -o "ControlPath=$HOME/.ssh/twinspark-sync-%C" -o ControlPersist=60)
 }
 
