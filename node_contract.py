@@ -89,7 +89,10 @@ FIREWALL_RULES_PATH = "/etc/twinspark/firewall.nft"
 FIREWALL_UNIT = "twinspark-firewall.service"
 
 # ---- containers ----------------------------------------------------------------------------
-SERVING_IMAGE_NAME = "twinspark-vllm:ray"
+# The serving image is tagged per build input (`twinspark-vllm:ray-<hash>`, serving_image.py):
+# an upgrade's new build does not take the previous one's tag, so the previous image stays
+# tagged on the node (not dangling, kept by `docker image prune`) for a rollback.
+SERVING_IMAGE_REPOSITORY = "twinspark-vllm"
 NCCL_CHECK_CONTAINER = "twinspark-nccl-check"
 # One name on every node whatever its role: a role change replaces the node's container in
 # place (the old one stops first) instead of starting a second one beside it.
@@ -116,6 +119,11 @@ def docker_run_flags() -> list[str]:
     flags += [a for dev in DEVICES for a in ("--device", dev)]
     return flags
 
+
+# ---- serving guard (the canary) --------------------------------------------------------------
+# The head's serving guard writes its latest verdict here (JSON: checked_at, ok, failures,
+# consecutive_failures, restarts_in_window, hold, serving_started_at); `ops upgrade` reads it.
+SERVING_GUARD_STATUS = "/run/twinspark/serving-guard/status.json"
 
 # ---- weights -------------------------------------------------------------------------------
 # DIR/WEIGHTS_MANIFEST lists "relative/path size" per file, sorted (launch/prelude.sh,

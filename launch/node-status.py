@@ -3,17 +3,21 @@
 
   python3 node-status.py --name spark1 --container twinspark-serving \
       --rail enp1s0f0np0:rocep1s0f0 --rail enP2p1s0f0np0:roceP2p1s0f0 \
-      [--ray-head 10.0.0.1 --membership /twinspark/ray-membership.py --dashboard-port 8265]
+      [--ray-head 10.0.0.1 --membership /twinspark/ray-membership.py --dashboard-port 8265] \
+      [--guard-status /run/twinspark/serving-guard/status.json]
 
 Reports the serving container (state, restart count), each rail (link, speed, MTU, RoCE
 port state and active MTU), the GPU's temperature and power, and on the head (--ray-head)
-the Ray nodes alive with their GPUs. Only reads; needs docker access, nvidia-smi, ibv_devinfo.
+the Ray nodes alive with their GPUs; with --guard-status, the serving guard's latest verdict
+and this node's clock (`ops upgrade` judges a verdict's age by it). Only reads; needs docker
+access, nvidia-smi, ibv_devinfo.
 """
 
 import argparse
 import json
 import re
 import subprocess
+import time
 
 
 def run(*argv, timeout=20):
@@ -74,6 +78,27 @@ def ray_nodes(container, head_ip, membership, dashboard_port):
     return {"error": err} if out is None else {"nodes": json.loads(out)}
 
 
+def guard_status(path):
+    """The verdict file as it is, with this node's time; read with sudo when the guard keeps it private."""
+    reading = {"now": time.time()}
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        reading["error"] = f"{path}: no such file (is the serving guard running?)"
+        return reading
+    except PermissionError:
+        text, err = run("sudo", "-n", "cat", path)
+        if text is None:
+            reading["error"] = f"{path}: not readable ({err})"
+            return reading
+    try:
+        reading["status"] = json.loads(text)
+    except ValueError as err:
+        reading["error"] = f"{path}: not JSON ({err})"
+    return reading
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", required=True)
@@ -82,6 +107,7 @@ def main():
     parser.add_argument("--ray-head", help="this node is the head: list Ray nodes via its state API")
     parser.add_argument("--membership", help="ray-membership.py inside the container (with --ray-head)")
     parser.add_argument("--dashboard-port", type=int, help="the head's Ray dashboard port (with --ray-head)")
+    parser.add_argument("--guard-status", help="the serving guard's verdict file: report it")
     args = parser.parse_args()
     if args.ray_head and not (args.membership and args.dashboard_port):
         parser.error("--ray-head needs --membership and --dashboard-port")
@@ -93,6 +119,8 @@ def main():
     }
     if args.ray_head:
         status["ray"] = ray_nodes(args.container, args.ray_head, args.membership, args.dashboard_port)
+    if args.guard_status:
+        status["serving_guard"] = guard_status(args.guard_status)
     print(json.dumps(status))
 
 

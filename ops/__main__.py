@@ -1,4 +1,4 @@
-"""python -m ops {status,bench,needle,client-setup,pin-host-keys} — see each one's --help."""
+"""python -m ops {status,bench,needle,client-setup,pin-host-keys,upgrade} — see each one's --help."""
 
 from __future__ import annotations
 
@@ -28,15 +28,41 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def add_ssh_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the tools reach the nodes (ops status's ssh runner)."""
+    parser.add_argument("--ssh-user", default=os.environ.get("TWINSPARK_SSH_USER"), help="default: the stack's ssh.user")
+    parser.add_argument("--ssh-key", help="private key (default: ssh's own choice / the agent)")
+    parser.add_argument("--ssh-option", action="append", default=[], help="extra `ssh -o` option, repeatable")
+
+
+def add_upgrade_parser(sub) -> None:
+    from .upgrade import DEFAULT_CANARY_TIMEOUT_MIN, parse_setting
+
+    p = sub.add_parser("upgrade", help="change settings, deploy, gate (readiness, canary, bench), roll back on failure",
+                       description="Exit 0 upgraded; 1 a gate failed and serving is back on the previous settings; "
+                                   "2 bad input (nothing changed); 3 ROLLBACK FAILED; 4 another update holds the stack.")
+    p.add_argument("--stack", help="the Pulumi stack to upgrade (required)")
+    p.add_argument("--set", dest="settings", action="append", type=parse_setting, required=True, metavar="KEY=VALUE",
+                   help="serving.<key> or model.revision, repeatable; a list as JSON: serving.extraArgs='[\"--x\"]'")
+    p.add_argument("--dry-run", action="store_true", help="show the preview of what would change; change nothing")
+    p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening against the baseline (0.10 = 10%%)")
+    p.add_argument("--rebaseline", action="store_true",
+                   help="the bench does not gate against the old baseline (e.g. another serving.profile); its "
+                        "figures become the new baseline when readiness and the canary pass")
+    p.add_argument("--canary-timeout-min", type=positive_float, default=DEFAULT_CANARY_TIMEOUT_MIN,
+                   help="wait this long for the serving guard's first verdict after the update")
+    p.add_argument("--poll-seconds", type=positive_float, default=10.0, help="between endpoint and canary checks")
+    p.add_argument("--bench-deadline-min", type=positive_float, default=BENCH_DEADLINE_MIN)
+    add_ssh_arguments(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m ops", description=__doc__)
     sub = parser.add_subparsers(dest="tool", required=True)
 
     p = sub.add_parser("status", help="nodes, rails, Ray, GPUs, endpoint and spec decode at a glance")
     add_target_arguments(p)
-    p.add_argument("--ssh-user", default=os.environ.get("TWINSPARK_SSH_USER"), help="default: the stack's ssh.user")
-    p.add_argument("--ssh-key", help="private key (default: ssh's own choice / the agent)")
-    p.add_argument("--ssh-option", action="append", default=[], help="extra `ssh -o` option, repeatable")
+    add_ssh_arguments(p)
     p.add_argument("--expect-mtu", type=int, help="default: the stack's fabric.mtu")
     p.add_argument("--expect-speed-mbps", type=int, help="default: the stack's fabric.linkSpeedMbps")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -83,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--claude-env-file", type=Path, default=Path("~/.config/twinspark/claude-code.env").expanduser())
 
     add_pin_host_keys_parser(sub)
+    add_upgrade_parser(sub)
     return parser
 
 
@@ -126,6 +153,15 @@ def run_tool(args, console: Console) -> int:
     return 0
 
 
+def run_upgrade_tool(args, console: Console) -> int:
+    from .stack import AutomationStack
+    from .upgrade import run_upgrade, ssh_guard_probe
+
+    work_dir = Path(__file__).resolve().parent.parent  # the checkout: the Pulumi project and its .twinspark/
+    return run_upgrade(args, console, lambda name: AutomationStack(name, work_dir),
+                       ssh_guard_probe(args.ssh_user, args.ssh_key, args.ssh_option), work_dir)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.tool == "pin-host-keys":  # reads the stack file, not the stack's outputs
@@ -133,6 +169,8 @@ def main(argv=None) -> int:
 
         return run_pin_host_keys(args)
     try:
+        if args.tool == "upgrade":
+            return run_upgrade_tool(args, Console())
         return run_tool(args, Console())
     except ToolError as err:
         print(f"ops {args.tool}: {err}", file=sys.stderr)

@@ -98,3 +98,20 @@ def served_models(body: bytes) -> list[str]:
         return [card.id for card in ModelList.model_validate_json(body).data]
     except ValidationError as err:
         raise ValueError(f"not a model list ({first_problem(err)}): {body[:120]!r}") from None
+
+
+# ---- the head's serving guard (node_contract.SERVING_GUARD_STATUS) ------------------------------
+class GuardHold(Lenient):
+    reason: str
+    since: float
+
+
+class GuardVerdict(Lenient):
+    """The serving guard's latest verdict; `ops upgrade` passes the canary on ok without a hold."""
+    checked_at: float
+    ok: bool
+    failures: list[str] = []
+    consecutive_failures: int = 0
+    restarts_in_window: int = 0
+    hold: Optional[GuardHold] = None
+    serving_started_at: Optional[float] = None

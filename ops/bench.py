@@ -131,6 +131,15 @@ def plan_record(plan: BenchPlan, model: str, endpoint: str, profile: Optional[st
     }
 
 
+def plan_from_record(record: dict) -> BenchPlan:
+    """The plan a results file was made with (plan_record's inverse), to measure like with like."""
+    return BenchPlan(single_runs=record["runs"], single_max_tokens=record["max_tokens"],
+                     concurrency=record["concurrency"], long_prompt_tokens=record["long_prompt_tokens"],
+                     sweep=tuple(record["sweep"]), sweep_requests_per_level=record["sweep_requests"],
+                     sweep_input_tokens=record["sweep_input_tokens"],
+                     sweep_output_tokens=record["sweep_output_tokens"], temperature=record["temperature"])
+
+
 class Bench:
     def __init__(self, endpoint: str, api_key: str, model: str, plan: BenchPlan,
                  on_request_done: Callable[[], None] = lambda: None, send_cache_salt: bool = False,
@@ -409,6 +418,27 @@ def render(result: dict, console: Console, comparison: Optional[list[dict]] = No
         console.print(Text(f"... and {len(result['errors']) - 5} more failed requests", style="red"))
 
 
+def measure(target, plan: BenchPlan, console: Console, profile: Optional[str] = None, send_cache_salt: bool = False,
+            deadline_s: Optional[float] = None) -> dict:
+    """One run of the plan against target, with a progress bar: the results (what -o writes)."""
+    with Progress(console=console, transient=True) as progress:
+        bench = Bench(target.endpoint, target.api_key, target.model, plan, send_cache_salt=send_cache_salt,
+                      profile=profile)
+        task = progress.add_task("benchmarking", total=bench.total_requests())
+        bench.on_request_done = lambda: progress.advance(task)
+        try:
+            return run_with_deadline(bench.run(), deadline_s)
+        except DeadlineError as err:
+            done = sum(r is not None for r in bench.results)
+            raise DeadlineError(f"{err}; {done} of {bench.total_requests()} requests had finished, nothing written "
+                                "(a hanging server? see `ops status`)") from None
+
+
+def failed(result: dict, comparison: Optional[list[dict]]) -> bool:
+    """A run fails on any failed request or any regression against the baseline."""
+    return bool(result["errors"]) or any(row["regression"] for row in comparison or [])
+
+
 def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Optional[str], tolerance: float,
               console: Console, profile: Optional[str] = None, send_cache_salt: bool = False,
               allow_plan_mismatch: bool = False, deadline_s: Optional[float] = None) -> int:
@@ -422,17 +452,7 @@ def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Opt
         if diffs and not allow_plan_mismatch:
             raise InputError(f"--compare {baseline_path} was made with another plan: {'; '.join(diffs)}. "
                              "Rerun with the baseline's parameters, or pass --allow-plan-mismatch")
-    with Progress(console=console, transient=True) as progress:
-        bench = Bench(target.endpoint, target.api_key, target.model, plan, send_cache_salt=send_cache_salt,
-                      profile=profile)
-        task = progress.add_task("benchmarking", total=bench.total_requests())
-        bench.on_request_done = lambda: progress.advance(task)
-        try:
-            result = run_with_deadline(bench.run(), deadline_s)
-        except DeadlineError as err:
-            done = sum(r is not None for r in bench.results)
-            raise DeadlineError(f"{err}; {done} of {bench.total_requests()} requests had finished, nothing written "
-                                "(a hanging server? see `ops status`)") from None
+    result = measure(target, plan, console, profile, send_cache_salt, deadline_s)
     if output:  # first: nothing that follows may lose the run
         with open(output, "w") as f:
             json.dump(result, f, indent=2)
@@ -443,5 +463,4 @@ def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Opt
     render(result, console, comparison, warnings)
     if output:
         console.print(Text(f"results written to {output}"))
-    failed = bool(result["errors"]) or any(row["regression"] for row in comparison or [])
-    return 1 if failed else 0
+    return 1 if failed(result, comparison) else 0

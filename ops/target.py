@@ -147,6 +147,17 @@ def resolve_target(args: argparse.Namespace, need_nodes: bool = False) -> Target
     )
 
 
+def target_from_outputs(outputs: dict[str, Any], source: str) -> Target:
+    """The stack's own endpoint, key, model, nodes and SSH user, nothing overridden."""
+    outputs = check_outputs(outputs, source)
+    missing = [key for key in ("endpoint", "apiKey", "model", "nodes", "sshUser") if not outputs.get(key)]
+    if missing:
+        raise TargetError(f"{source}: no {', '.join(missing)} (has the stack been deployed with `pulumi up`?)")
+    return Target(endpoint=outputs["endpoint"], api_key=outputs["apiKey"], model=outputs["model"],
+                  nodes=outputs["nodes"], outputs=outputs, ssh_user=outputs["sshUser"],
+                  fabric=outputs.get("fabric") or {})
+
+
 def status_flags_complete(args: argparse.Namespace) -> bool:
     """Flags alone say everything `status` needs: the stack need not be read."""
     return all(getattr(args, a, None) for a in ("nodes", "ssh_user", "expect_mtu", "expect_speed_mbps"))

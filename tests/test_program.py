@@ -1,6 +1,7 @@
 """The real __main__.py under Pulumi mocks with Pulumi.spark.yaml: graph, inputs, outputs."""
 
 import json
+import re
 import shlex
 
 import pytest
@@ -248,7 +249,7 @@ def test_containers_use_their_nodes_image_id_and_daemon(recipe_run):
 def test_serving_image_build(recipe_run):
     for node, host in (("spark1", "192.168.1.10"), ("spark2", "192.168.1.11")):
         image = recipe_run.named(f"{node}-image-build").inputs
-        assert image["imageName"] == "twinspark-vllm:ray"
+        assert re.fullmatch(r"twinspark-vllm:ray-[0-9a-f]{12}", image["imageName"])
         assert image["skipPush"] is True
         build = image["build"]
         assert build["platform"] == "linux/arm64"
@@ -257,6 +258,17 @@ def test_serving_image_build(recipe_run):
         provider = recipe_run.named(f"{node}-docker").inputs
         assert provider["host"] == f"ssh://nvidia@{host}"
         assert "StrictHostKeyChecking=yes" in json.loads(provider["sshOpts"])  # tests/test_ssh_access.py: the rest
+
+
+def test_each_serving_image_build_keeps_a_tag_of_its_own(program, recipe_config, recipe_run):
+    """An upgrade's build must not take the previous build's tag: the previous image would be left
+    dangling, and `docker image prune` would remove what a rollback needs (issue 12 item 4)."""
+    before = recipe_run.named("spark1-image-build").inputs["imageName"]
+    assert program(recipe_config).named("spark1-image-build").inputs["imageName"] == before  # deterministic
+    recipe_config["twinspark:serving"]["image"] = "ghcr.io/anemll/dspark-vllm-gx10:0.1.2"
+    upgraded = program(recipe_config)
+    assert upgraded.named("spark1-image-build").inputs["imageName"] != before
+    assert upgraded.named("spark1-image-build").inputs["imageName"] == upgraded.named("spark2-image-build").inputs["imageName"]
 
 
 def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run):

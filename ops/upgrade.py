@@ -1,0 +1,507 @@
+"""upgrade — change settings, deploy them, and keep them only if serving passes the gates.
+
+    python -m ops upgrade --stack spark --set serving.image=REPO:TAG [--set serving.maxModelLen=65536 ...]
+
+1. Every --set is checked before anything changes: a key upgrade may change (`serving.*`,
+   `model.revision`), the whole config as the program will read it (components/config.py), and
+   that the previous values can be written back exactly (keys unset before are unset again).
+2. The settings are written to the stack config (Automation API: set_all_config/remove_all_config,
+   path=True) and deployed (`up`).
+3. Gates: readiness (the up fails when the readiness wait fails; then /health and an
+   authenticated /v1/models serving the stack's model), the canary (the head's serving guard:
+   a verdict checked after the up finished, ok and without a hold), and a bench run with the
+   stored baseline's plan compared with it (bench.compare, --tolerance).
+4. Any gate failing: the previous settings are written back, deployed again, and readiness and
+   the canary must pass again. On success the bench result becomes the stack's baseline:
+   .twinspark/baselines/<stack>.json in the checkout (the previous one kept beside it).
+
+Exit codes: 0 upgraded; 1 a gate failed and serving is back on the previous settings; 2 bad
+input (nothing changed); 3 ROLLBACK FAILED, serving not verified back; 4 another update holds
+the stack (nothing deployed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import fcntl
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import httpx
+from pulumi import RunError
+from pulumi.automation import CommandError, ConcurrentUpdateError
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+import node_contract as contract
+from components import config as schema
+
+from . import bench
+from .api import GuardVerdict, first_problem
+from .inputs import EndpointError, InputError, ToolError
+from .stack import UpgradeStack, Writes, apply_writes, cli_text, one_line_error, value_at
+from .status import ssh_runner
+from .target import Target, check_endpoint, target_from_outputs
+
+EXIT_ROLLED_BACK = 1
+EXIT_ROLLBACK_FAILED = 3
+EXIT_STACK_BUSY = 4
+
+BASELINE_DIR = Path(".twinspark") / "baselines"  # under the checkout
+DEFAULT_CANARY_TIMEOUT_MIN = 10
+DEFAULT_READINESS_TIMEOUT_S = 120
+
+
+class StackBusy(ToolError):
+    """Another update holds the stack (or another `ops upgrade` of it runs from this checkout)."""
+    exit_code = EXIT_STACK_BUSY
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "(unset)"
+
+
+UNSET: Any = _Unset()
+
+
+# ---- what --set may change ---------------------------------------------------------------------------
+def upgradable_keys() -> dict[str, bool]:
+    """Every key upgrade may set, with whether its value is a list: `serving.*`, and
+    `model.revision` where the schema has it."""
+    keys = {}
+    for block, model, names in (("serving", schema.Serving, None), ("model", schema.ModelConfig, ("revision",))):
+        for name, info in model.model_fields.items():
+            alias = info.alias or name
+            if names is None or alias in names:
+                keys[f"{block}.{alias}"] = getattr(info.annotation, "__origin__", None) is list
+    return keys
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    text: str
+
+
+def parse_setting(text: str) -> Setting:
+    """argparse type for --set KEY=VALUE."""
+    key, sep, value = text.partition("=")
+    key = key.strip().removeprefix(f"{schema.NAMESPACE}:")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. serving.image=REPO:TAG)")
+    keys = upgradable_keys()
+    if key not in keys:
+        near = difflib.get_close_matches(key, list(keys), n=1)
+        hint = f"did you mean {near[0]}?" if near else f"expected one of {', '.join(keys)}"
+        raise argparse.ArgumentTypeError(f"{key!r} is not a setting upgrade changes — {hint}")
+    return Setting(key, value)
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    before: Any  # UNSET where the stack did not set it
+    after: Any  # as the CLI will store it
+
+
+@dataclass
+class Plan:
+    changes: list[Change]
+    forward: Writes  # the new settings
+    backward: Writes  # the previous ones, exactly
+    before: schema.StackConfig  # as the program reads them
+    after: schema.StackConfig
+
+
+def requested_writes(setting: Setting, is_list: bool) -> tuple[list[str], list[tuple[str, str]]]:
+    if not is_list:
+        return [], [(setting.key, setting.text)]
+    try:
+        items = json.loads(setting.text)
+    except ValueError:
+        items = None
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise InputError(f"--set {setting.key}: {setting.text!r} is not a JSON list of strings "
+                         f"(e.g. {setting.key}='[\"--enforce-eager\"]')")
+    return [setting.key], [(f"{setting.key}[{i}]", item) for i, item in enumerate(items)]
+
+
+def restoring_writes(key: str, before: Any) -> tuple[list[str], list[tuple[str, str]]]:
+    """What writes `before` back at key: unset is removed, a list element by element."""
+    if before is UNSET:
+        return [key], []
+    if isinstance(before, list):
+        return [key], [(f"{key}[{i}]", cli_text(item)) for i, item in enumerate(before)]
+    return [], [(key, cli_text(before))]
+
+
+def validated(blocks: dict[str, Any], what: str) -> schema.StackConfig:
+    structured = {k: v for k, v in blocks.items() if k in schema.STRUCTURED_KEYS + schema.OPTIONAL_STRUCTURED_KEYS}
+    try:
+        return schema.parse_stack_config(structured)
+    except RunError as err:
+        problems = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+        raise InputError(f"{what}: {'; '.join(problems) or err}") from None
+
+
+def plan_upgrade(blocks: dict[str, Any], settings: list[Setting]) -> Plan:
+    """The writes there and back, checked before anything changes. InputError on bad input."""
+    keys = upgradable_keys()
+    seen = [s.key for s in settings]
+    twice = sorted({k for k in seen if seen.count(k) > 1})
+    if twice:
+        raise InputError(f"--set {', '.join(twice)} given more than once")
+    before = validated(blocks, "the stack's current config is invalid")
+    removes, sets = [], []
+    for setting in settings:
+        r, s = requested_writes(setting, keys[setting.key])
+        removes += r
+        sets += s
+    forward = Writes(tuple(removes), tuple(sets))
+    after_blocks = apply_writes(blocks, forward)
+    after = validated(after_blocks, "the new settings are refused")
+    changes = [Change(s.key, value_at(blocks, s.key, UNSET), value_at(after_blocks, s.key, UNSET)) for s in settings]
+    removes, sets = [], []
+    for change in changes:
+        r, s = restoring_writes(change.key, change.before)
+        removes += r
+        sets += s
+    backward = Writes(tuple(removes), tuple(sets))
+    if validated(apply_writes(after_blocks, backward), "the previous settings could not be written back") != before:
+        raise InputError("the previous values of " + ", ".join(c.key for c in changes) + " cannot be written back "
+                         "exactly with `pulumi config set --path` (it stores 'true' and whole numbers as such): "
+                         "change them with `pulumi config` and `pulumi up`")
+    return Plan(changes, forward, backward, before, after)
+
+
+# ---- gates -------------------------------------------------------------------------------------------
+@dataclass
+class GateResult:
+    gate: str
+    ok: bool
+    detail: str
+
+
+GuardProbe = Callable[[], dict]  # the head's {"now": unix s, "status": {...}} or {"now", "error"}
+
+
+def ssh_guard_probe(ssh_user: Optional[str], ssh_key: Optional[str], ssh_options: list[str]
+                    ) -> Callable[[Target], GuardProbe]:
+    """Reads the head's guard verdict over SSH exactly as `ops status` reaches the nodes."""
+    def for_target(target: Target) -> GuardProbe:
+        head = next(n for n in target.nodes if n["role"] == "head")
+        run = ssh_runner(ssh_user or target.ssh_user, ssh_key, ssh_options)
+        args = ["--name", head["name"], "--container", contract.SERVING_CONTAINER,
+                "--guard-status", contract.SERVING_GUARD_STATUS]
+        return lambda: json.loads(run(head, args))["serving_guard"]
+
+    return for_target
+
+
+@dataclass
+class Options:
+    tolerance: float = 0.10
+    rebaseline: bool = False
+    readiness_timeout_s: float = DEFAULT_READINESS_TIMEOUT_S
+    canary_timeout_s: float = DEFAULT_CANARY_TIMEOUT_MIN * 60
+    poll_s: float = 10.0
+    bench_deadline_s: float = 30 * 60
+
+
+def wait_for_endpoint(target: Target, timeout_s: float, poll_s: float) -> GateResult:
+    """/health 200 and an authenticated /v1/models serving the stack's model, within timeout_s."""
+    deadline, problem = time.monotonic() + timeout_s, ""
+    while True:
+        try:
+            health = httpx.get(f"{target.base_url}/health", timeout=10).status_code
+            if health != 200:
+                raise EndpointError(f"{target.base_url}/health answered HTTP {health}")
+            check_endpoint(target)
+            return GateResult("readiness", True, f"/health 200, /v1/models serves {target.model}")
+        except httpx.HTTPError as err:
+            problem = f"cannot reach {target.base_url}/health: {type(err).__name__}"
+        except EndpointError as err:
+            problem = str(err)
+        if time.monotonic() >= deadline:
+            return GateResult("readiness", False, f"not serving after {timeout_s:g} s: {problem}")
+        time.sleep(poll_s)
+
+
+def judge_verdict(verdict: GuardVerdict) -> GateResult:
+    if verdict.ok and verdict.hold is None:
+        return GateResult("canary", True, f"ok (restarts in window: {verdict.restarts_in_window})")
+    why = "; ".join(verdict.failures) or "no failure named"
+    hold = f"; hold: {verdict.hold.reason}" if verdict.hold else ""
+    return GateResult("canary", False, f"{'ok' if verdict.ok else 'not ok'}: {why}{hold} "
+                                       f"(consecutive failures {verdict.consecutive_failures}, "
+                                       f"restarts in window {verdict.restarts_in_window})")
+
+
+def wait_for_canary(probe: GuardProbe, up_finished: float, timeout_s: float, poll_s: float) -> GateResult:
+    """The first guard verdict checked after the up finished (by the head's clock) decides."""
+    deadline, threshold, problem = time.monotonic() + timeout_s, None, "no answer yet"
+    while True:
+        asked = time.time()
+        try:
+            reading = probe()
+            if threshold is None:  # the up's end on the head's clock, whatever the skew between clocks
+                threshold = float(reading["now"]) - (asked - up_finished)
+            if reading.get("error"):
+                problem = str(reading["error"])
+            else:
+                verdict = GuardVerdict.model_validate(reading.get("status"))
+                if verdict.checked_at > threshold:
+                    return judge_verdict(verdict)
+                problem = f"the latest verdict was checked {threshold - verdict.checked_at:.0f} s before the up finished"
+        except ValidationError as err:
+            problem = f"the guard's status is not a verdict ({first_problem(err)})"
+        except Exception as err:  # ssh, JSON: one more try until the deadline
+            problem = f"cannot read the guard's status: {one_line_error(err, 300)}"
+        if time.monotonic() >= deadline:
+            return GateResult("canary", False, f"no fresh verdict within {timeout_s / 60:g} min: {problem}")
+        time.sleep(poll_s)
+
+
+# ---- the baseline ----------------------------------------------------------------------------------
+def baseline_path(work_dir: Path, stack_name: str) -> Path:
+    return work_dir / BASELINE_DIR / f"{stack_name.replace('/', '--')}.json"
+
+
+def read_baseline(path: Path) -> dict:
+    try:
+        return bench.load_baseline(str(path))
+    except InputError as err:
+        raise InputError(str(err).replace("--compare ", "baseline ", 1)) from None
+
+
+def record_baseline(path: Path, result: dict, upgrade: Optional[dict] = None) -> None:
+    """The new baseline, written whole or not at all; the previous one kept as <stack>.previous.json."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        os.replace(path, path.with_suffix(".previous.json"))
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps({**result, **({"upgrade": upgrade} if upgrade else {})}, indent=2))
+    os.replace(temporary, path)
+
+
+@contextmanager
+def upgrade_lock(work_dir: Path, stack_name: str) -> Iterator[None]:
+    """One `ops upgrade` per stack from this checkout at a time."""
+    path = work_dir / ".twinspark" / f"upgrade-{stack_name.replace('/', '--')}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StackBusy(f"another `ops upgrade` of stack {stack_name} runs from this checkout ({path})") from None
+        yield
+
+
+# ---- the upgrade -----------------------------------------------------------------------------------
+@dataclass
+class Upgrade:
+    stack: UpgradeStack
+    plan: Plan
+    options: Options
+    console: Console
+    guard_probe_for: Callable[[Target], GuardProbe]
+    work_dir: Path
+    results: list[GateResult] = field(default_factory=list)
+
+    def say(self, text: str, style: str = "") -> None:
+        self.console.print(Text(text, style=style))
+
+    def deploy(self) -> Optional[GateResult]:
+        """`up`; a failed update is the readiness gate failing (the readiness wait is in it)."""
+        try:
+            self.stack.up(on_output=lambda line: self.say(line.rstrip(), "dim"))
+        except ConcurrentUpdateError:
+            raise
+        except CommandError as err:
+            return GateResult("readiness", False, f"pulumi up failed: {one_line_error(err)}")
+        return None
+
+    def serving_gates(self, up_finished: float) -> tuple[list[GateResult], Optional[Target]]:
+        target = target_from_outputs(self.stack.outputs(), f"stack {self.stack.name} outputs")
+        results = [wait_for_endpoint(target, self.options.readiness_timeout_s, self.options.poll_s)]
+        if results[-1].ok:
+            results.append(wait_for_canary(self.guard_probe_for(target), up_finished,
+                                           self.options.canary_timeout_s, self.options.poll_s))
+        return results, target
+
+    def bench_gate(self, target: Target, baseline: dict) -> tuple[GateResult, dict]:
+        plan = bench.plan_from_record(baseline["plan"])
+        result = bench.measure(target, plan, self.console, profile=self.plan.after.serving.profile,
+                               deadline_s=self.options.bench_deadline_s)
+        comparison = bench.compare(result, baseline, self.options.tolerance)
+        bench.render(result, self.console, comparison, bench.comparison_warnings(result, baseline))
+        regressions = [r for r in comparison if r["regression"]]
+        if result["errors"]:
+            return GateResult("bench", False, f"{len(result['errors'])} requests failed, e.g. {result['errors'][0]}"), result
+        if regressions and not self.options.rebaseline:
+            worst = ", ".join(f"{r['metric']} {r['baseline']:.2f}→{r['current']:.2f} ({r['change']:+.0%})"
+                              for r in regressions[:3])
+            return GateResult("bench", False, f"{len(regressions)} regressions beyond "
+                                              f"{self.options.tolerance:.0%}: {worst}"), result
+        note = " (--rebaseline: the comparison does not gate)" if regressions else ""
+        return GateResult("bench", True, f"within {self.options.tolerance:.0%} of the baseline{note}"), result
+
+    def judged(self, gates: Callable[[], list[GateResult]]) -> list[GateResult]:
+        """The gates' results; whatever goes wrong while judging (the outputs unreadable, the
+        bench's deadline) fails them, so that the settings are rolled back, never left half-judged."""
+        try:
+            return gates()
+        except Exception as err:  # noqa: BLE001 — after a deploy, any error must end in the rollback
+            return [GateResult("judging", False, f"could not judge the deployment: {one_line_error(err)}")]
+
+    def roll_back(self) -> int:
+        self.say("rolling back: writing the previous settings back and deploying them", "bold yellow")
+        self.stack.write_config(self.plan.backward)
+        try:
+            failure = self.deploy()
+        except ConcurrentUpdateError:
+            failure = GateResult("readiness", False, "another update took the stack: run `pulumi up` when it ends")
+        back = [failure] if failure else self.judged(lambda: self.serving_gates(time.time())[0])
+        self.report("after the rollback", back)
+        if all(r.ok for r in back):
+            self.say("rolled back: serving again on the previous settings", "bold yellow")
+            return EXIT_ROLLED_BACK
+        self.say("ROLLBACK FAILED: serving is NOT verified back on the previous settings. The stack config holds "
+                 "them again; see `python -m ops status`, the head's logs (/var/log/twinspark) and `pulumi up`.",
+                 "bold red")
+        return EXIT_ROLLBACK_FAILED
+
+    def report(self, title: str, results: list[GateResult]) -> None:
+        table = Table(title=title)
+        for column in ("gate", "", "detail"):
+            table.add_column(column)
+        for r in results:
+            table.add_row(Text(r.gate), Text("pass" if r.ok else "FAIL", style="green" if r.ok else "bold red"),
+                          Text(r.detail))
+        self.console.print(table)
+
+    def run(self, baseline: dict, baseline_file: Path) -> int:
+        try:
+            self.stack.write_config(self.plan.forward)
+        except CommandError as err:
+            self.stack.write_config(self.plan.backward)
+            raise ToolError(f"could not write the new settings ({one_line_error(err)}); the previous ones were "
+                            "written back, nothing deployed") from None
+        try:
+            failure = self.deploy()
+        except ConcurrentUpdateError:
+            self.stack.write_config(self.plan.backward)
+            raise StackBusy(f"another update is running on stack {self.stack.name}: nothing deployed, the previous "
+                            "settings written back; try again when it ends") from None
+        up_finished, result = time.time(), None
+
+        def gates() -> list[GateResult]:
+            nonlocal result
+            results, target = self.serving_gates(up_finished)
+            if all(r.ok for r in results):
+                gate, result = self.bench_gate(target, baseline)
+                results.append(gate)
+            return results
+
+        results = [failure] if failure else self.judged(gates)
+        self.report("upgrade gates", results)
+        if all(r.ok for r in results):
+            record_baseline(baseline_file, result, {
+                "stack": self.stack.name, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "settings": {c.key: c.after for c in self.plan.changes}})
+            self.say(f"upgraded; new baseline {baseline_file}", "bold green")
+            return 0
+        return self.roll_back()
+
+
+def show_changes(plan: Plan, console: Console) -> None:
+    table = Table(title="settings")
+    for column in ("key", "now", "new"):
+        table.add_column(column)
+    for c in plan.changes:
+        table.add_row(Text(c.key), Text(json.dumps(c.before) if c.before is not UNSET else "(unset)"),
+                      Text(json.dumps(c.after)))
+    console.print(table)
+
+
+def predicted_plan_differences(plan: Plan, target: Target, baseline: dict) -> list[str]:
+    """How the bench plan after the upgrade will differ from the baseline's (profile, endpoint)."""
+    endpoint = target.endpoint.replace(f":{plan.before.serving.port}/", f":{plan.after.serving.port}/", 1)
+    record = bench.plan_record(bench.plan_from_record(baseline["plan"]), target.model, endpoint,
+                               plan.after.serving.profile)
+    return bench.plan_differences(record, baseline)
+
+
+def ensure_baseline(path: Path, target: Target, profile: str, console: Console, deadline_s: float) -> dict:
+    if path.exists():
+        return read_baseline(path)
+    console.print(Text(f"no baseline for this stack yet ({path}): measuring the deployment as it is, "
+                       "before anything changes", style="bold"))
+    target.model = check_endpoint(target)
+    result = bench.measure(target, bench.BenchPlan(), console, profile=profile, deadline_s=deadline_s)
+    if result["errors"]:
+        raise ToolError(f"the current deployment failed {len(result['errors'])} bench requests (e.g. "
+                        f"{result['errors'][0]}): nothing changed; fix serving first (`python -m ops status`)")
+    record_baseline(path, result)
+    return read_baseline(path)
+
+
+def opening(open_stack: Callable[[str], UpgradeStack], work_dir: Path) -> Callable[[str], UpgradeStack]:
+    """open_stack, its failures as one line each (bad input: nothing has changed)."""
+    from pulumi.automation import InvalidVersionError, StackNotFoundError
+
+    def open_(name: str) -> UpgradeStack:
+        try:
+            return open_stack(name)
+        except StackNotFoundError:
+            raise InputError(f"--stack {name}: no such stack for the project in {work_dir} (`pulumi stack ls` lists "
+                             "them)") from None
+        except FileNotFoundError:
+            raise InputError("the Pulumi CLI is not on PATH: ops upgrade deploys through it "
+                             "(https://www.pulumi.com/docs/install/)") from None
+        except InvalidVersionError as err:
+            raise InputError(f"the Pulumi CLI: {one_line_error(err)}") from None
+        except CommandError as err:
+            raise InputError(f"--stack {name}: {one_line_error(err)}") from None
+
+    return open_
+
+
+def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable[[str], UpgradeStack],
+                guard_probe_for: Callable[[Target], GuardProbe], work_dir: Path) -> int:
+    if not args.stack:
+        raise InputError("--stack is required: the stack to upgrade (`pulumi stack ls` lists them)")
+    stack = opening(open_stack, work_dir)(args.stack)
+    plan = plan_upgrade(stack.config(), args.settings)
+    show_changes(plan, console)
+    if plan.after == plan.before:
+        console.print(Text("nothing to change: the stack already has these settings"))
+        return 0
+    if args.dry_run:
+        report = stack.preview(plan.forward)
+        console.print(Text(report.text.rstrip()))
+        summary = ", ".join(f"{op} {n}" for op, n in report.change_summary.items() if op != "same")
+        console.print(Text(f"dry run: nothing changed; `up` would: {summary or 'change nothing'}", style="bold"))
+        return 0
+    options = Options(tolerance=args.tolerance, rebaseline=args.rebaseline,
+                      canary_timeout_s=args.canary_timeout_min * 60, poll_s=args.poll_seconds,
+                      bench_deadline_s=args.bench_deadline_min * 60)
+    with upgrade_lock(work_dir, stack.name):
+        target = target_from_outputs(stack.outputs(), f"stack {stack.name} outputs")
+        path = baseline_path(work_dir, stack.name)
+        baseline = ensure_baseline(path, target, plan.before.serving.profile, console, options.bench_deadline_s)
+        differences = predicted_plan_differences(plan, target, baseline)
+        if differences and not args.rebaseline:
+            raise InputError(f"the baseline {path} was measured with another plan ({'; '.join(differences)}), so "
+                             "it cannot judge the new figures: pass --rebaseline (readiness and the canary gate, "
+                             "and the new figures become the baseline)")
+        return Upgrade(stack, plan, options, console, guard_probe_for, work_dir).run(baseline, path)
