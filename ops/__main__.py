@@ -51,6 +51,8 @@ def add_upgrade_parser(sub) -> None:
                         "figures become the new baseline when readiness and the canary pass")
     p.add_argument("--canary-timeout-min", type=positive_float, default=DEFAULT_CANARY_TIMEOUT_MIN,
                    help="wait this long for the serving guard's first verdict after the update")
+    p.add_argument("--readiness-timeout-min", type=positive_float, default=2,
+                   help="after the update, wait this long for /health and /v1/models")
     p.add_argument("--poll-seconds", type=positive_float, default=10.0, help="between endpoint and canary checks")
     p.add_argument("--bench-deadline-min", type=positive_float, default=BENCH_DEADLINE_MIN)
     add_ssh_arguments(p)

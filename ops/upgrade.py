@@ -56,8 +56,8 @@ EXIT_ROLLBACK_FAILED = 3
 EXIT_STACK_BUSY = 4
 
 BASELINE_DIR = Path(".twinspark") / "baselines"  # under the checkout
+FIRST_BASELINE_PLAN = bench.BenchPlan()  # `ops bench`'s defaults; later runs reuse the baseline's plan
 DEFAULT_CANARY_TIMEOUT_MIN = 10
-DEFAULT_READINESS_TIMEOUT_S = 120
 
 
 class StackBusy(ToolError):
@@ -176,7 +176,11 @@ def plan_upgrade(blocks: dict[str, Any], settings: list[Setting]) -> Plan:
         removes += r
         sets += s
     backward = Writes(tuple(removes), tuple(sets))
-    if validated(apply_writes(after_blocks, backward), "the previous settings could not be written back") != before:
+    try:
+        restored = validated(apply_writes(after_blocks, backward), "")
+    except InputError:
+        restored = None
+    if restored != before:
         raise InputError("the previous values of " + ", ".join(c.key for c in changes) + " cannot be written back "
                          "exactly with `pulumi config set --path` (it stores 'true' and whole numbers as such): "
                          "change them with `pulumi config` and `pulumi up`")
@@ -211,7 +215,7 @@ def ssh_guard_probe(ssh_user: Optional[str], ssh_key: Optional[str], ssh_options
 class Options:
     tolerance: float = 0.10
     rebaseline: bool = False
-    readiness_timeout_s: float = DEFAULT_READINESS_TIMEOUT_S
+    readiness_timeout_s: float = 120.0
     canary_timeout_s: float = DEFAULT_CANARY_TIMEOUT_MIN * 60
     poll_s: float = 10.0
     bench_deadline_s: float = 30 * 60
@@ -230,7 +234,7 @@ def wait_for_endpoint(target: Target, timeout_s: float, poll_s: float) -> GateRe
         except httpx.HTTPError as err:
             problem = f"cannot reach {target.base_url}/health: {type(err).__name__}"
         except EndpointError as err:
-            problem = str(err)
+            problem = str(err).removesuffix(": pass --model")  # the model is the stack's, not a flag's
         if time.monotonic() >= deadline:
             return GateResult("readiness", False, f"not serving after {timeout_s:g} s: {problem}")
         time.sleep(poll_s)
@@ -447,7 +451,7 @@ def ensure_baseline(path: Path, target: Target, profile: str, console: Console, 
     console.print(Text(f"no baseline for this stack yet ({path}): measuring the deployment as it is, "
                        "before anything changes", style="bold"))
     target.model = check_endpoint(target)
-    result = bench.measure(target, bench.BenchPlan(), console, profile=profile, deadline_s=deadline_s)
+    result = bench.measure(target, FIRST_BASELINE_PLAN, console, profile=profile, deadline_s=deadline_s)
     if result["errors"]:
         raise ToolError(f"the current deployment failed {len(result['errors'])} bench requests (e.g. "
                         f"{result['errors'][0]}): nothing changed; fix serving first (`python -m ops status`)")
@@ -493,7 +497,7 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
         console.print(Text(f"dry run: nothing changed; `up` would: {summary or 'change nothing'}", style="bold"))
         return 0
     options = Options(tolerance=args.tolerance, rebaseline=args.rebaseline,
-                      canary_timeout_s=args.canary_timeout_min * 60, poll_s=args.poll_seconds,
+                      readiness_timeout_s=args.readiness_timeout_min * 60, canary_timeout_s=args.canary_timeout_min * 60, poll_s=args.poll_seconds,
                       bench_deadline_s=args.bench_deadline_min * 60)
     with upgrade_lock(work_dir, stack.name):
         target = target_from_outputs(stack.outputs(), f"stack {stack.name} outputs")

@@ -1,0 +1,411 @@
+"""ops upgrade against a fake stack that behaves like Pulumi's Automation API.
+
+FakeStack keeps the stack's config as the CLI does (`ops.stack.apply_writes`, whose path
+semantics are checked against the CLI's source below), runs the program's own config validation
+on `up`, and raises the Automation API's own errors, made by its `create_command_error` from the
+text the CLI prints. Its `up` deploys onto a World: the OpenAI stand-in (the endpoint, measured
+for real by the bench) and the head's serving guard, both set by what the deployed settings say.
+"""
+
+import copy
+import io
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from pulumi import RunError
+from pulumi.automation import errors as auto_errors
+from pulumi.automation._cmd import CommandResult
+from rich.console import Console
+
+from components.config import STRUCTURED_KEYS, parse_stack_config
+from openai_standin import Behaviour, serve
+from ops import bench, upgrade
+from ops.__main__ import build_parser, main as ops_main
+from ops.inputs import ToolError
+from ops.stack import PreviewReport, Writes, apply_writes, cli_value
+from program_harness import ROOT, stack_config
+
+GOOD = "ghcr.io/anemll/dspark-vllm-gx10:0.1.1"
+NEW = "ghcr.io/anemll/dspark-vllm-gx10:0.1.2"
+RATES = dict(decode_tok_s=100.0, prefill_tok_s=200000.0, base_latency_s=0.05)
+SMALL_PLAN = bench.BenchPlan(single_runs=2, single_max_tokens=5, concurrency=2, long_prompt_tokens=300, sweep=(1, 2),
+                             sweep_requests_per_level=1, sweep_input_tokens=100, sweep_output_tokens=3)
+
+
+class World:
+    """What is deployed: the endpoint (the stand-in) and the head's guard, per the settings of the last up.
+    Images named ...:bad-start fail the readiness wait, :wrong-model serve another model, :crashloop
+    make the guard hold, :slow decode 4x slower, :guard-silent stop the guard's verdicts."""
+
+    def __init__(self):
+        self.behaviour = Behaviour(**RATES)
+        self.server = serve(self.behaviour)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.served_model = self.behaviour.model
+        self.deployed: list[str] = []  # serving.image of every successful deploy
+        self.outcome = "good"
+        self.silent_since = time.time()
+
+    def deploy(self, cfg) -> None:
+        image = cfg.serving.image
+        self.outcome = image.rsplit(":", 1)[-1] if image.rsplit(":", 1)[-1] in (
+            "bad-start", "wrong-model", "crashloop", "slow", "guard-silent") else "good"
+        if self.outcome == "bad-start":
+            raise RuntimeError("spark1-readiness-wait: not serving after 1200 s; last lines of the head's logs: "
+                               "vllm.log | RuntimeError: CUDA error: no kernel image is available")
+        self.deployed.append(image)
+        self.behaviour.model = "another-model" if self.outcome == "wrong-model" else self.served_model
+        self.behaviour.decode_tok_s = RATES["decode_tok_s"] / (4 if self.outcome == "slow" else 1)
+        if self.outcome == "guard-silent":
+            self.silent_since = time.time() - 1
+
+    def guard_probe(self, target):
+        assert target.nodes[0]["role"] == "head" and target.ssh_user == "nvidia"
+
+        def probe():
+            now = time.time()
+            verdict = {"checked_at": now - 0.001, "ok": True, "failures": [], "consecutive_failures": 0,
+                       "restarts_in_window": 0, "hold": None, "serving_started_at": now - 60}
+            if self.outcome == "crashloop":
+                verdict.update(ok=False, failures=["engine exited 3 times in 10 min"], consecutive_failures=3,
+                               restarts_in_window=3, hold={"reason": "crash loop", "since": now - 5})
+            if self.outcome == "guard-silent":
+                verdict["checked_at"] = self.silent_since
+            return {"now": now, "status": verdict}
+
+        return probe
+
+    def outputs(self):
+        return stack_outputs(self.endpoint, self.behaviour.api_key, self.served_model)
+
+
+def stack_outputs(endpoint, api_key, model):
+    return {"endpoint": endpoint, "apiKey": api_key, "model": model, "sshUser": "nvidia",
+            "fabric": {"mtu": 9000, "linkSpeedMbps": 200000},
+            "nodes": [{"name": "spark1", "role": "head", "host": "127.0.0.1", "rayIp": "10.0.0.1",
+                       "rails": [{"iface": "enp1s0f0np0", "hca": "rocep1s0f0"}]}]}
+
+
+def command_error(stdout="", stderr=""):
+    """The exception the Automation API raises for a CLI run that printed this."""
+    return auto_errors.create_command_error(CommandResult(stdout=stdout, stderr=stderr, code=255))
+
+
+class FakeStack:
+    def __init__(self, world, blocks, name="spark"):
+        self.name, self.world, self.blocks = name, world, copy.deepcopy(blocks)
+        self.calls: list[tuple] = []
+        self.planned_up_failures: list[str] = []  # the CLI's stderr for the next ups, in order
+
+    def config(self):
+        return copy.deepcopy(self.blocks)
+
+    def write_config(self, writes: Writes):
+        self.calls.append(("write", writes))
+        self.blocks = apply_writes(self.blocks, writes)
+
+    def preview(self, writes):
+        self.calls.append(("preview", writes))
+        after = apply_writes(self.blocks, writes)
+        changed = [k for k in after["serving"] if after["serving"].get(k) != self.blocks["serving"].get(k)]
+        return PreviewReport({"update": 4 if changed else 0, "same": 40},
+                             "\n".join(f"~ twinspark:serving.{k}" for k in changed))
+
+    def up(self, on_output):
+        self.calls.append(("up", self.blocks["serving"].get("image")))
+        if self.planned_up_failures:
+            raise command_error(stderr=self.planned_up_failures.pop(0))
+        try:
+            cfg = parse_stack_config({k: v for k, v in self.blocks.items() if k in STRUCTURED_KEYS})
+        except RunError as err:
+            raise command_error(stdout=f"error: an unhandled error occurred: {err}") from None
+        try:
+            self.world.deploy(cfg)
+        except RuntimeError as err:
+            raise command_error(stdout=f"  command:remote:Command ({err})\nerror: update failed") from None
+        on_output("Resources: 4 updated, 40 unchanged")
+
+    def outputs(self):
+        return self.world.outputs()
+
+    def ups(self):
+        return [c[1] for c in self.calls if c[0] == "up"]
+
+    def writes(self):
+        return [c[1] for c in self.calls if c[0] == "write"]
+
+
+def original_blocks():
+    return {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+
+
+@pytest.fixture
+def world():
+    w = World()
+    yield w
+    w.server.shutdown()
+
+
+@pytest.fixture
+def stack(world):
+    return FakeStack(world, original_blocks())
+
+
+def store_baseline(tmp_path, world, profile="default"):
+    target = upgrade.target_from_outputs(world.outputs(), "test")
+    result = bench.measure(target, SMALL_PLAN, quiet(), profile=profile)
+    path = upgrade.baseline_path(tmp_path, "spark")
+    upgrade.record_baseline(path, result)
+    return path, result
+
+
+def quiet():
+    return Console(file=io.StringIO(), width=200)
+
+
+def run(stack, world, tmp_path, *flags, tolerance="0.5"):
+    """ops upgrade with the fake stack; returns (exit code, everything it printed)."""
+    args = build_parser().parse_args(["upgrade", "--stack", stack.name, *flags, "--tolerance", tolerance,
+                                      "--poll-seconds", "0.05", "--canary-timeout-min", "0.02",
+                                      "--readiness-timeout-min", "0.02"])
+    console = Console(file=io.StringIO(), width=250)
+    try:
+        code = upgrade.run_upgrade(args, console, lambda name: stack, world.guard_probe, tmp_path)
+    except ToolError as err:
+        console.file.write(f"ops upgrade: {err}\n")
+        code = err.exit_code
+    return code, console.file.getvalue()
+
+
+def assert_back_on_the_original(stack, world, out):
+    assert stack.blocks == original_blocks()  # exactly: unset keys unset again
+    assert world.deployed[-1] == GOOD and world.outcome == "good"
+    assert "rolled back: serving again on the previous settings" in out
+
+
+# ---- success ---------------------------------------------------------------------------------------
+def test_success_deploys_and_records_the_new_baseline(stack, world, tmp_path):
+    path, before = store_baseline(tmp_path, world)
+    code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}", "--set", "serving.maxModelLen=65536")
+    assert code == 0, out
+    assert stack.blocks["serving"]["image"] == NEW and stack.blocks["serving"]["maxModelLen"] == 65536  # an int
+    assert world.deployed == [NEW] and stack.ups() == [NEW]
+    recorded = json.loads(path.read_text())
+    assert recorded["run_id"] != before["run_id"]  # the new run's figures
+    assert recorded["upgrade"]["settings"] == {"serving.image": NEW, "serving.maxModelLen": 65536}
+    assert recorded["plan"] == before["plan"]  # measured like with like
+    assert json.loads(path.with_suffix(".previous.json").read_text())["run_id"] == before["run_id"]
+    assert "upgraded; new baseline" in out
+
+
+def test_without_a_baseline_the_deployment_is_measured_before_anything_changes(stack, world, tmp_path, monkeypatch):
+    monkeypatch.setattr(upgrade, "FIRST_BASELINE_PLAN", SMALL_PLAN)  # the default plan, at test size
+    calls_before_measuring = []
+    measure = bench.measure
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: calls_before_measuring.append(list(stack.calls)) or measure(*a, **k))
+    code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}")
+    assert code == 0, out
+    assert calls_before_measuring[0] == []  # the first measurement: the stack untouched
+    path = upgrade.baseline_path(tmp_path, "spark")
+    assert json.loads(path.with_suffix(".previous.json").read_text())["plan"]["profile"] == "default"
+
+
+# ---- each gate failing rolls back --------------------------------------------------------------------
+def test_a_failed_readiness_wait_rolls_back(stack, world, tmp_path):
+    store_baseline(tmp_path, world)
+    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:bad-start")
+    assert code == upgrade.EXIT_ROLLED_BACK, out
+    assert stack.ups() == ["example/vllm:bad-start", GOOD]
+    assert "pulumi up failed" in out and "no kernel image is available" in out
+    assert_back_on_the_original(stack, world, out)
+
+
+def test_an_endpoint_serving_another_model_rolls_back(stack, world, tmp_path):
+    store_baseline(tmp_path, world)
+    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:wrong-model")
+    assert code == upgrade.EXIT_ROLLED_BACK, out
+    assert "readiness" in out and "does not serve 'fake-model' (it serves another-model)" in out
+    assert_back_on_the_original(stack, world, out)
+
+
+def test_a_canary_verdict_with_a_hold_rolls_back(stack, world, tmp_path):
+    store_baseline(tmp_path, world)
+    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:crashloop")
+    assert code == upgrade.EXIT_ROLLED_BACK, out
+    assert "engine exited 3 times in 10 min; hold: crash loop" in out
+    assert_back_on_the_original(stack, world, out)
+
+
+def test_a_canary_verdict_older_than_the_update_does_not_pass(stack, world, tmp_path):
+    store_baseline(tmp_path, world)
+    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:guard-silent")
+    assert code == upgrade.EXIT_ROLLED_BACK, out
+    assert "no fresh verdict" in out and "before the up finished" in out
+    assert_back_on_the_original(stack, world, out)
+
+
+def test_a_bench_regression_rolls_back_and_shows_the_figures(stack, world, tmp_path):
+    store_baseline(tmp_path, world)
+    baseline_before = upgrade.baseline_path(tmp_path, "spark").read_text()
+    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:slow")
+    assert code == upgrade.EXIT_ROLLED_BACK, out
+    assert "REGRESSION" in out and "single_stream.decode_tok_s" in out
+    assert "regressions beyond 50%" in out
+    assert_back_on_the_original(stack, world, out)
+    assert upgrade.baseline_path(tmp_path, "spark").read_text() == baseline_before  # kept
+
+
+def test_rollback_unsets_the_keys_that_were_unset(stack, world, tmp_path):
+    store_baseline(tmp_path, world)
+    del stack.blocks["serving"]["maxModelLen"]  # unset before: the schema's default
+    stack.blocks["serving"]["extraArgs"] = ["--enforce-eager", "--max-num-batched-tokens=8192"]
+    original = copy.deepcopy(stack.blocks)
+    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:slow", "--set",
+                    "serving.maxModelLen=65536", "--set", "serving.gpuClockCapMhz=2400",
+                    "--set", 'serving.extraArgs=["--swap-space=4"]')
+    assert code == upgrade.EXIT_ROLLED_BACK, out
+    assert stack.blocks == original
+    assert "maxModelLen" not in stack.blocks["serving"] and "gpuClockCapMhz" not in stack.blocks["serving"]
+    assert stack.writes()[-1].removes == ("serving.maxModelLen", "serving.gpuClockCapMhz", "serving.extraArgs")
+
+
+def test_a_failing_rollback_is_loud_and_has_its_own_exit_code(stack, world, tmp_path):
+    store_baseline(tmp_path, world)
+    stack.planned_up_failures = ["error: update failed: spark1-readiness-wait: not serving after 1200 s",
+                                 "error: ssh: handshake failed: connection reset by peer"]
+    code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}")
+    assert code == upgrade.EXIT_ROLLBACK_FAILED == 3, out
+    assert "ROLLBACK FAILED: serving is NOT verified back" in out and "handshake failed" in out
+    assert stack.blocks == original_blocks()  # the config holds the previous settings again
+
+
+def test_another_update_running_is_refused_and_nothing_stays_changed(stack, world, tmp_path):
+    store_baseline(tmp_path, world)
+    stack.planned_up_failures = ["error: [409] Conflict: Another update is currently in progress."]
+    code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}")
+    assert code == upgrade.EXIT_STACK_BUSY == 4, out
+    assert "another update is running on stack spark" in out
+    assert stack.ups() == [NEW] and world.deployed == []  # no rollback deploy: nothing was deployed
+    assert stack.blocks == original_blocks()
+
+
+def test_a_second_upgrade_from_the_same_checkout_is_refused(stack, world, tmp_path):
+    store_baseline(tmp_path, world)
+    with upgrade.upgrade_lock(tmp_path, "spark"):
+        code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}")
+    assert code == upgrade.EXIT_STACK_BUSY, out
+    assert stack.calls == []
+
+
+# ---- dry run and bad input ---------------------------------------------------------------------------
+def test_dry_run_shows_the_preview_and_changes_nothing(stack, world, tmp_path):
+    code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}", "--dry-run")
+    assert code == 0, out
+    assert [c[0] for c in stack.calls] == ["preview"]
+    assert stack.calls[0][1].sets == (("serving.image", NEW),)
+    assert stack.blocks == original_blocks() and world.deployed == []
+    assert "~ twinspark:serving.image" in out and "update 4" in out and "nothing changed" in out
+    assert not upgrade.baseline_path(tmp_path, "spark").exists()
+
+
+@pytest.mark.parametrize("settings, words", [
+    (["serving.maxModelLen=0"], "twinspark:serving.maxModelLen"),
+    (["serving.profile=turbo"], "twinspark:serving.profile"),
+    (["serving.extraArgs=--enforce-eager"], "not a JSON list of strings"),
+    (['serving.extraArgs=["--port=9"]'], "extraArgs[0]"),
+    (["serving.image=a:1", "serving.image=a:2"], "given more than once"),
+    (["serving.profile=multiagent"], "--rebaseline"),  # the baseline cannot judge another profile
+])
+def test_bad_settings_are_one_line_and_change_nothing(stack, world, tmp_path, settings, words):
+    store_baseline(tmp_path, world)
+    code, out = run(stack, world, tmp_path, *[a for s in settings for a in ("--set", s)])
+    assert code == 2, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("ops upgrade: ") and words in out, out
+    assert [c for c in stack.calls if c[0] != "preview"] == [] and stack.blocks == original_blocks()
+
+
+def test_a_profile_change_with_rebaseline_keeps_the_new_figures(stack, world, tmp_path):
+    path, _ = store_baseline(tmp_path, world)
+    code, out = run(stack, world, tmp_path, "--set", "serving.profile=multiagent", "--rebaseline")
+    assert code == 0, out
+    assert json.loads(path.read_text())["plan"]["profile"] == "multiagent"
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--set", "serving.maxModelLenn=5"], "did you mean serving.maxModelLen?"),
+    (["--set", "serving.image"], "is not KEY=VALUE"),
+    (["--set", "ssh.user=root"], "is not a setting upgrade changes"),
+])
+def test_malformed_flags_are_one_line(capsys, flags, words):
+    with pytest.raises(SystemExit) as exit_:
+        ops_main(["upgrade", "--stack", "spark", *flags])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+
+
+def test_a_stack_that_does_not_exist_is_one_line(world, tmp_path):
+    def no_such_stack(name):
+        raise command_error(stderr=f"error: no stack named '{name}' found")
+
+    args = build_parser().parse_args(["upgrade", "--stack", "nope", "--set", f"serving.image={NEW}"])
+    with pytest.raises(ToolError) as err:
+        upgrade.run_upgrade(args, quiet(), no_such_stack, world.guard_probe, tmp_path)
+    assert err.value.exit_code == 2 and "--stack nope: no such stack" in str(err.value)
+
+
+def test_without_the_pulumi_cli_it_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert ops_main(["upgrade", "--stack", "spark", "--set", f"serving.image={NEW}"]) == 2
+    err = capsys.readouterr().err
+    assert err == "ops upgrade: the Pulumi CLI is not on PATH: ops upgrade deploys through it " \
+                  "(https://www.pulumi.com/docs/install/)\n"
+
+
+# ---- pieces ------------------------------------------------------------------------------------------
+def test_config_values_are_stored_as_the_cli_stores_them():
+    """sdk/go/common/resource/config/map.go adjustObjectValue: 'true'/'false' booleans, whole numbers
+    not starting with 0 integers, everything else (floats too) strings."""
+    assert [cli_value(t) for t in ("true", "false", "65536", "-3", "0", "0123", "0.85", "1e3", "abc")] == \
+        [True, False, 65536, -3, 0, "0123", "0.85", "1e3", "abc"]
+    blocks = {"serving": {"image": "a:1", "extraArgs": ["--x"]}}
+    writes = Writes(removes=("serving.extraArgs", "serving.missing"),
+                    sets=(("serving.extraArgs[0]", "--y"), ("serving.extraArgs[1]", "8192"), ("serving.port", "8001")))
+    assert apply_writes(blocks, writes) == {"serving": {"image": "a:1", "extraArgs": ["--y", 8192], "port": 8001}}
+    assert blocks == {"serving": {"image": "a:1", "extraArgs": ["--x"]}}  # a copy
+
+
+def test_values_the_cli_cannot_write_back_are_refused_before_anything_changes():
+    blocks = original_blocks()
+    blocks["serving"]["kvCacheDtype"] = "true"  # a string the CLI would write back as a boolean
+    with pytest.raises(ToolError) as err:
+        upgrade.plan_upgrade(blocks, [upgrade.parse_setting("serving.kvCacheDtype=fp8")])
+    assert "cannot be written back exactly" in str(err.value)
+
+
+def test_the_guard_is_read_on_the_head_by_the_node_probe(tmp_path, monkeypatch):
+    """ssh_guard_probe runs launch/node-status.py (as ops status does) with --guard-status."""
+    status_file = tmp_path / "status.json"
+    verdict = {"checked_at": 1.5, "ok": True, "failures": [], "consecutive_failures": 0, "restarts_in_window": 0,
+               "hold": None, "serving_started_at": 1.0}
+    status_file.write_text(json.dumps(verdict))
+    seen = []
+
+    def local_runner(user, key, options):
+        def run_probe(node, args):
+            seen.append((user, node["name"], args))
+            args = [str(status_file) if a == upgrade.contract.SERVING_GUARD_STATUS else a for a in args]
+            return subprocess.run([sys.executable, str(ROOT / "launch" / "node-status.py"), *args],
+                                  capture_output=True, text=True, check=True).stdout
+        return run_probe
+
+    monkeypatch.setattr(upgrade, "ssh_runner", local_runner)
+    target = upgrade.target_from_outputs(stack_outputs("http://127.0.0.1:1/v1", "sk-test-key-0123456789", "ds-0731"), "test")
+    reading = upgrade.ssh_guard_probe(None, None, [])(target)()
+    assert reading["status"] == verdict and abs(reading["now"] - time.time()) < 30
+    assert seen[0][:2] == ("nvidia", "spark1") and "--guard-status" in seen[0][2]
+    status_file.unlink()
+    assert "no such file" in upgrade.ssh_guard_probe(None, None, [])(target)()["error"]
