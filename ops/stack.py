@@ -14,9 +14,9 @@ import copy
 import json
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Protocol
 
 import yaml
 
@@ -172,20 +172,10 @@ class AutomationStack:
         return PreviewReport({str(op): count for op, count in result.change_summary.items()}, result.stdout)
 
     def up(self, on_output: Callable[[str], None]) -> None:
-        self._stack.up(on_output=on_output, color="never")
+        self._stack.up(on_output=on_output, color="never", show_secrets=False)
 
     def outputs(self) -> dict[str, Any]:
         return {key: output.value for key, output in self._stack.outputs().items()}
-
-
-@dataclass
-class StackOpener:
-    """Opens the stack by name; tests replace `open` with one that returns a fake."""
-    work_dir: Path
-    open: Callable[[str, Path], UpgradeStack] = field(default=AutomationStack)
-
-    def __call__(self, name: str) -> UpgradeStack:
-        return self.open(name, self.work_dir)
 
 
 def one_line_error(err: Exception, limit: int = 400) -> str:

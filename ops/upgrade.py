@@ -144,6 +144,15 @@ def restoring_writes(key: str, before: Any) -> tuple[list[str], list[tuple[str, 
     return [], [(key, cli_text(before))]
 
 
+def combined(parts) -> Writes:
+    """One Writes from (removes, sets) pairs: every remove first, then the sets in order."""
+    removes, sets = [], []
+    for part_removes, part_sets in parts:
+        removes += part_removes
+        sets += part_sets
+    return Writes(tuple(removes), tuple(sets))
+
+
 def validated(blocks: dict[str, Any], what: str) -> schema.StackConfig:
     structured = {k: v for k, v in blocks.items() if k in schema.STRUCTURED_KEYS + schema.OPTIONAL_STRUCTURED_KEYS}
     try:
@@ -161,21 +170,11 @@ def plan_upgrade(blocks: dict[str, Any], settings: list[Setting]) -> Plan:
     if twice:
         raise InputError(f"--set {', '.join(twice)} given more than once")
     before = validated(blocks, "the stack's current config is invalid")
-    removes, sets = [], []
-    for setting in settings:
-        r, s = requested_writes(setting, keys[setting.key])
-        removes += r
-        sets += s
-    forward = Writes(tuple(removes), tuple(sets))
+    forward = combined(requested_writes(setting, keys[setting.key]) for setting in settings)
     after_blocks = apply_writes(blocks, forward)
     after = validated(after_blocks, "the new settings are refused")
     changes = [Change(s.key, value_at(blocks, s.key, UNSET), value_at(after_blocks, s.key, UNSET)) for s in settings]
-    removes, sets = [], []
-    for change in changes:
-        r, s = restoring_writes(change.key, change.before)
-        removes += r
-        sets += s
-    backward = Writes(tuple(removes), tuple(sets))
+    backward = combined(restoring_writes(change.key, change.before) for change in changes)
     try:
         restored = validated(apply_writes(after_blocks, backward), "")
     except InputError:

@@ -180,12 +180,6 @@ def run(stack, world, tmp_path, *flags, tolerance="0.5"):
     return code, console.file.getvalue()
 
 
-def assert_back_on_the_original(stack, world, out):
-    assert stack.blocks == original_blocks()  # exactly: unset keys unset again
-    assert world.deployed[-1] == GOOD and world.outcome == "good"
-    assert "rolled back: serving again on the previous settings" in out
-
-
 # ---- success ---------------------------------------------------------------------------------------
 def test_success_deploys_and_records_the_new_baseline(stack, world, tmp_path):
     path, before = store_baseline(tmp_path, world)
@@ -214,48 +208,24 @@ def test_without_a_baseline_the_deployment_is_measured_before_anything_changes(s
 
 
 # ---- each gate failing rolls back --------------------------------------------------------------------
-def test_a_failed_readiness_wait_rolls_back(stack, world, tmp_path):
-    store_baseline(tmp_path, world)
-    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:bad-start")
+@pytest.mark.parametrize("outcome, words", [
+    ("bad-start", ["pulumi up failed", "no kernel image is available"]),  # the readiness wait, inside up
+    ("wrong-model", ["readiness", "does not serve 'fake-model' (it serves another-model)"]),
+    ("crashloop", ["canary", "engine exited 3 times in 10 min; hold: crash loop"]),
+    ("guard-silent", ["no fresh verdict", "before the up finished"]),  # a verdict older than the update
+    ("slow", ["REGRESSION", "single_stream.decode_tok_s", "regressions beyond 50%"]),  # the figures shown
+])
+def test_a_failing_gate_rolls_back(stack, world, tmp_path, outcome, words):
+    path, _ = store_baseline(tmp_path, world)
+    baseline_before = path.read_text()
+    code, out = run(stack, world, tmp_path, "--set", f"serving.image=example/vllm:{outcome}")
     assert code == upgrade.EXIT_ROLLED_BACK, out
-    assert stack.ups() == ["example/vllm:bad-start", GOOD]
-    assert "pulumi up failed" in out and "no kernel image is available" in out
-    assert_back_on_the_original(stack, world, out)
-
-
-def test_an_endpoint_serving_another_model_rolls_back(stack, world, tmp_path):
-    store_baseline(tmp_path, world)
-    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:wrong-model")
-    assert code == upgrade.EXIT_ROLLED_BACK, out
-    assert "readiness" in out and "does not serve 'fake-model' (it serves another-model)" in out
-    assert_back_on_the_original(stack, world, out)
-
-
-def test_a_canary_verdict_with_a_hold_rolls_back(stack, world, tmp_path):
-    store_baseline(tmp_path, world)
-    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:crashloop")
-    assert code == upgrade.EXIT_ROLLED_BACK, out
-    assert "engine exited 3 times in 10 min; hold: crash loop" in out
-    assert_back_on_the_original(stack, world, out)
-
-
-def test_a_canary_verdict_older_than_the_update_does_not_pass(stack, world, tmp_path):
-    store_baseline(tmp_path, world)
-    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:guard-silent")
-    assert code == upgrade.EXIT_ROLLED_BACK, out
-    assert "no fresh verdict" in out and "before the up finished" in out
-    assert_back_on_the_original(stack, world, out)
-
-
-def test_a_bench_regression_rolls_back_and_shows_the_figures(stack, world, tmp_path):
-    store_baseline(tmp_path, world)
-    baseline_before = upgrade.baseline_path(tmp_path, "spark").read_text()
-    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:slow")
-    assert code == upgrade.EXIT_ROLLED_BACK, out
-    assert "REGRESSION" in out and "single_stream.decode_tok_s" in out
-    assert "regressions beyond 50%" in out
-    assert_back_on_the_original(stack, world, out)
-    assert upgrade.baseline_path(tmp_path, "spark").read_text() == baseline_before  # kept
+    assert all(w in out for w in words), out
+    assert stack.ups() == [f"example/vllm:{outcome}", GOOD]
+    assert stack.blocks == original_blocks()  # exactly: unset keys unset again
+    assert world.deployed[-1] == GOOD and world.outcome == "good"
+    assert "rolled back: serving again on the previous settings" in out
+    assert path.read_text() == baseline_before  # the baseline kept
 
 
 def test_rollback_unsets_the_keys_that_were_unset(stack, world, tmp_path):
