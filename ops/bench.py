@@ -434,11 +434,6 @@ def measure(target, plan: BenchPlan, console: Console, profile: Optional[str] = 
                                 "(a hanging server? see `ops status`)") from None
 
 
-def failed(result: dict, comparison: Optional[list[dict]]) -> bool:
-    """A run fails on any failed request or any regression against the baseline."""
-    return bool(result["errors"]) or any(row["regression"] for row in comparison or [])
-
-
 def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Optional[str], tolerance: float,
               console: Console, profile: Optional[str] = None, send_cache_salt: bool = False,
               allow_plan_mismatch: bool = False, deadline_s: Optional[float] = None) -> int:
@@ -463,4 +458,5 @@ def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Opt
     render(result, console, comparison, warnings)
     if output:
         console.print(Text(f"results written to {output}"))
-    return 1 if failed(result, comparison) else 0
+    failed = bool(result["errors"]) or any(row["regression"] for row in comparison or [])
+    return 1 if failed else 0
