@@ -31,6 +31,8 @@ hf_token = secrets["hfToken"]
 # the containers' bundle labels say nothing about the secrets in the bundle.
 ray_token = random.RandomPassword("ray-token", length=48, special=False).result
 label_key = random.RandomPassword("bundle-label-key", length=32, special=False).result
+# and the secret of the weight copy's rsync daemons on the workers (only the head gets in)
+weights_sync_secret = random.RandomPassword("weights-sync-secret", length=48, special=False).result
 conns = {n.name: ssh.connection(n) for n in cfg.nodes}
 head = cfg.head
 
@@ -61,11 +63,12 @@ fabric_checks = [
 ]
 after_fabric = pulumi.ResourceOptions(depends_on=fabric_checks)
 
-access = {n.name: NodeAccess(n.name, conns[n.name], n.ray_ip) for n in cfg.nodes}
+access = {n.name: NodeAccess(n.name, conns[n.name], n.ray_ip, [r.ip for r in n.rails]) for n in cfg.nodes}
 weights = ModelWeights(
     "weights",
     ModelWeightsArgs(
         repo=cfg.model.repo,
+        revision=cfg.model.revision,
         dir=cfg.model.dir,
         downloader_image=cfg.serving.image,
         ssh_user=cfg.ssh.user,
@@ -74,6 +77,7 @@ weights = ModelWeights(
         hf_token=hf_token,
         tensor_parallel_size=cfg.tensor_parallel_size,
         gpu_memory_utilization=cfg.serving.gpu_memory_utilization,
+        sync_secret=weights_sync_secret,
     ),
     opts=after_fabric,
 )
@@ -175,6 +179,7 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
 
 pulumi.export("endpoint", client.endpoint_url(cfg))
 pulumi.export("model", cfg.model.served_name)
+pulumi.export("modelRevision", weights.revision)  # the commit every node holds (model.revision or resolved once)
 pulumi.export("apiKey", pulumi.Output.secret(api_key))
 pulumi.export("healthUrl", client.endpoint_base(cfg) + "/health")
 pulumi.export("metricsUrl", client.endpoint_base(cfg) + "/metrics")

@@ -118,9 +118,14 @@ def docker_run_flags() -> list[str]:
 
 
 # ---- weights -------------------------------------------------------------------------------
-# DIR/WEIGHTS_MANIFEST lists "relative/path size" per file, sorted (launch/prelude.sh,
-# manifest_listing): written by fetch-weights.sh, checked by sync-weights.sh.
+# DIR/WEIGHTS_MANIFEST: the revision and each file's size and sha256, as checked against the
+# hub (JSON, launch/weights.py `pin`): written on the head by fetch-weights.sh, sent to each
+# worker by sync-weights.sh. DIR/WEIGHTS_RECORD, on every node: what was verified there
+# (stat and sha256 per file, and the revision once complete): unchanged files are not re-read.
 WEIGHTS_MANIFEST = ".twinspark-manifest"
+WEIGHTS_RECORD = ".twinspark-verified"
+# The copy's rsync daemons on each worker, one per rail address, only while a copy runs.
+WEIGHTS_SYNC_PORT = 8873
 SYNC_KEY = "~/.ssh/twinspark_weights"
 SYNC_KEY_COMMENT = "twinspark-weights"
 SYNC_KNOWN_HOSTS = "~/.ssh/twinspark_known_hosts"

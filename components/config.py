@@ -128,6 +128,8 @@ ServedName = _text(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
 ImageRef = _text(r"[a-z0-9][a-z0-9._/:@-]*",
                  "a docker image reference in lowercase letters, digits and '.', '_', '/', ':', '@', '-'")
 KvCacheDtype = _text(r"[a-z0-9_]+", "a vLLM --kv-cache-dtype value: lowercase letters, digits and '_'")
+CommitSha = _text(r"[0-9a-f]{40}", "a full commit sha: 40 lowercase hex digits (the hub's \"Files\" tab, "
+                  "or `git ls-remote`), not a branch or tag name")
 RayVersion = _text(r"\d+\.\d+\.\d+", "a Ray version MAJOR.MINOR.PATCH, like 2.57.0")
 
 # Rails are point-to-point cables in private address space. A shorter prefix than /16 would
@@ -217,6 +219,7 @@ PORTS_IN_USE = (
     ((contract.VLLM_LOOPBACK_PORT,) * 2, "vLLM's own, on loopback behind the API gateway"),
     (contract.RAY_WORKER_PORTS, "one of Ray's worker ports"),
     ((contract.NCCL_RENDEZVOUS_PORT,) * 2, "NcclCheck's NCCL rendezvous"),
+    ((contract.WEIGHTS_SYNC_PORT,) * 2, "the weight copy's rsync daemons' (on the rail addresses)"),
     (contract.EPHEMERAL_PORTS, "in the kernel's ephemeral range, where Ray, NCCL and vLLM pick random ports"),
 )
 
@@ -307,6 +310,10 @@ class ModelConfig(Contract):
         description="where the weights live on every node: a directory of its own (each worker's copy mirrors "
         "the head's), not a system or home directory")
     served_name: ServedName = Field(description="model name clients ask for (`--served-model-name`)")
+    revision: Optional[CommitSha] = Field(
+        default=None,
+        description="the repository's commit to serve (40 hex). Unset: the commit the hub serves at the first "
+        "`pulumi up` is recorded (output `modelRevision`) and kept until `model.repo` or this key changes")
 
     @property
     def container_dir(self) -> str:

@@ -137,6 +137,7 @@ def node_command(
     triggers: Optional[Sequence[pulumi.Input]] = None,
     depends_on: Sequence[pulumi.Resource] = (),
     delete_before_replace: bool = False,
+    ignore_changes: Sequence[str] = (),
 ) -> remote.Command:
     """The one way a component runs something on a node.
 
@@ -168,7 +169,7 @@ def node_command(
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(
             parent=parent, depends_on=list(depends_on), delete_before_replace=delete_before_replace,
-            ignore_changes=credential_fields_ignored(),
+            ignore_changes=[*credential_fields_ignored(), *ignore_changes],
         ),
     )
 

@@ -25,7 +25,7 @@ SECRET_SIG = "4dabf18193072939515e22adb298388d"  # how the engine marks a secret
 STACK_FILE = ROOT / "Pulumi.spark.yaml"
 
 _CHILD = r'''
-import asyncio, hashlib, json, os, runpy, sys, traceback
+import asyncio, hashlib, json, os, runpy, shlex, sys, traceback
 import pulumi
 from pulumi.runtime import mocks as pm
 from pulumi.runtime.proto import resource_pb2
@@ -45,6 +45,12 @@ def fake_outputs(type_, name, inputs):
         out["result"] = f"generated-{name}-0123456789abcdef0123456789abcd"  # each secret its own value
     if type_ == "command:remote:Command":
         out["stdout"] = "ssh-ed25519 AAAAC3NzaFAKEKEY twinspark-weights@" + name.rsplit("-", 1)[-1] if "sync-key" in name else ""
+        if name.endswith("-weights-revision"):  # as fetch-weights.sh resolve: a log line, then the commit
+            argv = shlex.split(inputs["create"])
+            asked = argv[argv.index("--revision") + 1] if "--revision" in argv else ""
+            repo = argv[argv.index("--repo") + 1]
+            commit = asked or hashlib.sha1(repo.encode()).hexdigest()
+            out["stdout"] = f"12:00:00 fetch-weights: resolved: {repo}@{asked} is commit {commit}\n{commit}\n"
         out["stderr"] = ""
     return out
 

@@ -354,9 +354,9 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     the old delete removing what the new create just installed (issue 8, item 1)."""
     undoing = [r for r in recipe_run.of_type(COMMAND) if r.inputs.get("delete")]
     # host files (8 + 8 + userns), head bundle (+ gateway), worker bundle, sync key, authorize,
-    # observability files on the head (prometheus.yml, rules, datasource, dashboard provider,
-    # 3 dashboards, Grafana password)
-    assert len(undoing) == 17 + 11 + 8 + 1 + 1 + 8
+    # the kept model revision, observability files on the head (prometheus.yml, rules,
+    # datasource, dashboard provider, 3 dashboards, Grafana password)
+    assert len(undoing) == 17 + 11 + 8 + 1 + 1 + 1 + 8
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 
@@ -466,7 +466,7 @@ def test_readiness_waits_for_a_real_completion(recipe_run):
 def test_outputs_contract(recipe_run):
     out = recipe_run.outputs
     assert set(out) == {
-        "endpoint", "model", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
+        "endpoint", "model", "modelRevision", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
         "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser",
         "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel",
     }
