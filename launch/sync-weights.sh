@@ -49,8 +49,11 @@ q() { printf %q "$1"; }
 # ---- on the peer (sent with declare -f) ---------------------------------------------------------
 # rsyncd_start STATE DIR PORT HOURS MODULE USER ADDRESS=ALLOWED...; the secret on stdin
 rsyncd_start() {
-  local state=$1 dir=$2 port=$3 hours=$4 module=$5 user=$6 i=0 rail
+  local state=$1 dir=$2 port=$3 hours=$4 module=$5 user=$6 i=0 rail as_root=""
   shift 6
+  # rsyncd drops a root daemon to nobody; any other user keeps its own (and may not set one)
+  [ "$(id -u)" -ne 0 ] || as_root=$'uid = 0\ngid = 0'
+
   rsyncd_stop "$state"
   install -d -m 700 "$state"
   (umask 077 && sed "s/^/$user:/" >"$state/rsyncd.secrets")
@@ -62,6 +65,7 @@ port = $port
 use chroot = no
 reverse lookup = no
 max connections = 64
+$as_root
 [$module]
 path = $dir
 read only = no
