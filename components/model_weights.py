@@ -41,10 +41,10 @@ SHAPE_PROGRAM = "model-shape-check.py"
 SYNC_KEY_SCRIPT = "sync-key.sh"
 AUTHORIZE_SCRIPT = "authorize-key.sh"
 WEIGHTS_PROGRAM = "weights.py"
-# Streams per rail: a single rsync stream is bound by one core (its checksum and copy loop),
-# far below a 100G rail or the NVMe; four per rail keep both rails and the disk busy on a
-# 20-core Spark without starving it.
-STREAMS_PER_RAIL = 4
+# At most this many streams per rail (fewer where the cores are fewer: sync-weights.sh). One
+# rsync stream is bound by a core or two (its copy loop and checksums), far below a 100G
+# rail or the NVMe; four per rail keep both rails and the disk busy on a 20-core Spark.
+MAX_STREAMS_PER_RAIL = 4
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,13 @@ def fetch_args(args: ModelWeightsArgs, revision: str) -> list[str]:
             "--node", args.head.name]
 
 
-def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str, streams_per_rail: int = STREAMS_PER_RAIL) -> list[str]:
+def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
+              max_streams_per_rail: int = MAX_STREAMS_PER_RAIL) -> list[str]:
     """The revision is there for the trigger: a new one copies again."""
     rails = [a for ips in zip(worker.rail_ips, args.head.rail_ips) for a in ("--rail", "=".join(ips))]
     return ["--node", args.head.name, "--peer", worker.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
             "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{worker.ray_ip}", *rails,
-            "--port", str(WEIGHTS_SYNC_PORT), "--streams-per-rail", str(streams_per_rail),
+            "--port", str(WEIGHTS_SYNC_PORT), "--max-streams-per-rail", str(max_streams_per_rail),
             "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
 
 

@@ -4,7 +4,7 @@
 #
 #   WEIGHTS_SYNC_SECRET=... sync-weights.sh --node spark1 --peer spark2 --dir /home/nvidia/models/M \
 #       --manifest .twinspark-manifest --record .twinspark-verified --to nvidia@10.0.0.2 \
-#       --rail 10.0.0.2=10.0.0.1 --rail 10.0.1.2=10.0.1.1 --port 8873 --streams-per-rail 4 \
+#       --rail 10.0.0.2=10.0.0.1 --rail 10.0.1.2=10.0.1.1 --port 8873 --max-streams-per-rail 4 \
 #       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts   < weights.py
 #
 # Run on the node that holds the weights (fetch-weights.sh pinned them). The bulk copy is
@@ -15,7 +15,7 @@
 # in RSYNC_PASSWORD, never argv). The daemons stop when the copy ends, whatever the end;
 # a leftover of a killed run is stopped by the next and by its own time limit.
 # The files still needed are split over streams (largest first, into the least loaded),
-# the streams over the rails. ssh (the sync key, first rail) carries only the control.
+# the streams over the rails, as many as the cores of both sides keep busy. ssh (the sync key, first rail) carries only the control.
 # Before: this node's copy must still match its record (a changed file is hashed again, and
 # a damaged one refused here, before it spreads); the peer's copy is checked the same way
 # (--repair): a damaged file is removed and sent again, a short one (an interrupted copy)
@@ -27,7 +27,7 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-node="" peer="" dir="" manifest="" record="" revision="" to="" port="" streams_per_rail="" key="" known_hosts=""
+node="" peer="" dir="" manifest="" record="" revision="" to="" port="" max_streams_per_rail="" key="" known_hosts=""
 rails=()
 program=""
 DAEMON_HOURS=8  # a daemon left by a killed run stops by itself after this long
@@ -117,8 +117,22 @@ send_stream() {
     --contimeout=30 --timeout=600 "$dir/" "rsync://$RSYNC_USER@$2:$port/$MODULE/"
 }
 
-send() {  # send NEED_FILE: every file listed, over every rail, streams_per_rail streams each
-  local need=$1 streams=$(( ${#rails[@]} * streams_per_rail )) lists bytes started i pids=() failed=0
+# streams_per_rail: a stream keeps about two cores busy (rsync's sender here, its receiver and
+# the kernel's copies there): as many per rail as the smaller side's cores allow, at least one,
+# at most --max-streams-per-rail.
+streams_per_rail() {
+  local cores peer_cores per_rail
+  cores=$(nproc)
+  peer_cores=$(on_peer nproc)
+  [ "$peer_cores" -ge "$cores" ] || cores=$peer_cores
+  per_rail=$((cores / (2 * ${#rails[@]})))
+  [ "$per_rail" -le "$max_streams_per_rail" ] || per_rail=$max_streams_per_rail
+  echo $((per_rail > 0 ? per_rail : 1))
+}
+
+send() {  # send NEED_FILE: every file listed, over every rail, in parallel streams
+  local need=$1 streams lists bytes started i pids=() failed=0
+  streams=$(( ${#rails[@]} * $(streams_per_rail) ))
   make_temp lists
   bytes=$(python3 "$program" plan --manifest "$dir/$manifest" --need "$need" --buckets "$streams" --out-prefix "$lists.")
   for ((i = 0; i < streams; i++)); do cleanup_paths+=("$lists.$i"); done
@@ -141,8 +155,8 @@ send() {  # send NEED_FILE: every file listed, over every rail, streams_per_rail
 
 main() {
   parse_flags --node=node --peer=peer --dir=dir --manifest=manifest --record=record --revision=revision --to=to \
-    --rail=rails[] --port=port --streams-per-rail=streams_per_rail --key=key --known-hosts=known_hosts -- "$@"
-  require_flags --node --peer --dir --manifest --record --revision --to --rail --port --streams-per-rail --key \
+    --rail=rails[] --port=port --max-streams-per-rail=max_streams_per_rail --key=key --known-hosts=known_hosts -- "$@"
+  require_flags --node --peer --dir --manifest --record --revision --to --rail --port --max-streams-per-rail --key \
     --known-hosts
   log_node=$node
   key=${key/#\~/$HOME} known_hosts=${known_hosts/#\~/$HOME}

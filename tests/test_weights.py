@@ -283,8 +283,8 @@ class Pair:
         return [int(sh("ip", "netns", "exec", self.worker_ns, "cat", f"/sys/class/net/rail{i}/statistics/rx_bytes").stdout)
                 for i in range(2)]
 
-    def sync(self, revision: str, background=False, streams_per_rail=2, secret=SECRET):
-        args = model_weights.sync_args(weights_args(self.head.dir, [WORKER]), WORKER, revision, streams_per_rail)
+    def sync(self, revision: str, background=False, max_streams_per_rail=4, secret=SECRET):
+        args = model_weights.sync_args(weights_args(self.head.dir, [WORKER]), WORKER, revision, max_streams_per_rail)
         return self.head.run("sync-weights.sh", args, secrets=[secret], background=background)
 
 
@@ -313,7 +313,8 @@ def test_copy_crosses_both_rails_verifies_and_a_second_run_hashes_nothing(pair):
     total = sum(e["size"] for e in manifest(pair.head)["files"].values())
     grown = [after - b for after, b in zip(pair.rx_bytes(), before)]
     assert all(g > total * 0.3 for g in grown), (grown, total)  # both rails carried a share
-    assert "4 streams over 2 rails" in out.stdout and "spark2: hashed 8 changed files" in out.stderr
+    streams = 2 * max(1, min(4, os.cpu_count() // 4))  # both sides are this machine
+    assert f"{streams} streams over 2 rails" in out.stdout and "spark2: hashed 8 changed files" in out.stderr
     # the copy left no page cache behind on either side (before this test reads the files)
     for name in manifest(pair.head)["files"]:
         assert cached_pages(pair.worker_dir / name) == cached_pages(pair.head.dir / name) == 0, name
@@ -410,3 +411,40 @@ def test_another_revision_is_refused_naming_node_and_both(pair):
     record.write_text(json.dumps({**json.loads(record.read_text()), "revision": "d" * 40}))
     out = pair.sync(pair.revision)
     assert f"spark2 holds revision {'d' * 40}; this stack pins {pair.revision}" in out.stderr, out.stderr
+
+
+def test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link(tmp_path, home):
+    """Figures, not a gate: the copy (its transfer, then the worker's verification) and the
+    recipe's plain rsync over ssh, same files, same rails. TWINSPARK_WEIGHTS_MEASURE_MB sets the
+    model's size (default 256), TWINSPARK_WEIGHTS_MAX_STREAMS_PER_RAIL the streams' cap; the
+    figures go to build/weights-local-report.json."""
+    total_mb = int(os.environ.get("TWINSPARK_WEIGHTS_MEASURE_MB", "256"))
+    head, revision = fetched_head(tmp_path, home, shards=8, shard_mb=total_mb // 8)
+    pair = Pair(tmp_path, head)
+    try:
+        out = pair.sync(revision, max_streams_per_rail=int(os.environ.get("TWINSPARK_WEIGHTS_MAX_STREAMS_PER_RAIL", "4")))
+        assert out.returncode == 0, out.stdout + out.stderr
+        copied = re.search(r"copied (\d+) MB to spark2 in ([\d.]+) s", out.stdout)
+        verified = re.search(r"spark2: hashed \d+ changed files: (\d+) MB in ([\d.]+) s", out.stderr)
+        assert copied and verified, out.stdout + out.stderr
+        size = sum(p.stat().st_size for p in head.dir.iterdir() if p.is_file() and not p.name.startswith(".twinspark-"))
+        recipe = ["ip", "netns", "exec", pair.head_ns, "rsync", "-a", "-e",
+                  f"ssh -i {home}/.ssh/twinspark_weights -o BatchMode=yes -o UserKnownHostsFile={home}/.ssh/twinspark_known_hosts",
+                  f"{head.dir}/", f"root@10.0.0.2:{tmp_path}/recipe-copy/"]
+        started = time.monotonic()
+        sh(*recipe)
+        recipe_s = time.monotonic() - started
+        report = {
+            "model_MB": round(size / 1e6), "cores": os.cpu_count(),
+            "streams": int(re.search(r"(\d+) streams over 2 rails", out.stdout)[1]),
+            "weight_sync_MBps": round(int(copied[1]) / float(copied[2]), 1),
+            "rsync_over_ssh_MBps": round(size / 1e6 / recipe_s, 1),
+            "weight_verify_MBps": round(int(verified[1]) / float(verified[2]), 1),
+        }
+        report["ratio"] = round(report["weight_sync_MBps"] / report["rsync_over_ssh_MBps"], 2)
+        (ROOT / "build").mkdir(exist_ok=True)
+        (ROOT / "build" / "weights-local-report.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps(report))
+        same_copy(pair)
+    finally:
+        pair.close()
