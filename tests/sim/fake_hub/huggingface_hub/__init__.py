@@ -3,7 +3,8 @@ hub directory (TWINSPARK_SIM_HUB, default /srv/twinspark-sim-hub; one folder per
 
 It publishes what the real hub does (huggingface_hub hf_api.py: ModelInfo.sha, siblings of
 RepoSibling(rfilename, size, blob_id, lfs=BlobLfsInfo(size, sha256, pointer_size), a dict)):
-a commit sha (here derived from the content, as git's would change with it), and per file
+a commit sha (REPO/.revision where the test publishes one, else derived from the content, as
+git's would change with it), and per file
 its size and git blob sha1, plus the sha256 for the files the hub would store in LFS
 (here: the .safetensors and anything over 10 MB). Used by the sim's docker shim and by
 tests/test_weights.py, so the production code path is weights.py's, unchanged.
@@ -75,7 +76,8 @@ class HfApi:
         if not root.is_dir():
             raise RevisionNotFoundError(f"404: no repo {repo_id}")
         siblings = [_sibling(root, rel) for rel in _files(root)]
-        sha = _commit(siblings)
+        published = root / ".revision"
+        sha = published.read_text().strip() if published.exists() else _commit(siblings)
         if revision not in (None, "main", sha):
             raise RevisionNotFoundError(f"404: {repo_id} has no revision {revision} (the sim hub holds {sha})")
         if not files_metadata:
