@@ -206,11 +206,11 @@ def verify(args) -> int:
         log(f"{node} holds revision {record['revision']}; this stack pins {revision}: "
             + ("replacing the files that differ" if args.repair else "refused"))
     extraneous = [rel for rel in weight_files(root) if rel not in expected]
-    for rel in extraneous:
-        if not args.repair:
-            break
-        log(f"{node}: removing {rel}: not in revision {revision}")
-        (root / rel).unlink()
+    if args.repair:  # vLLM globs *.safetensors: a stale shard must not be loaded
+        for rel in extraneous:
+            log(f"{node}: removing {rel}: not in revision {revision}")
+            (root / rel).unlink()
+        extraneous = []
     need, problems, stale = [], [], []
     for rel, want in sorted(expected.items()):
         path = root / rel
@@ -247,8 +247,8 @@ def verify(args) -> int:
         problems += [f"{node}: {rel}: missing" for rel in need]
         problems += [f"{node}: {rel}: not in revision {revision}" for rel in extraneous]
     complete = not need and not problems and not extraneous
-    write_json(Path(args.record), {"revision": revision if complete else record.get("revision") if not files else None,
-                                   "files": files})
+    # the revision is recorded once every file verified; until then the one held before stays
+    write_json(Path(args.record), {"revision": revision if complete else record.get("revision"), "files": files})
     for p in problems:
         log(f"FAIL {p}")
     print("".join(f"{rel}\n" for rel in sorted(set(need))), end="")

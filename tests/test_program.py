@@ -4,9 +4,10 @@ import json
 import shlex
 
 import pytest
-from program_harness import flag_value, flag_values, plain_occurrences, runner_call, unwrap
+from program_harness import flag_value, flag_values, plain_occurrences, runner_call, stack_config, unwrap
 
 from components.config import parse_stack_config
+from components.remote import launch_file
 
 COMMAND = "command:remote:Command"
 CONTAINER = "docker:index/container:Container"
@@ -630,3 +631,35 @@ def test_claude_code_env_gives_back_the_key_when_sourced(program, recipe_config)
     env = run.outputs["claudeCodeEnv"]["value"]
     proc = subprocess.run(["bash", "-c", env + 'printf %s "$ANTHROPIC_AUTH_TOKEN"'], capture_output=True, text=True)
     assert proc.stdout == key, proc
+
+
+def test_weights_copy_runs_over_every_rail_with_a_per_stack_secret_on_stdin(recipe_run):
+    sync = runner_call(recipe_run.named("spark2-weights-sync"))
+    assert flag_values(sync.args, "--rail") == ["10.0.0.2=10.0.0.1", "10.0.1.2=10.0.1.1"]  # worker=head, per rail
+    assert flag_value(sync.args, "--port") == "8873" and flag_value(sync.args, "--to") == "nvidia@10.0.0.2"
+    secret = sync.secrets["WEIGHTS_SYNC_SECRET"]
+    assert secret == "generated-weights-sync-secret-0123456789abcdef0123456789abcd"
+    assert secret not in unwrap(recipe_run.named("spark2-weights-sync").inputs["create"])
+    assert sync.payload == launch_file("weights.py")
+
+
+def test_the_resolved_revision_pins_the_fetch_the_copy_and_the_output(recipe_run):
+    resolve = runner_call(recipe_run.named("spark1-weights-revision"))
+    assert resolve.args[0] == "resolve" and flag_value(resolve.args, "--revision") == ""
+    assert runner_call(recipe_run.named("spark1-weights-revision"), "delete").args[0] == "forget"
+    revision = recipe_run.outputs["modelRevision"]["value"]
+    assert len(revision) == 40
+    assert flag_value(args_of(recipe_run, "spark1-weights-fetch"), "--revision") == revision
+    assert flag_value(args_of(recipe_run, "spark2-weights-sync"), "--revision") == revision
+    # replaced (asked again) only for another repo or model.revision, or another head
+    assert recipe_run.named("spark1-weights-revision").inputs["triggers"][1:] == ["deepseek-ai/DeepSeek-V4-Flash-0731", ""]
+
+
+def test_model_revision_pins_every_step(program):
+    config = stack_config()
+    config["twinspark:model"] = {**config["twinspark:model"], "revision": "a" * 40}
+    run = program(config)
+    assert run.error is None, run.error
+    assert flag_value(args_of(run, "spark1-weights-revision"), "--revision") == "a" * 40
+    assert flag_value(args_of(run, "spark1-weights-fetch"), "--revision") == "a" * 40
+    assert run.outputs["modelRevision"]["value"] == "a" * 40
