@@ -16,9 +16,10 @@ from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank
 from components.observability import Observability, ObservabilityArgs, ObservedAccess
 from components.observability_files import plan_from_config
+from components.platform_facts import NodeFacts, PlatformFacts, PlatformFactsArgs
 from components.readiness import Readiness, ReadinessArgs
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
-from components.serving_image import ServingImage, ServingImageArgs
+from components.serving_image import BaseImagePin, BaseImagePinArgs, ServingImage, ServingImageArgs
 from components.ssh_access import resolve_ssh_access
 
 require_engine_support()
@@ -77,6 +78,9 @@ weights = ModelWeights(
     ),
     opts=after_fabric,
 )
+# one digest for every node's FROM, resolved once on the head when serving.image is a tag
+base_image = BaseImagePin("image-pin", BaseImagePinArgs(image=cfg.serving.image, connection=conns[head.name]),
+                          opts=after_fabric)
 images = {
     n.name: ServingImage(
         f"{n.name}-image",
@@ -84,13 +88,23 @@ images = {
             node_name=n.name,
             docker_host=ssh.docker_host(n),
             ssh_opts=ssh.docker_ssh_opts(n),
-            base_image=cfg.serving.image,
+            base_image=base_image.reference,
             ray_version=cfg.serving.ray_version,
         ),
         opts=after_fabric,
     )
     for n in cfg.nodes
 }
+# the platform gate: every node's facts, judged before the NCCL check and the containers
+platform = PlatformFacts(
+    "platform",
+    PlatformFactsArgs(
+        nodes=[NodeFacts(n.name, conns[n.name], images[n.name].image_id) for n in cfg.nodes],
+        base_image=base_image.reference,
+        acknowledged=cfg.platform.acknowledge,
+    ),
+)
+gated_image = {n.name: platform.gated(images[n.name].image_id) for n in cfg.nodes}
 vllm = VllmServe(serving=cfg.serving, model=cfg.model, tensor_parallel_size=cfg.tensor_parallel_size)
 bundles = {
     n.name: LaunchBundle(
@@ -114,7 +128,7 @@ nccl = NcclCheck(
     "nccl",
     NcclCheckArgs(
         ranks=[
-            NcclRank(n.name, conns[n.name], images[n.name].image_id, bundles[n.name].env_hash)
+            NcclRank(n.name, conns[n.name], gated_image[n.name], bundles[n.name].env_hash)
             for n in [head, *cfg.workers]
         ],
         master_ip=head.ray_ip,
@@ -130,7 +144,7 @@ cluster = ServingCluster(
                 node_name=n.name,
                 role=n.role,
                 provider=images[n.name].provider,
-                image_id=images[n.name].image_id,
+                image_id=gated_image[n.name],
                 bundle_hash=bundles[n.name].content_hash,
                 ready_after=[bundles[n.name], weights, nccl],
                 gateway_hash=bundles[n.name].gateway_hash,
@@ -184,3 +198,5 @@ pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: c
 pulumi.export("nodes", client.nodes_output(cfg))
 pulumi.export("fabric", client.fabric_output(cfg))
 pulumi.export("sshUser", cfg.ssh.user)
+pulumi.export("servingImage", base_image.output())
+pulumi.export("platform", platform.facts)

@@ -33,10 +33,11 @@ from pydantic.alias_generators import to_camel
 
 import host_keys
 import node_contract as contract
+import platform_gate
 
 NAMESPACE = "twinspark"
 STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "model", "serving")
-OPTIONAL_STRUCTURED_KEYS = ("observability",)  # omitted: the block's defaults
+OPTIONAL_STRUCTURED_KEYS = ("observability", "platform")  # omitted: the block's defaults
 
 # Launch profiles exactly as the recipe's table (§5): speculative depth and batch width.
 PROFILES: dict[str, dict[str, int]] = {
@@ -125,8 +126,9 @@ RepoId = _text(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*",
                "with a letter or digit")
 ServedName = _text(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
                    "1 to 128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit")
-ImageRef = _text(r"[a-z0-9][a-z0-9._/:@-]*",
-                 "a docker image reference in lowercase letters, digits and '.', '_', '/', ':', '@', '-'")
+ImageRef = _text(r"[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?",
+                 "a docker image reference in lowercase letters, digits and '.', '_', '/', ':', '-', "
+                 "optionally ending in @sha256:<64 hex> (a digest)")
 KvCacheDtype = _text(r"[a-z0-9_]+", "a vLLM --kv-cache-dtype value: lowercase letters, digits and '_'")
 RayVersion = _text(r"\d+\.\d+\.\d+", "a Ray version MAJOR.MINOR.PATCH, like 2.57.0")
 
@@ -315,7 +317,8 @@ class ModelConfig(Contract):
 
 class Serving(Contract):
     image: ImageRef = Field(
-        description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`")
+        description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`; a tag "
+        "is resolved to its digest once and kept (output `servingImage`), a `@sha256:` digest is used as it is")
     profile: Literal["default", "multiagent"] = Field(
         default="default",
         description="`default` (spec decode 7, 6 seqs: 74.8 tok/s single stream) or `multiagent` "
@@ -424,6 +427,24 @@ class Observability(Contract):
         "(and prefill under 20 times it) for 10 min; healthy decode is 27-105 tok/s")
 
 
+def _acknowledgeable(key: str) -> str:
+    if key == platform_gate.MISMATCH_PREFIX + "image":
+        raise ValueError("nothing acknowledges nodes on different images (a tensor-parallel group on two builds "
+                         "hangs or computes garbage): rebuild so every node runs the same one")
+    known = platform_gate.acknowledgeable()
+    if key not in known:
+        raise ValueError(f"expected a known-issue id from known-issues.toml or a node difference: one of "
+                         f"{', '.join(known)}")
+    return key
+
+
+class PlatformConfig(Contract):
+    acknowledge: list[Annotated[str, AfterValidator(_acknowledgeable)]] = Field(
+        default_factory=list,
+        description="what the platform gate lets pass: known-issue ids (known-issues.toml) and node differences "
+        "`mismatch:driver`, `mismatch:kernel`; nodes on different images are never let pass")
+
+
 class StackConfig(Contract):
     ssh: SshConfig
     nodes: list[Node] = Field(min_length=1)
@@ -431,6 +452,7 @@ class StackConfig(Contract):
     model: ModelConfig
     serving: Serving
     observability: Observability = Field(default_factory=Observability)
+    platform: PlatformConfig = Field(default_factory=PlatformConfig)
 
     @property
     def head(self) -> Node:

@@ -101,6 +101,8 @@ def test_component_type_tokens(recipe_run):
         "twinspark:serving_cluster:ServingCluster",
         "twinspark:readiness:Readiness",
         "twinspark:observability:Observability",
+        "twinspark:serving_image:BaseImagePin",
+        "twinspark:platform_facts:PlatformFacts",
     }
 
 
@@ -253,7 +255,9 @@ def test_serving_image_build(recipe_run):
         build = image["build"]
         assert build["platform"] == "linux/arm64"
         assert build["context"] == "launch/serving-image"
-        assert build["args"] == {"BASE_IMAGE": "ghcr.io/anemll/dspark-vllm-gx10:0.1.1", "RAY_VERSION": "2.57.0"}
+        # FROM the digest the head resolved the tag to, never the tag itself (test_image_pin.py)
+        pin = recipe_run.named("image-pin-resolve").outputs["stdout"]
+        assert build["args"] == {"BASE_IMAGE": f"ghcr.io/anemll/dspark-vllm-gx10@{pin}", "RAY_VERSION": "2.57.0"}
         provider = recipe_run.named(f"{node}-docker").inputs
         assert provider["host"] == f"ssh://nvidia@{host}"
         assert "StrictHostKeyChecking=yes" in json.loads(provider["sshOpts"])  # tests/test_ssh_access.py: the rest
@@ -467,7 +471,7 @@ def test_outputs_contract(recipe_run):
     out = recipe_run.outputs
     assert set(out) == {
         "endpoint", "model", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
-        "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser",
+        "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser", "servingImage", "platform",
         "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel",
     }
     assert out["endpoint"]["value"] == "http://192.168.1.10:8000/v1"
