@@ -86,7 +86,10 @@ class Condition(BaseModel):
         if all(v is None for v in self.model_dump().values()):
             raise ValueError("expected at least one of " + ", ".join(type(self).model_fields))
         if self.regex is not None:
-            re.compile(self.regex)
+            try:
+                re.compile(self.regex)
+            except re.error as err:
+                raise ValueError(f"regex {self.regex!r} is no regular expression: {err}") from None
         return self
 
     def holds(self, value: Optional[str]) -> bool:

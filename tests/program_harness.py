@@ -38,7 +38,8 @@ from pulumi.runtime.stack import wait_for_rpcs
 
 config, preview, secret_keys = json.loads(sys.argv[1]), sys.argv[2] == "preview", json.loads(sys.argv[3])
 withheld = {getattr(resource_pb2, name) for name in json.loads(sys.argv[4])}  # engine features to deny
-nodes_say = json.loads(sys.argv[5])  # {"registry": str, "facts": {node: {fact: value}}, "prior": {...}}
+# {"registry": str, "facts": {node: {fact: value}}, "prior": {...}}: a file (a prior state is large)
+nodes_say = json.loads(open(sys.argv[5]).read())
 records, exports, kept, given = [], {}, {}, {}
 
 RECIPE_FACTS = {"os": "DGX OS 7.2.3", "kernel": "6.17.0-1029-nvidia", "driver": "580.173.02", "cuda": "13.0",
@@ -235,14 +236,15 @@ def run_program(
     never sees, nor overwrites, what an operator's own deployment from this checkout recorded.
     """
     encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
-    with tempfile.TemporaryDirectory() as known_hosts:
+    with tempfile.TemporaryDirectory() as known_hosts, tempfile.NamedTemporaryFile("w", suffix=".json") as said:
         env = {**os.environ, "TWINSPARK_KNOWN_HOSTS_DIR": known_hosts, **(extra_env or {})}
+        json.dump({"registry": registry, "facts": facts or {},
+                   "prior": {r.name: {"compared": r.compared, "outputs": r.outputs}
+                             for r in (prior.resources if prior else [])}}, said)
+        said.flush()
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD, json.dumps(encoded), "preview" if preview else "up",
-             json.dumps(list(secret_keys)), json.dumps(list(withheld_features)),
-             json.dumps({"registry": registry, "facts": facts or {},
-                         "prior": {r.name: {"compared": r.compared, "outputs": r.outputs}
-                                   for r in (prior.resources if prior else [])}})],
+             json.dumps(list(secret_keys)), json.dumps(list(withheld_features)), said.name],
             cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
         )
     marker = proc.stdout.rfind("@@RESULT@@")
