@@ -199,4 +199,5 @@ pulumi.export("nodes", client.nodes_output(cfg))
 pulumi.export("fabric", client.fabric_output(cfg))
 pulumi.export("sshUser", cfg.ssh.user)
 pulumi.export("servingImage", base_image.output())
-pulumi.export("platform", platform.facts)
+pulumi.export("platform", platform.facts.apply(
+    lambda facts: {"facts": facts, "acknowledge": list(cfg.platform.acknowledge)}))

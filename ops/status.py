@@ -2,7 +2,10 @@
 
 Per node (over SSH, launch/node-status.py fed on stdin): serving container up or
 restarting (restart count), rails (link, speed, MTU, RoCE state), GPU temperature and
-power; on the head, the Ray nodes alive with their GPUs. For the endpoint: /health, the
+power; on the head, the Ray nodes alive with their GPUs. Per node too, its platform
+(launch/platform-facts.py: OS, kernel, driver, CUDA, BIOS, CMA, vLLM and NCCL in the running
+serving image), judged now by the platform gate with the stack's acknowledgements: a node
+updated since the last `pulumi up` shows here first. For the endpoint: /health, the
 model from /v1/models, and from /metrics the spec-decode acceptance (overall and per draft
 position) and the requests running and waiting. Exit code 1 when anything is unhealthy.
 """
@@ -23,23 +26,25 @@ from rich.table import Table
 from rich.text import Text
 
 import node_contract as contract
+import platform_gate
 
 from .api import served_models
 
 NODE_PROBE = Path(__file__).resolve().parent.parent / "launch" / "node-status.py"
+FACTS_PROBE = NODE_PROBE.with_name("platform-facts.py")
 MEMBERSHIP_IN_CONTAINER = f"{contract.CONTAINER_BUNDLE_DIR}/{contract.MEMBERSHIP_SCRIPT}"
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
-# A function that runs the node probe on a node and returns its stdout (JSON).
-NodeRunner = Callable[[dict, list[str]], str]
+# A function that runs a probe (default: the node probe) on a node and returns its stdout (JSON).
+NodeRunner = Callable[..., str]
 
 
 def ssh_runner(user: str, key: Optional[str], options: Sequence[str] = ()) -> NodeRunner:
-    def run(node: dict, args: list[str]) -> str:
+    def run(node: dict, args: list[str], probe: Path = NODE_PROBE) -> str:
         command = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"] + (["-i", key] if key else [])
         command += [a for option in options for a in ("-o", option)]
         command += [f"{user}@{node['host']}", "python3 - " + " ".join(shlex.quote(a) for a in args)]
-        proc = subprocess.run(command, input=NODE_PROBE.read_text(), capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(command, input=probe.read_text(), capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"ssh {user}@{node['host']} failed: {proc.stderr.strip()[-300:]}")
         return proc.stdout
@@ -55,6 +60,21 @@ def probe_args(node: dict) -> list[str]:
         args += ["--ray-head", node["rayIp"], "--membership", MEMBERSHIP_IN_CONTAINER,
                  "--dashboard-port", str(contract.RAY_DASHBOARD_PORT)]
     return args
+
+
+def facts_args(node: dict, base_image: Optional[str]) -> list[str]:
+    """The facts of the node and of its running serving container's image (checked against the
+    stack's pinned base when the outputs name it)."""
+    return ["--node", node["name"], "--container", contract.SERVING_CONTAINER] + (["--base", base_image] if base_image else [])
+
+
+def stack_platform(outputs: dict) -> tuple[Optional[str], list[str]]:
+    """The pinned base and the acknowledgements, from the outputs of `pulumi up` (if any)."""
+    serving_image, platform = outputs.get("servingImage"), outputs.get("platform")
+    base = serving_image.get("reference") if isinstance(serving_image, dict) else None
+    acknowledged = platform.get("acknowledge") if isinstance(platform, dict) else None
+    return (base if isinstance(base, str) else None,
+            [a for a in acknowledged if isinstance(a, str)] if isinstance(acknowledged, list) else [])
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[dict, float]]]:
@@ -137,6 +157,12 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
                      f"{ep['expected_model']}")
     elif ep.get("error"):
         found.append(f"endpoint {ep['url']}: /metrics {ep['error']}")
+    platforms = {n["node"]: n.get("platform", {}).get("facts") for n in report["nodes"]}
+    if platforms and all(platforms.values()):
+        found += [f"platform: {f.text}" for f in platform_gate.evaluate(platforms, report.get("acknowledged", []))]
+    for node in report["nodes"]:
+        if "error" in node.get("platform", {}):
+            found.append(f"{node['node']}: platform facts: {node['platform']['error']}")
     gpu_nodes = len(report["nodes"])
     for node in report["nodes"]:
         name = node["node"]
@@ -167,15 +193,25 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
 
 
 def collect(target, runner: NodeRunner) -> dict:
+    base_image, acknowledged = stack_platform(target.outputs)
+
     def one(node):
         try:
-            return json.loads(runner(node, probe_args(node)))
+            status = json.loads(runner(node, probe_args(node)))
         except Exception as err:  # one unreachable node must not hide the others
             return {"node": node["name"], "error": str(err)}
+        try:
+            report = json.loads(runner(node, facts_args(node, base_image), probe=FACTS_PROBE))
+            status["platform"] = {"facts": platform_gate.parse_report(json.dumps(report), node["name"]),
+                                  "errors": report.get("errors", {})}
+        except Exception as err:
+            status["platform"] = {"error": str(err)}
+        return status
 
     with ThreadPoolExecutor(max_workers=max(1, len(target.nodes))) as pool:
         nodes = list(pool.map(one, target.nodes))
-    return {"endpoint": endpoint_status(target.base_url, target.api_key, target.model), "nodes": nodes}
+    return {"endpoint": endpoint_status(target.base_url, target.api_key, target.model), "nodes": nodes,
+            "acknowledged": acknowledged}
 
 
 def render(report: dict, found: list[str], console: Console) -> None:
@@ -200,6 +236,19 @@ def render(report: dict, found: list[str], console: Console) -> None:
             f"{n['node_ip']} ({n['gpus']:g} GPU)" for n in ray.get("nodes", [])))
         nodes.add_row(Text(node["node"]), container, Text(rails), Text(gpu_text), Text(ray_text))
     console.print(nodes)
+    platform = Table(title="platform")
+    for col in ("node", "OS", "kernel", "driver / CUDA", "BIOS", "CMA total / free kB", "vLLM", "NCCL (wheel)"):
+        platform.add_column(col)
+    for node in report["nodes"]:
+        facts = node.get("platform", {}).get("facts")
+        if facts is None:
+            platform.add_row(Text(node["node"]), Text(node.get("platform", {}).get("error") or "", style=red))
+            continue
+        shown = lambda *names: " / ".join(str(facts.get(n)) for n in names)  # noqa: E731  None shows as None
+        platform.add_row(*(Text(v) for v in (
+            node["node"], shown("os"), shown("kernel"), shown("driver", "cuda"), shown("bios_version", "bios_date"),
+            shown("cma_total_kb", "cma_free_kb"), shown("vllm"), f"{facts.get('nccl')} ({facts.get('nccl_pip')})")))
+    console.print(platform)
     ep = report["endpoint"]
     endpoint = Table(title="endpoint")
     endpoint.add_column("")

@@ -390,18 +390,26 @@ def test_endpoint_status_reads_spec_decode_and_queue(endpoint):
     assert status.endpoint_status(target.base_url, "wrong")["models_status"] == 401
 
 
-def shim_bin(tmp_path, restarting="false", restart_count=0, ray_gpus=(1, 1)):
+def shim_bin(tmp_path, restarting="false", restart_count=0, ray_gpus=(1, 1), driver="580.173.02"):
     """docker, nvidia-smi and ibv_devinfo as a Spark would answer them."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     nodes = json.dumps([{"node_id": f"n{i}", "node_ip": f"10.0.0.{i + 1}", "gpus": g} for i, g in enumerate(ray_gpus)])
     scripts = {
         "docker": f"""#!/bin/sh
-case "$1" in
-  inspect) echo '{{"Status":"running","Restarting":{restarting},"StartedAt":"2026-11-29T10:00:00Z","ExitCode":0}}|{restart_count}' ;;
-  exec) case "$*" in *"/twinspark/ray-membership.py alive --head 10.0.0.1 --dashboard-port 8265") echo '{nodes}' ;; *) exit 1 ;; esac ;;
+case "$1 $3" in
+  "inspect {{{{.Image}}}}") echo sha256:served ;;
+  inspect*) echo '{{"Status":"running","Restarting":{restarting},"StartedAt":"2026-11-29T10:00:00Z","ExitCode":0}}|{restart_count}' ;;
+  image*) echo sha256:served ;;
+  run*) cat >/dev/null; echo '{{"vllm": "0.25.2", "nccl": "2.30.7", "nccl_pip": null}}' ;;
+  exec*) case "$*" in *"/twinspark/ray-membership.py alive --head 10.0.0.1 --dashboard-port 8265") echo '{nodes}' ;; *) exit 1 ;; esac ;;
 esac""",
-        "nvidia-smi": "#!/bin/sh\necho '71, 64.25'",
+        "nvidia-smi": f"""#!/bin/sh
+case "$1" in
+  --query-gpu=temperature*) echo '71, 64.25' ;;
+  --query-gpu=driver*) echo '{driver}, NVIDIA GB10' ;;
+  *) echo '| Driver Version: {driver}   CUDA Version: 13.0 |' ;;
+esac""",
         "ibv_devinfo": "#!/bin/sh\nprintf '\\tstate:\\t\\t\\tPORT_ACTIVE (4)\\n\\tactive_mtu:\\t\\t4096 (5)\\n'",
     }
     for name, text in scripts.items():
@@ -410,11 +418,13 @@ esac""",
     return bin_dir
 
 
-def local_runner(bin_dir):
-    """The node probe run here instead of over ssh: same script, same arguments, same stdin."""
-    def run(node, args):
-        proc = subprocess.run([sys.executable, "-", *args], input=status.NODE_PROBE.read_text(), capture_output=True,
-                              text=True, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, check=True)
+def local_runner(bin_dir, per_node=None):
+    """The probes run here instead of over ssh: same script, same arguments, same stdin
+    (`per_node`: another shim directory for some nodes)."""
+    def run(node, args, probe=status.NODE_PROBE):
+        path = (per_node or {}).get(node["name"], bin_dir)
+        proc = subprocess.run([sys.executable, "-", *args], input=probe.read_text(), capture_output=True,
+                              text=True, env={**os.environ, "PATH": f"{path}:{os.environ['PATH']}"}, check=True)
         return proc.stdout
     return run
 
@@ -450,6 +460,25 @@ def test_status_exit_code_and_problems(endpoint, tmp_path):
     assert any("spark1: Ray has 1 of 2 GPU nodes alive" in f for f in found)
     assert any("spark1 rail lo: MTU 65536, expected 9000" in f for f in found)
     assert status.run_status(target, local_runner(shim_bin(tmp_path / "sick2")), True, 9000, 200000, quiet()) == 1
+
+
+def test_status_shows_each_nodes_platform_and_judges_it_with_the_stacks_acknowledgements(endpoint, tmp_path, capsys):
+    behaviour, target = endpoint
+    behaviour.metrics_text = METRICS
+    target.nodes = NODES
+    updated = local_runner(shim_bin(tmp_path), {"spark2": shim_bin(tmp_path / "updated", driver="590.44.01")})
+    report = status.collect(target, updated)
+    assert [n["platform"]["facts"]["driver"] for n in report["nodes"]] == ["580.173.02", "590.44.01"]
+    assert report["nodes"][0]["platform"]["facts"]["vllm"] == "0.25.2"
+    found = [f for f in status.problems(report, 9000, 200000) if f.startswith("platform: ")]
+    assert [f.split(" ")[1:4] for f in found] == [["nodes", "differ", "in"], ["known", "issue", "driver-590-cudagraph-deadlock"]]
+    assert "spark1 has '580.173.02', spark2 has '590.44.01'" in found[0]
+    # what the stack acknowledged (its `platform` output) is accepted here too
+    target.outputs = {"platform": {"acknowledge": ["mismatch:driver", "driver-590-cudagraph-deadlock"]}}
+    assert not [f for f in status.problems(status.collect(target, updated), 9000, 200000) if f.startswith("platform")]
+    status.render(report, found, Console(width=200))
+    shown = capsys.readouterr().out
+    assert "590.44.01 / 13.0" in shown and "UNHEALTHY platform: nodes differ in driver" in shown
 
 
 def test_status_survives_an_unreachable_node(endpoint):
