@@ -173,8 +173,8 @@ def main():
     source.add_argument("--container", help="the serving image is this running container's")
     parser.add_argument("--base", help="the pinned base REPO@sha256:...: the image must start with its layers")
     args = parser.parse_args()
-    if args.base and not args.image:
-        parser.error("--base needs --image")
+    if args.base and not (args.image or args.container):
+        parser.error("--base needs --image or --container")
     facts, errors = {}, {}
     host_facts(facts, errors)
     image = args.image
@@ -183,6 +183,8 @@ def main():
         image = out.strip() if out else None
         if image is None:
             errors["serving_image"] = err
+            if args.base:
+                fail(f"{args.node}: no serving container {args.container} to check against {args.base}: {err}")
     if image:
         image_facts(args.node, image, args.base, facts, errors)
     print(json.dumps({"node": args.node, "facts": facts, "errors": errors}, sort_keys=True))

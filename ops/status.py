@@ -238,7 +238,7 @@ def render(report: dict, found: list[str], console: Console) -> None:
     console.print(nodes)
     platform = Table(title="platform")
     for col in ("node", "OS", "kernel", "driver / CUDA", "BIOS", "CMA total / free kB", "vLLM", "NCCL (wheel)"):
-        platform.add_column(col)
+        platform.add_column(col, overflow="fold")  # versions are read and compared whole: never cut
     for node in report["nodes"]:
         facts = node.get("platform", {}).get("facts")
         if facts is None:

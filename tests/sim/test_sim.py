@@ -31,6 +31,7 @@ from components import host_prep
 from components.launch_bundle import VllmServe, vllm_argv
 from components.model_weights import render_authorized_key_line
 from components.remote import launch_file, script_text
+from platform_gate import evaluate, parse_report
 
 SIM_DIR = Path(__file__).resolve().parent
 SHARD_COUNT, SHARD_MB = 6, 50
@@ -381,6 +382,22 @@ def test_fabric_check_catches_a_silent_peer(sim, sim_run, prepared):
 
 
 # ---- 3. Weight sync ------------------------------------------------------------------------
+def test_image_pin_and_platform_facts_steps_on_the_nodes(sim, sim_run, report):
+    """The pin resolves the tag on the head; each node's facts step checks its image against the
+    pinned base and reports its platform; the gate, fed what the nodes printed, lets it pass."""
+    digest = run_step(sim, sim_run, "image-pin-resolve").stdout.strip().splitlines()[-1]
+    assert digest == "sha256:" + "4" * 64  # what the shim's registry names for the tag
+    facts = {}
+    for node in ("sim1", "sim2"):
+        out = run_step(sim, sim_run, f"{node}-platform-facts").stdout
+        facts[node] = parse_report(out, node)
+        assert facts[node]["image_base"] == sim_run.outputs["servingImage"]["value"]["reference"]
+        assert facts[node]["vllm"] == "0.0.0+sim" and facts[node]["kernel"]
+    assert facts["sim1"]["image"] == facts["sim2"]["image"]
+    report["platform_facts_sim1"] = facts["sim1"]
+    assert [f.text for f in evaluate(facts)] == []
+
+
 def manifest_listing(sim, node):
     """What the node's model directory holds, in the manifest's own format (launch/prelude.sh)."""
     return sim.node_exec(node, "bash", "-c", 'eval "$(cat)"; manifest_listing "$0" "$1"', sim.cfg.model.dir,
