@@ -44,7 +44,9 @@ def ssh_runner(user: str, key: Optional[str], options: Sequence[str] = ()) -> No
         command = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"] + (["-i", key] if key else [])
         command += [a for option in options for a in ("-o", option)]
         command += [f"{user}@{node['host']}", "python3 - " + " ".join(shlex.quote(a) for a in args)]
-        proc = subprocess.run(command, input=probe.read_text(), capture_output=True, text=True, timeout=120)
+        # the facts probe starts a container of the serving image (torch's import): give it time
+        timeout = 360 if probe == FACTS_PROBE else 60
+        proc = subprocess.run(command, input=probe.read_text(), capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"ssh {user}@{node['host']} failed: {proc.stderr.strip()[-300:]}")
         return proc.stdout
@@ -201,9 +203,9 @@ def collect(target, runner: NodeRunner) -> dict:
         except Exception as err:  # one unreachable node must not hide the others
             return {"node": node["name"], "error": str(err)}
         try:
-            report = json.loads(runner(node, facts_args(node, base_image), probe=FACTS_PROBE))
-            status["platform"] = {"facts": platform_gate.parse_report(json.dumps(report), node["name"]),
-                                  "errors": report.get("errors", {})}
+            out = runner(node, facts_args(node, base_image), probe=FACTS_PROBE)
+            status["platform"] = {"facts": platform_gate.parse_report(out, node["name"]),
+                                  "errors": json.loads(out.strip().splitlines()[-1]).get("errors", {})}
         except Exception as err:
             status["platform"] = {"error": str(err)}
         return status

@@ -31,6 +31,8 @@ STACK_FILE = ROOT / "Pulumi.spark.yaml"
 
 _CHILD = r'''
 import asyncio, hashlib, json, os, runpy, sys, traceback
+sys.path.insert(0, "tests")
+from program_harness import without_ignored
 import pulumi
 from pulumi.runtime import mocks as pm
 from pulumi.runtime.proto import resource_pb2
@@ -61,17 +63,6 @@ def node_answer(name, inputs):
     if "sync-key" in name:
         return "ssh-ed25519 AAAAC3NzaFAKEKEY twinspark-weights@" + name.rsplit("-", 1)[-1]
     return ""
-
-def compared(inputs, ignore):
-    inputs = json.loads(json.dumps(inputs))
-    for path in ignore:
-        *parents, leaf = path.split(".")
-        target = inputs
-        for part in parents:
-            target = target.get(part) if isinstance(target, dict) else None
-        if isinstance(target, dict):
-            target.pop(leaf, None)
-    return inputs
 
 def fake_outputs(type_, name, inputs):
     out = dict(inputs)
@@ -104,7 +95,7 @@ class RecordingMonitor(pm.MockMonitor):
         from google.protobuf import json_format
         inputs = json_format.MessageToDict(request.object)
         before = nodes_say["prior"].get(request.name)
-        now = compared(inputs, list(request.ignoreChanges))
+        now = without_ignored(inputs, list(request.ignoreChanges))
         if before is not None and before["compared"] == now:  # no diff: the state's outputs stay
             kept[request.name] = before["outputs"]
         response = super().RegisterResource(request)
@@ -328,8 +319,12 @@ def compared_inputs(resource: Resource) -> dict[str, Any]:
     """The inputs as the engine compares them with the state: a path in ignore_changes keeps its
     stored value (pulumi/pulumi pkg/resource/deploy/step_generator.go, processIgnoreChanges ->
     PropertyPath.Reset), so it can never cause a diff; it is left out here (dotted paths only)."""
-    inputs = unwrap(resource.inputs)
-    for path in resource.ignore_changes:
+    return without_ignored(resource.inputs, resource.ignore_changes)
+
+
+def without_ignored(recorded: dict[str, Any], ignore_changes: Sequence[str]) -> dict[str, Any]:
+    inputs = unwrap(recorded)
+    for path in ignore_changes:
         *parents, leaf = path.split(".")
         target = inputs
         for part in parents:
