@@ -48,6 +48,10 @@ def release_page_cache(model_dir: str) -> int:
             except OSError:
                 continue
             try:
+                try:  # dirty pages are not dropped: written back first, as `sync` would
+                    os.fdatasync(fd)
+                except OSError:  # nothing to write back where the mount is read-only
+                    pass
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 count += 1
             finally:

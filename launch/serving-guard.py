@@ -254,6 +254,7 @@ class Guard:
                   f"frees: reboot {self.args.nodes} (see {self.args.vllm_log}), or run `python -m ops clear-hold` "
                   "to try again without one")
         write_json(Path(self.args.hold_file), {"reason": reason, "since": time.time()})
+        self.was_held = True
         log(f"HOLD: {reason}")
         self.enforce_hold()
 
