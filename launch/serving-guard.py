@@ -5,7 +5,7 @@ Runs on the head's host under systemd (twinspark-serving-guard.service), not in 
 container: it outlives the engine it watches. Standard library only (the host's python3).
 
 Canary: every --interval seconds, and as soon as serving answers /health after each (re)start,
-three requests go through the API gateway with the key — the path clients use:
+three requests go at once through the API gateway with the key — the path clients use:
 - a known answer: "What is A + B?" with fresh A and B; the reply must contain the sum
   (garbage output, with /health still 200, fails it);
 - a streamed call of a named tool: its arguments must parse as JSON with the required field
@@ -40,6 +40,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -173,13 +174,17 @@ def canary_round(api: Api) -> list[str]:
         return [f"/v1/models: {failure}"]
     if not model:
         return ["/v1/models: no model listed"]
-    failures = []
-    for check in CHECKS:
+
+    def run(check) -> Optional[str]:
         try:
             check(api, model)
         except CanaryFailure as failure:
-            failures.append(str(failure))
-    return failures
+            return str(failure)
+        return None
+
+    # at once: a wedged engine then costs one deadline per round, not one per check
+    with ThreadPoolExecutor(max_workers=len(CHECKS)) as pool:
+        return [failure for failure in pool.map(run, CHECKS) if failure]
 
 
 # ---- docker --------------------------------------------------------------------------------
