@@ -18,6 +18,7 @@ from components.observability import Observability, ObservabilityArgs, ObservedA
 from components.observability_files import plan_from_config
 from components.platform_facts import NodeFacts, PlatformFacts, PlatformFactsArgs
 from components.readiness import Readiness, ReadinessArgs
+from components.serving_guard import ServingGuard, ServingGuardArgs
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
 from components.serving_image import BaseImagePin, BaseImagePinArgs, ServingImage, ServingImageArgs
 from components.ssh_access import resolve_ssh_access
@@ -40,7 +41,8 @@ host_preps = {
         f"{n.name}-hostprep",
         HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu,
                      firewall=firewall_policy(n, cfg.nodes, cfg.head_public_ports),
-                     gpu_clock_cap_mhz=cfg.serving.gpu_clock_cap_mhz),
+                     gpu_clock_cap_mhz=cfg.serving.gpu_clock_cap_mhz,
+                     cotenant_memory_percent=cfg.serving.cotenant_memory_percent),
     )
     for n in cfg.nodes
 }
@@ -155,6 +157,19 @@ cluster = ServingCluster(
         model_container_dir=cfg.model.container_dir,
     ),
 )
+if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the head's host
+    ServingGuard(
+        f"{head.name}-guard",
+        ServingGuardArgs(
+            head_name=head.name,
+            connection=conns[head.name],
+            port=cfg.serving.port,
+            node_names=[n.name for n in cfg.nodes],
+            config=cfg.serving.guard,
+        ),
+        # installed once the container it watches exists
+        opts=pulumi.ResourceOptions(depends_on=[cluster.head, cluster.gateway]),
+    )
 Readiness(
     "readiness",
     ReadinessArgs(

@@ -315,6 +315,31 @@ class ModelConfig(Contract):
         return "/models/" + self.dir.rstrip("/").rsplit("/", 1)[-1]
 
 
+class ServingGuard(Contract):
+    enabled: bool = Field(default=True, description="`false`: no guard on the head (and remove it if deployed)")
+    interval_seconds: Integer = Field(
+        default=120, ge=5, le=3600, description="a canary round this often (and right after every (re)start)")
+    retry_seconds: Integer = Field(default=15, ge=1, le=600, description="the next round this soon after a failed one")
+    deadline_seconds: Integer = Field(
+        default=60, ge=5, le=600, description="each canary request must be answered in full within this")
+    failures_before_restart: Integer = Field(
+        default=3, ge=1, le=20, description="this many failed rounds in a row restart the head's serving container")
+    restart_limit: Integer = Field(
+        default=3, ge=1, le=50,
+        description="this many serving restarts within restartWindowMinutes: no more restarts, serving is held "
+        "until a reboot or `python -m ops clear-hold`")
+    restart_window_minutes: Integer = Field(default=30, ge=1, le=1440, description="the window restartLimit counts over")
+
+
+_COTENANT_MEMORY = re.compile(r"^(auto|off|[1-9][0-9]?%)$")
+
+
+def _cotenant_memory(value: str) -> str:
+    if not _COTENANT_MEMORY.match(value):
+        raise ValueError("expected 'auto', 'off' or a percentage of the node's memory such as '12%'")
+    return value
+
+
 class Serving(Contract):
     image: ImageRef = Field(
         description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`; a tag "
@@ -346,6 +371,22 @@ class Serving(Contract):
         description="cap every node's GPU clock at this many MHz, applied now and at every boot "
         "(`nvidia-smi -lgc 0,N`, which alone does not survive a reboot): what cures overheat shutdowns "
         "on some Sparks; unset: the driver's clocks")
+    guard: ServingGuard = Field(
+        default_factory=ServingGuard,
+        description="the head's guard: answer canary, wedge detection, crash-loop hold")
+    cotenant_memory_max: Annotated[str, AfterValidator(_cotenant_memory)] = Field(
+        default="auto",
+        description="cap on memory for sessions (user.slice) and other services (system.slice) on every node, "
+        "so the OOM killer takes a co-tenant before a TP rank: `auto` = what gpuMemoryUtilization leaves "
+        "(at least 5%), a percentage, or `off`")
+
+    @property
+    def cotenant_memory_percent(self) -> Optional[int]:
+        if self.cotenant_memory_max == "off":
+            return None
+        if self.cotenant_memory_max == "auto":
+            return max(5, int((1 - self.gpu_memory_utilization) * 100))
+        return int(self.cotenant_memory_max.rstrip("%"))
 
     @model_validator(mode="after")
     def _extra_args_are_flags(self) -> "Serving":

@@ -7,8 +7,11 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+import node_contract as contract
 from rich.console import Console
 
 from openai_standin import Behaviour, serve
@@ -406,7 +409,8 @@ case "$1 $3" in
 esac""",
         "nvidia-smi": f"""#!/bin/sh
 case "$1" in
-  --query-gpu=temperature*) echo '71, 64.25' ;;
+  # temperature, power, SM clock, max SM clock, throttle reasons (power cap + hardware thermal)
+  --query-gpu=temperature*) echo '71, 64.25, 2405, 3003, 0x0000000000000044' ;;
   --query-gpu=driver*) echo '{driver}, NVIDIA GB10' ;;
   *) echo '| Driver Version: {driver}   CUDA Version: 13.0 |' ;;
 esac""",
@@ -418,11 +422,14 @@ esac""",
     return bin_dir
 
 
-def local_runner(bin_dir, per_node=None):
+def local_runner(bin_dir, per_node=None, run_dir=None):
     """The probes run here instead of over ssh: same script, same arguments, same stdin
-    (`per_node`: another shim directory for some nodes)."""
+    (`per_node`: another shim directory for some nodes; the node's state files, the contract's
+    RUN_DIR, read from `run_dir`)."""
     def run(node, args, probe=status.NODE_PROBE):
         path = (per_node or {}).get(node["name"], bin_dir)
+        if run_dir is not None:
+            args = [a.replace(contract.RUN_DIR, str(run_dir)) for a in args]
         proc = subprocess.run([sys.executable, "-", *args], input=probe.read_text(), capture_output=True,
                               text=True, env={**os.environ, "PATH": f"{path}:{os.environ['PATH']}"}, check=True)
         return proc.stdout
@@ -437,11 +444,13 @@ NODES = [
 
 def test_node_probe_reports_container_rails_gpu_and_ray(tmp_path):
     out = json.loads(local_runner(shim_bin(tmp_path, restart_count=3))(NODES[0], status.probe_args(NODES[0])))
+    assert out["memory_check"] is None and out["guard"] is None and out["hold"] is None  # none written here
     assert out["container"] == {"name": "twinspark-serving", "present": True, "status": "running", "restarting": False,
                                 "restart_count": 3, "started_at": "2026-11-29T10:00:00Z", "exit_code": 0}
     assert out["rails"][0]["operstate"] == "unknown" and out["rails"][0]["mtu"] == 65536  # lo, read from sysfs
     assert out["rails"][0]["roce_state"] == "PORT_ACTIVE" and out["rails"][0]["roce_active_mtu"] == 4096
-    assert out["gpu"] == {"temperature_c": 71.0, "power_w": 64.25}
+    assert out["gpu"] == {"temperature_c": 71.0, "power_w": 64.25, "sm_clock_mhz": 2405.0, "max_sm_clock_mhz": 3003.0,
+                          "throttle": ["power cap", "thermal (hardware)"]}
     assert [n["node_ip"] for n in out["ray"]["nodes"]] == ["10.0.0.1", "10.0.0.2"]
 
 
@@ -449,7 +458,8 @@ def test_status_exit_code_and_problems(endpoint, tmp_path):
     behaviour, target = endpoint
     behaviour.metrics_text = METRICS
     target.nodes = NODES
-    healthy = status.collect(target, local_runner(shim_bin(tmp_path)))
+    run_dir = node_state(tmp_path / "run", guard=GUARD_OK)
+    healthy = status.collect(target, local_runner(shim_bin(tmp_path), run_dir=run_dir))
     for node in healthy["nodes"]:  # lo stands in for a rail: make it look like a good one
         node["rails"][0].update(operstate="up", speed_mbps=200000, mtu=9000)
     assert status.problems(healthy, 9000, 200000) == []
@@ -479,6 +489,70 @@ def test_status_shows_each_nodes_platform_and_judges_it_with_the_stacks_acknowle
     status.render(report, found, Console(width=200))
     shown = capsys.readouterr().out
     assert "590.44.01 / 13.0" in shown and "UNHEALTHY platform: nodes differ in driver" in shown
+
+
+GUARD_OK = {"checked_at": 1764470000.0, "ok": True, "failures": [], "consecutive_failures": 0,
+            "restarts_in_window": 1, "restart_limit": 3, "window_s": 1800, "hold": None}
+HOLD = {"reason": "restart loop: 3 serving restarts in 30 min (limit 3). ... reboot spark1 and spark2", "since": 1.0}
+MEMORY_SHORT = {"ok": False, "need_gib": 101.7, "available_gib": 95.0,
+                "message": "not enough memory to load: vLLM needs 101.7 GiB (0.85 x 119.7 GiB), 95.0 GiB available"}
+
+
+def node_state(run_dir, guard=None, hold=None, memory=None):
+    """The files the guard and the memory check leave under the contract's RUN_DIR."""
+    for path, value in ((contract.SERVING_GUARD_STATUS, guard), (contract.SERVING_HOLD, hold),
+                        (contract.MEMORY_CHECK_STATUS, memory)):
+        if value is not None:
+            target = run_dir / Path(path).relative_to(contract.RUN_DIR)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(value))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def test_status_shows_the_guard_the_hold_and_the_memory_check(endpoint, tmp_path):
+    behaviour, target = endpoint
+    target.nodes = NODES
+    failing = {**GUARD_OK, "ok": False, "consecutive_failures": 2,
+               "failures": ["known answer: 512 + 301 gave '<unk>', not 813"]}
+    run_dir = node_state(tmp_path / "run", guard=failing, hold=HOLD, memory=MEMORY_SHORT)
+    report = status.collect(target, local_runner(shim_bin(tmp_path), run_dir=run_dir))
+    found = status.problems(report, 65536, None)
+    assert "spark1: serving held: restart loop: 3 serving restarts in 30 min (limit 3). ... reboot spark1 and spark2" in found
+    assert "spark1: canary failing (2 rounds in a row): known answer: 512 + 301 gave '<unk>', not 813" in found
+    assert ("spark2: memory check before load: not enough memory to load: vLLM needs 101.7 GiB (0.85 x 119.7 GiB), "
+            "95.0 GiB available") in found
+    console = Console(record=True, width=400)  # wide enough that no cell wraps
+    status.render(report, found, console)
+    shown = console.export_text()
+    assert "canary: FAILING" in shown and "restarts 1/3 in 30 min" in shown and "HELD" in shown
+    assert "memory: WAITING (95.0 of 101.7 GiB available)" in shown
+    assert "throttled: power cap, thermal (hardware)" in shown
+    # no verdict at all: the guard is not running
+    bare = status.collect(target, local_runner(shim_bin(tmp_path / "bare"), run_dir=node_state(tmp_path / "bare-run")))
+    assert any("the serving guard has written no verdict" in f for f in status.problems(bare, 65536, None))
+
+
+def test_clear_hold_removes_the_hold_and_waits_for_the_guard(endpoint, tmp_path):
+    from ops.hold import clear_hold
+
+    behaviour, target = endpoint
+    target.nodes = NODES
+    verdicts = [{**GUARD_OK, "hold": HOLD}, {**GUARD_OK, "hold": None, "restarts_in_window": 0}]
+    commands = []
+
+    def shell(node, command, stdin):
+        commands.append((node["name"], command))
+        return json.dumps(verdicts[0] if len(commands) == 1 else verdicts[1])
+
+    assert clear_hold(target, shell, quiet(), wait_s=10) == 0
+    assert ("spark1", "sudo -n rm -f /run/twinspark/serving-hold") in commands
+    assert all(name == "spark1" for name, _ in commands)
+    # not held: nothing removed
+    commands.clear()
+    verdicts[0] = GUARD_OK
+    assert clear_hold(target, shell, quiet(), wait_s=10) == 0
+    assert commands == [("spark1", "cat /run/twinspark/serving-guard/status.json")]
 
 
 def test_status_survives_an_unreachable_node(endpoint):
