@@ -17,6 +17,9 @@ LOG_DIR = "/var/log/twinspark"  # host and container (bind mount); rotated by lo
 CACHE_DIR = "/var/cache/twinspark"
 # Per managed file: the content hash whose apply last succeeded and the resource owning it.
 APPLIED_STATE_DIR = "/var/lib/twinspark/applied"
+# tmpfs, host and serving containers (volume): state that a reboot must clear — the guard's
+# verdicts, its restart count and hold, the memory check before load
+RUN_DIR = "/run/twinspark"
 
 # ---- bundle files --------------------------------------------------------------------------
 ENV_FILE = "twinspark.env"
@@ -31,6 +34,28 @@ API_GATEWAY_CONF = "api-gateway.conf"  # head: nginx config (the key itself is a
 # inside the gateway container: nginx's pid, temp files and the key map (api-key.conf, mode 600)
 API_GATEWAY_RUN_DIR = "/run/twinspark-api-gateway"
 API_GATEWAY_KEY_MAP = "api-key.conf"
+
+
+# ---- the serving guard (head host, systemd): canary, wedge and crash-loop guard ------------
+SERVING_GUARD_SCRIPT = "serving-guard.py"
+SERVING_GUARD_DIR = "/usr/local/lib/twinspark"  # on the host, outside the containers' bundle
+SERVING_GUARD_UNIT = "twinspark-serving-guard.service"
+SERVING_GUARD_LOG = "serving-guard.log"
+SERVING_GUARD_STATUS = f"{RUN_DIR}/serving-guard/status.json"  # its last verdict, for ops
+# present while serving is held (restart loop): why, and what to do; a reboot clears it
+SERVING_HOLD = f"{RUN_DIR}/serving-hold"
+# persistent: the guard set the serving container's restart policy to "no" (to put it back
+# after the reboot that cleared the hold)
+SERVING_GUARD_HELD_MARK = "/var/lib/twinspark/serving-guard/held-container"
+SERVING_RESTART_POLICY = "unless-stopped"
+
+# ---- memory before load (every node, in the boot scripts) -------------------------------------
+MEMORY_CHECK_SCRIPT = "memory-check.py"
+MEMORY_CHECK_STATUS = f"{RUN_DIR}/memory-check.json"
+
+# ---- co-tenants: sessions and services are capped; the serving containers live apart -------
+CONTAINER_SLICE = "twinspark.slice"  # cgroup parent of the serving containers
+COTENANT_SLICES = ("user.slice", "system.slice")
 
 
 def boot_script(role: str) -> str:

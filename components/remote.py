@@ -149,6 +149,7 @@ def node_command(
     Update runs `create` again), or when its node's host key does (an update: the step runs
     once more, verified with the new key). The node's identity leads the triggers, which
     pulumi-command replaces on (common/inputs.go: triggers are replaceOnChanges).
+    `ignore_changes` keeps more inputs from the state, for a step whose output must outlive them.
     """
     secrets = run.secrets or {}
     create = pulumi.Output.from_input(run.args).apply(lambda args: script_command(run.script, args, list(secrets)))

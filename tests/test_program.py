@@ -102,6 +102,9 @@ def test_component_type_tokens(recipe_run):
         "twinspark:serving_cluster:ServingCluster",
         "twinspark:readiness:Readiness",
         "twinspark:observability:Observability",
+        "twinspark:serving_image:BaseImagePin",
+        "twinspark:platform_facts:PlatformFacts",
+        "twinspark:serving_guard:ServingGuard",
     }
 
 
@@ -213,7 +216,10 @@ def test_containers_carry_every_recipe_docker_option(recipe_run):
         assert mounts["/models/DeepSeek-V4-Flash-0731"]["readOnly"] is True
         assert mounts["/twinspark"] == {"target": "/twinspark", "source": "/opt/twinspark", "readOnly": True, "type": "bind"}
         assert inputs["volumes"] == [{"hostPath": "/var/log/twinspark", "containerPath": "/var/log/twinspark"},
-                                     {"hostPath": "/var/cache/twinspark", "containerPath": "/var/cache/twinspark"}]
+                                     {"hostPath": "/var/cache/twinspark", "containerPath": "/var/cache/twinspark"},
+                                     {"hostPath": "/run/twinspark", "containerPath": "/run/twinspark"}]
+        # apart from the co-tenants' slices, which HostPrep caps
+        assert inputs["cgroupParent"] == "twinspark.slice"
         assert inputs["entrypoints"] == ["/bin/bash", f"/twinspark/boot-{role}.sh"]
         assert c.delete_before_replace
         assert [l["label"] for l in inputs["labels"]] == ["twinspark.bundle-hmac"]
@@ -254,7 +260,9 @@ def test_serving_image_build(recipe_run):
         build = image["build"]
         assert build["platform"] == "linux/arm64"
         assert build["context"] == "launch/serving-image"
-        assert build["args"] == {"BASE_IMAGE": "ghcr.io/anemll/dspark-vllm-gx10:0.1.1", "RAY_VERSION": "2.57.0"}
+        # FROM the digest the head resolved the tag to, never the tag itself (test_image_pin.py)
+        pin = recipe_run.named("image-pin-resolve").outputs["stdout"]
+        assert build["args"] == {"BASE_IMAGE": f"ghcr.io/anemll/dspark-vllm-gx10@{pin}", "RAY_VERSION": "2.57.0"}
         provider = recipe_run.named(f"{node}-docker").inputs
         assert provider["host"] == f"ssh://nvidia@{host}"
         assert "StrictHostKeyChecking=yes" in json.loads(provider["sshOpts"])  # tests/test_ssh_access.py: the rest
@@ -354,10 +362,10 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     """`pulumi up --replace` on a file, the sync key or its authorization must not end with
     the old delete removing what the new create just installed (issue 8, item 1)."""
     undoing = [r for r in recipe_run.of_type(COMMAND) if r.inputs.get("delete")]
-    # host files (8 + 8 + userns), head bundle (+ gateway), worker bundle, sync key, authorize,
+    # host files (10 + 10 + userns), head bundle (+ gateway), worker bundle, sync key, authorize,
     # the kept model revision, observability files on the head (prometheus.yml, rules,
-    # datasource, dashboard provider, 3 dashboards, Grafana password)
-    assert len(undoing) == 17 + 11 + 8 + 1 + 1 + 1 + 8
+    # datasource, dashboard provider, 3 dashboards, Grafana password), the guard's script and unit
+    assert len(undoing) == 21 + 12 + 9 + 1 + 1 + 1 + 8 + 2
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 
@@ -468,7 +476,7 @@ def test_outputs_contract(recipe_run):
     out = recipe_run.outputs
     assert set(out) == {
         "endpoint", "model", "modelRevision", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
-        "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser",
+        "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser", "servingImage", "platform",
         "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel",
     }
     assert out["endpoint"]["value"] == "http://192.168.1.10:8000/v1"

@@ -32,6 +32,7 @@ from components import host_prep
 from components.launch_bundle import VllmServe, vllm_argv
 from components.model_weights import render_authorized_key_line
 from components.remote import launch_file, script_text
+from platform_gate import evaluate, parse_report
 
 SIM_DIR = Path(__file__).resolve().parent
 # 1.25 GiB: the hub and the head's copy (sim1), or the copy and the recipe's (sim2), must fit
@@ -211,23 +212,54 @@ def supervisor_running(sim, node):
 
 
 def stop_serving(sim):
-    """Both nodes powered off, as far as serving goes: supervisors and their containers gone."""
+    """Both nodes powered off, as far as serving goes: supervisors and their containers gone,
+    services stopped, and what lives on tmpfs (/run/twinspark) lost."""
     for node in ("sim1", "sim2"):
         sim.node_exec(node, "pkill", "-9", "-f", "supervisor.py", check=False)
         for container in (SERVING, GATEWAY):
             sim.node_exec(node, "bash", "-c", f"kill -9 $(cat /run/twinspark-sim/{container}.pid 2>/dev/null) 2>/dev/null",
                           check=False)
+        sim.node_exec(node, "bash", "-c", "for u in /run/twinspark-sim/units/*.pid; do [ -e \"$u\" ] && "
+                      "systemctl stop \"$(basename \"$u\" .pid)\"; done; rm -rf " + contract.RUN_DIR, check=False)
+
+
+def boot_services(sim, node):
+    """What systemd starts at boot: every unit the program enabled (the serving guard)."""
+    sim.node_exec(node, "bash", "-c", "for u in /var/lib/twinspark-sim/enabled/*; do [ -e \"$u\" ] && "
+                  "systemctl start \"$(basename \"$u\")\"; done", check=False)
+
+
+GUARD_STATUS = contract.SERVING_GUARD_STATUS
+GUARD_LOG = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
+
+
+def guard_status(sim):
+    out = sim.node_exec("sim1", "cat", GUARD_STATUS, check=False).stdout
+    return json.loads(out) if out.strip() else None
+
+
+def guard_running(sim):
+    return sim.node_exec("sim1", "test", "-s", f"/run/twinspark-sim/units/{contract.SERVING_GUARD_UNIT}.pid",
+                         check=False).returncode == 0
+
+
+def install_guard(sim, sim_run):
+    """The program's guard steps (the unit's install restarts the service)."""
+    for name in steps(sim_run, "sim1-guard-"):
+        run_step(sim, sim_run, name)
+    if not guard_running(sim):  # installed before a power-off: started as at boot
+        boot_services(sim, "sim1")
 
 
 @pytest.fixture
-def serving(bundles_installed, sim):
-    """The cluster answers completions; started here if no earlier test started it."""
-    if completes(sim, api_key(sim)):
-        return
-    for node in ("sim1", "sim2"):
-        if not supervisor_running(sim, node):
-            start_supervisor(sim, node)
-    wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving")
+def serving(bundles_installed, sim, sim_run):
+    """The cluster answers completions, its guard watching; started here if no earlier test did."""
+    if not completes(sim, api_key(sim)):
+        for node in ("sim1", "sim2"):
+            if not supervisor_running(sim, node):
+                start_supervisor(sim, node)
+        wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving")
+    install_guard(sim, sim_run)
 
 
 # ---- 1. HostPrep over SSH ------------------------------------------------------------------
@@ -385,6 +417,22 @@ def test_fabric_check_catches_a_silent_peer(sim, sim_run, prepared):
 
 
 # ---- 3. Weight sync ------------------------------------------------------------------------
+def test_image_pin_and_platform_facts_steps_on_the_nodes(sim, sim_run, report):
+    """The pin resolves the tag on the head; each node's facts step checks its image against the
+    pinned base and reports its platform; the gate, fed what the nodes printed, lets it pass."""
+    digest = run_step(sim, sim_run, "image-pin-resolve").stdout.strip().splitlines()[-1]
+    assert digest == "sha256:" + "4" * 64  # what the shim's registry names for the tag
+    facts = {}
+    for node in ("sim1", "sim2"):
+        out = run_step(sim, sim_run, f"{node}-platform-facts").stdout
+        facts[node] = parse_report(out, node)
+        assert facts[node]["image_base"] == sim_run.outputs["servingImage"]["value"]["reference"]
+        assert facts[node]["vllm"] == "0.0.0+sim" and facts[node]["kernel"]
+    assert facts["sim1"]["image"] == facts["sim2"]["image"]
+    report["platform_facts_sim1"] = facts["sim1"]
+    assert [f.text for f in evaluate(facts)] == []
+
+
 def head_manifest(sim):
     """The head's manifest (launch/weights.py `pin`): {repo, revision, files: {path: {size, sha256}}}."""
     return json.loads(sim.node_exec("sim1", "cat", f"{sim.cfg.model.dir}/{contract.WEIGHTS_MANIFEST}").stdout)
@@ -891,7 +939,9 @@ def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report, servi
     # tolerates a long-unreachable head, for the next scenario.
     start_supervisor(sim, "sim2", env=[f"TWINSPARK_HEAD_GRACE_S={SLOW_HEAD_GRACE_S}"])
     start_supervisor(sim, "sim1")
+    boot_services(sim, "sim1")
     wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after the reboot")
+    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the guard's canary after the reboot")
     report["reboot_to_serving_s"] = round(time.time() - rebooted_at, 1)
 
 
@@ -928,6 +978,85 @@ def test_head_back_fast_is_caught_by_node_id(sim, report, serving):
 
 
 # ---- logs and state hold no secret (issue 8, item 7) --------------------------------------------
+# ---- 6. The serving guard: wrong answers, a wedge, a restart loop -------------------------------
+def reset_guard(sim):
+    """The guard restarted with an empty restart count (the scenarios before restarted the head)."""
+    sim.node_exec("sim1", "bash", "-c", f"systemctl stop {contract.SERVING_GUARD_UNIT}; "
+                  f"rm -f {contract.SERVING_HOLD} {Path(GUARD_STATUS).parent}/restarts.json {GUARD_STATUS}; "
+                  f"systemctl start {contract.SERVING_GUARD_UNIT}")
+    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="a passing canary round")
+
+
+def set_engine_fault(sim, fault):
+    sim.node_exec("sim1", "bash", "-c", f"echo {fault} > /run/twinspark-sim/vllm-fault")
+
+
+def guard_restarts(sim):
+    """Starts of the head's serving container that were not docker's restart policy's."""
+    return [e for e in supervisor_events(sim, "sim1", SERVING) if e["event"] == "start" and not e.get("restart")]
+
+
+def test_canary_catches_garbage_and_restarts_serving(sim, report, serving):
+    reset_guard(sim)
+    before = len(guard_restarts(sim))
+    faulted_at = time.time()
+    set_engine_fault(sim, "garbage")  # /health stays 200; the sum and the tool call come back wrong
+    wait_until(lambda: len(guard_restarts(sim)) > before, 90, what="the guard restarting serving")
+    report["canary_garbage_to_restart_s"] = round(guard_restarts(sim)[-1]["t"] - faulted_at, 1)
+    log = tail(sim, "sim1", GUARD_LOG, 40)
+    assert "restarting twinspark-serving: canary failed 3 times: known answer:" in log, log
+    assert "tool call: arguments are not JSON" in log, log
+    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the restart")
+    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the canary passing again")
+    assert api_key(sim) not in log
+
+
+def test_wedged_engine_is_caught_by_the_deadline(sim, report, serving):
+    reset_guard(sim)
+    before = len(guard_restarts(sim))
+    wedged_at = time.time()
+    set_engine_fault(sim, "hang")  # requests accepted, streams stop after one chunk, /health 200
+    wait_until(lambda: len(guard_restarts(sim)) > before, 120, what="the guard restarting the wedged engine")
+    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the wedge")
+    report["wedge_to_serving_s"] = round(time.time() - wedged_at, 1)
+    log = tail(sim, "sim1", GUARD_LOG, 40)
+    assert "stalled" in log or "still running after" in log, log
+
+
+def run_readiness(sim, sim_run):
+    return run_step(sim, sim_run, "sim1-readiness-wait", check=False)
+
+
+def test_restart_loop_is_held_until_cleared(sim, sim_run, report, serving):
+    reset_guard(sim)
+    policy_restarts = lambda: [e for e in supervisor_events(sim, "sim1", SERVING)  # noqa: E731
+                               if e["event"] == "start" and e.get("restart")]
+    before = len(policy_restarts())
+    sim.node_exec("sim1", "bash", "-c", "echo 5 > /run/twinspark-sim/vllm-fail-starts")
+    sim.node_exec("sim1", "docker", "restart", SERVING)  # the engine now dies at every start
+    wait_until(lambda: (guard_status(sim) or {}).get("hold"), 300, what="the guard holding serving")
+    report["crash_loop_restarts_before_hold"] = len(policy_restarts()) - before
+    hold = guard_status(sim)["hold"]
+    assert "restart loop: 3 serving restarts in 2 min (limit 3)" in hold["reason"]
+    assert "reboot sim1 and sim2" in hold["reason"]
+    time.sleep(6)  # held: docker restarts it no more
+    assert last_event(sim, "sim1", SERVING, "exit")["t"] > last_event(sim, "sim1", SERVING, "start")["t"]
+    assert len(policy_restarts()) - before == report["crash_loop_restarts_before_hold"]
+    # the next `pulumi up` fails its readiness at once, with the reason
+    started = time.time()
+    ready = run_readiness(sim, sim_run)
+    assert ready.returncode != 0 and "serving is held: restart loop" in ready.stderr + ready.stdout
+    assert time.time() - started < 30
+    held = run_ops(*status_args(sim, sim_run))
+    assert held.returncode == 1 and any("sim1: serving held: restart loop" in p
+                                        for p in json.loads(held.stdout)["problems"])
+    # the owner clears it (or reboots): the engine's last bad start, then it serves
+    cleared = run_ops("clear-hold", *status_args(sim, sim_run)[2:])  # its flags, less `status --json`
+    assert cleared.returncode == 0, cleared.stdout + cleared.stderr
+    wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after clear-hold")
+    assert sim.node_exec("sim1", "cat", "/run/twinspark-sim/vllm-fail-starts").stdout.strip() == "0"
+
+
 def secret_values(sim):
     """Each secret as it really is on the nodes."""
     return {
