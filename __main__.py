@@ -16,9 +16,11 @@ from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank
 from components.observability import Observability, ObservabilityArgs, ObservedAccess
 from components.observability_files import plan_from_config
+from components.platform_facts import NodeFacts, PlatformFacts, PlatformFactsArgs
 from components.readiness import Readiness, ReadinessArgs
+from components.serving_guard import ServingGuard, ServingGuardArgs
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
-from components.serving_image import ServingImage, ServingImageArgs
+from components.serving_image import BaseImagePin, BaseImagePinArgs, ServingImage, ServingImageArgs
 from components.ssh_access import resolve_ssh_access
 
 require_engine_support()
@@ -31,6 +33,8 @@ hf_token = secrets["hfToken"]
 # the containers' bundle labels say nothing about the secrets in the bundle.
 ray_token = random.RandomPassword("ray-token", length=48, special=False).result
 label_key = random.RandomPassword("bundle-label-key", length=32, special=False).result
+# and the secret of the weight copy's rsync daemons on the workers (only the head gets in)
+weights_sync_secret = random.RandomPassword("weights-sync-secret", length=48, special=False).result
 conns = {n.name: ssh.connection(n) for n in cfg.nodes}
 head = cfg.head
 
@@ -39,7 +43,8 @@ host_preps = {
         f"{n.name}-hostprep",
         HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu,
                      firewall=firewall_policy(n, cfg.nodes, cfg.head_public_ports),
-                     gpu_clock_cap_mhz=cfg.serving.gpu_clock_cap_mhz),
+                     gpu_clock_cap_mhz=cfg.serving.gpu_clock_cap_mhz,
+                     cotenant_memory_percent=cfg.serving.cotenant_memory_percent),
     )
     for n in cfg.nodes
 }
@@ -61,11 +66,12 @@ fabric_checks = [
 ]
 after_fabric = pulumi.ResourceOptions(depends_on=fabric_checks)
 
-access = {n.name: NodeAccess(n.name, conns[n.name], n.ray_ip) for n in cfg.nodes}
+access = {n.name: NodeAccess(n.name, conns[n.name], n.ray_ip, [r.ip for r in n.rails]) for n in cfg.nodes}
 weights = ModelWeights(
     "weights",
     ModelWeightsArgs(
         repo=cfg.model.repo,
+        revision=cfg.model.revision,
         dir=cfg.model.dir,
         downloader_image=cfg.serving.image,
         ssh_user=cfg.ssh.user,
@@ -74,9 +80,13 @@ weights = ModelWeights(
         hf_token=hf_token,
         tensor_parallel_size=cfg.tensor_parallel_size,
         gpu_memory_utilization=cfg.serving.gpu_memory_utilization,
+        sync_secret=weights_sync_secret,
     ),
     opts=after_fabric,
 )
+# one digest for every node's FROM, resolved once on the head when serving.image is a tag
+base_image = BaseImagePin("image-pin", BaseImagePinArgs(image=cfg.serving.image, connection=conns[head.name]),
+                          opts=after_fabric)
 images = {
     n.name: ServingImage(
         f"{n.name}-image",
@@ -84,13 +94,23 @@ images = {
             node_name=n.name,
             docker_host=ssh.docker_host(n),
             ssh_opts=ssh.docker_ssh_opts(n),
-            base_image=cfg.serving.image,
+            base_image=base_image.reference,
             ray_version=cfg.serving.ray_version,
         ),
         opts=after_fabric,
     )
     for n in cfg.nodes
 }
+# the platform gate: every node's facts, judged before the NCCL check and the containers
+platform = PlatformFacts(
+    "platform",
+    PlatformFactsArgs(
+        nodes=[NodeFacts(n.name, conns[n.name], images[n.name].image_id) for n in cfg.nodes],
+        base_image=base_image.reference,
+        acknowledged=cfg.platform.acknowledge,
+    ),
+)
+gated_image = {n.name: platform.gated(images[n.name].image_id) for n in cfg.nodes}
 vllm = VllmServe(serving=cfg.serving, model=cfg.model, tensor_parallel_size=cfg.tensor_parallel_size)
 bundles = {
     n.name: LaunchBundle(
@@ -114,7 +134,7 @@ nccl = NcclCheck(
     "nccl",
     NcclCheckArgs(
         ranks=[
-            NcclRank(n.name, conns[n.name], images[n.name].image_id, bundles[n.name].env_hash)
+            NcclRank(n.name, conns[n.name], gated_image[n.name], bundles[n.name].env_hash)
             for n in [head, *cfg.workers]
         ],
         master_ip=head.ray_ip,
@@ -130,7 +150,7 @@ cluster = ServingCluster(
                 node_name=n.name,
                 role=n.role,
                 provider=images[n.name].provider,
-                image_id=images[n.name].image_id,
+                image_id=gated_image[n.name],
                 bundle_hash=bundles[n.name].content_hash,
                 ready_after=[bundles[n.name], weights, nccl],
                 gateway_hash=bundles[n.name].gateway_hash,
@@ -141,6 +161,19 @@ cluster = ServingCluster(
         model_container_dir=cfg.model.container_dir,
     ),
 )
+if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the head's host
+    ServingGuard(
+        f"{head.name}-guard",
+        ServingGuardArgs(
+            head_name=head.name,
+            connection=conns[head.name],
+            port=cfg.serving.port,
+            node_names=[n.name for n in cfg.nodes],
+            config=cfg.serving.guard,
+        ),
+        # installed once the container it watches exists
+        opts=pulumi.ResourceOptions(depends_on=[cluster.head, cluster.gateway]),
+    )
 Readiness(
     "readiness",
     ReadinessArgs(
@@ -175,6 +208,7 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
 
 pulumi.export("endpoint", client.endpoint_url(cfg))
 pulumi.export("model", cfg.model.served_name)
+pulumi.export("modelRevision", weights.revision)  # the commit every node holds (model.revision or resolved once)
 pulumi.export("apiKey", pulumi.Output.secret(api_key))
 pulumi.export("healthUrl", client.endpoint_base(cfg) + "/health")
 pulumi.export("metricsUrl", client.endpoint_base(cfg) + "/metrics")
@@ -184,3 +218,6 @@ pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: c
 pulumi.export("nodes", client.nodes_output(cfg))
 pulumi.export("fabric", client.fabric_output(cfg))
 pulumi.export("sshUser", cfg.ssh.user)
+pulumi.export("servingImage", base_image.output())
+pulumi.export("platform", platform.facts.apply(
+    lambda facts: {"facts": facts, "acknowledge": list(cfg.platform.acknowledge)}))

@@ -17,6 +17,9 @@ LOG_DIR = "/var/log/twinspark"  # host and container (bind mount); rotated by lo
 CACHE_DIR = "/var/cache/twinspark"
 # Per managed file: the content hash whose apply last succeeded and the resource owning it.
 APPLIED_STATE_DIR = "/var/lib/twinspark/applied"
+# tmpfs, host and serving containers (volume): state that a reboot must clear — the guard's
+# verdicts, its restart count and hold, the memory check before load
+RUN_DIR = "/run/twinspark"
 
 # ---- bundle files --------------------------------------------------------------------------
 ENV_FILE = "twinspark.env"
@@ -31,6 +34,28 @@ API_GATEWAY_CONF = "api-gateway.conf"  # head: nginx config (the key itself is a
 # inside the gateway container: nginx's pid, temp files and the key map (api-key.conf, mode 600)
 API_GATEWAY_RUN_DIR = "/run/twinspark-api-gateway"
 API_GATEWAY_KEY_MAP = "api-key.conf"
+
+
+# ---- the serving guard (head host, systemd): canary, wedge and crash-loop guard ------------
+SERVING_GUARD_SCRIPT = "serving-guard.py"
+SERVING_GUARD_DIR = "/usr/local/lib/twinspark"  # on the host, outside the containers' bundle
+SERVING_GUARD_UNIT = "twinspark-serving-guard.service"
+SERVING_GUARD_LOG = "serving-guard.log"
+SERVING_GUARD_STATUS = f"{RUN_DIR}/serving-guard/status.json"  # its last verdict, for ops
+# present while serving is held (restart loop): why, and what to do; a reboot clears it
+SERVING_HOLD = f"{RUN_DIR}/serving-hold"
+# persistent: the guard set the serving container's restart policy to "no" (to put it back
+# after the reboot that cleared the hold)
+SERVING_GUARD_HELD_MARK = "/var/lib/twinspark/serving-guard/held-container"
+SERVING_RESTART_POLICY = "unless-stopped"
+
+# ---- memory before load (every node, in the boot scripts) -------------------------------------
+MEMORY_CHECK_SCRIPT = "memory-check.py"
+MEMORY_CHECK_STATUS = f"{RUN_DIR}/memory-check.json"
+
+# ---- co-tenants: sessions and services are capped; the serving containers live apart -------
+CONTAINER_SLICE = "twinspark.slice"  # cgroup parent of the serving containers
+COTENANT_SLICES = ("user.slice", "system.slice")
 
 
 def boot_script(role: str) -> str:
@@ -126,9 +151,14 @@ def docker_run_flags() -> list[str]:
 SERVING_GUARD_STATUS = "/run/twinspark/serving-guard/status.json"
 
 # ---- weights -------------------------------------------------------------------------------
-# DIR/WEIGHTS_MANIFEST lists "relative/path size" per file, sorted (launch/prelude.sh,
-# manifest_listing): written by fetch-weights.sh, checked by sync-weights.sh.
+# DIR/WEIGHTS_MANIFEST: the revision and each file's size and sha256, as checked against the
+# hub (JSON, launch/weights.py `pin`): written on the head by fetch-weights.sh, sent to each
+# worker by sync-weights.sh. DIR/WEIGHTS_RECORD, on every node: what was verified there
+# (stat and sha256 per file, and the revision once complete): unchanged files are not re-read.
 WEIGHTS_MANIFEST = ".twinspark-manifest"
+WEIGHTS_RECORD = ".twinspark-verified"
+# The copy's rsync daemons on each worker, one per rail address, only while a copy runs.
+WEIGHTS_SYNC_PORT = 8873
 SYNC_KEY = "~/.ssh/twinspark_weights"
 SYNC_KEY_COMMENT = "twinspark-weights"
 SYNC_KNOWN_HOSTS = "~/.ssh/twinspark_known_hosts"

@@ -33,10 +33,11 @@ from pydantic.alias_generators import to_camel
 
 import host_keys
 import node_contract as contract
+import platform_gate
 
 NAMESPACE = "twinspark"
 STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "model", "serving")
-OPTIONAL_STRUCTURED_KEYS = ("observability",)  # omitted: the block's defaults
+OPTIONAL_STRUCTURED_KEYS = ("observability", "platform")  # omitted: the block's defaults
 
 # Launch profiles exactly as the recipe's table (§5): speculative depth and batch width.
 PROFILES: dict[str, dict[str, int]] = {
@@ -125,9 +126,12 @@ RepoId = _text(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*",
                "with a letter or digit")
 ServedName = _text(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
                    "1 to 128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit")
-ImageRef = _text(r"[a-z0-9][a-z0-9._/:@-]*",
-                 "a docker image reference in lowercase letters, digits and '.', '_', '/', ':', '@', '-'")
+ImageRef = _text(r"[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?",
+                 "a docker image reference in lowercase letters, digits and '.', '_', '/', ':', '-', "
+                 "optionally ending in @sha256:<64 hex> (a digest)")
 KvCacheDtype = _text(r"[a-z0-9_]+", "a vLLM --kv-cache-dtype value: lowercase letters, digits and '_'")
+CommitSha = _text(r"[0-9a-f]{40}", "a full commit sha: 40 lowercase hex digits (the hub's \"Files\" tab, "
+                  "or `git ls-remote`), not a branch or tag name")
 RayVersion = _text(r"\d+\.\d+\.\d+", "a Ray version MAJOR.MINOR.PATCH, like 2.57.0")
 
 # Rails are point-to-point cables in private address space. A shorter prefix than /16 would
@@ -217,6 +221,7 @@ PORTS_IN_USE = (
     ((contract.VLLM_LOOPBACK_PORT,) * 2, "vLLM's own, on loopback behind the API gateway"),
     (contract.RAY_WORKER_PORTS, "one of Ray's worker ports"),
     ((contract.NCCL_RENDEZVOUS_PORT,) * 2, "NcclCheck's NCCL rendezvous"),
+    ((contract.WEIGHTS_SYNC_PORT,) * 2, "the weight copy's rsync daemons' (on the rail addresses)"),
     (contract.EPHEMERAL_PORTS, "in the kernel's ephemeral range, where Ray, NCCL and vLLM pick random ports"),
 )
 
@@ -307,15 +312,45 @@ class ModelConfig(Contract):
         description="where the weights live on every node: a directory of its own (each worker's copy mirrors "
         "the head's), not a system or home directory")
     served_name: ServedName = Field(description="model name clients ask for (`--served-model-name`)")
+    revision: Optional[CommitSha] = Field(
+        default=None,
+        description="the repository's commit to serve (40 hex). Unset: the commit the hub serves at the first "
+        "`pulumi up` is recorded (output `modelRevision`) and kept until `model.repo` or this key changes")
 
     @property
     def container_dir(self) -> str:
         return "/models/" + self.dir.rstrip("/").rsplit("/", 1)[-1]
 
 
+class ServingGuard(Contract):
+    enabled: bool = Field(default=True, description="`false`: no guard on the head (and remove it if deployed)")
+    interval_seconds: Integer = Field(
+        default=120, ge=5, le=3600, description="a canary round this often (and right after every (re)start)")
+    retry_seconds: Integer = Field(default=15, ge=1, le=600, description="the next round this soon after a failed one")
+    deadline_seconds: Integer = Field(
+        default=60, ge=5, le=600, description="each canary request must be answered in full within this")
+    failures_before_restart: Integer = Field(
+        default=3, ge=1, le=20, description="this many failed rounds in a row restart the head's serving container")
+    restart_limit: Integer = Field(
+        default=3, ge=1, le=50,
+        description="this many serving restarts within restartWindowMinutes: no more restarts, serving is held "
+        "until a reboot or `python -m ops clear-hold`")
+    restart_window_minutes: Integer = Field(default=30, ge=1, le=1440, description="the window restartLimit counts over")
+
+
+_COTENANT_MEMORY = re.compile(r"^(auto|off|[1-9][0-9]?%)$")
+
+
+def _cotenant_memory(value: str) -> str:
+    if not _COTENANT_MEMORY.match(value):
+        raise ValueError("expected 'auto', 'off' or a percentage of the node's memory such as '12%'")
+    return value
+
+
 class Serving(Contract):
     image: ImageRef = Field(
-        description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`")
+        description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`; a tag "
+        "is resolved to its digest once and kept (output `servingImage`), a `@sha256:` digest is used as it is")
     profile: Literal["default", "multiagent"] = Field(
         default="default",
         description="`default` (spec decode 7, 6 seqs: 74.8 tok/s single stream) or `multiagent` "
@@ -343,6 +378,22 @@ class Serving(Contract):
         description="cap every node's GPU clock at this many MHz, applied now and at every boot "
         "(`nvidia-smi -lgc 0,N`, which alone does not survive a reboot): what cures overheat shutdowns "
         "on some Sparks; unset: the driver's clocks")
+    guard: ServingGuard = Field(
+        default_factory=ServingGuard,
+        description="the head's guard: answer canary, wedge detection, crash-loop hold")
+    cotenant_memory_max: Annotated[str, AfterValidator(_cotenant_memory)] = Field(
+        default="auto",
+        description="cap on memory for sessions (user.slice) and other services (system.slice) on every node, "
+        "so the OOM killer takes a co-tenant before a TP rank: `auto` = what gpuMemoryUtilization leaves "
+        "(at least 5%), a percentage, or `off`")
+
+    @property
+    def cotenant_memory_percent(self) -> Optional[int]:
+        if self.cotenant_memory_max == "off":
+            return None
+        if self.cotenant_memory_max == "auto":
+            return max(5, int((1 - self.gpu_memory_utilization) * 100))
+        return int(self.cotenant_memory_max.rstrip("%"))
 
     @model_validator(mode="after")
     def _extra_args_are_flags(self) -> "Serving":
@@ -424,6 +475,24 @@ class Observability(Contract):
         "(and prefill under 20 times it) for 10 min; healthy decode is 27-105 tok/s")
 
 
+def _acknowledgeable(key: str) -> str:
+    if key == platform_gate.MISMATCH_PREFIX + "image":
+        raise ValueError("nothing acknowledges nodes on different images (a tensor-parallel group on two builds "
+                         "hangs or computes garbage): rebuild so every node runs the same one")
+    known = platform_gate.acknowledgeable()
+    if key not in known:
+        raise ValueError(f"expected a known-issue id from known-issues.toml or a node difference: one of "
+                         f"{', '.join(known)}")
+    return key
+
+
+class PlatformConfig(Contract):
+    acknowledge: list[Annotated[str, AfterValidator(_acknowledgeable)]] = Field(
+        default_factory=list,
+        description="what the platform gate lets pass: known-issue ids (known-issues.toml) and node differences "
+        "`mismatch:driver`, `mismatch:kernel`; nodes on different images are never let pass")
+
+
 class StackConfig(Contract):
     ssh: SshConfig
     nodes: list[Node] = Field(min_length=1)
@@ -431,6 +500,7 @@ class StackConfig(Contract):
     model: ModelConfig
     serving: Serving
     observability: Observability = Field(default_factory=Observability)
+    platform: PlatformConfig = Field(default_factory=PlatformConfig)
 
     @property
     def head(self) -> Node:

@@ -12,6 +12,9 @@ Creates, per node, one idempotent remote command per managed file (launch/manage
   loaded at once (atomically) and at every boot by twinspark-firewall.service
 - /etc/systemd/system/twinspark-gpu-clocks.service   with serving.gpuClockCapMhz: the clock cap,
   applied now and at every boot; removing it resets the clocks
+- /etc/systemd/system/{user,system}.slice.d/50-twinspark-cotenants.conf   unless
+  serving.cotenantMemoryMax is off: sessions and other services capped, so the OOM killer
+  takes a co-tenant before a TP rank (the serving containers run in twinspark.slice)
 Deleting the component removes each file and reverts its effect.
 """
 
@@ -66,6 +69,7 @@ class HostPrepArgs:
     mtu: int
     firewall: FirewallPolicy
     gpu_clock_cap_mhz: Optional[int] = None
+    cotenant_memory_percent: Optional[int] = None  # None: co-tenants uncapped
 
 
 def render_limits_conf() -> str:
@@ -146,6 +150,22 @@ ExecStop=/usr/bin/nvidia-smi -rgc
 [Install]
 WantedBy=multi-user.target
 """
+
+
+def cotenant_slice_path(slice_name: str) -> str:
+    return f"/etc/systemd/system/{slice_name}.d/50-twinspark-cotenants.conf"
+
+
+def render_cotenant_slice(percent: int) -> str:
+    """A slice's memory cap: throttled (reclaim) above MemoryHigh, OOM-killed inside the slice at MemoryMax."""
+    return (
+        "# twinspark: what this slice's processes (sessions, agents, builds, other services) may take of\n"
+        "# the node's memory; the model's share is gpuMemoryUtilization, and a runaway co-tenant is\n"
+        "# killed here, inside its own slice, before the kernel OOM killer reaches a TP rank (gotcha 13)\n"
+        "[Slice]\n"
+        f"MemoryHigh={max(1, percent * 9 // 10)}%\n"
+        f"MemoryMax={percent}%\n"
+    )
 
 
 def render_userns_sysctl() -> str:
@@ -229,8 +249,8 @@ WantedBy=sysinit.target
 """
 
 
-def managed_files(node: Node, mtu: int, firewall: FirewallPolicy, gpu_clock_cap_mhz: Optional[int] = None
-                  ) -> list[ManagedFile]:
+def managed_files(node: Node, mtu: int, firewall: FirewallPolicy, gpu_clock_cap_mhz: Optional[int] = None,
+                  cotenant_memory_percent: Optional[int] = None) -> list[ManagedFile]:
     files = [
         ManagedFile("memlock-limits", LIMITS_PATH, render_limits_conf()),
         ManagedFile("systemd-memlock", SYSTEMD_MEMLOCK_PATH, render_systemd_memlock(), action="systemd"),
@@ -247,6 +267,11 @@ def managed_files(node: Node, mtu: int, firewall: FirewallPolicy, gpu_clock_cap_
     if gpu_clock_cap_mhz is not None:
         files.append(ManagedFile("gpu-clocks", f"/etc/systemd/system/{GPU_CLOCKS_UNIT}",
                                  render_gpu_clocks_unit(gpu_clock_cap_mhz), action="service"))
+    if cotenant_memory_percent is not None:
+        # daemon-reexec re-reads the drop-ins and applies the limits to the running slices
+        files += [ManagedFile(f"cotenants-{name.split('.')[0]}", cotenant_slice_path(name),
+                              render_cotenant_slice(cotenant_memory_percent), action="systemd")
+                  for name in contract.COTENANT_SLICES]
     if node.role == "head":
         files.append(
             ManagedFile("userns-sysctl", USERNS_SYSCTL_PATH, render_userns_sysctl(), action="sysctl",
@@ -260,7 +285,8 @@ class HostPrep(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: HostPrepArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:host_prep:HostPrep", name, None, opts)
-        files = managed_files(args.node, args.mtu, args.firewall, args.gpu_clock_cap_mhz)
+        files = managed_files(args.node, args.mtu, args.firewall, args.gpu_clock_cap_mhz,
+                              args.cotenant_memory_percent)
         self.commands = managed_file_commands(args.node.name, "hostprep", args.connection, files, parent=self)
         # FabricCheck re-runs whenever what HostPrep puts on a node changes.
         self.content_hash = files_hash(files)

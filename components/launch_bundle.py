@@ -3,7 +3,8 @@
 Creates, per node, one idempotent remote command per file under BUNDLE_DIR (managed files):
 - launch-vllm.sh   the single source of truth for vLLM parameters, rendered with literal
                    values in the recipe's layout (profile + serving.extraArgs)
-- prelude.sh, boot-common.sh, boot-head.sh, boot-worker.sh, ray-membership.py   from launch/
+- prelude.sh, boot-common.sh, boot-head.sh, boot-worker.sh, ray-membership.py,
+  memory-check.py   from launch/
 - twinspark.env    the recipe's environment list, this node's identity and the on-node contract
 - ray-token        mode 600: Ray's token authentication (every ray process and client reads it)
 - secrets.env      head only, mode 600: VLLM_API_KEY, which the API gateway checks
@@ -29,7 +30,7 @@ from .config import PROFILES, ModelConfig, Node, Serving
 from .remote import ManagedFile, files_hash, launch_file, managed_file_commands
 
 STATIC_FILES = (contract.PRELUDE, contract.BOOT_COMMON, contract.boot_script("head"), contract.boot_script("worker"),
-                contract.MEMBERSHIP_SCRIPT)
+                contract.MEMBERSHIP_SCRIPT, contract.MEMORY_CHECK_SCRIPT)
 # Ray spawns its workers with oom_score_adj 1000: first in line for the kernel OOM killer,
 # and one dead TP rank kills the engine (recipe gotcha 13). 0 = an ordinary process.
 WORKER_OOM_SCORE_ADJUSTMENT = 0
@@ -136,6 +137,11 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_VLLM_LOG", contract.VLLM_LOG),
         ("TWINSPARK_LAUNCH_VLLM", contract.LAUNCH_VLLM),
         ("TWINSPARK_MEMBERSHIP_SCRIPT", contract.MEMBERSHIP_SCRIPT),
+        ("# memory before load: what vLLM takes, where the model is, where the verdict goes", None),
+        ("TWINSPARK_MEMORY_CHECK_SCRIPT", contract.MEMORY_CHECK_SCRIPT),
+        ("TWINSPARK_MEMORY_CHECK_STATUS", contract.MEMORY_CHECK_STATUS),
+        ("TWINSPARK_MODEL_DIR", args.vllm.model.container_dir),
+        ("TWINSPARK_GPU_MEMORY_UTILIZATION", str(args.vllm.serving.gpu_memory_utilization)),
         ("RAY_PORT", str(contract.RAY_PORT)),
         ("RAY_DASHBOARD_PORT", str(contract.RAY_DASHBOARD_PORT)),
         ("TWINSPARK_API_GATEWAY_CONF", contract.API_GATEWAY_CONF),

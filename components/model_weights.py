@@ -1,28 +1,36 @@
 """ModelWeights: the model on every node, downloaded once and copied over the cable.
 
 Creates:
-- on the head: `{head}-weights-fetch` (launch/fetch-weights.sh: resumable download inside
-  the serving base image, HF token as a stdin secret) and `{head}-weights-sync-key`
-  (launch/sync-key.sh: a dedicated ed25519 key for the copy);
+- on the head: `{head}-weights-revision` (launch/fetch-weights.sh resolve: the commit of
+  `model.repo` to serve, `model.revision` or the hub's current one, resolved once and kept:
+  its output is the stack's record of it), `{head}-weights-fetch` (fetch-weights.sh download:
+  that commit, resumable, inside the serving base image, HF token as a stdin secret, every
+  file checked against the hub's hashes) and `{head}-weights-sync-key` (launch/sync-key.sh: a
+  dedicated ed25519 key for the copy's control connection);
 - per worker: `{worker}-weights-authorize` (launch/authorize-key.sh: that key, restricted to
   the head's rail address, in the worker's authorized_keys);
 - on the head: `{head}-weights-shape-check` (launch/model-shape-check.sh: config.json's heads
   must split over the nodes and the weights fit gpuMemoryUtilization x each node's MemTotal,
   read over the rail), so a model that cannot load stops `pulumi up` before the copy;
-- per worker: `{worker}-weights-sync` (launch/sync-weights.sh on the head: rsync to the
-  worker's first-rail address, then verify file list and sizes against the manifest).
-No step does anything when its part is already complete.
+- per worker: `{worker}-weights-sync` (launch/sync-weights.sh on the head: rsync daemons on
+  the worker's rail addresses for the copy only, many streams over every rail, the per-stack
+  copy secret on stdin; then every file's sha256 checked on the worker, naming any mismatch).
+launch/weights.py (hashing, records, the stream plan, the hub calls) rides on each step's
+stdin. No step does anything when its part is already complete; unchanged files are not
+hashed again.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import pulumi
 from pulumi_command import remote
 
-from node_contract import SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHTS_MANIFEST
+from node_contract import (SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHTS_MANIFEST, WEIGHTS_RECORD,
+                           WEIGHTS_SYNC_PORT)
 
 from .remote import NodeScript, launch_file, node_command
 
@@ -32,18 +40,25 @@ SHAPE_SCRIPT = "model-shape-check.sh"
 SHAPE_PROGRAM = "model-shape-check.py"
 SYNC_KEY_SCRIPT = "sync-key.sh"
 AUTHORIZE_SCRIPT = "authorize-key.sh"
+WEIGHTS_PROGRAM = "weights.py"
+# At most this many streams per rail (fewer where the cores are fewer: sync-weights.sh). One
+# rsync stream is bound by a core or two (its copy loop and checksums), far below a 100G
+# rail or the NVMe; four per rail keep both rails and the disk busy on a 20-core Spark.
+MAX_STREAMS_PER_RAIL = 4
 
 
 @dataclass(frozen=True)
 class NodeAccess:
     name: str
     connection: remote.ConnectionArgs
-    ray_ip: str  # first rail: the copy crosses the cable
+    ray_ip: str  # first rail: the copy's control connection crosses the cable
+    rail_ips: Sequence[str]  # every rail's address, in config order: the copy's streams
 
 
 @dataclass(frozen=True)
 class ModelWeightsArgs:
     repo: str
+    revision: Optional[str]  # model.revision; None: the hub's current commit, resolved once
     dir: str
     downloader_image: str  # has huggingface_hub: the serving base image
     ssh_user: str
@@ -52,15 +67,36 @@ class ModelWeightsArgs:
     hf_token: Optional[pulumi.Input[str]]
     tensor_parallel_size: int
     gpu_memory_utilization: float
+    sync_secret: pulumi.Input[str]  # per stack: the workers' rsync daemons admit only the head
 
 
-def fetch_args(args: ModelWeightsArgs) -> list[str]:
-    return ["--repo", args.repo, "--dir", args.dir, "--image", args.downloader_image, "--manifest", WEIGHTS_MANIFEST]
+def revision_args(args: ModelWeightsArgs, owner: str) -> list[str]:
+    return ["resolve", "--repo", args.repo, "--revision", args.revision or "", "--image", args.downloader_image,
+            "--owner", owner]
 
 
-def sync_args(args: ModelWeightsArgs, worker: NodeAccess) -> list[str]:
-    return ["--dir", args.dir, "--manifest", WEIGHTS_MANIFEST, "--to", f"{args.ssh_user}@{worker.ray_ip}",
+def fetch_args(args: ModelWeightsArgs, revision: str) -> list[str]:
+    return ["download", "--repo", args.repo, "--revision", revision, "--dir", args.dir,
+            "--image", args.downloader_image, "--manifest", WEIGHTS_MANIFEST, "--record", WEIGHTS_RECORD,
+            "--node", args.head.name]
+
+
+def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
+              max_streams_per_rail: int = MAX_STREAMS_PER_RAIL) -> list[str]:
+    """The revision is there for the trigger: a new one copies again."""
+    rails = [a for ips in zip(worker.rail_ips, args.head.rail_ips) for a in ("--rail", "=".join(ips))]
+    return ["--node", args.head.name, "--peer", worker.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
+            "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{worker.ray_ip}", *rails,
+            "--port", str(WEIGHTS_SYNC_PORT), "--max-streams-per-rail", str(max_streams_per_rail),
             "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
+
+
+def parse_revision(stdout: str) -> str:
+    """The resolve step's last line: the commit."""
+    lines = stdout.strip().splitlines()
+    if not lines or not re.fullmatch(r"[0-9a-f]{40}", lines[-1]):
+        raise ValueError(f"the revision step printed no commit sha as its last line: {stdout[-200:]!r}")
+    return lines[-1]
 
 
 def shape_check_args(args: ModelWeightsArgs) -> list[str]:
@@ -83,9 +119,22 @@ class ModelWeights(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModelWeightsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:model_weights:ModelWeights", name, None, opts)
         head = args.head
+        program = launch_file(WEIGHTS_PROGRAM)
+        hf_token = {"HF_TOKEN": pulumi.Output.secret(args.hf_token or "")}
+        # Replaced (its delete forgets the kept commit) only when the repo, model.revision or
+        # the head changes; an update (new image, script or token) prints the kept commit.
+        revision_name = f"{head.name}-weights-revision"
+        resolve = node_command(
+            revision_name, head.connection,
+            NodeScript(FETCH_SCRIPT, revision_args(args, revision_name), secrets=hf_token, payload=program,
+                       delete_args=["forget", "--owner", revision_name]),
+            parent=self, triggers=[args.repo, args.revision or ""],
+        )
+        self.revision: pulumi.Output[str] = resolve.stdout.apply(parse_revision)
         self.fetch = node_command(
             f"{head.name}-weights-fetch", head.connection,
-            NodeScript(FETCH_SCRIPT, fetch_args(args), secrets={"HF_TOKEN": pulumi.Output.secret(args.hf_token or "")}),
+            NodeScript(FETCH_SCRIPT, self.revision.apply(lambda rev: fetch_args(args, rev)), secrets=hf_token,
+                       payload=program),
             parent=self,
         )
         authorizations: list[remote.Command] = []
@@ -115,9 +164,11 @@ class ModelWeights(pulumi.ComponentResource):
         )
         self.syncs = [
             node_command(
-                f"{worker.name}-weights-sync", head.connection, NodeScript(SYNC_SCRIPT, sync_args(args, worker)),
+                f"{worker.name}-weights-sync", head.connection,
+                NodeScript(SYNC_SCRIPT, self.revision.apply(lambda rev, w=worker: sync_args(args, w, rev)),
+                           secrets={"WEIGHTS_SYNC_SECRET": pulumi.Output.secret(args.sync_secret)}, payload=program),
                 parent=self, triggers=[args.repo], depends_on=[self.fetch, authorize, self.shape_check],
             )
             for worker, authorize in zip(args.workers, authorizations)
         ]
-        self.register_outputs({})
+        self.register_outputs({"revision": self.revision})

@@ -43,6 +43,9 @@ def wait_ready_args(args: ReadinessArgs) -> list[str]:
         "--log", f"{contract.LOG_DIR}/{contract.boot_log('head')}",
         "--log", f"{contract.LOG_DIR}/{contract.VLLM_LOG}",
         "--log", f"{contract.LOG_DIR}/{contract.API_GATEWAY_LOG}",
+        "--log", f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}",
+        "--hold", contract.SERVING_HOLD,
+        "--memory-status", contract.MEMORY_CHECK_STATUS,
     ]
 
 

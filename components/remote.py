@@ -137,6 +137,7 @@ def node_command(
     triggers: Optional[Sequence[pulumi.Input]] = None,
     depends_on: Sequence[pulumi.Resource] = (),
     delete_before_replace: bool = False,
+    ignore_changes: Sequence[str] = (),
 ) -> remote.Command:
     """The one way a component runs something on a node.
 
@@ -148,6 +149,7 @@ def node_command(
     Update runs `create` again), or when its node's host key does (an update: the step runs
     once more, verified with the new key). The node's identity leads the triggers, which
     pulumi-command replaces on (common/inputs.go: triggers are replaceOnChanges).
+    `ignore_changes` keeps more inputs from the state, for a step whose output must outlive them.
     """
     secrets = run.secrets or {}
     create = pulumi.Output.from_input(run.args).apply(lambda args: script_command(run.script, args, list(secrets)))
@@ -168,7 +170,7 @@ def node_command(
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(
             parent=parent, depends_on=list(depends_on), delete_before_replace=delete_before_replace,
-            ignore_changes=credential_fields_ignored(),
+            ignore_changes=[*credential_fields_ignored(), *ignore_changes],
         ),
     )
 

@@ -70,7 +70,7 @@ def common_args(node: NodeServingArgs, entrypoint: str, label: pulumi.Input[str]
         image=node.image_id,
         entrypoints=["/bin/bash", f"{contract.CONTAINER_BUNDLE_DIR}/{entrypoint}"],
         network_mode=contract.NETWORK_MODE,
-        restart="unless-stopped",
+        restart=contract.SERVING_RESTART_POLICY,
         # The same grace for `pulumi up` replacing or destroying it (destroy_grace_seconds;
         # the provider's own default is 0 s) and for a `docker stop` or a reboot (stop_timeout):
         # in-flight requests finish and vLLM frees the GPU's unified memory before it goes.
@@ -108,7 +108,10 @@ def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
             docker.ContainerMountArgs(type="bind", source=args.model_dir, target=args.model_container_dir, read_only=True),
             *base["mounts"],
         ],
-        volumes=[*base["volumes"], docker.ContainerVolumeArgs(host_path=contract.CACHE_DIR, container_path=contract.CACHE_DIR)],
+        volumes=[*base["volumes"], *[docker.ContainerVolumeArgs(host_path=d, container_path=d)
+                                     for d in (contract.CACHE_DIR, contract.RUN_DIR)]],
+        # apart from sessions and services, whose slices HostPrep caps (co-tenants)
+        cgroup_parent=contract.CONTAINER_SLICE,
     )
 
 

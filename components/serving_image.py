@@ -1,9 +1,14 @@
-"""ServingImage: the serving image built on each node's own docker daemon.
+"""ServingImage: the serving image built on each node's own docker daemon, from one pinned base.
+
+BaseImagePin resolves serving.image to a digest once for the whole stack: a tag is pulled on
+the head by the `image-pin-resolve` step (launch/resolve-image.sh), whose stdout — the digest
+— the stack keeps; a reference that names a digest is used as it is. Every node builds
+FROM that digest, so a tag that moves between two builds cannot give the nodes two images.
 
 Creates, per node, a docker provider over `ssh://user@host` and a `docker.Image` built from
-launch/serving-image/Dockerfile (FROM serving.image + pinned ray[default]) for linux/arm64,
-never pushed. It rebuilds only when the Dockerfile or its build args change; containers
-take the image by id (`repo_digest`), so a rebuild replaces them and a no-op does not.
+launch/serving-image/Dockerfile (FROM the pinned base + pinned ray[default]) for
+linux/arm64, never pushed. It rebuilds only when the Dockerfile or its build args change;
+containers take the image by id (`repo_digest`), so a rebuild replaces them and a no-op does not.
 
 Old images stay on the node, so a rollback (`ops upgrade`) finds the previous one: the
 provider's Delete of an Image is a no-op (pulumi-docker provider/provider.go), and each
@@ -15,19 +20,85 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
 import pulumi
 import pulumi_docker as docker
+from pulumi_command import remote
 
 from node_contract import SERVING_IMAGE_REPOSITORY
+
+from .remote import NodeScript, node_command
 
 # Relative to the project directory (where Pulumi runs the program): state stays the same
 # whichever directory the project is checked out in.
 BUILD_CONTEXT = Path("launch") / "serving-image"
 PLATFORM = "linux/arm64"  # docker.Image defaults to the operator's arch otherwise
+RESOLVE_SCRIPT = "resolve-image.sh"
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# The pin keeps its digest whatever else changes: which node is head, its host key, the
+# operator's credentials, the script's text. Only its arguments (the tag) re-run it, or an
+# explicit `pulumi up --replace` of it. pulumi-command has no Read, so a refresh keeps the
+# stored digest too (pulumi-go-provider infer/resource.go: without CustomRead, Read returns
+# the state as it is) — unlike docker.RemoteImage, whose Read re-inspects the node's image
+# by name and forgets it when it is gone, so the next `up` pulls the registry's tag again.
+PIN_KEEPS_ACROSS = ["connection", "triggers", "stdin"]
+
+
+def repository(image: str) -> str:
+    """The reference without its tag or digest: the tag follows the last ':' after the last '/'."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return name[: len(name) - len(last)] + last.split(":", 1)[0]
+
+
+def pinned_reference(image: str, digest: str) -> str:
+    return f"{repository(image)}@{digest}"
+
+
+def resolved_digest(stdout: str, image: str) -> str:
+    lines = stdout.strip().splitlines()
+    if not lines or not DIGEST.fullmatch(lines[-1].strip()):
+        raise pulumi.RunError(f"image-pin-resolve printed no digest for {image} (last line: "
+                              f"{lines[-1][:200] if lines else 'none'!r}) — expected sha256:<64 hex>")
+    return lines[-1].strip()
+
+
+@dataclass(frozen=True)
+class BaseImagePinArgs:
+    image: str  # serving.image: a tag, or a reference naming a digest
+    connection: remote.ConnectionArgs  # where a tag is resolved: the head
+
+
+class BaseImagePin(pulumi.ComponentResource):
+    """One digest for every node's FROM: `reference` (REPO@sha256:...), `digest`, `tag`."""
+
+    def __init__(self, name: str, args: BaseImagePinArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("twinspark:serving_image:BaseImagePin", name, None, opts)
+        self.tag = args.image
+        self.command: Optional[remote.Command] = None
+        if "@" in args.image:  # the user pinned it: nothing to resolve
+            self.digest: pulumi.Output[str] = pulumi.Output.from_input(args.image.split("@", 1)[1])
+        else:
+            self.command = node_command(
+                "image-pin-resolve", args.connection,
+                NodeScript(RESOLVE_SCRIPT, ["--image", args.image, "--platform", PLATFORM]),
+                parent=self, ignore_changes=PIN_KEEPS_ACROSS,
+            )
+            self.digest = self.command.stdout.apply(lambda out: resolved_digest(out, args.image))
+        self.reference = self.digest.apply(lambda digest: pinned_reference(args.image, digest))
+        self.register_outputs({"digest": self.digest, "reference": self.reference})
+
+    def output(self) -> pulumi.Output[dict]:
+        """The stack output: what serving.image says, the digest every node builds from, and how
+        to move a tag's pin on purpose."""
+        repin = (self.command.urn.apply(lambda urn: f"pulumi up --replace '{urn}'") if self.command
+                 else "set serving.image to another reference")
+        return pulumi.Output.all(self.digest, self.reference, repin).apply(
+            lambda v: {"tag": self.tag, "digest": v[0], "reference": v[1], "repin": v[2]})
 
 
 @dataclass(frozen=True)
@@ -35,18 +106,21 @@ class ServingImageArgs:
     node_name: str
     docker_host: str  # ssh://user@host
     ssh_opts: Sequence[str]  # for the local `ssh` the docker provider runs
-    base_image: str
+    base_image: pulumi.Input[str]  # the pinned REPO@sha256:... (BaseImagePin.reference)
     ray_version: str
 
 
-def build_args(args: ServingImageArgs) -> dict[str, str]:
+def build_args(args: ServingImageArgs) -> dict[str, pulumi.Input[str]]:
     return {"BASE_IMAGE": args.base_image, "RAY_VERSION": args.ray_version}
 
 
-def image_name(args: ServingImageArgs, dockerfile: str) -> str:
+def image_name(args: ServingImageArgs, dockerfile: str) -> pulumi.Output[str]:
     """`twinspark-vllm:ray-<12 hex>`, a hash of the Dockerfile and the build args: one tag per build."""
-    inputs = json.dumps({"dockerfile": dockerfile, "args": build_args(args)}, sort_keys=True)
-    return f"{SERVING_IMAGE_REPOSITORY}:ray-{hashlib.sha256(inputs.encode()).hexdigest()[:12]}"
+    def tag(base: str) -> str:
+        inputs = json.dumps({"dockerfile": dockerfile, "args": {**build_args(args), "BASE_IMAGE": base}}, sort_keys=True)
+        return f"{SERVING_IMAGE_REPOSITORY}:ray-{hashlib.sha256(inputs.encode()).hexdigest()[:12]}"
+
+    return pulumi.Output.from_input(args.base_image).apply(tag)
 
 
 class ServingImage(pulumi.ComponentResource):

@@ -10,6 +10,7 @@ set -euo pipefail
 log_to "$TWINSPARK_BOOT_LOG"
 
 main() {
+  memory_check
   log "starting Ray head on $TWINSPARK_NODE_IP:$RAY_PORT"
   stop_ray
   interruptible ray_start --head --port="$RAY_PORT" --dashboard-host="$TWINSPARK_NODE_IP" \

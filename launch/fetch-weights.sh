@@ -1,50 +1,124 @@
 #!/usr/bin/env bash
-# fetch-weights.sh — download a Hugging Face model into a directory on this node, once.
+# fetch-weights.sh — one revision of a Hugging Face model, downloaded once and checked against
+# the hashes the hub publishes for it.
 #
-#   HF_TOKEN=... fetch-weights.sh --repo deepseek-ai/DeepSeek-V4-Flash-0731 \
+#   HF_TOKEN=... fetch-weights.sh resolve --repo deepseek-ai/DeepSeek-V4-Flash-0731 [--revision SHA] \
+#       --image ghcr.io/anemll/dspark-vllm-gx10:0.1.1 --owner spark1-weights-revision   < weights.py
+#   fetch-weights.sh forget --owner spark1-weights-revision   < weights.py
+#   HF_TOKEN=... fetch-weights.sh download --repo deepseek-ai/DeepSeek-V4-Flash-0731 --revision SHA \
 #       --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 --image ghcr.io/anemll/dspark-vllm-gx10:0.1.1 \
-#       --manifest .twinspark-manifest
+#       --manifest .twinspark-manifest --record .twinspark-verified --node spark1   < weights.py
 #
-# The host needs no Python tooling: huggingface_hub runs inside the serving base image.
-# The download resumes where it stopped. When it completes, the file list and sizes are
-# written to DIR/MANIFEST; while that still matches, nothing is downloaded.
+# resolve prints the commit the hub serves for --revision (empty: the default branch's head)
+# as its last line, and keeps it on this node: run again for the same repo and --revision
+# (an update of the step: a new image, script or token) it prints the kept commit, asking the
+# hub nothing. Only forget (the step's delete: a replace, a new repo or --revision) lets the
+# next resolve ask again. The step's output is the stack's record of the revision.
+# download resumes a partial download of exactly that commit, then weights.py `pin` checks
+# every file (sha256 of the LFS files, git blob id of the others) and writes DIR/MANIFEST
+# (revision, size and sha256 per file) and this node's record of what it verified. A file
+# that does not match is removed and fetched once more; still wrong, the step fails naming
+# it. While the manifest holds this revision and the files equal the record, nothing is
+# downloaded and nothing is read.
+# The host needs no Python packages: huggingface_hub runs inside the serving base image,
+# weights.py (stdin, after this script) on the host's python3 alone.
 # HF_TOKEN (optional, for gated models) comes from the environment, never from argv.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-repo="" dir="" image="" manifest="" timeout_h=8
+repo="" revision="" dir="" image="" manifest="" record="" node="" owner="" timeout_h=8
+program=""
+HUB_LISTING=.twinspark-hub.json  # what the hub published for the revision (weights.py hub-download)
+
+# in_image ARGS...: weights.py ARGS inside the serving base image, DIR mounted at /weights
+in_image() {
+  local token_env=() mounts=(-v "$program:/twinspark/weights.py:ro")
+  [ -n "${HF_TOKEN:-}" ] && token_env=(-e HF_TOKEN)
+  [ -n "$dir" ] && mounts+=(-v "$dir:/weights")
+  timeout "${timeout_h}h" docker run --rm --network host "${token_env[@]}" \
+    -e HOME=/tmp -e HF_HUB_DISABLE_TELEMETRY=1 -e HF_HUB_DISABLE_PROGRESS_BARS=1 \
+    -u "$(id -u):$(id -g)" "${mounts[@]}" --entrypoint python3 "$image" /twinspark/weights.py "$@"
+}
+
+checked() { python3 "$program" "$@" --dir "$dir" --manifest "$dir/$manifest" --record "$dir/$record" --node "$node"; }
+
+manifest_revision() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["revision"])' "$dir/$manifest" 2>/dev/null || true; }
 
 is_complete() {
-  [ -s "$dir/$manifest" ] && [ "$(manifest_listing "$dir" "$manifest")" = "$(cat "$dir/$manifest")" ]
+  [ "$(manifest_revision)" = "$revision" ] || return 1
+  local need
+  need=$(checked verify) && [ -z "$need" ]
+}
+
+download_and_pin() {
+  mkdir -p "$dir"
+  log "downloading $repo@$revision into $dir (resumes a partial download)"
+  in_image hub-download --repo "$repo" --revision "$revision" --dir /weights --hub-listing "/weights/$HUB_LISTING" \
+    || return 1
+  python3 "$program" pin --hub-listing "$dir/$HUB_LISTING" --dir "$dir" --manifest "$dir/$manifest" \
+    --record "$dir/$record" --node "$node"
+}
+
+kept_revision() { printf '%s/.local/state/twinspark/model-revision' "$HOME"; }
+
+resolve() {
+  parse_flags --repo=repo --revision=revision --image=image --owner=owner -- "$@"
+  require_flags --repo --image --owner
+  read_payload program weights.py
+  local asked="$repo@$revision" kept resolved
+  kept=$(cat "$(kept_revision)" 2>/dev/null || true)
+  if [ "${kept% *}" = "$asked" ]; then
+    log "kept: $repo at ${kept##* } (resolved when the stack first asked for $asked)"
+    echo "${kept##* }"
+    return 0
+  fi
+  resolved=$(in_image hub-resolve --repo "$repo" --revision "$revision" | tail -n 1)
+  [[ $resolved =~ ^[0-9a-f]{40}$ ]] || die "the hub answered no commit for $asked: '$resolved'"
+  claim_owner model-revision "$owner"
+  printf '%s %s\n' "$asked" "$resolved" >"$(kept_revision)"
+  log "resolved: $asked is commit $resolved"
+  echo "$resolved"
+}
+
+forget() {
+  parse_flags --owner=owner -- "$@"
+  require_flags --owner
+  if owned_by model-revision "$owner"; then
+    rm -f "$(kept_revision)"
+    release_owner model-revision
+  fi
 }
 
 download() {
-  local token_env=()
-  [ -n "${HF_TOKEN:-}" ] && token_env=(-e HF_TOKEN)
-  mkdir -p "$dir"
-  log "downloading $repo into $dir (resumes a partial download)"
-  timeout "${timeout_h}h" docker run --rm --network host "${token_env[@]}" \
-    -e HOME=/tmp -e HF_HUB_DISABLE_TELEMETRY=1 -e HF_HUB_DISABLE_PROGRESS_BARS=1 \
-    -u "$(id -u):$(id -g)" -v "$dir:/weights" --entrypoint python3 "$image" -c '
-import sys
-from huggingface_hub import snapshot_download
-snapshot_download(repo_id=sys.argv[1], local_dir="/weights")
-' "$repo"
+  parse_flags --repo=repo --revision=revision --dir=dir --image=image --manifest=manifest --record=record \
+    --node=node --timeout-hours=timeout_h -- "$@"
+  require_flags --repo --revision --dir --image --manifest --record --node
+  read_payload program weights.py
+  log_node=$node
+  [[ $revision =~ ^[0-9a-f]{40}$ ]] || usage_error "--revision must be a full commit sha (40 hex), got '$revision'"
+  local held
+  held=$(manifest_revision)
+  if is_complete; then
+    log "complete: $dir holds $repo@$revision ($(grep -c '"sha256"' "$dir/$manifest") files, verified), nothing to download"
+    return 0
+  fi
+  [ -z "$held" ] || [ "$held" = "$revision" ] || log "$dir holds revision $held; this stack pins $revision: updating"
+  rm -f "${dir:?}/$manifest"  # complete again only once the new download is pinned
+  download_and_pin || { log "some files did not match the hub and were removed: downloading them again"; download_and_pin; } \
+    || die "the download of $repo@$revision does not match the hub (see the FAIL lines)"
+  log "complete: $dir holds $repo@$revision ($(du -sh --exclude=.cache "$dir" | cut -f1))"
 }
 
 main() {
-  parse_flags --repo=repo --dir=dir --image=image --manifest=manifest --timeout-hours=timeout_h -- "$@"
-  require_flags --repo --dir --image --manifest
-  if is_complete; then
-    log "complete: $dir ($(wc -l <"$dir/$manifest") files), nothing to download"
-    return 0
-  fi
-  download
-  [ -n "$(manifest_listing "$dir" "$manifest")" ] || die "download finished but $dir holds no files"
-  manifest_listing "$dir" "$manifest" >"$dir/$manifest.tmp"
-  mv "$dir/$manifest.tmp" "$dir/$manifest"
-  log "complete: $dir ($(wc -l <"$dir/$manifest") files, $(du -sh --exclude=.cache "$dir" | cut -f1))"
+  local verb="${1:-}"
+  [ $# -gt 0 ] && shift
+  case "$verb" in
+    resolve) resolve "$@" ;;
+    forget) forget "$@" ;;
+    download) download "$@" ;;
+    *) usage_error "expected resolve, forget or download, got '$verb'" ;;
+  esac
 }
 
 main "$@"

@@ -52,13 +52,9 @@ def head_lines(config: dict, tp: int) -> list[str]:
 
 
 def safetensors_bytes(manifest: str) -> int:
-    """The manifest lists `relative/path size` per file (launch/prelude.sh, manifest_listing)."""
-    total = 0
-    for line in manifest.splitlines():
-        path, _, size = line.rpartition(" ")
-        if path.endswith(".safetensors"):
-            total += int(size)
-    return total
+    """The manifest (launch/weights.py `pin`): {"files": {relative path: {"size": ..}}}."""
+    files = json.loads(manifest)["files"]
+    return sum(entry["size"] for path, entry in files.items() if path.endswith(".safetensors"))
 
 
 def memory_line(weights: int, tp: int, utilization: float, memory_kb: dict[str, int]) -> str:

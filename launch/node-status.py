@@ -4,13 +4,14 @@
   python3 node-status.py --name spark1 --container twinspark-serving \
       --rail enp1s0f0np0:rocep1s0f0 --rail enP2p1s0f0np0:roceP2p1s0f0 \
       [--ray-head 10.0.0.1 --membership /twinspark/ray-membership.py --dashboard-port 8265] \
-      [--guard-status /run/twinspark/serving-guard/status.json]
+      [--memory-status /run/twinspark/memory-check.json] \
+      [--guard-status /run/twinspark/serving-guard/status.json --hold /run/twinspark/serving-hold]
 
 Reports the serving container (state, restart count), each rail (link, speed, MTU, RoCE
-port state and active MTU), the GPU's temperature and power, and on the head (--ray-head)
-the Ray nodes alive with their GPUs; with --guard-status, the serving guard's latest verdict
-and this node's clock (`ops upgrade` judges a verdict's age by it). Only reads; needs docker
-access, nvidia-smi, ibv_devinfo.
+port state and active MTU), the GPU's temperature, power, clocks and throttle reasons, the
+memory check before load, and on the head (--ray-head) the Ray nodes alive with their GPUs
+and the serving guard's verdict and hold; and this node's clock. Only reads; needs docker access, nvidia-smi,
+ibv_devinfo.
 """
 
 import argparse
@@ -63,40 +64,48 @@ def rail_state(iface, hca):
     return rail
 
 
+# nvidia-smi's clocks_throttle_reasons bits (nvml.h, nvmlClocksThrottleReason*)
+THROTTLE_REASONS = {0x1: "idle", 0x2: "application clocks", 0x4: "power cap", 0x8: "hardware slowdown",
+                    0x10: "sync boost", 0x20: "thermal (software)", 0x40: "thermal (hardware)",
+                    0x80: "power brake", 0x100: "display clocks"}
+
+
+def throttle_reasons(mask):
+    try:
+        bits = int(mask.strip(), 16)
+    except ValueError:
+        return None
+    return [name for bit, name in THROTTLE_REASONS.items() if bits & bit]
+
+
 def gpu_state():
-    out, err = run("nvidia-smi", "--query-gpu=temperature.gpu,power.draw", "--format=csv,noheader,nounits")
+    out, err = run("nvidia-smi", "--query-gpu=temperature.gpu,power.draw,clocks.sm,clocks.max.sm,"
+                   "clocks_throttle_reasons.active", "--format=csv,noheader,nounits")
     if out is None:
         return {"error": err}
-    first = out.strip().splitlines()[0].split(",")
-    as_float = lambda v: float(v) if re.fullmatch(r"[\d.]+", v.strip()) else None  # noqa: E731  "[N/A]"
-    return {"temperature_c": as_float(first[0]), "power_w": as_float(first[1])}
+    first = [v.strip() for v in out.strip().splitlines()[0].split(",")] + [""] * 5  # a field it lacks: unknown
+    as_float = lambda v: float(v) if re.fullmatch(r"[\d.]+", v) else None  # noqa: E731  "[N/A]"
+    return {"temperature_c": as_float(first[0]), "power_w": as_float(first[1]), "sm_clock_mhz": as_float(first[2]),
+            "max_sm_clock_mhz": as_float(first[3]), "throttle": throttle_reasons(first[4])}
+
+
+def state_file(path):
+    """A JSON state file the guard or the memory check wrote; None when absent."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        return {"error": f"{path}: {err}"}
 
 
 def ray_nodes(container, head_ip, membership, dashboard_port):
     out, err = run("docker", "exec", container, "python3", membership, "alive", "--head", head_ip,
                    "--dashboard-port", str(dashboard_port))
     return {"error": err} if out is None else {"nodes": json.loads(out)}
-
-
-def guard_status(path):
-    """The verdict file as it is, with this node's time; read with sudo when the guard keeps it private."""
-    reading = {"now": time.time()}
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        reading["error"] = f"{path}: no such file (is the serving guard running?)"
-        return reading
-    except PermissionError:
-        text, err = run("sudo", "-n", "cat", path)
-        if text is None:
-            reading["error"] = f"{path}: not readable ({err})"
-            return reading
-    try:
-        reading["status"] = json.loads(text)
-    except ValueError as err:
-        reading["error"] = f"{path}: not JSON ({err})"
-    return reading
 
 
 def main():
@@ -107,20 +116,25 @@ def main():
     parser.add_argument("--ray-head", help="this node is the head: list Ray nodes via its state API")
     parser.add_argument("--membership", help="ray-membership.py inside the container (with --ray-head)")
     parser.add_argument("--dashboard-port", type=int, help="the head's Ray dashboard port (with --ray-head)")
-    parser.add_argument("--guard-status", help="the serving guard's verdict file: report it")
+    parser.add_argument("--memory-status", help="the memory check's verdict (JSON)")
+    parser.add_argument("--guard-status", help="head: the serving guard's verdict (JSON)")
+    parser.add_argument("--hold", help="head: present while serving is held (JSON)")
     args = parser.parse_args()
     if args.ray_head and not (args.membership and args.dashboard_port):
         parser.error("--ray-head needs --membership and --dashboard-port")
     status = {
         "node": args.name,
+        "now": time.time(),  # this node's clock: `ops upgrade` judges the guard verdict's age by it
         "container": container_state(args.container),
         "rails": [rail_state(*r.split(":", 1)) for r in args.rail],
         "gpu": gpu_state(),
+        "memory_check": state_file(args.memory_status),
     }
+    if args.guard_status:
+        status["guard"] = state_file(args.guard_status)
+        status["hold"] = state_file(args.hold)
     if args.ray_head:
         status["ray"] = ray_nodes(args.container, args.ray_head, args.membership, args.dashboard_port)
-    if args.guard_status:
-        status["serving_guard"] = guard_status(args.guard_status)
     print(json.dumps(status))
 
 

@@ -1,6 +1,6 @@
-# prelude.sh — what every twinspark script shares: logging, errors, flags, cleanup, the
-# weights manifest format. The script runner sends it ahead of each script; a script run by
-# hand sources it from its own directory; the boot scripts source it from the bundle.
+# prelude.sh — what every twinspark script shares: logging, errors, flags, cleanup, payloads.
+# The script runner sends it ahead of each script; a script run by hand sources it from its
+# own directory; the boot scripts source it from the bundle.
 # shellcheck shell=bash
 
 # shellcheck disable=SC2034  # read by the scripts, to source this file only once
@@ -36,6 +36,13 @@ make_temp() {
   printf -v "$1" '%s' "$path"
 }
 on_exit() { cleanup_hooks+=("$1"); }
+# read_payload VAR WHAT: the rest of stdin (a file the runner sends after the script) into a
+# private temporary file, its path in VAR
+read_payload() {
+  make_temp "$1"
+  cat >"${!1}"
+  [ -s "${!1}" ] || usage_error "$2 must follow the script on stdin"
+}
 
 # ---- flags: parse_flags --flag=var [--many=var[]] ... -- "$@" --------------------------------
 # Every flag takes one value; a var ending in [] collects repeated flags into an array.
@@ -71,13 +78,6 @@ require_flags() {
       [ -n "${!var:-}" ] || usage_error "$flag is required"
     fi
   done
-}
-
-# ---- the weights manifest: "relative/path size" per file, sorted ---------------------------
-# manifest_listing DIR MANIFEST_NAME: what DIR holds, in the manifest's format (the manifest
-# itself and the hub's .cache left out)
-manifest_listing() {
-  (cd "$1" && find . -type f ! -path './.cache/*' ! -name "$2*" -printf '%P %s\n' | LC_ALL=C sort)
 }
 
 # ---- the peers, over the rail with the weight-sync key ----------------------------------------

@@ -1,73 +1,190 @@
 #!/usr/bin/env bash
-# sync-weights.sh — copy a complete model directory from this node to a peer over a rail.
+# sync-weights.sh — copy the verified model directory from this node to a peer over every
+# rail at once, then verify the peer's copy file by file against the manifest's sha256.
 #
-#   sync-weights.sh --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 --manifest .twinspark-manifest \
-#       --to nvidia@10.0.0.2 --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts
+#   WEIGHTS_SYNC_SECRET=... sync-weights.sh --node spark1 --peer spark2 --dir /home/nvidia/models/M \
+#       --manifest .twinspark-manifest --record .twinspark-verified --to nvidia@10.0.0.2 \
+#       --rail 10.0.0.2=10.0.0.1 --rail 10.0.1.2=10.0.1.1 --port 8873 --max-streams-per-rail 4 \
+#       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts   < weights.py
 #
-# Run on the node that holds the weights (fetch-weights.sh wrote DIR/MANIFEST).
-# --to names the peer by its rail address, so the bytes cross the QSFP cable, never the LAN.
-# Resumable (partial files are kept and appended); files the source no longer has are
-# removed from the peer (vLLM globs *.safetensors). Afterwards the peer's file list and
-# sizes must equal the manifest, or it fails naming what differs. A peer already complete
-# is left untouched.
+# Run on the node that holds the weights (fetch-weights.sh pinned them). The bulk copy is
+# rsync's own protocol, unencrypted on the private point-to-point cable: for the copy only,
+# the peer runs one rsync daemon per rail, bound to its address on that rail, answering
+# only this node's address on it, with one module (the model directory) behind a per-stack
+# secret (challenge-response; the secret reaches the daemon over ssh stdin and the clients
+# in RSYNC_PASSWORD, never argv). The daemons stop when the copy ends, whatever the end;
+# a leftover of a killed run is stopped by the next and by its own time limit.
+# The files still needed are split over streams (largest first, into the least loaded),
+# the streams over the rails, as many as the cores of both sides keep busy. ssh (the sync key, first rail) carries only the control.
+# Before: this node's copy must still match its record (a changed file is hashed again, and
+# a damaged one refused here, before it spreads); the peer's copy is checked the same way
+# (--repair): a damaged file is removed and sent again, a short one (an interrupted copy)
+# appended to (rsync --append-verify checks it whole). After: the peer hashes what it
+# received and must match, or the step fails naming each file and the node. The page cache
+# the copy filled is released on both sides. A peer already complete is left untouched.
+# WEIGHTS_SYNC_SECRET comes from the environment (the runner's stdin), never from argv.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-dir="" manifest="" to="" key="" known_hosts=""
+node="" peer="" dir="" manifest="" record="" revision="" to="" port="" max_streams_per_rail="" key="" known_hosts=""
+rails=()
+program=""
+DAEMON_HOURS=8  # a daemon left by a killed run stops by itself after this long
+MODULE=model RSYNC_USER=twinspark
+# shellcheck disable=SC2016  # expanded on the peer
+STATE='$HOME/.local/state/twinspark/weights-sync'  # on the peer: daemon config, pid files, weights.py
 
-# The cable is point to point and trusted, but rsync's transport is ssh: pick the cheapest
-# AEAD cipher, no compression (safetensors do not compress), and one multiplexed connection
-# for every call to the peer (a handshake costs more than a small shard).
 ssh_transport=()
 set_ssh_transport() {
   local peer_options
   sync_key_ssh_options peer_options "$key" "$known_hosts"
-  ssh_transport=(ssh "${peer_options[@]}" -o Compression=no -c aes128-gcm@openssh.com
-    -o ControlMaster=auto -o "ControlPath=$HOME/.ssh/twinspark-sync-%C" -o ControlPersist=60)
+  ssh_transport=(ssh "${peer_options[@]}" -o ControlMaster=auto -o "ControlPath=$HOME/.ssh/twinspark-sync-%C"
+    -o ControlPersist=60)
 }
-
 close_connection() { "${ssh_transport[@]}" -O exit "$to" >/dev/null 2>&1 || true; }
-
 on_peer() { "${ssh_transport[@]}" "$to" "$1"; }
+q() { printf %q "$1"; }
 
-# The peer runs the same listing function as this side: one definition of the format.
-peer_listing() {
-  on_peer "$(declare -f manifest_listing); manifest_listing $(printf %q "$dir") $(printf %q "$manifest") 2>/dev/null"
+# ---- on the peer (sent with declare -f) ---------------------------------------------------------
+# rsyncd_start STATE DIR PORT HOURS MODULE USER ADDRESS=ALLOWED...; the secret on stdin
+rsyncd_start() {
+  local state=$1 dir=$2 port=$3 hours=$4 module=$5 user=$6 i=0 rail as_root=""
+  shift 6
+  # rsyncd drops a root daemon to nobody; any other user keeps its own (and may not set one)
+  [ "$(id -u)" -ne 0 ] || as_root=$'uid = 0\ngid = 0'
+
+  rsyncd_stop "$state"
+  install -d -m 700 "$state"
+  (umask 077 && sed "s/^/$user:/" >"$state/rsyncd.secrets")
+  for rail; do
+    cat >"$state/rsyncd-$i.conf" <<EOF
+pid file = $state/rsyncd-$i.pid
+address = ${rail%%=*}
+port = $port
+use chroot = no
+reverse lookup = no
+max connections = 64
+$as_root
+[$module]
+path = $dir
+read only = no
+list = no
+auth users = $user
+secrets file = $state/rsyncd.secrets
+hosts allow = ${rail#*=}
+hosts deny = *
+refuse options = delete remove-source-files
+EOF
+    setsid -f timeout "${hours}h" rsync --daemon --no-detach --config="$state/rsyncd-$i.conf" \
+      --log-file="$state/rsyncd-$i.log" </dev/null >/dev/null 2>&1
+    i=$((i + 1))
+  done
+  for rail; do  # listening?
+    for _ in $(seq 100); do
+      (exec 3<>"/dev/tcp/${rail%%=*}/$port") 2>/dev/null && continue 2
+      sleep 0.1
+    done
+    echo "the rsync daemon on ${rail%%=*}:$port did not start: $(tail -n 3 "$state"/rsyncd-*.log)" >&2
+    return 1
+  done
+}
+rsyncd_stop() {
+  local state=$1 pid_file pid
+  for pid_file in "$state"/rsyncd-*.pid; do
+    [ -f "$pid_file" ] || continue
+    pid=$(cat "$pid_file")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  done
+  rm -f "$state"/rsyncd-*.pid "$state"/rsyncd-*.conf "$state/rsyncd.secrets"
 }
 
-report_difference() {
-  local expected="$1" actual="$2"
-  log "peer copy differs from $dir/$manifest:"
-  comm -23 <(echo "$expected") <(echo "$actual") | head -n 20 | sed 's/^/  missing or wrong size on peer: /'
-  comm -13 <(echo "$expected") <(echo "$actual") | head -n 20 | sed 's/^/  unexpected on peer:            /'
+# ---- here ----------------------------------------------------------------------------------------
+peer_weights() {  # peer_weights SUBCOMMAND ARGS...: weights.py on the peer
+  on_peer "python3 $STATE/weights.py $* --dir $(q "$dir") --manifest $(q "$dir/$manifest") --record $(q "$dir/$record") --node $(q "$peer")"
+}
+
+start_daemons() {
+  on_exit stop_daemons
+  printf '%s\n' "$WEIGHTS_SYNC_SECRET" | on_peer "$(declare -f rsyncd_start rsyncd_stop); rsyncd_start $STATE $(q "$dir") $port $DAEMON_HOURS $MODULE $RSYNC_USER ${rails[*]}"
+}
+stop_daemons() { on_peer "$(declare -f rsyncd_stop); rsyncd_stop $STATE" || true; }
+
+# send_stream LIST ADDRESS: the files in LIST to the daemon on ADDRESS
+send_stream() {
+  RSYNC_PASSWORD=$WEIGHTS_SYNC_SECRET rsync -rlpt --inplace --append-verify --files-from="$1" \
+    --contimeout=30 --timeout=600 "$dir/" "rsync://$RSYNC_USER@$2:$port/$MODULE/"
+}
+
+# streams_per_rail: a stream keeps about two cores busy (rsync's sender here, its receiver and
+# the kernel's copies there): as many per rail as the smaller side's cores allow, at least one,
+# at most --max-streams-per-rail.
+streams_per_rail() {
+  local cores peer_cores per_rail
+  cores=$(nproc)
+  peer_cores=$(on_peer nproc)
+  [ "$peer_cores" -ge "$cores" ] || cores=$peer_cores
+  per_rail=$((cores / (2 * ${#rails[@]})))
+  [ "$per_rail" -le "$max_streams_per_rail" ] || per_rail=$max_streams_per_rail
+  echo $((per_rail > 0 ? per_rail : 1))
+}
+
+send() {  # send NEED_FILE: every file listed, over every rail, in parallel streams
+  local need=$1 streams lists bytes started i pids=() failed=0
+  streams=$(( ${#rails[@]} * $(streams_per_rail) ))
+  make_temp lists
+  bytes=$(python3 "$program" plan --manifest "$dir/$manifest" --need "$need" --buckets "$streams" --out-prefix "$lists.")
+  for ((i = 0; i < streams; i++)); do cleanup_paths+=("$lists.$i"); done
+  start_daemons
+  log "copying $(wc -l <"$need") files ($((bytes / 1000000)) MB) to $peer: $streams streams over ${#rails[@]} rails"
+  started=$(date +%s.%N)
+  for ((i = 0; i < streams; i++)); do
+    [ -s "$lists.$i" ] || continue
+    local rail=${rails[i % ${#rails[@]}]}
+    send_stream "$lists.$i" "${rail%%=*}" &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || failed=$((failed + 1)); done
+  [ "$failed" -eq 0 ] || die "$failed of ${#pids[@]} copy streams to $peer failed (see rsync's errors above); run again to resume"
+  log "copied $((bytes / 1000000)) MB to $peer in $(awk -v s="$started" -v b="$bytes" -v e="$(date +%s.%N)" \
+    'BEGIN { t = e - s; printf "%.2f s (%.0f MB/s)", t, b / 1e6 / t }')"
+  stop_daemons
+  python3 "$program" release-cache --dir "$dir" --files "$need"
 }
 
 main() {
-  parse_flags --dir=dir --manifest=manifest --to=to --key=key --known-hosts=known_hosts -- "$@"
-  require_flags --dir --manifest --to --key --known-hosts
+  parse_flags --node=node --peer=peer --dir=dir --manifest=manifest --record=record --revision=revision --to=to \
+    --rail=rails[] --port=port --max-streams-per-rail=max_streams_per_rail --key=key --known-hosts=known_hosts -- "$@"
+  require_flags --node --peer --dir --manifest --record --revision --to --rail --port --max-streams-per-rail --key \
+    --known-hosts
+  log_node=$node
   key=${key/#\~/$HOME} known_hosts=${known_hosts/#\~/$HOME}
+  [ -n "${WEIGHTS_SYNC_SECRET:-}" ] || usage_error "WEIGHTS_SYNC_SECRET must be set (the runner's secret on stdin)"
+  read_payload program weights.py
+  [ -s "$dir/$manifest" ] || die "$dir/$manifest missing: the weights here are not complete (run fetch-weights.sh)"
+  local held here_need
+  held=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["revision"])' "$dir/$manifest")
+  [ "$held" = "$revision" ] || die "$node holds revision $held of $dir, this stack pins $revision: refused (run fetch-weights.sh)"
+  if ! here_need=$(python3 "$program" verify --dir "$dir" --manifest "$dir/$manifest" --record "$dir/$record" \
+    --node "$node") || [ -n "$here_need" ]; then
+    die "$node's copy of $dir no longer matches what was downloaded: nothing sent to $peer. Download it again: pulumi up --replace the ${node}-weights-fetch step"
+  fi
   set_ssh_transport
   on_exit close_connection
-  [ -s "$dir/$manifest" ] || die "$dir/$manifest missing: the weights here are not complete (run fetch-weights.sh)"
-  local expected actual
-  expected=$(cat "$dir/$manifest")
-  if [ "$(peer_listing || true)" = "$expected" ] && [ "$(on_peer "cat $(printf %q "$dir/$manifest") 2>/dev/null" || true)" = "$expected" ]; then
-    log "complete on $to: $(wc -l <<<"$expected") files, nothing to copy"
+  on_peer "mkdir -p $STATE $(q "$dir") && cat > $STATE/weights.py" <"$program"
+  # shellcheck disable=SC2094  # read here, written on the peer
+  on_peer "cat > $(q "$dir/$manifest")" <"$dir/$manifest"
+  local need
+  make_temp need
+  peer_weights verify --repair >"$need" || die "cannot check $peer's copy of $dir"
+  if [ ! -s "$need" ]; then
+    log "complete on $peer: $(grep -c '"sha256"' "$dir/$manifest") files verified, nothing to copy"
     return 0
   fi
-  on_peer "mkdir -p $(printf %q "$dir")"
-  log "copying $dir to $to over the rail"
-  local started=$SECONDS
-  rsync -a --delete --partial --append-verify --exclude=/.cache/ --exclude="/$manifest*" \
-    -e "${ssh_transport[*]}" "$dir/" "$to:$dir/"
-  actual=$(peer_listing)
-  if [ "$actual" != "$expected" ]; then
-    report_difference "$expected" "$actual"
-    die "verification failed for $to:$dir"
-  fi
-  on_peer "cat > $(printf %q "$dir/$manifest")" <<<"$expected"
-  log "complete on $to: $(wc -l <<<"$expected") files verified in $((SECONDS - started)) s"
+  send "$need"
+  peer_weights verify >/dev/null || die "verification failed for $peer ($to:$dir): see the FAIL lines"
+  log "complete on $peer: $(grep -c '"sha256"' "$dir/$manifest") files verified"
 }
 
 main "$@"

@@ -3,17 +3,20 @@
 #
 #   VLLM_API_KEY=... wait-ready.sh --url http://127.0.0.1:8000 --model ds-0731 \
 #       --timeout-s 1200 --container twinspark-serving --container twinspark-api-gateway \
-#       --log /var/log/twinspark/vllm.log --log /var/log/twinspark/boot-head.log
+#       --log /var/log/twinspark/vllm.log --log /var/log/twinspark/boot-head.log \
+#       --hold /run/twinspark/serving-hold --memory-status /run/twinspark/memory-check.json
 #
 # /health can stay 200 while a Ray worker is dead, so a real completion (with the API key,
 # read from the environment and handed to curl through a private config file, never argv)
 # is the liveness proof. Logs progress every 30 s; on timeout prints the tail of the head
-# container's docker log and of each --log file, and exits 1.
+# container's docker log and of each --log file, and exits 1. Serving held by the guard (a
+# restart loop: --hold exists) fails at once with the hold's reason; a memory check still
+# waiting (--memory-status) is shown with its numbers.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-url="" model="" timeout_s=""
+url="" model="" timeout_s="" hold="" memory_status=""
 containers=() log_files=()
 
 curl_config=""
@@ -43,12 +46,27 @@ show_failure() {
   done
 }
 
+# a JSON file's "reason" or "message" string, without jq (not on every node)
+json_text() { sed -n 's/^ *"'"$2"'": "\(.*\)",\{0,1\}$/\1/p' "$1" 2>/dev/null | head -n 1; }
+
+fail_if_held() {
+  [ -n "$hold" ] && [ -e "$hold" ] || return 0
+  die "serving is held: $(json_text "$hold" reason)"
+}
+
+memory_waiting() {
+  [ -n "$memory_status" ] && grep -q '"ok": false' "$memory_status" 2>/dev/null || return 1
+  log "memory check before load is waiting: $(json_text "$memory_status" message)"
+}
+
 main() {
-  parse_flags --url=url --model=model --timeout-s=timeout_s --container=containers[] --log=log_files[] -- "$@"
+  parse_flags --url=url --model=model --timeout-s=timeout_s --container=containers[] --log=log_files[] \
+    --hold=hold --memory-status=memory_status -- "$@"
   require_flags --url --model --timeout-s --container
   write_curl_config
   local started=$SECONDS stage="health" last_report=-30
   while [ $((SECONDS - started)) -lt "$timeout_s" ]; do
+    fail_if_held
     if [ "$stage" = "health" ] && healthy; then
       log "/health answers after $((SECONDS - started)) s; trying a real completion"
       stage="completion"
@@ -59,6 +77,7 @@ main() {
     fi
     if [ $((SECONDS - last_report)) -ge 30 ]; then
       log "waiting for $stage ($((SECONDS - started)) s of ${timeout_s} s)"
+      memory_waiting || true
       last_report=$SECONDS
     fi
     sleep 5

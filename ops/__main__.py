@@ -1,4 +1,4 @@
-"""python -m ops {status,bench,needle,client-setup,pin-host-keys,upgrade} — see each one's --help."""
+"""python -m ops {status,clear-hold,bench,needle,client-setup,pin-host-keys,upgrade} — see each one's --help."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.text import Text
 from .inputs import ToolError, positive_float, positive_int, positive_int_list
 from .needle import DEFAULT_MAX_TOKENS, parse_sizes
 from .pin_host_keys import add_parser as add_pin_host_keys_parser
-from .target import add_target_arguments, check_endpoint, resolve_target, status_expectations
+from .target import add_target_arguments, check_endpoint, resolve_target, ssh_user, status_expectations
 
 # Overall deadlines: a hanging server must not hold a run for hours. The default bench takes
 # ~2 min at the recipe's rates; a default needle run up to ~2 h when the model thinks long.
@@ -62,12 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m ops", description=__doc__)
     sub = parser.add_subparsers(dest="tool", required=True)
 
-    p = sub.add_parser("status", help="nodes, rails, Ray, GPUs, endpoint and spec decode at a glance")
+    p = sub.add_parser("status", help="nodes, rails, Ray, GPUs, guard, endpoint and spec decode at a glance")
     add_target_arguments(p)
     add_ssh_arguments(p)
     p.add_argument("--expect-mtu", type=int, help="default: the stack's fabric.mtu")
     p.add_argument("--expect-speed-mbps", type=int, help="default: the stack's fabric.linkSpeedMbps")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("clear-hold", help="serving held by the guard after a restart loop: let it start again")
+    add_target_arguments(p)
+    add_ssh_arguments(p)
 
     p = sub.add_parser("bench", help="the recipe's benchmarks: decode, concurrency, TTFT, prefill, sweep")
     add_target_arguments(p)
@@ -135,13 +139,18 @@ def run_measurement(args, target, console: Console) -> int:
 
 
 def run_tool(args, console: Console) -> int:
-    target = resolve_target(args, need_nodes=args.tool == "status")
+    target = resolve_target(args, need_nodes=args.tool in ("status", "clear-hold"))
     if args.tool == "status":
         from .status import run_status, ssh_runner
 
         expect = status_expectations(args, target)
         return run_status(target, ssh_runner(expect.ssh_user, args.ssh_key, args.ssh_option), args.json, expect.mtu,
                           expect.speed_mbps, console)
+    if args.tool == "clear-hold":
+        from .hold import clear_hold
+        from .status import ssh_shell
+
+        return clear_hold(target, ssh_shell(ssh_user(args, target), args.ssh_key, args.ssh_option), console)
     if args.tool in ("bench", "needle"):
         target.model = check_endpoint(target)  # a dead endpoint or a refused key ends here, in one line
         return run_measurement(args, target, console)

@@ -1,10 +1,15 @@
-"""status — the cluster at a glance: nodes, rails, Ray, GPUs, the endpoint, spec decode.
+"""status — the cluster at a glance: nodes, rails, Ray, GPUs, guard, the endpoint, spec decode.
 
 Per node (over SSH, launch/node-status.py fed on stdin): serving container up or
-restarting (restart count), rails (link, speed, MTU, RoCE state), GPU temperature and
-power; on the head, the Ray nodes alive with their GPUs. For the endpoint: /health, the
-model from /v1/models, and from /metrics the spec-decode acceptance (overall and per draft
-position) and the requests running and waiting. Exit code 1 when anything is unhealthy.
+restarting (restart count), rails (link, speed, MTU, RoCE state), GPU temperature, power,
+clocks and throttle reasons, the memory check before load; on the head, the Ray nodes alive
+with their GPUs and the serving guard (last canary, restarts in its window, any hold). Per
+node too, its platform (launch/platform-facts.py: OS, kernel, driver, CUDA, BIOS, CMA, vLLM
+and NCCL in the running serving image), judged now by the platform gate with the stack's
+acknowledgements: a node updated since the last `pulumi up` shows here first. For the
+endpoint: /health, the model from /v1/models, and from /metrics the spec-decode acceptance
+(overall and per draft position) and the requests running and waiting. Exit code 1 when
+anything is unhealthy.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import re
 import shlex
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -23,23 +29,29 @@ from rich.table import Table
 from rich.text import Text
 
 import node_contract as contract
+import platform_gate
 
 from .api import served_models
 
 NODE_PROBE = Path(__file__).resolve().parent.parent / "launch" / "node-status.py"
+FACTS_PROBE = NODE_PROBE.with_name("platform-facts.py")
 MEMBERSHIP_IN_CONTAINER = f"{contract.CONTAINER_BUNDLE_DIR}/{contract.MEMBERSHIP_SCRIPT}"
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
-# A function that runs the node probe on a node and returns its stdout (JSON).
-NodeRunner = Callable[[dict, list[str]], str]
+# A function that runs a probe (default: the node probe) on a node and returns its stdout (JSON).
+NodeRunner = Callable[..., str]
 
 
-def ssh_runner(user: str, key: Optional[str], options: Sequence[str] = ()) -> NodeRunner:
-    def run(node: dict, args: list[str]) -> str:
+# A function that runs a shell command on a node (stdin given) and returns its stdout.
+NodeShell = Callable[..., str]
+
+
+def ssh_shell(user: str, key: Optional[str], options: Sequence[str] = ()) -> NodeShell:
+    def run(node: dict, remote_command: str, stdin: str = "", timeout: float = 60) -> str:
         command = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"] + (["-i", key] if key else [])
         command += [a for option in options for a in ("-o", option)]
-        command += [f"{user}@{node['host']}", "python3 - " + " ".join(shlex.quote(a) for a in args)]
-        proc = subprocess.run(command, input=NODE_PROBE.read_text(), capture_output=True, text=True, timeout=60)
+        command += [f"{user}@{node['host']}", remote_command]
+        proc = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"ssh {user}@{node['host']} failed: {proc.stderr.strip()[-300:]}")
         return proc.stdout
@@ -47,14 +59,41 @@ def ssh_runner(user: str, key: Optional[str], options: Sequence[str] = ()) -> No
     return run
 
 
+def ssh_runner(user: str, key: Optional[str], options: Sequence[str] = ()) -> NodeRunner:
+    shell = ssh_shell(user, key, options)
+
+    def run(node: dict, args: list[str], probe: Path = NODE_PROBE) -> str:
+        # the facts probe starts a container of the serving image (torch's import): give it time
+        return shell(node, "python3 - " + shlex.join(args), probe.read_text(), 360 if probe == FACTS_PROBE else 60)
+
+    return run
+
+
 def probe_args(node: dict) -> list[str]:
-    args = ["--name", node["name"], "--container", contract.SERVING_CONTAINER]
+    args = ["--name", node["name"], "--container", contract.SERVING_CONTAINER,
+            "--memory-status", contract.MEMORY_CHECK_STATUS]
     for rail in node.get("rails", []):
         args += ["--rail", f"{rail['iface']}:{rail['hca']}"]
     if node["role"] == "head":
         args += ["--ray-head", node["rayIp"], "--membership", MEMBERSHIP_IN_CONTAINER,
-                 "--dashboard-port", str(contract.RAY_DASHBOARD_PORT)]
+                 "--dashboard-port", str(contract.RAY_DASHBOARD_PORT),
+                 "--guard-status", contract.SERVING_GUARD_STATUS, "--hold", contract.SERVING_HOLD]
     return args
+
+
+def facts_args(node: dict, base_image: Optional[str]) -> list[str]:
+    """The facts of the node and of its running serving container's image (checked against the
+    stack's pinned base when the outputs name it)."""
+    return ["--node", node["name"], "--container", contract.SERVING_CONTAINER] + (["--base", base_image] if base_image else [])
+
+
+def stack_platform(outputs: dict) -> tuple[Optional[str], list[str]]:
+    """The pinned base and the acknowledgements, from the outputs of `pulumi up` (if any)."""
+    serving_image, platform = outputs.get("servingImage"), outputs.get("platform")
+    base = serving_image.get("reference") if isinstance(serving_image, dict) else None
+    acknowledged = platform.get("acknowledge") if isinstance(platform, dict) else None
+    return (base if isinstance(base, str) else None,
+            [a for a in acknowledged if isinstance(a, str)] if isinstance(acknowledged, list) else [])
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[dict, float]]]:
@@ -137,6 +176,12 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
                      f"{ep['expected_model']}")
     elif ep.get("error"):
         found.append(f"endpoint {ep['url']}: /metrics {ep['error']}")
+    platforms = {n["node"]: n.get("platform", {}).get("facts") for n in report["nodes"]}
+    if platforms and all(platforms.values()):
+        found += [f"platform: {f.text}" for f in platform_gate.evaluate(platforms, report.get("acknowledged", []))]
+    for node in report["nodes"]:
+        if "error" in node.get("platform", {}):
+            found.append(f"{node['node']}: platform facts: {node['platform']['error']}")
     gpu_nodes = len(report["nodes"])
     for node in report["nodes"]:
         name = node["node"]
@@ -158,6 +203,7 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
                 found.append(f"{where}: MTU {rail['mtu']}, expected {expect_mtu}")
             if rail["roce_state"] != "PORT_ACTIVE":
                 found.append(f"{where}: RoCE {rail['hca']} {rail['roce_state'] or rail.get('roce_error')}")
+        found += guard_problems(node)
         ray = node.get("ray")
         if ray is not None:
             alive = [n for n in ray.get("nodes", []) if n["gpus"] >= 1]
@@ -166,22 +212,76 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
     return found
 
 
+def guard_problems(node: dict) -> list[str]:
+    """The memory check waiting, serving held, the canary failing: each in its own words."""
+    found, name = [], node["node"]
+    memory = node.get("memory_check") or {}
+    if memory.get("ok") is False or "error" in memory:
+        found.append(f"{name}: memory check before load: {memory.get('message') or memory.get('error')}")
+    hold = node.get("hold")
+    if hold:
+        found.append(f"{name}: serving held: {hold.get('reason') or hold.get('error')}")
+    guard = node.get("guard")
+    if "guard" in node and guard is None:
+        found.append(f"{name}: the serving guard has written no verdict ({contract.SERVING_GUARD_UNIT} not running?)")
+    elif guard and guard.get("ok") is False:
+        found.append(f"{name}: canary failing ({guard.get('consecutive_failures')} rounds in a row): "
+                     + "; ".join(guard.get("failures") or []))
+    return found
+
+
+def gpu_text(gpu: dict) -> str:
+    if gpu.get("error"):
+        return gpu["error"]
+    text = f"{gpu.get('temperature_c')} °C {gpu.get('power_w')} W {gpu.get('sm_clock_mhz')}/{gpu.get('max_sm_clock_mhz')} MHz"
+    throttled = [r for r in gpu.get("throttle") or [] if r != "idle"]
+    return text + (f"\nthrottled: {', '.join(throttled)}" if throttled else "")
+
+
+def guard_text(node: dict) -> str:
+    parts = []
+    memory = node.get("memory_check")
+    if memory and "message" in memory:
+        parts.append(f"memory: {'ok' if memory.get('ok') else 'WAITING'} ({memory.get('available_gib')} of "
+                     f"{memory.get('need_gib')} GiB available)")
+    guard = node.get("guard")
+    if guard and "error" not in guard:
+        checked = guard.get("checked_at")
+        when = time.strftime("%H:%M:%S", time.localtime(checked)) if checked else "not yet"
+        verdict = {True: "ok", False: "FAILING", None: "-"}[guard.get("ok")]
+        parts.append(f"canary: {verdict} at {when}; restarts {guard.get('restarts_in_window')}/"
+                     f"{guard.get('restart_limit')} in {int(guard.get('window_s', 0)) // 60} min")
+    if node.get("hold"):
+        parts.append("HELD")
+    return "\n".join(parts)
+
+
 def collect(target, runner: NodeRunner) -> dict:
+    base_image, acknowledged = stack_platform(target.outputs)
+
     def one(node):
         try:
-            return json.loads(runner(node, probe_args(node)))
+            status = json.loads(runner(node, probe_args(node)))
         except Exception as err:  # one unreachable node must not hide the others
             return {"node": node["name"], "error": str(err)}
+        try:
+            out = runner(node, facts_args(node, base_image), probe=FACTS_PROBE)
+            status["platform"] = {"facts": platform_gate.parse_report(out, node["name"]),
+                                  "errors": json.loads(out.strip().splitlines()[-1]).get("errors", {})}
+        except Exception as err:
+            status["platform"] = {"error": str(err)}
+        return status
 
     with ThreadPoolExecutor(max_workers=max(1, len(target.nodes))) as pool:
         nodes = list(pool.map(one, target.nodes))
-    return {"endpoint": endpoint_status(target.base_url, target.api_key, target.model), "nodes": nodes}
+    return {"endpoint": endpoint_status(target.base_url, target.api_key, target.model), "nodes": nodes,
+            "acknowledged": acknowledged}
 
 
 def render(report: dict, found: list[str], console: Console) -> None:
     """Every cell is a Text: what nodes and servers say is printed as it is, never read as markup."""
     nodes = Table(title="nodes")
-    for col in ("node", "container", "rails (link speed MTU RoCE)", "GPU", "Ray"):
+    for col in ("node", "container", "rails (link speed MTU RoCE)", "GPU", "Ray", "memory, guard"):
         nodes.add_column(col)
     red = "red"
     for node in report["nodes"]:
@@ -193,13 +293,25 @@ def render(report: dict, found: list[str], console: Console) -> None:
                      if c.get("present") else Text("missing", style=red))
         rails = "\n".join(f"{r['iface']}: {r['operstate']} {r['speed_mbps']} {r['mtu']} {r['roce_state']}"
                           for r in node["rails"])
-        gpu = node.get("gpu") or {}
-        gpu_text = gpu.get("error") or f"{gpu.get('temperature_c')} °C {gpu.get('power_w')} W"
         ray = node.get("ray")
         ray_text = "" if ray is None else (ray.get("error") or ", ".join(
             f"{n['node_ip']} ({n['gpus']:g} GPU)" for n in ray.get("nodes", [])))
-        nodes.add_row(Text(node["node"]), container, Text(rails), Text(gpu_text), Text(ray_text))
+        nodes.add_row(Text(node["node"]), container, Text(rails), Text(gpu_text(node.get("gpu") or {})), Text(ray_text),
+                      Text(guard_text(node)))
     console.print(nodes)
+    platform = Table(title="platform")
+    for col in ("node", "OS", "kernel", "driver / CUDA", "BIOS", "CMA total / free kB", "vLLM", "NCCL (wheel)"):
+        platform.add_column(col, overflow="fold")  # versions are read and compared whole: never cut
+    for node in report["nodes"]:
+        facts = node.get("platform", {}).get("facts")
+        if facts is None:
+            platform.add_row(Text(node["node"]), Text(node.get("platform", {}).get("error") or "", style=red))
+            continue
+        shown = lambda *names: " / ".join(str(facts.get(n)) for n in names)  # noqa: E731  None shows as None
+        platform.add_row(*(Text(v) for v in (
+            node["node"], shown("os"), shown("kernel"), shown("driver", "cuda"), shown("bios_version", "bios_date"),
+            shown("cma_total_kb", "cma_free_kb"), shown("vllm"), f"{facts.get('nccl')} ({facts.get('nccl_pip')})")))
+    console.print(platform)
     ep = report["endpoint"]
     endpoint = Table(title="endpoint")
     endpoint.add_column("")

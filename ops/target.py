@@ -170,6 +170,13 @@ class StatusExpectations:
     speed_mbps: int
 
 
+def ssh_user(args: argparse.Namespace, target: Target) -> str:
+    user = args.ssh_user or target.ssh_user
+    if not user:
+        raise TargetError("the stack outputs do not say --ssh-user: pass --ssh-user (or run inside the Pulumi project)")
+    return user
+
+
 def status_expectations(args: argparse.Namespace, target: Target) -> StatusExpectations:
     """The SSH user and what every rail must show: from the stack, flags overriding."""
     values = {

@@ -204,8 +204,16 @@ def ssh_guard_probe(ssh_user: Optional[str], ssh_key: Optional[str], ssh_options
         head = next(n for n in target.nodes if n["role"] == "head")
         run = ssh_runner(ssh_user or target.ssh_user, ssh_key, ssh_options)
         args = ["--name", head["name"], "--container", contract.SERVING_CONTAINER,
-                "--guard-status", contract.SERVING_GUARD_STATUS]
-        return lambda: json.loads(run(head, args))["serving_guard"]
+                "--guard-status", contract.SERVING_GUARD_STATUS, "--hold", contract.SERVING_HOLD]
+
+        def probe() -> dict:
+            reading = json.loads(run(head, args))
+            if reading.get("guard") is None:
+                return {"now": reading["now"], "error": f"{contract.SERVING_GUARD_STATUS}: no such file "
+                                                        "(is the serving guard running?)"}
+            return {"now": reading["now"], "status": reading["guard"]}
+
+        return probe
 
     return for_target
 

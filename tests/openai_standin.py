@@ -28,7 +28,12 @@ Off by default, so the plain stand-in stays simple:
 - `accept_cache_salt` False: `cache_salt` is refused with 400, as vLLM's V0 engine does;
 - `healthy_after`: /health answers 503 that many times before 200, as a loading server;
 - `raw_stream` / `raw_models`: bytes sent as they are (status 200) instead of a completion
-  stream / the model list: garbage for the clients' error paths.
+  stream / the model list: garbage for the clients' error paths;
+- `fault()`: asked per completion request, the engine gone wrong while /health stays 200:
+  "garbage" (wrong answers, tool-call arguments that are not JSON) or "hang" (a stream stops
+  after its first chunk, a plain reply never comes).
+Known answers, as a healthy model gives them: "What is A + B?" is answered with the sum, and a
+request naming a tool in `tool_choice` gets a call of it (streamed as vLLM streams tool calls).
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class Behaviour:
     accept_cache_salt: bool = True
     raw_stream: Optional[bytes] = None
     raw_models: Optional[bytes] = None
+    fault: Callable[[], Optional[str]] = lambda: None
     health_calls: int = 0
     running: int = 0
     finished: int = 0
@@ -129,6 +135,24 @@ def needle_answer(prompt: str, behaviour: str) -> str:
     elif behaviour == "refuse":
         return "This looks like a prompt injection test; I will not reveal access codes."
     return "\n".join(lines)
+
+
+GARBAGE = ["<unk>", "¿¿", " ]]]", "�", " the the the"]
+SUM_QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")
+
+
+def arithmetic_answer(prompt: str) -> Optional[str]:
+    match = SUM_QUESTION.search(prompt)
+    return str(int(match[1]) + int(match[2])) if match else None
+
+
+def named_tool(body: dict) -> Optional[str]:
+    choice = body.get("tool_choice")
+    return ((choice or {}).get("function") or {}).get("name") if isinstance(choice, dict) and body.get("tools") else None
+
+
+def hang_forever() -> None:
+    threading.Event().wait()
 
 
 def make_handler(behaviour: Behaviour):
@@ -211,6 +235,19 @@ def make_handler(behaviour: Behaviour):
                 return
             if behaviour.raw_stream is not None:
                 return self.stream_raw(behaviour.raw_stream)
+            fault = behaviour.fault()
+            if fault == "hang" and not body.get("stream"):
+                return hang_forever()
+            header = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+                      "model": behaviour.model}
+            tool = named_tool(body) if chat else None
+            if tool:
+                arguments = '{"city": "Par\u00bf<unk>' if fault == "garbage" else '{"city": "Paris"}'
+                return self.tool_call(header, tool, arguments, bool(body.get("stream")), fault == "hang")
+            if arithmetic_answer(prompt):
+                pieces = [arithmetic_answer(prompt)]
+            if fault == "garbage":
+                pieces = [GARBAGE[i % len(GARBAGE)] for i in range(len(pieces))]
             if "access codes of the vaults" in prompt:
                 with behaviour._lock:
                     kind = behaviour.needle_behaviors.pop(0) if behaviour.needle_behaviors else "correct"
@@ -225,11 +262,10 @@ def make_handler(behaviour: Behaviour):
             if behaviour.prefix_cache:  # what vLLM adds with --enable-prompt-tokens-details
                 usage["prompt_tokens_details"] = {"cached_tokens": request.cached_prompt_tokens}
             first_at = start + behaviour.base_latency_s + (n_prompt - request.cached_prompt_tokens) / behaviour.prefill_tok_s
-            header = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-                      "model": behaviour.model}
             if body.get("stream"):
                 return self.stream(header, chat, tokens, finish, first_at,
-                                   usage if (body.get("stream_options") or {}).get("include_usage") else None)
+                                   usage if (body.get("stream_options") or {}).get("include_usage") else None,
+                                   hang=fault == "hang")
             pause_until(first_at + len(tokens) / behaviour.decode_tok_s)
             text = "".join(piece for key, piece in tokens if key == answer_field)
             choice = {"index": 0, "finish_reason": finish}
@@ -237,7 +273,27 @@ def make_handler(behaviour: Behaviour):
             self.reply(200, {**header, "object": "chat.completion" if chat else "text_completion",
                              "choices": [choice], "usage": usage})
 
-        def stream(self, header, chat, tokens, finish, first_at, usage):
+        def tool_call(self, header, name, arguments, stream, hang):
+            call = {"index": 0, "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function"}
+            if not stream:
+                message = {"role": "assistant", "content": None,
+                           "tool_calls": [{**call, "function": {"name": name, "arguments": arguments}}]}
+                return self.reply(200, {**header, "object": "chat.completion",
+                                        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]})
+            self.start_stream()
+            header = {**header, "object": "chat.completion.chunk"}
+            first = {"role": "assistant", "tool_calls": [{**call, "function": {"name": name, "arguments": ""}}]}
+            self.event({**header, "choices": [{"index": 0, "delta": first, "finish_reason": None}]})
+            if hang:
+                return hang_forever()
+            for start in range(0, len(arguments), 6):  # arguments arrive in pieces, as vLLM streams them
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": arguments[start:start + 6]}}]}
+                self.event({**header, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            self.event({**header, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+            self.chunk(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+
+        def stream(self, header, chat, tokens, finish, first_at, usage, hang=False):
             self.start_stream()
             per_chunk = behaviour.tokens_per_chunk
             chunks = [tokens[i:i + per_chunk] for i in range(0, len(tokens), per_chunk)]
@@ -250,6 +306,8 @@ def make_handler(behaviour: Behaviour):
                 choice = {"index": 0, **({"delta": parts} if chat else parts), "logprobs": None,
                           "finish_reason": finish if i == len(chunks) - 1 else None}
                 self.event({**header, "choices": [choice]})
+                if hang:
+                    return hang_forever()
             if usage is not None and behaviour.send_usage:
                 self.event({**header, "choices": [], "usage": usage})
             self.chunk(b"data: [DONE]\n\n")

@@ -2,9 +2,14 @@
 
 `run_program(config)` returns every registered resource (type, name, inputs, parent,
 dependencies, provider, options seen by the monitor: deleteBeforeReplace, replaceWith,
-ignoreChanges, replaceOnChanges), the exported outputs (with their
+ignoreChanges, replaceOnChanges, the outputs it was given), the exported outputs (with their
 secret flags), or the error the program stopped with. A subprocess per run keeps Pulumi's
 global runtime state from leaking between runs.
+
+What the nodes answer is simulated: `image-pin-resolve` prints the digest the fake registry
+(`registry`) serves for the tag, `{node}-platform-facts` prints `facts` over the recipe's
+platform. With `prior` (an earlier run: the state), a resource whose compared inputs are
+unchanged keeps its earlier outputs, as the engine does for a resource without a diff.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ STACK_FILE = ROOT / "Pulumi.spark.yaml"
 
 _CHILD = r'''
 import asyncio, hashlib, json, os, runpy, sys, traceback
+sys.path.insert(0, "tests")
+from program_harness import without_ignored
 import pulumi
 from pulumi.runtime import mocks as pm
 from pulumi.runtime.proto import resource_pb2
@@ -33,7 +40,35 @@ from pulumi.runtime.stack import wait_for_rpcs
 
 config, preview, secret_keys = json.loads(sys.argv[1]), sys.argv[2] == "preview", json.loads(sys.argv[3])
 withheld = {getattr(resource_pb2, name) for name in json.loads(sys.argv[4])}  # engine features to deny
-records, exports = [], {}
+# {"registry": str, "facts": {node: {fact: value}}, "prior": {...}}: a file (a prior state is large)
+nodes_say = json.loads(open(sys.argv[5]).read())
+records, exports, kept, given = [], {}, {}, {}
+
+RECIPE_FACTS = {"os": "DGX OS 7.2.3", "kernel": "6.17.0-1029-nvidia", "driver": "580.173.02", "cuda": "13.0",
+                "gpu": "NVIDIA GB10", "bios_version": "5.36_0ACUM030", "bios_date": "2026-05-20",
+                "cma_total_kb": "0", "cma_free_kb": "0", "vllm": "0.25.2.dev0+g752a3a504", "torch": "2.11.0",
+                "nccl": "2.30.7", "nccl_pip": None, "image_cuda": "13.0", "ray": "2.57.0"}
+
+def node_answer(name, inputs):
+    """What a simulated node prints for the steps whose stdout the program reads."""
+    import shlex
+    if name == "image-pin-resolve":
+        return "sha256:" + hashlib.sha256((nodes_say["registry"] + inputs["create"]).encode()).hexdigest()
+    if name.endswith("-platform-facts"):
+        argv = shlex.split(inputs["create"])
+        node, image, base = (argv[argv.index(f) + 1] for f in ("--node", "--image", "--base"))
+        facts = {**RECIPE_FACTS, "image": "sha256:" + hashlib.sha256(base.encode()).hexdigest(),
+                 "image_base": base, "serving_image": image, **nodes_say["facts"].get(node, {})}
+        return "ok\n" + json.dumps({"node": node, "facts": facts, "errors": {}})
+    if "sync-key" in name:
+        return "ssh-ed25519 AAAAC3NzaFAKEKEY twinspark-weights@" + name.rsplit("-", 1)[-1]
+    if name.endswith("-weights-revision"):  # as fetch-weights.sh resolve: a log line, then the commit
+        argv = shlex.split(inputs["create"])
+        asked = argv[argv.index("--revision") + 1] if "--revision" in argv else ""
+        repo = argv[argv.index("--repo") + 1]
+        commit = asked or hashlib.sha1(repo.encode()).hexdigest()
+        return f"12:00:00 fetch-weights: resolved: {repo}@{asked} is commit {commit}\n{commit}\n"
+    return ""
 
 def fake_outputs(type_, name, inputs):
     out = dict(inputs)
@@ -44,13 +79,15 @@ def fake_outputs(type_, name, inputs):
     if type_ == "random:index/randomPassword:RandomPassword":
         out["result"] = f"generated-{name}-0123456789abcdef0123456789abcd"  # each secret its own value
     if type_ == "command:remote:Command":
-        out["stdout"] = "ssh-ed25519 AAAAC3NzaFAKEKEY twinspark-weights@" + name.rsplit("-", 1)[-1] if "sync-key" in name else ""
+        out["stdout"] = node_answer(name, inputs)
         out["stderr"] = ""
     return out
 
 class Mocks(pm.Mocks):
     def new_resource(self, args):
-        return [args.name + "_id", fake_outputs(args.typ, args.name, args.inputs)]
+        outputs = kept.pop(args.name, None) or fake_outputs(args.typ, args.name, args.inputs)
+        given[args.name] = outputs
+        return [args.name + "_id", outputs]
     def call(self, args):
         return {}
 
@@ -62,15 +99,20 @@ class RecordingMonitor(pm.MockMonitor):
 
     def RegisterResource(self, request):
         from google.protobuf import json_format
+        inputs = json_format.MessageToDict(request.object)
+        before = nodes_say["prior"].get(request.name)
+        now = without_ignored(inputs, list(request.ignoreChanges))
+        if before is not None and before["compared"] == now:  # no diff: the state's outputs stay
+            kept[request.name] = before["outputs"]
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
-            records.append({"urn": response.urn,
+            records.append({"urn": response.urn, "compared": now, "outputs": given.get(request.name, {}),
                 "type": request.type, "name": request.name, "custom": request.custom,
                 "parent": request.parent, "dependencies": list(request.dependencies),
                 "provider": request.provider, "deleteBeforeReplace": request.deleteBeforeReplace,
                 "replaceWith": list(request.replace_with),
                 "ignoreChanges": list(request.ignoreChanges), "replaceOnChanges": list(request.replaceOnChanges),
-                "inputs": json_format.MessageToDict(request.object),
+                "inputs": inputs,
             })
         return response
 
@@ -122,6 +164,8 @@ class Resource:
     replace_with: list[str]
     ignore_changes: list[str]
     replace_on_changes: list[str]
+    compared: dict[str, Any] = field(default_factory=dict)  # the inputs the engine diffs
+    outputs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,19 +220,28 @@ def run_program(
     config: dict[str, Any], preview: bool = False, extra_env: Optional[dict] = None,
     secret_keys: Sequence[str] = (),
     withheld_features: tuple[str, ...] = (),
+    registry: str = "registry-day-1",
+    facts: Optional[dict[str, dict[str, Any]]] = None,
+    prior: Optional[ProgramRun] = None,
 ) -> ProgramRun:
     """`secret_keys`: config keys the engine would mark secret (set with --secret).
     `withheld_features`: RESOURCE_MONITOR_FEATURE_* names the mock engine reports unsupported.
+    `registry`: what the fake registry serves (another value: the tag moved); `facts`: per node,
+    facts that differ from the recipe's platform; `prior`: the run whose state this one updates.
 
     The per-node known_hosts files go to a fresh directory unless extra_env names one, so a run
     never sees, nor overwrites, what an operator's own deployment from this checkout recorded.
     """
     encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
-    with tempfile.TemporaryDirectory() as known_hosts:
+    with tempfile.TemporaryDirectory() as known_hosts, tempfile.NamedTemporaryFile("w", suffix=".json") as said:
         env = {**os.environ, "TWINSPARK_KNOWN_HOSTS_DIR": known_hosts, **(extra_env or {})}
+        json.dump({"registry": registry, "facts": facts or {},
+                   "prior": {r.name: {"compared": r.compared, "outputs": r.outputs}
+                             for r in (prior.resources if prior else [])}}, said)
+        said.flush()
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD, json.dumps(encoded), "preview" if preview else "up",
-             json.dumps(list(secret_keys)), json.dumps(list(withheld_features))],
+             json.dumps(list(secret_keys)), json.dumps(list(withheld_features)), said.name],
             cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
         )
     marker = proc.stdout.rfind("@@RESULT@@")
@@ -200,6 +253,7 @@ def run_program(
             type=r["type"], name=r["name"], urn=r["urn"], inputs=r["inputs"], parent=r["parent"],
             dependencies=r["dependencies"], provider=r["provider"], delete_before_replace=r["deleteBeforeReplace"],
             replace_with=r["replaceWith"], ignore_changes=r["ignoreChanges"], replace_on_changes=r["replaceOnChanges"],
+            compared=r["compared"], outputs=r["outputs"],
         )
         for r in data["resources"]
     ]
@@ -271,8 +325,12 @@ def compared_inputs(resource: Resource) -> dict[str, Any]:
     """The inputs as the engine compares them with the state: a path in ignore_changes keeps its
     stored value (pulumi/pulumi pkg/resource/deploy/step_generator.go, processIgnoreChanges ->
     PropertyPath.Reset), so it can never cause a diff; it is left out here (dotted paths only)."""
-    inputs = unwrap(resource.inputs)
-    for path in resource.ignore_changes:
+    return without_ignored(resource.inputs, resource.ignore_changes)
+
+
+def without_ignored(recorded: dict[str, Any], ignore_changes: Sequence[str]) -> dict[str, Any]:
+    inputs = unwrap(recorded)
+    for path in ignore_changes:
         *parents, leaf = path.split(".")
         target = inputs
         for part in parents:

@@ -239,7 +239,7 @@ def test_managed_file_remove_keeps_a_file_another_resource_owns(tmp_path, privat
 
 
 def test_scripts_refuse_a_flag_without_its_value(tmp_path):
-    proc = subprocess.run(["bash", str(LAUNCH_DIR / "fetch-weights.sh"), "--repo", "a/b", "--dir"],
+    proc = subprocess.run(["bash", str(LAUNCH_DIR / "fetch-weights.sh"), "download", "--repo", "a/b", "--dir"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert "usage error: --dir needs a value" in proc.stderr
@@ -384,7 +384,8 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85):
     model.mkdir()
     if config is not None:
         (model / "config.json").write_text(json.dumps(config))
-    (model / ".twinspark-manifest").write_text("".join(f"{name} {size}\n" for name, size in sorted(sizes.items())))
+    (model / ".twinspark-manifest").write_text(json.dumps(
+        {"revision": "0" * 40, "files": {name: {"size": size, "sha256": "0" * 64} for name, size in sizes.items()}}))
     bin_dir, calls = tmp_path / "bin", tmp_path / "ssh-calls"
     bin_dir.mkdir()
     table = "".join(f"nvidia@10.0.0.{i + 2} {kb}\n" for i, kb in enumerate(peers_kb))
@@ -396,10 +397,12 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85):
         f"printf 'MemFree:  1 kB\\nMemTotal: %s kB\\n' \"$(awk -v p=\"$peer\" '$1 == p {{print $2}}' <<'EOF'\n{table}EOF\n)\"\n"
     )
     (bin_dir / "ssh").chmod(0o755)
-    workers = [model_weights.NodeAccess(f"spark{i + 2}", None, f"10.0.0.{i + 2}") for i in range(len(peers_kb))]
+    workers = [model_weights.NodeAccess(f"spark{i + 2}", None, f"10.0.0.{i + 2}", [f"10.0.0.{i + 2}"])
+               for i in range(len(peers_kb))]
     args = model_weights.ModelWeightsArgs(
         repo="org/model", dir=str(model), downloader_image="img", ssh_user="nvidia",
-        head=model_weights.NodeAccess("spark1", None, "10.0.0.1"), workers=workers, hf_token=None,
+        head=model_weights.NodeAccess("spark1", None, "10.0.0.1", ["10.0.0.1"]), workers=workers, hf_token=None,
+        revision=None, sync_secret="unused",
         tensor_parallel_size=tp, gpu_memory_utilization=utilization)
     line = script_command(model_weights.SHAPE_SCRIPT, model_weights.shape_check_args(args))
     stdin = script_text(model_weights.SHAPE_SCRIPT) + launch_file(model_weights.SHAPE_PROGRAM)

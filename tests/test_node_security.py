@@ -160,7 +160,8 @@ def gateway_bundle(tmp_path, api_key, port):
     bundle.mkdir()
     for name in (contract.PRELUDE, contract.API_GATEWAY_SCRIPT):
         shutil.copy(LAUNCH_DIR / name, bundle / name)
-    args = launch_bundle.LaunchBundleArgs(HEAD, None, None, HEAD.ray_ip, [n.ray_ip for n in CFG.nodes], "lan0",
+    vllm = launch_bundle.VllmServe(CFG.serving, CFG.model, len(CFG.nodes))
+    args = launch_bundle.LaunchBundleArgs(HEAD, None, vllm, HEAD.ray_ip, [n.ray_ip for n in CFG.nodes], "lan0",
                                           "token", "label-key", api_key)
     (bundle / contract.ENV_FILE).write_text(launch_bundle.render_env_file(args))
     (bundle / contract.SECRETS_FILE).write_text(launch_bundle.render_secrets_env(api_key))

@@ -5,9 +5,10 @@ import re
 import shlex
 
 import pytest
-from program_harness import flag_value, flag_values, plain_occurrences, runner_call, unwrap
+from program_harness import flag_value, flag_values, plain_occurrences, runner_call, stack_config, unwrap
 
 from components.config import parse_stack_config
+from components.remote import launch_file
 
 COMMAND = "command:remote:Command"
 CONTAINER = "docker:index/container:Container"
@@ -102,6 +103,9 @@ def test_component_type_tokens(recipe_run):
         "twinspark:serving_cluster:ServingCluster",
         "twinspark:readiness:Readiness",
         "twinspark:observability:Observability",
+        "twinspark:serving_image:BaseImagePin",
+        "twinspark:platform_facts:PlatformFacts",
+        "twinspark:serving_guard:ServingGuard",
     }
 
 
@@ -213,7 +217,10 @@ def test_containers_carry_every_recipe_docker_option(recipe_run):
         assert mounts["/models/DeepSeek-V4-Flash-0731"]["readOnly"] is True
         assert mounts["/twinspark"] == {"target": "/twinspark", "source": "/opt/twinspark", "readOnly": True, "type": "bind"}
         assert inputs["volumes"] == [{"hostPath": "/var/log/twinspark", "containerPath": "/var/log/twinspark"},
-                                     {"hostPath": "/var/cache/twinspark", "containerPath": "/var/cache/twinspark"}]
+                                     {"hostPath": "/var/cache/twinspark", "containerPath": "/var/cache/twinspark"},
+                                     {"hostPath": "/run/twinspark", "containerPath": "/run/twinspark"}]
+        # apart from the co-tenants' slices, which HostPrep caps
+        assert inputs["cgroupParent"] == "twinspark.slice"
         assert inputs["entrypoints"] == ["/bin/bash", f"/twinspark/boot-{role}.sh"]
         assert c.delete_before_replace
         assert [l["label"] for l in inputs["labels"]] == ["twinspark.bundle-hmac"]
@@ -254,7 +261,9 @@ def test_serving_image_build(recipe_run):
         build = image["build"]
         assert build["platform"] == "linux/arm64"
         assert build["context"] == "launch/serving-image"
-        assert build["args"] == {"BASE_IMAGE": "ghcr.io/anemll/dspark-vllm-gx10:0.1.1", "RAY_VERSION": "2.57.0"}
+        # FROM the digest the head resolved the tag to, never the tag itself (test_image_pin.py)
+        pin = recipe_run.named("image-pin-resolve").outputs["stdout"]
+        assert build["args"] == {"BASE_IMAGE": f"ghcr.io/anemll/dspark-vllm-gx10@{pin}", "RAY_VERSION": "2.57.0"}
         provider = recipe_run.named(f"{node}-docker").inputs
         assert provider["host"] == f"ssh://nvidia@{host}"
         assert "StrictHostKeyChecking=yes" in json.loads(provider["sshOpts"])  # tests/test_ssh_access.py: the rest
@@ -365,10 +374,10 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     """`pulumi up --replace` on a file, the sync key or its authorization must not end with
     the old delete removing what the new create just installed (issue 8, item 1)."""
     undoing = [r for r in recipe_run.of_type(COMMAND) if r.inputs.get("delete")]
-    # host files (8 + 8 + userns), head bundle (+ gateway), worker bundle, sync key, authorize,
-    # observability files on the head (prometheus.yml, rules, datasource, dashboard provider,
-    # 3 dashboards, Grafana password)
-    assert len(undoing) == 17 + 11 + 8 + 1 + 1 + 8
+    # host files (10 + 10 + userns), head bundle (+ gateway), worker bundle, sync key, authorize,
+    # the kept model revision, observability files on the head (prometheus.yml, rules,
+    # datasource, dashboard provider, 3 dashboards, Grafana password), the guard's script and unit
+    assert len(undoing) == 21 + 12 + 9 + 1 + 1 + 1 + 8 + 2
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 
@@ -478,8 +487,8 @@ def test_readiness_waits_for_a_real_completion(recipe_run):
 def test_outputs_contract(recipe_run):
     out = recipe_run.outputs
     assert set(out) == {
-        "endpoint", "model", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
-        "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser",
+        "endpoint", "model", "modelRevision", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
+        "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser", "servingImage", "platform",
         "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel",
     }
     assert out["endpoint"]["value"] == "http://192.168.1.10:8000/v1"
@@ -642,3 +651,35 @@ def test_claude_code_env_gives_back_the_key_when_sourced(program, recipe_config)
     env = run.outputs["claudeCodeEnv"]["value"]
     proc = subprocess.run(["bash", "-c", env + 'printf %s "$ANTHROPIC_AUTH_TOKEN"'], capture_output=True, text=True)
     assert proc.stdout == key, proc
+
+
+def test_weights_copy_runs_over_every_rail_with_a_per_stack_secret_on_stdin(recipe_run):
+    sync = runner_call(recipe_run.named("spark2-weights-sync"))
+    assert flag_values(sync.args, "--rail") == ["10.0.0.2=10.0.0.1", "10.0.1.2=10.0.1.1"]  # worker=head, per rail
+    assert flag_value(sync.args, "--port") == "8873" and flag_value(sync.args, "--to") == "nvidia@10.0.0.2"
+    secret = sync.secrets["WEIGHTS_SYNC_SECRET"]
+    assert secret == "generated-weights-sync-secret-0123456789abcdef0123456789abcd"
+    assert secret not in unwrap(recipe_run.named("spark2-weights-sync").inputs["create"])
+    assert sync.payload == launch_file("weights.py")
+
+
+def test_the_resolved_revision_pins_the_fetch_the_copy_and_the_output(recipe_run):
+    resolve = runner_call(recipe_run.named("spark1-weights-revision"))
+    assert resolve.args[0] == "resolve" and flag_value(resolve.args, "--revision") == ""
+    assert runner_call(recipe_run.named("spark1-weights-revision"), "delete").args[0] == "forget"
+    revision = recipe_run.outputs["modelRevision"]["value"]
+    assert len(revision) == 40
+    assert flag_value(args_of(recipe_run, "spark1-weights-fetch"), "--revision") == revision
+    assert flag_value(args_of(recipe_run, "spark2-weights-sync"), "--revision") == revision
+    # replaced (asked again) only for another repo or model.revision, or another head
+    assert recipe_run.named("spark1-weights-revision").inputs["triggers"][1:] == ["deepseek-ai/DeepSeek-V4-Flash-0731", ""]
+
+
+def test_model_revision_pins_every_step(program):
+    config = stack_config()
+    config["twinspark:model"] = {**config["twinspark:model"], "revision": "a" * 40}
+    run = program(config)
+    assert run.error is None, run.error
+    assert flag_value(args_of(run, "spark1-weights-revision"), "--revision") == "a" * 40
+    assert flag_value(args_of(run, "spark1-weights-fetch"), "--revision") == "a" * 40
+    assert run.outputs["modelRevision"]["value"] == "a" * 40

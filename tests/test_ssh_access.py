@@ -13,6 +13,7 @@ from program_harness import compared_inputs, plain_occurrences, stack_config, un
 from ssh_fixtures import Agent, sshd_argv
 
 from components.config import parse_stack_config
+from components.serving_image import PIN_KEEPS_ACROSS
 
 COMMAND = "command:remote:Command"
 DOCKER_PROVIDER = "pulumi:providers:docker"
@@ -41,8 +42,16 @@ def with_ssh(config, **ssh):
     return config
 
 
+PIN = "image-pin-resolve"  # keeps its digest across every connection change (test_image_pin_and_gate.py)
+
+
 def commands(run):
     return run.of_type(COMMAND)
+
+
+def node_steps(run):
+    """The commands that follow their node's connection: all but the image pin."""
+    return [r for r in commands(run) if r.name != PIN]
 
 
 def connection(resource):
@@ -325,7 +334,8 @@ def test_who_deploys_and_with_which_key_changes_no_step(program, keys, agent, re
         for name in differing:
             b, a = before[name][1], after[name][1]
             assert {k for k in b.keys() | a.keys() if b.get(k) != a.get(k)} == {"sshOpts"}, (what, name)
-    assert all(r.ignore_changes == CREDENTIAL_FIELDS for r in commands(recipe_run))
+    assert all(r.ignore_changes == CREDENTIAL_FIELDS for r in node_steps(recipe_run))
+    assert recipe_run.named(PIN).ignore_changes == CREDENTIAL_FIELDS + PIN_KEEPS_ACROSS
 
 
 def test_another_machine_or_login_replaces_that_nodes_steps(program, recipe_config, recipe_run):
@@ -333,7 +343,7 @@ def test_another_machine_or_login_replaces_that_nodes_steps(program, recipe_conf
     moved = program(recipe_config)
     assert moved.error is None, moved.error
     before, after = effective(recipe_run), effective(moved)
-    for r in commands(moved):
+    for r in node_steps(moved):
         b, a = before[r.name][1], after[r.name][1]
         # triggers are replaceOnChanges in pulumi-command: a change replaces the step. (spark1's
         # steps may change for their own reasons: its firewall admits its peers' addresses.)
@@ -349,7 +359,7 @@ def test_another_machine_or_login_replaces_that_nodes_steps(program, recipe_conf
 
     recipe_config["twinspark:ssh"]["user"] = "spark"
     relogged = program(recipe_config)
-    assert all(compared_inputs(r)["triggers"][0].startswith("ssh://spark@") for r in commands(relogged))
+    assert all(compared_inputs(r)["triggers"][0].startswith("ssh://spark@") for r in node_steps(relogged))
 
 
 def test_a_new_host_key_updates_that_nodes_steps_without_replacing_them(program, recipe_config, recipe_run):
@@ -368,7 +378,8 @@ def test_a_new_host_key_updates_that_nodes_steps_without_replacing_them(program,
 
 def test_credentials_can_be_taken_on_purpose(program):
     run = program(extra_env={"TWINSPARK_UPDATE_CREDENTIALS": "1"})
-    assert all(r.ignore_changes == [] for r in commands(run))
+    assert all(r.ignore_changes == [] for r in node_steps(run))
+    assert run.named(PIN).ignore_changes == PIN_KEEPS_ACROSS  # the whole connection: the digest stays
 
 
 def test_host_key_fingerprint_is_ssh_keygens(tmp_path):

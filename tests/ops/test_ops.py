@@ -7,8 +7,11 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+import node_contract as contract
 from rich.console import Console
 
 from openai_standin import Behaviour, serve
@@ -390,18 +393,27 @@ def test_endpoint_status_reads_spec_decode_and_queue(endpoint):
     assert status.endpoint_status(target.base_url, "wrong")["models_status"] == 401
 
 
-def shim_bin(tmp_path, restarting="false", restart_count=0, ray_gpus=(1, 1)):
+def shim_bin(tmp_path, restarting="false", restart_count=0, ray_gpus=(1, 1), driver="580.173.02"):
     """docker, nvidia-smi and ibv_devinfo as a Spark would answer them."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     nodes = json.dumps([{"node_id": f"n{i}", "node_ip": f"10.0.0.{i + 1}", "gpus": g} for i, g in enumerate(ray_gpus)])
     scripts = {
         "docker": f"""#!/bin/sh
-case "$1" in
-  inspect) echo '{{"Status":"running","Restarting":{restarting},"StartedAt":"2026-11-29T10:00:00Z","ExitCode":0}}|{restart_count}' ;;
-  exec) case "$*" in *"/twinspark/ray-membership.py alive --head 10.0.0.1 --dashboard-port 8265") echo '{nodes}' ;; *) exit 1 ;; esac ;;
+case "$1 $3" in
+  "inspect {{{{.Image}}}}") echo sha256:served ;;
+  inspect*) echo '{{"Status":"running","Restarting":{restarting},"StartedAt":"2026-11-29T10:00:00Z","ExitCode":0}}|{restart_count}' ;;
+  image*) echo sha256:served ;;
+  run*) cat >/dev/null; echo '{{"vllm": "0.25.2", "nccl": "2.30.7", "nccl_pip": null}}' ;;
+  exec*) case "$*" in *"/twinspark/ray-membership.py alive --head 10.0.0.1 --dashboard-port 8265") echo '{nodes}' ;; *) exit 1 ;; esac ;;
 esac""",
-        "nvidia-smi": "#!/bin/sh\necho '71, 64.25'",
+        "nvidia-smi": f"""#!/bin/sh
+case "$1" in
+  # temperature, power, SM clock, max SM clock, throttle reasons (power cap + hardware thermal)
+  --query-gpu=temperature*) echo '71, 64.25, 2405, 3003, 0x0000000000000044' ;;
+  --query-gpu=driver*) echo '{driver}, NVIDIA GB10' ;;
+  *) echo '| Driver Version: {driver}   CUDA Version: 13.0 |' ;;
+esac""",
         "ibv_devinfo": "#!/bin/sh\nprintf '\\tstate:\\t\\t\\tPORT_ACTIVE (4)\\n\\tactive_mtu:\\t\\t4096 (5)\\n'",
     }
     for name, text in scripts.items():
@@ -410,11 +422,16 @@ esac""",
     return bin_dir
 
 
-def local_runner(bin_dir):
-    """The node probe run here instead of over ssh: same script, same arguments, same stdin."""
-    def run(node, args):
-        proc = subprocess.run([sys.executable, "-", *args], input=status.NODE_PROBE.read_text(), capture_output=True,
-                              text=True, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, check=True)
+def local_runner(bin_dir, per_node=None, run_dir=None):
+    """The probes run here instead of over ssh: same script, same arguments, same stdin
+    (`per_node`: another shim directory for some nodes; the node's state files, the contract's
+    RUN_DIR, read from `run_dir`)."""
+    def run(node, args, probe=status.NODE_PROBE):
+        path = (per_node or {}).get(node["name"], bin_dir)
+        if run_dir is not None:
+            args = [a.replace(contract.RUN_DIR, str(run_dir)) for a in args]
+        proc = subprocess.run([sys.executable, "-", *args], input=probe.read_text(), capture_output=True,
+                              text=True, env={**os.environ, "PATH": f"{path}:{os.environ['PATH']}"}, check=True)
         return proc.stdout
     return run
 
@@ -427,11 +444,13 @@ NODES = [
 
 def test_node_probe_reports_container_rails_gpu_and_ray(tmp_path):
     out = json.loads(local_runner(shim_bin(tmp_path, restart_count=3))(NODES[0], status.probe_args(NODES[0])))
+    assert out["memory_check"] is None and out["guard"] is None and out["hold"] is None  # none written here
     assert out["container"] == {"name": "twinspark-serving", "present": True, "status": "running", "restarting": False,
                                 "restart_count": 3, "started_at": "2026-11-29T10:00:00Z", "exit_code": 0}
     assert out["rails"][0]["operstate"] == "unknown" and out["rails"][0]["mtu"] == 65536  # lo, read from sysfs
     assert out["rails"][0]["roce_state"] == "PORT_ACTIVE" and out["rails"][0]["roce_active_mtu"] == 4096
-    assert out["gpu"] == {"temperature_c": 71.0, "power_w": 64.25}
+    assert out["gpu"] == {"temperature_c": 71.0, "power_w": 64.25, "sm_clock_mhz": 2405.0, "max_sm_clock_mhz": 3003.0,
+                          "throttle": ["power cap", "thermal (hardware)"]}
     assert [n["node_ip"] for n in out["ray"]["nodes"]] == ["10.0.0.1", "10.0.0.2"]
 
 
@@ -439,7 +458,8 @@ def test_status_exit_code_and_problems(endpoint, tmp_path):
     behaviour, target = endpoint
     behaviour.metrics_text = METRICS
     target.nodes = NODES
-    healthy = status.collect(target, local_runner(shim_bin(tmp_path)))
+    run_dir = node_state(tmp_path / "run", guard=GUARD_OK)
+    healthy = status.collect(target, local_runner(shim_bin(tmp_path), run_dir=run_dir))
     for node in healthy["nodes"]:  # lo stands in for a rail: make it look like a good one
         node["rails"][0].update(operstate="up", speed_mbps=200000, mtu=9000)
     assert status.problems(healthy, 9000, 200000) == []
@@ -450,6 +470,89 @@ def test_status_exit_code_and_problems(endpoint, tmp_path):
     assert any("spark1: Ray has 1 of 2 GPU nodes alive" in f for f in found)
     assert any("spark1 rail lo: MTU 65536, expected 9000" in f for f in found)
     assert status.run_status(target, local_runner(shim_bin(tmp_path / "sick2")), True, 9000, 200000, quiet()) == 1
+
+
+def test_status_shows_each_nodes_platform_and_judges_it_with_the_stacks_acknowledgements(endpoint, tmp_path, capsys):
+    behaviour, target = endpoint
+    behaviour.metrics_text = METRICS
+    target.nodes = NODES
+    updated = local_runner(shim_bin(tmp_path), {"spark2": shim_bin(tmp_path / "updated", driver="590.44.01")})
+    report = status.collect(target, updated)
+    assert [n["platform"]["facts"]["driver"] for n in report["nodes"]] == ["580.173.02", "590.44.01"]
+    assert report["nodes"][0]["platform"]["facts"]["vllm"] == "0.25.2"
+    found = [f for f in status.problems(report, 9000, 200000) if f.startswith("platform: ")]
+    assert [f.split(" ")[1:4] for f in found] == [["nodes", "differ", "in"], ["known", "issue", "driver-590-cudagraph-deadlock"]]
+    assert "spark1 has '580.173.02', spark2 has '590.44.01'" in found[0]
+    # what the stack acknowledged (its `platform` output) is accepted here too
+    target.outputs = {"platform": {"acknowledge": ["mismatch:driver", "driver-590-cudagraph-deadlock"]}}
+    assert not [f for f in status.problems(status.collect(target, updated), 9000, 200000) if f.startswith("platform")]
+    status.render(report, found, Console(width=200))
+    shown = capsys.readouterr().out
+    assert "590.44.01 / 13.0" in shown and "UNHEALTHY platform: nodes differ in driver" in shown
+
+
+GUARD_OK = {"checked_at": 1764470000.0, "ok": True, "failures": [], "consecutive_failures": 0,
+            "restarts_in_window": 1, "restart_limit": 3, "window_s": 1800, "hold": None}
+HOLD = {"reason": "restart loop: 3 serving restarts in 30 min (limit 3). ... reboot spark1 and spark2", "since": 1.0}
+MEMORY_SHORT = {"ok": False, "need_gib": 101.7, "available_gib": 95.0,
+                "message": "not enough memory to load: vLLM needs 101.7 GiB (0.85 x 119.7 GiB), 95.0 GiB available"}
+
+
+def node_state(run_dir, guard=None, hold=None, memory=None):
+    """The files the guard and the memory check leave under the contract's RUN_DIR."""
+    for path, value in ((contract.SERVING_GUARD_STATUS, guard), (contract.SERVING_HOLD, hold),
+                        (contract.MEMORY_CHECK_STATUS, memory)):
+        if value is not None:
+            target = run_dir / Path(path).relative_to(contract.RUN_DIR)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(value))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def test_status_shows_the_guard_the_hold_and_the_memory_check(endpoint, tmp_path):
+    behaviour, target = endpoint
+    target.nodes = NODES
+    failing = {**GUARD_OK, "ok": False, "consecutive_failures": 2,
+               "failures": ["known answer: 512 + 301 gave '<unk>', not 813"]}
+    run_dir = node_state(tmp_path / "run", guard=failing, hold=HOLD, memory=MEMORY_SHORT)
+    report = status.collect(target, local_runner(shim_bin(tmp_path), run_dir=run_dir))
+    found = status.problems(report, 65536, None)
+    assert "spark1: serving held: restart loop: 3 serving restarts in 30 min (limit 3). ... reboot spark1 and spark2" in found
+    assert "spark1: canary failing (2 rounds in a row): known answer: 512 + 301 gave '<unk>', not 813" in found
+    assert ("spark2: memory check before load: not enough memory to load: vLLM needs 101.7 GiB (0.85 x 119.7 GiB), "
+            "95.0 GiB available") in found
+    console = Console(record=True, width=400)  # wide enough that no cell wraps
+    status.render(report, found, console)
+    shown = console.export_text()
+    assert "canary: FAILING" in shown and "restarts 1/3 in 30 min" in shown and "HELD" in shown
+    assert "memory: WAITING (95.0 of 101.7 GiB available)" in shown
+    assert "throttled: power cap, thermal (hardware)" in shown
+    # no verdict at all: the guard is not running
+    bare = status.collect(target, local_runner(shim_bin(tmp_path / "bare"), run_dir=node_state(tmp_path / "bare-run")))
+    assert any("the serving guard has written no verdict" in f for f in status.problems(bare, 65536, None))
+
+
+def test_clear_hold_removes_the_hold_and_waits_for_the_guard(endpoint, tmp_path):
+    from ops.hold import clear_hold
+
+    behaviour, target = endpoint
+    target.nodes = NODES
+    verdicts = [{**GUARD_OK, "hold": HOLD}, {**GUARD_OK, "hold": None, "restarts_in_window": 0}]
+    commands = []
+
+    def shell(node, command, stdin):
+        commands.append((node["name"], command))
+        return json.dumps(verdicts[0] if len(commands) == 1 else verdicts[1])
+
+    assert clear_hold(target, shell, quiet(), wait_s=10) == 0
+    assert ("spark1", "sudo -n rm -f /run/twinspark/serving-hold") in commands
+    assert all(name == "spark1" for name, _ in commands)
+    # not held: nothing removed
+    commands.clear()
+    verdicts[0] = GUARD_OK
+    assert clear_hold(target, shell, quiet(), wait_s=10) == 0
+    assert commands == [("spark1", "cat /run/twinspark/serving-guard/status.json")]
 
 
 def test_status_survives_an_unreachable_node(endpoint):

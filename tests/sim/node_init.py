@@ -30,6 +30,8 @@ def prepare(name: str, user: str, sim_dir: Path) -> None:
         target = Path("/usr/local/bin") / shim.name  # on the login PATH and first in sudo's secure_path
         shutil.copy(shim, target)
         target.chmod(0o755)
+    # the docker shim's stand-in huggingface_hub (its default path)
+    shutil.copytree(sim_dir / "fake_hub", "/usr/local/lib/twinspark-sim/fake_hub", dirs_exist_ok=True)
     # a link, not a copy: the stand-in imports tests/openai_standin.py relative to its real path
     vllm = Path("/usr/local/bin/vllm")
     vllm.unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""Stand-in for dockerd running one container with restart policy unless-stopped.
+"""Stand-in for dockerd running one container (restart policy unless-stopped, changeable).
 
 Runs inside a simulated node. Each "container" is its own pid and mount namespace (so when
 its PID 1 — the boot script, later vLLM — exits, every process it started dies with it,
@@ -6,7 +6,12 @@ as in docker), with the entrypoint, environment and bind mounts of the program's
 docker.Container: bundle -> /twinspark (ro), model dir -> /models/<name> (ro, serving
 containers only), /var/log/twinspark.
 Events go to /var/log/twinspark-sim/supervisor-<name>.jsonl; the container's PID 1 (as
-the node sees it) to /run/twinspark-sim/<name>.pid.
+the node sees it) to /run/twinspark-sim/<name>.pid. The docker shim drives it as dockerd's
+API would, through files beside the pid: <name>.policy (`docker update --restart`),
+<name>.stopped (`docker stop`: no restart until `docker start` removes it), <name>.manual
+(`docker restart`: the next start is not the restart policy's, so RestartCount stays).
+A start event says `restart: true` when the policy restarted it (docker's RestartCount);
+the container's id is this supervisor's (one supervisor, one container).
 """
 
 import argparse
@@ -56,6 +61,13 @@ def container_init_pid(unshare_pid: int, timeout: float = 5.0) -> int:
     return unshare_pid
 
 
+def policy(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return "unless-stopped"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", required=True)
@@ -71,7 +83,11 @@ def main() -> int:
     SIM_LOG_DIR.mkdir(parents=True, exist_ok=True)
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     script = container_script(args)
-    starts, delay = 0, 0.05
+    control = {kind: RUN_DIR / f"{args.name}.{kind}" for kind in ("policy", "stopped", "manual")}
+    for path in control.values():
+        path.unlink(missing_ok=True)
+    container_id = f"sim-{os.getpid()}"
+    starts, delay, by_policy = 0, 0.05, False
     while True:
         starts += 1
         started = time.monotonic()
@@ -83,12 +99,24 @@ def main() -> int:
             )
             pid = container_init_pid(proc.pid)
             (RUN_DIR / f"{args.name}.pid").write_text(str(pid))
-            event(args.name, event="start", n=starts, pid=pid)
+            event(args.name, event="start", n=starts, pid=pid, id=container_id, restart=by_policy)
             rc = proc.wait()
         event(args.name, event="exit", n=starts, rc=rc)
+        if control["manual"].exists():  # docker restart: at once, and not counted
+            control["manual"].unlink()
+            by_policy = False
+            continue
+        # docker stop, or restart policy "no": down until `docker start`
+        if control["stopped"].exists() or policy(control["policy"]) == "no":
+            control["stopped"].touch()
+            while control["stopped"].exists():
+                time.sleep(0.2)
+            by_policy = False
+            continue
         # docker's restart delay: 100 ms, doubled after each container that ran under 10 s
         delay = 0.1 if time.monotonic() - started >= 10 else min(delay * 2, 60)
         time.sleep(delay)
+        by_policy = True
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ download copies from a local hub; `docker logs` reads the supervisor's container
 
 import http.client
 import json
+import re
 import shlex
 import socket
 import subprocess
@@ -31,9 +32,12 @@ from components import host_prep
 from components.launch_bundle import VllmServe, vllm_argv
 from components.model_weights import render_authorized_key_line
 from components.remote import launch_file, script_text
+from platform_gate import evaluate, parse_report
 
 SIM_DIR = Path(__file__).resolve().parent
-SHARD_COUNT, SHARD_MB = 6, 50
+# 1.25 GiB: the hub and the head's copy (sim1), or the copy and the recipe's (sim2), must fit
+# each node's 4 GiB tmpfs root (node-root.sh) beside everything else the scenarios write.
+SHARD_COUNT, SHARD_MB = 8, 160
 HUB_DIR = "/srv/twinspark-sim-hub"
 SIM_LOG = "/var/log/twinspark-sim"
 SERVING, GATEWAY = contract.SERVING_CONTAINER, contract.API_GATEWAY_CONTAINER
@@ -184,6 +188,7 @@ def authorize_worker(sim, sim_run):
 
 @pytest.fixture(scope="session")
 def fetched(fabric_checked, model_on_hub, sim, sim_run):
+    run_step(sim, sim_run, "sim1-weights-revision")
     run_step(sim, sim_run, "sim1-weights-fetch")
 
 
@@ -207,23 +212,54 @@ def supervisor_running(sim, node):
 
 
 def stop_serving(sim):
-    """Both nodes powered off, as far as serving goes: supervisors and their containers gone."""
+    """Both nodes powered off, as far as serving goes: supervisors and their containers gone,
+    services stopped, and what lives on tmpfs (/run/twinspark) lost."""
     for node in ("sim1", "sim2"):
         sim.node_exec(node, "pkill", "-9", "-f", "supervisor.py", check=False)
         for container in (SERVING, GATEWAY):
             sim.node_exec(node, "bash", "-c", f"kill -9 $(cat /run/twinspark-sim/{container}.pid 2>/dev/null) 2>/dev/null",
                           check=False)
+        sim.node_exec(node, "bash", "-c", "for u in /run/twinspark-sim/units/*.pid; do [ -e \"$u\" ] && "
+                      "systemctl stop \"$(basename \"$u\" .pid)\"; done; rm -rf " + contract.RUN_DIR, check=False)
+
+
+def boot_services(sim, node):
+    """What systemd starts at boot: every unit the program enabled (the serving guard)."""
+    sim.node_exec(node, "bash", "-c", "for u in /var/lib/twinspark-sim/enabled/*; do [ -e \"$u\" ] && "
+                  "systemctl start \"$(basename \"$u\")\"; done", check=False)
+
+
+GUARD_STATUS = contract.SERVING_GUARD_STATUS
+GUARD_LOG = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
+
+
+def guard_status(sim):
+    out = sim.node_exec("sim1", "cat", GUARD_STATUS, check=False).stdout
+    return json.loads(out) if out.strip() else None
+
+
+def guard_running(sim):
+    return sim.node_exec("sim1", "test", "-s", f"/run/twinspark-sim/units/{contract.SERVING_GUARD_UNIT}.pid",
+                         check=False).returncode == 0
+
+
+def install_guard(sim, sim_run):
+    """The program's guard steps (the unit's install restarts the service)."""
+    for name in steps(sim_run, "sim1-guard-"):
+        run_step(sim, sim_run, name)
+    if not guard_running(sim):  # installed before a power-off: started as at boot
+        boot_services(sim, "sim1")
 
 
 @pytest.fixture
-def serving(bundles_installed, sim):
-    """The cluster answers completions; started here if no earlier test started it."""
-    if completes(sim, api_key(sim)):
-        return
-    for node in ("sim1", "sim2"):
-        if not supervisor_running(sim, node):
-            start_supervisor(sim, node)
-    wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving")
+def serving(bundles_installed, sim, sim_run):
+    """The cluster answers completions, its guard watching; started here if no earlier test did."""
+    if not completes(sim, api_key(sim)):
+        for node in ("sim1", "sim2"):
+            if not supervisor_running(sim, node):
+                start_supervisor(sim, node)
+        wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving")
+    install_guard(sim, sim_run)
 
 
 # ---- 1. HostPrep over SSH ------------------------------------------------------------------
@@ -381,69 +417,116 @@ def test_fabric_check_catches_a_silent_peer(sim, sim_run, prepared):
 
 
 # ---- 3. Weight sync ------------------------------------------------------------------------
-def manifest_listing(sim, node):
-    """What the node's model directory holds, in the manifest's own format (launch/prelude.sh)."""
-    return sim.node_exec(node, "bash", "-c", 'eval "$(cat)"; manifest_listing "$0" "$1"', sim.cfg.model.dir,
-                         contract.WEIGHTS_MANIFEST, input=launch_file(contract.PRELUDE), check=False).stdout
+def test_image_pin_and_platform_facts_steps_on_the_nodes(sim, sim_run, report):
+    """The pin resolves the tag on the head; each node's facts step checks its image against the
+    pinned base and reports its platform; the gate, fed what the nodes printed, lets it pass."""
+    digest = run_step(sim, sim_run, "image-pin-resolve").stdout.strip().splitlines()[-1]
+    assert digest == "sha256:" + "4" * 64  # what the shim's registry names for the tag
+    facts = {}
+    for node in ("sim1", "sim2"):
+        out = run_step(sim, sim_run, f"{node}-platform-facts").stdout
+        facts[node] = parse_report(out, node)
+        assert facts[node]["image_base"] == sim_run.outputs["servingImage"]["value"]["reference"]
+        assert facts[node]["vllm"] == "0.0.0+sim" and facts[node]["kernel"]
+    assert facts["sim1"]["image"] == facts["sim2"]["image"]
+    report["platform_facts_sim1"] = facts["sim1"]
+    assert [f.text for f in evaluate(facts)] == []
 
 
 def head_manifest(sim):
-    return sim.node_exec("sim1", "cat", f"{sim.cfg.model.dir}/{contract.WEIGHTS_MANIFEST}").stdout
+    """The head's manifest (launch/weights.py `pin`): {repo, revision, files: {path: {size, sha256}}}."""
+    return json.loads(sim.node_exec("sim1", "cat", f"{sim.cfg.model.dir}/{contract.WEIGHTS_MANIFEST}").stdout)
 
 
-def worker_listing(sim):
-    return manifest_listing(sim, "sim2")
+def node_sha256s(sim, node):
+    """Every weights file's sha256 on that node, hashed here by the test (sha256sum), not by weights.py."""
+    files = sorted(head_manifest(sim)["files"])
+    out = sim.node_exec(node, "bash", "-c", 'cd "$0" && sha256sum -- "$@"', sim.cfg.model.dir, *files, check=False).stdout
+    return {line.split(None, 1)[1].strip(): line.split()[0] for line in out.splitlines()}
 
 
-def rail_rx_bytes(sim, node="sim2"):
-    return int(sim.in_netns(node, "cat", "/sys/class/net/rail0/statistics/rx_bytes").stdout)
+def worker_matches_head(sim):
+    return node_sha256s(sim, "sim2") == {f: e["sha256"] for f, e in head_manifest(sim)["files"].items()}
+
+
+def rail_rx_bytes(sim, node="sim2", rail="rail0"):
+    return int(sim.in_netns(node, "cat", f"/sys/class/net/{rail}/statistics/rx_bytes").stdout)
+
+
+def rails_rx_bytes(sim, node="sim2"):
+    return [rail_rx_bytes(sim, node, r.iface) for r in sim.cfg.head.rails]
+
+
+def flip_bit(sim, node, path, offset):
+    """One bit, in place: same size, the file's mtime and ctime move as with any write."""
+    sim.node_exec(node, "python3", "-c", "import sys; f = open(sys.argv[1], 'r+b'); f.seek(int(sys.argv[2])); "
+                  "b = f.read(1)[0]; f.seek(int(sys.argv[2])); f.write(bytes([b ^ 1]))", path, str(offset))
 
 
 SIM_MODEL_CONFIG = {"num_attention_heads": 64, "num_key_value_heads": 8}  # divisible by TP 2
 
 
 @pytest.fixture(scope="session")
-def model_on_hub(sim):
-    """A few hundred MB of safetensors-like shards plus an index, in the head's local hub."""
+def model_on_hub(sim, sim_run):
+    """Safetensors-like shards plus an index and config in the head's local hub, published at
+    the commit the program (under mocks) resolved: the stand-in huggingface_hub
+    (tests/sim/fake_hub) serves REPO/.revision as the commit, sizes, git blob ids and the
+    shards' sha256, the way HfApi.model_info(files_metadata=True) does."""
     repo_dir = f"{HUB_DIR}/{sim.cfg.model.repo}"
+    argv = shlex.split(unwrap(sim_run.named("sim1-weights-fetch").inputs)["create"])
+    commit = argv[argv.index("--revision") + 1]
     shards = [f"model-{i + 1:05d}-of-{SHARD_COUNT:05d}.safetensors" for i in range(SHARD_COUNT)]
     index = {"metadata": {"total_size": SHARD_COUNT * SHARD_MB << 20},
              "weight_map": {f"layers.{i}.weight": s for i, s in enumerate(shards)}}
     script = (f"mkdir -p {repo_dir} && cd {repo_dir} && "
               + " && ".join(f"head -c {SHARD_MB}M /dev/urandom > {s}" for s in shards)
               + f" && echo '{json.dumps(index)}' > model.safetensors.index.json"
-              + f" && echo '{json.dumps(SIM_MODEL_CONFIG)}' > config.json")
+              + f" && echo '{json.dumps(SIM_MODEL_CONFIG)}' > config.json && echo {commit} > .revision")
     sim.node_exec("sim1", "bash", "-c", script, timeout=300)
-    return {"shards": shards, "bytes": SHARD_COUNT * (SHARD_MB << 20)}
+    return {"shards": shards, "bytes": SHARD_COUNT * (SHARD_MB << 20), "revision": commit}
+
+
+def test_revision_is_resolved_once_and_kept(sim, sim_run, model_on_hub, fabric_checked):
+    first = run_step(sim, sim_run, "sim1-weights-revision")
+    assert first.stdout.strip().splitlines()[-1] == model_on_hub["revision"]
+    again = run_step(sim, sim_run, "sim1-weights-revision")  # an update: the kept commit, the hub not asked
+    assert "kept:" in again.stdout and again.stdout.strip().splitlines()[-1] == model_on_hub["revision"]
 
 
 def test_fetch_downloads_once(sim, sim_run, model_on_hub, fabric_checked):
     sim.node_exec("sim1", "rm", "-rf", sim.cfg.model.dir)
     downloads_before = sum("docker run" in c for c in shim_calls(sim, "sim1"))
     first = run_step(sim, sim_run, "sim1-weights-fetch")
-    assert "downloading twinspark-sim/tiny-model" in first.stdout
+    assert f"downloading twinspark-sim/tiny-model@{model_on_hub['revision']}" in first.stdout
     manifest = head_manifest(sim)
-    assert len(manifest.splitlines()) == SHARD_COUNT + 2
-    assert manifest == manifest_listing(sim, "sim1")
+    assert manifest["revision"] == model_on_hub["revision"] and len(manifest["files"]) == SHARD_COUNT + 2
+    assert node_sha256s(sim, "sim1") == {f: e["sha256"] for f, e in manifest["files"].items()}
     assert any("hf_token_passed=yes" in c for c in shim_calls(sim, "sim1"))
     again = run_step(sim, sim_run, "sim1-weights-fetch")
-    assert "nothing to download" in again.stdout
+    assert "nothing to download" in again.stdout and "verified against the hub" not in again.stderr
     assert sum("docker run" in c for c in shim_calls(sim, "sim1")) == downloads_before + 1
 
 
-def test_weights_sync_over_the_rail_and_verify(sim, sim_run, model_on_hub, report, fetched):
+def test_weights_sync_over_both_rails_and_verify(sim, sim_run, model_on_hub, report, fetched):
     authorize_worker(sim, sim_run)
     sim.node_exec("sim2", "rm", "-rf", sim.cfg.model.dir)  # a worker that never had the weights
 
-    rx_before, started = rail_rx_bytes(sim), time.monotonic()
+    rx_before, started = rails_rx_bytes(sim), time.monotonic()
     result = run_step(sim, sim_run, "sim2-weights-sync")
     elapsed = time.monotonic() - started
-    report["weight_sync_MBps"] = round(model_on_hub["bytes"] / elapsed / 1e6, 1)
-    assert "files verified" in result.stdout
-    # the bytes went over rail0 (the first rail), not the management link
-    assert rail_rx_bytes(sim) - rx_before > model_on_hub["bytes"] * 0.9
-    assert worker_listing(sim) == head_manifest(sim)
-    assert "nothing to copy" in run_step(sim, sim_run, "sim2-weights-sync").stdout
+    assert "files verified" in result.stdout, result.stdout + result.stderr
+    # the bytes went over both rails, not the management link
+    grown = [after - before for after, before in zip(rails_rx_bytes(sim), rx_before)]
+    assert all(g > model_on_hub["bytes"] * 0.3 for g in grown), grown
+    assert worker_matches_head(sim)
+    copied = re.search(r"copied (\d+) MB to sim2 in ([\d.]+) s", result.stdout)
+    verified = re.search(r"sim2: hashed \d+ changed files: (\d+) MB in ([\d.]+) s", result.stderr)
+    report["weight_sync_MBps"] = round(int(copied[1]) / float(copied[2]), 1)  # the transfer
+    report["weight_sync_step_MBps"] = round(model_on_hub["bytes"] / elapsed / 1e6, 1)  # with both sides' checks
+    report["weight_verify_MBps"] = round(int(verified[1]) / float(verified[2]), 1)  # the worker's sha256, all cores
+    report["weight_sync_streams"] = int(re.search(r"(\d+) streams over", result.stdout)[1])
+    again = run_step(sim, sim_run, "sim2-weights-sync")
+    assert "nothing to copy" in again.stdout and "hashed" not in again.stdout + again.stderr  # nothing re-read
 
     # the recipe's method on the same data and link: plain rsync over default ssh
     recipe_copy = "/home/nvidia/models/recipe-copy"
@@ -454,6 +537,7 @@ def test_weights_sync_over_the_rail_and_verify(sim, sim_run, model_on_hub, repor
     assert out.returncode == 0, out.stderr
     report["rsync_over_ssh_MBps"] = round(model_on_hub["bytes"] / (time.monotonic() - started) / 1e6, 1)
     sim.node_exec("sim2", "rm", "-rf", recipe_copy)
+    report["weight_sync_vs_rsync_over_ssh"] = round(report["weight_sync_MBps"] / report["rsync_over_ssh_MBps"], 2)
 
 
 def test_sync_repairs_a_damaged_copy(sim, sim_run, model_on_hub, weights_everywhere):
@@ -462,13 +546,41 @@ def test_sync_repairs_a_damaged_copy(sim, sim_run, model_on_hub, weights_everywh
     sim.node_exec("sim2", "rm", f"{d}/{shards[4]}")
     result = run_step(sim, sim_run, "sim2-weights-sync")
     assert "nothing to copy" not in result.stdout and "files verified" in result.stdout
-    assert worker_listing(sim) == head_manifest(sim)
+    assert worker_matches_head(sim)
 
 
-@pytest.mark.parametrize("fault, message", [("missing", "missing or wrong size on peer: "), ("truncated", "missing or wrong size on peer: ")])
+def test_a_bit_flipped_on_the_worker_is_found_by_name_and_only_it_is_sent(sim, sim_run, model_on_hub, weights_everywhere):
+    shard = model_on_hub["shards"][3]
+    flip_bit(sim, "sim2", f"{sim.cfg.model.dir}/{shard}", 5 << 20)
+    rx_before = sum(rails_rx_bytes(sim))
+    result = run_step(sim, sim_run, "sim2-weights-sync")
+    assert f"sim2: damaged, sending again: {shard}: sha256 " in result.stderr, result.stderr
+    assert "copying 1 files" in result.stdout
+    assert sum(rails_rx_bytes(sim)) - rx_before < (SHARD_MB << 20) * 1.2
+    assert worker_matches_head(sim)
+
+
+def test_a_bit_flipped_on_the_head_is_refused_before_it_spreads(sim, sim_run, model_on_hub, weights_everywhere):
+    d, shard, other = sim.cfg.model.dir, model_on_hub["shards"][1], model_on_hub["shards"][5]
+    sim.node_exec("sim2", "rm", "-f", f"{d}/{shard}", f"{d}/{other}")  # the worker needs them
+    flip_bit(sim, "sim1", f"{d}/{shard}", 4096)
+    rx_before = sum(rails_rx_bytes(sim))
+    result = run_step(sim, sim_run, "sim2-weights-sync", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"FAIL sim1: {shard}: sha256 " in output and "nothing sent to sim2" in output, output
+    assert sum(rails_rx_bytes(sim)) - rx_before < 1_000_000
+    # the fetch step, run again, downloads the damaged file anew; then the copy goes through
+    refetch = run_step(sim, sim_run, "sim1-weights-fetch")
+    assert "downloading them again" in refetch.stdout + refetch.stderr
+    run_step(sim, sim_run, "sim2-weights-sync")
+    assert worker_matches_head(sim)
+
+
+@pytest.mark.parametrize("fault, message", [("missing", ": missing"), ("truncated", ": 1048576 bytes, expected ")])
 def test_verification_catches_a_faulty_copy(sim, sim_run, model_on_hub, fault, message, weights_everywhere):
     d, shard = sim.cfg.model.dir, model_on_hub["shards"][2]
-    sim.node_exec("sim2", "rm", "-f", f"{d}/{model_on_hub['shards'][3]}")  # something to copy
+    sim.node_exec("sim2", "rm", "-f", f"{d}/{shard}")  # something to copy
     sim.node_exec("sim1", "bash", "-c",
                   f"mkdir -p /etc/twinspark-sim && echo '{fault} {shard}' > /etc/twinspark-sim/rsync-fault && "
                   f"install -m 755 {SIM_DIR}/faults/rsync-faulty /usr/local/bin/rsync")
@@ -478,15 +590,18 @@ def test_verification_catches_a_faulty_copy(sim, sim_run, model_on_hub, fault, m
         sim.node_exec("sim1", "rm", "-f", "/usr/local/bin/rsync")
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    assert f"{message}{shard} {SHARD_MB << 20}" in output, output
-    assert "verification failed for nvidia@10.0.0.2:" in output
+    assert f"FAIL sim2: {shard}{message}" in output, output
+    assert "verification failed for sim2 (nvidia@10.0.0.2:" in output
     run_step(sim, sim_run, "sim2-weights-sync")  # a clean run repairs it
+    assert worker_matches_head(sim)
 
 
 def test_interrupted_sync_resumes(sim, sim_run, model_on_hub, weights_everywhere):
     d = sim.cfg.model.dir
-    sim.node_exec("sim2", "bash", "-c", f"rm -f {d}/*.safetensors {d}/{contract.WEIGHTS_MANIFEST}")
-    sim.in_netns("sim1", "tc", "qdisc", "add", "dev", "rail0", "root", "tbf", "rate", "200mbit", "burst", "256kb", "latency", "400ms")
+    sim.node_exec("sim2", "bash", "-c", f"rm -f {d}/*.safetensors")
+    rails = [r.iface for r in sim.cfg.head.rails]
+    for rail in rails:
+        sim.in_netns("sim1", "tc", "qdisc", "add", "dev", rail, "root", "tbf", "rate", "200mbit", "burst", "256kb", "latency", "400ms")
     inputs = unwrap(sim_run.named("sim2-weights-sync").inputs)
     proc = subprocess.Popen(
         ["ssh", "-i", str(sim.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
@@ -500,15 +615,17 @@ def test_interrupted_sync_resumes(sim, sim_run, model_on_hub, weights_everywhere
     finally:
         sim.node_exec("sim1", "pkill", "-9", "-x", "rsync", check=False)
         proc.kill()
-        sim.in_netns("sim1", "tc", "qdisc", "del", "dev", "rail0", "root")
+        for rail in rails:
+            sim.in_netns("sim1", "tc", "qdisc", "del", "dev", rail, "root")
     copied_before = rail_bytes_on_worker(sim)
     assert copied_before < model_on_hub["bytes"], "the copy finished before it could be interrupted"
-    rx_before = rail_rx_bytes(sim)
+    rx_before = sum(rails_rx_bytes(sim))
     result = run_step(sim, sim_run, "sim2-weights-sync")
-    resumed_bytes = rail_rx_bytes(sim) - rx_before
+    resumed_bytes = sum(rails_rx_bytes(sim)) - rx_before
     assert "files verified" in result.stdout
-    # only what was missing crossed the rail again
+    # only what was missing crossed the rails again
     assert resumed_bytes < model_on_hub["bytes"] - copied_before * 0.8, (resumed_bytes, copied_before)
+    assert worker_matches_head(sim)
 
 
 def rail_bytes_on_worker(sim):
@@ -822,7 +939,9 @@ def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report, servi
     # tolerates a long-unreachable head, for the next scenario.
     start_supervisor(sim, "sim2", env=[f"TWINSPARK_HEAD_GRACE_S={SLOW_HEAD_GRACE_S}"])
     start_supervisor(sim, "sim1")
+    boot_services(sim, "sim1")
     wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after the reboot")
+    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the guard's canary after the reboot")
     report["reboot_to_serving_s"] = round(time.time() - rebooted_at, 1)
 
 
@@ -859,6 +978,85 @@ def test_head_back_fast_is_caught_by_node_id(sim, report, serving):
 
 
 # ---- logs and state hold no secret (issue 8, item 7) --------------------------------------------
+# ---- 6. The serving guard: wrong answers, a wedge, a restart loop -------------------------------
+def reset_guard(sim):
+    """The guard restarted with an empty restart count (the scenarios before restarted the head)."""
+    sim.node_exec("sim1", "bash", "-c", f"systemctl stop {contract.SERVING_GUARD_UNIT}; "
+                  f"rm -f {contract.SERVING_HOLD} {Path(GUARD_STATUS).parent}/restarts.json {GUARD_STATUS}; "
+                  f"systemctl start {contract.SERVING_GUARD_UNIT}")
+    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="a passing canary round")
+
+
+def set_engine_fault(sim, fault):
+    sim.node_exec("sim1", "bash", "-c", f"echo {fault} > /run/twinspark-sim/vllm-fault")
+
+
+def guard_restarts(sim):
+    """Starts of the head's serving container that were not docker's restart policy's."""
+    return [e for e in supervisor_events(sim, "sim1", SERVING) if e["event"] == "start" and not e.get("restart")]
+
+
+def test_canary_catches_garbage_and_restarts_serving(sim, report, serving):
+    reset_guard(sim)
+    before = len(guard_restarts(sim))
+    faulted_at = time.time()
+    set_engine_fault(sim, "garbage")  # /health stays 200; the sum and the tool call come back wrong
+    wait_until(lambda: len(guard_restarts(sim)) > before, 90, what="the guard restarting serving")
+    report["canary_garbage_to_restart_s"] = round(guard_restarts(sim)[-1]["t"] - faulted_at, 1)
+    log = tail(sim, "sim1", GUARD_LOG, 40)
+    assert "restarting twinspark-serving: canary failed 3 times: known answer:" in log, log
+    assert "tool call: arguments are not JSON" in log, log
+    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the restart")
+    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the canary passing again")
+    assert api_key(sim) not in log
+
+
+def test_wedged_engine_is_caught_by_the_deadline(sim, report, serving):
+    reset_guard(sim)
+    before = len(guard_restarts(sim))
+    wedged_at = time.time()
+    set_engine_fault(sim, "hang")  # requests accepted, streams stop after one chunk, /health 200
+    wait_until(lambda: len(guard_restarts(sim)) > before, 120, what="the guard restarting the wedged engine")
+    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the wedge")
+    report["wedge_to_serving_s"] = round(time.time() - wedged_at, 1)
+    log = tail(sim, "sim1", GUARD_LOG, 40)
+    assert "stalled" in log or "still running after" in log, log
+
+
+def run_readiness(sim, sim_run):
+    return run_step(sim, sim_run, "sim1-readiness-wait", check=False)
+
+
+def test_restart_loop_is_held_until_cleared(sim, sim_run, report, serving):
+    reset_guard(sim)
+    policy_restarts = lambda: [e for e in supervisor_events(sim, "sim1", SERVING)  # noqa: E731
+                               if e["event"] == "start" and e.get("restart")]
+    before = len(policy_restarts())
+    sim.node_exec("sim1", "bash", "-c", "echo 5 > /run/twinspark-sim/vllm-fail-starts")
+    sim.node_exec("sim1", "docker", "restart", SERVING)  # the engine now dies at every start
+    wait_until(lambda: (guard_status(sim) or {}).get("hold"), 300, what="the guard holding serving")
+    report["crash_loop_restarts_before_hold"] = len(policy_restarts()) - before
+    hold = guard_status(sim)["hold"]
+    assert "restart loop: 3 serving restarts in 2 min (limit 3)" in hold["reason"]
+    assert "reboot sim1 and sim2" in hold["reason"]
+    time.sleep(6)  # held: docker restarts it no more
+    assert last_event(sim, "sim1", SERVING, "exit")["t"] > last_event(sim, "sim1", SERVING, "start")["t"]
+    assert len(policy_restarts()) - before == report["crash_loop_restarts_before_hold"]
+    # the next `pulumi up` fails its readiness at once, with the reason
+    started = time.time()
+    ready = run_readiness(sim, sim_run)
+    assert ready.returncode != 0 and "serving is held: restart loop" in ready.stderr + ready.stdout
+    assert time.time() - started < 30
+    held = run_ops(*status_args(sim, sim_run))
+    assert held.returncode == 1 and any("sim1: serving held: restart loop" in p
+                                        for p in json.loads(held.stdout)["problems"])
+    # the owner clears it (or reboots): the engine's last bad start, then it serves
+    cleared = run_ops("clear-hold", *status_args(sim, sim_run)[2:])  # its flags, less `status --json`
+    assert cleared.returncode == 0, cleared.stdout + cleared.stderr
+    wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after clear-hold")
+    assert sim.node_exec("sim1", "cat", "/run/twinspark-sim/vllm-fail-starts").stdout.strip() == "0"
+
+
 def secret_values(sim):
     """Each secret as it really is on the nodes."""
     return {

@@ -1,0 +1,95 @@
+"""ServingGuard: the head's guard over serving, a systemd service on the head's host.
+
+Creates on the head (managed files, launch/managed-file.sh):
+- /usr/local/lib/twinspark/serving-guard.py   launch/serving-guard.py: the canary (a known
+  answer, a streamed tool call, a completion with a deadline, through the API gateway with the
+  key), the restart after repeated failures, and the crash-loop hold;
+- /etc/systemd/system/twinspark-serving-guard.service   runs it, restarted (action `service`)
+  whenever the unit or the script changes, stopped and disabled on delete.
+On the host, not in a container: it must outlive the vLLM it restarts, and it drives docker.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import pulumi
+from pulumi_command import remote
+
+import node_contract as contract
+
+from .config import ServingGuard as GuardConfig
+from .remote import ManagedFile, launch_file, managed_file_commands, sha256_text
+
+UNIT_PATH = f"/etc/systemd/system/{contract.SERVING_GUARD_UNIT}"
+SCRIPT_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.SERVING_GUARD_SCRIPT}"
+
+
+@dataclass(frozen=True)
+class ServingGuardArgs:
+    head_name: str
+    connection: remote.ConnectionArgs
+    port: int  # the API gateway's, serving.port
+    node_names: Sequence[str]  # what the hold tells the owner to reboot
+    config: GuardConfig
+
+
+def guard_argv(args: ServingGuardArgs) -> list[str]:
+    c = args.config
+    return [
+        "/usr/bin/python3", SCRIPT_PATH,
+        "--endpoint", f"http://127.0.0.1:{args.port}",
+        "--secrets-file", f"{contract.BUNDLE_DIR}/{contract.SECRETS_FILE}",
+        "--container", contract.SERVING_CONTAINER,
+        "--restart-policy", contract.SERVING_RESTART_POLICY,
+        "--status-dir", contract.SERVING_GUARD_STATUS.rsplit("/", 1)[0],
+        "--hold-file", contract.SERVING_HOLD,
+        "--held-mark", contract.SERVING_GUARD_HELD_MARK,
+        "--nodes", " and ".join(args.node_names),
+        "--vllm-log", f"{contract.LOG_DIR}/{contract.VLLM_LOG}",
+        "--interval", str(c.interval_seconds),
+        "--retry-interval", str(c.retry_seconds),
+        "--deadline", str(c.deadline_seconds),
+        "--failures", str(c.failures_before_restart),
+        "--restart-limit", str(c.restart_limit),
+        "--window", str(c.restart_window_minutes * 60),
+    ]
+
+
+def render_guard_unit(args: ServingGuardArgs) -> str:
+    log = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
+    # the script's hash is part of the unit: a new script restarts the service as a new unit would
+    script_hash = sha256_text(launch_file(contract.SERVING_GUARD_SCRIPT))
+    return f"""# twinspark: the serving guard on the head (canary, wedge, crash-loop hold)
+# {contract.SERVING_GUARD_SCRIPT} sha256 {script_hash}
+[Unit]
+Description=twinspark serving guard: known-answer canary, wedge detection, crash-loop hold
+After=docker.service network-online.target
+Wants=docker.service
+
+[Service]
+ExecStart={shlex.join(guard_argv(args))}
+Restart=always
+RestartSec=5
+StandardOutput=append:{log}
+StandardError=append:{log}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def guard_files(args: ServingGuardArgs) -> list[ManagedFile]:
+    return [
+        ManagedFile("script", SCRIPT_PATH, launch_file(contract.SERVING_GUARD_SCRIPT), mode="0755"),
+        ManagedFile("unit", UNIT_PATH, render_guard_unit(args), action="service"),
+    ]
+
+
+class ServingGuard(pulumi.ComponentResource):
+    def __init__(self, name: str, args: ServingGuardArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("twinspark:serving_guard:ServingGuard", name, None, opts)
+        self.commands = managed_file_commands(args.head_name, "guard", args.connection, guard_files(args), parent=self)
+        self.register_outputs({})

@@ -1,0 +1,48 @@
+"""clear-hold — let serving start again after the guard held it (a restart loop).
+
+The guard on the head holds serving after too many restarts in its window (the hold file,
+on tmpfs, says why). A reboot of the nodes clears it, and is what the hold recommends: a
+crashed engine leaks unified memory that only a reboot frees. This clears it without one:
+it removes the hold file on the head over SSH, then waits until the guard has put the
+restart policy back and says so in its verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+from rich.console import Console
+from rich.text import Text
+
+import node_contract as contract
+
+from .inputs import ToolError
+from .status import NodeShell
+
+WAIT_S = 60
+
+
+def clear_hold(target, shell: NodeShell, console: Console, wait_s: float = WAIT_S) -> int:
+    head = next(n for n in target.nodes if n["role"] == "head")
+    read_status = f"cat {shlex.quote(contract.SERVING_GUARD_STATUS)}"
+    try:
+        before = json.loads(shell(head, read_status, ""))
+    except (RuntimeError, ValueError) as err:
+        raise ToolError(f"cannot read the guard's verdict on {head['name']}: {err}") from None
+    if not before.get("hold"):
+        console.print(Text(f"{head['name']}: serving is not held; nothing to clear"))
+        return 0
+    console.print(Text(f"{head['name']}: clearing the hold: {before['hold'].get('reason')}"))
+    shell(head, f"sudo -n rm -f {shlex.quote(contract.SERVING_HOLD)}", "")
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        status = json.loads(shell(head, read_status, ""))
+        if not status.get("hold") and status.get("restarts_in_window") == 0:
+            console.print(Text(f"{head['name']}: hold cleared; serving is starting (watch with `python -m ops status`)",
+                               style="green"))
+            return 0
+    raise ToolError(f"the hold file is gone but the guard on {head['name']} has not released serving within "
+                    f"{wait_s:.0f} s: is {contract.SERVING_GUARD_UNIT} running? (journalctl -u {contract.SERVING_GUARD_UNIT})")

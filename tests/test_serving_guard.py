@@ -1,0 +1,203 @@
+"""The serving guard (launch/serving-guard.py) for real: its canary against the OpenAI stand-in,
+its docker calls against a recording fake docker, its hold file and status as `ops` reads them.
+The simulator runs the same guard as a systemd service on the head (tests/sim)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import node_contract as contract
+from components import launch_bundle
+from components.config import ServingGuard as GuardConfig
+from components.serving_guard import ServingGuardArgs, guard_argv, render_guard_unit
+from openai_standin import Behaviour, serve
+
+LAUNCH = Path(__file__).resolve().parent.parent / "launch"
+KEY = "sk-guard-test-0123456789abcdef"
+
+FAKE_DOCKER = r'''#!/usr/bin/env python3
+"""docker, as far as the guard uses it: one container, its state in $FAKE_DOCKER_STATE."""
+import json, os, sys, time
+path = os.environ["FAKE_DOCKER_STATE"]
+state = json.load(open(path))
+args = sys.argv[1:]
+with open(path + ".calls", "a") as calls:
+    calls.write(" ".join(args) + "\n")
+if args[0] == "inspect":
+    print(json.dumps([{"Id": state["id"], "RestartCount": state["restart_count"],
+                       "State": {"Running": state["running"], "StartedAt": state["started_at"], "ExitCode": 1},
+                       "HostConfig": {"RestartPolicy": {"Name": state["policy"]}}}]))
+elif args[0] == "update":
+    state["policy"] = args[1].split("=", 1)[1]
+elif args[0] == "stop":
+    state["running"] = False
+elif args[0] in ("start", "restart"):
+    state["running"], state["started_at"] = True, str(time.time())
+json.dump(state, open(path, "w"))
+'''
+
+
+class Node:
+    """A head for the guard: a fake docker with one container, the stand-in as its API."""
+
+    def __init__(self, tmp_path: Path, fault=None):
+        self.tmp = tmp_path
+        self.fault = fault
+        self.behaviour = Behaviour(api_key=KEY, model="canary-model", decode_tok_s=float("inf"),
+                                   fault=lambda: self.fault)
+        self.server = serve(self.behaviour)
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "docker").write_text(FAKE_DOCKER)
+        (bin_dir / "docker").chmod(0o755)
+        self.state_path = tmp_path / "docker-state.json"
+        self.set(id="c1", restart_count=0, running=True, started_at="t0", policy=contract.SERVING_RESTART_POLICY)
+        (tmp_path / "secrets.env").write_text(launch_bundle.render_secrets_env(KEY))
+        self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DOCKER_STATE": str(self.state_path)}
+        self.proc = None
+
+    def set(self, **changes):
+        state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+        self.state_path.write_text(json.dumps({**state, **changes}))
+
+    def state(self) -> dict:
+        return json.loads(self.state_path.read_text())
+
+    def calls(self) -> list[str]:
+        path = Path(f"{self.state_path}.calls")
+        return [c for c in path.read_text().splitlines() if not c.startswith("inspect")] if path.exists() else []
+
+    @property
+    def status(self) -> dict:
+        return json.loads((self.tmp / "guard" / "status.json").read_text())
+
+    @property
+    def hold_file(self) -> Path:
+        return self.tmp / "serving-hold"
+
+    def start(self, failures=2, restart_limit=3, interval=60):
+        argv = [sys.executable, str(LAUNCH / contract.SERVING_GUARD_SCRIPT),
+                "--endpoint", f"http://127.0.0.1:{self.server.server_address[1]}",
+                "--secrets-file", str(self.tmp / "secrets.env"), "--container", contract.SERVING_CONTAINER,
+                "--restart-policy", contract.SERVING_RESTART_POLICY, "--status-dir", str(self.tmp / "guard"),
+                "--hold-file", str(self.hold_file), "--held-mark", str(self.tmp / "state" / "held-container"),
+                "--nodes", "spark1 and spark2", "--vllm-log", "/var/log/twinspark/vllm.log",
+                "--interval", str(interval), "--retry-interval", "1", "--deadline", "3",
+                "--failures", str(failures), "--restart-limit", str(restart_limit), "--window", "1800"]
+        self.log = open(self.tmp / "guard.log", "w")
+        self.proc = subprocess.Popen(argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+        self.server.shutdown()
+
+    def guard_log(self) -> str:
+        return (self.tmp / "guard.log").read_text()
+
+
+def wait_for(predicate, what, node, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}; guard log:\n{node.guard_log()}")
+
+
+@pytest.fixture
+def head(tmp_path):
+    node = Node(tmp_path)
+    yield node
+    node.stop()
+
+
+def test_a_healthy_engine_passes_every_check_and_nothing_restarts(head):
+    head.start()
+    wait_for(lambda: head.status["ok"] is True, "a passing canary round", head)
+    status = head.status
+    assert status["failures"] == [] and status["hold"] is None and status["restarts_in_window"] == 0
+    assert head.calls() == []
+    # every check went through with the key, the three kinds of request among them
+    posted = [(r.path, bool(r.body.get("tools")), bool(r.body.get("stream"))) for r in head.behaviour.requests]
+    assert {("/v1/chat/completions", False, False), ("/v1/chat/completions", True, True),
+            ("/v1/completions", False, True)} <= set(posted)
+    assert all(r.authorized for r in head.behaviour.requests)
+
+
+@pytest.mark.parametrize("fault, reason", [
+    ("garbage", "known answer"),  # wrong sum, and tool-call arguments that are not JSON
+    ("hang", "stalled"),  # a wedged engine: /health 200, the stream stops after one chunk
+])
+def test_a_bad_engine_is_restarted_after_repeated_failures_with_the_reason(head, fault, reason):
+    head.fault = fault
+    head.start(failures=2)
+    wait_for(lambda: any(c.startswith("restart ") for c in head.calls()), "the guard restarting serving", head,
+             timeout=60)
+    assert head.calls() == [f"restart {contract.SERVING_CONTAINER}"]
+    log = head.guard_log()
+    assert "canary failed (2/2)" in log and reason in log, log
+    if fault == "garbage":
+        assert "tool call: arguments are not JSON" in log
+    head.fault = None  # the restarted engine is healthy
+    wait_for(lambda: head.status["ok"] is True, "the canary passing after the restart", head)
+    assert head.status["restarts_in_window"] == 1
+    assert "canary failed" in head.status["last_restart"]["reason"]
+    assert KEY not in log
+
+
+def test_a_restart_loop_is_held_and_cleared_by_removing_the_hold(head):
+    head.start(restart_limit=3)
+    wait_for(lambda: head.status["ok"] is True, "a first passing round", head)
+    for count in (1, 2, 3):  # docker's own restarts: the engine keeps dying at start
+        head.set(restart_count=count, started_at=f"t{count}")
+        wait_for(lambda: head.status["restarts_in_window"] == count, f"restart {count} counted", head)
+    # at the limit docker restarts no more; the attempt running now still has its chance
+    wait_for(lambda: head.state()["policy"] == "no", "the restart policy lowered", head)
+    assert not head.hold_file.exists()
+    head.set(running=False)  # ... and fails too
+    wait_for(lambda: head.hold_file.exists(), "the hold", head)
+    hold = json.loads(head.hold_file.read_text())
+    assert "restart loop: 3 serving restarts in 30 min (limit 3)" in hold["reason"]
+    assert "reboot spark1 and spark2" in hold["reason"] and "python -m ops clear-hold" in hold["reason"]
+    wait_for(lambda: head.status["hold"] == hold, "the hold in the status", head)
+    assert head.state()["running"] is False
+    head.hold_file.unlink()  # what `ops clear-hold` does
+    wait_for(lambda: head.state()["running"] is True, "serving started again", head)
+    assert head.state()["policy"] == contract.SERVING_RESTART_POLICY
+    wait_for(lambda: head.status["restarts_in_window"] == 0 and head.status["hold"] is None, "the count cleared", head)
+    assert head.calls() == [f"update --restart=no {contract.SERVING_CONTAINER}",
+                            f"update --restart={contract.SERVING_RESTART_POLICY} {contract.SERVING_CONTAINER}",
+                            f"start {contract.SERVING_CONTAINER}"]
+
+
+def test_a_new_container_is_a_fresh_start_not_a_restart(head):
+    head.set(restart_count=5)  # the old container's count is history
+    head.start(restart_limit=3)
+    wait_for(lambda: head.status["ok"] is True, "a passing round", head)
+    head.set(id="c2", restart_count=0, started_at="t9")  # pulumi up replaced it
+    wait_for(lambda: head.status["serving_started_at"] == "t9", "the new container seen", head)
+    assert head.status["restarts_in_window"] == 0 and head.calls() == []
+
+
+def test_the_unit_runs_the_guard_with_no_secret_in_its_command_line():
+    args = ServingGuardArgs("spark1", None, 8000, ["spark1", "spark2"], GuardConfig())
+    unit = render_guard_unit(args)
+    argv = guard_argv(args)
+    assert argv[argv.index("--secrets-file") + 1] == "/opt/twinspark/secrets.env"
+    assert "--interval 120" in " ".join(argv) and "--window 1800" in " ".join(argv)
+    assert "Restart=always" in unit and "ExecStart=/usr/bin/python3 /usr/local/lib/twinspark/serving-guard.py" in unit
+    # a changed script changes the unit, which the managed file's `service` action restarts
+    assert "serving-guard.py sha256 " in unit

@@ -1,0 +1,450 @@
+"""The weights for real, without the simulator: the program's own command lines and stdin
+(script_command / runner_stdin over ModelWeights' args), real rsync daemons, real sha256.
+
+- the fetch: fetch-weights.sh with the sim's docker shim, whose stand-in huggingface_hub
+  (tests/sim/fake_hub) answers from a local hub directory;
+- the copy: two network namespaces, "head" and "worker", joined by two veth rails (the
+  cable); sshd on the worker's first rail, in a mount namespace of its own where the model
+  directory is another folder at the same path, with the sync key authorized as the program
+  does (render_authorized_key_line).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import node_contract as contract
+from components import model_weights
+from components.model_weights import ModelWeightsArgs, NodeAccess
+from components.remote import launch_file, runner_stdin, script_command, script_text
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM_DIR = ROOT / "tests" / "sim"
+REPO = "org/model"
+SECRET = "per-stack-secret-0123456789"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def sh(*argv, check=True, **kw):
+    return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, **kw)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def flip_bit(path: Path, offset: int) -> None:
+    """One bit, size unchanged (mtime and ctime move, as with any write)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x01]))
+
+
+def make_model(root: Path, shards: int, shard_mb: int) -> list[str]:
+    root.mkdir(parents=True, exist_ok=True)
+    names = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    for i, name in enumerate(names):
+        with open(root / name, "wb") as f:  # sizes differ: the plan must balance them
+            f.write(os.urandom((shard_mb << 20) + i * 4096))
+    (root / "config.json").write_text(json.dumps({"num_attention_heads": 64, "num_key_value_heads": 8}))
+    (root / "tokenizer.json").write_text(json.dumps({"vocab": list(range(2000))}))
+    return names
+
+
+@dataclass
+class Head:
+    """The head's side: a HOME, the model directory, a PATH with the sim's docker shim."""
+
+    home: Path
+    dir: Path
+    hub: Path
+    bin: Path
+    netns: str | None = None
+
+    def env(self) -> dict:
+        return {"HOME": str(self.home), "PATH": f"{self.bin}:{PATH}", "TWINSPARK_SIM_HUB": str(self.hub),
+                "TWINSPARK_SIM_FAKE_HUB": str(SIM_DIR / "fake_hub"), "TWINSPARK_SIM_LOG": str(self.home)}
+
+    def run(self, script: str, args, secrets=(), payload="", timeout=300, background=False):
+        """The runner's command line and stdin, as pulumi-command sends them to the head."""
+        secret_env = {"fetch-weights.sh": ["HF_TOKEN"], "sync-weights.sh": ["WEIGHTS_SYNC_SECRET"]}[script]
+        line = script_command(script, args, secret_env)
+        stdin = runner_stdin(list(secrets), script_text(script), payload or launch_file(model_weights.WEIGHTS_PROGRAM))
+        argv = (["ip", "netns", "exec", self.netns] if self.netns else []) + ["env", "-i", *(
+            f"{k}={v}" for k, v in self.env().items()), "bash", "-c", line]
+        if background:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+            return proc
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def weights_args(head_dir: Path, workers=(), revision=None) -> ModelWeightsArgs:
+    return ModelWeightsArgs(
+        repo=REPO, revision=revision, dir=str(head_dir), downloader_image="twinspark-sim/base:local", ssh_user="root",
+        head=NodeAccess("spark1", None, "10.0.0.1", ["10.0.0.1", "10.0.1.1"]), workers=list(workers),
+        hf_token=None, tensor_parallel_size=2, gpu_memory_utilization=0.85, sync_secret=SECRET)
+
+
+WORKER = NodeAccess("spark2", None, "10.0.0.2", ["10.0.0.2", "10.0.1.2"])
+
+
+def resolve(head: Head, revision=None):
+    args = model_weights.revision_args(weights_args(head.dir, revision=revision), "spark1-weights-revision")
+    return head.run("fetch-weights.sh", args, secrets=["hf_token"])
+
+
+def fetch(head: Head, revision: str):
+    return head.run("fetch-weights.sh", model_weights.fetch_args(weights_args(head.dir), revision), secrets=["hf_token"])
+
+
+@pytest.fixture
+def home():
+    """The head's HOME, short: ssh's ControlPath (a unix socket under ~/.ssh) must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="tw-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+def fetched_head(tmp_path: Path, home: Path, shards=6, shard_mb=8) -> tuple[Head, str]:
+    head = Head(home, tmp_path / "models" / "model", tmp_path / "hub", tmp_path / "bin")
+    head.bin.mkdir()
+    (head.bin / "docker").symlink_to(SIM_DIR / "shims" / "docker")
+    make_model(head.hub / REPO, shards, shard_mb)
+    out = resolve(head)
+    assert out.returncode == 0, out.stdout + out.stderr
+    revision = model_weights.parse_revision(out.stdout)
+    out = fetch(head, revision)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return head, revision
+
+
+def manifest(head: Head) -> dict:
+    return json.loads((head.dir / contract.WEIGHTS_MANIFEST).read_text())
+
+
+# ---- the fetch: a pinned revision, checked against the hub ---------------------------------------
+def test_fetch_pins_the_revision_and_checks_every_file_against_the_hub(tmp_path, home):
+    head, revision = fetched_head(tmp_path, home)
+    pinned = manifest(head)
+    assert pinned["revision"] == revision and pinned["repo"] == REPO
+    for name in ("config.json", "tokenizer.json", "model-00003-of-00006.safetensors"):
+        assert pinned["files"][name]["sha256"] == sha256(head.hub / REPO / name)
+    # the small files were checked against their git blob id: what git itself computes
+    hub_listing = json.loads((head.dir / ".twinspark-hub.json").read_text())
+    assert hub_listing["files"]["config.json"]["sha256"] is None
+    assert hub_listing["files"]["config.json"]["blob_id"] == sh("git", "hash-object", head.dir / "config.json").stdout.strip()
+
+    again = fetch(head, revision)
+    assert "nothing to download" in again.stdout and "verified" not in again.stderr  # nothing re-hashed
+    assert "hashed" not in again.stdout + again.stderr
+
+    # the revision is kept: a hub that moved on changes nothing until the step is replaced
+    (head.hub / REPO / "extra.json").write_text("{}")
+    kept = resolve(head)
+    assert "kept:" in kept.stdout and model_weights.parse_revision(kept.stdout) == revision
+    forget = head.run("fetch-weights.sh", ["forget", "--owner", "spark1-weights-revision"], secrets=["hf_token"])
+    assert forget.returncode == 0, forget.stderr
+    moved = model_weights.parse_revision(resolve(head).stdout)
+    assert moved != revision
+    # asking for a commit the hub does not have fails, naming it
+    absent = resolve(head, revision="f" * 40)
+    assert absent.returncode != 0 and "has no revision " + "f" * 40 in absent.stdout + absent.stderr
+
+
+def test_fetch_repairs_a_damaged_file_on_the_head(tmp_path, home):
+    head, revision = fetched_head(tmp_path, home)
+    shard = head.dir / "model-00002-of-00006.safetensors"
+    flip_bit(shard, 12345)
+    out = fetch(head, revision)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert "FAIL spark1: model-00002-of-00006.safetensors: sha256 " in text, text
+    assert "downloading them again" in text
+    assert sha256(shard) == manifest(head)["files"][shard.name]["sha256"]
+
+
+def test_pin_refuses_a_file_the_hub_published_otherwise(tmp_path, home):
+    head, revision = fetched_head(tmp_path, home, shards=2)
+    listing = json.loads((head.dir / ".twinspark-hub.json").read_text())
+    listing["files"]["model-00001-of-00002.safetensors"]["sha256"] = "0" * 64
+    listing["files"]["config.json"]["blob_id"] = "1" * 40
+    (tmp_path / "listing.json").write_text(json.dumps(listing))
+    (head.dir / contract.WEIGHTS_RECORD).unlink()
+    out = sh("python3", ROOT / "launch" / "weights.py", "pin", "--dir", head.dir, "--hub-listing", tmp_path / "listing.json",
+             "--manifest", tmp_path / "m.json", "--record", tmp_path / "r.json", "--node", "spark1", check=False)
+    assert out.returncode == 1
+    assert (f"FAIL spark1: model-00001-of-00002.safetensors: sha256 {sha256(head.hub / REPO / 'model-00001-of-00002.safetensors')}"
+            f" ({(head.hub / REPO / 'model-00001-of-00002.safetensors').stat().st_size} bytes), the hub publishes "
+            f"{'0' * 64}") in out.stderr
+    assert "FAIL spark1: config.json: git blob sha1 " in out.stderr
+    assert not (tmp_path / "m.json").exists()  # no manifest: nothing is copied from a bad download
+
+
+def test_fetch_refuses_a_revision_that_is_not_a_commit(tmp_path, home):
+    head, _ = fetched_head(tmp_path, home, shards=1)
+    out = fetch(head, "main")
+    assert out.returncode == 2 and "--revision must be a full commit sha (40 hex), got 'main'" in out.stderr
+
+
+def test_plan_balances_the_streams_largest_first(tmp_path):
+    sizes = {f"f{i}": s for i, s in enumerate([90, 80, 70, 60, 50, 40, 30, 20, 10, 5])}
+    (tmp_path / "m.json").write_text(json.dumps({"files": {k: {"size": v, "sha256": ""} for k, v in sizes.items()}}))
+    (tmp_path / "need").write_text("".join(f"{k}\n" for k in sizes))
+    out = sh("python3", ROOT / "launch" / "weights.py", "plan", "--manifest", tmp_path / "m.json", "--need",
+             tmp_path / "need", "--buckets", "3", "--out-prefix", tmp_path / "s.")
+    assert int(out.stdout) == sum(sizes.values())
+    loads = [sum(sizes[n] for n in (tmp_path / f"s.{i}").read_text().split()) for i in range(3)]
+    assert sorted(n for i in range(3) for n in (tmp_path / f"s.{i}").read_text().split()) == sorted(sizes)
+    streams = [(tmp_path / f"s.{i}").read_text().split() for i in range(3)]
+    assert [files[0] for files in streams] == ["f0", "f1", "f2"]  # the largest first, one per stream
+    assert max(loads) <= sum(sizes.values()) / 3 * 4 / 3, loads  # LPT's bound: within 4/3 of an even split
+
+
+# ---- the copy: two namespaces, two rails ----------------------------------------------------------
+class Pair:
+    """head and worker network namespaces joined by rail0 (10.0.0.0/24) and rail1 (10.0.1.0/24);
+    the worker's sshd (root) on 10.0.0.2 sees worker_dir at the head's model path."""
+
+    def __init__(self, tmp: Path, head: Head):
+        tag = uuid.uuid4().hex[:6]
+        self.head_ns, self.worker_ns = f"twh{tag}", f"tww{tag}"
+        self.tmp, self.head = tmp, head
+        head.netns = self.head_ns
+        self.worker_dir, self.worker_home = tmp / "worker-model", tmp / "worker-home"
+        self.worker_dir.mkdir()
+        self.worker_home.mkdir()
+        for ns in (self.head_ns, self.worker_ns):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        for i in range(2):
+            a, b = f"twa{tag}{i}", f"twb{tag}{i}"
+            sh("ip", "link", "add", a, "mtu", 9000, "type", "veth", "peer", "name", b, "mtu", 9000)
+            for iface, ns, host in ((a, self.head_ns, 1), (b, self.worker_ns, 2)):
+                sh("ip", "link", "set", iface, "netns", ns)
+                sh("ip", "-n", ns, "link", "set", iface, "name", f"rail{i}")
+                sh("ip", "-n", ns, "addr", "add", f"10.0.{i}.{host}/24", "dev", f"rail{i}")
+                sh("ip", "-n", ns, "link", "set", f"rail{i}", "up")
+        # the program's own steps: the sync key on the head, authorized on the worker
+        key = head.home / ".ssh" / "twinspark_weights"
+        key.parent.mkdir(mode=0o700)
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "twinspark-weights@spark1", "-f", key)
+        (tmp / "authorized_keys").write_text(model_weights.render_authorized_key_line("10.0.0.1", (key.with_suffix(".pub")).read_text()))
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp / "host_key")
+        (tmp / "sshd_config").write_text(
+            f"ListenAddress 10.0.0.2\nHostKey {tmp}/host_key\nAuthorizedKeysFile {tmp}/authorized_keys\n"
+            f"PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nPidFile {tmp}/sshd.pid\n"
+            "PasswordAuthentication no\nSetEnv PATH=" + PATH + "\n")
+        os.makedirs("/run/sshd", exist_ok=True)
+        self.sshd = subprocess.Popen(
+            ["ip", "netns", "exec", self.worker_ns, "unshare", "--mount", "--propagation", "private", "sh", "-c",
+             f'mount --bind "$0" "$1" && mount --bind "$2" /root && exec /usr/sbin/sshd -D -e -f "$3"',
+             self.worker_dir, head.dir, self.worker_home, tmp / "sshd_config"],
+            stdout=open(tmp / "sshd.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while "10.0.0.2:22" not in self.listening(self.worker_ns):
+            assert time.monotonic() < deadline, (tmp / "sshd.log").read_text()
+            time.sleep(0.1)
+
+    def close(self):
+        os.killpg(self.sshd.pid, signal.SIGKILL)
+        self.sshd.wait()
+        for ns in (self.worker_ns, self.head_ns):
+            # a daemon left by a killed copy dies with its namespace's last process
+            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            sh("ip", "netns", "del", ns, check=False)
+
+    @staticmethod
+    def listening(ns: str) -> str:
+        return sh("ip", "netns", "exec", ns, "ss", "-Hltn").stdout
+
+    def rx_bytes(self) -> list[int]:
+        return [int(sh("ip", "netns", "exec", self.worker_ns, "cat", f"/sys/class/net/rail{i}/statistics/rx_bytes").stdout)
+                for i in range(2)]
+
+    def sync(self, revision: str, background=False, max_streams_per_rail=4, secret=SECRET):
+        args = model_weights.sync_args(weights_args(self.head.dir, [WORKER]), WORKER, revision, max_streams_per_rail)
+        return self.head.run("sync-weights.sh", args, secrets=[secret], background=background)
+
+
+@pytest.fixture
+def pair(tmp_path, home):
+    head, revision = fetched_head(tmp_path, home)
+    p = Pair(tmp_path, head)
+    p.revision = revision
+    yield p
+    p.close()
+
+
+def same_copy(pair: Pair) -> None:
+    for name, entry in manifest(pair.head)["files"].items():
+        assert sha256(pair.worker_dir / name) == entry["sha256"], name
+
+
+def cached_pages(path: Path) -> int:
+    return int(sh("fincore", "--bytes", "--noheadings", "--output", "RES", path).stdout.split()[0])
+
+
+def test_copy_crosses_both_rails_verifies_and_a_second_run_hashes_nothing(pair):
+    before = pair.rx_bytes()
+    out = pair.sync(pair.revision)
+    assert out.returncode == 0, out.stdout + out.stderr
+    total = sum(e["size"] for e in manifest(pair.head)["files"].values())
+    grown = [after - b for after, b in zip(pair.rx_bytes(), before)]
+    assert all(g > total * 0.3 for g in grown), (grown, total)  # both rails carried a share
+    streams = 2 * max(1, min(4, os.cpu_count() // 4))  # both sides are this machine
+    assert f"{streams} streams over 2 rails" in out.stdout and "spark2: hashed 8 changed files" in out.stderr
+    # the copy left no page cache behind on either side (before this test reads the files)
+    for name in manifest(pair.head)["files"]:
+        assert cached_pages(pair.worker_dir / name) == cached_pages(pair.head.dir / name) == 0, name
+    same_copy(pair)
+    assert json.loads((pair.worker_dir / contract.WEIGHTS_RECORD).read_text())["revision"] == pair.revision
+    assert ":8873" not in pair.listening(pair.worker_ns)  # the daemons are gone
+
+    again = pair.sync(pair.revision)
+    assert "nothing to copy" in again.stdout
+    assert "hashed" not in again.stdout + again.stderr  # neither side read a file again
+
+
+def test_damaged_worker_file_is_named_and_only_it_is_sent_again(pair):
+    assert pair.sync(pair.revision).returncode == 0
+    shard = "model-00004-of-00006.safetensors"
+    flip_bit(pair.worker_dir / shard, 1 << 20)
+    before = pair.rx_bytes()
+    out = pair.sync(pair.revision)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"spark2: damaged, sending again: {shard}: sha256 " in out.stderr, out.stderr
+    assert "copying 1 files" in out.stdout
+    size = (pair.head.dir / shard).stat().st_size
+    assert size < sum(pair.rx_bytes()) - sum(before) < size * 1.2
+    same_copy(pair)
+
+
+def test_damaged_head_file_is_refused_before_it_spreads(pair):
+    shard = "model-00002-of-00006.safetensors"
+    flip_bit(pair.head.dir / shard, 777)
+    before = pair.rx_bytes()
+    out = pair.sync(pair.revision)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1
+    assert f"FAIL spark1: {shard}: sha256 " in text and "nothing sent to spark2" in text, text
+    assert sum(pair.rx_bytes()) - sum(before) < 100_000 and not (pair.worker_dir / shard).exists()
+
+
+def test_faulty_copy_fails_naming_the_file_and_the_node(pair):
+    """An rsync that damages what it wrote (a flaky disk or link): the worker's hashes catch it."""
+    shard = "model-00005-of-00006.safetensors"
+    flip = "import sys; f = open(sys.argv[1], 'r+b'); f.seek(4096); b = f.read(1)[0]; f.seek(4096); f.write(bytes([b ^ 1]))"
+    (pair.head.bin / "rsync").write_text(
+        '#!/bin/bash\n/usr/bin/rsync "$@" || exit\n'
+        f'for a; do case $a in --files-from=*) grep -qx {shard} "${{a#--files-from=}}" && '
+        f'python3 -c "{flip}" {pair.worker_dir / shard};; esac; done\nexit 0\n')
+    (pair.head.bin / "rsync").chmod(0o755)
+    out = pair.sync(pair.revision)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1
+    assert f"FAIL spark2: {shard}: sha256 " in text and "verification failed for spark2" in text, text
+    (pair.head.bin / "rsync").unlink()
+    assert pair.sync(pair.revision).returncode == 0  # the next run sends it again
+    same_copy(pair)
+
+
+def test_interrupted_copy_resumes_and_the_daemons_answer_only_the_secret_on_the_rails(pair):
+    for i in range(2):
+        sh("ip", "netns", "exec", pair.head_ns, "tc", "qdisc", "add", "dev", f"rail{i}", "root", "tbf", "rate",
+           "40mbit", "burst", "64kb", "latency", "400ms")
+    total = sum(e["size"] for e in manifest(pair.head)["files"].values())
+    proc = pair.sync(pair.revision, background=True)
+    try:
+        deadline = time.monotonic() + 60
+        while sum(p.stat().st_size for p in pair.worker_dir.glob("*.safetensors")) < total * 0.4:
+            assert time.monotonic() < deadline and proc.poll() is None, "40% not copied"
+            time.sleep(0.2)
+        ports = re.findall(r"(\S+):8873\b", pair.listening(pair.worker_ns))
+        assert sorted(ports) == ["10.0.0.2", "10.0.1.2"]  # the rail addresses, nothing else
+        wrong = sh("ip", "netns", "exec", pair.head_ns, "env", "RSYNC_PASSWORD=wrong", "rsync",
+                   "rsync://twinspark@10.0.0.2:8873/model/", check=False)
+        assert wrong.returncode != 0 and "auth failed" in wrong.stderr, wrong.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole step, its rsync clients with it
+        proc.wait()
+        for i in range(2):
+            sh("ip", "netns", "exec", pair.head_ns, "tc", "qdisc", "del", "dev", f"rail{i}", "root")
+    copied = sum(p.stat().st_size for p in pair.worker_dir.glob("*.safetensors"))
+    assert copied < total
+    before = pair.rx_bytes()
+    out = pair.sync(pair.revision)  # stops the killed run's daemons, then resumes
+    assert out.returncode == 0, out.stdout + out.stderr
+    resumed = sum(pair.rx_bytes()) - sum(before)
+    assert resumed < (total - copied) * 1.1 + 2_000_000, (resumed, total, copied)
+    same_copy(pair)
+
+
+def test_another_revision_is_refused_naming_node_and_both(pair):
+    out = pair.sync("e" * 40)
+    assert out.returncode == 1
+    assert f"spark1 holds revision {pair.revision} of {pair.head.dir}, this stack pins {'e' * 40}: refused" in out.stderr
+    # a worker holding another revision is told so and brought to this one
+    assert pair.sync(pair.revision).returncode == 0
+    record = pair.worker_dir / contract.WEIGHTS_RECORD
+    record.write_text(json.dumps({**json.loads(record.read_text()), "revision": "d" * 40}))
+    out = pair.sync(pair.revision)
+    assert f"spark2 holds revision {'d' * 40}; this stack pins {pair.revision}" in out.stderr, out.stderr
+
+
+def test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link(tmp_path, home):
+    """Figures, not a gate: the copy (its transfer, then the worker's verification) and the
+    recipe's plain rsync over ssh, same files, same rails. TWINSPARK_WEIGHTS_MEASURE_MB sets the
+    model's size (default 256), TWINSPARK_WEIGHTS_MAX_STREAMS_PER_RAIL the streams' cap; the
+    figures go to build/weights-local-report.json."""
+    total_mb = int(os.environ.get("TWINSPARK_WEIGHTS_MEASURE_MB", "256"))
+    head, revision = fetched_head(tmp_path, home, shards=8, shard_mb=total_mb // 8)
+    pair = Pair(tmp_path, head)
+    try:
+        out = pair.sync(revision, max_streams_per_rail=int(os.environ.get("TWINSPARK_WEIGHTS_MAX_STREAMS_PER_RAIL", "4")))
+        assert out.returncode == 0, out.stdout + out.stderr
+        copied = re.search(r"copied (\d+) MB to spark2 in ([\d.]+) s", out.stdout)
+        verified = re.search(r"spark2: hashed \d+ changed files: (\d+) MB in ([\d.]+) s", out.stderr)
+        assert copied and verified, out.stdout + out.stderr
+        size = sum(p.stat().st_size for p in head.dir.iterdir() if p.is_file() and not p.name.startswith(".twinspark-"))
+        recipe = ["ip", "netns", "exec", pair.head_ns, "rsync", "-a", "-e",
+                  f"ssh -i {home}/.ssh/twinspark_weights -o BatchMode=yes -o UserKnownHostsFile={home}/.ssh/twinspark_known_hosts",
+                  f"{head.dir}/", f"root@10.0.0.2:{tmp_path}/recipe-copy/"]
+        started = time.monotonic()
+        sh(*recipe)
+        recipe_s = time.monotonic() - started
+        report = {
+            "model_MB": round(size / 1e6), "cores": os.cpu_count(),
+            "streams": int(re.search(r"(\d+) streams over 2 rails", out.stdout)[1]),
+            "weight_sync_MBps": round(int(copied[1]) / float(copied[2]), 1),
+            "rsync_over_ssh_MBps": round(size / 1e6 / recipe_s, 1),
+            "weight_verify_MBps": round(int(verified[1]) / float(verified[2]), 1),
+        }
+        report["ratio"] = round(report["weight_sync_MBps"] / report["rsync_over_ssh_MBps"], 2)
+        (ROOT / "build").mkdir(exist_ok=True)
+        (ROOT / "build" / "weights-local-report.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps(report))
+        same_copy(pair)
+    finally:
+        pair.close()
