@@ -166,11 +166,12 @@ def run_tool(args, console: Console) -> int:
 
 def run_upgrade_tool(args, console: Console) -> int:
     from .stack import AutomationStack
-    from .upgrade import run_upgrade, ssh_guard_probe
+    from .upgrade import run_upgrade, ssh_guard_probe, ssh_hold_release
 
     work_dir = Path(__file__).resolve().parent.parent  # the checkout: the Pulumi project and its .twinspark/
-    return run_upgrade(args, console, lambda name: AutomationStack(name, work_dir),
-                       ssh_guard_probe(args.ssh_user, args.ssh_key, args.ssh_option), work_dir)
+    ssh = (args.ssh_user, args.ssh_key, args.ssh_option)
+    return run_upgrade(args, console, lambda name: AutomationStack(name, work_dir), ssh_guard_probe(*ssh), work_dir,
+                       ssh_hold_release(*ssh))
 
 
 def main(argv=None) -> int:

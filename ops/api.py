@@ -108,10 +108,9 @@ class GuardHold(Lenient):
 
 class GuardVerdict(Lenient):
     """The serving guard's latest verdict; `ops upgrade` passes the canary on ok without a hold."""
-    checked_at: float
-    ok: bool
+    checked_at: Optional[float] = None  # None: no round yet (a guard just started)
+    ok: Optional[bool] = None
     failures: list[str] = []
     consecutive_failures: int = 0
     restarts_in_window: int = 0
     hold: Optional[GuardHold] = None
-    serving_started_at: Optional[float] = None

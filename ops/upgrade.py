@@ -27,6 +27,7 @@ import difflib
 import fcntl
 import json
 import os
+import shlex
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ from . import bench
 from .api import GuardVerdict, first_problem
 from .inputs import EndpointError, InputError, ToolError
 from .stack import UpgradeStack, Writes, apply_writes, cli_text, one_line_error, value_at
-from .status import ssh_runner
+from .status import ssh_runner, ssh_shell
 from .target import Target, check_endpoint, target_from_outputs
 
 EXIT_ROLLED_BACK = 1
@@ -197,6 +198,17 @@ class GateResult:
 GuardProbe = Callable[[], dict]  # the head's {"now": unix s, "status": {...}} or {"now", "error"}
 
 
+def ssh_hold_release(ssh_user: Optional[str], ssh_key: Optional[str], ssh_options: list[str]
+                     ) -> Callable[[Target], Callable[[], None]]:
+    """Removes the head's hold file over SSH, as `ops clear-hold` does (the guard then lets serving start)."""
+    def for_target(target: Target) -> Callable[[], None]:
+        head = next(n for n in target.nodes if n["role"] == "head")
+        shell = ssh_shell(ssh_user or target.ssh_user, ssh_key, ssh_options)
+        return lambda: shell(head, f"sudo -n rm -f {shlex.quote(contract.SERVING_HOLD)}", "")
+
+    return for_target
+
+
 def ssh_guard_probe(ssh_user: Optional[str], ssh_key: Optional[str], ssh_options: list[str]
                     ) -> Callable[[Target], GuardProbe]:
     """Reads the head's guard verdict over SSH exactly as `ops status` reaches the nodes."""
@@ -270,7 +282,7 @@ def wait_for_canary(probe: GuardProbe, up_finished: float, timeout_s: float, pol
                 problem = str(reading["error"])
             else:
                 verdict = GuardVerdict.model_validate(reading.get("status"))
-                if verdict.checked_at > threshold:
+                if verdict.checked_at is not None and verdict.checked_at > threshold:
                     return judge_verdict(verdict)
                 problem = f"the latest verdict was checked {threshold - verdict.checked_at:.0f} s before the up finished"
         except ValidationError as err:
@@ -326,6 +338,9 @@ class Upgrade:
     console: Console
     guard_probe_for: Callable[[Target], GuardProbe]
     work_dir: Path
+    # removes the guard's hold on the head (None: never); see release_own_hold
+    hold_release_for: Optional[Callable[[Target], Callable[[], None]]] = None
+    started: float = field(default_factory=time.time)
     results: list[GateResult] = field(default_factory=list)
 
     def say(self, text: str, style: str = "") -> None:
@@ -374,8 +389,26 @@ class Upgrade:
         except Exception as err:  # noqa: BLE001 — after a deploy, any error must end in the rollback
             return [GateResult("judging", False, f"could not judge the deployment: {one_line_error(err)}")]
 
+    def release_own_hold(self) -> None:
+        """A hold the guard raised during this upgrade was caused by the new settings (their
+        restarts): the rollback's readiness would fail on it. One raised before stays."""
+        if self.hold_release_for is None:
+            return
+        try:
+            target = target_from_outputs(self.stack.outputs(), f"stack {self.stack.name} outputs")
+            reading = self.guard_probe_for(target)()
+            verdict = GuardVerdict.model_validate(reading.get("status"))
+            head_offset = float(reading["now"]) - time.time()  # the head's clock against ours
+            if verdict.hold and verdict.hold.since >= self.started + head_offset:
+                self.say(f"the guard held serving during this upgrade ({verdict.hold.reason}): releasing the hold "
+                         "for the rollback", "yellow")
+                self.hold_release_for(target)()
+        except Exception as err:  # noqa: BLE001 — the rollback goes on; its readiness will say what is wrong
+            self.say(f"could not check the guard's hold before the rollback: {one_line_error(err)}", "yellow")
+
     def roll_back(self) -> int:
         self.say("rolling back: writing the previous settings back and deploying them", "bold yellow")
+        self.release_own_hold()
         self.stack.write_config(self.plan.backward)
         try:
             failure = self.deploy()
@@ -488,7 +521,8 @@ def opening(open_stack: Callable[[str], UpgradeStack], work_dir: Path) -> Callab
 
 
 def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable[[str], UpgradeStack],
-                guard_probe_for: Callable[[Target], GuardProbe], work_dir: Path) -> int:
+                guard_probe_for: Callable[[Target], GuardProbe], work_dir: Path,
+                hold_release_for: Optional[Callable[[Target], Callable[[], None]]] = None) -> int:
     if not args.stack:
         raise InputError("--stack is required: the stack to upgrade (`pulumi stack ls` lists them)")
     stack = opening(open_stack, work_dir)(args.stack)
@@ -515,4 +549,4 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
             raise InputError(f"the baseline {path} was measured with another plan ({'; '.join(differences)}), so "
                              "it cannot judge the new figures: pass --rebaseline (readiness and the canary gate, "
                              "and the new figures become the baseline)")
-        return Upgrade(stack, plan, options, console, guard_probe_for, work_dir).run(baseline, path)
+        return Upgrade(stack, plan, options, console, guard_probe_for, work_dir, hold_release_for).run(baseline, path)

@@ -48,6 +48,7 @@ class World:
         self.deployed: list[str] = []  # serving.image of every successful deploy
         self.outcome = "good"
         self.silent_since = time.time()
+        self.hold_since = None  # when the guard held serving (None: at the deploy that made it hold)
 
     def deploy(self, cfg) -> None:
         image = cfg.serving.image
@@ -57,6 +58,8 @@ class World:
             raise RuntimeError("spark1-readiness-wait: not serving after 1200 s; last lines of the head's logs: "
                                "vllm.log | RuntimeError: CUDA error: no kernel image is available")
         self.deployed.append(image)
+        if self.outcome == "crashloop" and self.hold_since is None:
+            self.hold_since = time.time()
         self.behaviour.model = "another-model" if self.outcome == "wrong-model" else self.served_model
         self.behaviour.decode_tok_s = RATES["decode_tok_s"] / (4 if self.outcome == "slow" else 1)
         if self.outcome == "guard-silent":
@@ -71,7 +74,7 @@ class World:
                        "restarts_in_window": 0, "hold": None, "serving_started_at": now - 60}
             if self.outcome == "crashloop":
                 verdict.update(ok=False, failures=["engine exited 3 times in 10 min"], consecutive_failures=3,
-                               restarts_in_window=3, hold={"reason": "crash loop", "since": now - 5})
+                               restarts_in_window=3, hold={"reason": "crash loop", "since": self.hold_since})
             if self.outcome == "guard-silent":
                 verdict["checked_at"] = self.silent_since
             return {"now": now, "status": verdict}
@@ -166,14 +169,14 @@ def quiet():
     return Console(file=io.StringIO(), width=200)
 
 
-def run(stack, world, tmp_path, *flags, tolerance="1.5"):
+def run(stack, world, tmp_path, *flags, tolerance="1.5", hold_release_for=None):
     """ops upgrade with the fake stack; returns (exit code, everything it printed)."""
     args = build_parser().parse_args(["upgrade", "--stack", stack.name, *flags, "--tolerance", tolerance,
                                       "--poll-seconds", "0.05", "--canary-timeout-min", "0.02",
                                       "--readiness-timeout-min", "0.02"])
     console = Console(file=io.StringIO(), width=250)
     try:
-        code = upgrade.run_upgrade(args, console, lambda name: stack, world.guard_probe, tmp_path)
+        code = upgrade.run_upgrade(args, console, lambda name: stack, world.guard_probe, tmp_path, hold_release_for)
     except ToolError as err:
         console.file.write(f"ops upgrade: {err}\n")
         code = err.exit_code
@@ -226,6 +229,23 @@ def test_a_failing_gate_rolls_back(stack, world, tmp_path, outcome, words):
     assert world.deployed[-1] == GOOD and world.outcome == "good"
     assert "rolled back: serving again on the previous settings" in out
     assert path.read_text() == baseline_before  # the baseline kept
+
+
+@pytest.mark.parametrize("held_before_the_upgrade", [False, True])
+def test_a_hold_the_upgrade_caused_is_released_for_the_rollback_and_an_older_one_kept(
+        stack, world, tmp_path, held_before_the_upgrade):
+    """The new settings' restarts made the guard hold: the rollback's readiness would fail on it."""
+    store_baseline(tmp_path, world)
+    if held_before_the_upgrade:  # the hold is older than the upgrade: not the upgrade's doing
+        world.hold_since = time.time() - 3600
+    released = []
+    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:crashloop",
+                    hold_release_for=lambda target: lambda: released.append(target.nodes[0]["name"]))
+    assert code == upgrade.EXIT_ROLLED_BACK, out
+    if held_before_the_upgrade:
+        assert released == [] and "releasing the hold" not in out
+    else:
+        assert released == ["spark1"] and "the guard held serving during this upgrade (crash loop)" in out
 
 
 def test_rollback_unsets_the_keys_that_were_unset(stack, world, tmp_path):

@@ -269,7 +269,7 @@ def firewall_tables(sim, node):
 
 def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
     names = steps(sim_run, "sim1-hostprep-") + steps(sim_run, "sim2-hostprep-")
-    assert len(names) == 17  # 8 per node + the head's userns sysctl
+    assert len(names) == 21  # 10 per node (the co-tenant slices among them) + the head's userns sysctl
     for name in names:  # whatever an earlier stage applied
         run_step(sim, sim_run, name, field="delete")
     memlock_before = sim.ssh("sim2", "ulimit -l").stdout.strip()
@@ -335,7 +335,8 @@ def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
 def host_prep_files(sim, node):
     spec = sim.nodes[node].spec
     firewall = host_prep.firewall_policy(spec, sim.cfg.nodes, sim.cfg.head_public_ports)
-    return host_prep.managed_files(spec, sim.cfg.fabric.mtu, firewall)
+    return host_prep.managed_files(spec, sim.cfg.fabric.mtu, firewall, sim.cfg.serving.gpu_clock_cap_mhz,
+                                   sim.cfg.serving.cotenant_memory_percent)
 
 
 def host_prep_paths(sim, node):
@@ -1055,6 +1056,68 @@ def test_restart_loop_is_held_until_cleared(sim, sim_run, report, serving):
     assert cleared.returncode == 0, cleared.stdout + cleared.stderr
     wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after clear-hold")
     assert sim.node_exec("sim1", "cat", "/run/twinspark-sim/vllm-fail-starts").stdout.strip() == "0"
+
+
+# ---- 7. An upgrade that breaks the answers is rolled back ---------------------------------------
+def restart_node_serving(sim, node):
+    """The node's serving containers replaced: its dockerd restarted on the program's inputs."""
+    sim.node_exec(node, "pkill", "-9", "-f", "supervisor.py", check=False)
+    for container in (SERVING, GATEWAY):
+        sim.node_exec(node, "bash", "-c", f"kill -9 $(cat /run/twinspark-sim/{container}.pid 2>/dev/null) 2>/dev/null",
+                      check=False)
+    start_supervisor(sim, node)
+
+
+def vllm_max_model_len(sim):
+    argv = json.loads(sim.node_exec("sim1", "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)["argv"]
+    return int(argv[argv.index("--max-model-len") + 1])
+
+
+def test_an_upgrade_whose_canary_fails_is_rolled_back_and_the_old_version_serves(sim, sim_run, report, serving,
+                                                                                   tmp_path):
+    """`ops upgrade` on the simulator as its stack: the stand-in answers garbage under the new
+    setting (--max-model-len 4242), the guard's canary says so, the upgrade restores the
+    previous settings, deploys them and checks serving is back."""
+    from rich.console import Console
+
+    from ops import upgrade
+    from ops.__main__ import build_parser
+    from sim_stack import SimStack
+
+    reset_guard(sim)
+    stack = SimStack(sim, "sim", run_step, lambda node: restart_node_serving(sim, node))
+    before, before_len = stack.config(), vllm_max_model_len(sim)
+    out = sim_run.outputs
+    baseline = upgrade.baseline_path(tmp_path, "sim")
+    baseline.parent.mkdir(parents=True)
+    measured = run_ops("bench", "--endpoint", out["endpoint"]["value"], "--api-key", out["apiKey"]["value"],
+                       "--model", out["model"]["value"], "--profile", before["serving"]["profile"], "--runs", "2",
+                       "--max-tokens", "8", "--concurrency", "2", "--long-prompt-tokens", "200", "--sweep", "1,2",
+                       "--sweep-requests", "1", "--sweep-input-tokens", "50", "--sweep-output-tokens", "4",
+                       "-o", str(baseline))
+    assert measured.returncode == 0, measured.stdout + measured.stderr
+    args = build_parser().parse_args([
+        "upgrade", "--stack", "sim", "--set", "serving.maxModelLen=4242", "--tolerance", "3",
+        "--poll-seconds", "2", "--canary-timeout-min", "3", "--readiness-timeout-min", "3",
+        "--ssh-key", str(sim.key), "--ssh-option", "StrictHostKeyChecking=no",
+        "--ssh-option", "UserKnownHostsFile=/dev/null"])
+    console = Console(record=True, width=200)
+    started = time.time()
+    try:
+        ssh = (args.ssh_user, args.ssh_key, args.ssh_option)
+        code = upgrade.run_upgrade(args, console, lambda name: stack, upgrade.ssh_guard_probe(*ssh), tmp_path,
+                                   upgrade.ssh_hold_release(*ssh))
+    finally:
+        shown = console.export_text()
+        stack.deployed = sim.program = sim_run  # later scenarios use the stack's own run
+    report["upgrade_rollback_s"] = round(time.time() - started, 1)
+    assert code == 1, shown
+    assert "canary" in shown and "known answer" in shown, shown
+    assert [s["maxModelLen"] for s in stack.ups] == [4242, before["serving"]["maxModelLen"]]
+    assert stack.config() == before
+    assert vllm_max_model_len(sim) == before_len  # the old version serves
+    assert completes(sim, api_key(sim))
+    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the canary passing on the old version")
 
 
 def secret_values(sim):
