@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/test.sh — install what the tests need (Debian/Ubuntu, as root) and run them.
 #
-#   sudo ./scripts/test.sh            # everything
-#   sudo ./scripts/test.sh -k fabric  # extra arguments go to pytest
+#   sudo ./scripts/test.sh                   # everything: the rest in 4 processes, then the simulator
+#   sudo ./scripts/test.sh -k fabric         # extra arguments go to pytest (both runs)
+#   sudo ./scripts/test.sh tests/sim -k boot # a path: just that, in one process
 #
 # Installs only what is missing: Debian tools the tests run for real (shellcheck, netplan,
 # sshd, rsync, ping, sudo, iproute2, nftables, nginx, Prometheus with promtool, the node
@@ -68,8 +69,29 @@ main() {
   install_debian_packages
   install_python_env
   install_codex
-  log "running pytest"
-  exec .venv/bin/python -m pytest "$@"
+  local arg
+  for arg in "$@"; do  # a path given: run just that, as asked
+    if [ -e "${arg%%::*}" ]; then
+      log "running pytest $*"
+      exec .venv/bin/python -m pytest "$@"
+    fi
+  done
+  # Everything: the tests outside the simulator in 4 processes (they mostly wait on
+  # subprocesses; a file's tests stay in one process, so a file's fixed ports and namespaces
+  # never meet their own twins), then the simulator alone — one at a time on a machine, and
+  # its timings are figures.
+  log "running pytest: everything but the simulator (4 processes)"
+  run_pytest tests --ignore=tests/sim -n 4 --dist loadfile "$@"
+  log "running pytest: the simulator"
+  run_pytest tests/sim "$@"
+}
+
+# pytest, where "no test selected" (exit 5: a -k that only matches in the other run) is no failure
+run_pytest() {
+  local rc=0
+  .venv/bin/python -m pytest "$@" || rc=$?
+  [ "$rc" -eq 5 ] && rc=0
+  return "$rc"
 }
 
 main "$@"
