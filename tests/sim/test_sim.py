@@ -761,6 +761,12 @@ def test_ops_status_over_ssh_against_the_live_sim(sim, sim_run, serving):
             ("rail0", "up", 10000, 9000, "PORT_ACTIVE"), ("rail1", "up", 10000, 9000, "PORT_ACTIVE")]
     assert sorted((n["node_ip"], n["gpus"]) for n in nodes["sim1"]["ray"]["nodes"]) == [("10.0.0.1", 1.0), ("10.0.0.2", 1.0)]
     assert report["endpoint"]["health"] == 200 and report["endpoint"]["model"] == "sim-model"
+    # the memory check ran before Ray on both nodes, the model's page cache released first
+    for node in nodes.values():
+        memory = node["memory_check"]
+        assert memory["ok"] is True and memory["model_files_released"] > 0, memory
+        assert memory["need_gib"] == pytest.approx(sim.cfg.serving.gpu_memory_utilization * memory["total_gib"], abs=0.02)
+    assert nodes["sim1"]["hold"] is None and nodes["sim1"]["guard"]["restart_limit"] == 3
 
     sim.in_netns("sim2", "ip", "link", "set", "rail1", "down")
     try:
