@@ -142,13 +142,8 @@ def docker_run_flags() -> list[str]:
     flags += [a for name, limit in ULIMITS.items() for a in ("--ulimit", f"{name}={limit}")]
     flags += [a for cap in CAPABILITIES for a in ("--cap-add", cap)]
     flags += [a for dev in DEVICES for a in ("--device", dev)]
+    flags += ["--cgroup-parent", CONTAINER_SLICE]  # beside serving, outside the capped slices
     return flags
-
-
-# ---- serving guard (the canary) --------------------------------------------------------------
-# The head's serving guard writes its latest verdict here (JSON: checked_at, ok, failures,
-# consecutive_failures, restarts_in_window, hold, serving_started_at); `ops upgrade` reads it.
-SERVING_GUARD_STATUS = "/run/twinspark/serving-guard/status.json"
 
 # ---- weights -------------------------------------------------------------------------------
 # DIR/WEIGHTS_MANIFEST: the revision and each file's size and sha256, as checked against the

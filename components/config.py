@@ -392,7 +392,7 @@ class Serving(Contract):
         if self.cotenant_memory_max == "off":
             return None
         if self.cotenant_memory_max == "auto":
-            return max(5, int((1 - self.gpu_memory_utilization) * 100))
+            return max(5, round((1 - self.gpu_memory_utilization) * 100))
         return int(self.cotenant_memory_max.rstrip("%"))
 
     @model_validator(mode="after")

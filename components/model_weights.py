@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import pulumi
 from pulumi_command import remote
 
-from node_contract import (SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHTS_MANIFEST, WEIGHTS_RECORD,
+from node_contract import (CONTAINER_SLICE, SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHTS_MANIFEST, WEIGHTS_RECORD,
                            WEIGHTS_SYNC_PORT)
 
 from .remote import NodeScript, launch_file, node_command
@@ -78,7 +78,7 @@ def revision_args(args: ModelWeightsArgs, owner: str) -> list[str]:
 def fetch_args(args: ModelWeightsArgs, revision: str) -> list[str]:
     return ["download", "--repo", args.repo, "--revision", revision, "--dir", args.dir,
             "--image", args.downloader_image, "--manifest", WEIGHTS_MANIFEST, "--record", WEIGHTS_RECORD,
-            "--node", args.head.name]
+            "--node", args.head.name, "--cgroup-parent", CONTAINER_SLICE]
 
 
 def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,

@@ -44,7 +44,7 @@ def guard_argv(args: ServingGuardArgs) -> list[str]:
         "--secrets-file", f"{contract.BUNDLE_DIR}/{contract.SECRETS_FILE}",
         "--container", contract.SERVING_CONTAINER,
         "--restart-policy", contract.SERVING_RESTART_POLICY,
-        "--status-dir", contract.SERVING_GUARD_STATUS.rsplit("/", 1)[0],
+        "--status-file", contract.SERVING_GUARD_STATUS,
         "--hold-file", contract.SERVING_HOLD,
         "--held-mark", contract.SERVING_GUARD_HELD_MARK,
         "--nodes", " and ".join(args.node_names),

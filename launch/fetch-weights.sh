@@ -28,15 +28,17 @@ set -euo pipefail
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
 repo="" revision="" dir="" image="" manifest="" record="" node="" owner="" timeout_h=8
-program=""
+program="" cgroup_parent=""
 HUB_LISTING=.twinspark-hub.json  # what the hub published for the revision (weights.py hub-download)
 
 # in_image ARGS...: weights.py ARGS inside the serving base image, DIR mounted at /weights
 in_image() {
-  local token_env=() mounts=(-v "$program:/twinspark/weights.py:ro")
+  local token_env=() placement=() mounts=(-v "$program:/twinspark/weights.py:ro")
   [ -n "${HF_TOKEN:-}" ] && token_env=(-e HF_TOKEN)
   [ -n "$dir" ] && mounts+=(-v "$dir:/weights")
-  timeout "${timeout_h}h" docker run --rm --network host "${token_env[@]}" \
+  # the download's page cache counts where the container runs: beside serving, not in the capped system.slice
+  [ -n "$cgroup_parent" ] && placement=(--cgroup-parent "$cgroup_parent")
+  timeout "${timeout_h}h" docker run --rm --network host "${placement[@]}" "${token_env[@]}" \
     -e HOME=/tmp -e HF_HUB_DISABLE_TELEMETRY=1 -e HF_HUB_DISABLE_PROGRESS_BARS=1 \
     -u "$(id -u):$(id -g)" "${mounts[@]}" --entrypoint python3 "$image" /twinspark/weights.py "$@"
 }
@@ -92,6 +94,7 @@ forget() {
 
 download() {
   parse_flags --repo=repo --revision=revision --dir=dir --image=image --manifest=manifest --record=record \
+    --cgroup-parent=cgroup_parent \
     --node=node --timeout-hours=timeout_h -- "$@"
   require_flags --repo --revision --dir --image --manifest --record --node
   read_payload program weights.py

@@ -24,8 +24,7 @@ the restart count live on tmpfs: a reboot clears them, and removing the hold fil
 (`python -m ops clear-hold`) clears it too; the guard then puts the restart policy back and
 starts serving.
 
-Its verdict is written to --status-dir/status.json after every check, for `ops status` and
-`ops upgrade`.
+Its verdict is written to --status-file after every look, for `ops status` and `ops upgrade`.
 """
 
 from __future__ import annotations
@@ -180,6 +179,8 @@ def canary_round(api: Api) -> list[str]:
             check(api, model)
         except CanaryFailure as failure:
             return str(failure)
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as err:  # a reply of the wrong shape
+            return f"{check.__name__}: malformed reply ({type(err).__name__}: {err})"
         return None
 
     # at once: a wedged engine then costs one deadline per round, not one per check
@@ -206,11 +207,14 @@ def inspect(name: str) -> Optional[Container]:
     result = docker("inspect", name, timeout=30)
     if result.returncode != 0:
         return None
-    doc = json.loads(result.stdout)[0]
-    state = doc.get("State") or {}
-    return Container(doc["Id"], bool(state.get("Running")), int(doc.get("RestartCount") or 0),
-                     str(state.get("StartedAt") or ""), int(state.get("ExitCode") or 0),
-                     ((doc.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "")
+    try:
+        doc = json.loads(result.stdout)[0]
+        state = doc.get("State") or {}
+        return Container(doc["Id"], bool(state.get("Running")), int(doc.get("RestartCount") or 0),
+                         str(state.get("StartedAt") or ""), int(state.get("ExitCode") or 0),
+                         ((doc.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "")
+    except (ValueError, IndexError, KeyError, AttributeError, TypeError):
+        return None
 
 
 # ---- the guard -----------------------------------------------------------------------------
@@ -230,7 +234,7 @@ class Guard:
 
     @property
     def restarts_file(self) -> Path:
-        return Path(self.args.status_dir) / "restarts.json"
+        return Path(self.args.status_file).with_name("restarts.json")
 
     def load(self) -> None:
         try:
@@ -292,15 +296,28 @@ class Guard:
 
     def clear_if_released(self) -> None:
         """A hold file removed by hand (ops clear-hold) clears the count with it."""
-        if Path(self.args.held_mark).exists() and self.hold() is None and self.was_held:
+        if self.hold() is None and self.was_held:
             log("hold cleared: serving starts again")
             self.restarts = []
             write_json(self.restarts_file, self.restarts)
         self.was_held = False
 
+    def lowered_policy_of(self, container: Container) -> bool:
+        """Did the guard set this container's policy to "no"? (A mark naming another is stale.)"""
+        mark = Path(self.args.held_mark)
+        try:
+            if mark.read_text().strip() == container.id:
+                return True
+        except OSError:
+            return False
+        mark.unlink(missing_ok=True)
+        return False
+
     def follow_container(self, container: Container) -> None:
-        """Count docker's own restarts (RestartCount of the same container) as serving restarts."""
-        if container.id != self.container_id:  # a new container (pulumi up): a fresh start, not a restart
+        """Count docker's own restarts (RestartCount of the same container) as serving restarts.
+        A new container (pulumi up) starts without a restart; the count so far stays, as the
+        memory its crashes leaked does."""
+        if container.id != self.container_id:
             self.container_id, self.restart_count = container.id, container.restart_count
         elif container.restart_count > self.restart_count:
             self.record_restart(f"engine exited (exit code {container.exit_code})",
@@ -343,7 +360,7 @@ class Guard:
             return
         self.clear_if_released()
         self.follow_container(container)
-        ours = Path(self.args.held_mark).exists()
+        ours = self.lowered_policy_of(container)
         if self.in_window() >= self.args.restart_limit:
             if ours and not container.running:  # the last allowed attempt failed too
                 self.raise_hold("restart loop")
@@ -359,7 +376,7 @@ class Guard:
             self.check()
 
     def write_status(self) -> None:
-        write_json(Path(self.args.status_dir) / "status.json", {
+        write_json(Path(self.args.status_file), {
             "updated_at": time.time(),
             **{"checked_at": None, "ok": None, "failures": []}, **self.last,
             "consecutive_failures": self.consecutive,
@@ -394,7 +411,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--secrets-file", required=True, help="holds VLLM_API_KEY=...")
     parser.add_argument("--container", required=True)
     parser.add_argument("--restart-policy", required=True, help="the container's own, put back after a hold")
-    parser.add_argument("--status-dir", required=True)
+    parser.add_argument("--status-file", required=True, help="the verdict, JSON; restarts.json beside it")
     parser.add_argument("--hold-file", required=True)
     parser.add_argument("--held-mark", required=True)
     parser.add_argument("--nodes", required=True, help="what to reboot, as the hold says it")
@@ -417,7 +434,7 @@ def main(argv: list[str]) -> int:
     while True:
         try:
             guard.tick()
-        except (subprocess.SubprocessError, OSError, ValueError) as err:  # keep guarding; say what broke
+        except Exception as err:  # noqa: BLE001 — keep guarding whatever broke; say what it was
             log(f"check skipped: {type(err).__name__}: {err}")
         guard.write_status()
         time.sleep(TICK_S)

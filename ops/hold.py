@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import time
 
 from rich.console import Console
@@ -22,25 +23,40 @@ from .inputs import ToolError
 from .status import NodeShell
 
 WAIT_S = 60
+READ_VERDICT = f"cat {shlex.quote(contract.SERVING_GUARD_STATUS)}"
+
+
+def release_hold(shell: NodeShell, head: dict) -> None:
+    """Remove the head's hold file (the guard does the rest); `ops upgrade` uses it too."""
+    shell(head, f"sudo -n rm -f {shlex.quote(contract.SERVING_HOLD)}", "")
+
+
+def read_verdict(shell: NodeShell, head: dict) -> dict:
+    try:
+        verdict = json.loads(shell(head, READ_VERDICT, ""))
+    except (RuntimeError, ValueError, subprocess.SubprocessError) as err:
+        raise ToolError(f"cannot read the guard's verdict on {head['name']}: {err}") from None
+    if not isinstance(verdict, dict):
+        raise ToolError(f"the guard's verdict on {head['name']} is not a JSON object")
+    return verdict
 
 
 def clear_hold(target, shell: NodeShell, console: Console, wait_s: float = WAIT_S) -> int:
     head = next(n for n in target.nodes if n["role"] == "head")
-    read_status = f"cat {shlex.quote(contract.SERVING_GUARD_STATUS)}"
-    try:
-        before = json.loads(shell(head, read_status, ""))
-    except (RuntimeError, ValueError) as err:
-        raise ToolError(f"cannot read the guard's verdict on {head['name']}: {err}") from None
-    if not before.get("hold"):
+    hold = read_verdict(shell, head).get("hold")
+    if not hold:
         console.print(Text(f"{head['name']}: serving is not held; nothing to clear"))
         return 0
-    console.print(Text(f"{head['name']}: clearing the hold: {before['hold'].get('reason')}"))
-    shell(head, f"sudo -n rm -f {shlex.quote(contract.SERVING_HOLD)}", "")
+    console.print(Text(f"{head['name']}: clearing the hold: {hold.get('reason') if isinstance(hold, dict) else hold}"))
+    try:
+        release_hold(shell, head)
+    except (RuntimeError, subprocess.SubprocessError) as err:
+        raise ToolError(f"cannot remove the hold on {head['name']}: {err}") from None
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         time.sleep(2)
-        status = json.loads(shell(head, read_status, ""))
-        if not status.get("hold") and status.get("restarts_in_window") == 0:
+        verdict = read_verdict(shell, head)
+        if not verdict.get("hold") and verdict.get("restarts_in_window") == 0:
             console.print(Text(f"{head['name']}: hold cleared; serving is starting (watch with `python -m ops status`)",
                                style="green"))
             return 0

@@ -212,17 +212,24 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
     return found
 
 
+def as_object(value) -> dict:
+    """A state file's JSON as an object ({} when it is something else: shown, never a traceback)."""
+    return value if isinstance(value, dict) else {}
+
+
 def guard_problems(node: dict) -> list[str]:
     """The memory check waiting, serving held, the canary failing: each in its own words."""
     found, name = [], node["node"]
-    memory = node.get("memory_check") or {}
+    memory = as_object(node.get("memory_check"))
     if memory.get("ok") is False or "error" in memory:
         found.append(f"{name}: memory check before load: {memory.get('message') or memory.get('error')}")
     hold = node.get("hold")
     if hold:
-        found.append(f"{name}: serving held: {hold.get('reason') or hold.get('error')}")
+        found.append(f"{name}: serving held: {as_object(hold).get('reason') or as_object(hold).get('error') or hold}")
     guard = node.get("guard")
-    if "guard" in node and guard is None:
+    if guard is not None and not isinstance(guard, dict):
+        found.append(f"{name}: the serving guard's verdict is not a JSON object")
+    elif "guard" in node and guard is None:
         found.append(f"{name}: the serving guard has written no verdict ({contract.SERVING_GUARD_UNIT} not running?)")
     elif guard and guard.get("ok") is False:
         found.append(f"{name}: canary failing ({guard.get('consecutive_failures')} rounds in a row): "
@@ -240,17 +247,18 @@ def gpu_text(gpu: dict) -> str:
 
 def guard_text(node: dict) -> str:
     parts = []
-    memory = node.get("memory_check")
-    if memory and "message" in memory:
+    memory = as_object(node.get("memory_check"))
+    if "message" in memory:
         parts.append(f"memory: {'ok' if memory.get('ok') else 'WAITING'} ({memory.get('available_gib')} of "
                      f"{memory.get('need_gib')} GiB available)")
-    guard = node.get("guard")
+    guard = as_object(node.get("guard"))
     if guard and "error" not in guard:
         checked = guard.get("checked_at")
-        when = time.strftime("%H:%M:%S", time.localtime(checked)) if checked else "not yet"
-        verdict = {True: "ok", False: "FAILING", None: "-"}[guard.get("ok")]
+        when = time.strftime("%H:%M:%S", time.localtime(checked)) if isinstance(checked, (int, float)) else "not yet"
+        verdict = {True: "ok", False: "FAILING"}.get(guard.get("ok"), "-")
+        window = guard.get("window_s")
         parts.append(f"canary: {verdict} at {when}; restarts {guard.get('restarts_in_window')}/"
-                     f"{guard.get('restart_limit')} in {int(guard.get('window_s', 0)) // 60} min")
+                     f"{guard.get('restart_limit')} in {int(window) // 60 if isinstance(window, (int, float)) else '?'} min")
     if node.get("hold"):
         parts.append("HELD")
     return "\n".join(parts)

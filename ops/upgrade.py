@@ -27,7 +27,6 @@ import difflib
 import fcntl
 import json
 import os
-import shlex
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from . import bench
 from .api import GuardVerdict, first_problem
 from .inputs import EndpointError, InputError, ToolError
 from .stack import UpgradeStack, Writes, apply_writes, cli_text, one_line_error, value_at
+from .hold import release_hold
 from .status import ssh_runner, ssh_shell
 from .target import Target, check_endpoint, target_from_outputs
 
@@ -204,7 +204,7 @@ def ssh_hold_release(ssh_user: Optional[str], ssh_key: Optional[str], ssh_option
     def for_target(target: Target) -> Callable[[], None]:
         head = next(n for n in target.nodes if n["role"] == "head")
         shell = ssh_shell(ssh_user or target.ssh_user, ssh_key, ssh_options)
-        return lambda: shell(head, f"sudo -n rm -f {shlex.quote(contract.SERVING_HOLD)}", "")
+        return lambda: release_hold(shell, head)
 
     return for_target
 
@@ -282,9 +282,12 @@ def wait_for_canary(probe: GuardProbe, up_finished: float, timeout_s: float, pol
                 problem = str(reading["error"])
             else:
                 verdict = GuardVerdict.model_validate(reading.get("status"))
-                if verdict.checked_at is not None and verdict.checked_at > threshold:
+                if verdict.checked_at is None:
+                    problem = "the guard has made no canary round yet"
+                elif verdict.checked_at > threshold:
                     return judge_verdict(verdict)
-                problem = f"the latest verdict was checked {threshold - verdict.checked_at:.0f} s before the up finished"
+                else:
+                    problem = f"the latest verdict was checked {threshold - verdict.checked_at:.0f} s before the up finished"
         except ValidationError as err:
             problem = f"the guard's status is not a verdict ({first_problem(err)})"
         except Exception as err:  # ssh, JSON: one more try until the deadline

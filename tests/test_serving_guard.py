@@ -86,7 +86,7 @@ class Node:
         argv = [sys.executable, str(LAUNCH / contract.SERVING_GUARD_SCRIPT),
                 "--endpoint", f"http://127.0.0.1:{self.server.server_address[1]}",
                 "--secrets-file", str(self.tmp / "secrets.env"), "--container", contract.SERVING_CONTAINER,
-                "--restart-policy", contract.SERVING_RESTART_POLICY, "--status-dir", str(self.tmp / "guard"),
+                "--restart-policy", contract.SERVING_RESTART_POLICY, "--status-file", str(self.tmp / "guard" / "status.json"),
                 "--hold-file", str(self.hold_file), "--held-mark", str(self.tmp / "state" / "held-container"),
                 "--nodes", "spark1 and spark2", "--vllm-log", "/var/log/twinspark/vllm.log",
                 "--interval", str(interval), "--retry-interval", "1", "--deadline", "3",
@@ -201,3 +201,4 @@ def test_the_unit_runs_the_guard_with_no_secret_in_its_command_line():
     assert "Restart=always" in unit and "ExecStart=/usr/bin/python3 /usr/local/lib/twinspark/serving-guard.py" in unit
     # a changed script changes the unit, which the managed file's `service` action restarts
     assert "serving-guard.py sha256 " in unit
+

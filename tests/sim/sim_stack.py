@@ -36,7 +36,10 @@ class SimStack:
         self.sim, self.name = sim, name
         self.run_step, self.restart_node = run_step, restart_node
         self.blocks = {k[len(NAMESPACE):]: copy.deepcopy(v) for k, v in sim.config.items() if k.startswith(NAMESPACE)}
-        self.deployed = sim.program  # the program run whose steps the nodes hold now
+        self.deployed = sim.program  # the last run deployed in full (its outputs are the stack's)
+        # what the nodes hold, per resource, as the engine's state does: a step is recorded once it
+        # succeeded, so a failed up leaves the steps it did run recorded for the next one to diff
+        self.state = {r.name: compared_inputs(r) for r in sim.program.resources}
         self.ups: list[dict] = []  # the serving block of each up, in order
 
     def stack_config(self, blocks: dict) -> dict:
@@ -51,9 +54,8 @@ class SimStack:
         self.blocks = apply_writes(self.blocks, writes)
 
     def changed(self, run) -> list:
-        """The resources of `run` whose compared inputs differ from the deployed run's."""
-        before = {r.name: compared_inputs(r) for r in self.deployed.resources}
-        return [r for r in run.resources if before.get(r.name) != compared_inputs(r)]
+        """The resources of `run` whose compared inputs differ from what the nodes hold."""
+        return [r for r in run.resources if self.state.get(r.name) != compared_inputs(r)]
 
     def preview(self, writes: Writes) -> PreviewReport:
         run = run_program(self.stack_config(apply_writes(self.blocks, writes)), preview=True)
@@ -71,13 +73,18 @@ class SimStack:
         changed = self.changed(run)
         for step in [r for r in changed if r.type == COMMAND and not r.name.endswith("-readiness-wait")]:
             self.step(run, step.name, on_output)
-        nodes = {r.name.split("-serving-")[0] for r in changed if r.type == CONTAINER}
-        self.deployed = self.sim.program = run  # the sim's dockerd starts what this run declares
+            self.state[step.name] = compared_inputs(step)
+        containers = [r for r in changed if r.type == CONTAINER]
+        nodes = {r.name.split("-serving-")[0] for r in containers}
+        self.sim.program = run  # the sim's dockerd starts what this run declares
         for node in sorted(nodes, key=lambda n: n == self.head(run)):  # workers first, the head last
             on_output(f"replacing {node}'s serving containers")
             self.restart_node(node)
+            self.state.update({r.name: compared_inputs(r) for r in containers if r.name.startswith(f"{node}-")})
         if nodes:
             self.step(run, f"{self.head(run)}-readiness-wait", on_output)
+        self.state.update({r.name: compared_inputs(r) for r in run.resources})
+        self.deployed = run
 
     def outputs(self) -> dict[str, Any]:
         return {name: value["value"] for name, value in self.deployed.outputs.items()}

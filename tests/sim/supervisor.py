@@ -117,6 +117,10 @@ def main() -> int:
         delay = 0.1 if time.monotonic() - started >= 10 else min(delay * 2, 60)
         time.sleep(delay)
         by_policy = True
+        if control["stopped"].exists():  # a `docker stop` during the delay: down until `docker start`
+            while control["stopped"].exists():
+                time.sleep(0.2)
+            by_policy = False
 
 
 if __name__ == "__main__":

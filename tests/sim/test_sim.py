@@ -989,7 +989,7 @@ def test_head_back_fast_is_caught_by_node_id(sim, report, serving):
 def reset_guard(sim):
     """The guard restarted with an empty restart count (the scenarios before restarted the head)."""
     sim.node_exec("sim1", "bash", "-c", f"systemctl stop {contract.SERVING_GUARD_UNIT}; "
-                  f"rm -f {contract.SERVING_HOLD} {Path(GUARD_STATUS).parent}/restarts.json {GUARD_STATUS}; "
+                  f"rm -f {contract.SERVING_HOLD} {Path(GUARD_STATUS).with_name('restarts.json')} {GUARD_STATUS}; "
                   f"systemctl start {contract.SERVING_GUARD_UNIT}")
     wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="a passing canary round")
 
