@@ -46,8 +46,8 @@ show_failure() {
   done
 }
 
-# a JSON file's "reason" or "message" string, without jq (not on every node)
-json_text() { sed -n 's/^ *"'"$2"'": "\(.*\)",\{0,1\}$/\1/p' "$1" 2>/dev/null | head -n 1; }
+# a JSON file's "reason" or "message" string (python3 is on every node; jq is not)
+json_text() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' "$1" "$2" 2>/dev/null; }
 
 fail_if_held() {
   [ -n "$hold" ] && [ -e "$hold" ] || return 0

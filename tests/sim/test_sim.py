@@ -211,14 +211,19 @@ def supervisor_running(sim, node):
     return sim.node_exec(node, "pgrep", "-f", "supervisor.py", check=False).returncode == 0
 
 
+def stop_containers(sim, node):
+    """The node's dockerd and every container it runs gone at once (kill -9)."""
+    sim.node_exec(node, "pkill", "-9", "-f", "supervisor.py", check=False)
+    for container in (SERVING, GATEWAY):
+        sim.node_exec(node, "bash", "-c", f"kill -9 $(cat /run/twinspark-sim/{container}.pid 2>/dev/null) 2>/dev/null",
+                      check=False)
+
+
 def stop_serving(sim):
     """Both nodes powered off, as far as serving goes: supervisors and their containers gone,
     services stopped, and what lives on tmpfs (/run/twinspark) lost."""
     for node in ("sim1", "sim2"):
-        sim.node_exec(node, "pkill", "-9", "-f", "supervisor.py", check=False)
-        for container in (SERVING, GATEWAY):
-            sim.node_exec(node, "bash", "-c", f"kill -9 $(cat /run/twinspark-sim/{container}.pid 2>/dev/null) 2>/dev/null",
-                          check=False)
+        stop_containers(sim, node)
         sim.node_exec(node, "bash", "-c", "for u in /run/twinspark-sim/units/*.pid; do [ -e \"$u\" ] && "
                       "systemctl stop \"$(basename \"$u\" .pid)\"; done; rm -rf " + contract.RUN_DIR, check=False)
 
@@ -1067,10 +1072,7 @@ def test_restart_loop_is_held_until_cleared(sim, sim_run, report, serving):
 # ---- 7. An upgrade that breaks the answers is rolled back ---------------------------------------
 def restart_node_serving(sim, node):
     """The node's serving containers replaced: its dockerd restarted on the program's inputs."""
-    sim.node_exec(node, "pkill", "-9", "-f", "supervisor.py", check=False)
-    for container in (SERVING, GATEWAY):
-        sim.node_exec(node, "bash", "-c", f"kill -9 $(cat /run/twinspark-sim/{container}.pid 2>/dev/null) 2>/dev/null",
-                      check=False)
+    stop_containers(sim, node)
     start_supervisor(sim, node)
 
 
