@@ -198,6 +198,7 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
             access={n.name: ObservedAccess(conns[n.name], images[n.name].provider) for n in cfg.nodes},
             grafana_admin_password=grafana_password,
             alert_webhook_url=alert_webhook_url,
+            label_key=label_key,
         ),
         opts=after_fabric,  # the exporters bind the first-rail addresses
     )

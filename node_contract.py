@@ -34,6 +34,15 @@ API_GATEWAY_CONF = "api-gateway.conf"  # head: nginx config (the key itself is a
 # inside the gateway container: nginx's pid, temp files and the key map (api-key.conf, mode 600)
 API_GATEWAY_RUN_DIR = "/run/twinspark-api-gateway"
 API_GATEWAY_KEY_MAP = "api-key.conf"
+# vLLM's API listens on a Unix socket (`vllm serve --uds`), never on a TCP port: only the
+# containers that mount this directory (the head's serving container and the API gateway) can
+# reach it, and inside them only root and the group below. Host and containers, same path; a
+# tmpfs on the host, so a reboot leaves no stale socket.
+VLLM_SOCKET_DIR = "/run/twinspark-vllm"
+VLLM_SOCKET = f"{VLLM_SOCKET_DIR}/vllm.sock"
+# The group the socket belongs to (the directory is setgid) and nginx's workers run in: created
+# in the serving image (launch/serving-image/Dockerfile), a gid no DGX OS account uses.
+API_SOCKET_GROUP, API_SOCKET_GID = "twinspark-api", 64180
 
 
 # ---- the serving guard (head host, systemd): canary, wedge and crash-loop guard ------------
@@ -79,12 +88,12 @@ SSH_PORT = 22
 RAY_PORT = 6379
 RAY_DASHBOARD_PORT = 8265
 NCCL_RENDEZVOUS_PORT = 29555
-# vLLM listens on the head's loopback only, on this port; the API gateway (nginx) listens on
-# serving.port on every interface and checks the key on every path but /health.
+# The API gateway (nginx) listens on serving.port on every interface and checks the key on
+# every path but /health. On the head's loopback it also serves vLLM's /metrics alone, on this
+# port, for Prometheus (which itself answers every local process without a key).
 # Below Ray's worker ports (10002-19999) and the kernel's ephemeral range, where Ray's own
 # processes could hold it first.
-VLLM_LOOPBACK_PORT = 8100
-SSH_PORT = 22
+METRICS_LOOPBACK_PORT = 8100
 
 # Ray's defaults for the ports the boot scripts leave unset (`ray start --help`)
 RAY_CLIENT_PORT = 10001

@@ -49,8 +49,9 @@ PROFILES: dict[str, dict[str, int]] = {
 # or they would bypass this check.
 FLAGS_NOT_IN_EXTRA_ARGS = {
     "--served-model-name": "set model.servedName",
-    "--port": "vLLM listens on a fixed loopback port behind the API gateway; set serving.port for the API",
-    "--host": "vLLM listens on loopback only, behind the API gateway that checks the key",
+    "--port": "vLLM listens on a Unix socket behind the API gateway; set serving.port for the API",
+    "--host": "vLLM listens on a Unix socket only the API gateway opens, behind its key check",
+    "--uds": "vLLM's socket is twinspark's: only the API gateway may open it",
     "--max-model-len": "set serving.maxModelLen",
     "--gpu-memory-utilization": "set serving.gpuMemoryUtilization",
     "--kv-cache-dtype": "set serving.kvCacheDtype",
@@ -218,7 +219,7 @@ PORTS_IN_USE = (
     ((contract.RAY_PORT,) * 2, "the Ray GCS's"),
     ((contract.RAY_DASHBOARD_PORT,) * 2, "the Ray dashboard's"),
     ((contract.RAY_CLIENT_PORT,) * 2, "the Ray client server's"),
-    ((contract.VLLM_LOOPBACK_PORT,) * 2, "vLLM's own, on loopback behind the API gateway"),
+    ((contract.METRICS_LOOPBACK_PORT,) * 2, "the API gateway's, for vLLM's /metrics on loopback"),
     (contract.RAY_WORKER_PORTS, "one of Ray's worker ports"),
     ((contract.NCCL_RENDEZVOUS_PORT,) * 2, "NcclCheck's NCCL rendezvous"),
     ((contract.WEIGHTS_SYNC_PORT,) * 2, "the weight copy's rsync daemons' (on the rail addresses)"),

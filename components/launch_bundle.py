@@ -74,8 +74,8 @@ def vllm_serve_args(vllm: VllmServe) -> list[list[str]]:
     lines = [
         ["vllm", "serve", m.container_dir],
         ["--served-model-name", m.served_name],
-        # loopback only: the API gateway (api-gateway.conf) is what listens on serving.port
-        ["--host", "127.0.0.1", "--port", str(contract.VLLM_LOOPBACK_PORT)],
+        # a Unix socket only the API gateway opens (api-gateway.conf): it listens on serving.port
+        ["--uds", contract.VLLM_SOCKET],
         ["--tensor-parallel-size", str(vllm.tensor_parallel_size)],
         ["--distributed-executor-backend", "ray"],
         ["--trust-remote-code"],
@@ -115,8 +115,8 @@ def render_launch_vllm(vllm: VllmServe) -> str:
 # (`pulumi config set --path serving.profile multiagent`) and run `pulumi up`, which
 # rewrites this file and restarts the serving containers (the head starts last).
 set -euo pipefail
-# vLLM listens on loopback only; the API gateway in front of it checks the key on every
-# path (vLLM itself would check it on /v1 only), so vLLM is started without one.
+# vLLM listens on a Unix socket only the API gateway opens; the gateway checks the key on
+# every path (vLLM itself would check it on /v1 only), so vLLM is started without one.
 exec {command}
 """
 
@@ -148,6 +148,9 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_API_GATEWAY_LOG", contract.API_GATEWAY_LOG),
         ("TWINSPARK_API_GATEWAY_RUN_DIR", contract.API_GATEWAY_RUN_DIR),
         ("TWINSPARK_API_GATEWAY_KEY_MAP", contract.API_GATEWAY_KEY_MAP),
+        ("TWINSPARK_VLLM_SOCKET_DIR", contract.VLLM_SOCKET_DIR),
+        ("TWINSPARK_VLLM_SOCKET", contract.VLLM_SOCKET),
+        ("TWINSPARK_API_SOCKET_GROUP", contract.API_SOCKET_GROUP),
         ("# Ray's token authentication: every ray start, driver and client (docker exec too)", None),
         *contract.ray_auth_env().items(),
         ("# vLLM must see the address Ray knows this node by (the first rail)", None),
@@ -180,15 +183,26 @@ def render_secrets_env(api_key: str) -> str:
     return f"VLLM_API_KEY={shlex.quote(api_key)}\n"
 
 
+# The path exactly as the client sent it (nginx's $request_uri, before any %-decoding or
+# dot-segment removal): plain segments only, an optional query. vLLM routes the raw path while
+# nginx matches the normalised one, so anything nginx would rewrite (`/metrics/../health`,
+# `%2e%2e`, `%2F`, `//`, a segment starting with a dot) is refused rather than checked on one
+# path and served on another. No OpenAI-compatible path needs any of it.
+PLAIN_REQUEST_PATH = r"^(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?(\?.*)?$"
+
+
 def render_api_gateway_conf(port: int) -> str:
     """nginx in front of vLLM: every path needs the key but /health, which says only up or down.
 
     The key map is written at container start by api-gateway.sh (from secrets.env, into a
-    private tmpfs file), so this file holds no secret.
+    private tmpfs file), so this file holds no secret. vLLM listens on a Unix socket only the
+    gateway's workers (group API_SOCKET_GROUP) can open; a request reaches it on the one path
+    that was checked ($uri, equal to the raw path once PLAIN_REQUEST_PATH holds).
     """
-    upstream = f"127.0.0.1:{contract.VLLM_LOOPBACK_PORT}"
     run = contract.API_GATEWAY_RUN_DIR
+    refuse_odd_paths = "if ($twinspark_plain_path = 0) { return 404; }"
     return f"""# {contract.API_GATEWAY_CONF} — rendered by twinspark; the API on serving.port ({port}).
+user nobody {contract.API_SOCKET_GROUP};  # the group that may open vLLM's socket
 worker_processes 2;
 pid {run}/nginx.pid;
 error_log {contract.LOG_DIR}/{contract.API_GATEWAY_LOG} warn;
@@ -196,25 +210,32 @@ events {{ worker_connections 1024; }}
 http {{
     access_log off;
     server_tokens off;
-    # map $http_authorization $twinspark_key_ok {{ default 0; "Bearer <key>" 1; }}
+    # map $http_authorization $twinspark_key_ok {{ default 0; "~^(?i:bearer) +<key>$" 1; }}: a
+    # case-sensitive regex (a string key would be matched ignoring case, and one of 40
+    # characters or more would not fit map_hash_bucket_size)
     include {run}/{contract.API_GATEWAY_KEY_MAP};
+    map $request_uri $twinspark_plain_path {{
+        default 0;
+        "~{PLAIN_REQUEST_PATH}" 1;
+    }}
     client_max_body_size 64m;  # a 1M-token prompt is a few MB of JSON
     client_body_temp_path {run}/body;
     proxy_temp_path {run}/proxy;
-    # A fresh loopback connection per request (nginx's default, Connection: close): a kept-alive
-    # one can be closed by uvicorn (5 s keep-alive) just as a request goes out on it, and nginx
-    # does not retry a POST, so the client would get a 502. A connect on loopback is ~0.1 ms.
-    upstream vllm {{ server {upstream}; }}
+    # A fresh connection per request (nginx's default, Connection: close): a kept-alive one can
+    # be closed by uvicorn (5 s keep-alive) just as a request goes out on it, and nginx does not
+    # retry a POST, so the client would get a 502.
+    upstream vllm {{ server unix:{contract.VLLM_SOCKET}; }}
     server {{
         listen {port};
         listen [::]:{port};
-        location = /health {{ proxy_pass http://vllm; }}
+        {refuse_odd_paths}
+        location = /health {{ proxy_pass http://vllm/health; }}
         location / {{
             if ($twinspark_key_ok = 0) {{
                 add_header WWW-Authenticate Bearer always;
                 return 401 '{{"error":"a valid API key is required (Authorization: Bearer ...)"}}\n';
             }}
-            proxy_pass http://vllm;
+            proxy_pass http://vllm$uri$is_args$args;
             proxy_http_version 1.1;
             # stream tokens as vLLM sends them; long generations take minutes
             proxy_buffering off;
@@ -222,6 +243,13 @@ http {{
             proxy_read_timeout 1h;
             proxy_send_timeout 1h;
         }}
+    }}
+    # Prometheus (on the head's network) reads vLLM's /metrics here, and nothing else
+    server {{
+        listen 127.0.0.1:{contract.METRICS_LOOPBACK_PORT};
+        {refuse_odd_paths}
+        location = /metrics {{ proxy_pass http://vllm/metrics; }}
+        location / {{ return 404; }}
     }}
 }}
 """

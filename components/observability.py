@@ -76,6 +76,7 @@ class ObservabilityArgs:
     access: dict[str, ObservedAccess]  # node name -> access
     grafana_admin_password: pulumi.Input[str]  # a secret
     alert_webhook_url: Optional[pulumi.Input[str]]  # a secret; None: alerts stay in Grafana/Prometheus
+    label_key: pulumi.Input[str]  # keys the hash of a config holding a secret (the webhook URL)
 
 
 # ---- pure pieces: what each container and script is started with ---------------------------
@@ -232,7 +233,7 @@ class Observability(pulumi.ComponentResource):
             self.alertmanager = self._container(
                 head, "alertmanager", images.alertmanager,
                 [dirs[head.name], *managed_file_commands(head.name, CAPABILITY, conn, am_files, parent=self)],
-                config_hash=files_hash(am_files),
+                config_hash=files_hash(am_files, key=args.label_key),
                 command=alertmanager_command(),
                 user=f"{contract.ALERTMANAGER_UID}:0",
                 mounts=[_bind(ALERTMANAGER_HOST_DIR, contract.ALERTMANAGER_CONTAINER_CONFIG_DIR, read_only=True),

@@ -1,6 +1,6 @@
 """The observability component's files, rendered from the config (pure: no Pulumi, no resources).
 
-- `render_prometheus_config`  prometheus.yml: vLLM on the head's loopback, node + GPU exporters on
+- `render_prometheus_config`  prometheus.yml: vLLM's /metrics on the head's loopback (the gateway), node + GPU exporters on
                                every node's first-rail address, rail labels on the fabric series
 - `alert_groups` / `render_alert_rules`  the alert rules (serving, guard, fabric, nodes, GPU)
 - `render_alertmanager_config`  Alertmanager's route to the webhook (only with alertWebhookUrl)
@@ -139,7 +139,7 @@ def plan_from_config(cfg: StackConfig, alertmanager: bool) -> ObservabilityPlan:
     return ObservabilityPlan(
         nodes=tuple(ObservedNode(n.name, n.role, n.ray_ip, tuple(ObservedRail(r.iface, r.hca) for r in n.rails))
                     for n in cfg.nodes),
-        vllm_port=contract.VLLM_LOOPBACK_PORT,
+        vllm_port=contract.METRICS_LOOPBACK_PORT,
         expected_mtu=cfg.fabric.mtu,
         expected_link_speed_mbps=cfg.fabric.link_speed_mbps,
         bootstrap_iface=cfg.fabric.bootstrap_iface,
@@ -195,8 +195,8 @@ def render_prometheus_config(plan: ObservabilityPlan, rules_dir: str = CONTAINER
         config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{plan.alertmanager_port}"]}]}]}
     config["scrape_configs"] = [
         {
-            # vLLM listens on the head's loopback, behind the API gateway; Prometheus shares the
-            # head's network namespace, so it reads /metrics without the key.
+            # The API gateway serves vLLM's /metrics alone on the head's loopback; Prometheus
+            # shares the head's network namespace, so it reads them without the key.
             "job_name": JOB_VLLM,
             "static_configs": [
                 {"targets": [f"127.0.0.1:{plan.vllm_port}"], "labels": {"node": head.name, "role": head.role}}

@@ -1,7 +1,7 @@
 """ServingCluster: the Ray/vLLM containers, one per node, with the recipe's docker options.
 
 Creates one worker container per worker node (entrypoint boot-worker.sh), one head
-container (boot-head.sh, vLLM as PID 1 on loopback) that depends on every worker, and on the
+container (boot-head.sh, vLLM as PID 1 on a Unix socket) that depends on every worker, and on the
 head the API gateway container (api-gateway.sh: nginx on serving.port, the key on every
 path). All restart `unless-stopped`, with docker's own log capped. Each carries its node's
 bundle hash and image id, so a parameter change replaces them (the head stops first, workers
@@ -64,6 +64,11 @@ class ServingClusterArgs:
     model_container_dir: str
 
 
+# vLLM's API socket: in the head's serving container, which creates it, and the API gateway,
+# which alone opens it; no other container mounts it (Grafana, Prometheus, the exporters).
+VLLM_SOCKET_VOLUME = docker.ContainerVolumeArgs(host_path=contract.VLLM_SOCKET_DIR, container_path=contract.VLLM_SOCKET_DIR)
+
+
 def common_args(node: NodeServingArgs, entrypoint: str, label: pulumi.Input[str], stop_signal: str) -> dict:
     """What every twinspark container shares: the image, host network, restart, logs, bundle."""
     return dict(
@@ -109,7 +114,8 @@ def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
             *base["mounts"],
         ],
         volumes=[*base["volumes"], *[docker.ContainerVolumeArgs(host_path=d, container_path=d)
-                                     for d in (contract.CACHE_DIR, contract.RUN_DIR)]],
+                                     for d in (contract.CACHE_DIR, contract.RUN_DIR)],
+                 *([VLLM_SOCKET_VOLUME] if node.role == "head" else [])],
         # apart from sessions and services, whose slices HostPrep caps (co-tenants)
         cgroup_parent=contract.CONTAINER_SLICE,
     )
@@ -119,7 +125,7 @@ def gateway_args(node: NodeServingArgs) -> dict:
     """The head's API gateway: the serving image's nginx, nothing of the GPU."""
     # SIGQUIT is nginx's graceful stop: open streams finish, new connections are refused
     gateway = common_args(node, contract.API_GATEWAY_SCRIPT, node.gateway_hash, "SIGQUIT")
-    return dict(gateway, name=contract.API_GATEWAY_CONTAINER)
+    return dict(gateway, name=contract.API_GATEWAY_CONTAINER, volumes=[*gateway["volumes"], VLLM_SOCKET_VOLUME])
 
 
 class ServingCluster(pulumi.ComponentResource):

@@ -29,6 +29,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
+import node_contract as contract
 from node_contract import SERVING_IMAGE_REPOSITORY
 
 from .remote import NodeScript, node_command
@@ -111,7 +112,8 @@ class ServingImageArgs:
 
 
 def build_args(args: ServingImageArgs) -> dict[str, pulumi.Input[str]]:
-    return {"BASE_IMAGE": args.base_image, "RAY_VERSION": args.ray_version}
+    return {"BASE_IMAGE": args.base_image, "RAY_VERSION": args.ray_version,
+            "API_SOCKET_GROUP": contract.API_SOCKET_GROUP, "API_SOCKET_GID": str(contract.API_SOCKET_GID)}
 
 
 def image_name(args: ServingImageArgs, dockerfile: str) -> pulumi.Output[str]:

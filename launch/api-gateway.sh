@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # api-gateway.sh — entrypoint of the head's API gateway container (restart: unless-stopped).
 #
-# nginx on serving.port in front of vLLM (on loopback): vLLM checks its key only on /v1, and
-# paths such as /invocations run the model without one. The gateway checks the key on every
-# path but /health. The key comes from secrets.env into a private tmpfs file at start; the
-# rendered api-gateway.conf holds no secret.
+# nginx on serving.port in front of vLLM (on a Unix socket): vLLM checks its key only on /v1,
+# and paths such as /invocations run the model without one. The gateway checks the key on
+# every path but /health. The key comes from secrets.env into a private tmpfs file at start;
+# the rendered api-gateway.conf holds no secret.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 . "$(dirname "$0")/prelude.sh"
@@ -20,14 +20,20 @@ RUN_DIR=$TWINSPARK_API_GATEWAY_RUN_DIR
 
 write_key_map() {
   # The stack refuses other characters; checked again here because the key is spliced into
-  # an nginx string and must not be able to end it.
+  # an nginx string and a regex, and must not be able to end either.
   [[ ${VLLM_API_KEY:-} =~ ^[A-Za-z0-9._~+/=-]{16,}$ ]] \
     || die "the API key in secrets.env is empty, shorter than 16 or has characters other than letters, digits and -._~+/="
+  # A regex, matched case-sensitively: nginx compares a map's plain strings ignoring case,
+  # and cannot build its hash for one of 40 characters or more. "Bearer" in any case (RFC
+  # 7235); the key exactly, nothing before or after it. Of the key's characters only . and +
+  # mean something in a regex: each goes in a bracket of its own.
+  local key=${VLLM_API_KEY//./[.]}
+  key=${key//+/[+]}
   mkdir -p "$RUN_DIR"
   chmod 700 "$RUN_DIR"
   # shellcheck disable=SC2016 # $http_authorization and $twinspark_key_ok are nginx variables
-  (umask 077 && printf 'map $http_authorization $twinspark_key_ok {\n    default 0;\n    "Bearer %s" 1;\n}\n' \
-    "$VLLM_API_KEY" >"$RUN_DIR/$TWINSPARK_API_GATEWAY_KEY_MAP")
+  (umask 077 && printf 'map $http_authorization $twinspark_key_ok {\n    default 0;\n    "~^(?i:bearer) +%s$" 1;\n}\n' \
+    "$key" >"$RUN_DIR/$TWINSPARK_API_GATEWAY_KEY_MAP")
 }
 
 main() {

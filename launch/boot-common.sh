@@ -40,3 +40,15 @@ interruptible() { "$@" & wait $!; }
 # Every node declares one GPU: a GB10 Spark has exactly one, and TP spans the nodes.
 # Bounded: `ray start` can hang on an unreachable GCS.
 ray_start() { timeout 90 ray start --node-ip-address="$TWINSPARK_NODE_IP" --num-gpus=1 --disable-usage-stats "$@"; }
+
+# Before vLLM starts on the head: its API socket's directory is root's and the API gateway's
+# group's (setgid, so the socket takes that group) and holds no socket of a previous engine
+# (vLLM's bind would fail on it); the umask makes the socket read-write for that group and
+# nothing for others (what vLLM writes elsewhere loses only world read).
+prepare_vllm_socket() {
+  mkdir -p "$TWINSPARK_VLLM_SOCKET_DIR"
+  chown "root:$TWINSPARK_API_SOCKET_GROUP" "$TWINSPARK_VLLM_SOCKET_DIR"
+  chmod 2750 "$TWINSPARK_VLLM_SOCKET_DIR"
+  rm -f "$TWINSPARK_VLLM_SOCKET"
+  umask 0007
+}

@@ -6,10 +6,13 @@
 #       [--action netplan|systemd|sysctl|nftables|unit|service|none] [--undo WHAT]   < content
 #   managed-file.sh remove  (same flags; stdin ignored)
 #
-# install writes stdin to --path and applies it when file, mode or the last successful apply
-# differ; otherwise it prints "unchanged: PATH" and touches nothing. The applied-state record
-# (content hash and owner) is written only after the apply succeeded, so a dropped session
-# between "written" and "applied" is retried next time.
+# install writes stdin to --path and applies it when the file or its mode differ or its last
+# apply did not finish; otherwise it prints "unchanged: PATH" and touches nothing. The
+# applied-state record names the owner only: it is removed before the file changes and
+# written after the apply succeeded, so a dropped session between "written" and "applied" is
+# retried next time. It holds nothing of the content — for a secret file (secrets.env, the Ray
+# token, passwords) even a plain hash would let any reader test guesses offline — and only
+# root reads the records.
 # remove deletes the file and reverts its effect — only when the record names --owner: a
 # renamed resource's old delete, which the engine runs after the new create, must not take
 # away what the new one just installed.
@@ -70,29 +73,32 @@ apply_action() {
 }
 
 record_file() { printf '%s/%s.applied' "$state_dir" "$(echo "${path#/}" | tr / _)"; }
+# The owner a record names; a record of an older twinspark held "HASH OWNER".
+recorded_owner() { { sudo -n cat "$(record_file)" 2>/dev/null || true; } | awk '{ print $NF }'; }
 
 install_file() {
-  local staged want record
+  local staged record
   make_temp staged
   cat >"$staged"
-  want="$(sha256sum <"$staged" | cut -d' ' -f1) $owner"
   record=$(record_file)
   if sudo -n test -f "$path" && sudo -n cmp -s "$staged" "$path" \
      && [ "$(sudo -n stat -c %a:%U:%G "$path")" = "${mode#0}:root:root" ] \
-     && [ "$(sudo -n cat "$record" 2>/dev/null)" = "$want" ]; then
+     && [ "$(sudo -n cat "$record" 2>/dev/null)" = "$owner" ]; then
     echo "unchanged: $path"
     return 0
   fi
+  sudo -n install -d -m 0700 -o root -g root "$state_dir"
+  sudo -n rm -f "$record"
   sudo -n install -D -m "$mode" -o root -g root "$staged" "$path"
   echo "installed: $path"
   apply_action install
-  echo "$want" | sudo -n install -D -m 0644 /dev/stdin "$record"
+  echo "$owner" | sudo -n install -m 0600 -o root -g root /dev/stdin "$record"
 }
 
 remove_file() {
   local record recorded_owner
   record=$(record_file)
-  recorded_owner=$({ sudo -n cat "$record" 2>/dev/null || true; } | cut -s -d' ' -f2)
+  recorded_owner=$(recorded_owner)
   if [ -n "$recorded_owner" ] && [ "$recorded_owner" != "$owner" ]; then
     echo "kept: $path (now managed by $recorded_owner)"
     return 0

@@ -40,6 +40,14 @@ install_debian_packages() {
   [ "$had_policy" = yes ] || rm -f "$policy"
 }
 
+# The serving image's group for vLLM's socket (launch/serving-image/Dockerfile): the gateway
+# tests and the simulated nodes run nginx and vLLM's stand-in on this machine's own root.
+ensure_api_socket_group() {
+  local name gid
+  read -r name gid < <(python3 -c 'import node_contract as c; print(c.API_SOCKET_GROUP, c.API_SOCKET_GID)')
+  getent group "$name" >/dev/null || groupadd --gid "$gid" "$name"
+}
+
 install_python_env() {
   if [ ! -x .venv/bin/python ]; then
     log "creating .venv"
@@ -67,6 +75,7 @@ main() {
     exit 2
   fi
   install_debian_packages
+  ensure_api_socket_group
   install_python_env
   install_codex
   local arg

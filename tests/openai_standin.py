@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socketserver
 import sys
 import threading
 import time
@@ -340,16 +341,30 @@ def pause_until(moment: float) -> None:
         time.sleep(delay)
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-
+class QuietAboutGoneClients:
     def handle_error(self, request, client_address):
         # a client that gave up mid-stream (a test's deadline) is not the stand-in's error; anything else is
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
             super().handle_error(request, client_address)
 
 
-def make_server(behaviour: Behaviour, host: str = "127.0.0.1", port: int = 0) -> Server:
+class Server(QuietAboutGoneClients, ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class UnixServer(QuietAboutGoneClients, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """`vllm serve --uds PATH`: like vLLM's, the bind fails on a socket file left behind."""
+
+    daemon_threads = True
+
+    def get_request(self):
+        request, _ = super().get_request()
+        return request, ("uds", 0)  # the handler's log lines read client_address[0]
+
+
+def make_server(behaviour: Behaviour, host: str = "127.0.0.1", port: int = 0, uds: Optional[str] = None):
+    if uds:
+        return UnixServer(uds, make_handler(behaviour))
     return Server((host, port), make_handler(behaviour))
 
 

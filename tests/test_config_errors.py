@@ -278,7 +278,7 @@ LOCKOUT_CASES = [
     (at(("serving", "port"), 8265), "twinspark:serving.port", ["Ray dashboard"]),
     (at(("serving", "port"), 10001), "twinspark:serving.port", ["Ray client"]),
     (at(("serving", "port"), 12345), "twinspark:serving.port", ["Ray's worker ports"]),
-    (at(("serving", "port"), 8100), "twinspark:serving.port", ["vLLM's own"]),
+    (at(("serving", "port"), 8100), "twinspark:serving.port", ["the API gateway's, for vLLM's /metrics"]),
     (at(("serving", "port"), 29555), "twinspark:serving.port", ["NCCL"]),
     (at(("serving", "port"), 45000), "twinspark:serving.port", ["ephemeral"]),
     # YAML booleans are no numbers (pydantic would read true as 1)

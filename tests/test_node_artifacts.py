@@ -1,5 +1,6 @@
 """What lands on the nodes, checked with real tools: shellcheck, netplan, bash, curl, codex."""
 
+import hashlib
 import json
 import re
 import os
@@ -9,6 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+import node_contract as contract
 from openai_standin import Behaviour, serve
 from program_harness import unwrap
 
@@ -224,6 +227,25 @@ def test_managed_file_reapplies_when_the_last_apply_failed(tmp_path, private_nod
     assert "FAILED" in proc.stdout and "managed-file spark2: step hostprep/test failed (exit 3)" in proc.stderr
     assert proc.stdout.strip().endswith(f"installed: {target}"), proc.stdout
     assert calls.read_text().splitlines() == ["systemctl daemon-reexec"]
+
+
+def test_managed_file_records_reveal_nothing_and_only_root_reads_them(tmp_path, private_node):
+    """A secret file's record must not let anyone test a guess (`printf 'VLLM_API_KEY=%s\\n' guess |
+    sha256sum`): it names the owner only, in a directory only root opens."""
+    run, _ = private_node
+    target = tmp_path / "secrets.env"
+    install, _, stdin = managed_file_lines(tmp_path, target, action="none")
+    content = "VLLM_API_KEY=" + "k" * 48 + "\n"
+    state = contract.APPLIED_STATE_DIR
+    proc = run(f"{install} < {stdin(content)}; {install} < {stdin(content)}; "
+               f"stat -c '%a %n' {state} {state}/*; cat {state}/*")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == [f"installed: {target}", f"unchanged: {target}"]
+    record = f"{state}/{str(target).lstrip('/').replace('/', '_')}.applied"
+    assert lines[2:] == [f"700 {state}", f"600 {record}", "spark1-hostprep-test"]
+    digests = {hashlib.new(name, content.encode()).hexdigest() for name in ("sha256", "sha1", "md5", "sha512")}
+    assert not any(d in proc.stdout for d in digests)
 
 
 def test_managed_file_remove_keeps_a_file_another_resource_owns(tmp_path, private_node):

@@ -4,14 +4,15 @@ and the API gateway under nginx in front of a recording upstream (issue 9)."""
 import contextlib
 import json
 import os
+import random
 import shutil
 import socket
+import string
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from program_harness import stack_config
@@ -128,25 +129,30 @@ def test_managed_firewall_refuses_rules_nft_rejects_and_changes_nothing(tmp_path
 
 
 # ---- API gateway -----------------------------------------------------------------------------
-class Upstream(BaseHTTPRequestHandler):
-    """Stands in for vLLM on loopback: answers every path, records what reached it."""
-
-    seen: list = []
-
+# vLLM's stand-in here: answers 200 on every path over the real socket path, as the head's
+# serving container would after boot-common.sh's prepare_vllm_socket, and records each raw
+# request line's path (what vLLM's router would see) in a file.
+RECORDING_UPSTREAM = r"""
+import http.server, socketserver, sys
+class Upstream(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
-
     def answer(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
-        type(self).seen.append(self.path)
-        body = json.dumps({"path": self.path}).encode()
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with open(sys.argv[2], "a") as seen:
+            seen.write(self.path + "\n")
+        body = b'{"upstream": true}'
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
     do_GET = do_POST = answer
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    def get_request(self):
+        return super().get_request()[0], ("uds", 0)
+Server(sys.argv[1], Upstream).serve_forever()
+"""
 
 
 def free_port():
@@ -158,7 +164,7 @@ def free_port():
 def gateway_bundle(tmp_path, api_key, port):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    for name in (contract.PRELUDE, contract.API_GATEWAY_SCRIPT):
+    for name in (contract.PRELUDE, contract.BOOT_COMMON, contract.API_GATEWAY_SCRIPT):
         shutil.copy(LAUNCH_DIR / name, bundle / name)
     vllm = launch_bundle.VllmServe(CFG.serving, CFG.model, len(CFG.nodes))
     args = launch_bundle.LaunchBundleArgs(HEAD, None, vllm, HEAD.ray_ip, [n.ray_ip for n in CFG.nodes], "lan0",
@@ -166,31 +172,69 @@ def gateway_bundle(tmp_path, api_key, port):
     (bundle / contract.ENV_FILE).write_text(launch_bundle.render_env_file(args))
     (bundle / contract.SECRETS_FILE).write_text(launch_bundle.render_secrets_env(api_key))
     (bundle / contract.API_GATEWAY_CONF).write_text(launch_bundle.render_api_gateway_conf(port))
+    (bundle / "upstream.py").write_text(RECORDING_UPSTREAM)
     return bundle
+
+
+class Gateway:
+    def __init__(self, proc, port, seen_file):
+        self.proc, self.port, self.seen_file = proc, port, seen_file
+
+    @property
+    def seen(self) -> list[str]:
+        return self.seen_file.read_text().splitlines() if self.seen_file.exists() else []
+
+
+def wait_for(ready, proc, what):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.1)
+    raise AssertionError(f"never {what}")
+
+
+def port_open(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @contextlib.contextmanager
 def running_gateway(tmp_path, api_key=API_KEY):
+    """The real api-gateway.sh under nginx in front of a recording upstream on vLLM's socket,
+    which boot-common.sh's prepare_vllm_socket made (directory, group, umask) as on the head."""
     if shutil.which("nginx") is None:
         pytest.fail("needs nginx (scripts/test.sh installs it)")
-    upstream = ThreadingHTTPServer(("127.0.0.1", contract.VLLM_LOOPBACK_PORT), Upstream)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    Upstream.seen = []
+    if subprocess.run(["getent", "group", contract.API_SOCKET_GROUP], capture_output=True).returncode:
+        pytest.fail(f"needs the serving image's group {contract.API_SOCKET_GROUP} (scripts/test.sh adds it)")
     port = free_port()
     bundle = gateway_bundle(tmp_path, api_key, port)
+    seen = tmp_path / "seen"
+    upstream = subprocess.Popen(["bash", "-c", f". {bundle}/{contract.BOOT_COMMON} && prepare_vllm_socket && "
+                                 f"exec python3 {bundle}/upstream.py {contract.VLLM_SOCKET} {seen}"])
     proc = subprocess.Popen(["bash", str(bundle / contract.API_GATEWAY_SCRIPT)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        yield proc, port
+        yield Gateway(proc, port, seen)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        upstream.shutdown()
-        upstream.server_close()
+        upstream.kill()
+        upstream.wait(timeout=10)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(contract.VLLM_SOCKET)
 
 
-def call(port, path, key=None, body=None):
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+@contextlib.contextmanager
+def serving_gateway(tmp_path, api_key=API_KEY):
+    with running_gateway(tmp_path, api_key) as gw:
+        wait_for(lambda: port_open(gw.port) and os.path.exists(contract.VLLM_SOCKET), gw.proc, "listened")
+        yield gw
+
+
+def call(port, path, key=None, body=None, scheme="Bearer"):
+    headers = {"Authorization": f"{scheme} {key}"} if key else {}
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
     try:
@@ -200,15 +244,15 @@ def call(port, path, key=None, body=None):
         return err.code
 
 
-def wait_for_port(port, proc):
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        assert proc.poll() is None, proc.stdout.read()
-        time.sleep(0.1)
-    raise AssertionError("the gateway never listened")
+def raw_status(port, request_target, key=None, host="127.0.0.1"):
+    """A request line sent as written (curl --path-as-is): no client normalises it first."""
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(f"GET {request_target} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n".encode())
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    return int(reply.split(b" ", 2)[1])
 
 
 # every path vLLM 0.25 serves that runs the model or says something about it
@@ -217,22 +261,94 @@ MODEL_PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/invoca
                "/v2/models", "/inference/v1/generate", "/pooling", "/score", "/rerank", "/unknown/path"]
 
 
-def test_gateway_demands_the_key_on_every_path_but_health(tmp_path):
-    with running_gateway(tmp_path) as (proc, port):
-        wait_for_port(port, proc)
-        assert call(port, "/health") == 200
-        for path in MODEL_PATHS:
-            for key in (None, "wrong-key", API_KEY + "x", API_KEY[:-1]):
-                assert call(port, path, key, body={}) == 401, (path, key)
-        assert Upstream.seen == ["/health"], "nothing without the key may reach vLLM"
-        for path in MODEL_PATHS:
-            assert call(port, path, API_KEY, body={}) == 200, path
-        assert Upstream.seen[1:] == MODEL_PATHS
+def generated_key(length):
+    """What the program generates (RandomPassword, special=False): letters and digits."""
+    return "".join(random.SystemRandom().choice(string.ascii_letters + string.digits) for _ in range(length))
 
 
-@pytest.mark.parametrize("key", ['sk-has-"quote"-0123456789', "sk-short", "", "sk-new\nline-0123456789"])
+def near_misses(key):
+    flipped = next(i for i, c in enumerate(key) if c.isalpha())
+    return [None, "wrong-key-0123456789", key + "x", key[:-1], "x" + key, key.lower(), key.upper(),
+            key[:flipped] + key[flipped].swapcase() + key[flipped + 1:], f"{key} {key}", f"{key}\t"]
+
+
+@pytest.mark.parametrize("length", [48, 128, 256])
+def test_gateway_starts_with_a_generated_key_and_admits_it_exactly(tmp_path, length):
+    """The program's default (48 characters, RandomPassword) and the longest keys the config
+    accepts: nginx starts, and only the key itself, case and all, gets through."""
+    key = generated_key(length)
+    with serving_gateway(tmp_path, key) as gw:
+        assert call(gw.port, "/health") == 200
+        for path in MODEL_PATHS:
+            for wrong in near_misses(key):
+                assert call(gw.port, path, wrong, body={}) == 401, (path, wrong)
+        assert gw.seen == ["/health"], "nothing without the key may reach vLLM"
+        for path in MODEL_PATHS:
+            assert call(gw.port, path, key, body={}) == 200, path
+        assert call(gw.port, "/v1/models", key, scheme="bearer") == 200, "the scheme in any case (RFC 7235)"
+        assert gw.seen[1:] == MODEL_PATHS + ["/v1/models"]
+
+
+def test_a_key_with_every_allowed_character_is_matched_literally(tmp_path):
+    """. and + in a key are literal: a key that a regex would take for a pattern admits only itself."""
+    key = "sk.a+b~c/d=e-f_0123456789"
+    with serving_gateway(tmp_path, key) as gw:
+        assert call(gw.port, "/v1/models", key) == 200
+        for wrong in ("skXa+b~c/d=e-f_0123456789", "sk.aab~c/d=e-f_0123456789", "sk.aaab~c/d=e-f_0123456789"):
+            assert call(gw.port, "/v1/models", wrong) == 401, wrong
+
+
+# Requests that nginx would check on one path while vLLM routes another (its /metrics mount
+# catches /metrics/...): each must be refused before anything reaches vLLM.
+BYPASS_REQUESTS = ["/metrics/../health", "/metrics/%2e%2e/health", "/metrics%2F..%2Fhealth", "/metricsX/../health",
+                   "/metrics/..%2fhealth", "/v1/../health", "/./health", "//health", "/health/", "/health/.",
+                   "/%68ealth", "/metrics/./../health", "/metrics;/../health"]
+
+
+def test_no_request_reaches_vllm_on_a_path_other_than_the_one_checked(tmp_path):
+    with serving_gateway(tmp_path) as gw:
+        refused = {target: raw_status(gw.port, target) for target in BYPASS_REQUESTS}
+        absolute = f"http://127.0.0.1:{gw.port}/metrics/../health"
+        refused[absolute] = raw_status(gw.port, absolute)
+        assert all(status in (401, 404) for status in refused.values()), refused
+        assert gw.seen == [], "none of them may reach vLLM"
+        assert raw_status(gw.port, "/health?probe=1") == 200
+        assert raw_status(gw.port, f"http://127.0.0.1:{gw.port}/health") == 200
+        assert gw.seen == ["/health?probe=1", "/health"]
+        # with the key too, vLLM gets the path that was checked, or nothing
+        assert raw_status(gw.port, "/metrics/../v1/models", API_KEY) == 404
+        assert raw_status(gw.port, "/v1/models?x=1", API_KEY) == 200
+        assert gw.seen[2:] == ["/v1/models?x=1"]
+
+
+def test_only_the_gateway_reaches_vllm_on_the_head(tmp_path):
+    """A co-tenant session (any local user) and every host-network container but the gateway:
+    vLLM's socket is closed to them, and on loopback there is vLLM's /metrics alone."""
+    with serving_gateway(tmp_path) as gw:
+        socket_mode = os.stat(contract.VLLM_SOCKET).st_mode & 0o777
+        assert socket_mode == 0o770, oct(socket_mode)
+        metrics = contract.METRICS_LOOPBACK_PORT
+        probe = ("import socket, sys, urllib.request, urllib.error\n"
+                 "s = socket.socket(socket.AF_UNIX)\n"
+                 "try:\n    s.connect(sys.argv[1]); print('socket: open')\n"
+                 "except OSError as err:\n    print('socket:', type(err).__name__)\n"
+                 "for path in sys.argv[2:]:\n"
+                 "    try:\n        code = urllib.request.urlopen('http://127.0.0.1:%d' % int(sys.argv[2]) + path).status\n"
+                 "    except urllib.error.HTTPError as err:\n        code = err.code\n"
+                 "    print(path, code)\n")
+        paths = ["/v1/models", "/v1/completions", "/invocations", "/health", "/metrics/../v1/models"]
+        cotenant = sh("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                      probe.replace("sys.argv[2:]", "sys.argv[3:]"), contract.VLLM_SOCKET, metrics, *paths, "/metrics")
+        lines = cotenant.stdout.splitlines()
+        assert lines[0] in ("socket: PermissionError",), lines[0]
+        assert lines[1:] == [f"{p} 404" for p in paths] + ["/metrics 200"]
+        assert gw.seen == ["/metrics"], "loopback reaches vLLM's /metrics, nothing else"
+
+
+@pytest.mark.parametrize("key", ['sk-has-"quote"-0123456789', "sk-short", "", "sk-new\nline-0123456789",
+                                 "sk-has-$dollar-0123456789", "sk-(group)-0123456789"])
 def test_gateway_refuses_a_key_that_could_break_its_config(tmp_path, key):
-    with running_gateway(tmp_path, api_key=key) as (proc, _port):
-        out, _ = proc.communicate(timeout=10)
-    assert proc.returncode == 1
+    with running_gateway(tmp_path, api_key=key) as gw:
+        out, _ = gw.proc.communicate(timeout=10)
+    assert gw.proc.returncode == 1
     assert "the API key in secrets.env is empty, shorter than 16 or has characters other than" in out

@@ -166,7 +166,7 @@ def test_scrapes_go_over_the_first_rail_and_vllm_over_loopback():
     def targets(job):
         return {t: sc["labels"]["node"] for sc in jobs[job]["static_configs"] for t in sc["targets"]}
 
-    assert targets("vllm") == {f"127.0.0.1:{contract.VLLM_LOOPBACK_PORT}": "spark1"}
+    assert targets("vllm") == {f"127.0.0.1:{contract.METRICS_LOOPBACK_PORT}": "spark1"}
     assert targets("node") == {"10.0.0.1:9100": "spark1", "10.0.0.2:9100": "spark2"}
     assert targets("gpu") == {"10.0.0.1:9835": "spark1", "10.0.0.2:9835": "spark2"}
     assert targets("prometheus") == {"127.0.0.1:9090": "spark1"}
@@ -587,6 +587,26 @@ def test_a_webhook_brings_alertmanager_with_the_url_in_a_secret_file(program, re
     assert yaml.safe_load(prom_yml)["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [
         "127.0.0.1:9093"]
     assert run_.depends_on(run_.named("spark1-observability-alertmanager"), "spark1-observability-alertmanager-config")
+
+
+def test_alertmanagers_label_cannot_be_checked_against_a_guess_of_the_url(program, recipe_config):
+    """The label follows the webhook URL (a new URL restarts Alertmanager), keyed: no plain hash
+    of the config, which anyone reading labels could test guesses of the URL against."""
+    from components.remote import sha256_text
+
+    def label_and_plain_hash(url):
+        recipe_config["twinspark:alertWebhookUrl"] = url
+        run_ = program(recipe_config)
+        assert run_.error is None, run_.error
+        call = runner_call(run_.named("spark1-observability-alertmanager-config"))
+        plain = sha256_text(f"{flag_value(call.args, '--path')}\0{flag_value(call.args, '--mode')}\0{call.payload}")
+        label = {l["label"]: l["value"] for l in inputs(run_, "spark1-observability-alertmanager")["labels"]}
+        return label[contract.OBSERVABILITY_CONFIG_LABEL], plain
+
+    label, plain = label_and_plain_hash("https://hooks.example.test/services/T0KEN")
+    assert label != plain
+    other, _ = label_and_plain_hash("https://hooks.example.test/services/OTHER")
+    assert other != label
 
 
 def test_a_changed_threshold_replaces_only_prometheus(program, recipe_config, recipe_run):

@@ -7,6 +7,7 @@ import shlex
 import pytest
 from program_harness import flag_value, flag_values, plain_occurrences, runner_call, stack_config, unwrap
 
+import node_contract as contract
 from components.config import parse_stack_config
 from components.remote import launch_file
 
@@ -19,7 +20,7 @@ NODES = ("spark1", "spark2")
 
 # The recipe's launch command (§4), verbatim.
 RECIPE_VLLM_ARGV = shlex.split(
-    """serve /models/DeepSeek-V4-Flash-0731 --served-model-name ds-0731 --host 127.0.0.1 --port 8100
+    """serve /models/DeepSeek-V4-Flash-0731 --served-model-name ds-0731 --uds /run/twinspark-vllm/vllm.sock
     --tensor-parallel-size 2 --distributed-executor-backend ray --trust-remote-code
     --tokenizer-mode deepseek_v4 --tool-call-parser deepseek_v4 --reasoning-parser deepseek_v4
     --enable-auto-tool-choice --kv-cache-dtype fp8_ds_mla --moe-backend flashinfer_b12x
@@ -216,14 +217,38 @@ def test_containers_carry_every_recipe_docker_option(recipe_run):
         assert mounts["/models/DeepSeek-V4-Flash-0731"]["source"] == "/home/nvidia/models/DeepSeek-V4-Flash-0731"
         assert mounts["/models/DeepSeek-V4-Flash-0731"]["readOnly"] is True
         assert mounts["/twinspark"] == {"target": "/twinspark", "source": "/opt/twinspark", "readOnly": True, "type": "bind"}
+        socket = [{"hostPath": "/run/twinspark-vllm", "containerPath": "/run/twinspark-vllm"}] if role == "head" else []
         assert inputs["volumes"] == [{"hostPath": "/var/log/twinspark", "containerPath": "/var/log/twinspark"},
                                      {"hostPath": "/var/cache/twinspark", "containerPath": "/var/cache/twinspark"},
-                                     {"hostPath": "/run/twinspark", "containerPath": "/run/twinspark"}]
+                                     {"hostPath": "/run/twinspark", "containerPath": "/run/twinspark"}, *socket]
         # apart from the co-tenants' slices, which HostPrep caps
         assert inputs["cgroupParent"] == "twinspark.slice"
         assert inputs["entrypoints"] == ["/bin/bash", f"/twinspark/boot-{role}.sh"]
         assert c.delete_before_replace
         assert [l["label"] for l in inputs["labels"]] == ["twinspark.bundle-hmac"]
+
+
+def test_only_the_heads_serving_container_and_the_gateway_mount_vllms_socket(recipe_config, program):
+    """vLLM reachable by the gateway alone: no other container (Grafana, Prometheus, the
+    exporters, the workers) can even see the socket's directory."""
+    recipe_config["twinspark:alertWebhookUrl"] = "https://hooks.example.test/x"
+    run_ = program(recipe_config)
+    containers = [r for r in run_.resources if r.type == "docker:index/container:Container"]
+    assert len(containers) > 6, [c.name for c in containers]
+
+    def sees_socket(c):
+        inputs = unwrap(c.inputs)
+        paths = [v.get("hostPath") for v in inputs.get("volumes") or []] + [m.get("source") for m in inputs.get("mounts") or []]
+        return any(p and (p == contract.VLLM_SOCKET_DIR or p.startswith(contract.VLLM_SOCKET_DIR + "/")
+                          or contract.VLLM_SOCKET_DIR.startswith(p.rstrip("/") + "/") or p == "/")
+                   for p in paths)
+
+    seeing = {c.name: unwrap(c.inputs) for c in containers if sees_socket(c)}
+    # the node exporters read the host's whole root (read-only): they run as the image's own
+    # unprivileged user, whom the socket directory's mode (2750 root:API_SOCKET_GROUP) keeps out
+    exporters = {name for name in seeing if name.endswith("-observability-node-exporter")}
+    assert all(not seeing[name].get("user") and not seeing[name].get("groupAdds") for name in exporters)
+    assert set(seeing) - exporters == {"spark1-serving-container", "spark1-serving-gateway"}
 
 
 def bundle_label(run, container="spark1-serving-container"):
@@ -263,7 +288,8 @@ def test_serving_image_build(recipe_run):
         assert build["context"] == "launch/serving-image"
         # FROM the digest the head resolved the tag to, never the tag itself (test_image_pin.py)
         pin = recipe_run.named("image-pin-resolve").outputs["stdout"]
-        assert build["args"] == {"BASE_IMAGE": f"ghcr.io/anemll/dspark-vllm-gx10@{pin}", "RAY_VERSION": "2.57.0"}
+        assert build["args"] == {"BASE_IMAGE": f"ghcr.io/anemll/dspark-vllm-gx10@{pin}", "RAY_VERSION": "2.57.0",
+                                 "API_SOCKET_GROUP": "twinspark-api", "API_SOCKET_GID": "64180"}
         provider = recipe_run.named(f"{node}-docker").inputs
         assert provider["host"] == f"ssh://nvidia@{host}"
         assert "StrictHostKeyChecking=yes" in json.loads(provider["sshOpts"])  # tests/test_ssh_access.py: the rest
