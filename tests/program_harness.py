@@ -30,7 +30,7 @@ SECRET_SIG = "4dabf18193072939515e22adb298388d"  # how the engine marks a secret
 STACK_FILE = ROOT / "Pulumi.spark.yaml"
 
 _CHILD = r'''
-import asyncio, hashlib, json, os, runpy, sys, traceback
+import asyncio, hashlib, json, os, runpy, string, sys, traceback
 sys.path.insert(0, "tests")
 from program_harness import without_ignored
 import pulumi
@@ -77,7 +77,11 @@ def fake_outputs(type_, name, inputs):
     if type_ == "docker:index/remoteImage:RemoteImage":
         out["imageId"] = "sha256:" + hashlib.sha256(inputs["name"].encode()).hexdigest()
     if type_ == "random:index/randomPassword:RandomPassword":
-        out["result"] = f"generated-{name}-0123456789abcdef0123456789abcd"  # each secret its own value
+        # as the provider generates it: the length asked for, letters and digits (special=False);
+        # each secret its own value, the same on every run
+        alphabet = string.ascii_letters + string.digits
+        seed = hashlib.sha256(name.encode()).digest() * 8
+        out["result"] = "".join(alphabet[b % len(alphabet)] for b in seed)[:int(inputs["length"])]
     if type_ == "command:remote:Command":
         out["stdout"] = node_answer(name, inputs)
         out["stderr"] = ""

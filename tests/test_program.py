@@ -684,7 +684,7 @@ def test_weights_copy_runs_over_every_rail_with_a_per_stack_secret_on_stdin(reci
     assert flag_values(sync.args, "--rail") == ["10.0.0.2=10.0.0.1", "10.0.1.2=10.0.1.1"]  # worker=head, per rail
     assert flag_value(sync.args, "--port") == "8873" and flag_value(sync.args, "--to") == "nvidia@10.0.0.2"
     secret = sync.secrets["WEIGHTS_SYNC_SECRET"]
-    assert secret == "generated-weights-sync-secret-0123456789abcdef0123456789abcd"
+    assert len(secret) == 48 and secret.isalnum(), secret
     assert secret not in unwrap(recipe_run.named("spark2-weights-sync").inputs["create"])
     assert sync.payload == launch_file("weights.py")
 

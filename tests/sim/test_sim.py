@@ -124,7 +124,9 @@ def wait_until(predicate, timeout, interval=0.5, what="condition"):
 
 
 def api_key(sim):
-    return sim.config["twinspark:apiKey"]
+    """The key the program generated (the default: no twinspark:apiKey), as the head holds it."""
+    env = sim.node_exec("sim1", "cat", f"{contract.BUNDLE_DIR}/{contract.SECRETS_FILE}").stdout
+    return shlex.split(env.strip().split("=", 1)[1])[0]
 
 
 def supervisor_events(sim, node, container):
