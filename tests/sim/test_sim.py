@@ -735,8 +735,13 @@ def test_boot_serves_only_with_every_gpu_and_the_key(sim, sim_run, report, bundl
 
     recorded = json.loads(sim.node_exec("sim1", "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)
     assert recorded["argv"] == vllm_argv(VllmServe(sim.cfg.serving, sim.cfg.model, sim.cfg.tensor_parallel_size))
-    assert recorded["api_key_from_env"] is False  # the gateway holds it; vLLM is on loopback
+    assert recorded["api_key_from_env"] is False  # the gateway holds it; vLLM is on its socket
     assert api_key(sim) not in sim.node_exec("sim1", "cat", f"/proc/{recorded['pid']}/cmdline").stdout
+    # a co-tenant session on the head cannot open vLLM's socket: the gateway is the way in
+    cotenant = sim.node_exec("sim1", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                             "-c", "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])",
+                             contract.VLLM_SOCKET, check=False)
+    assert cotenant.returncode != 0 and "PermissionError" in cotenant.stderr, cotenant
 
     ready = run_step(sim, sim_run, "sim1-readiness-wait")
     assert "serving: a 1-token completion succeeded" in ready.stdout
