@@ -56,6 +56,9 @@ SERVING_HOLD = f"{RUN_DIR}/serving-hold"
 # persistent: the guard set the serving container's restart policy to "no" (to put it back
 # after the reboot that cleared the hold)
 SERVING_GUARD_HELD_MARK = "/var/lib/twinspark/serving-guard/held-container"
+# persistent: the serving restarts in the window (a panic loop's reboots among them) and
+# whether serving was held, so the reboot the hold asks for clears the count
+SERVING_GUARD_RESTARTS = "/var/lib/twinspark/serving-guard/restarts.json"
 SERVING_RESTART_POLICY = "unless-stopped"
 
 # ---- memory before load (every node, in the boot scripts) -------------------------------------
@@ -177,6 +180,7 @@ GRAFANA_DATA_DIR = f"{OBSERVABILITY_DIR}/grafana"  # Grafana's database (head)
 ALERTMANAGER_DATA_DIR = f"{OBSERVABILITY_DIR}/alertmanager"  # silences, notification log (head)
 # The node exporter's textfile collector reads DIR/*.prom: where the guard writes its metrics.
 TEXTFILE_DIR = f"{OBSERVABILITY_DIR}/textfile"
+SERVING_GUARD_TEXTFILE = f"{TEXTFILE_DIR}/twinspark-guard.prom"  # the guard's twinspark_guard_* series
 GRAFANA_PASSWORD_FILE = f"{OBSERVABILITY_DIR}/secrets/grafana-admin-password"
 # The images' own users: Prometheus and Alertmanager run as nobody, Grafana as 472 in group root.
 PROMETHEUS_UID = ALERTMANAGER_UID = 65534

@@ -2,8 +2,9 @@
 
 Creates on the head (managed files, launch/managed-file.sh):
 - /usr/local/lib/twinspark/serving-guard.py   launch/serving-guard.py: the canary (a known
-  answer, a streamed tool call, a completion with a deadline, through the API gateway with the
-  key), the restart after repeated failures, and the crash-loop hold;
+  answer, a streamed tool call as agents make one, a completion with a deadline, through the
+  API gateway with the key), the restart after repeated failures of an engine that makes no
+  progress, the crash-loop hold (its count on disk), and its metrics for the textfile collector;
 - /etc/systemd/system/twinspark-serving-guard.service   runs it, restarted (action `service`)
   whenever the unit or the script changes, stopped and disabled on delete.
 On the host, not in a container: it must outlive the vLLM it restarts, and it drives docker.
@@ -42,9 +43,13 @@ def guard_argv(args: ServingGuardArgs) -> list[str]:
         "/usr/bin/python3", SCRIPT_PATH,
         "--endpoint", f"http://127.0.0.1:{args.port}",
         "--secrets-file", f"{contract.BUNDLE_DIR}/{contract.SECRETS_FILE}",
+        # the API gateway's loopback listener: vLLM's /metrics alone
+        "--metrics-url", f"http://127.0.0.1:{contract.METRICS_LOOPBACK_PORT}/metrics",
         "--container", contract.SERVING_CONTAINER,
         "--restart-policy", contract.SERVING_RESTART_POLICY,
         "--status-file", contract.SERVING_GUARD_STATUS,
+        "--restarts-file", contract.SERVING_GUARD_RESTARTS,
+        "--textfile", contract.SERVING_GUARD_TEXTFILE,
         "--hold-file", contract.SERVING_HOLD,
         "--held-mark", contract.SERVING_GUARD_HELD_MARK,
         "--nodes", " and ".join(args.node_names),

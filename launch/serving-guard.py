@@ -5,24 +5,37 @@ Runs on the head's host under systemd (twinspark-serving-guard.service), not in 
 container: it outlives the engine it watches. Standard library only (the host's python3).
 
 Canary: every --interval seconds, and as soon as serving answers /health after each (re)start,
-three requests go at once through the API gateway with the key — the path clients use:
+three requests go at once through the API gateway with the key (read from --secrets-file each
+round, so a rotated key is followed) — the path clients use:
 - a known answer: "What is A + B?" with fresh A and B; the reply must contain the sum
   (garbage output, with /health still 200, fails it);
-- a streamed call of a named tool: its arguments must parse as JSON with the required field
+- a streamed tool call the way agents make one (tool_choice "auto", a prompt that needs the
+  tool): the model's tool parser must turn it into a call whose arguments parse as JSON
   (streamed tool calls break while plain answers look fine);
 - a streamed completion that must end within --deadline (a wedged engine accepts requests and
   answers /health, but never finishes one).
-A failed round is retried after --retry-interval; --failures failed rounds in a row restart the
+What a failed round means:
+- a wrong or malformed answer counts, however busy the engine;
+- late answers count only when the engine makes no progress: after a late round the guard reads
+  vLLM's own counters (--metrics-url) over PROGRESS_WINDOW_S; requests pending and tokens being
+  generated is a busy engine (the canary queued behind real work), which is never restarted;
+- the gateway refusing the key (401/403) is the gateway's answer, never the engine failing.
+A counted round is retried after --retry-interval; --failures counted rounds in a row restart the
 serving container (`docker restart`), logged with the reason.
 
-Crash-loop guard: every serving restart — docker's own (the container's RestartCount) and the
-guard's — is counted over --window seconds. At --restart-limit the guard stops restarting:
-it sets the container's restart policy to "no", stops it, and writes the hold file saying why
-and what to do. On GB10 a crashed engine leaks unified memory that only a reboot frees, so
-restarting on would only shrink the memory until the box stops answering. The hold file and
-the restart count live on tmpfs: a reboot clears them, and removing the hold file
-(`python -m ops clear-hold`) clears it too; the guard then puts the restart policy back and
-starts serving.
+Crash-loop guard: every serving restart — docker's own (the container's RestartCount), the
+guard's, and a reboot of the head (a kernel panic loop is one too) — is counted over --window
+seconds. At --restart-limit the guard stops restarting: it sets the container's restart policy
+to "no", stops it, and writes the hold file saying why and what to do. On GB10 a crashed engine
+leaks unified memory that only a reboot frees, so restarting on would only shrink the memory
+until the box stops answering. The hold file lives on tmpfs; the count on disk
+(--restarts-file), with the boot it was taken in: a reboot after a hold (the cure the hold asks
+for) clears both, and removing the hold file (`python -m ops clear-hold`) clears them too; the
+guard then puts the restart policy back and starts serving. A guard that is stopped (disabled,
+removed) puts back a restart policy it lowered, so serving is not left without one.
+
+With --textfile, each look also writes the guard's metrics for the node exporter's textfile
+collector (twinspark_guard_*: the alerts and the overview's guard row read them).
 
 Its verdict is written to --status-file after every look, for `ops status` and `ops upgrade`.
 """
@@ -34,6 +47,8 @@ import http.client
 import json
 import os
 import random
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -45,6 +60,9 @@ from pathlib import Path
 from typing import Optional
 
 TICK_S = 2.0
+# how long the guard watches vLLM's counters after a late round: long enough for a busy
+# engine's streams to emit tokens (several per second each), short beside the deadline
+PROGRESS_WINDOW_S = 5.0
 CANARY_TOOL = {
     "type": "function",
     "function": {
@@ -59,16 +77,46 @@ def log(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} serving-guard: {message}", flush=True)
 
 
+# What a failed canary request says about the engine
+WRONG = "wrong"  # a wrong or malformed answer: the engine is broken, however busy
+LATE = "late"  # no whole answer within the deadline: a wedge, or a queue behind real work
+REFUSED = "refused"  # the gateway refused the key: not the engine's doing
+ERROR = "error"  # another HTTP status, a refused or dropped connection
+
+
 class CanaryFailure(Exception):
-    """One canary request gave a wrong, malformed or late answer."""
+    """One canary request gave a wrong, malformed, late or refused answer."""
+
+    def __init__(self, message: str, kind: str = WRONG):
+        super().__init__(message)
+        self.kind = kind
+
+
+def http_failure(path: str, err: urllib.error.HTTPError) -> CanaryFailure:
+    if err.code in (401, 403):
+        return CanaryFailure(f"{path}: HTTP {err.code} from the gateway (the key in secrets.env refused)", REFUSED)
+    return CanaryFailure(f"{path}: HTTP {err.code}", ERROR)
+
+
+def transport_failure(path: str, err: Exception) -> CanaryFailure:
+    reason = getattr(err, "reason", err)  # urllib wraps a connect timeout in URLError
+    if isinstance(err, TimeoutError) or isinstance(reason, TimeoutError):
+        return CanaryFailure(f"{path}: no answer within the deadline", LATE)
+    if isinstance(err, ValueError):
+        return CanaryFailure(f"{path}: {type(err).__name__}: {err}", WRONG)
+    return CanaryFailure(f"{path}: {type(err).__name__}: {err}", ERROR)
 
 
 # ---- the API, as a client sees it ----------------------------------------------------------
 @dataclass
 class Api:
     base: str  # http://127.0.0.1:PORT — the gateway
-    key: str
+    secrets_file: str  # the gateway's own: the key is read again before every round
     deadline_s: float
+    key: str = ""
+
+    def reload_key(self) -> None:
+        self.key = read_api_key(self.secrets_file)
 
     def _request(self, path: str, body: Optional[dict] = None, timeout: Optional[float] = None):
         data = None if body is None else json.dumps(body).encode()
@@ -88,9 +136,9 @@ class Api:
             with self._request(path, body) as reply:
                 return json.loads(reply.read())
         except urllib.error.HTTPError as err:
-            raise CanaryFailure(f"{path}: HTTP {err.code}") from None
+            raise http_failure(path, err) from None
         except (OSError, http.client.HTTPException, ValueError) as err:
-            raise CanaryFailure(f"{path}: {type(err).__name__}: {err}") from None
+            raise transport_failure(path, err) from None
 
     def stream(self, path: str, body: dict):
         """The events of a streamed reply; fails unless it ends with [DONE] within the deadline."""
@@ -99,7 +147,7 @@ class Api:
             with self._request(path, {**body, "stream": True}) as reply:
                 for raw in reply:
                     if time.monotonic() > deadline:
-                        raise CanaryFailure(f"{path}: stream still running after {self.deadline_s:.0f} s")
+                        raise CanaryFailure(f"{path}: stream still running after {self.deadline_s:.0f} s", LATE)
                     line = raw.decode("utf-8", "replace").strip()
                     if not line.startswith("data:"):
                         continue
@@ -108,12 +156,12 @@ class Api:
                         return
                     yield json.loads(data)
         except urllib.error.HTTPError as err:
-            raise CanaryFailure(f"{path}: HTTP {err.code}") from None
+            raise http_failure(path, err) from None
         except TimeoutError:
-            raise CanaryFailure(f"{path}: stream stalled (nothing for {self.deadline_s:.0f} s)") from None
+            raise CanaryFailure(f"{path}: stream stalled (nothing for {self.deadline_s:.0f} s)", LATE) from None
         except (OSError, http.client.HTTPException, ValueError) as err:
-            raise CanaryFailure(f"{path}: {type(err).__name__}: {err}") from None
-        raise CanaryFailure(f"{path}: stream ended without [DONE]")
+            raise transport_failure(path, err) from None
+        raise CanaryFailure(f"{path}: stream ended without [DONE]", ERROR)
 
 
 # ---- the three checks ----------------------------------------------------------------------
@@ -134,17 +182,25 @@ def known_answer(api: Api, model: str) -> None:
 
 
 def streamed_tool_call(api: Api, model: str) -> None:
-    arguments, name = "", ""
+    """As agents call tools: tool_choice "auto", so the model writes the call in its own markup and
+    vLLM's tool parser (--tool-call-parser) must find it; naming the tool would let structured
+    output produce the call and leave the parser untested."""
+    arguments, name, text = "", "", ""
     for event in api.stream("/v1/chat/completions", {
         "model": model, "temperature": 0, "max_tokens": 256,
-        "messages": [{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
-        "tools": [CANARY_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "messages": [{"role": "user", "content": "What is the weather in Paris right now? Call get_weather to find out."}],
+        "tools": [CANARY_TOOL], "tool_choice": "auto",
     }):
         for choice in event.get("choices") or []:
-            for call in (choice.get("delta") or {}).get("tool_calls") or []:
+            delta = choice.get("delta") or {}
+            text += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
                 function = call.get("function") or {}
                 name += function.get("name") or ""
                 arguments += function.get("arguments") or ""
+    if not name and not arguments:
+        raise CanaryFailure(f"tool call: no tool call came back (tool_choice auto), only text {text.strip()[:80]!r}: "
+                            "the tool parser did not recognise the model's call")
     try:
         parsed = json.loads(arguments)
     except ValueError:
@@ -165,27 +221,81 @@ def completion_in_time(api: Api, model: str) -> None:
 CHECKS = (known_answer, streamed_tool_call, completion_in_time)
 
 
-def canary_round(api: Api) -> list[str]:
+def canary_round(api: Api) -> list[CanaryFailure]:
     """The failures of one round (empty: every answer right and in time)."""
     try:
+        api.reload_key()
+    except (OSError, SystemExit) as err:
+        return [CanaryFailure(f"cannot read the key: {err}", REFUSED)]
+    try:
         model = (api.json("/v1/models").get("data") or [{}])[0].get("id")
-    except (CanaryFailure, AttributeError, IndexError) as failure:
-        return [f"/v1/models: {failure}"]
+    except CanaryFailure as failure:
+        return [failure]
+    except (AttributeError, IndexError) as err:
+        return [CanaryFailure(f"/v1/models: malformed reply ({type(err).__name__}: {err})")]
     if not model:
-        return ["/v1/models: no model listed"]
+        return [CanaryFailure("/v1/models: no model listed")]
 
-    def run(check) -> Optional[str]:
+    def run(check) -> Optional[CanaryFailure]:
         try:
             check(api, model)
         except CanaryFailure as failure:
-            return str(failure)
+            return failure
         except (AttributeError, TypeError, KeyError, IndexError, ValueError) as err:  # a reply of the wrong shape
-            return f"{check.__name__}: malformed reply ({type(err).__name__}: {err})"
+            return CanaryFailure(f"{check.__name__}: malformed reply ({type(err).__name__}: {err})")
         return None
 
     # at once: a wedged engine then costs one deadline per round, not one per check
     with ThreadPoolExecutor(max_workers=len(CHECKS)) as pool:
         return [failure for failure in pool.map(run, CHECKS) if failure]
+
+
+# ---- the engine's own counters (vLLM's /metrics) ---------------------------------------------
+@dataclass(frozen=True)
+class EngineLoad:
+    running: float
+    waiting: float
+    generated: float  # tokens generated since the engine started, every request together
+
+
+LOAD_SERIES = re.compile(r"^(vllm:(?:num_requests_running|num_requests_waiting|generation_tokens_total))"
+                         r"(?:\{[^}]*\})?\s+(\S+)")
+
+
+def engine_load(url: str) -> Optional[EngineLoad]:
+    """The engine's running and waiting requests and generated tokens (summed over the series of
+    every model); None when /metrics does not answer or lacks the token counter."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            text = reply.read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return None
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        match = LOAD_SERIES.match(line)
+        if match:
+            try:
+                sums[match[1]] = sums.get(match[1], 0.0) + float(match[2])
+            except ValueError:
+                return None
+    if "vllm:generation_tokens_total" not in sums:
+        return None
+    return EngineLoad(sums.get("vllm:num_requests_running", 0.0), sums.get("vllm:num_requests_waiting", 0.0),
+                      sums["vllm:generation_tokens_total"])
+
+
+def busy_not_wedged(url: str, window_s: float) -> Optional[str]:
+    """Why late answers are no wedge (requests pending, tokens being generated), or None."""
+    before = engine_load(url)
+    time.sleep(window_s)
+    after = engine_load(url)
+    if before is None or after is None:
+        return None
+    produced = after.generated - before.generated
+    if after.running + after.waiting > 0 and produced > 0:
+        return (f"busy, not wedged: {after.running:.0f} running, {after.waiting:.0f} waiting, "
+                f"{produced:.0f} tokens in {window_s:.0f} s")
+    return None
 
 
 # ---- docker --------------------------------------------------------------------------------
@@ -229,23 +339,52 @@ class Guard:
     canaried_start: str = ""
     next_round: float = 0.0
     consecutive: int = 0
-    last: dict = field(default_factory=dict)  # the last round: checked_at, ok, failures
+    last: dict = field(default_factory=dict)  # the last round: checked_at, ok, failures, duration_s, note
     was_held: bool = False  # saw the hold file: its removal (ops clear-hold) clears the count
+    held_at_boot: bool = False  # on disk: serving was held, so the next boot is the hold's cure
+    restarts_total: int = 0  # every restart ever counted (the textfile's counter)
 
     @property
     def restarts_file(self) -> Path:
-        return Path(self.args.status_file).with_name("restarts.json")
+        return Path(self.args.restarts_file)
+
+    @property
+    def boot_marker(self) -> Path:
+        """On tmpfs beside the status: absent when the guard starts means the head rebooted."""
+        return Path(self.args.status_file).with_name("booted")
 
     def load(self) -> None:
         try:
-            self.restarts = json.loads(self.restarts_file.read_text())
-        except (OSError, ValueError):
-            self.restarts = []
+            saved = json.loads(self.restarts_file.read_text())
+            self.restarts = list(saved["restarts"])
+            self.held_at_boot, self.restarts_total = bool(saved.get("held")), int(saved.get("total") or 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            self.restarts, self.held_at_boot, self.restarts_total = [], False, 0
+
+    def save(self) -> None:
+        write_json(self.restarts_file, {"restarts": self.restarts, "held": self.held_at_boot,
+                                        "total": self.restarts_total})
+
+    def note_boot(self) -> None:
+        """A reboot after a hold is the cure the hold asked for: the count starts again. Any other
+        reboot of the head is one more restart: a kernel panic loop gets held like a crash loop."""
+        rebooted = not self.boot_marker.exists() and self.restarts_file.exists()
+        self.boot_marker.parent.mkdir(parents=True, exist_ok=True)
+        self.boot_marker.write_text(f"{time.time()}\n")
+        if not rebooted:
+            return
+        if self.held_at_boot:
+            log("the head rebooted after a hold: the restart count starts again")
+            self.restarts, self.held_at_boot = [], False
+            self.save()
+        else:
+            self.record_restart("the head rebooted")
 
     def record_restart(self, reason: str, count: int = 1) -> None:
         self.restarts += [{"at": time.time(), "reason": reason}] * count
         self.restarts = [r for r in self.restarts if r["at"] > time.time() - self.args.window]
-        write_json(self.restarts_file, self.restarts)
+        self.restarts_total += count
+        self.save()
         log(f"serving restart ({reason}): {len(self.restarts)} in the last {self.args.window // 60} min")
 
     def in_window(self) -> int:
@@ -263,7 +402,8 @@ class Guard:
                   f"frees: reboot {self.args.nodes} (see {self.args.vllm_log}), or run `python -m ops clear-hold` "
                   "to try again without one")
         write_json(Path(self.args.hold_file), {"reason": reason, "since": time.time()})
-        self.was_held = True
+        self.was_held = self.held_at_boot = True
+        self.save()
         log(f"HOLD: {reason}")
         self.enforce_hold()
 
@@ -298,9 +438,20 @@ class Guard:
         """A hold file removed by hand (ops clear-hold) clears the count with it."""
         if self.hold() is None and self.was_held:
             log("hold cleared: serving starts again")
-            self.restarts = []
-            write_json(self.restarts_file, self.restarts)
+            self.restarts, self.held_at_boot = [], False
+            self.save()
         self.was_held = False
+
+    def release_on_stop(self) -> None:
+        """The guard stopped (disabled, removed, or the head shutting down) while docker restarts
+        the container no more: give it a policy docker acts on by itself. "always", because a
+        container the hold stopped is one docker's "unless-stopped" would leave down after the
+        reboot the hold asks for; a guard that runs again puts its own policy back (restore_policy,
+        as the mark stays)."""
+        container = inspect(self.args.container)
+        if container is not None and container.policy == "no" and self.lowered_policy_of(container):
+            docker("update", "--restart=always", self.args.container, timeout=30)
+            log(f"stopping: {self.args.container} restarts on its own again (policy always)")
 
     def lowered_policy_of(self, container: Container) -> bool:
         """Did the guard set this container's policy to "no"? (A mark naming another is stale.)"""
@@ -336,19 +487,38 @@ class Guard:
         self.consecutive = 0
 
     def check(self) -> None:
+        started = time.monotonic()
         failures = canary_round(self.api)
-        self.last = {"checked_at": time.time(), "ok": not failures, "failures": failures}
+        messages = [str(f) for f in failures]
+        # ok: the round passed (None: failed but not counted, see note); passing: for the alerts,
+        # the engine serves (a busy one too)
+        self.last = {"checked_at": time.time(), "ok": not failures, "passing": not failures, "failures": messages,
+                     "duration_s": round(time.monotonic() - started, 2), "note": None}
         if not failures:
             if self.consecutive:
                 log("canary passes again")
             self.consecutive = 0
             self.next_round = time.monotonic() + self.args.interval
             return
+        kinds = {f.kind for f in failures}
+        if REFUSED in kinds:  # a key rotation under way, or a gateway with another key: not the engine
+            self.last.update(ok=None, note="the gateway refused the key (not counted): " + "; ".join(messages))
+            log(f"canary not counted: {messages[0]}")
+            self.next_round = time.monotonic() + self.args.retry_interval
+            return
+        if kinds == {LATE}:
+            busy = busy_not_wedged(self.args.metrics_url, PROGRESS_WINDOW_S)
+            if busy:
+                self.last.update(ok=None, passing=True, note=busy)
+                log(f"canary late, {busy}: not counted")
+                self.consecutive = 0
+                self.next_round = time.monotonic() + self.args.interval
+                return
         self.consecutive += 1
-        log(f"canary failed ({self.consecutive}/{self.args.failures}): " + "; ".join(failures))
+        log(f"canary failed ({self.consecutive}/{self.args.failures}): " + "; ".join(messages))
         self.next_round = time.monotonic() + self.args.retry_interval
         if self.consecutive >= self.args.failures:
-            self.restart_serving(failures)
+            self.restart_serving(messages)
 
     def tick(self) -> None:
         container = inspect(self.args.container)
@@ -387,6 +557,28 @@ class Guard:
             "hold": self.hold(),
             "serving_started_at": self.started_at,
         })
+        self.write_metrics()
+
+    def write_metrics(self) -> None:
+        """The guard's series for the node exporter's textfile collector (GUARD_METRICS in
+        components/observability_files.py): a busy engine's late round counts as passing."""
+        if not self.args.textfile or not self.last:
+            return
+        values = {
+            "twinspark_guard_canary_success": 1 if self.last.get("passing") else 0,
+            "twinspark_guard_canary_last_run_timestamp_seconds": round(self.last["checked_at"], 3),
+            "twinspark_guard_canary_duration_seconds": self.last.get("duration_s", 0),
+            "twinspark_guard_restarts_total": self.restarts_total,
+            "twinspark_guard_hold": 1 if self.hold() else 0,
+        }
+        kinds = {name: "counter" if name.endswith("_total") else "gauge" for name in values}
+        text = "".join(f"# TYPE {name} {kinds[name]}\n{name} {value}\n" for name, value in values.items())
+        path = Path(self.args.textfile)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".{path.name}.tmp")  # the collector reads *.prom only
+        staged.write_text(text)
+        os.chmod(staged, 0o644)
+        staged.replace(path)
 
 
 def write_json(path: Path, value) -> None:
@@ -408,10 +600,13 @@ def read_api_key(secrets_file: str) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--endpoint", required=True, help="the API gateway, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--secrets-file", required=True, help="holds VLLM_API_KEY=...")
+    parser.add_argument("--secrets-file", required=True, help="holds VLLM_API_KEY=... (read before every round)")
+    parser.add_argument("--metrics-url", required=True, help="vLLM's /metrics: running, waiting, generated tokens")
     parser.add_argument("--container", required=True)
     parser.add_argument("--restart-policy", required=True, help="the container's own, put back after a hold")
-    parser.add_argument("--status-file", required=True, help="the verdict, JSON; restarts.json beside it")
+    parser.add_argument("--status-file", required=True, help="the verdict, JSON (tmpfs)")
+    parser.add_argument("--restarts-file", required=True, help="the restart count, JSON (on disk: survives a reboot)")
+    parser.add_argument("--textfile", help="the guard's metrics for the node exporter's textfile collector")
     parser.add_argument("--hold-file", required=True)
     parser.add_argument("--held-mark", required=True)
     parser.add_argument("--nodes", required=True, help="what to reboot, as the hold says it")
@@ -427,17 +622,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    guard = Guard(args, Api(args.endpoint.rstrip("/"), read_api_key(args.secrets_file), args.deadline))
+    api = Api(args.endpoint.rstrip("/"), args.secrets_file, args.deadline)
+    api.reload_key()  # a missing key file stops the guard at once, saying so
+    guard = Guard(args, api)
     guard.load()
+    guard.note_boot()
     log(f"watching {args.container} through {args.endpoint}: canary every {args.interval:.0f} s, "
         f"restart after {args.failures} failed rounds, hold at {args.restart_limit} restarts in {args.window // 60} min")
-    while True:
-        try:
-            guard.tick()
-        except Exception as err:  # noqa: BLE001 — keep guarding whatever broke; say what it was
-            log(f"check skipped: {type(err).__name__}: {err}")
-        guard.write_status()
-        time.sleep(TICK_S)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # systemd's stop: run the finally below
+    try:
+        while True:
+            try:
+                guard.tick()
+            except Exception as err:  # noqa: BLE001 — keep guarding whatever broke; say what it was
+                log(f"check skipped: {type(err).__name__}: {err}")
+            guard.write_status()
+            time.sleep(TICK_S)
+    finally:
+        guard.release_on_stop()
 
 
 if __name__ == "__main__":

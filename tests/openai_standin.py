@@ -30,10 +30,15 @@ Off by default, so the plain stand-in stays simple:
 - `raw_stream` / `raw_models`: bytes sent as they are (status 200) instead of a completion
   stream / the model list: garbage for the clients' error paths;
 - `fault()`: asked per completion request, the engine gone wrong while /health stays 200:
-  "garbage" (wrong answers, tool-call arguments that are not JSON) or "hang" (a stream stops
-  after its first chunk, a plain reply never comes).
+  "garbage" (wrong answers, tool-call arguments that are not JSON), "hang" (a stream stops
+  after its first chunk, a plain reply never comes) or "unparsed-tool-call" (with tool_choice
+  "auto" the call comes back as text in the model's markup: a tool parser that fails);
+- `max_running`: at most that many requests decode at once (vLLM's max_num_seqs); the rest
+  wait, counted in `vllm:num_requests_waiting`.
 Known answers, as a healthy model gives them: "What is A + B?" is answered with the sum, and a
-request naming a tool in `tool_choice` gets a call of it (streamed as vLLM streams tool calls).
+request naming a tool in `tool_choice`, or with tool_choice "auto" mentioning a tool's name,
+gets a call of it (streamed as vLLM streams tool calls). /metrics counts generated tokens as
+vLLM does (`vllm:generation_tokens_total`).
 """
 
 from __future__ import annotations
@@ -89,11 +94,18 @@ class Behaviour:
     raw_stream: Optional[bytes] = None
     raw_models: Optional[bytes] = None
     fault: Callable[[], Optional[str]] = lambda: None
+    max_running: Optional[int] = None
     health_calls: int = 0
     running: int = 0
+    waiting: int = 0
     finished: int = 0
+    generated: int = 0  # tokens sent, every request together
     _cache: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    slots: threading.Semaphore = field(init=False, repr=False)  # one per request decoding at once
+
+    def __post_init__(self):
+        self.slots = threading.BoundedSemaphore(self.max_running or 1 << 20)
 
     def lookup_and_fill_cache(self, prompt: str, salt: str) -> int:
         """Prompt characters served from the cache: whole leading blocks seen before, chained like vLLM's."""
@@ -114,8 +126,14 @@ class Behaviour:
         label = f'{{model_name="{self.model}"}}'
         with self._lock:
             return (f"vllm:num_requests_running{label} {self.running}\n"
-                    f"vllm:num_requests_waiting{label} 0\n"
-                    f"vllm:request_success_total{label} {self.finished}\n")
+                    f"vllm:num_requests_waiting{label} {self.waiting}\n"
+                    f"vllm:request_success_total{label} {self.finished}\n"
+                    f"vllm:generation_tokens_total{label} {self.generated}\n")
+
+    def count_generated(self, tokens: int) -> None:
+        with self._lock:
+            self.generated += tokens
+
 
 
 def prompt_text(body: dict) -> str:
@@ -147,9 +165,15 @@ def arithmetic_answer(prompt: str) -> Optional[str]:
     return str(int(match[1]) + int(match[2])) if match else None
 
 
-def named_tool(body: dict) -> Optional[str]:
-    choice = body.get("tool_choice")
-    return ((choice or {}).get("function") or {}).get("name") if isinstance(choice, dict) and body.get("tools") else None
+def called_tool(body: dict, prompt: str) -> Optional[str]:
+    """The tool a healthy model calls: the one named in tool_choice, or with tool_choice "auto"
+    (the default) one of the tools whose name the prompt mentions — the model writes the call in
+    its own markup and the server's tool parser turns it into `tool_calls`."""
+    tools = [((t.get("function") or {}).get("name") or "") for t in body.get("tools") or []]
+    choice = body.get("tool_choice", "auto")
+    if isinstance(choice, dict):
+        return ((choice.get("function") or {}).get("name")) if tools else None
+    return next((name for name in tools if name and choice == "auto" and name in prompt), None)
 
 
 def hang_forever() -> None:
@@ -210,6 +234,10 @@ def make_handler(behaviour: Behaviour):
             if "cache_salt" in body and not behaviour.accept_cache_salt:
                 return self.reply(400, {"error": {"message": "Parameter 'cache_salt' is not supported"}})
             with behaviour._lock:
+                behaviour.waiting += 1
+            behaviour.slots.acquire()
+            with behaviour._lock:
+                behaviour.waiting -= 1
                 behaviour.running += 1
             try:
                 self.complete(request)
@@ -217,6 +245,7 @@ def make_handler(behaviour: Behaviour):
                 with behaviour._lock:
                     behaviour.running -= 1
                     behaviour.finished += 1
+                behaviour.slots.release()
 
         def complete(self, request: Request):
             start = time.perf_counter()
@@ -241,10 +270,12 @@ def make_handler(behaviour: Behaviour):
                 return hang_forever()
             header = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                       "model": behaviour.model}
-            tool = named_tool(body) if chat else None
-            if tool:
+            tool = called_tool(body, prompt) if chat else None
+            if tool and not (fault == "unparsed-tool-call" and body.get("tool_choice", "auto") == "auto"):
                 arguments = '{"city": "Par\u00bf<unk>' if fault == "garbage" else '{"city": "Paris"}'
                 return self.tool_call(header, tool, arguments, bool(body.get("stream")), fault == "hang")
+            if tool:  # the tool parser missed the model's markup: the call arrives as text
+                pieces = [f"<|tool_call|>{tool}", '{"city": "Paris"}', "<|end|>"]
             if arithmetic_answer(prompt):
                 pieces = [arithmetic_answer(prompt)]
             if fault == "garbage":
@@ -268,6 +299,7 @@ def make_handler(behaviour: Behaviour):
                                    usage if (body.get("stream_options") or {}).get("include_usage") else None,
                                    hang=fault == "hang")
             pause_until(first_at + len(tokens) / behaviour.decode_tok_s)
+            behaviour.count_generated(len(tokens))
             text = "".join(piece for key, piece in tokens if key == answer_field)
             choice = {"index": 0, "finish_reason": finish}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
@@ -307,6 +339,7 @@ def make_handler(behaviour: Behaviour):
                 choice = {"index": 0, **({"delta": parts} if chat else parts), "logprobs": None,
                           "finish_reason": finish if i == len(chunks) - 1 else None}
                 self.event({**header, "choices": [choice]})
+                behaviour.count_generated(len(chunk))
                 if hang:
                     return hang_forever()
             if usage is not None and behaviour.send_usage:

@@ -47,11 +47,11 @@ json.dump(state, open(path, "w"))
 class Node:
     """A head for the guard: a fake docker with one container, the stand-in as its API."""
 
-    def __init__(self, tmp_path: Path, fault=None):
+    def __init__(self, tmp_path: Path, fault=None, **behaviour):
         self.tmp = tmp_path
         self.fault = fault
-        self.behaviour = Behaviour(api_key=KEY, model="canary-model", decode_tok_s=float("inf"),
-                                   fault=lambda: self.fault)
+        self.behaviour = Behaviour(**{"api_key": KEY, "model": "canary-model", "decode_tok_s": float("inf"),
+                                      "fault": lambda: self.fault, **behaviour})
         self.server = serve(self.behaviour)
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
@@ -82,11 +82,26 @@ class Node:
     def hold_file(self) -> Path:
         return self.tmp / "serving-hold"
 
+    @property
+    def restarts_file(self) -> Path:
+        return self.tmp / "state" / "restarts.json"
+
+    @property
+    def textfile(self) -> Path:
+        return self.tmp / "textfile" / "twinspark-guard.prom"
+
+    def rotate_key(self, key, gateway_too=True):
+        (self.tmp / "secrets.env").write_text(launch_bundle.render_secrets_env(key))
+        if gateway_too:
+            self.behaviour.api_key = key
+
     def start(self, failures=2, restart_limit=3, interval=60):
+        base = f"http://127.0.0.1:{self.server.server_address[1]}"
         argv = [sys.executable, str(LAUNCH / contract.SERVING_GUARD_SCRIPT),
-                "--endpoint", f"http://127.0.0.1:{self.server.server_address[1]}",
+                "--endpoint", base, "--metrics-url", base + "/metrics",
                 "--secrets-file", str(self.tmp / "secrets.env"), "--container", contract.SERVING_CONTAINER,
                 "--restart-policy", contract.SERVING_RESTART_POLICY, "--status-file", str(self.tmp / "guard" / "status.json"),
+                "--restarts-file", str(self.restarts_file), "--textfile", str(self.textfile),
                 "--hold-file", str(self.hold_file), "--held-mark", str(self.tmp / "state" / "held-container"),
                 "--nodes", "spark1 and spark2", "--vllm-log", "/var/log/twinspark/vllm.log",
                 "--interval", str(interval), "--retry-interval", "1", "--deadline", "3",
@@ -100,6 +115,12 @@ class Node:
             self.proc.kill()
             self.proc.wait()
         self.server.shutdown()
+
+    def terminate_guard(self):
+        """What systemd's stop does: SIGTERM."""
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.proc = None
 
     def guard_log(self) -> str:
         return (self.tmp / "guard.log").read_text()
@@ -139,7 +160,8 @@ def test_a_healthy_engine_passes_every_check_and_nothing_restarts(head):
 
 @pytest.mark.parametrize("fault, reason", [
     ("garbage", "known answer"),  # wrong sum, and tool-call arguments that are not JSON
-    ("hang", "stalled"),  # a wedged engine: /health 200, the stream stops after one chunk
+    ("hang", "stalled"),  # a wedged engine: /health 200, the stream stops after one chunk, no token since
+    ("unparsed-tool-call", "the tool parser did not recognise"),  # tool_choice auto: the call came as text
 ])
 def test_a_bad_engine_is_restarted_after_repeated_failures_with_the_reason(head, fault, reason):
     head.fault = fault
@@ -149,6 +171,7 @@ def test_a_bad_engine_is_restarted_after_repeated_failures_with_the_reason(head,
     assert head.calls() == [f"restart {contract.SERVING_CONTAINER}"]
     log = head.guard_log()
     assert "canary failed (2/2)" in log and reason in log, log
+    assert "not counted" not in log
     if fault == "garbage":
         assert "tool call: arguments are not JSON" in log
     head.fault = None  # the restarted engine is healthy
@@ -202,3 +225,108 @@ def test_the_unit_runs_the_guard_with_no_secret_in_its_command_line():
     # a changed script changes the unit, which the managed file's `service` action restarts
     assert "serving-guard.py sha256 " in unit
 
+
+
+def stream_for(port, seconds_of_tokens, tokens_per_s):
+    """A long agent stream, read to its end in the background; its outcome lands in the list."""
+    import threading
+    import urllib.request
+
+    outcome = []
+
+    def run():
+        body = json.dumps({"model": "canary-model", "prompt": "write a long story", "stream": True,
+                           "max_tokens": int(seconds_of_tokens * tokens_per_s)}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                         headers={"Authorization": f"Bearer {KEY}"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                outcome.append("[DONE]" in reply.read().decode())
+        except OSError as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_saturated_engine_that_makes_progress_is_never_restarted(tmp_path):
+    """Every decode slot held by long streams (max_num_seqs): the canary queues behind them and
+    is late round after round, but tokens flow, so nothing is counted and every stream ends."""
+    head = Node(tmp_path, max_running=2, decode_tok_s=20.0)
+    try:
+        port = head.server.server_address[1]
+        streams = [stream_for(port, 18, 20.0) for _ in range(2)]
+        wait_for(lambda: head.behaviour.running == 2, "both slots taken", head)
+        head.start(failures=1)  # one counted round would restart at once
+        wait_for(lambda: "not counted" in head.guard_log(), "a late round seen as busy", head, timeout=30)
+        for thread, _ in streams:
+            thread.join(timeout=60)
+        assert [outcome for _, outcome in streams] == [[True], [True]], "every stream ran to its end"
+        log = head.guard_log()
+        assert "busy, not wedged" in log and "waiting" in log, log
+        assert head.calls() == [], "a busy engine is never restarted"
+        wait_for(lambda: head.status["ok"] is True, "the canary passing once the streams ended", head, timeout=90)
+    finally:
+        head.stop()
+
+
+def test_the_guard_follows_a_rotated_key_and_a_refusal_is_not_the_engines_fault(head):
+    head.start(failures=1, interval=2)
+    wait_for(lambda: head.status["ok"] is True, "a passing round", head)
+    # pulumi up wrote the new key; the gateway still has the old one for a moment
+    head.rotate_key("sk-rotated-key-0123456789abcdefgh", gateway_too=False)
+    wait_for(lambda: head.status["ok"] is None and "refused the key" in head.status["note"], "a refusal noted", head)
+    head.behaviour.api_key = "sk-rotated-key-0123456789abcdefgh"  # the new gateway is up
+    wait_for(lambda: head.status["ok"] is True, "the canary passing with the new key", head)
+    assert head.calls() == [] and head.status["restarts_in_window"] == 0 and head.status["hold"] is None
+    assert "sk-rotated-key" not in head.guard_log()
+
+
+def test_a_reboot_counts_as_a_restart_so_a_panic_loop_is_held(head):
+    """The count survives the reboot (on disk); the reboot itself is one more restart."""
+    head.restarts_file.parent.mkdir(parents=True)
+    now = time.time()
+    head.restarts_file.write_text(json.dumps({"restarts": [{"at": now - 60, "reason": "the head rebooted"},
+                                                           {"at": now - 30, "reason": "the head rebooted"}],
+                                              "held": False, "total": 2}))
+    head.start(restart_limit=3)  # no boot marker on the tmpfs: the head has just booted
+    wait_for(lambda: head.status["restarts_in_window"] == 3, "the reboot counted", head)
+    wait_for(lambda: head.state()["policy"] == "no", "the restart policy lowered at the limit", head)
+    assert "serving restart (the head rebooted): 3 in the last 30 min" in head.guard_log()
+
+
+def test_the_reboot_a_hold_asks_for_clears_the_count(head):
+    head.restarts_file.parent.mkdir(parents=True)
+    now = time.time()
+    head.restarts_file.write_text(json.dumps({"restarts": [{"at": now - 60, "reason": "x"}] * 3, "held": True,
+                                              "total": 3}))
+    head.start(restart_limit=3)
+    wait_for(lambda: head.status["ok"] is True, "serving after the cure", head)
+    assert head.status["restarts_in_window"] == 0 and head.calls() == []
+    assert "rebooted after a hold" in head.guard_log()
+
+
+def test_a_guard_stopped_while_holding_gives_serving_a_policy_docker_acts_on(head):
+    head.start(restart_limit=1)
+    wait_for(lambda: head.status["ok"] is True, "a first passing round", head)
+    head.set(restart_count=1, started_at="t1")
+    wait_for(lambda: head.state()["policy"] == "no", "the restart policy lowered", head)
+    head.set(running=False)
+    wait_for(lambda: head.hold_file.exists(), "the hold", head)
+    head.terminate_guard()  # systemctl disable --now, or the head shutting down
+    assert head.state()["policy"] == "always", "docker must start serving after the reboot the hold asks for"
+    assert head.state()["running"] is False, "the hold itself stands until then"
+
+
+def test_the_guard_writes_its_metrics_for_the_textfile_collector(head):
+    from components.observability_files import GUARD_METRICS
+
+    head.start()
+    wait_for(lambda: head.textfile.exists() and "canary_success 1" in head.textfile.read_text(), "the textfile", head)
+    series = {line.split()[0]: float(line.split()[1]) for line in head.textfile.read_text().splitlines()
+              if not line.startswith("#")}
+    assert set(series) == set(GUARD_METRICS)
+    assert series["twinspark_guard_hold"] == 0 and series["twinspark_guard_restarts_total"] == 0
+    assert abs(series["twinspark_guard_canary_last_run_timestamp_seconds"] - time.time()) < 30
+    assert oct(head.textfile.stat().st_mode & 0o777) == "0o644"
