@@ -8,7 +8,7 @@ import pulumi
 import pulumi_random as random
 
 from components import client_outputs as client
-from components.config import load_secrets, load_stack_config
+from components.config import load_secrets, load_stack_config, resolve_node_addresses
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
 from components.host_prep import HostPrep, HostPrepArgs, firewall_policy
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
@@ -25,6 +25,7 @@ from components.ssh_access import resolve_ssh_access
 
 require_engine_support()
 cfg = load_stack_config()
+addresses = resolve_node_addresses(cfg.nodes)  # names, for the firewall: resolved before any resource
 ssh = resolve_ssh_access(cfg)  # key, agent, host keys: checked before any resource exists
 secrets = load_secrets()
 api_key = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
@@ -42,7 +43,7 @@ host_preps = {
     n.name: HostPrep(
         f"{n.name}-hostprep",
         HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu,
-                     firewall=firewall_policy(n, cfg.nodes, cfg.head_public_ports),
+                     firewall=firewall_policy(n, cfg.nodes, cfg.head_public_ports, addresses),
                      gpu_clock_cap_mhz=cfg.serving.gpu_clock_cap_mhz,
                      cotenant_memory_percent=cfg.serving.cotenant_memory_percent),
     )

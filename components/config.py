@@ -3,14 +3,17 @@
 `load_stack_config` reads the `twinspark:*` keys, refuses keys it does not know, validates
 field and cross-field rules and raises `pulumi.RunError` naming the key path as the user
 wrote it, the bad value and, in words, what is expected; `load_secrets` does the same for the
-secrets without ever showing them. Nothing here touches a node.
+secrets without ever showing them; `resolve_node_addresses` resolves the nodes' names (the
+firewall's addresses). Nothing here touches a node.
 """
 
 from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import re
+import socket
 import string
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
@@ -29,7 +32,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 import host_keys
 import node_contract as contract
@@ -56,6 +59,8 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
     "--gpu-memory-utilization": "set serving.gpuMemoryUtilization",
     "--kv-cache-dtype": "set serving.kvCacheDtype",
     "--tensor-parallel-size": "TP spans every node: change the node list",
+    "--pipeline-parallel-size": "pipeline parallelism is not a supported setting yet: TP spans every node, one GPU "
+    "each, and TP×PP ranks would need more GPUs than the nodes have",
     "--distributed-executor-backend": "multi-node TP runs on Ray",
     "--api-key": "set twinspark:apiKey, a secret; as a flag it would show in argv and state",
     # a profile is a measured pair (recipe §5): overriding half of it serves an unmeasured one
@@ -67,6 +72,9 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
 # A flag as vLLM's parser reads it: '_' for '-' (FlexibleArgumentParser), an optional
 # '.key' into a JSON flag, an optional '=value'.
 _FLAG = re.compile(r"--(?P<name>[a-z0-9][a-z0-9_-]*)(?P<key>\.[A-Za-z0-9_.-]+)?(?P<value>=.*)?", re.S)
+# vLLM's single-dash aliases of refused flags (every other single-dash token is refused as no '--flag')
+SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size"}
+_SHORT_FLAG = re.compile(r"(?P<name>-[a-z]+)(?P<value>=.*)?", re.S)
 
 
 def _flag_refusal(name: str) -> Optional[str]:
@@ -81,6 +89,14 @@ def _flag_refusal(name: str) -> Optional[str]:
             subject = flag if name == flag else f"vLLM takes {name} for {flag}"
             return f"a flag twinspark does not own ({subject}: {reason})"
     return None
+
+
+def _short_flag_refusal(token: str) -> Optional[str]:
+    short = _SHORT_FLAG.fullmatch(token)
+    if not short or short["name"] not in SHORT_FLAGS:
+        return None
+    flag = SHORT_FLAGS[short["name"]]
+    return f"a flag twinspark does not own ({short['name']} is {flag}: {FLAGS_NOT_IN_EXTRA_ARGS[flag]})"
 
 
 def _text(pattern: str, allowed: str) -> Any:
@@ -102,8 +118,23 @@ def _not_a_boolean(value: Any) -> Any:
     return value
 
 
+def _finite(value: Any) -> Any:
+    # YAML's .inf and .nan, and 'inf' as `config set --path` writes it, parse as floats; before
+    # the field's bounds, which would call nan "not >= 0"
+    _not_a_boolean(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return value  # not a number at all: pydantic says so
+    if not math.isfinite(number):
+        raise ValueError("expected a finite number, not infinity or NaN (no floor or threshold could be met or "
+                         "missed)")
+    return value
+
+
+# Every number field is one of these two (a test walks the schema for plain int and float).
 Integer = Annotated[int, Strict(), BeforeValidator(_not_a_boolean)]  # YAML and `config set --path` write numbers
-Number = Annotated[float, BeforeValidator(_not_a_boolean)]
+Number = Annotated[float, BeforeValidator(_finite)]
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 NodeName = _text(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?",
                  "1 to 32 lowercase letters, digits or '-', starting and ending with a letter or digit")
@@ -116,9 +147,26 @@ UserName = _text(r"[a-z_][a-z0-9_-]{0,31}",
                  "a Linux user name: 1 to 32 lowercase letters, digits, '_' or '-', not starting with a digit "
                  "or '-'")
 HcaName = _text(r"[A-Za-z0-9_]{1,64}", "an RDMA device name as `ibv_devinfo` shows it: 1 to 64 letters, digits or '_'")
-HostName = _text(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?",
-                 "an IPv4 address or DNS name: letters, digits, '.' and '-', starting and ending with a letter "
-                 "or digit")
+_NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+", re.I)
+
+
+def _one_spelling_of_an_address(value: str) -> str:
+    # inet_aton, which ssh, nft and glibc's resolver try before DNS, reads 1 to 4 numbers in
+    # decimal, octal (a leading 0) or hex as an IPv4 address: 192.168.1.010 is .8 to them and
+    # refused by Python's ipaddress; one spelling, or one machine could pass as two nodes
+    if all(_NUMERIC_LABEL.fullmatch(label) for label in value.split(".")):
+        try:
+            ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ValueError("expected an IPv4 address as four decimal numbers from 0 to 255 without leading zeros, "
+                             "like 192.168.1.10, or a DNS name") from None
+    return value
+
+
+HostName = Annotated[_text(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?",
+                           "an IPv4 address or DNS name: letters, digits, '.' and '-', starting and ending with a "
+                           "letter or digit"),
+                     AfterValidator(_one_spelling_of_an_address)]
 HostKey = _text(r"(ssh-|ecdsa-)\S+ \S+",
                 "a host key as ssh-keyscan prints it after the host: its type and key, like "
                 "'ssh-ed25519 AAAAC3Nza...'")
@@ -213,7 +261,9 @@ def _model_dir(value: str) -> str:
 
 ModelDir = Annotated[str, AfterValidator(_model_dir)]
 
-# What else listens on the nodes: the API port must be none of it.
+# What else listens on the nodes (whether or not a firewall hole would reach it): no
+# configured port may be any of it (Port). The monitoring's ports count while observability
+# is on, and the configured ports must differ (both: StackConfig._configured_ports_apart).
 PORTS_IN_USE = (
     ((contract.SSH_PORT,) * 2, "SSH's"),
     ((contract.RAY_PORT,) * 2, "the Ray GCS's"),
@@ -223,17 +273,22 @@ PORTS_IN_USE = (
     (contract.RAY_WORKER_PORTS, "one of Ray's worker ports"),
     ((contract.NCCL_RENDEZVOUS_PORT,) * 2, "NcclCheck's NCCL rendezvous"),
     ((contract.WEIGHTS_SYNC_PORT,) * 2, "the weight copy's rsync daemons' (on the rail addresses)"),
-    (contract.EPHEMERAL_PORTS, "in the kernel's ephemeral range, where Ray, NCCL and vLLM pick random ports"),
+    (contract.EPHEMERAL_PORTS, "in the kernel's ephemeral range, where Ray's raylet and agents, NCCL and vLLM pick "
+     "random ports"),
 )
 
 
-def _serving_port(port: int) -> int:
+def _free_port(port: int) -> int:
     for (low, high), owner in PORTS_IN_USE:
         if low <= port <= high:
             taken = [str(lo) if lo == hi else f"{lo}–{hi}" for (lo, hi), _ in sorted(PORTS_IN_USE)]
             raise ValueError(f"expected a port nothing else on the nodes uses (not {', '.join(taken[:-1])} or "
                              f"{taken[-1]}): {port} is {owner}")
     return port
+
+
+# Every port field of the config is a Port: one check for all, and StackConfig keeps them apart.
+Port = Annotated[Integer, Field(ge=1, le=65535), AfterValidator(_free_port)]
 
 
 def _host_key(value: str) -> str:
@@ -356,9 +411,10 @@ class Serving(Contract):
         default="default",
         description="`default` (spec decode 7, 6 seqs: 74.8 tok/s single stream) or `multiagent` "
         "(spec 3, 8 seqs: 105.7 tok/s at 4-way)")
-    port: Annotated[Integer, AfterValidator(_serving_port)] = Field(
-        default=8000, ge=1, le=65535,
-        description="API port on the head; not SSH's, Ray's, NcclCheck's or an ephemeral one")
+    port: Port = Field(
+        default=8000,
+        description="API port on the head; not a port SSH, Ray, vLLM, NcclCheck, the weight copy, the kernel's "
+        "ephemeral range or the monitoring (while on) use, nor grafanaPort")
     max_model_len: Integer = Field(
         default=1048576, gt=0, description="`--max-model-len`; also the clients' context window and fences")
     gpu_memory_utilization: Number = Field(
@@ -409,6 +465,8 @@ class Serving(Contract):
                 expect_value = flag["value"] is None
             elif expect_value and not token.startswith("-"):
                 expect_value = False
+            elif refusal := _short_flag_refusal(token):
+                raise _CrossFieldError(f"extraArgs[{i}]", token.split("=", 1)[0], refusal)
             else:
                 raise _CrossFieldError(
                     f"extraArgs[{i}]", repr(token), "'--flag', '--flag=value', or a value right after a '--flag'"
@@ -456,21 +514,23 @@ class ObservabilityImages(Contract):
 class Observability(Contract):
     enabled: bool = Field(
         default=True, description="`false`: deploy no metrics, dashboards or alerts (and remove them if deployed)")
-    retention_days: int = Field(default=30, ge=1, le=3650, description="Prometheus keeps this many days of samples")
+    retention_days: Integer = Field(
+        default=30, ge=1, le=3650, description="Prometheus keeps this many days of samples")
     retention_size: Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]*(KB|MB|GB|TB)$")] = Field(
         default="100GB", description="...and at most this much of the head's disk, whichever limit is hit first")
-    scrape_interval_seconds: int = Field(
+    scrape_interval_seconds: Integer = Field(
         default=15, ge=1, le=300, description="how often every target is scraped and every rule evaluated")
-    grafana_port: int = Field(default=3000, ge=1, le=65535, description="Grafana's port on every interface of the head")
+    grafana_port: Port = Field(
+        default=3000, description="Grafana's port on every interface of the head; refused as serving.port is")
     images: ObservabilityImages = Field(
         default_factory=ObservabilityImages,
         description="the images, each pinned to an exact `major.minor.patch` tag or a `@sha256:` digest")
-    gpu_temperature_alert_celsius: float = Field(
+    gpu_temperature_alert_celsius: Number = Field(
         default=85.0, gt=0, le=120, description="TwinsparkGpuHot fires above this GPU temperature for 5 min")
-    spec_decode_min_acceptance: float = Field(
+    spec_decode_min_acceptance: Number = Field(
         default=0.2, ge=0, lt=1,
         description="TwinsparkSpecDecodeAcceptanceCollapse fires when accepted/drafted tokens stay below this")
-    throughput_floor_tokens_per_second: float = Field(
+    throughput_floor_tokens_per_second: Number = Field(
         default=10.0, gt=0,
         description="TwinsparkThroughputCollapse fires when requests run but output stays under this many tok/s "
         "(and prefill under 20 times it) for 10 min; healthy decode is 27-105 tok/s")
@@ -516,10 +576,17 @@ class StackConfig(Contract):
         return len(self.nodes)  # one GB10 GPU per Spark
 
     @property
+    def head_public_ports_by_key(self) -> dict[str, int]:
+        """Every configured port in use, by its key: what the head serves to the LAN."""
+        ports = {"serving.port": self.serving.port}
+        if self.observability.enabled:
+            ports["observability.grafanaPort"] = self.observability.grafana_port
+        return ports
+
+    @property
     def head_public_ports(self) -> tuple[int, ...]:
         """What the head serves to the LAN (the host firewall opens these and SSH, nothing else)."""
-        grafana = (self.observability.grafana_port,) if self.observability.enabled else ()
-        return (self.serving.port, *grafana)
+        return tuple(self.head_public_ports_by_key.values())
 
     def peers_on_rail(self, node: Node, rail_index: int) -> list[str]:
         return [n.rails[rail_index].ip for n in self.nodes if n.name != node.name]
@@ -532,7 +599,7 @@ class StackConfig(Contract):
                 "nodes", f"{len(heads)} nodes have role head", "exactly one node with role: head"
             )
         _require_distinct(self.nodes, "nodes", "name")
-        _require_distinct(self.nodes, "nodes", "host")
+        self._one_node_per_machine()
         rail_counts = {len(n.rails) for n in self.nodes}
         if len(rail_counts) != 1:
             raise _CrossFieldError(
@@ -552,16 +619,40 @@ class StackConfig(Contract):
             raise _CrossFieldError(
                 "fabric.minBusBandwidthGBps", self.fabric.min_bus_bandwidth_gbps,
                 "0 on a single-node stack (NcclCheck measures the cable between nodes; alone, it can never pass)")
-        if self.observability.enabled:
-            taken = {**contract.OBSERVABILITY_PORTS, "Ray": contract.RAY_PORT,
-                     "the Ray dashboard": contract.RAY_DASHBOARD_PORT}
-            for path, port in (("serving.port", self.serving.port),
-                               ("observability.grafanaPort", self.observability.grafana_port)):
-                user = next((name for name, p in taken.items() if p == port), None)
-                if user:
-                    raise _CrossFieldError(path, port, f"a port other than {user}'s ({port}, on the head)")
-                taken[path] = port
+        self._configured_ports_apart()
         return self
+
+    def _one_node_per_machine(self) -> None:
+        """DNS names ignore case (an address has one spelling: HostName), so SPARK-A.local is spark-a.local."""
+        seen: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            j = seen.setdefault(node.host.lower(), i)
+            if j != i:
+                other = self.nodes[j].host
+                why = "" if other == node.host else " (DNS names ignore case: both name one machine)"
+                raise _CrossFieldError(f"nodes[{i}].host", node.host,
+                                       f"a machine other than nodes[{j}].host {other!r}{why}")
+
+    def _configured_ports_apart(self) -> None:
+        """Each configured port is checked against what always listens by its field (Port); here
+        against the monitoring's, while it is on, and against each other (the key blamed is one
+        the user set, where only one of them is)."""
+        ports = self.head_public_ports_by_key
+        monitoring = contract.OBSERVABILITY_PORTS if self.observability.enabled else {}
+        keys = list(ports)
+        for i, key in enumerate(keys):
+            owner = next((name for name, port in monitoring.items() if port == ports[key]), None)
+            if owner:
+                raise _CrossFieldError(key, ports[key], f"a port other than {owner}'s, while observability is on")
+            for other in keys[:i]:
+                if ports[key] == ports[other]:
+                    if self._set_by_user(other) and not self._set_by_user(key):
+                        key, other = other, key
+                    raise _CrossFieldError(key, ports[key], f"a port other than {other}'s: both listen on the head")
+
+    def _set_by_user(self, key: str) -> bool:
+        block, field = key.split(".")
+        return to_snake(field) in getattr(self, block).model_fields_set
 
     def _rails_are_separate_cables(self) -> None:
         """Rail N of every node in one subnet of its own, apart from every other rail and the LAN."""
@@ -618,6 +709,53 @@ def _require_distinct(items: list[BaseModel], prefix: str, field: str) -> None:
                 f"{prefix}[{i}].{field}", value, f"a value different from {prefix}[{seen[value]}].{field}"
             )
         seen[value] = i
+
+
+def _ipv4_addresses(host: str) -> list[str]:
+    return [info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)]
+
+
+def resolve_node_addresses(nodes: list[Node], resolve=_ipv4_addresses) -> dict[str, tuple[str, ...]]:
+    """Every node's IPv4 addresses, by name: its `host`, a name resolved here and now.
+
+    The host firewall admits the other nodes by address and loads at boot, before the network,
+    where no name resolves: a table holding a name would not load at all (no firewall). So the
+    firewall gets addresses, resolved when `pulumi up` runs. Names stay allowed: Spark owners
+    reach their nodes as spark-1.local, and `pulumi up` must resolve them for SSH anyway. A
+    name that does not resolve here, resolves to loopback, or shares an address with another
+    node stops the program before any resource; a node whose address changes needs a
+    `pulumi up` (until then the firewall drops its LAN traffic, it does not open).
+    """
+    problems, found, owner = [], {}, {}
+    for i, node in enumerate(nodes):
+        key = f"{NAMESPACE}:nodes[{i}].host"
+        loopback = []
+        try:
+            addresses = [str(ipaddress.IPv4Address(node.host))]  # an address (HostName: one spelling)
+        except ValueError:
+            try:
+                addresses = sorted(set(resolve(node.host)), key=ipaddress.IPv4Address)
+            except OSError as err:  # socket.gaierror
+                problems.append(f"{key}: {node.host!r} does not resolve on this machine ({err.strerror or err}) — "
+                                "expected a name this machine resolves to the node's LAN address, or the address "
+                                "itself (the host firewall admits the nodes by the addresses their names have when "
+                                "`pulumi up` runs)")
+                continue
+            loopback = [a for a in addresses if ipaddress.IPv4Address(a).is_loopback]
+        shared = next((a for a in addresses if a in owner), None)
+        if loopback or not addresses:
+            problems.append(f"{key}: {node.host!r} resolves to {', '.join(loopback) or 'no IPv4 address'} on this "
+                            "machine — expected a name that resolves to the node's LAN address (this machine's "
+                            "/etc/hosts may map its own name to loopback), or the address itself")
+        elif shared:
+            j = owner[shared]
+            problems.append(f"{key}: {node.host!r} resolves to {shared}, as nodes[{j}].host {nodes[j].host!r} does — "
+                            "expected a machine of its own for each node")
+        owner.update((a, i) for a in addresses)
+        found[node.name] = tuple(addresses)
+    if problems:
+        raise _config_error(problems)
+    return found
 
 
 # A secret lands in a shell's environment, a curl config line, an env file and an HTTP

@@ -20,19 +20,18 @@ Deleting the component removes each file and reverts its effect.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import pulumi
 import yaml
 from pulumi_command import remote
 
-import ipaddress
-
 import node_contract as contract
 from node_contract import LOG_DIR, LOGROTATE_PATH
 
-from .config import Node
+from .config import Node, resolve_node_addresses
 from .remote import ManagedFile, files_hash, managed_file_commands
 
 LIMITS_PATH = "/etc/security/limits.d/99-rdma.conf"
@@ -59,7 +58,7 @@ class FirewallPolicy:
     """Who may open a connection to this node; everything else new inbound is dropped."""
 
     open_tcp_ports: tuple[int, ...]  # from anywhere: SSH, and on the head the API gateway
-    peer_hosts: tuple[str, ...]  # the other nodes' host addresses: NCCL/GLOO bootstrap on the LAN
+    peer_hosts: tuple[str, ...]  # the other nodes' LAN addresses (never names): NCCL/GLOO bootstrap on the LAN
 
 
 @dataclass(frozen=True)
@@ -175,18 +174,15 @@ def render_userns_sysctl() -> str:
     )
 
 
-def firewall_policy(node: Node, nodes: Sequence[Node], head_ports: Sequence[int]) -> FirewallPolicy:
+def firewall_policy(node: Node, nodes: Sequence[Node], head_ports: Sequence[int],
+                    addresses: Optional[Mapping[str, Sequence[str]]] = None) -> FirewallPolicy:
     """SSH from anywhere, and on the head `head_ports` (the API, Grafana); the other nodes by
-    address; the rails whole."""
+    address (`addresses`, by node name, as resolve_node_addresses gives them; None: resolved
+    now); the rails whole."""
+    addresses = resolve_node_addresses(list(nodes)) if addresses is None else addresses
     ports = (contract.SSH_PORT, *head_ports) if node.role == "head" else (contract.SSH_PORT,)
-    return FirewallPolicy(open_tcp_ports=ports, peer_hosts=tuple(m.host for m in nodes if m.name != node.name))
-
-
-def ip_version(host: str) -> Optional[int]:
-    try:
-        return ipaddress.ip_address(host).version
-    except ValueError:
-        return None
+    peers = tuple(a for m in nodes if m.name != node.name for a in addresses[m.name])
+    return FirewallPolicy(open_tcp_ports=ports, peer_hosts=peers)
 
 
 def nft_set(items) -> str:
@@ -211,10 +207,16 @@ def render_firewall(node: Node, policy: FirewallPolicy) -> str:
         f"iifname {nft_set(chr(34) + r.iface + chr(34) for r in node.rails)} accept"
         "  # the cable: Ray, NCCL, vLLM, the weight copy",
     ]
-    # a host name is resolved by nft when the rules load (to its IPv4 addresses)
-    v6 = [h for h in policy.peer_hosts if ip_version(h) == 6]
-    v4 = [h for h in policy.peer_hosts if h not in v6]
-    for family, hosts in (("ip", v4), ("ip6", v6)):
+    # nft would resolve a name when the table loads, and at boot none resolves: no table at all
+    peers = []
+    for host in policy.peer_hosts:
+        try:
+            peers.append(ipaddress.ip_address(host))
+        except ValueError:
+            raise ValueError(f"the firewall admits peers by address, not by name: {host!r} (resolve_node_addresses "
+                             "gives the addresses)") from None
+    for family, version in (("ip", 4), ("ip6", 6)):
+        hosts = [str(p) for p in peers if p.version == version]
         if hosts:
             rules.append(f"{family} saddr {nft_set(hosts)} accept  # the other nodes: NCCL/GLOO bootstrap")
     body = "".join(f"        {r}\n" for r in rules)
@@ -230,6 +232,8 @@ table {table} {{
 
 
 def render_firewall_unit() -> str:
+    # nft's exit status is the unit's (a oneshot, ExecStart without '-'): a table that does not
+    # load leaves the unit failed (`systemctl --failed`, the system "degraded"), never quietly done
     return f"""# twinspark: load the host firewall at boot, before any interface comes up
 [Unit]
 Description=twinspark host firewall (nftables table inet {contract.FIREWALL_TABLE})

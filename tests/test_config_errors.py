@@ -6,7 +6,7 @@ import pulumi
 import pytest
 from program_harness import stack_config
 
-from components.config import parse_stack_config
+from components.config import format_key_path, parse_stack_config
 
 BASE = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
 
@@ -88,7 +88,8 @@ CASES = [
     (("serving", "extraArgs"), ["--speculative-config.num_speculative_tokens=2"], "twinspark:serving.extraArgs[0]",
      ["serving.profile"]),
     (("serving", "extraArgs"), ["--speculative_config", "{}"], "twinspark:serving.extraArgs[0]", ["serving.profile"]),
-    (("serving", "extraArgs"), ["-tp", "1"], "twinspark:serving.extraArgs[0]", ["'--flag'"]),
+    (("serving", "extraArgs"), ["-tp", "1"], "twinspark:serving.extraArgs[0]",
+     ["-tp is --tensor-parallel-size", "the node list"]),
     (("serving", "readinessTimeoutMinutes"), 0, "twinspark:serving.readinessTimeoutMinutes", []),
     (("serving", "image"), "", "twinspark:serving.image", []),
 ]
@@ -370,3 +371,182 @@ def test_a_secret_kept_in_plain_text_is_warned_about(capsys):
     assert "twinspark:apiKey is stored in plain text" in warnings and "hfToken" not in warnings, warnings
     assert secrets == {"apiKey": "sk-0123456789abcdef", "hfToken": "hf_01234567", "grafanaAdminPassword": None,
                        "alertWebhookUrl": None}
+
+
+# ---- issue 19: ports as ports, numbers as numbers, one machine once ---------------------------
+def put(cfg, path, value):
+    """set_path that also creates an omitted block (observability)."""
+    target = cfg
+    for p in path[:-1]:
+        target = target.setdefault(p, {}) if isinstance(p, str) else target[p]
+    target[path[-1]] = value
+
+
+PORT_KEYS = [("serving", "port"), ("observability", "grafanaPort")]
+# What listens on the nodes besides the configured ports, and what the refusal must call it.
+TAKEN_PORTS = [
+    (22, "SSH"), (6379, "Ray GCS"), (8265, "Ray dashboard"), (10001, "Ray client server"),
+    (10002, "Ray's worker ports"), (15000, "Ray's worker ports"), (19999, "Ray's worker ports"),
+    (8100, "vLLM's own"), (29555, "NCCL"), (8873, "weight copy"), (9090, "Prometheus"), (9093, "Alertmanager"),
+    (9100, "node exporter"), (9835, "GPU exporter"), (32768, "ephemeral"), (45000, "raylet"), (60999, "ephemeral"),
+]
+
+
+@pytest.mark.parametrize("path", PORT_KEYS, ids=".".join)
+@pytest.mark.parametrize("port, owner", TAKEN_PORTS, ids=[str(p) for p, _ in TAKEN_PORTS])
+def test_every_configured_port_is_refused_where_something_else_listens(path, port, owner):
+    cfg = copy.deepcopy(BASE)
+    put(cfg, path, port)
+    key = f"twinspark:{'.'.join(path)}"
+    assert_refused(cfg, key, [f"{key}: {port} — expected a port", owner])
+
+
+@pytest.mark.parametrize("path", PORT_KEYS, ids=".".join)
+@pytest.mark.parametrize("port", [1024, 3001, 8001, 10000, 20000, 32767, 61000, 65535])
+def test_a_free_port_passes(path, port):
+    cfg = copy.deepcopy(BASE)
+    put(cfg, path, port)
+    parsed = parse_stack_config(cfg)
+    assert port in (parsed.serving.port, parsed.observability.grafana_port)
+
+
+@pytest.mark.parametrize("serving, grafana, key, other", [
+    (None, 8000, "twinspark:observability.grafanaPort", "serving.port"),  # Grafana onto the API's default
+    (3000, None, "twinspark:serving.port", "observability.grafanaPort"),  # the API onto Grafana's default
+    (9000, 9000, "twinspark:observability.grafanaPort", "serving.port"),
+])
+def test_two_configured_ports_never_share_a_port(serving, grafana, key, other):
+    cfg = copy.deepcopy(BASE)
+    if serving is not None:
+        put(cfg, ("serving", "port"), serving)
+    if grafana is not None:
+        put(cfg, ("observability", "grafanaPort"), grafana)
+    assert_refused(cfg, key, [other])
+
+
+def test_grafanas_port_is_free_while_observability_is_off():
+    cfg = copy.deepcopy(BASE)
+    put(cfg, ("observability", "enabled"), False)
+    put(cfg, ("serving", "port"), 3000)
+    assert parse_stack_config(cfg).head_public_ports == (3000,)
+
+
+def number_fields(model=None, prefix=()):
+    """(path, type) of every int and float field of the schema, nested blocks and lists included."""
+    from typing import Annotated, Union, get_args, get_origin
+
+    from components.config import Contract, StackConfig
+
+    for name, field in (model or StackConfig).model_fields.items():
+        path = prefix + (field.alias or name,)
+        annotation = field.annotation
+        if get_origin(annotation) is Union:
+            annotation = next(a for a in get_args(annotation) if a is not type(None))
+        if get_origin(annotation) is Annotated:  # inside Optional, pydantic leaves the metadata on
+            annotation = get_args(annotation)[0]
+        if get_origin(annotation) is list:
+            annotation, path = get_args(annotation)[0], path + (0,)
+        if isinstance(annotation, type) and issubclass(annotation, Contract):
+            yield from number_fields(annotation, path)
+        elif annotation in (int, float):  # bool is an int subclass, but not `int` itself
+            yield path, annotation
+
+
+NUMBER_FIELDS = list(number_fields())
+FLOAT_FIELDS = [p for p, t in NUMBER_FIELDS if t is float]
+
+
+def test_the_number_walk_sees_the_plain_fields():
+    keys = {".".join(str(p) for p in path) for path, _ in NUMBER_FIELDS}
+    assert {"observability.retentionDays", "observability.scrapeIntervalSeconds", "observability.grafanaPort",
+            "serving.port", "fabric.mtu", "serving.guard.intervalSeconds", "serving.gpuClockCapMhz",
+            "fabric.minBusBandwidthGBps", "observability.gpuTemperatureAlertCelsius"} <= keys, keys
+    assert {k for k in keys if k.lower().endswith("port")} == {".".join(p) for p in PORT_KEYS}, "a new port field"
+
+
+@pytest.mark.parametrize("path", [p for p, _ in NUMBER_FIELDS], ids=lambda p: ".".join(map(str, p)))
+def test_a_yaml_boolean_is_no_number_in_any_field(path):
+    """YAML `true` must not become 1 (port 1, one day of retention, a 1 s scrape)."""
+    cfg = copy.deepcopy(BASE)
+    put(cfg, path, True)
+    assert_refused(cfg, format_key_path(path), ["YAML boolean"])
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), "inf", "NaN"], ids=repr)
+@pytest.mark.parametrize("path", FLOAT_FIELDS, ids=lambda p: ".".join(map(str, p)))
+def test_a_float_field_takes_finite_numbers_only(path, value):
+    """An infinite NcclCheck floor can never be met; `pulumi config set --path` writes 'inf' as a string."""
+    cfg = copy.deepcopy(BASE)
+    put(cfg, path, value)
+    assert_refused(cfg, format_key_path(path), ["finite number"])
+
+
+PP = "pipeline parallelism is not a supported setting yet"
+
+
+@pytest.mark.parametrize("extra_args, index", [
+    (["--pipeline-parallel-size", "2"], 0), (["--enforce-eager", "--pipeline-parallel-size=2"], 1),
+    (["--pipeline_parallel_size", "2"], 0), (["--pipeline-parallel", "2"], 0), (["-pp", "2"], 0), (["-pp=2"], 0),
+    (["--enforce-eager", "-pp", "2"], 1),
+])
+def test_pipeline_parallelism_in_extra_args_is_refused(extra_args, index):
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["extraArgs"] = extra_args
+    assert_refused(cfg, f"twinspark:serving.extraArgs[{index}]", [PP])
+
+
+@pytest.mark.parametrize("first, second", [
+    ("spark-a.local", "SPARK-A.LOCAL"), ("Spark1.lan", "spark1.LAN"), ("spark-a", "Spark-A"),
+])
+def test_one_machine_is_not_two_nodes(first, second):
+    cfg = copy.deepcopy(BASE)
+    cfg["nodes"][0]["host"], cfg["nodes"][1]["host"] = first, second
+    assert_refused(cfg, "twinspark:nodes[1].host", ["nodes[0].host"])
+
+
+# inet_aton (glibc, ssh, nft) reads these as 192.168.1.10 or, with a leading 0, as octal
+@pytest.mark.parametrize("host", ["192.168.1.010", "3232235786", "0xc0a8010a", "192.168.266", "0300.0250.1.10",
+                                  "192.168.1.10."])
+def test_an_address_in_another_spelling_is_refused(host):
+    cfg = copy.deepcopy(BASE)
+    cfg["nodes"][1]["host"] = host
+    assert_refused(cfg, "twinspark:nodes[1].host", [repr(host), "IPv4 address"])
+
+
+def test_a_host_name_that_does_not_resolve_is_refused_before_any_resource(program, recipe_config):
+    """The firewall admits the peers by address, resolved when `pulumi up` runs (at boot no name
+    resolves): a name this machine cannot resolve stops the program (.invalid never resolves)."""
+    recipe_config["twinspark:nodes"][1]["host"] = "spark2.invalid"
+    run = program(recipe_config)
+    assert run.error and run.error["kind"] == "RunError", run.error
+    message = run.error["message"]
+    assert "twinspark:nodes[1].host: 'spark2.invalid' does not resolve" in message, message
+    assert run.resources == []
+
+
+def test_two_names_of_one_address_are_one_machine():
+    from components.config import resolve_node_addresses
+
+    cfg = copy.deepcopy(BASE)
+    cfg["nodes"][0]["host"], cfg["nodes"][1]["host"] = "spark1.lan", "spark1-alias.lan"
+    table = {"spark1.lan": ["192.168.1.10"], "spark1-alias.lan": ["192.168.1.10", "192.168.1.99"]}
+    with pytest.raises(pulumi.RunError) as err:
+        resolve_node_addresses(parse_stack_config(cfg).nodes, resolve=table.__getitem__)
+    message = str(err.value)
+    assert "twinspark:nodes[1].host: 'spark1-alias.lan' resolves to 192.168.1.10" in message, message
+    assert "nodes[0].host" in message, message
+
+
+def test_resolved_addresses_are_what_the_firewall_admits():
+    from components.config import resolve_node_addresses
+    from components.host_prep import firewall_policy
+
+    cfg = copy.deepcopy(BASE)
+    cfg["nodes"][1]["host"] = "spark2.lan"
+    parsed = parse_stack_config(cfg)
+    table = {"spark2.lan": ["192.168.1.11", "192.168.1.7"]}
+    addresses = resolve_node_addresses(parsed.nodes, resolve=table.__getitem__)
+    # sorted: one name renders one table, whatever order the resolver answers in
+    assert addresses == {"spark1": ("192.168.1.10",), "spark2": ("192.168.1.7", "192.168.1.11")}
+    policy = firewall_policy(parsed.head, parsed.nodes, parsed.head_public_ports, addresses)
+    assert policy.peer_hosts == ("192.168.1.7", "192.168.1.11")

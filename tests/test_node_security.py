@@ -9,13 +9,14 @@ import shutil
 import socket
 import string
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-from program_harness import stack_config
+from program_harness import ROOT, stack_config
 from test_node_artifacts import managed_file_lines, private_node  # noqa: F401 (fixture)
 
 import node_contract as contract
@@ -126,6 +127,91 @@ def test_managed_firewall_refuses_rules_nft_rejects_and_changes_nothing(tmp_path
     proc = run(f"unshare --net bash {inner}")
     assert "nft refused" in proc.stderr and "rc=1" in proc.stdout
     assert "table inet twinspark" not in proc.stdout
+
+
+def render_with_hosts_file(tmp_path, hosts, node_hosts):
+    """The head's firewall as `pulumi up` renders it on an operator's machine whose resolver knows
+    `hosts` ((name, address) pairs: its own /etc/hosts in a private mount namespace), for nodes whose
+    `host` is `node_hosts`."""
+    table = tmp_path / "operator-hosts"
+    table.write_text("127.0.0.1 localhost\n" + "".join(f"{ip} {name}\n" for name, ip in hosts))
+    raw = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+    for node, host in zip(raw["nodes"], node_hosts):
+        node["host"] = host
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    render = (f"import json, sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+              "from components import host_prep\nfrom components.config import parse_stack_config\n"
+              f"cfg = parse_stack_config(json.load(open({str(tmp_path / 'config.json')!r})))\n"
+              "print(host_prep.render_firewall(cfg.head, host_prep.firewall_policy(cfg.head, cfg.nodes, "
+              "cfg.head_public_ports)), end='')\n")
+    proc = sh("unshare", "--mount", "sh", "-c", f'mount --bind "$0" /etc/hosts && exec "$1" -c "$2"', table,
+              sys.executable, render, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def load_at_boot(tmp_path, text):
+    """`nft -f` as twinspark-firewall.service runs it at boot: before the network, so no resolver
+    answers (no interface up, an empty resolv.conf) and /etc/hosts is the node's own."""
+    rules, empty = tmp_path / "boot.nft", tmp_path / "resolv.conf"
+    rules.write_text(text)
+    empty.write_text("")
+    return sh("unshare", "--net", "--mount", "sh", "-c",
+              f'mount --bind "$0" /etc/resolv.conf && {firewall_exec_start(rules)} && nft list table inet twinspark',
+              empty, check=False)
+
+
+def firewall_exec_start(rules):
+    """The unit's ExecStart line, on `rules`: what runs at boot, as the unit says it."""
+    unit = host_prep.render_firewall_unit()
+    (line,) = [ln.split("=", 1)[1] for ln in unit.splitlines() if ln.startswith("ExecStart=")]
+    return line.replace(contract.FIREWALL_RULES_PATH, str(rules))
+
+
+def test_firewall_with_host_names_loads_at_boot_without_dns(tmp_path):
+    """`host` may be a DNS name (spark-2.local); at boot no name resolves, and a table that named
+    one would not load at all (issue 19): the rendered table holds the address the name had when
+    `pulumi up` ran."""
+    text = render_with_hosts_file(tmp_path, [("spark1.test-lan", HEAD.host), ("spark2.test-lan", WORKER.host)],
+                                  ["spark1.test-lan", "spark2.test-lan"])
+    boot = load_at_boot(tmp_path, text)
+    assert boot.returncode == 0, boot.stderr
+    assert "test-lan" not in text, text
+    assert f"ip saddr {WORKER.host} accept" in boot.stdout, boot.stdout
+
+
+def test_firewall_admits_every_address_of_a_peer_name(tmp_path):
+    text = render_with_hosts_file(tmp_path, [("spark2.test-lan", WORKER.host), ("spark2.test-lan", "192.168.1.77")],
+                                  [HEAD.host, "spark2.test-lan"])
+    boot = load_at_boot(tmp_path, text)
+    assert boot.returncode == 0, boot.stderr
+    assert f"ip saddr {{ {WORKER.host}, 192.168.1.77 }} accept" in boot.stdout, boot.stdout
+
+
+def test_the_firewall_unit_fails_when_its_table_does_not_load(tmp_path):
+    """A table that does not load at boot leaves the node without a firewall: the unit must end
+    failed (`systemctl --failed`, `is-system-running` degraded), not pass quietly. Its ExecStart
+    runs unprefixed (no '-', which would count a failure as success), as a oneshot with no other
+    success status, so nft's exit status is the unit's."""
+    unit = host_prep.render_firewall_unit()
+    service = unit.split("[Service]", 1)[1].split("\n[", 1)[0]
+    settings = dict(ln.split("=", 1) for ln in service.splitlines() if "=" in ln and not ln.startswith("#"))
+    assert settings["Type"] == "oneshot" and "SuccessExitStatus" not in settings, settings
+    assert settings["ExecStart"][0] not in "-@:+!", settings["ExecStart"]
+    (tmp_path / contract.FIREWALL_UNIT).write_text(unit)
+    verify = sh("systemd-analyze", "verify", tmp_path / contract.FIREWALL_UNIT, check=False)
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+    naming_a_peer = firewall_text().replace(f"saddr {{ {WORKER.host} }}", "saddr { spark2.test-lan }")  # as it was
+    assert naming_a_peer != firewall_text()
+    failed = load_at_boot(tmp_path, naming_a_peer)
+    assert failed.returncode != 0 and "Could not resolve" in failed.stderr, (failed.returncode, failed.stderr)
+    assert load_at_boot(tmp_path, firewall_text()).returncode == 0
+
+
+def test_firewall_renders_addresses_only():
+    policy = host_prep.FirewallPolicy(open_tcp_ports=(22,), peer_hosts=("spark2.local",))
+    with pytest.raises(ValueError, match="spark2.local"):
+        host_prep.render_firewall(HEAD, policy)
 
 
 # ---- API gateway -----------------------------------------------------------------------------
