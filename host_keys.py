@@ -1,6 +1,8 @@
-"""SSH host keys as the operator's machine sees them: read a node's key over the network, check
-its form, show its fingerprint. Shared by the program (trust on first use) and
-`python -m ops pin-host-keys`; no Pulumi.
+"""SSH as the operator's machine runs it: a node's host key (read over the network, checked,
+shown as a fingerprint, written to a known_hosts file, and the `ssh -o` options that hold
+OpenSSH to it alone), and whether ssh-agent answers. Shared by the program (the docker
+provider's ssh, trust on first use, the credentials check) and the day-2 tools (`ops status`,
+`clear-hold`, `upgrade`, `pin-host-keys`); no Pulumi.
 
 A key is written as `ssh-keyscan` prints it, without the host: `ssh-ed25519 AAAA...` — the
 form pulumi-command's `connection.hostKey` parses (golang.org/x/crypto/ssh ParseAuthorizedKey)
@@ -14,6 +16,9 @@ import binascii
 import hashlib
 import struct
 import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
 
 KEY_TYPE = "ssh-ed25519"  # what DGX OS's sshd offers and what both providers pin
 NODE_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"  # the same key, as the node itself holds it
@@ -67,3 +72,100 @@ def scan(host: str, port: int = 22, timeout_s: int = 10, key_type: str = KEY_TYP
     detail = proc.stderr.strip().splitlines()
     raise HostKeyError(f"ssh-keyscan got no {key_type} key from {host} port {port}"
                        + (f": {detail[-1]}" if detail else " (unreachable, or sshd offers no such key)"))
+
+
+# ---- holding OpenSSH to one pinned key --------------------------------------------------------
+def known_hosts_text(host: str, key: str) -> str:
+    """A known_hosts file that holds `key` alone, for `host` as ssh is given it (port 22)."""
+    return f"{host} {key}\n"
+
+
+def write_known_hosts(path: Path, host: str, key: str) -> Path:
+    """`path` holding `key` alone for `host` (rewritten only when it differs)."""
+    text = known_hosts_text(host, key)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def recorded_key(path: Path, host: str) -> Optional[str]:
+    """The key a known_hosts file written by `write_known_hosts` holds for `host`, if well formed."""
+    try:
+        fields = path.read_text().split()
+    except OSError:
+        return None
+    if len(fields) != 3 or fields[0] != host:
+        return None
+    key = f"{fields[1]} {fields[2]}"
+    try:
+        parse(key)
+    except HostKeyError:
+        return None
+    return key
+
+
+def ssh_path(path: Path) -> str:
+    """A path as an ssh -o value: quoted (it may hold spaces), % escaped (ssh expands tokens)."""
+    return '"' + str(path).replace("%", "%%") + '"'
+
+
+def pinned_ssh_options(known_hosts: Path, key: str) -> list[str]:
+    """`ssh -o` values under which OpenSSH accepts `key` alone (the only entry of `known_hosts`)
+    and refuses any other: "Host key verification failed", before authenticating. They go before
+    any other -o: for each option ssh keeps the first value it is given."""
+    return [
+        "StrictHostKeyChecking=yes",
+        f"UserKnownHostsFile={ssh_path(known_hosts)}",
+        "GlobalKnownHostsFile=/dev/null",  # only the pinned key counts
+        f"HostKeyAlgorithms={parse(key)[0]}",  # as pulumi-command, which asks for the pinned type only
+        "UpdateHostKeys=no",
+    ]
+
+
+# ---- ssh-agent -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AgentState:
+    socket: Optional[str]  # SSH_AUTH_SOCK; None when it is unset or empty
+    keys: Optional[frozenset[str]]  # what the agent holds ("type base64" each); None: no agent answers
+    problem: str = ""  # why none answers, in ssh-add's words
+
+    @property
+    def dead(self) -> bool:
+        """SSH_AUTH_SOCK is set, and nothing answers there as an agent."""
+        return self.socket is not None and self.keys is None
+
+    def describe(self) -> str:
+        return f"SSH_AUTH_SOCK={self.socket}: no ssh-agent answers there ({self.problem})"
+
+
+def agent_state(env: Mapping[str, str]) -> AgentState:
+    """Ask the agent at SSH_AUTH_SOCK what it holds (`ssh-add -L`): a socket nobody listens on,
+    or a listener that does not speak the agent protocol, is an agent that does not answer."""
+    sock = env.get("SSH_AUTH_SOCK") or None
+    if sock is None:
+        return AgentState(None, None, "SSH_AUTH_SOCK is not set")
+    try:
+        proc = subprocess.run(["ssh-add", "-L"], env=dict(env), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return AgentState(sock, None, "ssh-add -L had no answer in 10 s")
+    except OSError as err:
+        return AgentState(sock, None, f"ssh-add did not run: {err.strerror}")
+    if proc.returncode == 0:
+        return AgentState(sock, frozenset(" ".join(line.split()[:2]) for line in proc.stdout.splitlines()
+                                          if len(line.split()) >= 2))
+    if proc.returncode == 1 and "no identities" in proc.stdout:  # an agent holding no key
+        return AgentState(sock, frozenset())
+    # 1 "error fetching identities: communication with agent failed"; 2 "Error connecting to agent"
+    return AgentState(sock, None, " ".join((proc.stderr or proc.stdout).split()) or f"ssh-add exit {proc.returncode}")
+
+
+def key_file_problem(key_path: str) -> Optional[str]:
+    """Why ssh could not use this private key file without asking for a passphrase (None: it can),
+    in ssh-keygen's words (`ssh-keygen -y` with an empty passphrase)."""
+    try:
+        proc = subprocess.run(["ssh-keygen", "-y", "-P", "", "-f", key_path], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"ssh-keygen did not run: {err}"
+    return None if proc.returncode == 0 else (" ".join(proc.stderr.split()) or f"ssh-keygen exit {proc.returncode}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import Mapping
 
 import node_contract as contract
 
@@ -123,8 +124,10 @@ def render_claude_code_env(cfg: StackConfig, api_key: str) -> str:
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
 
 
-def nodes_output(cfg: StackConfig) -> list[dict]:
-    """What the day-2 tools need of each node, typed: nothing for them to re-derive."""
+def nodes_output(cfg: StackConfig, host_keys: Mapping[str, str]) -> list[dict]:
+    """What the day-2 tools need of each node, typed: nothing for them to re-derive. `hostKey` is
+    the key this run held the node to (pinned, or recorded at first contact): ops holds its ssh
+    to the same one."""
     return [
         {
             "name": n.name,
@@ -132,6 +135,7 @@ def nodes_output(cfg: StackConfig) -> list[dict]:
             "host": n.host,
             "rayIp": n.ray_ip,
             "rails": [r.model_dump(by_alias=True) for r in n.rails],
+            "hostKey": host_keys[n.name],
         }
         for n in cfg.nodes
     ]

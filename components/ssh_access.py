@@ -8,11 +8,15 @@ pulumi-docker (the system `ssh`, with the options built here). One rule serves b
 - credentials: `ssh.privateKeyPath` without a passphrase -> both use the file. With a
   passphrase -> ssh-agent must hold the key (the docker provider's ssh runs in batch mode and
   cannot ask for it); the remote commands decrypt the file with `ssh.privateKeyPassphrase` when
-  it is set, else they too ask the agent. No key path -> both use the agent.
+  it is set, else they too ask the agent. No key path -> both use the agent. An SSH_AUTH_SOCK
+  that is set but where no agent answers stops the program in every case: pulumi-command
+  connects to it whenever it is set, even beside a key file.
 - host keys: a node's pinned `hostKey`; else, only with `ssh.trustOnFirstUse`, the key recorded
   at the first contact (`known_hosts_dir()/<node>`). The remote commands get it as
   connection.hostKey (FixedHostKey), the docker provider as the only entry of that node's own
-  known_hosts file with StrictHostKeyChecking=yes. A node with neither stops the program.
+  known_hosts file with StrictHostKeyChecking=yes (host_keys.pinned_ssh_options, which the
+  day-2 tools use too, with the keys exported in the `nodes` output). A node with neither stops
+  the program.
 """
 
 from __future__ import annotations
@@ -115,22 +119,6 @@ def read_private_key(path_text: str) -> PrivateKey:
     return PrivateKey(path, text, encrypted, _public_file(path))
 
 
-def agent_keys(env: Mapping[str, str]) -> Optional[set[str]]:
-    """The keys ssh-agent holds ("type base64" each), or None when no agent answers."""
-    if not env.get("SSH_AUTH_SOCK"):
-        return None
-    try:
-        proc = subprocess.run(["ssh-add", "-L"], env=dict(env), stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode == 1:  # an agent with no keys (it says so on stdout)
-        return set()
-    if proc.returncode != 0:  # 2: no agent at that socket
-        return None
-    return {" ".join(line.split()[:2]) for line in proc.stdout.splitlines() if len(line.split()) >= 2}
-
-
 def passphrase_opens(key: PrivateKey, passphrase: str) -> bool:
     """Does the passphrase decrypt the key? Asks `ssh-keygen -y`, which reads it from an askpass
     helper that prints it from the environment: never in argv, never on a terminal."""
@@ -164,19 +152,29 @@ def resolve_credentials(cfg: StackConfig, env: Mapping[str, str], passphrase_is_
         raise pulumi.RunError(
             f"{PASSPHRASE}: stored in plain text — set it as a secret: "
             "`pulumi config set --secret --path ssh.privateKeyPassphrase` (it prompts for the value)")
+    agent = host_keys.agent_state(env)
     if ssh.private_key_path is None:
         if passphrase is not None:
             raise pulumi.RunError(f"{PASSPHRASE}: set without {KEY_PATH} — name the key it opens, or remove it")
-        if not agent_keys(env):
+        if not agent.keys:
+            why = ("SSH_AUTH_SOCK is not set" if agent.socket is None else agent.describe() if agent.dead
+                   else f"the agent at SSH_AUTH_SOCK={agent.socket} has no keys")
             raise pulumi.RunError(
-                f"{KEY_PATH}: not set, so ssh-agent is used, but no agent with a key answers (SSH_AUTH_SOCK "
-                f"{'is not set' if not env.get('SSH_AUTH_SOCK') else 'has no keys'}) — set ssh.privateKeyPath to "
-                "the key that logs in to every node, or start ssh-agent and `ssh-add` that key")
+                f"{KEY_PATH}: not set, so ssh-agent is used, but {why} — set ssh.privateKeyPath to the key that logs "
+                "in to every node, or start ssh-agent and `ssh-add` that key")
         return Credentials(None, False, None)
     key = read_private_key(ssh.private_key_path)
     if not key.encrypted:
         if passphrase is not None:
             raise pulumi.RunError(f"{PASSPHRASE}: set, but {ssh.private_key_path!r} has no passphrase — remove it")
+        if agent.dead:
+            # pulumi-command dials SSH_AUTH_SOCK whenever it is set, key file or not, and a dial
+            # that fails fails the command (provider/pkg/provider/remote/connection.go, SShConfig);
+            # a connection cannot leave it out (agentSocketPath only names another socket).
+            raise pulumi.RunError(
+                f"{KEY_PATH}: {ssh.private_key_path!r} needs no agent, but {agent.describe()}, and the remote "
+                "commands (pulumi-command) connect to SSH_AUTH_SOCK whenever it is set — start the agent again, "
+                "or `unset SSH_AUTH_SOCK` before `pulumi up`")
         return Credentials(key, True, None)
     if passphrase is not None and not passphrase_opens(key, passphrase):
         raise pulumi.RunError(f"{PASSPHRASE}: does not open {ssh.private_key_path!r} — set the right one")
@@ -184,33 +182,18 @@ def resolve_credentials(cfg: StackConfig, env: Mapping[str, str], passphrase_is_
         raise pulumi.RunError(
             f"{KEY_PATH}: {ssh.private_key_path!r} is passphrase-protected and its public key is unknown — put it "
             f"next to it: `ssh-keygen -y -f {ssh.private_key_path} > {ssh.private_key_path}.pub`")
-    held = agent_keys(env)
-    if held is None or key.public not in held:
-        where = "no ssh-agent answers (SSH_AUTH_SOCK)" if held is None else "your ssh-agent does not hold it"
+    if agent.keys is None or key.public not in agent.keys:
+        where = ("your ssh-agent does not hold it" if agent.keys is not None else agent.describe() if agent.dead
+                 else "no ssh-agent answers (SSH_AUTH_SOCK is not set)")
         raise pulumi.RunError(
-            f"{KEY_PATH}: {ssh.private_key_path!r} is passphrase-protected and {where} — run "
+            f"{KEY_PATH}: {ssh.private_key_path!r} is passphrase-protected and {where} — "
+            f"{'run' if agent.keys is not None else 'start ssh-agent, then run'} "
             f"`ssh-add {ssh.private_key_path}` (the docker provider's ssh runs in batch mode and cannot ask for a "
             f"passphrase{'' if passphrase else '; without ssh.privateKeyPassphrase the remote commands need the agent too'})")
     return Credentials(key, passphrase is not None, passphrase)
 
 
 # ---- host keys -----------------------------------------------------------------------------
-def _recorded_key(path: Path, host: str) -> Optional[str]:
-    """The key a known_hosts file of ours holds for `host`, if it is well formed."""
-    try:
-        fields = path.read_text().split()
-    except OSError:
-        return None
-    if len(fields) != 3 or fields[0] != host:
-        return None
-    key = f"{fields[1]} {fields[2]}"
-    try:
-        host_keys.parse(key)
-    except host_keys.HostKeyError:
-        return None
-    return key
-
-
 def resolve_host_keys(
     cfg: StackConfig, records: Path, scan: Callable[[str], str] = host_keys.scan
 ) -> dict[str, str]:
@@ -219,7 +202,7 @@ def resolve_host_keys(
     for i, node in enumerate(cfg.nodes):
         key = node.host_key
         if key is None and cfg.ssh.trust_on_first_use:
-            key = _recorded_key(records / node.name, node.host)
+            key = host_keys.recorded_key(records / node.name, node.host)
             if key is None:
                 try:
                     key = scan(node.host)
@@ -243,22 +226,11 @@ def resolve_host_keys(
 def write_known_hosts(nodes: list[Node], keys: Mapping[str, str], records: Path) -> dict[str, Path]:
     """One known_hosts file per node, holding only its key: what docker's ssh may accept."""
     records.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for node in nodes:
-        path = (records / node.name).resolve()
-        text = f"{node.host} {keys[node.name]}\n"
-        if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
-        files[node.name] = path
-    return files
+    return {node.name: host_keys.write_known_hosts((records / node.name).resolve(), node.host, keys[node.name])
+            for node in nodes}
 
 
 # ---- the access both providers get ---------------------------------------------------------
-def _ssh_path(path: Path) -> str:
-    """A path as an ssh -o value: quoted (it may hold spaces), % escaped (ssh expands tokens)."""
-    return '"' + str(path).replace("%", "%%") + '"'
-
-
 @dataclass(frozen=True)
 class SshAccess:
     user: str
@@ -290,14 +262,8 @@ class SshAccess:
         if self.credentials.key is not None:
             # with a passphrase-protected key, ssh signs through the agent holding it
             opts += ["-i", str(self.credentials.key.path).replace("%", "%%"), "-o", "IdentitiesOnly=yes"]
-        key_type = self.host_keys[node.name].split()[0]
-        return opts + [
-            "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={_ssh_path(self.known_hosts[node.name])}",
-            "-o", "GlobalKnownHostsFile=/dev/null",  # only the pinned key counts
-            "-o", f"HostKeyAlgorithms={key_type}",  # as pulumi-command, which asks for the pinned type only
-            "-o", "UpdateHostKeys=no",
-        ]
+        pinned = host_keys.pinned_ssh_options(self.known_hosts[node.name], self.host_keys[node.name])
+        return opts + [a for option in pinned for a in ("-o", option)]
 
 
 def resolve_ssh_access(cfg: StackConfig, env: Optional[Mapping[str, str]] = None) -> SshAccess:

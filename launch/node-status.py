@@ -5,13 +5,15 @@
       --rail enp1s0f0np0:rocep1s0f0 --rail enP2p1s0f0np0:roceP2p1s0f0 \
       [--ray-head 10.0.0.1 --membership /twinspark/ray-membership.py --dashboard-port 8265] \
       [--memory-status /run/twinspark/memory-check.json] \
-      [--guard-status /run/twinspark/serving-guard/status.json --hold /run/twinspark/serving-hold]
+      [--guard-status /run/twinspark/serving-guard/status.json --hold /run/twinspark/serving-hold] \
+      [--firewall-unit twinspark-firewall.service --firewall-table twinspark]
 
 Reports the serving container (state, restart count), each rail (link, speed, MTU, RoCE
 port state and active MTU), the GPU's temperature, power, clocks and throttle reasons, the
-memory check before load, and on the head (--ray-head) the Ray nodes alive with their GPUs
-and the serving guard's verdict and hold; and this node's clock. Only reads; needs docker access, nvidia-smi,
-ibv_devinfo.
+memory check before load, the host firewall (its boot unit's state, and whether its nftables
+table is loaded now: `sudo -n nft`, as the SSH user has passwordless sudo), and on the head
+(--ray-head) the Ray nodes alive with their GPUs and the serving guard's verdict and hold; and
+this node's clock. Only reads; needs docker access, nvidia-smi, ibv_devinfo.
 """
 
 import argparse
@@ -102,6 +104,32 @@ def state_file(path):
         return {"error": f"{path}: {err}"}
 
 
+def firewall_state(unit, table):
+    """The boot unit as systemd sees it (active, inactive, failed, ...) and whether `table inet
+    TABLE` is loaded now (None: it could not be told, with why)."""
+    state = {"unit": unit, "table": f"inet {table}", "unit_state": None, "loaded": None}
+    try:
+        proc = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=20)
+        state["unit_state"] = proc.stdout.strip() or None  # it prints the state whatever its exit code
+        if state["unit_state"] is None and proc.stderr.strip():
+            state["unit_error"] = proc.stderr.strip()[-300:]
+    except (OSError, subprocess.TimeoutExpired) as err:
+        state["unit_error"] = str(err)
+    try:
+        proc = subprocess.run(["sudo", "-n", "nft", "list", "table", "inet", table], capture_output=True, text=True,
+                              timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        state["error"] = str(err)
+        return state
+    if proc.returncode == 0:
+        state["loaded"] = True
+    elif "No such file or directory" in proc.stderr:  # nft's answer for a table that does not exist
+        state["loaded"] = False
+    else:
+        state["error"] = " ".join(proc.stderr.split())[-300:] or f"sudo -n nft exited {proc.returncode}"
+    return state
+
+
 def ray_nodes(container, head_ip, membership, dashboard_port):
     out, err = run("docker", "exec", container, "python3", membership, "alive", "--head", head_ip,
                    "--dashboard-port", str(dashboard_port))
@@ -119,9 +147,13 @@ def main():
     parser.add_argument("--memory-status", help="the memory check's verdict (JSON)")
     parser.add_argument("--guard-status", help="head: the serving guard's verdict (JSON)")
     parser.add_argument("--hold", help="head: present while serving is held (JSON)")
+    parser.add_argument("--firewall-unit", help="the unit that loads the host firewall at boot")
+    parser.add_argument("--firewall-table", help="the firewall's nftables table (family inet), with --firewall-unit")
     args = parser.parse_args()
     if args.ray_head and not (args.membership and args.dashboard_port):
         parser.error("--ray-head needs --membership and --dashboard-port")
+    if bool(args.firewall_unit) != bool(args.firewall_table):
+        parser.error("--firewall-unit and --firewall-table go together")
     status = {
         "node": args.name,
         "now": time.time(),  # this node's clock: `ops upgrade` judges the guard verdict's age by it
@@ -130,6 +162,8 @@ def main():
         "gpu": gpu_state(),
         "memory_check": state_file(args.memory_status),
     }
+    if args.firewall_unit:
+        status["firewall"] = firewall_state(args.firewall_unit, args.firewall_table)
     if args.guard_status:
         status["guard"] = state_file(args.guard_status)
         status["hold"] = state_file(args.hold)

@@ -29,10 +29,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_ssh_arguments(parser: argparse.ArgumentParser) -> None:
-    """How the tools reach the nodes (ops status's ssh runner)."""
+    """How the tools reach the nodes (ops status's ssh runner), always held to each node's pinned host key."""
     parser.add_argument("--ssh-user", default=os.environ.get("TWINSPARK_SSH_USER"), help="default: the stack's ssh.user")
     parser.add_argument("--ssh-key", help="private key (default: ssh's own choice / the agent)")
-    parser.add_argument("--ssh-option", action="append", default=[], help="extra `ssh -o` option, repeatable")
+    parser.add_argument("--ssh-option", action="append", default=[],
+                        help="extra `ssh -o` option, repeatable (the host key check comes first: none loosens it)")
 
 
 def add_upgrade_parser(sub) -> None:
@@ -140,6 +141,11 @@ def run_measurement(args, target, console: Console) -> int:
 
 def run_tool(args, console: Console) -> int:
     target = resolve_target(args, need_nodes=args.tool in ("status", "clear-hold"))
+    if args.tool in ("status", "clear-hold"):
+        from .status import pinned_key
+
+        for node in target.nodes:  # every node verifiable, before any is reached
+            pinned_key(node)
     if args.tool == "status":
         from .status import run_status, ssh_runner
 
@@ -166,12 +172,12 @@ def run_tool(args, console: Console) -> int:
 
 def run_upgrade_tool(args, console: Console) -> int:
     from .stack import AutomationStack
-    from .upgrade import run_upgrade, ssh_guard_probe, ssh_hold_release
+    from .upgrade import run_upgrade, ssh_access_check, ssh_guard_probe, ssh_hold_release
 
     work_dir = Path(__file__).resolve().parent.parent  # the checkout: the Pulumi project and its .twinspark/
     ssh = (args.ssh_user, args.ssh_key, args.ssh_option)
     return run_upgrade(args, console, lambda name: AutomationStack(name, work_dir), ssh_guard_probe(*ssh), work_dir,
-                       ssh_hold_release(*ssh))
+                       ssh_hold_release(*ssh), ssh_access_check(*ssh))
 
 
 def main(argv=None) -> int:

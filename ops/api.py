@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+import host_keys
 
 
 class Lenient(BaseModel):
@@ -64,6 +66,18 @@ class Node(Lenient):
     host: str
     rayIp: str
     rails: list[Rail]
+    # the key `pulumi up` held the node to; ops reaches a node over SSH only with it (status.ssh_shell)
+    hostKey: Optional[str] = None
+
+    @field_validator("hostKey")
+    @classmethod
+    def _a_host_key(cls, key: Optional[str]) -> Optional[str]:
+        if key is not None:
+            try:
+                host_keys.parse(key)
+            except host_keys.HostKeyError as err:
+                raise ValueError(str(err)) from None
+        return key
 
 
 class Fabric(Lenient):

@@ -2,7 +2,8 @@
 
 Per node (over SSH, launch/node-status.py fed on stdin): serving container up or
 restarting (restart count), rails (link, speed, MTU, RoCE state), GPU temperature, power,
-clocks and throttle reasons, the memory check before load; on the head, the Ray nodes alive
+clocks and throttle reasons, the memory check before load, the host firewall (its boot unit
+failed or not, its nftables table loaded or not); on the head, the Ray nodes alive
 with their GPUs and the serving guard (last canary, restarts in its window, any hold). Per
 node too, its platform (launch/platform-facts.py: OS, kernel, driver, CUDA, BIOS, CMA, vLLM
 and NCCL in the running serving image), judged now by the platform gate with the stack's
@@ -10,28 +11,37 @@ acknowledgements: a node updated since the last `pulumi up` shows here first. Fo
 endpoint: /health, the model from /v1/models, and from /metrics the spec-decode acceptance
 (overall and per draft position) and the requests running and waiting. Exit code 1 when
 anything is unhealthy.
+
+Node access for every tool (`ssh_shell`): OpenSSH held to the host key `pulumi up` holds the
+node to (the `nodes` output's hostKey, through host_keys.pinned_ssh_options, as the docker
+provider's ssh); a node showing another is refused in one line. ssh-agent is checked before
+any node is reached.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import httpx
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+import host_keys
 import node_contract as contract
 import platform_gate
 
 from .api import served_models
+from .inputs import InputError, ToolError
 
 NODE_PROBE = Path(__file__).resolve().parent.parent / "launch" / "node-status.py"
 FACTS_PROBE = NODE_PROBE.with_name("platform-facts.py")
@@ -46,14 +56,67 @@ NodeRunner = Callable[..., str]
 NodeShell = Callable[..., str]
 
 
+class HostKeyRefused(ToolError):
+    """A node showed another SSH host key than the one `pulumi up` held it to: nothing ran there."""
+
+
+def pinned_key(node: dict) -> str:
+    """The host key `pulumi up` held the node to (the `nodes` output's hostKey)."""
+    key = node.get("hostKey")
+    if not key:
+        raise InputError(f"{node['name']}: no hostKey for it in the stack's `nodes` output, so it cannot be "
+                         "verified: run `pulumi up` once (it exports the key it holds each node to), or pass "
+                         "--nodes with each node's hostKey")
+    return key
+
+
+def agent_options(key: Optional[str], env: Optional[Mapping[str, str]] = None) -> list[str]:
+    """Checked before any node is reached: an SSH_AUTH_SOCK where no agent answers is left out
+    (IdentityAgent=none) when --ssh-key opens without a passphrase, else it ends the tool here."""
+    agent = host_keys.agent_state(os.environ if env is None else env)
+    if not agent.dead:
+        return []
+    if key is None:
+        raise InputError(f"{agent.describe()} — start ssh-agent and `ssh-add` your key, pass --ssh-key, or "
+                         "`unset SSH_AUTH_SOCK`")
+    problem = host_keys.key_file_problem(key)
+    if problem:
+        raise InputError(f"--ssh-key {key}: {problem}, and {agent.describe()} — start ssh-agent and `ssh-add {key}`")
+    return ["IdentityAgent=none"]  # the key file is enough: ssh need not ask the dead agent
+
+
+def host_key_refusal(node: dict, key: str, stderr: str) -> str:
+    shown = re.search(r"key sent by the remote host is\s+(SHA256:[A-Za-z0-9+/=]+)", stderr)
+    return (f"{node['name']} ({node['host']}): refused: its SSH host key is not the one `pulumi up` holds it to "
+            f"({host_keys.fingerprint(key)}{f'; it shows {shown.group(1)}' if shown else ''}), nothing ran there. "
+            f"Reinstalled? Compare with its console (`ssh-keygen -lf {host_keys.NODE_KEY_FILE}`), then "
+            "`python -m ops pin-host-keys --stack-file Pulumi.<stack>.yaml`, record the key and `pulumi up`; "
+            "if not, something else answers at its address")
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def ssh_shell(user: str, key: Optional[str], options: Sequence[str] = ()) -> NodeShell:
+    """Runs a command on a node with OpenSSH, holding it to the node's pinned host key with the
+    options `pulumi up` gives the docker provider's ssh (host_keys.pinned_ssh_options); they come
+    first, so no --ssh-option can loosen them. The agent is checked here, before any node."""
+    identity = agent_options(key)
+
     def run(node: dict, remote_command: str, stdin: str = "", timeout: float = 60) -> str:
-        command = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"] + (["-i", key] if key else [])
-        command += [a for option in options for a in ("-o", option)]
-        command += [f"{user}@{node['host']}", remote_command]
-        proc = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout)
+        pinned = pinned_key(node)
+        with tempfile.TemporaryDirectory(prefix="twinspark-ops-") as tmp:
+            known_hosts = host_keys.write_known_hosts(Path(tmp) / "known_hosts", node["host"], pinned)
+            settings = [*host_keys.pinned_ssh_options(known_hosts, pinned), "BatchMode=yes", "ConnectTimeout=10",
+                        *identity, *options]
+            command = ["ssh", *(a for option in settings for a in ("-o", option))] + (["-i", key] if key else [])
+            command += [f"{user}@{node['host']}", remote_command]
+            proc = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode == 255 and "Host key verification failed" in proc.stderr:
+            raise HostKeyRefused(host_key_refusal(node, pinned, proc.stderr))
         if proc.returncode != 0:
-            raise RuntimeError(f"ssh {user}@{node['host']} failed: {proc.stderr.strip()[-300:]}")
+            raise RuntimeError(f"ssh {user}@{node['host']} failed: {one_line(proc.stderr)[-300:]}")
         return proc.stdout
 
     return run
@@ -71,7 +134,8 @@ def ssh_runner(user: str, key: Optional[str], options: Sequence[str] = ()) -> No
 
 def probe_args(node: dict) -> list[str]:
     args = ["--name", node["name"], "--container", contract.SERVING_CONTAINER,
-            "--memory-status", contract.MEMORY_CHECK_STATUS]
+            "--memory-status", contract.MEMORY_CHECK_STATUS,
+            "--firewall-unit", contract.FIREWALL_UNIT, "--firewall-table", contract.FIREWALL_TABLE]
     for rail in node.get("rails", []):
         args += ["--rail", f"{rail['iface']}:{rail['hca']}"]
     if node["role"] == "head":
@@ -186,7 +250,8 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
     for node in report["nodes"]:
         name = node["node"]
         if "error" in node:
-            found.append(f"{name}: {node['error']}")
+            error = str(node["error"])
+            found.append(error if error.startswith(f"{name} (") else f"{name}: {error}")  # a refusal names it
             continue
         c = node["container"]
         if not c.get("present"):
@@ -203,7 +268,7 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
                 found.append(f"{where}: MTU {rail['mtu']}, expected {expect_mtu}")
             if rail["roce_state"] != "PORT_ACTIVE":
                 found.append(f"{where}: RoCE {rail['hca']} {rail['roce_state'] or rail.get('roce_error')}")
-        found += guard_problems(node)
+        found += guard_problems(node) + firewall_problems(node)
         ray = node.get("ray")
         if ray is not None:
             alive = [n for n in ray.get("nodes", []) if n["gpus"] >= 1]
@@ -235,6 +300,36 @@ def guard_problems(node: dict) -> list[str]:
         found.append(f"{name}: canary failing ({guard.get('consecutive_failures')} rounds in a row): "
                      + "; ".join(guard.get("failures") or []))
     return found
+
+
+def firewall_problems(node: dict) -> list[str]:
+    """The firewall's table not loaded (the node open to the LAN), or its boot unit failed (the
+    next boot leaves it open), or no way to tell: one line."""
+    if "firewall" not in node:
+        return []
+    fw = as_object(node.get("firewall"))
+    unit, table, state = fw.get("unit"), fw.get("table"), fw.get("unit_state")
+    journal = f"`journalctl -u {unit}` on it"
+    if fw.get("loaded") is False:
+        return [f"{node['node']}: firewall: table {table} is not loaded, so every port is open to the LAN ({unit} "
+                f"{state or 'state unknown'}): see {journal}, then `sudo systemctl restart {unit}`"]
+    if fw.get("loaded") is not True:
+        return [f"{node['node']}: firewall: cannot tell whether table {table} is loaded: "
+                f"{fw.get('error') or 'the probe did not say'}"]
+    if state == "failed":
+        return [f"{node['node']}: firewall: {unit} failed, so the next boot leaves the node open (table {table} "
+                f"is loaded now): see {journal}"]
+    return []
+
+
+def firewall_text(node: dict) -> Text:
+    fw = as_object(node.get("firewall"))
+    if not fw:
+        return Text("")
+    loaded = {True: "loaded", False: "NOT LOADED"}.get(fw.get("loaded"), "unknown")
+    state = fw.get("unit_state") or "unknown"
+    bad = fw.get("loaded") is not True or state == "failed"
+    return Text(f"table {loaded}\nunit {state}", style="red" if bad else "")
 
 
 def gpu_text(gpu: dict) -> str:
@@ -289,7 +384,7 @@ def collect(target, runner: NodeRunner) -> dict:
 def render(report: dict, found: list[str], console: Console) -> None:
     """Every cell is a Text: what nodes and servers say is printed as it is, never read as markup."""
     nodes = Table(title="nodes")
-    for col in ("node", "container", "rails (link speed MTU RoCE)", "GPU", "Ray", "memory, guard"):
+    for col in ("node", "container", "rails (link speed MTU RoCE)", "GPU", "Ray", "memory, guard", "firewall"):
         nodes.add_column(col)
     red = "red"
     for node in report["nodes"]:
@@ -305,7 +400,7 @@ def render(report: dict, found: list[str], console: Console) -> None:
         ray_text = "" if ray is None else (ray.get("error") or ", ".join(
             f"{n['node_ip']} ({n['gpus']:g} GPU)" for n in ray.get("nodes", [])))
         nodes.add_row(Text(node["node"]), container, Text(rails), Text(gpu_text(node.get("gpu") or {})), Text(ray_text),
-                      Text(guard_text(node)))
+                      Text(guard_text(node)), firewall_text(node))
     console.print(nodes)
     platform = Table(title="platform")
     for col in ("node", "OS", "kernel", "driver / CUDA", "BIOS", "CMA total / free kB", "vLLM", "NCCL (wheel)"):

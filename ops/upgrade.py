@@ -4,7 +4,8 @@
 
 1. Every --set is checked before anything changes: a key upgrade may change (`serving.*`,
    `model.revision`), the whole config as the program will read it (components/config.py), and
-   that the previous values can be written back exactly (keys unset before are unset again).
+   that the previous values can be written back exactly (keys unset before are unset again), and
+   that every node answers over SSH with the host key the stack holds it to (ssh_access_check).
 2. The settings are written to the stack config (Automation API: set_all_config/remove_all_config,
    path=True) and deployed (`up`).
 3. Gates: readiness (the up fails when the readiness wait fails; then /health and an
@@ -27,6 +28,7 @@ import difflib
 import fcntl
 import json
 import os
+import subprocess
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,7 +51,7 @@ from .api import GuardVerdict, first_problem
 from .inputs import EndpointError, InputError, ToolError
 from .stack import UpgradeStack, Writes, apply_writes, cli_text, one_line_error, value_at
 from .hold import release_hold
-from .status import ssh_runner, ssh_shell
+from .status import HostKeyRefused, agent_options, ssh_runner, ssh_shell
 from .target import Target, check_endpoint, target_from_outputs
 
 EXIT_ROLLED_BACK = 1
@@ -198,6 +200,27 @@ class GateResult:
 GuardProbe = Callable[[], dict]  # the head's {"now": unix s, "status": {...}} or {"now", "error"}
 
 
+def ssh_access_check(ssh_user: Optional[str], ssh_key: Optional[str], ssh_options: list[str]
+                     ) -> Callable[[Target], Callable[[], None]]:
+    """Before anything changes: every node answers over SSH with the host key `pulumi up` holds it
+    to (`true` on each, as `ops status` reaches them). The agent is checked at once."""
+    agent_options(ssh_key)
+
+    def for_target(target: Target) -> Callable[[], None]:
+        def check() -> None:
+            shell = ssh_shell(ssh_user or target.ssh_user, ssh_key, ssh_options)
+            for node in target.nodes:
+                try:
+                    shell(node, "true", "")
+                except (RuntimeError, subprocess.SubprocessError) as err:
+                    raise ToolError(f"cannot reach {node['name']} over SSH: {one_line_error(err, 300)}; nothing "
+                                    "changed") from None
+
+        return check
+
+    return for_target
+
+
 def ssh_hold_release(ssh_user: Optional[str], ssh_key: Optional[str], ssh_options: list[str]
                      ) -> Callable[[Target], Callable[[], None]]:
     """Removes the head's hold file over SSH, as `ops clear-hold` does (the guard then lets serving start)."""
@@ -290,6 +313,8 @@ def wait_for_canary(probe: GuardProbe, up_finished: float, timeout_s: float, pol
                     problem = f"the latest verdict was checked {threshold - verdict.checked_at:.0f} s before the up finished"
         except ValidationError as err:
             problem = f"the guard's status is not a verdict ({first_problem(err)})"
+        except (HostKeyRefused, InputError) as err:  # no later try can pass
+            return GateResult("canary", False, str(err))
         except Exception as err:  # ssh, JSON: one more try until the deadline
             problem = f"cannot read the guard's status: {one_line_error(err, 300)}"
         if time.monotonic() >= deadline:
@@ -525,7 +550,8 @@ def opening(open_stack: Callable[[str], UpgradeStack], work_dir: Path) -> Callab
 
 def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable[[str], UpgradeStack],
                 guard_probe_for: Callable[[Target], GuardProbe], work_dir: Path,
-                hold_release_for: Optional[Callable[[Target], Callable[[], None]]] = None) -> int:
+                hold_release_for: Optional[Callable[[Target], Callable[[], None]]] = None,
+                access_check_for: Optional[Callable[[Target], Callable[[], None]]] = None) -> int:
     if not args.stack:
         raise InputError("--stack is required: the stack to upgrade (`pulumi stack ls` lists them)")
     stack = opening(open_stack, work_dir)(args.stack)
@@ -545,6 +571,8 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
                       bench_deadline_s=args.bench_deadline_min * 60)
     with upgrade_lock(work_dir, stack.name):
         target = target_from_outputs(stack.outputs(), f"stack {stack.name} outputs")
+        if access_check_for is not None:  # a node refused (its host key, the credentials) ends it here
+            access_check_for(target)()
         path = baseline_path(work_dir, stack.name)
         baseline = ensure_baseline(path, target, plan.before.serving.profile, console, options.bench_deadline_s)
         differences = predicted_plan_differences(plan, target, baseline)

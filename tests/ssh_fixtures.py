@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -124,3 +125,43 @@ class Sshd:
         self.proc.terminate()
         self.proc.wait(timeout=10)
         self.log.close()
+
+
+DEAD_AGENT_KINDS = ("nobody listens", "closes at once")
+
+
+class DeadAgent:
+    """An SSH_AUTH_SOCK where no agent answers: a socket file nobody listens on (an agent that
+    died), or a listener that closes every connection at once."""
+
+    def __init__(self, kind: str):
+        assert kind in DEAD_AGENT_KINDS, kind
+        self.dir = Path(tempfile.mkdtemp(prefix="ts-dead-agent-", dir="/tmp"))
+        self.sock = self.dir / "s"
+        self.server = socket.socket(socket.AF_UNIX)
+        self.server.bind(str(self.sock))
+        if kind == "nobody listens":
+            self.server.close()
+        else:
+            self.server.listen(16)
+            threading.Thread(target=self._close_each, daemon=True).start()
+
+    def _close_each(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            conn.close()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SSH_AUTH_SOCK": str(self.sock)}
+
+    def stop(self) -> None:
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.server.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from ssh_fixtures import OTHER_HOST_KEY, TEST_HOST_KEYS, new_key, pinned
 from program_harness import compared_inputs, plain_occurrences, stack_config, unwrap
-from ssh_fixtures import Agent, sshd_argv
+from ssh_fixtures import DEAD_AGENT_KINDS, Agent, DeadAgent, sshd_argv
 
 from components.config import parse_stack_config
 from components.serving_image import PIN_KEEPS_ACROSS
@@ -166,6 +166,28 @@ def test_without_a_key_path_both_sides_use_the_agent(program, keys, agent):
     assert "-i" not in docker_opts(run, "spark1")
 
 
+@pytest.fixture(params=DEAD_AGENT_KINDS)
+def dead_agent(request):
+    a = DeadAgent(request.param)
+    yield a
+    a.stop()
+
+
+@pytest.mark.parametrize("key", [None, "plain", "locked"])
+def test_an_agent_socket_that_does_not_answer_stops_before_any_resource(program, keys, dead_agent, key):
+    """Issue 19 item 9: pulumi-command dials SSH_AUTH_SOCK whenever it is set, so a dead agent beside
+    an unencrypted key file would fail every remote command later, with nothing said before."""
+    ssh = {"privateKeyPath": str(keys[key])} if key else {}
+    run = program(with_ssh(stack_config(), **ssh), extra_env=dead_agent.env)
+    assert_stopped_before_any_resource(run, "twinspark:ssh.privateKeyPath:",
+                                       f"SSH_AUTH_SOCK={dead_agent.sock}: no ssh-agent answers there")
+    message = run.error["message"]
+    if key == "plain":
+        assert "unset SSH_AUTH_SOCK" in message and "pulumi-command" in message, message
+    if key == "locked":
+        assert f"ssh-add {keys['locked']}" in message and "passphrase-protected" in message, message
+
+
 def test_a_misspelt_passphrase_key_does_not_show_its_value():
     import pulumi
 
@@ -206,6 +228,12 @@ def test_each_node_is_verified_with_its_own_key_on_both_sides(recipe_run):
     assert len(files) == 2  # one file per node
 
 
+def test_the_nodes_output_carries_the_key_each_node_is_held_to(recipe_run):
+    """What ops holds its own ssh to (issue 19 item 8): the keys this run enforced."""
+    nodes = recipe_run.outputs["nodes"]["value"]
+    assert [(n["name"], n["hostKey"]) for n in nodes] == [(n, TEST_HOST_KEYS[n]) for n in ("spark1", "spark2")]
+
+
 def tofu_env(tmp_path, scanned: dict[str, str], known_hosts: Path):
     """A stand-in ssh-keyscan answering `scanned` (host -> key) and logging each call."""
     shim = tmp_path / "bin" / "ssh-keyscan"
@@ -239,6 +267,7 @@ def test_trust_on_first_use_records_the_first_key_and_holds_to_it(program, tmp_p
     assert run.error is None, run.error
     assert (tmp_path / "scans").read_text().count("\n") == 1
     assert connection(run.named("spark2-fabric-check"))["hostKey"] == OTHER_HOST_KEY
+    assert [n["hostKey"] for n in run.outputs["nodes"]["value"]] == [TEST_HOST_KEYS["spark1"], OTHER_HOST_KEY]
 
 
 def test_trust_on_first_use_that_cannot_reach_a_node_names_it(program, tmp_path):

@@ -393,8 +393,9 @@ def test_endpoint_status_reads_spec_decode_and_queue(endpoint):
     assert status.endpoint_status(target.base_url, "wrong")["models_status"] == 401
 
 
-def shim_bin(tmp_path, restarting="false", restart_count=0, ray_gpus=(1, 1), driver="580.173.02"):
-    """docker, nvidia-smi and ibv_devinfo as a Spark would answer them."""
+def shim_bin(tmp_path, restarting="false", restart_count=0, ray_gpus=(1, 1), driver="580.173.02",
+             firewall_unit="active", firewall_loaded=True):
+    """docker, nvidia-smi, ibv_devinfo, systemctl, sudo and nft as a Spark would answer them."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     nodes = json.dumps([{"node_id": f"n{i}", "node_ip": f"10.0.0.{i + 1}", "gpus": g} for i, g in enumerate(ray_gpus)])
@@ -415,6 +416,19 @@ case "$1" in
   *) echo '| Driver Version: {driver}   CUDA Version: 13.0 |' ;;
 esac""",
         "ibv_devinfo": "#!/bin/sh\nprintf '\\tstate:\\t\\t\\tPORT_ACTIVE (4)\\n\\tactive_mtu:\\t\\t4096 (5)\\n'",
+        # `systemctl is-active` prints the state and exits 0 for active only
+        "systemctl": f"""#!/bin/sh
+[ "$1 $2" = "is-active {contract.FIREWALL_UNIT}" ] || exit 4
+echo {firewall_unit}; [ {firewall_unit} = active ]""",
+        "sudo": '#!/bin/sh\n[ "$1" = -n ] && shift\nexec "$@"',
+        # nft's own answer for a table that is not there
+        "nft": f"""#!/bin/sh
+[ "$*" = "list table inet {contract.FIREWALL_TABLE}" ] || exit 1
+case {firewall_loaded} in
+  True) echo 'table inet {contract.FIREWALL_TABLE} {{'; echo '}}' ;;
+  False) echo 'Error: No such file or directory' >&2; echo "$*" >&2; exit 1 ;;
+  *) echo 'netlink: Error: cache initialization failed: Operation not permitted' >&2; exit 1 ;;
+esac""",
     }
     for name, text in scripts.items():
         (bin_dir / name).write_text(text + "\n")
@@ -531,6 +545,45 @@ def test_status_shows_the_guard_the_hold_and_the_memory_check(endpoint, tmp_path
     # no verdict at all: the guard is not running
     bare = status.collect(target, local_runner(shim_bin(tmp_path / "bare"), run_dir=node_state(tmp_path / "bare-run")))
     assert any("the serving guard has written no verdict" in f for f in status.problems(bare, 65536, None))
+
+
+@pytest.mark.parametrize("unit, loaded, words", [
+    ("failed", False, ["table inet twinspark is not loaded, so every port is open to the LAN",
+                       "twinspark-firewall.service failed", "journalctl -u twinspark-firewall.service"]),
+    ("failed", True, ["twinspark-firewall.service failed, so the next boot leaves the node open",
+                      "table inet twinspark is loaded now"]),
+    ("active", False, ["table inet twinspark is not loaded", "twinspark-firewall.service active"]),
+    ("active", None, ["cannot tell whether table inet twinspark is loaded", "Operation not permitted"]),
+])
+def test_status_shows_a_firewall_that_failed_to_load(endpoint, tmp_path, unit, loaded, words):
+    """Issue 19 item 6: a table that failed to load at boot (a name nft could not resolve) leaves
+    the node open; ops status says so, per node, from the unit's state and the table itself."""
+    behaviour, target = endpoint
+    target.nodes = NODES
+    broken = shim_bin(tmp_path / "broken", firewall_unit=unit, firewall_loaded=loaded)
+    report = status.collect(target, local_runner(shim_bin(tmp_path), {"spark2": broken}))
+    assert report["nodes"][0]["firewall"] == {"unit": "twinspark-firewall.service", "table": "inet twinspark",
+                                              "unit_state": "active", "loaded": True}
+    assert report["nodes"][1]["firewall"]["unit_state"] == unit and report["nodes"][1]["firewall"]["loaded"] is loaded
+    found = [f for f in status.problems(report, 65536, None) if "firewall" in f]
+    assert len(found) == 1 and found[0].startswith("spark2: firewall: "), found
+    assert all(word in found[0] for word in words), found[0]
+    console = Console(record=True, width=400)
+    status.render(report, status.problems(report, 65536, None), console)
+    shown = console.export_text()
+    assert "table loaded" in shown and "unit active" in shown  # spark1
+    assert f"table {({True: 'loaded', False: 'NOT LOADED'}).get(loaded, 'unknown')}" in shown and f"unit {unit}" in shown
+    assert status.run_status(target, local_runner(shim_bin(tmp_path), {"spark2": broken}), True, 65536, 200000,
+                             quiet()) == 1
+
+
+def test_a_loaded_table_whose_unit_has_not_run_since_the_deploy_is_healthy(endpoint, tmp_path):
+    """`pulumi up` loads the table and enables the unit, which first runs at the next boot."""
+    behaviour, target = endpoint
+    target.nodes = NODES
+    report = status.collect(target, local_runner(shim_bin(tmp_path, firewall_unit="inactive")))
+    assert [n["firewall"]["unit_state"] for n in report["nodes"]] == ["inactive", "inactive"]
+    assert not [f for f in status.problems(report, 65536, None) if "firewall" in f]
 
 
 def test_clear_hold_removes_the_hold_and_waits_for_the_guard(endpoint, tmp_path):
@@ -790,6 +843,9 @@ def test_status_prints_what_servers_say_literally(endpoint, capsys):
     ('[{"name": "a", "role": "worker", "host": "h", "rayIp": "10.0.0.1", "rails": [{"iface": "x"}]}]',
      ["--nodes: [0].rails[0].hca: Field required"]),
     ('[{"name": "a", "role": "worker", "host": "h", "rayIp": "10.0.0.1", "rails": []}]', ["exactly one with role head"]),
+    ('[{"name": "a", "role": "head", "host": "h", "rayIp": "10.0.0.1", "rails": [], "hostKey": "ssh-ed25519 AAAA!"}]',
+     ["--nodes: [0].hostKey: ", "not a base64 SSH public key"]),
+    ('[{"name": "a", "role": "head", "host": "h", "rayIp": "10.0.0.1", "rails": []}]', ["a: no hostKey", "pulumi up"]),
 ])
 def test_bad_nodes_are_one_line(endpoint, capsys, nodes, words):
     behaviour, target = endpoint

@@ -282,6 +282,42 @@ def test_another_update_running_is_refused_and_nothing_stays_changed(stack, worl
     assert stack.blocks == original_blocks()
 
 
+@pytest.mark.parametrize("refusal", ["host key", "unreachable"])
+def test_a_node_refused_over_ssh_stops_the_upgrade_before_anything_changes(stack, world, tmp_path, refusal):
+    """The access check (ssh_access_check: every node, its pinned host key) runs before the baseline,
+    the config and the deploy; a node it refuses ends the upgrade in one line."""
+    from ops.status import HostKeyRefused
+
+    store_baseline(tmp_path, world)
+    checked = []
+
+    def access_check_for(target):
+        def check():
+            checked.append([n["name"] for n in target.nodes])
+            if refusal == "host key":
+                raise HostKeyRefused("spark1 (127.0.0.1): refused: its SSH host key is not the one `pulumi up` holds "
+                                     "it to")
+            raise ToolError("cannot reach spark1 over SSH: Connection timed out; nothing changed")
+        return check
+
+    args = build_parser().parse_args(["upgrade", "--stack", stack.name, "--set", "serving.maxModelLen=65536"])
+    with pytest.raises(ToolError) as err:
+        upgrade.run_upgrade(args, quiet(), lambda name: stack, world.guard_probe, tmp_path, None, access_check_for)
+    assert err.value.exit_code == 1 and "spark1" in str(err.value)
+    assert checked == [["spark1"]] and stack.calls == [] and world.deployed == []
+
+
+def test_a_host_key_refused_at_the_canary_fails_it_at_once():
+    from ops.status import HostKeyRefused
+
+    def probe():
+        raise HostKeyRefused("spark1 (127.0.0.1): refused")
+
+    started = time.monotonic()
+    result = upgrade.wait_for_canary(probe, time.time(), timeout_s=30, poll_s=1)
+    assert not result.ok and result.detail == "spark1 (127.0.0.1): refused" and time.monotonic() - started < 5
+
+
 def test_a_second_upgrade_from_the_same_checkout_is_refused(stack, world, tmp_path):
     store_baseline(tmp_path, world)
     with upgrade.upgrade_lock(tmp_path, "spark"):
