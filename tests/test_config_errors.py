@@ -387,7 +387,7 @@ PORT_KEYS = [("serving", "port"), ("observability", "grafanaPort")]
 TAKEN_PORTS = [
     (22, "SSH"), (6379, "Ray GCS"), (8265, "Ray dashboard"), (10001, "Ray client server"),
     (10002, "Ray's worker ports"), (15000, "Ray's worker ports"), (19999, "Ray's worker ports"),
-    (8100, "vLLM's own"), (29555, "NCCL"), (8873, "weight copy"), (9090, "Prometheus"), (9093, "Alertmanager"),
+    (8100, "the API gateway's, for vLLM's /metrics"), (29555, "NCCL"), (8873, "weight copy"), (9090, "Prometheus"), (9093, "Alertmanager"),
     (9100, "node exporter"), (9835, "GPU exporter"), (32768, "ephemeral"), (45000, "raylet"), (60999, "ephemeral"),
 ]
 
