@@ -68,12 +68,19 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
     "--speculative-config": "set by serving.profile, which is not meant to be overridden; choose 'default' or "
     "'multiagent'",
     "--config": "it reads more flags from a file, where twinspark cannot check them; list them in serving.extraArgs",
+    # what would blind the monitoring and the guard, which read vLLM's /metrics
+    "--disable-log-stats": "it removes every vllm:* metric, which the dashboards, the alerts and the serving "
+    "guard's wedge check read",
+    "--data-parallel-size": "data parallelism is not a supported setting: TP spans every node, and more than one "
+    "engine puts vLLM's metrics in multiprocess mode, where the restart alert's series is missing",
+    "--api-server-count": "more than one API server puts vLLM's metrics in multiprocess mode, where the restart "
+    "alert's series (process_start_time_seconds) is missing",
 }
 # A flag as vLLM's parser reads it: '_' for '-' (FlexibleArgumentParser), an optional
 # '.key' into a JSON flag, an optional '=value'.
 _FLAG = re.compile(r"--(?P<name>[a-z0-9][a-z0-9_-]*)(?P<key>\.[A-Za-z0-9_.-]+)?(?P<value>=.*)?", re.S)
 # vLLM's single-dash aliases of refused flags (every other single-dash token is refused as no '--flag')
-SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size"}
+SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size"}
 _SHORT_FLAG = re.compile(r"(?P<name>-[a-z]+)(?P<value>=.*)?", re.S)
 
 

@@ -495,6 +495,17 @@ def test_pipeline_parallelism_in_extra_args_is_refused(extra_args, index):
     assert_refused(cfg, f"twinspark:serving.extraArgs[{index}]", [PP])
 
 
+@pytest.mark.parametrize("extra_args, fragment", [
+    (["--disable-log-stats"], "removes every vllm:* metric"),
+    (["--data-parallel-size", "2"], "multiprocess mode"), (["-dp", "2"], "multiprocess mode"),
+    (["--api-server-count=2"], "multiprocess mode"),
+])
+def test_extra_args_that_would_blind_the_monitoring_are_refused(extra_args, fragment):
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["extraArgs"] = extra_args
+    assert_refused(cfg, "twinspark:serving.extraArgs[0]", [fragment])
+
+
 @pytest.mark.parametrize("first, second", [
     ("spark-a.local", "SPARK-A.LOCAL"), ("Spark1.lan", "spark1.LAN"), ("spark-a", "Spark-A"),
 ])
