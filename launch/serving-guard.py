@@ -493,7 +493,7 @@ class Guard:
         # ok: the round passed (None: failed but not counted, see note); passing: for the alerts,
         # the engine serves (a busy one too)
         self.last = {"checked_at": time.time(), "ok": not failures, "passing": not failures, "failures": messages,
-                     "duration_s": round(time.monotonic() - started, 2), "note": None}
+                     "duration_s": round(time.monotonic() - started, 2), "not_counted": None, "note": None}
         if not failures:
             if self.consecutive:
                 log("canary passes again")
@@ -502,14 +502,15 @@ class Guard:
             return
         kinds = {f.kind for f in failures}
         if REFUSED in kinds:  # a key rotation under way, or a gateway with another key: not the engine
-            self.last.update(ok=None, note="the gateway refused the key (not counted): " + "; ".join(messages))
+            self.last.update(ok=None, not_counted="key refused",
+                             note="the gateway refused the key (not counted): " + "; ".join(messages))
             log(f"canary not counted: {messages[0]}")
             self.next_round = time.monotonic() + self.args.retry_interval
             return
         if kinds == {LATE}:
             busy = busy_not_wedged(self.args.metrics_url, PROGRESS_WINDOW_S)
             if busy:
-                self.last.update(ok=None, passing=True, note=busy)
+                self.last.update(ok=None, passing=True, not_counted="busy", note=busy)
                 log(f"canary late, {busy}: not counted")
                 self.consecutive = 0
                 self.next_round = time.monotonic() + self.args.interval

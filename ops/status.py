@@ -299,6 +299,8 @@ def guard_problems(node: dict) -> list[str]:
     elif guard and guard.get("ok") is False:
         found.append(f"{name}: canary failing ({guard.get('consecutive_failures')} rounds in a row): "
                      + "; ".join(guard.get("failures") or []))
+    elif guard and guard.get("not_counted") == "key refused":  # clients with the stack's key are refused too
+        found.append(f"{name}: {guard.get('note')}")
     return found
 
 
@@ -350,7 +352,8 @@ def guard_text(node: dict) -> str:
     if guard and "error" not in guard:
         checked = guard.get("checked_at")
         when = time.strftime("%H:%M:%S", time.localtime(checked)) if isinstance(checked, (int, float)) else "not yet"
-        verdict = {True: "ok", False: "FAILING"}.get(guard.get("ok"), "-")
+        verdict = {True: "ok", False: "FAILING"}.get(guard.get("ok")) or {
+            "busy": "busy (late, tokens flowing)", "key refused": "KEY REFUSED"}.get(guard.get("not_counted"), "-")
         window = guard.get("window_s")
         parts.append(f"canary: {verdict} at {when}; restarts {guard.get('restarts_in_window')}/"
                      f"{guard.get('restart_limit')} in {int(window) // 60 if isinstance(window, (int, float)) else '?'} min")

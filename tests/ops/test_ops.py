@@ -547,6 +547,24 @@ def test_status_shows_the_guard_the_hold_and_the_memory_check(endpoint, tmp_path
     assert any("the serving guard has written no verdict" in f for f in status.problems(bare, 65536, None))
 
 
+@pytest.mark.parametrize("not_counted, note, shown_as, problem", [
+    ("busy", "busy, not wedged: 6 running, 3 waiting, 412 tokens in 5 s", "canary: busy (late, tokens flowing)", None),
+    ("key refused", "the gateway refused the key (not counted): /v1/models: HTTP 401 from the gateway",
+     "canary: KEY REFUSED", "spark1: the gateway refused the key (not counted): /v1/models: HTTP 401 from the gateway"),
+])
+def test_status_shows_a_round_the_guard_did_not_count(endpoint, tmp_path, not_counted, note, shown_as, problem):
+    """A busy engine is healthy; a refused key is a problem (clients with that key are refused too)."""
+    behaviour, target = endpoint
+    target.nodes = NODES
+    guard = {**GUARD_OK, "ok": None, "not_counted": not_counted, "note": note}
+    report = status.collect(target, local_runner(shim_bin(tmp_path), run_dir=node_state(tmp_path / "run", guard=guard)))
+    found = [f for f in status.problems(report, 65536, None) if "gateway" in f or "canary" in f]
+    assert found == ([problem] if problem else [])
+    console = Console(record=True, width=400)
+    status.render(report, found, console)
+    assert shown_as in console.export_text()
+
+
 @pytest.mark.parametrize("unit, loaded, words", [
     ("failed", False, ["table inet twinspark is not loaded, so every port is open to the LAN",
                        "twinspark-firewall.service failed", "journalctl -u twinspark-firewall.service"]),
