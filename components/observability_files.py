@@ -56,15 +56,15 @@ ALERTMANAGER_GROUP_WAIT = "30s"
 # Prometheus jobs (the `job` label).
 JOB_VLLM, JOB_NODE, JOB_GPU, JOB_PROMETHEUS = "vllm", "node", "gpu", "prometheus"
 
-# The guard (a later issue) reports through node-exporter's textfile collector, in
-# TEXTFILE_DIR/*.prom on the head. Until it exists these series are absent: the rules
-# that read them stay quiet and the dashboard's guard row shows "No data".
+# The guard (launch/serving-guard.py) reports through node-exporter's textfile collector, in
+# contract.SERVING_GUARD_TEXTFILE on the head.
 GUARD_METRICS = {
     "twinspark_guard_canary_success": "gauge: 1 when the last canary (a known-answer completion) passed, else 0",
     "twinspark_guard_canary_last_run_timestamp_seconds": "gauge: unix time of the last canary",
     "twinspark_guard_canary_duration_seconds": "gauge: how long the last canary took",
     "twinspark_guard_restarts_total": "counter: serving restarts the guard performed",
     "twinspark_guard_hold": "gauge: 1 while the guard holds (restart cap reached, waiting for a person)",
+    "twinspark_guard_gateway_up": "gauge: 1 when the API gateway answers /health at all (a 502 too), else 0",
 }
 
 # RoCE/InfiniBand error counters (node_exporter infiniband collector); any increase is news.
@@ -252,6 +252,10 @@ def throughput_collapse_expr(floor: float, window: str = "5m") -> tuple[tuple[st
     return (output, prompt, running), expr
 
 
+CANARY_LAST_RUN = "twinspark_guard_canary_last_run_timestamp_seconds"
+WATCHDOG = "TwinsparkWatchdog"
+
+
 def alert_groups(plan: ObservabilityPlan) -> dict[str, list[AlertRule]]:
     s = plan.settings
     vllm, node, gpu = f'job="{JOB_VLLM}"', f'job="{JOB_NODE}"', f'job="{JOB_GPU}"'
@@ -292,14 +296,28 @@ def alert_groups(plan: ObservabilityPlan) -> dict[str, list[AlertRule]]:
                       "and dirty KV context shows this way (recipe gotcha 4). Check the env file "
                       "(VLLM_DSPARK_GPU_REJECTED_CONTEXT_MASK=1) and sample a completion by hand."),
         ],
+        "twinspark-heartbeat": [
+            # always firing: the webhook's receiver notices a dead head (Prometheus and
+            # Alertmanager run there) by this alert's absence (README: a dead man's switch)
+            AlertRule(WATCHDOG, ("vector(1)",), "vector(1)", "0m", "none", "twinspark's monitoring is alive",
+                      "Always firing, by design: it is re-sent every 5 minutes; its absence means the head, "
+                      "Prometheus or Alertmanager is down."),
+        ],
         "twinspark-guard": [
             _rule("TwinsparkCanaryFailing", "twinspark_guard_canary_success", "== 0", "2m", "critical",
                   "The guard's canary fails on {{ $labels.node }}",
                   "A known-answer completion through the real endpoint gave a wrong answer or none: "
                   "/health can be 200 while the output is garbage."),
-            _rule("TwinsparkCanaryStale", "time() - twinspark_guard_canary_last_run_timestamp_seconds", "> 900",
-                  "5m", "warning", "No canary has run for {{ $value | humanizeDuration }}",
-                  "The guard stopped probing: is it running?"),
+            # absent(): a guard that never wrote (or whose textfile went) has no series to be old
+            AlertRule("TwinsparkCanaryStale", (CANARY_LAST_RUN,),
+                      f"time() - {CANARY_LAST_RUN} > 900 or absent({CANARY_LAST_RUN})", "15m", "warning",
+                      "No recent canary on the head",
+                      "The guard stopped probing, or never started: is twinspark-serving-guard.service running, "
+                      "and does serving answer /health?"),
+            _rule("TwinsparkGatewayDown", "twinspark_guard_gateway_up", "== 0", "2m", "critical",
+                  "The API gateway on {{ $labels.node }} does not answer",
+                  "Nothing answers on serving.port: clients are refused even if vLLM runs. "
+                  "`docker ps -a` on the head (twinspark-api-gateway) and /var/log/twinspark/api-gateway.log."),
             _rule("TwinsparkGuardHolding", "twinspark_guard_hold", "== 1", "0m", "critical",
                   "The guard holds: it stopped restarting serving",
                   "The restart cap was reached; a person must look before serving is restarted again."),
@@ -392,7 +410,10 @@ def render_alertmanager_config(webhook_url: str, group_wait: str = ALERTMANAGER_
     """Every alert to one webhook (Alertmanager's JSON POST), resolved ones too. Holds a secret."""
     return "# alertmanager.yml — rendered by twinspark: alerts go to twinspark:alertWebhookUrl\n" + _dump({
         "route": {"receiver": "webhook", "group_by": ["alertname", "node"], "group_wait": group_wait,
-                  "group_interval": "5m", "repeat_interval": "4h"},
+                  "group_interval": "5m", "repeat_interval": "4h",
+                  # the heartbeat, re-sent often enough that its absence is news within minutes
+                  "routes": [{"receiver": "webhook", "matchers": [f'alertname="{WATCHDOG}"'], "group_wait": "0s",
+                              "group_interval": "1m", "repeat_interval": "5m"}]},
         "receivers": [{"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
     })
 

@@ -124,12 +124,15 @@ class Api:
         request = urllib.request.Request(self.base + path, data=data, headers=headers)
         return urllib.request.urlopen(request, timeout=timeout or self.deadline_s)
 
-    def healthy(self) -> bool:
+    def health_status(self) -> Optional[int]:
+        """/health's HTTP status (502 from the gateway: vLLM is down), None: the gateway is down."""
         try:
             with urllib.request.urlopen(self.base + "/health", timeout=5) as reply:
-                return reply.status == 200
+                return reply.status
+        except urllib.error.HTTPError as err:
+            return err.code
         except (OSError, http.client.HTTPException):
-            return False
+            return None
 
     def json(self, path: str, body: Optional[dict] = None) -> dict:
         try:
@@ -343,6 +346,7 @@ class Guard:
     was_held: bool = False  # saw the hold file: its removal (ops clear-hold) clears the count
     held_at_boot: bool = False  # on disk: serving was held, so the next boot is the hold's cure
     restarts_total: int = 0  # every restart ever counted (the textfile's counter)
+    gateway_up: Optional[bool] = None  # the last look at /health got an HTTP answer
 
     @property
     def restarts_file(self) -> Path:
@@ -540,7 +544,9 @@ class Guard:
         elif ours:
             self.restore_policy(container)
             return
-        if not container.running or not self.api.healthy():
+        health = self.api.health_status()
+        self.gateway_up = health is not None
+        if not container.running or health != 200:
             return
         if container.started_at != self.canaried_start or time.monotonic() >= self.next_round:
             self.canaried_start = container.started_at
@@ -563,15 +569,17 @@ class Guard:
     def write_metrics(self) -> None:
         """The guard's series for the node exporter's textfile collector (GUARD_METRICS in
         components/observability_files.py): a busy engine's late round counts as passing."""
-        if not self.args.textfile or not self.last:
+        if not self.args.textfile:
             return
-        values = {
-            "twinspark_guard_canary_success": 1 if self.last.get("passing") else 0,
-            "twinspark_guard_canary_last_run_timestamp_seconds": round(self.last["checked_at"], 3),
-            "twinspark_guard_canary_duration_seconds": self.last.get("duration_s", 0),
-            "twinspark_guard_restarts_total": self.restarts_total,
-            "twinspark_guard_hold": 1 if self.hold() else 0,
-        }
+        values = {"twinspark_guard_restarts_total": self.restarts_total, "twinspark_guard_hold": 1 if self.hold() else 0}
+        if self.gateway_up is not None:
+            values["twinspark_guard_gateway_up"] = int(self.gateway_up)
+        if self.last:  # no canary yet: its series stay absent (TwinsparkCanaryStale watches for that)
+            values.update({
+                "twinspark_guard_canary_success": 1 if self.last.get("passing") else 0,
+                "twinspark_guard_canary_last_run_timestamp_seconds": round(self.last["checked_at"], 3),
+                "twinspark_guard_canary_duration_seconds": self.last.get("duration_s", 0),
+            })
         kinds = {name: "counter" if name.endswith("_total") else "gauge" for name in values}
         text = "".join(f"# TYPE {name} {kinds[name]}\n{name} {value}\n" for name, value in values.items())
         path = Path(self.args.textfile)

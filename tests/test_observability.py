@@ -253,6 +253,25 @@ ALERT_CASES = [
      {"job": "node", "node": "spark1"}, ""),
     ("canary passing", "TwinsparkCanaryFailing",
      [series("twinspark_guard_canary_success", {"job": "node", "node": "spark1"}, "1x10")], "5m", None, ""),
+    ("canary stale", "TwinsparkCanaryStale",
+     [series("twinspark_guard_canary_last_run_timestamp_seconds", {"job": "node", "node": "spark1"}, "0x40")],
+     "35m", {"job": "node", "node": "spark1"}, ""),
+    ("no canary ever written", "TwinsparkCanaryStale",
+     [series("twinspark_guard_hold", {"job": "node", "node": "spark1"}, "0x40")], "20m", {}, ""),
+    ("canary fresh", "TwinsparkCanaryStale",
+     [series("twinspark_guard_canary_last_run_timestamp_seconds", {"job": "node", "node": "spark1"}, "0+60x40")],
+     "35m", None, ""),
+    ("gateway down", "TwinsparkGatewayDown",
+     [series("twinspark_guard_gateway_up", {"job": "node", "node": "spark1"}, "1 0x10")], "5m",
+     {"job": "node", "node": "spark1"}, ""),
+    ("gateway up", "TwinsparkGatewayDown",
+     [series("twinspark_guard_gateway_up", {"job": "node", "node": "spark1"}, "1x10")], "5m", None, ""),
+    ("guard holding", "TwinsparkGuardHolding",
+     [series("twinspark_guard_hold", {"job": "node", "node": "spark1"}, "0 1x10")], "5m",
+     {"job": "node", "node": "spark1"}, ""),
+    ("guard watching", "TwinsparkGuardHolding",
+     [series("twinspark_guard_hold", {"job": "node", "node": "spark1"}, "0x10")], "5m", None, ""),
+    ("the heartbeat always fires", "TwinsparkWatchdog", [], "1m", {}, ""),
     ("node down", "TwinsparkNodeDown", [series("up", {"job": "node", "node": "spark2"}, "0x10")], "5m",
      {"job": "node", "node": "spark2"}, ""),
     ("GPU hot", "TwinsparkGpuHot",
@@ -371,9 +390,12 @@ def test_a_healthy_cluster_raises_no_alert_at_all(tmp_path):
         series("twinspark_guard_canary_success", {"job": "node", "node": "spark1"}, "1x60"),
         series("twinspark_guard_canary_last_run_timestamp_seconds", {"job": "node", "node": "spark1"}, "0+60x60"),
         series("twinspark_guard_hold", {"job": "node", "node": "spark1"}, "0x60"),
+        series("twinspark_guard_gateway_up", {"job": "node", "node": "spark1"}, "1x60"),
     ]
+    # the heartbeat fires always, by design (its absence at the receiver is the alarm)
     test = {"interval": "1m", "input_series": healthy,
-            "alert_rule_test": [{"eval_time": "59m", "alertname": r.alert, "exp_alerts": []} for r in every_rule()]}
+            "alert_rule_test": [{"eval_time": "59m", "alertname": r.alert, "exp_alerts": []}
+                                for r in every_rule() if r.alert != "TwinsparkWatchdog"]}
     proc = promtool_test(tmp_path, recipe_plan(), [test])
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -385,6 +407,7 @@ def test_every_alert_the_issue_asks_for_exists_and_is_unit_tested():
         "TwinsparkServingDown", "TwinsparkCanaryFailing", "TwinsparkRailDown", "TwinsparkRailMtuWrong",
         "TwinsparkRoceErrors", "TwinsparkThroughputCollapse", "TwinsparkSpecDecodeAcceptanceCollapse",
         "TwinsparkGpuThrottling", "TwinsparkGpuHot", "TwinsparkDiskAlmostFull", "TwinsparkDiskFillingUp",
+        "TwinsparkCanaryStale", "TwinsparkGatewayDown", "TwinsparkGuardHolding",
     }
     assert asked <= alerts
     fired = {c[1] for c in ALERT_CASES if c[4] is not None}

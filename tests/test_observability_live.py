@@ -92,12 +92,23 @@ def stage_node(root: Path, mtu_rail1: int, head: bool) -> None:
     write(root, "proc/net/dev", header + rows)
     (root / "rootfs").mkdir(exist_ok=True)
     (root / "textfile").mkdir(exist_ok=True)
-    if head:  # what the guard will write: until it exists, the test stands in for it
-        now = int(time.time())
-        write(root, "textfile/guard.prom", "\n".join([
-            "twinspark_guard_canary_success 1", f"twinspark_guard_canary_last_run_timestamp_seconds {now}",
-            "twinspark_guard_canary_duration_seconds 1.2", "twinspark_guard_restarts_total 0",
-            "twinspark_guard_hold 0"]) + "\n")
+    if head:  # the guard's own writer, after a passing round with the gateway up
+        write_guard_textfile(root / "textfile" / "twinspark-guard.prom")
+
+
+def write_guard_textfile(path: Path) -> None:
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serving_guard", Path(__file__).parent.parent / "launch" /
+                                                  "serving-guard.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    guard = module.Guard(argparse.Namespace(textfile=str(path), hold_file=str(path.with_name("no-hold"))), None)
+    guard.gateway_up = True
+    guard.last = {"checked_at": time.time(), "ok": True, "passing": True, "duration_s": 1.2}
+    guard.write_metrics()
 
 
 def staged_node_exporter(node: ObservedNode, port: int, root: Path) -> list[str]:
