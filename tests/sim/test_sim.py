@@ -962,6 +962,10 @@ def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report, servi
     wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after the reboot")
     wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the guard's canary after the reboot")
     report["reboot_to_serving_s"] = round(time.time() - rebooted_at, 1)
+    # the count is on disk and the reboot is one more restart (a panic loop would be held)
+    counted = json.loads(sim.node_exec("sim1", "cat", contract.SERVING_GUARD_RESTARTS).stdout)
+    assert "the head rebooted" in [r["reason"] for r in counted["restarts"]], counted
+    reset_guard(sim)  # the scenarios after this one stop the head on purpose: no loop to count
 
 
 SLOW_HEAD_GRACE_S = 120
@@ -1001,7 +1005,7 @@ def test_head_back_fast_is_caught_by_node_id(sim, report, serving):
 def reset_guard(sim):
     """The guard restarted with an empty restart count (the scenarios before restarted the head)."""
     sim.node_exec("sim1", "bash", "-c", f"systemctl stop {contract.SERVING_GUARD_UNIT}; "
-                  f"rm -f {contract.SERVING_HOLD} {Path(GUARD_STATUS).with_name('restarts.json')} {GUARD_STATUS}; "
+                  f"rm -f {contract.SERVING_HOLD} {contract.SERVING_GUARD_RESTARTS} {GUARD_STATUS}; "
                   f"systemctl start {contract.SERVING_GUARD_UNIT}")
     wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="a passing canary round")
 
