@@ -18,6 +18,7 @@ from components.observability import Observability, ObservabilityArgs, ObservedA
 from components.observability_files import plan_from_config
 from components.platform_facts import NodeFacts, PlatformFacts, PlatformFactsArgs
 from components.readiness import Readiness, ReadinessArgs
+from components.remote import node_installation
 from components.serving_guard import ServingGuard, ServingGuardArgs
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
 from components.serving_image import BaseImagePin, BaseImagePinArgs, ServingImage, ServingImageArgs
@@ -37,6 +38,9 @@ label_key = random.RandomPassword("bundle-label-key", length=32, special=False).
 # and the secret of the weight copy's rsync daemons on the workers (only the head gets in)
 weights_sync_secret = random.RandomPassword("weights-sync-secret", length=48, special=False).result
 conns = {n.name: ssh.connection(n) for n in cfg.nodes}
+# each node as installed: pinning a reinstalled node's new host key makes its image, containers
+# and copy of the weights again (its own steps re-run by themselves)
+installations = {n.name: node_installation(n.name, conns[n.name]) for n in cfg.nodes}
 head = cfg.head
 
 host_preps = {
@@ -67,7 +71,8 @@ fabric_checks = [
 ]
 after_fabric = pulumi.ResourceOptions(depends_on=fabric_checks)
 
-access = {n.name: NodeAccess(n.name, conns[n.name], n.ray_ip, [r.ip for r in n.rails]) for n in cfg.nodes}
+access = {n.name: NodeAccess(n.name, conns[n.name], n.ray_ip, [r.ip for r in n.rails], installations[n.name])
+          for n in cfg.nodes}
 weights = ModelWeights(
     "weights",
     ModelWeightsArgs(
@@ -97,6 +102,7 @@ images = {
             ssh_opts=ssh.docker_ssh_opts(n),
             base_image=base_image.reference,
             ray_version=cfg.serving.ray_version,
+            installation=installations[n.name],
         ),
         opts=after_fabric,
     )
@@ -154,6 +160,7 @@ cluster = ServingCluster(
                 image_id=gated_image[n.name],
                 bundle_hash=bundles[n.name].content_hash,
                 ready_after=[bundles[n.name], weights, nccl],
+                installation=installations[n.name],
                 gateway_hash=bundles[n.name].gateway_hash,
             )
             for n in cfg.nodes
@@ -196,7 +203,8 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
         "observability",
         ObservabilityArgs(
             plan=plan_from_config(cfg, alertmanager=alert_webhook_url is not None),
-            access={n.name: ObservedAccess(conns[n.name], images[n.name].provider) for n in cfg.nodes},
+            access={n.name: ObservedAccess(conns[n.name], images[n.name].provider, installations[n.name])
+                    for n in cfg.nodes},
             grafana_admin_password=grafana_password,
             alert_webhook_url=alert_webhook_url,
             label_key=label_key,

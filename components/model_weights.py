@@ -7,14 +7,17 @@ Creates:
   that commit, resumable, inside the serving base image, HF token as a stdin secret, every
   file checked against the hub's hashes) and `{head}-weights-sync-key` (launch/sync-key.sh: a
   dedicated ed25519 key for the copy's control connection);
-- per worker: `{worker}-weights-authorize` (launch/authorize-key.sh: that key, restricted to
+- per worker: `{worker}-weights-host-key` (launch/peer-host-key.sh on the head: the worker's
+  pinned host key for its rail addresses, in the known_hosts the copy and the shape check
+  read) and `{worker}-weights-authorize` (launch/authorize-key.sh: that key, restricted to
   the head's rail address, in the worker's authorized_keys);
 - on the head: `{head}-weights-shape-check` (launch/model-shape-check.sh: config.json's heads
   must split over the nodes and the weights fit gpuMemoryUtilization x each node's MemTotal,
   read over the rail), so a model that cannot load stops `pulumi up` before the copy;
 - per worker: `{worker}-weights-sync` (launch/sync-weights.sh on the head: rsync daemons on
   the worker's rail addresses for the copy only, many streams over every rail, the per-stack
-  copy secret on stdin; then every file's sha256 checked on the worker, naming any mismatch).
+  copy secret on stdin; then every file's sha256 checked on the worker, naming any mismatch),
+  made again when the worker is reinstalled (it follows `{worker}-installation`).
 launch/weights.py (hashing, records, the stream plan, the hub calls) rides on each step's
 stdin. No step does anything when its part is already complete; unchanged files are not
 hashed again.
@@ -40,6 +43,7 @@ SHAPE_SCRIPT = "model-shape-check.sh"
 SHAPE_PROGRAM = "model-shape-check.py"
 SYNC_KEY_SCRIPT = "sync-key.sh"
 AUTHORIZE_SCRIPT = "authorize-key.sh"
+PEER_HOST_KEY_SCRIPT = "peer-host-key.sh"
 WEIGHTS_PROGRAM = "weights.py"
 # At most this many streams per rail (fewer where the cores are fewer: sync-weights.sh). One
 # rsync stream is bound by a core or two (its copy loop and checksums), far below a 100G
@@ -53,6 +57,7 @@ class NodeAccess:
     connection: remote.ConnectionArgs
     ray_ip: str  # first rail: the copy's control connection crosses the cable
     rail_ips: Sequence[str]  # every rail's address, in config order: the copy's streams
+    installation: Optional[pulumi.Resource] = None  # a worker as installed: a reinstall copies again
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,13 @@ def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
             "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{worker.ray_ip}", *rails,
             "--port", str(WEIGHTS_SYNC_PORT), "--max-streams-per-rail", str(max_streams_per_rail),
             "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
+
+
+def peer_host_key_args(args: ModelWeightsArgs, worker: NodeAccess) -> list[str]:
+    """The worker's key as the stack pins it, for every address the head reaches it at over the
+    cable: the head's ssh checks the worker against the same key as `pulumi up`."""
+    return ["--node", args.head.name, "--peer", worker.name, "--known-hosts", SYNC_KNOWN_HOSTS,
+            *(a for ip in worker.rail_ips for a in ("--address", ip)), "--host-key", worker.connection.host_key]
 
 
 def parse_revision(stdout: str) -> str:
@@ -137,7 +149,8 @@ class ModelWeights(pulumi.ComponentResource):
                        payload=program),
             parent=self,
         )
-        authorizations: list[remote.Command] = []
+        # per worker, what lets the head in: the worker's pinned key on the head, the sync key on the worker
+        ways_in: dict[str, list[remote.Command]] = {}
         if args.workers:
             # --owner: a renamed resource's old delete (run after the new create) keeps the key
             key_name = f"{head.name}-weights-sync-key"
@@ -148,27 +161,36 @@ class ModelWeights(pulumi.ComponentResource):
                 parent=self,
             )
         for worker in args.workers:
+            # runs on the head: a new pinned key for the worker (a reinstall) is pinned there too
+            host_key = node_command(
+                f"{worker.name}-weights-host-key", head.connection,
+                NodeScript(PEER_HOST_KEY_SCRIPT, peer_host_key_args(args, worker)), parent=self,
+            )
             authorize_name = f"{worker.name}-weights-authorize"
             flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
-            authorizations.append(node_command(
+            authorize = node_command(
                 authorize_name, worker.connection,
                 NodeScript(AUTHORIZE_SCRIPT, ["add", *flags], delete_args=["remove", *flags],
                            payload=sync_key.stdout.apply(lambda key: render_authorized_key_line(head.ray_ip, key))),
                 parent=self,
-            ))
+            )
+            ways_in[worker.name] = [host_key, authorize]
         # the workers' memory is read with the sync key, so after the authorizations
         self.shape_check = node_command(
             f"{head.name}-weights-shape-check", head.connection,
             NodeScript(SHAPE_SCRIPT, shape_check_args(args), payload=launch_file(SHAPE_PROGRAM)),
-            parent=self, triggers=[args.repo], depends_on=[self.fetch, *authorizations],
+            parent=self, triggers=[args.repo], depends_on=[self.fetch, *(c for w in ways_in.values() for c in w)],
         )
+        # A copy runs on the head: a reinstalled worker's new key re-runs none of it, so the copy
+        # follows the worker's installation and is made again when that is.
         self.syncs = [
             node_command(
                 f"{worker.name}-weights-sync", head.connection,
                 NodeScript(SYNC_SCRIPT, self.revision.apply(lambda rev, w=worker: sync_args(args, w, rev)),
                            secrets={"WEIGHTS_SYNC_SECRET": pulumi.Output.secret(args.sync_secret)}, payload=program),
-                parent=self, triggers=[args.repo], depends_on=[self.fetch, authorize, self.shape_check],
+                parent=self, triggers=[args.repo], depends_on=[self.fetch, *ways_in[worker.name], self.shape_check],
+                replace_with=[worker.installation] if worker.installation else (),
             )
-            for worker, authorize in zip(args.workers, authorizations)
+            for worker in args.workers
         ]
         self.register_outputs({"revision": self.revision})

@@ -68,6 +68,7 @@ class ObservedAccess:
 
     connection: remote.ConnectionArgs
     docker_provider: pulumi.ProviderResource  # that node's own docker daemon
+    installation: pulumi.Resource  # the node as installed (remote.node_installation): a reinstall pulls again
 
 
 @dataclass(frozen=True)
@@ -244,12 +245,13 @@ class Observability(pulumi.ComponentResource):
     def _container(self, node: ObservedNode, capability: str, image: str, after: Sequence[pulumi.Resource],
                    config_hash: Optional[pulumi.Input[str]] = None, **container_args) -> docker.Container:
         provider = self._args.access[node.name].docker_provider
+        reinstalled = [self._args.access[node.name].installation]
         pulled = docker.RemoteImage(
             f"{node.name}-{CAPABILITY}-{capability}-image",
             name=image,
             platform=PLATFORM,
             keep_locally=True,  # like the serving image: destroy keeps images
-            opts=pulumi.ResourceOptions(parent=self, provider=provider),
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, replace_with=reinstalled),
         )
         labels = [docker.ContainerLabelArgs(label=contract.OBSERVABILITY_CONFIG_LABEL, value=config_hash)] \
             if config_hash is not None else None
@@ -266,5 +268,6 @@ class Observability(pulumi.ComponentResource):
             wait=False,
             **container_args,
             opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=list(after),
-                                        delete_before_replace=True),  # the container name is fixed
+                                        delete_before_replace=True,  # the container name is fixed
+                                        replace_with=reinstalled),
         )

@@ -9,6 +9,7 @@ factory and one shape for files on a node. Shared by the components; imports non
   early and become script; a payload (a file's content) comes after the script, which reads
   it from its own stdin. Nothing secret is ever in the command line.
 - `node_command`: the one factory for a `remote.Command` running such a script.
+- `node_installation`: what a reinstalled node needs again, beyond its own steps, follows it.
 - `ManagedFile` + `managed_file_commands`: a list of root-owned files -> one idempotent
   install/remove command each (launch/managed-file.sh) and one content hash.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import os
 import shlex
 from dataclasses import dataclass
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import pulumi
+import pulumi_random as random
+from pulumi._types import input_type_to_dict
 from pulumi_command import remote
 
 from node_contract import APPLIED_STATE_DIR, PRELUDE
@@ -128,6 +132,32 @@ def node_identity(conn: remote.ConnectionArgs) -> str:
     return ssh_url(conn.user, conn.host)
 
 
+def compared_connection(conn: remote.ConnectionArgs) -> str:
+    """The connection as a step compares it between runs (as JSON, by the names the engine sees):
+    all but the credentials. A change in it re-runs each of that node's steps, and only those.
+    The credentials stay out even when TWINSPARK_UPDATE_CREDENTIALS compares them: every node has
+    the same ones, so they re-run every node's steps at once."""
+    credentials = {field.split(".", 1)[1] for field in CREDENTIAL_FIELDS}
+    # the SDK's own serialisation of an input type: the names and defaults it registers
+    fields = {k: v for k, v in input_type_to_dict(conn).items() if k not in credentials}
+    return json.dumps(fields, sort_keys=True)
+
+
+def node_installation(node_name: str, conn: remote.ConnectionArgs) -> random.RandomId:
+    """A node as installed: which machine and login (its identity) and which OS install (its
+    pinned host key: a reinstall makes a new one). Pinning a new key replaces it.
+
+    The node's own steps re-run by themselves with a new key (an update, above). What lives on
+    the node but is made from elsewhere — its image and containers (its docker daemon), its copy
+    of the weights (sent by the head) — names this in `replace_with`, so it is made again too.
+    A random id, because it only has to be replaced: it touches no node.
+    """
+    return random.RandomId(
+        f"{node_name}-installation", byte_length=8,
+        keepers={"node": node_identity(conn), "hostKey": conn.host_key},
+    )
+
+
 def node_command(
     resource_name: str,
     conn: remote.ConnectionArgs,
@@ -138,6 +168,7 @@ def node_command(
     depends_on: Sequence[pulumi.Resource] = (),
     delete_before_replace: bool = False,
     ignore_changes: Sequence[str] = (),
+    replace_with: Sequence[pulumi.Resource] = (),
 ) -> remote.Command:
     """The one way a component runs something on a node.
 
@@ -149,7 +180,8 @@ def node_command(
     Update runs `create` again), or when its node's host key does (an update: the step runs
     once more, verified with the new key). The node's identity leads the triggers, which
     pulumi-command replaces on (common/inputs.go: triggers are replaceOnChanges).
-    `ignore_changes` keeps more inputs from the state, for a step whose output must outlive them.
+    `ignore_changes` keeps more inputs from the state, for a step whose output must outlive them;
+    `replace_with` replaces the step whenever one of those resources is replaced.
     """
     secrets = run.secrets or {}
     create = pulumi.Output.from_input(run.args).apply(lambda args: script_command(run.script, args, list(secrets)))
@@ -170,7 +202,7 @@ def node_command(
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(
             parent=parent, depends_on=list(depends_on), delete_before_replace=delete_before_replace,
-            ignore_changes=[*credential_fields_ignored(), *ignore_changes],
+            ignore_changes=[*credential_fields_ignored(), *ignore_changes], replace_with=list(replace_with) or None,
         ),
     )
 

@@ -54,6 +54,7 @@ class NodeServingArgs:
     image_id: pulumi.Input[str]
     bundle_hash: pulumi.Input[str]
     ready_after: Sequence[pulumi.Resource]  # bundle files, weights, NCCL check
+    installation: pulumi.Resource  # the node as installed (remote.node_installation): a reinstall recreates
     gateway_hash: Optional[pulumi.Input[str]] = None  # head: the API gateway's files and key
 
 
@@ -139,7 +140,7 @@ class ServingCluster(pulumi.ComponentResource):
             f"{head.node_name}-serving-gateway",
             **gateway_args(head),
             opts=pulumi.ResourceOptions(parent=self, provider=head.provider, depends_on=list(head.ready_after),
-                                        delete_before_replace=True),
+                                        delete_before_replace=True, replace_with=[head.installation]),
         )
         self.register_outputs({"headContainerId": self.head.id})
 
@@ -154,6 +155,6 @@ class ServingCluster(pulumi.ComponentResource):
                 delete_before_replace=True,  # the container name is fixed
                 # a replaced worker means a fresh raylet: the head must re-form the cluster
                 # after it (recipe gotcha 11: bounce the worker first, then the head)
-                replace_with=after or None,
+                replace_with=[node.installation, *after],
             ),
         )

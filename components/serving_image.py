@@ -109,6 +109,7 @@ class ServingImageArgs:
     ssh_opts: Sequence[str]  # for the local `ssh` the docker provider runs
     base_image: pulumi.Input[str]  # the pinned REPO@sha256:... (BaseImagePin.reference)
     ray_version: str
+    installation: pulumi.Resource  # the node as installed (remote.node_installation): a reinstall rebuilds
 
 
 def build_args(args: ServingImageArgs) -> dict[str, pulumi.Input[str]]:
@@ -149,7 +150,7 @@ class ServingImage(pulumi.ComponentResource):
                 args=build_args(args),
             ),
             skip_push=True,
-            opts=pulumi.ResourceOptions(parent=self, provider=self.provider),
+            opts=pulumi.ResourceOptions(parent=self, provider=self.provider, replace_with=[args.installation]),
         )
         self.image_id = self.image.repo_digest
         self.register_outputs({"imageId": self.image_id})

@@ -187,8 +187,9 @@ def test_a_role_change_stops_each_nodes_old_container_before_its_new_one_starts(
 
 def test_a_replaced_worker_replaces_the_head(recipe_run):
     head, worker = recipe_run.named("spark1-serving-container"), recipe_run.named("spark2-serving-container")
-    assert head.replace_with == [worker.urn]
-    assert worker.replace_with == []
+    # and each follows its own node's installation (tests/test_nccl_ranks.py: a reinstalled node)
+    assert head.replace_with == [recipe_run.named("spark1-installation").urn, worker.urn]
+    assert worker.replace_with == [recipe_run.named("spark2-installation").urn]
 
 
 def test_worker_does_not_wait_for_head(recipe_run):
@@ -307,7 +308,6 @@ def test_each_serving_image_build_keeps_a_tag_of_its_own(program, recipe_config,
 
 
 def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run):
-    triggers = set()
     for node, rank, container in (("spark1", "0", "spark1-serving-container"), ("spark2", "1", "spark2-serving-container")):
         call = runner_call(recipe_run.named(f"{node}-nccl-check"))
         image = recipe_run.named(container).inputs["image"]
@@ -326,10 +326,10 @@ def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run)
                      "--cap-add IPC_LOCK", "--device /dev/infiniband"):
             assert flag in flags
         assert call.payload.startswith("#!/usr/bin/env python3\n\"\"\"nccl-allreduce-check.py")
-        own, *shared = recipe_run.named(f"{node}-nccl-check").inputs["triggers"]
-        assert own == f"ssh://nvidia@{recipe_run.named(f'{node}-docker').inputs['host'].split('@')[1]}"
-        triggers.add(json.dumps(shared))
-    assert len(triggers) == 1  # every rank re-runs together (the shared part holds every node's identity)
+        rank = recipe_run.named(f"{node}-nccl-check")
+        assert rank.inputs["triggers"] == [recipe_run.named(f"{node}-docker").inputs["host"]]
+        # every rank re-runs together (tests/test_nccl_ranks.py)
+        assert rank.replace_with == [recipe_run.named("nccl-run").urn]
 
 
 def test_nccl_check_can_be_switched_off(program, recipe_config):
@@ -601,7 +601,7 @@ def test_three_nodes(program, recipe_config):
     head = run.named("spark1-serving-container")
     for w in workers:
         assert run.depends_on(head, w)
-    assert sorted(head.replace_with) == sorted(run.named(w).urn for w in workers)
+    assert sorted(head.replace_with) == sorted(run.named(n).urn for n in ("spark1-installation", *workers))
     assert {"spark2-weights-sync", "spark3-weights-sync"} <= set(run.by_name)
     shape = args_of(run, "spark1-weights-shape-check")
     assert flag_value(shape, "--tensor-parallel-size") == "3"

@@ -3,7 +3,9 @@
 # (the `device` tool's nvidia-h200-x2), one process per GPU as one process per Spark:
 #   1. NCCL's own choice of transport (NVLink P2P here): must pass with a high busbw;
 #   2. P2P, SHM and IB disabled so NCCL must use sockets — the Sparks' silent TCP fallback:
-#      must fail, naming the fallback.
+#      must fail, naming the fallback;
+#   3. rank 0 alone (a rank replaced by itself): must fail at the roll call within its join
+#      timeout, naming the command that runs every rank together.
 # Writes both runs' output under $OUT (default build/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,3 +30,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 pair native 29555 --require-network any --min-busbw-gbps 10
 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
   pair tcp-fallback 29556 --require-network IB --min-busbw-gbps 10 --size-mib 256 --iters 5
+started=$SECONDS
+rc=0
+python3 launch/nccl-allreduce-check.py --node gpu0 --rank 0 --world-size 2 --nodes gpu0,gpu1 --master 127.0.0.1:29557 \
+  --join-timeout-s 10 --rerun-all "pulumi up --replace 'urn:...:nccl-run'" > "$out/alone.rank0.log" 2>&1 || rc=$?
+echo "alone exit=$rc after $((SECONDS - started)) s"
+cat "$out/alone.rank0.log"
