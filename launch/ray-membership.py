@@ -174,8 +174,8 @@ def watch(args: argparse.Namespace) -> int:
             return leave(f"node {args.node_id[:12]} is not alive in the head's GCS (head restarted?)")
         silent = now - answered_at
         if silent >= args.grace:
-            return leave(f"head {args.head}'s GCS answered nothing for {silent:.1f} s (grace {args.grace:g} s; "
-                         f"last error {error})")
+            return leave(f"head {args.head} unreachable: its GCS answered nothing for {silent:.1f} s "
+                         f"(grace {args.grace:g} s; last error {error})")
         # wake at the grace's end, not up to a whole interval after it
         time.sleep(max(0.02, min(next_raylet_check - now, args.grace - silent)))
 
