@@ -56,9 +56,11 @@ def alive_nodes(client) -> list[dict]:
     """The GCS's alive nodes; raises when it does not answer within REQUEST_TIMEOUT_S."""
     from ray.core.generated.gcs_pb2 import GcsNodeInfo
 
-    infos = client.get_all_node_info(timeout=REQUEST_TIMEOUT_S, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+    # filtered here, not by the call's state_filter, which older Rays' client does not take
+    infos = client.get_all_node_info(timeout=REQUEST_TIMEOUT_S)
     return [{"node_id": node_id.hex(), "node_ip": info.node_manager_address,
-             "gpus": float(info.resources_total.get("GPU", 0))} for node_id, info in infos.items()]
+             "gpus": float(info.resources_total.get("GPU", 0))}
+            for node_id, info in infos.items() if info.state == GcsNodeInfo.GcsNodeState.ALIVE]
 
 
 def local_raylets() -> dict[str, str]:
