@@ -64,6 +64,9 @@ SERVING_RESTART_POLICY = "unless-stopped"
 # ---- memory before load (every node, in the boot scripts) -------------------------------------
 MEMORY_CHECK_SCRIPT = "memory-check.py"
 MEMORY_CHECK_STATUS = f"{RUN_DIR}/memory-check.json"
+# The host's cgroup tree inside the serving containers (read-only): the check reads what each
+# slice holds there (a container's own /sys/fs/cgroup is its own cgroup only).
+HOST_CGROUP_DIR = "/host/sys/fs/cgroup"
 
 # ---- co-tenants: sessions and services are capped; the serving containers live apart -------
 CONTAINER_SLICE = "twinspark.slice"  # cgroup parent of the serving containers

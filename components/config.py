@@ -38,6 +38,9 @@ import host_keys
 import node_contract as contract
 import platform_gate
 
+from .memory_budget import HEADROOM_PERCENT, MIN_AUTO_COTENANT_PERCENT, BudgetError, MemoryBudget
+from .memory_budget import memory_budget as budget_of
+
 NAMESPACE = "twinspark"
 STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "model", "serving")
 OPTIONAL_STRUCTURED_KEYS = ("observability", "platform")  # omitted: the block's defaults
@@ -447,17 +450,28 @@ class Serving(Contract):
         description="the head's guard: answer canary, wedge detection, crash-loop hold")
     cotenant_memory_max: Annotated[str, AfterValidator(_cotenant_memory)] = Field(
         default="auto",
-        description="cap on memory for sessions (user.slice) and other services (system.slice) on every node, "
-        "so the OOM killer takes a co-tenant before a TP rank: `auto` = what gpuMemoryUtilization leaves "
-        "(at least 5%), a percentage, or `off`")
+        description="cap on memory for sessions (user.slice) and, apart, other services (system.slice) on every "
+        "node, so the OOM killer takes a co-tenant before a TP rank: `auto` = half of what gpuMemoryUtilization "
+        f"and the {HEADROOM_PERCENT}% headroom leave (5% each at 0.85; refused below {MIN_AUTO_COTENANT_PERCENT}%), "
+        "a percentage for each, or `off`; refused when model + caps + headroom exceed 100%")
+
+    @property
+    def memory_budget(self) -> MemoryBudget:
+        """The node's budget (components/memory_budget.py): validated below, so it adds up."""
+        return budget_of(self.gpu_memory_utilization, self.cotenant_memory_max)
 
     @property
     def cotenant_memory_percent(self) -> Optional[int]:
-        if self.cotenant_memory_max == "off":
-            return None
-        if self.cotenant_memory_max == "auto":
-            return max(5, round((1 - self.gpu_memory_utilization) * 100))
-        return int(self.cotenant_memory_max.rstrip("%"))
+        return self.memory_budget.cotenant_percent
+
+    @model_validator(mode="after")
+    def _memory_budget_adds_up(self) -> "Serving":
+        try:
+            self.memory_budget
+        except BudgetError as err:
+            raise _CrossFieldError("cotenantMemoryMax", repr(self.cotenant_memory_max),
+                                   f"a memory budget that adds up: {err}") from None
+        return self
 
     @model_validator(mode="after")
     def _extra_args_are_flags(self) -> "Serving":

@@ -14,7 +14,8 @@ Creates, per node, one idempotent remote command per managed file (launch/manage
   applied now and at every boot; removing it resets the clocks
 - /etc/systemd/system/{user,system}.slice.d/50-twinspark-cotenants.conf   unless
   serving.cotenantMemoryMax is off: sessions and other services capped, so the OOM killer
-  takes a co-tenant before a TP rank (the serving containers run in twinspark.slice)
+  takes a co-tenant before a TP rank (the serving containers run in twinspark.slice); the
+  caps are the node's memory budget's (components/memory_budget.py)
 Deleting the component removes each file and reverts its effect.
 """
 
@@ -68,7 +69,7 @@ class HostPrepArgs:
     mtu: int
     firewall: FirewallPolicy
     gpu_clock_cap_mhz: Optional[int] = None
-    cotenant_memory_percent: Optional[int] = None  # None: co-tenants uncapped
+    cotenant_memory_percent: Optional[int] = None  # each slice's, from the memory budget; None: uncapped
 
 
 def render_limits_conf() -> str:
@@ -159,8 +160,9 @@ def render_cotenant_slice(percent: int) -> str:
     """A slice's memory cap: throttled (reclaim) above MemoryHigh, OOM-killed inside the slice at MemoryMax."""
     return (
         "# twinspark: what this slice's processes (sessions, agents, builds, other services) may take of\n"
-        "# the node's memory; the model's share is gpuMemoryUtilization, and a runaway co-tenant is\n"
-        "# killed here, inside its own slice, before the kernel OOM killer reaches a TP rank (gotcha 13)\n"
+        "# the node's memory, from the node's budget: model (gpuMemoryUtilization) + each co-tenant\n"
+        "# slice's cap + headroom <= 100%; a runaway co-tenant is killed here, inside its own slice,\n"
+        "# before the kernel OOM killer reaches a TP rank (gotcha 13)\n"
         "[Slice]\n"
         f"MemoryHigh={max(1, percent * 9 // 10)}%\n"
         f"MemoryMax={percent}%\n"

@@ -113,6 +113,9 @@ def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
         mounts=[
             docker.ContainerMountArgs(type="bind", source=args.model_dir, target=args.model_container_dir, read_only=True),
             *base["mounts"],
+            # the memory check before load names the slice that holds the memory the model needs
+            docker.ContainerMountArgs(type="bind", source="/sys/fs/cgroup", target=contract.HOST_CGROUP_DIR,
+                                      read_only=True),
         ],
         volumes=[*base["volumes"], *[docker.ContainerVolumeArgs(host_path=d, container_path=d)
                                      for d in (contract.CACHE_DIR, contract.RUN_DIR)],

@@ -18,12 +18,15 @@ log_to() { exec >>"$TWINSPARK_LOG_DIR/$1" 2>&1; }
 membership() { python3 "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_MEMBERSHIP_SCRIPT" "$@"; }
 
 # Before Ray (and so vLLM) starts: release the model files' page cache, then wait until the
-# memory vLLM will take is available, saying how much is missing (memory-check.py).
+# memory vLLM will take is available, saying how much is missing and which slice holds it
+# (memory-check.py; the budget's numbers come from twinspark.env).
 memory_check() {
   log "checking memory before load (model page cache released first)"
   interruptible python3 "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_MEMORY_CHECK_SCRIPT" --node "$TWINSPARK_NODE_NAME" \
     --model-dir "$TWINSPARK_MODEL_DIR" --utilization "$TWINSPARK_GPU_MEMORY_UTILIZATION" \
-    --status "$TWINSPARK_MEMORY_CHECK_STATUS"
+    --cotenant-slices "$TWINSPARK_COTENANT_SLICES" --cotenant-percent "$TWINSPARK_COTENANT_MEMORY_PERCENT" \
+    --headroom-percent "$TWINSPARK_MEMORY_HEADROOM_PERCENT" --container-slice "$TWINSPARK_CONTAINER_SLICE" \
+    --cgroup-root "$TWINSPARK_HOST_CGROUP_DIR" --status "$TWINSPARK_MEMORY_CHECK_STATUS"
 }
 
 # A restarted container (or a supervisor in the sim) must not inherit a stale raylet.

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # boot-worker.sh — entrypoint of a worker container (restart policy: unless-stopped).
 #
-# Join the head's Ray cluster (retrying until it answers), remember this node's Ray NodeID,
-# then watch: when that NodeID is no longer alive in the head's GCS (the head restarted), the
-# head stays unreachable, or the local raylet dies, leave so docker restarts the container
-# and it rejoins fresh. `ray status` succeeding proves nothing (recipe gotcha 11).
+# Join the head's Ray cluster (retrying until it answers), remember this node's Ray NodeID (its
+# own raylet's), then watch the head's GCS: when that NodeID is no longer alive there (the head
+# restarted), the GCS answers nothing past the grace, or the local raylet dies, leave so docker
+# restarts the container and it rejoins fresh. `ray status` succeeding proves nothing (recipe
+# gotcha 11); the dashboard is never asked.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=boot-common.sh
 . "$(dirname "$0")/boot-common.sh"
@@ -34,10 +35,11 @@ main() {
   fi
   node_id=$(cat "$answer")
   log "joined as Ray node $node_id; watching membership"
-  # How long the head may be unreachable before this node rejoins; a head that comes back
-  # sooner is still caught, by this node's NodeID missing from its new GCS.
+  # How long the head's GCS may answer nothing before this node rejoins (ray-membership.py's
+  # default unless TWINSPARK_HEAD_GRACE_S says otherwise); a head that comes back sooner is
+  # still caught, by this node's NodeID missing from its new GCS.
   interruptible membership watch --head "$TWINSPARK_HEAD_IP" --node-id "$node_id" \
-    --grace "${TWINSPARK_HEAD_GRACE_S:-6}" >"$answer"
+    ${TWINSPARK_HEAD_GRACE_S:+--grace "$TWINSPARK_HEAD_GRACE_S"} >"$answer"
   reason=$(cat "$answer")
   log "leaving: $reason; docker restarts this container and it rejoins fresh"
   stop_ray

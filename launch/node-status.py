@@ -3,7 +3,7 @@
 
   python3 node-status.py --name spark1 --container twinspark-serving \
       --rail enp1s0f0np0:rocep1s0f0 --rail enP2p1s0f0np0:roceP2p1s0f0 \
-      [--ray-head 10.0.0.1 --membership /twinspark/ray-membership.py --dashboard-port 8265] \
+      [--ray-head 10.0.0.1 --membership /twinspark/ray-membership.py --gcs-port 6379] \
       [--memory-status /run/twinspark/memory-check.json] \
       [--guard-status /run/twinspark/serving-guard/status.json --hold /run/twinspark/serving-hold] \
       [--firewall-unit twinspark-firewall.service --firewall-table twinspark]
@@ -130,9 +130,9 @@ def firewall_state(unit, table):
     return state
 
 
-def ray_nodes(container, head_ip, membership, dashboard_port):
+def ray_nodes(container, head_ip, membership, gcs_port):
     out, err = run("docker", "exec", container, "python3", membership, "alive", "--head", head_ip,
-                   "--dashboard-port", str(dashboard_port))
+                   "--gcs-port", str(gcs_port))
     return {"error": err} if out is None else {"nodes": json.loads(out)}
 
 
@@ -141,17 +141,17 @@ def main():
     parser.add_argument("--name", required=True)
     parser.add_argument("--container", required=True)
     parser.add_argument("--rail", action="append", default=[], help="IFACE:HCA")
-    parser.add_argument("--ray-head", help="this node is the head: list Ray nodes via its state API")
+    parser.add_argument("--ray-head", help="this node is the head: list Ray nodes from its GCS")
     parser.add_argument("--membership", help="ray-membership.py inside the container (with --ray-head)")
-    parser.add_argument("--dashboard-port", type=int, help="the head's Ray dashboard port (with --ray-head)")
+    parser.add_argument("--gcs-port", type=int, help="the head's Ray GCS port (with --ray-head)")
     parser.add_argument("--memory-status", help="the memory check's verdict (JSON)")
     parser.add_argument("--guard-status", help="head: the serving guard's verdict (JSON)")
     parser.add_argument("--hold", help="head: present while serving is held (JSON)")
     parser.add_argument("--firewall-unit", help="the unit that loads the host firewall at boot")
     parser.add_argument("--firewall-table", help="the firewall's nftables table (family inet), with --firewall-unit")
     args = parser.parse_args()
-    if args.ray_head and not (args.membership and args.dashboard_port):
-        parser.error("--ray-head needs --membership and --dashboard-port")
+    if args.ray_head and not (args.membership and args.gcs_port):
+        parser.error("--ray-head needs --membership and --gcs-port")
     if bool(args.firewall_unit) != bool(args.firewall_table):
         parser.error("--firewall-unit and --firewall-table go together")
     status = {
@@ -168,7 +168,7 @@ def main():
         status["guard"] = state_file(args.guard_status)
         status["hold"] = state_file(args.hold)
     if args.ray_head:
-        status["ray"] = ray_nodes(args.container, args.ray_head, args.membership, args.dashboard_port)
+        status["ray"] = ray_nodes(args.container, args.ray_head, args.membership, args.gcs_port)
     print(json.dumps(status))
 
 

@@ -1,57 +1,95 @@
 #!/usr/bin/env python3
-"""ray-membership.py — what the boot scripts ask the Ray cluster, through the head's state API.
+"""ray-membership.py — what the boot scripts ask the Ray cluster, through the head's GCS itself.
 
   wait-cluster --head IP --expect-ips IP[,IP...]   (head) block until every node is alive with a GPU
-  node-id --head IP --ip IP                         (worker) print this node's alive Ray NodeID
+  node-id --head IP --ip IP                         (worker) print this node's own alive Ray NodeID
   watch --head IP --node-id ID                      (worker) return when this node must rejoin
   alive --head IP                                   (status) alive nodes with their GPUs, as JSON
 
-`watch` exits 0 with the reason on stdout only on evidence: the NodeID is no longer alive in a
-node table the head returned (the head restarted: a new GCS session never knows the old
-raylet — recipe gotcha 11, where `ray status` keeps succeeding), the local raylet process is
-gone, or the head is silent — its state API and its GCS port both — past the grace period.
-A slow or frozen dashboard whose GCS still accepts connections (a busy head loading the
-model) is not silence: the worker stays, for up to --dashboard-limit seconds.
+Every question goes to the GCS's node table (Ray's own GcsClient, as `ray status` uses it, with
+the cluster's token from RAY_AUTH_MODE/RAY_AUTH_TOKEN_PATH), never to the dashboard: a dashboard
+that is slow, frozen or dead says nothing about membership, and is no reason to leave.
+
+`node-id` prints the NodeID of the raylet running here, read from that raylet's own command line
+(`--node_id`, the flag Ray's own find_node_ids reads), once the GCS lists it alive. The GCS may list
+two nodes at this IP — a crashed raylet stays ALIVE until its health checks run out, ~15 s —
+and only the raylet's own identity tells which is this one.
+
+`watch` leaves (prints the reason, exits 0) only on evidence: this NodeID is missing from a node
+table the GCS returned (the head restarted: a new GCS session never knows the old raylet —
+recipe gotcha 11, where `ray status` keeps succeeding), the raylet with this NodeID is gone, or
+the GCS has answered nothing for --grace seconds, counted from its last answer. The GCS is asked
+in the background, so a call that hangs (a frozen head) cannot stretch the grace.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
+import threading
 import time
+
+# Seconds one node-table request may take: the GCS answers in milliseconds, and the watch's
+# grace is counted from the last answer, not from this.
+REQUEST_TIMEOUT_S = 2.0
+# How long the head's GCS may answer nothing before a worker rejoins (TWINSPARK_HEAD_GRACE_S
+# overrides it): longer than a GC pause or a busy second, far shorter than Ray's own 60 s
+# reconnect limit, after which the raylet gives up anyway.
+HEAD_GRACE_S = 6.0
+
 
 def log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S', time.gmtime())} ray-membership: {message}", file=sys.stderr, flush=True)
 
 
-def alive_nodes(args: argparse.Namespace) -> list[dict]:
-    """Alive nodes as the head's GCS sees them; raises when the head cannot be asked."""
-    from ray.util.state import list_nodes
+def gcs_client(args: argparse.Namespace):
+    """A client of the head's GCS; the token comes from the environment, as for `ray start`.
+    Making one waits (tens of seconds) for a GCS that does not answer: callers that must keep
+    time make it in the background."""
+    from ray._raylet import GcsClient
 
-    nodes = list_nodes(
-        address=f"http://{args.head}:{args.dashboard_port}",
-        filters=[("state", "=", "ALIVE")],
-        limit=1000,
-        timeout=5,
-        raise_on_missing_output=False,
-    )
-    return [n if isinstance(n, dict) else n.__dict__ for n in nodes]
+    return GcsClient(address=f"{args.head}:{args.gcs_port}")
 
 
-def gpus(node: dict) -> float:
-    return float((node.get("resources_total") or {}).get("GPU", 0))
+def alive_nodes(client) -> list[dict]:
+    """The GCS's alive nodes; raises when it does not answer within REQUEST_TIMEOUT_S."""
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+
+    # filtered here, not by the call's state_filter, which older Rays' client does not take
+    infos = client.get_all_node_info(timeout=REQUEST_TIMEOUT_S)
+    return [{"node_id": node_id.hex(), "node_ip": info.node_manager_address,
+             "gpus": float(info.resources_total.get("GPU", 0))}
+            for node_id, info in infos.items() if info.state == GcsNodeInfo.GcsNodeState.ALIVE]
+
+
+def local_raylets() -> dict[str, str]:
+    """NodeID -> IP of each raylet process this machine (the container) runs, from its own
+    command line: the identity Ray gave it when it started. A zombie has no command line."""
+    raylets = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0]) != "raylet":
+            continue
+        flags = dict(a[2:].split("=", 1) for a in argv[1:] if a.startswith("--") and "=" in a)
+        if "node_id" in flags:
+            raylets[flags["node_id"]] = flags.get("node_ip_address", "")
+    return raylets
 
 
 def wait_cluster(args: argparse.Namespace) -> int:
     expected = [ip for ip in args.expect_ips.split(",") if ip]
-    last_report = 0.0
+    last_report, client = 0.0, None
     while True:
         try:
-            ready = {n["node_ip"] for n in alive_nodes(args) if gpus(n) >= 1}
-        except Exception as err:  # dashboard still starting
-            ready, problem = set(), f"state API not answering yet ({type(err).__name__})"
+            client = client or gcs_client(args)
+            ready = {n["node_ip"] for n in alive_nodes(client) if n["gpus"] >= 1}
+        except Exception as err:  # the GCS still starting
+            ready, problem, client = set(), f"GCS not answering yet ({type(err).__name__})", None
         else:
             problem = ""
         missing = [ip for ip in expected if ip not in ready]
@@ -66,76 +104,88 @@ def wait_cluster(args: argparse.Namespace) -> int:
 
 def node_id(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
+    client, mine, alive_here = None, [], []
     while time.monotonic() < deadline:
+        mine = [nid for nid, ip in local_raylets().items() if ip == args.ip]
         try:
-            mine = [n for n in alive_nodes(args) if n["node_ip"] == args.ip]
+            client = client or gcs_client(args)
+            alive_here = [n["node_id"] for n in alive_nodes(client) if n["node_ip"] == args.ip]
         except Exception:
-            mine = []
-        if mine:
-            print(mine[-1]["node_id"])
+            client, alive_here = None, []
+        # one raylet here (an old one is still exiting when there are two), and the GCS knows it
+        if len(mine) == 1 and mine[0] in alive_here:
+            print(mine[0])
             return 0
         time.sleep(1)
-    log(f"no alive Ray node with IP {args.ip} after {args.timeout:.0f} s")
+    log(f"after {args.timeout:.0f} s: raylets here with IP {args.ip}: {mine or 'none'}; "
+        f"alive at that IP in the head's GCS: {alive_here or 'none'}")
     return 1
 
 
-def raylet_running() -> bool:
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
+class NodeTable(threading.Thread):
+    """Asks the head's GCS for its alive nodes every `interval`, keeping the last answer and
+    when it came. A client is made again after any failure: after a head restart the old one
+    is refused for good (the new GCS has another cluster ID), a new one reads the new table."""
+
+    def __init__(self, args: argparse.Namespace):
+        super().__init__(daemon=True)
+        self.args, self.lock = args, threading.Lock()
+        self.answered_at = time.monotonic()  # node-id read this node alive just before
+        self.alive_ids: set[str] | None = None
+        self.error = "no answer yet"
+
+    def run(self) -> None:
+        client = None
+        while True:
+            asked = time.monotonic()
             try:
-                with open(f"/proc/{pid}/comm") as comm:
-                    if comm.read().strip() == "raylet":
-                        return True
-            except OSError:
-                continue
-    return False
+                client = client or gcs_client(self.args)
+                ids = {n["node_id"] for n in alive_nodes(client)}
+            except Exception as err:
+                client = None
+                with self.lock:
+                    self.error = f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+            else:
+                with self.lock:
+                    self.answered_at, self.alive_ids = time.monotonic(), ids
+            time.sleep(max(0.0, self.args.interval - (time.monotonic() - asked)))
+
+    def last(self) -> tuple[float, set[str] | None, str]:
+        with self.lock:
+            return self.answered_at, self.alive_ids, self.error
 
 
-def gcs_accepts(args: argparse.Namespace) -> bool:
-    """The head's GCS port takes a connection: the head is alive, whatever its dashboard does."""
-    try:
-        with socket.create_connection((args.head, args.gcs_port), timeout=2):
-            return True
-    except OSError:
-        return False
+def leave(reason: str) -> int:
+    print(reason, flush=True)
+    # the table's thread may sit in a call to an unanswering GCS: exit without waiting for it
+    os._exit(0)
 
 
 def watch(args: argparse.Namespace) -> int:
-    silent_since = unanswered_since = None  # head silent (both doors) / state API unanswered
+    table = NodeTable(args)
+    table.start()
+    next_raylet_check = 0.0
     while True:
-        if not raylet_running():
-            print("local raylet is gone")
-            return 0
-        try:
-            alive_ids = {n["node_id"] for n in alive_nodes(args)}
-        except Exception as err:
-            now = time.monotonic()
-            unanswered_since = unanswered_since or now
-            if gcs_accepts(args):
-                silent_since = None
-                if now - unanswered_since > args.dashboard_limit:
-                    print(f"head {args.head}'s state API unanswered for {args.dashboard_limit:.0f} s while its GCS "
-                          f"accepts ({type(err).__name__}): cannot check this node's membership")
-                    return 0
-            else:
-                silent_since = silent_since or now
-                if now - silent_since > args.grace:
-                    print(f"head {args.head} unreachable for {args.grace:.0f} s: state API ({type(err).__name__}) "
-                          f"and GCS port {args.gcs_port} both silent")
-                    return 0
-        else:
-            silent_since = unanswered_since = None
-            if args.node_id not in alive_ids:
-                print(f"node {args.node_id[:12]} is not alive in the head's GCS (head restarted?)")
-                return 0
-        time.sleep(args.interval)
+        now = time.monotonic()
+        if now >= next_raylet_check:
+            if args.node_id not in local_raylets():
+                return leave(f"local raylet {args.node_id[:12]} is gone")
+            next_raylet_check = now + args.interval
+        answered_at, alive_ids, error = table.last()
+        if alive_ids is not None and args.node_id not in alive_ids:
+            return leave(f"node {args.node_id[:12]} is not alive in the head's GCS (head restarted?)")
+        silent = now - answered_at
+        if silent >= args.grace:
+            return leave(f"head {args.head} unreachable: its GCS answered nothing for {silent:.1f} s "
+                         f"(grace {args.grace:g} s; last error {error})")
+        # wake at the grace's end, not up to a whole interval after it
+        time.sleep(max(0.02, min(next_raylet_check - now, args.grace - silent)))
 
 
 def alive(args: argparse.Namespace) -> int:
     import json
 
-    nodes = alive_nodes(args)
-    print(json.dumps([{"node_id": n["node_id"], "node_ip": n["node_ip"], "gpus": gpus(n)} for n in nodes]))
+    print(json.dumps(alive_nodes(gcs_client(args))))
     return 0
 
 
@@ -144,9 +194,9 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     head = argparse.ArgumentParser(add_help=False)
     head.add_argument("--head", required=True, help="the head's Ray IP")
-    # twinspark.env sets RAY_DASHBOARD_PORT for the boot scripts; `ops status` passes the flag
-    port = os.environ.get("RAY_DASHBOARD_PORT")
-    head.add_argument("--dashboard-port", type=int, default=port, required=port is None)
+    # twinspark.env sets RAY_PORT for the boot scripts; `ops status` passes the flag
+    port = os.environ.get("RAY_PORT")
+    head.add_argument("--gcs-port", type=int, default=port, required=port is None, help="the head's GCS port")
     p = sub.add_parser("wait-cluster", parents=[head])
     p.add_argument("--expect-ips", required=True)
     p.add_argument("--interval", type=float, default=2.0)
@@ -158,15 +208,9 @@ def main() -> int:
     p.set_defaults(run=node_id)
     p = sub.add_parser("watch", parents=[head])
     p.add_argument("--node-id", required=True)
-    p.add_argument("--interval", type=float, default=1.0)
-    p.add_argument("--grace", type=float, default=6.0,
-                   help="seconds the head may be silent (state API and GCS port) before this node rejoins")
-    # The recipe's cold start loads 167 GB for ~8 min on a busy head; a dashboard that stays
-    # unanswered longer, while the GCS accepts, leaves the membership unknowable.
-    p.add_argument("--dashboard-limit", type=float, default=900.0,
-                   help="seconds the state API may stay unanswered while the GCS accepts")
-    gcs_port = os.environ.get("RAY_PORT")
-    p.add_argument("--gcs-port", type=int, default=gcs_port, required=gcs_port is None)
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between two node-table requests")
+    p.add_argument("--grace", type=float, default=HEAD_GRACE_S,
+                   help="seconds the head's GCS may answer nothing, from its last answer, before this node rejoins")
     p.set_defaults(run=watch)
     p = sub.add_parser("alive", parents=[head])
     p.set_defaults(run=alive)

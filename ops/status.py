@@ -140,7 +140,7 @@ def probe_args(node: dict) -> list[str]:
         args += ["--rail", f"{rail['iface']}:{rail['hca']}"]
     if node["role"] == "head":
         args += ["--ray-head", node["rayIp"], "--membership", MEMBERSHIP_IN_CONTAINER,
-                 "--dashboard-port", str(contract.RAY_DASHBOARD_PORT),
+                 "--gcs-port", str(contract.RAY_PORT),
                  "--guard-status", contract.SERVING_GUARD_STATUS, "--hold", contract.SERVING_HOLD]
     return args
 

@@ -303,16 +303,16 @@ def test_a_config_that_locks_a_node_out_is_refused(mutate, key, fragments):
     assert_refused(cfg, key, fragments)
 
 
-@pytest.mark.parametrize("value", ["0.9", 0.9, 1])
+@pytest.mark.parametrize("value", ["0.8", 0.8, 1])
 def test_gpu_memory_utilization_takes_what_pulumi_config_set_path_writes(value):
-    """`pulumi config set --path` stores 0.9 as a string and 1 as a number."""
+    """`pulumi config set --path` stores 0.8 as a string and 1 as a number."""
     cfg = copy.deepcopy(BASE)
     cfg["serving"]["gpuMemoryUtilization"] = value
     if value == 1:
         with pytest.raises(pulumi.RunError, match="0.95"):
             parse_stack_config(cfg)
     else:
-        assert parse_stack_config(cfg).serving.gpu_memory_utilization == 0.9
+        assert parse_stack_config(cfg).serving.gpu_memory_utilization == 0.8
 
 
 @pytest.mark.parametrize("model_dir", ["/home/nvidia/models/DeepSeek-V4-Flash-0731", "/models/ds", "/data/m_1.2",

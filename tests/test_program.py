@@ -218,6 +218,9 @@ def test_containers_carry_every_recipe_docker_option(recipe_run):
         assert mounts["/models/DeepSeek-V4-Flash-0731"]["source"] == "/home/nvidia/models/DeepSeek-V4-Flash-0731"
         assert mounts["/models/DeepSeek-V4-Flash-0731"]["readOnly"] is True
         assert mounts["/twinspark"] == {"target": "/twinspark", "source": "/opt/twinspark", "readOnly": True, "type": "bind"}
+        # the memory check reads what each slice holds in the host's cgroup tree
+        assert mounts[contract.HOST_CGROUP_DIR] == {"target": contract.HOST_CGROUP_DIR, "source": "/sys/fs/cgroup",
+                                                    "readOnly": True, "type": "bind"}
         socket = [{"hostPath": "/run/twinspark-vllm", "containerPath": "/run/twinspark-vllm"}] if role == "head" else []
         assert inputs["volumes"] == [{"hostPath": "/var/log/twinspark", "containerPath": "/var/log/twinspark"},
                                      {"hostPath": "/var/cache/twinspark", "containerPath": "/var/cache/twinspark"},

@@ -406,7 +406,7 @@ case "$1 $3" in
   inspect*) echo '{{"Status":"running","Restarting":{restarting},"StartedAt":"2026-11-29T10:00:00Z","ExitCode":0}}|{restart_count}' ;;
   image*) echo sha256:served ;;
   run*) cat >/dev/null; echo '{{"vllm": "0.25.2", "nccl": "2.30.7", "nccl_pip": null}}' ;;
-  exec*) case "$*" in *"/twinspark/ray-membership.py alive --head 10.0.0.1 --dashboard-port 8265") echo '{nodes}' ;; *) exit 1 ;; esac ;;
+  exec*) case "$*" in *"/twinspark/ray-membership.py alive --head 10.0.0.1 --gcs-port 6379") echo '{nodes}' ;; *) exit 1 ;; esac ;;
 esac""",
         "nvidia-smi": f"""#!/bin/sh
 case "$1" in

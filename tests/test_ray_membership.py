@@ -1,0 +1,243 @@
+"""The worker's membership (launch/ray-membership.py) against a real Ray cluster on loopback:
+a head on 127.0.0.2 and a worker on 127.0.0.3, with token authentication as on the nodes, both
+started by `ray start` from the project's venv. Faults are real: the dashboard killed, the GCS
+frozen (SIGSTOP), a raylet killed and replaced at the same IP, the head restarted.
+
+Every Ray process here is found by this module's temporary directory and killed by PID
+(never `ray stop`, which would take every Ray on the machine)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+LAUNCH = Path(__file__).resolve().parent.parent / "launch"
+SCRIPT = LAUNCH / "ray-membership.py"
+RAY = Path(sys.executable).parent / "ray"
+HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
+
+
+def membership_module():
+    spec = importlib.util.spec_from_file_location("ray_membership", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_id_of(prefix: str) -> str:
+    """A NodeID (28 bytes) starting with `prefix`: the state API sorts nodes by id, so the
+    prefixes fix which of two entries at one IP sorts last."""
+    return prefix + secrets.token_hex(28)[len(prefix):]
+
+
+def proc_cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def pids_matching(*fragments: str) -> list[int]:
+    return [int(p) for p in filter(str.isdigit, os.listdir("/proc"))
+            if int(p) != os.getpid() and all(f in proc_cmdline(p) for f in fragments)]
+
+
+def with_descendants(pids: list[int]) -> list[int]:
+    found, frontier = list(pids), list(pids)
+    while frontier:
+        children = []
+        for pid in frontier:
+            for task in Path(f"/proc/{pid}/task").glob("*") if Path(f"/proc/{pid}/task").exists() else ():
+                try:
+                    children += [int(c) for c in (task / "children").read_text().split()]
+                except OSError:
+                    pass
+        found += children
+        frontier = children
+    return found
+
+
+def kill(pids: list[int], sig=signal.SIGKILL) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class Cluster:
+    def __init__(self, root: Path):
+        self.root = root
+        self.token = root / "ray-token"
+        self.token.write_text(secrets.token_hex(32))
+        self.token.chmod(0o600)
+        self.gcs_port = free_port()
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token),
+                    "RAY_PORT": str(self.gcs_port)}
+        self.env.pop("RAY_OVERRIDE_NODE_ID_FOR_TESTING", None)
+
+    def ray_start(self, *args: str, node_id: str | None = None) -> None:
+        env = dict(self.env, **({"RAY_OVERRIDE_NODE_ID_FOR_TESTING": node_id} if node_id else {}))
+        proc = subprocess.run([str(RAY), "start", "--num-cpus=1", "--num-gpus=1", "--disable-usage-stats",
+                               "--include-log-monitor=false", *args], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def start_head(self, temp: str = "head") -> None:
+        self.ray_start("--head", f"--node-ip-address={HEAD_IP}", f"--port={self.gcs_port}",
+                       f"--temp-dir={self.root / temp}", f"--dashboard-host={HEAD_IP}",
+                       f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
+                       f"--dashboard-agent-listen-port={free_port()}")
+
+    def start_worker(self, node_id: str) -> None:
+        self.ray_start(f"--address={HEAD_IP}:{self.gcs_port}", f"--node-ip-address={WORKER_IP}",
+                       f"--temp-dir={self.root / 'worker'}", f"--dashboard-agent-listen-port={free_port()}",
+                       node_id=node_id)
+
+    def head_pids(self, what: str) -> list[int]:
+        return pids_matching(what, str(self.root / "head"))
+
+    def raylet_pid(self, node_id: str) -> int:
+        (pid,) = pids_matching("raylet", f"--node_id={node_id}")
+        return pid
+
+    def membership(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(SCRIPT), *args, "--head", HEAD_IP], env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def watch(self, node_id: str, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(SCRIPT), "watch", "--head", HEAD_IP, "--node-id", node_id, *args],
+                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def alive_at(self, ip: str) -> list[str]:
+        import json
+
+        listed = self.membership("alive")
+        assert listed.returncode == 0, listed.stderr
+        return [n["node_id"] for n in json.loads(listed.stdout) if n["node_ip"] == ip]
+
+    def stop(self, where: str = "") -> None:
+        pids = with_descendants(pids_matching(str(self.root / where)))
+        kill(pids)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(Path(f"/proc/{pid}/cmdline").exists() and proc_cmdline(str(pid))
+                                                  for pid in pids):
+            time.sleep(0.1)  # gone once reaped (a zombie has no command line)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("ray"))
+    try:
+        c.start_head()
+        c.worker_id = node_id_of("ff")
+        c.start_worker(c.worker_id)
+        yield c
+    finally:
+        c.stop()
+
+
+def exits_within(proc: subprocess.Popen, seconds: float) -> bool:
+    try:
+        proc.wait(timeout=seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def test_node_id_is_the_local_raylets_own_when_a_crashed_one_at_the_same_ip_is_still_alive(cluster):
+    """Issue 21 item 3: a crashed raylet stays ALIVE in the GCS until its health checks run
+    out; the NodeID printed must be the raylet running here, whatever the table's order."""
+    old = cluster.worker_id
+    kill(with_descendants([cluster.raylet_pid(old)]))
+    new = node_id_of("00")  # sorts first: by IP order the old entry would be "this node"
+    cluster.start_worker(new)
+    try:
+        answer = cluster.membership("node-id", "--ip", WORKER_IP, "--timeout", "20")
+        both = cluster.alive_at(WORKER_IP)
+        assert answer.returncode == 0, answer.stderr
+        assert answer.stdout.strip() == new, (answer.stdout, both)
+        assert old in both and new in both, f"the scenario needs both entries alive at {WORKER_IP}: {both}"
+        # a watch keyed to the crashed raylet leaves at once: its raylet is not running here
+        stale = cluster.watch(old, "--grace", "60")
+        assert exits_within(stale, 10), "watch of a gone raylet did not leave"
+        assert stale.stdout.read().startswith(f"local raylet {old[:12]} is gone")
+    finally:
+        cluster.worker_id = new
+
+
+def test_a_dead_dashboard_is_no_reason_to_leave_nor_to_fail_joining(cluster):
+    """Issue 21 item 3: with the head's dashboard process killed, its GCS answering, the worker
+    still finds its NodeID and its watch stays (it never asks the dashboard)."""
+    dashboard = cluster.head_pids("dashboard/dashboard.py")
+    assert dashboard, "no dashboard process to kill"
+    kill(with_descendants(dashboard))
+    answer = cluster.membership("node-id", "--ip", WORKER_IP, "--timeout", "15")
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.strip() == cluster.worker_id
+    watcher = cluster.watch(cluster.worker_id, "--grace", "2")
+    try:
+        # five graces and more, dashboard dead: no reason to leave
+        assert not exits_within(watcher, 12), watcher.stdout.read()
+    finally:
+        watcher.kill()
+        watcher.wait()
+
+
+def test_the_grace_is_what_the_readme_says_measured_from_the_head_going_silent(cluster):
+    """Issue 21 item 3: with the default grace, a head whose GCS answers nothing (frozen:
+    SIGSTOP, so its port still accepts connections) is left within the grace of its last
+    answer — not 8-16 s, not never."""
+    grace, interval = membership_module().HEAD_GRACE_S, 1.0  # the script's defaults
+    assert grace == 6.0  # README, Self-healing: "answered nothing for 6 s"
+    watcher = cluster.watch(cluster.worker_id)
+    (gcs,) = cluster.head_pids("gcs_server")
+    try:
+        assert not exits_within(watcher, 3), watcher.stdout.read()
+        frozen_at = time.monotonic()
+        os.kill(gcs, signal.SIGSTOP)
+        left = exits_within(watcher, grace + 5)
+        took = time.monotonic() - frozen_at
+    finally:
+        os.kill(gcs, signal.SIGCONT)
+        watcher.kill()
+        watcher.wait()
+    reason = watcher.stdout.read()
+    print(f"measured: head frozen -> worker leaves after {took:.2f} s (grace {grace:g} s)")
+    assert left, f"still watching {took:.1f} s after the GCS froze"
+    # silent since its last answer, at most one interval before the freeze
+    assert grace - interval - 0.3 <= took <= grace + 0.5, took
+    assert reason.startswith(f"head {HEAD_IP} unreachable: its GCS answered nothing for 6.0 s"), reason
+
+
+def test_a_head_back_within_the_grace_is_caught_by_the_node_id(cluster):
+    """Gotcha 11: a restarted head (new GCS session) answers again before the grace ends; its
+    node table no longer holds this node's NodeID."""
+    watcher = cluster.watch(cluster.worker_id, "--grace", "120")
+    try:
+        assert not exits_within(watcher, 2), watcher.stdout.read()
+        cluster.stop("head")
+        # another temp dir: `ray start` takes the worker's raylet here (its --gcs-address) for
+        # a head still running at the address its last start recorded
+        cluster.start_head("head2")
+        assert exits_within(watcher, 30), "the watch did not notice the new head"
+    finally:
+        watcher.kill()
+        watcher.wait()
+    reason = watcher.stdout.read()
+    assert reason.startswith(f"node {cluster.worker_id[:12]} is not alive in the head's GCS"), reason
