@@ -5,6 +5,7 @@
 #   scripts/engine.sh build [COMPONENT...]  # build what is missing (cli langhost command random docker)
 #   scripts/engine.sh env                   # print the exports that put the engine on PATH
 #   scripts/engine.sh versions              # print what is built and installed
+#   scripts/engine.sh status                # ready/missing per component; exit 3 if any is missing
 #   scripts/engine.sh smoke                 # a tiny Pulumi Python project: up, then up again (no changes)
 #
 # Everything lands in $TWINSPARK_ENGINE_CACHE (default ~/.cache/twinspark-engine), one folder
@@ -20,7 +21,7 @@
 # - langhost: the real Python language host (module
 #   github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3, untagged) is not served at
 #   any version or commit, so a stand-in of ours (scripts/engine/pulumi-language-python) is built
-#   in the CLI's wrapper module, against the same sdk/v3, and sits beside sdk/v3's own
+#   against sdk/v3 at the CLI's version and sits beside that sdk/v3's own
 #   pulumi-language-python-exec.
 # - command, random, docker: the providers' modules are not served (every version, commit and
 #   pseudo-version is refused); `build` tries each, says so and leaves it out. A provider binary
@@ -55,11 +56,11 @@ export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
 export GOPROXY=${GOPROXY:-https://proxy.golang.org}
 go_() { nice -n 19 go "$@"; }
 
-recipe_hash() { cat "$@" | sha256sum | cut -c1-12; }
-
 cli_dir() { echo "$CACHE/cli-v$PULUMI_CLI_VERSION"; }
+# keyed by the sdk/v3 version and by the stand-in's source and recipe (a rebuild takes seconds)
 langhost_dir() {
-  echo "$CACHE/langhost-v$PULUMI_CLI_VERSION-$(recipe_hash "$LANGHOST_SRC"/main.go)"
+  echo "$CACHE/langhost-v$PULUMI_CLI_VERSION-$({ cat "$LANGHOST_SRC/main.go"; declare -f build_langhost; } |
+    sha256sum | cut -c1-12)"
 }
 provider_dir() { echo "$CACHE/provider-$1-v$2"; }
 
@@ -127,8 +128,10 @@ build_langhost() {
   [ -x "$out/pulumi-language-python" ] && return 0
   src=$CACHE/src/langhost-$v
   rm -rf "$src" "$out.tmp"
-  write_wrapper_module "$src"
+  # a module of its own that requires only sdk/v3, at the CLI's version (pkg/v3 is not needed)
   mkdir -p "$src/cmd/pulumi-language-python" "$out.tmp"
+  printf 'module twinspark.local/engine-langhost\n\ngo 1.26\n\nrequire github.com/pulumi/pulumi/sdk/v3 %s\n' \
+    "$v" >"$src/go.mod"
   cp "$LANGHOST_SRC/main.go" "$src/cmd/pulumi-language-python/"
   (
     cd "$src"
@@ -272,6 +275,21 @@ cmd_build() {
   fi
 }
 
+# What is ready, one line each; exit 0 when the CLI, the language host and every provider are.
+cmd_status() {
+  local ok=0
+  if [ -x "$(cli_dir)/pulumi" ]; then echo "cli v$PULUMI_CLI_VERSION: ready"; else echo "cli v$PULUMI_CLI_VERSION: missing"; ok=3; fi
+  if [ -x "$(langhost_dir)/pulumi-language-python" ]; then echo "langhost v$PULUMI_CLI_VERSION (stand-in): ready"
+  else echo "langhost v$PULUMI_CLI_VERSION (stand-in): missing"; ok=3; fi
+  local p v
+  for p in command:$COMMAND_VERSION random:$RANDOM_VERSION docker:$DOCKER_VERSION; do
+    v=${p#*:}
+    if provider_ready "${p%%:*}" "$v" 2>/dev/null; then echo "${p%%:*} v$v: ready"
+    else echo "${p%%:*} v$v: missing"; ok=3; fi
+  done
+  return "$ok"
+}
+
 SMOKE_DIR=
 cmd_smoke() {
   SMOKE_DIR=$(mktemp -d)
@@ -329,7 +347,8 @@ case ${1:-build} in
   build) shift || true; cmd_build "$@" ;;
   env) print_env ;;
   versions) versions ;;
+  status) cmd_status ;;
   smoke) cmd_smoke ;;
   install-provider) shift; install_plugin "$@" ;;
-  *) die "usage: $0 build [cli langhost command random docker] | env | versions | smoke | install-provider NAME VERSION BIN" ;;
+  *) die "usage: $0 build [cli langhost command random docker] | env | versions | status | smoke | install-provider NAME VERSION BIN" ;;
 esac
