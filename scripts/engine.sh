@@ -82,7 +82,7 @@ write_wrapper_module() {
   local dir=$1 v=v$PULUMI_CLI_VERSION pkgmod replaces
   mkdir -p "$dir"
   pkgmod=$(cd "$dir" && go_ mod download -json "github.com/pulumi/pulumi/pkg/v3@$v" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])') || return 1
   replaces=$(go mod edit -json "$pkgmod" | python3 -c '
 import json, sys
 for r in json.load(sys.stdin).get("Replace") or []:
@@ -90,7 +90,7 @@ for r in json.load(sys.stdin).get("Replace") or []:
     if new["Path"].startswith((".", "/")):
         continue  # relative: the monorepo sdk/, which the require below stands for
     old = r["Old"]["Path"] + ("@" + r["Old"]["Version"] if r["Old"].get("Version") else "")
-    print("replace %s => %s %s" % (old, new["Path"], new.get("Version", "")))')
+    print("replace %s => %s %s" % (old, new["Path"], new.get("Version", "")))') || return 1
   cat >"$dir/go.mod" <<EOF
 module twinspark.local/engine
 
@@ -105,21 +105,29 @@ $replaces
 EOF
 }
 
+# Each build writes DIR.tmp; DIR appears, whole, only once FILE is in it (set -e does not hold
+# inside the builds: they run on the left of a ||).
+publish() {
+  local out=$1 file=$2
+  [ -x "$out.tmp/$file" ] || { log "$out.tmp/$file was not built"; return 1; }
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
 build_cli() {
   local out src v=v$PULUMI_CLI_VERSION
   out=$(cli_dir)
   [ -x "$out/pulumi" ] && return 0
   src=$CACHE/src/cli-$v
   rm -rf "$src" "$out.tmp"
-  write_wrapper_module "$src"
+  write_wrapper_module "$src" || return 1
   (
-    cd "$src"
-    go_ get "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi@$v"
-    go_ build -trimpath -tags osusergo,grpcnotrace \
-      -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$v" \
-      -o "$out.tmp/pulumi" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
-  )
-  mv "$out.tmp" "$out"
+    cd "$src" &&
+      go_ get "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi@$v" &&
+      go_ build -trimpath -tags osusergo,grpcnotrace \
+        -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$v" \
+        -o "$out.tmp/pulumi" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
+  ) || return 1
+  publish "$out" pulumi
 }
 
 build_langhost() {
@@ -129,20 +137,21 @@ build_langhost() {
   src=$CACHE/src/langhost-$v
   rm -rf "$src" "$out.tmp"
   # a module of its own that requires only sdk/v3, at the CLI's version (pkg/v3 is not needed)
-  mkdir -p "$src/cmd/pulumi-language-python" "$out.tmp"
+  mkdir -p "$src/cmd/pulumi-language-python" "$out.tmp" || return 1
   printf 'module twinspark.local/engine-langhost\n\ngo 1.26\n\nrequire github.com/pulumi/pulumi/sdk/v3 %s\n' \
-    "$v" >"$src/go.mod"
-  cp "$LANGHOST_SRC/main.go" "$src/cmd/pulumi-language-python/"
+    "$v" >"$src/go.mod" || return 1
+  cp "$LANGHOST_SRC/main.go" "$src/cmd/pulumi-language-python/" || return 1
   (
-    cd "$src"
-    go_ get "github.com/pulumi/pulumi/sdk/v3@$v"
-    go_ build -trimpath -tags osusergo,grpcnotrace \
-      -ldflags "-s -w -X main.version=$v" \
-      -o "$out.tmp/pulumi-language-python" ./cmd/pulumi-language-python
-    sdkdir=$(go_ list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3)
-    install -m 0755 "$sdkdir/python/cmd/pulumi-language-python-exec" "$out.tmp/"
-  )
-  mv "$out.tmp" "$out"
+    cd "$src" &&
+      go_ get "github.com/pulumi/pulumi/sdk/v3@$v" &&
+      go_ build -trimpath -tags osusergo,grpcnotrace \
+        -ldflags "-s -w -X main.version=$v" \
+        -o "$out.tmp/pulumi-language-python" ./cmd/pulumi-language-python &&
+      sdkdir=$(go_ list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3) &&
+      install -m 0755 "$sdkdir/python/cmd/pulumi-language-python-exec" "$out.tmp/"
+  ) || return 1
+  [ -x "$out.tmp/pulumi-language-python-exec" ] || return 1
+  publish "$out" pulumi-language-python
 }
 
 # A provider module the proxy refuses cannot be built here; say which and why.
@@ -163,16 +172,16 @@ build_command() {
     proxy_serves "$COMMAND_MODULE" "$COMMAND_MODULE_VERSION" || return 2
     src=$CACHE/src/command-v$COMMAND_VERSION
     rm -rf "$src" "$out.tmp"
-    mkdir -p "$src"
+    mkdir -p "$src" || return 1
     (
-      cd "$src"
-      printf 'module twinspark.local/engine-command\n\ngo 1.26\n' >go.mod
-      go_ get "$COMMAND_MODULE/cmd/pulumi-resource-command@$COMMAND_MODULE_VERSION"
-      go_ build -trimpath \
-        -ldflags "-s -w -X $COMMAND_MODULE/pkg/version.Version=v$COMMAND_VERSION" \
-        -o "$out.tmp/pulumi-resource-command" "$COMMAND_MODULE/cmd/pulumi-resource-command"
-    )
-    mv "$out.tmp" "$out"
+      cd "$src" &&
+        printf 'module twinspark.local/engine-command\n\ngo 1.26\n' >go.mod &&
+        go_ get "$COMMAND_MODULE/cmd/pulumi-resource-command@$COMMAND_MODULE_VERSION" &&
+        go_ build -trimpath \
+          -ldflags "-s -w -X $COMMAND_MODULE/pkg/version.Version=v$COMMAND_VERSION" \
+          -o "$out.tmp/pulumi-resource-command" "$COMMAND_MODULE/cmd/pulumi-resource-command"
+    ) || return 1
+    publish "$out" pulumi-resource-command || return 1
   fi
   install_plugin command "$COMMAND_VERSION" "$out/pulumi-resource-command"
 }
