@@ -52,7 +52,7 @@ log() { printf '%s engine.sh: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "$*"; exit 1; }
 
 # Go, as the releases build it: no cgo, only the module proxy, nice to the colleagues' tests.
-export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 export GOPROXY=${GOPROXY:-https://proxy.golang.org}
 go_() { nice -n 19 go "$@"; }
 
