@@ -1,0 +1,363 @@
+#!/usr/bin/env bash
+# scripts/engine.sh — the Pulumi engine, built here from the Go module proxy, into a cache
+# outside the repository (issue 20, part 1).
+#
+#   scripts/engine.sh build [COMPONENT...]  # build what is missing (cli langhost command random docker)
+#   scripts/engine.sh env                   # print the exports that put the engine on PATH
+#   scripts/engine.sh versions              # print what is built and installed
+#   scripts/engine.sh status                # ready/missing per component; exit 3 if any is missing
+#   scripts/engine.sh smoke                 # a tiny Pulumi Python project: up, then up again (no changes)
+#
+# Everything lands in $TWINSPARK_ENGINE_CACHE (default ~/.cache/twinspark-engine), one folder
+# per component and version, reused across runs; a component whose version (or recipe) changes
+# gets a new folder and is built again. Plugins are installed into $TWINSPARK_ENGINE_CACHE/home,
+# the PULUMI_HOME that `env` exports, so that nothing is ever downloaded: automatic plugin
+# acquisition is off.
+#
+# What the module proxy serves decides what can be built (the measurements in
+# docs/measurements/engine-build-*.md say what was tried):
+# - cli: github.com/pulumi/pulumi/pkg/v3 cmd/pulumi, built in a wrapper module that requires
+#   pkg/v3 and sdk/v3 at one version and carries pkg's non-relative replaces.
+# - langhost: the real Python language host (module
+#   github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3, untagged) is not served at
+#   any version or commit, so a stand-in of ours (scripts/engine/pulumi-language-python) is built
+#   against sdk/v3 at the CLI's version and sits beside that sdk/v3's own
+#   pulumi-language-python-exec.
+# - command, random, docker: the providers' modules are not served (every version, commit and
+#   pseudo-version is refused); `build` tries each, says so and leaves it out. A provider binary
+#   had elsewhere can be installed with `scripts/engine.sh install-provider NAME VERSION BIN`.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+# The CLI: the pulumi SDK in requirements.txt is 3.272.0, the newest on PyPI; the proxy does
+# not serve pkg/v3 v3.272.0 (nor v3.273.0) but serves v3.274.1, the nearest newer one. A CLI
+# newer than the SDK is supported.
+PULUMI_CLI_VERSION=3.274.1
+# The providers at the versions the Python SDKs in requirements.txt request (their
+# pulumi-plugin.json). Provider repositories tag vX.Y.Z at the root, so their provider/ modules
+# resolve only by commit (a pseudo-version).
+COMMAND_VERSION=1.2.1
+COMMAND_MODULE=github.com/pulumi/pulumi-command/provider
+COMMAND_MODULE_VERSION=v0.0.0-20260303235922-7f3eb6f3b77c # the commit of v1.2.1
+RANDOM_VERSION=4.21.4
+RANDOM_MODULE=github.com/pulumi/pulumi-random/provider/v4
+DOCKER_VERSION=5.2.0
+DOCKER_MODULE=github.com/pulumi/pulumi-docker/provider/v5
+
+CACHE=${TWINSPARK_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/twinspark-engine}
+LANGHOST_SRC=$ROOT/scripts/engine/pulumi-language-python
+
+log() { printf '%s engine.sh: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+# Go, as the releases build it: no cgo, only the module proxy, nice to the colleagues' tests.
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+export GOPROXY=${GOPROXY:-https://proxy.golang.org}
+go_() { nice -n 19 go "$@"; }
+
+cli_dir() { echo "$CACHE/cli-v$PULUMI_CLI_VERSION"; }
+# keyed by the sdk/v3 version and by the stand-in's source and recipe (a rebuild takes seconds)
+langhost_dir() {
+  echo "$CACHE/langhost-v$PULUMI_CLI_VERSION-$({ cat "$LANGHOST_SRC/main.go"; declare -f build_langhost; } |
+    sha256sum | cut -c1-12)"
+}
+provider_dir() { echo "$CACHE/provider-$1-v$2"; }
+
+# Seconds per component, appended to $CACHE/timings.tsv (component, version, seconds, date).
+timed() {
+  local name=$1 version=$2 start rc=0
+  shift 2
+  start=$(date +%s)
+  "$@" || rc=$?
+  local secs=$(( $(date +%s) - start ))
+  printf '%s\tv%s\t%s\t%s\trc=%s\n' "$name" "$version" "$secs" "$(date -u +%FT%TZ)" "$rc" >>"$CACHE/timings.tsv"
+  log "$name v$version: ${secs}s (rc=$rc)"
+  return "$rc"
+}
+
+# The wrapper module: requires pkg/v3 and sdk/v3 at one version and copies pkg's replaces that
+# are not relative paths (go install pkg@version refuses a module with replaces).
+write_wrapper_module() {
+  local dir=$1 v=v$PULUMI_CLI_VERSION pkgmod replaces
+  mkdir -p "$dir"
+  pkgmod=$(cd "$dir" && go_ mod download -json "github.com/pulumi/pulumi/pkg/v3@$v" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])') || return 1
+  replaces=$(go mod edit -json "$pkgmod" | python3 -c '
+import json, sys
+for r in json.load(sys.stdin).get("Replace") or []:
+    new = r["New"]
+    if new["Path"].startswith((".", "/")):
+        continue  # relative: the monorepo sdk/, which the require below stands for
+    old = r["Old"]["Path"] + ("@" + r["Old"]["Version"] if r["Old"].get("Version") else "")
+    print("replace %s => %s %s" % (old, new["Path"], new.get("Version", "")))') || return 1
+  cat >"$dir/go.mod" <<EOF
+module twinspark.local/engine
+
+go 1.26
+
+require (
+	github.com/pulumi/pulumi/pkg/v3 $v
+	github.com/pulumi/pulumi/sdk/v3 $v
+)
+
+$replaces
+EOF
+}
+
+# Each build writes DIR.tmp; DIR appears, whole, only once FILE is in it (set -e does not hold
+# inside the builds: they run on the left of a ||).
+publish() {
+  local out=$1 file=$2
+  [ -x "$out.tmp/$file" ] || { log "$out.tmp/$file was not built"; return 1; }
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+build_cli() {
+  local out src v=v$PULUMI_CLI_VERSION
+  out=$(cli_dir)
+  [ -x "$out/pulumi" ] && return 0
+  src=$CACHE/src/cli-$v
+  rm -rf "$src" "$out.tmp"
+  write_wrapper_module "$src" || return 1
+  (
+    cd "$src" &&
+      go_ get "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi@$v" &&
+      go_ build -trimpath -tags osusergo,grpcnotrace \
+        -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$v" \
+        -o "$out.tmp/pulumi" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
+  ) || return 1
+  publish "$out" pulumi
+}
+
+build_langhost() {
+  local out src v=v$PULUMI_CLI_VERSION sdkdir
+  out=$(langhost_dir)
+  [ -x "$out/pulumi-language-python" ] && return 0
+  src=$CACHE/src/langhost-$v
+  rm -rf "$src" "$out.tmp"
+  # a module of its own that requires only sdk/v3, at the CLI's version (pkg/v3 is not needed)
+  mkdir -p "$src/cmd/pulumi-language-python" "$out.tmp" || return 1
+  printf 'module twinspark.local/engine-langhost\n\ngo 1.26\n\nrequire github.com/pulumi/pulumi/sdk/v3 %s\n' \
+    "$v" >"$src/go.mod" || return 1
+  cp "$LANGHOST_SRC/main.go" "$src/cmd/pulumi-language-python/" || return 1
+  (
+    cd "$src" &&
+      go_ get "github.com/pulumi/pulumi/sdk/v3@$v" &&
+      go_ build -trimpath -tags osusergo,grpcnotrace \
+        -ldflags "-s -w -X main.version=$v" \
+        -o "$out.tmp/pulumi-language-python" ./cmd/pulumi-language-python &&
+      sdkdir=$(go_ list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3) &&
+      install -m 0755 "$sdkdir/python/cmd/pulumi-language-python-exec" "$out.tmp/"
+  ) || return 1
+  [ -x "$out.tmp/pulumi-language-python-exec" ] || return 1
+  publish "$out" pulumi-language-python
+}
+
+# A provider module the proxy refuses cannot be built here; say which and why.
+proxy_serves() {
+  local module=$1 version=$2
+  (cd "$CACHE" && go_ mod download -json "$module@$version" >"$CACHE/probe.json" 2>&1) && return 0
+  log "not served: $module@$version — $(python3 -c '
+import json,sys
+try: print(json.load(open(sys.argv[1])).get("Error","?"))
+except Exception: print(open(sys.argv[1]).read().strip()[-300:])' "$CACHE/probe.json")"
+  return 1
+}
+
+build_command() {
+  local out src
+  out=$(provider_dir command "$COMMAND_VERSION")
+  if [ ! -x "$out/pulumi-resource-command" ]; then
+    proxy_serves "$COMMAND_MODULE" "$COMMAND_MODULE_VERSION" || return 2
+    src=$CACHE/src/command-v$COMMAND_VERSION
+    rm -rf "$src" "$out.tmp"
+    mkdir -p "$src" || return 1
+    (
+      cd "$src" &&
+        printf 'module twinspark.local/engine-command\n\ngo 1.26\n' >go.mod &&
+        go_ get "$COMMAND_MODULE/cmd/pulumi-resource-command@$COMMAND_MODULE_VERSION" &&
+        go_ build -trimpath \
+          -ldflags "-s -w -X $COMMAND_MODULE/pkg/version.Version=v$COMMAND_VERSION" \
+          -o "$out.tmp/pulumi-resource-command" "$COMMAND_MODULE/cmd/pulumi-resource-command"
+    ) || return 1
+    publish "$out" pulumi-resource-command || return 1
+  fi
+  install_plugin command "$COMMAND_VERSION" "$out/pulumi-resource-command"
+}
+
+# random and docker: their provider modules are refused at every version, so neither their
+# commits for v$RANDOM_VERSION / v$DOCKER_VERSION nor their sources (and the schema-embed.json each
+# generates from its schema.json) can be reached here; the probe says whether that has changed.
+probe_list() {
+  local module=$1 proxy code
+  proxy=${GOPROXY%%[,|]*}
+  code=$(curl -s -m 60 -o "$CACHE/probe.txt" -w '%{http_code}' "$proxy/$module/@v/list" || true)
+  log "not served: $module ($proxy answers @v/list with $code: $(head -c 200 "$CACHE/probe.txt" 2>/dev/null))"
+  [ "$code" = 200 ] && log "$module is listed now: its recipe is still to be written here"
+  return 2
+}
+build_random() { probe_list "$RANDOM_MODULE"; }
+build_docker() { probe_list "$DOCKER_MODULE"; }
+
+# A provider is ready when PULUMI_HOME holds it at that version: built here, or installed with
+# install-provider from a binary had elsewhere (which then says so).
+provider_ready() {
+  local name=$1 version=$2
+  [ -x "$CACHE/home/plugins/resource-$name-v$version/pulumi-resource-$name" ] || return 1
+  [ -x "$(provider_dir "$name" "$version")/pulumi-resource-$name" ] ||
+    log "$name v$version: installed in PULUMI_HOME from a binary not built here"
+}
+
+# PULUMI_HOME's plugin cache, filled from local binaries only.
+install_plugin() {
+  local name=$1 version=$2 bin=$3
+  [ -x "$CACHE/home/plugins/resource-$name-v$version/pulumi-resource-$name" ] && return 0
+  with_env "$(cli_dir)/pulumi" plugin install resource "$name" "$version" --file "$bin"
+}
+
+# One folder with the CLI, the language host and pulumi-language-python-exec side by side (hard
+# links): the CLI finds the language host beside itself, as in a release, and the host finds
+# pulumi-language-python-exec beside itself; $CACHE/bin points at the current one.
+link_bin() {
+  local engine
+  engine=$CACHE/engine-v$PULUMI_CLI_VERSION-$(basename "$(langhost_dir)" | sed 's/.*-//')
+  if [ ! -x "$engine/pulumi-language-python" ]; then
+    rm -rf "$engine.tmp"
+    mkdir -p "$engine.tmp"
+    ln -f "$(cli_dir)/pulumi" "$(langhost_dir)/pulumi-language-python" \
+      "$(langhost_dir)/pulumi-language-python-exec" "$engine.tmp/"
+    rm -rf "$engine"
+    mv "$engine.tmp" "$engine"
+  fi
+  rm -rf "$CACHE/bin.tmp"
+  ln -s "$(basename "$engine")" "$CACHE/bin.tmp"
+  mv -T "$CACHE/bin.tmp" "$CACHE/bin"
+}
+
+print_env() {
+  cat <<EOF
+export TWINSPARK_ENGINE_CACHE='$CACHE'
+export PATH='$CACHE/bin':"\$PATH"
+export PULUMI_HOME='$CACHE/home'
+export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
+export PULUMI_SKIP_UPDATE_CHECK=true
+export PULUMI_SKIP_CONFIRMATIONS=true
+export PULUMI_IGNORE_AMBIENT_PLUGINS=true
+EOF
+}
+
+with_env() { ( eval "$(print_env)"; "$@" ); }
+
+versions() {
+  with_env pulumi version
+  with_env pulumi-language-python -version 2>&1 || true
+  with_env pulumi plugin ls
+}
+
+cmd_build() {
+  local want=("$@") c failed=()
+  [ "${#want[@]}" -gt 0 ] || want=(cli langhost command random docker)
+  mkdir -p "$CACHE"
+  command -v go >/dev/null || die "go is not installed"
+  for c in "${want[@]}"; do
+    case $c in
+      cli) [ -x "$(cli_dir)/pulumi" ] || timed cli "$PULUMI_CLI_VERSION" build_cli || failed+=(cli) ;;
+      langhost) [ -x "$(langhost_dir)/pulumi-language-python" ] ||
+        timed langhost "$PULUMI_CLI_VERSION" build_langhost || failed+=(langhost) ;;
+      command) provider_ready command "$COMMAND_VERSION" ||
+        timed command "$COMMAND_VERSION" build_command || failed+=(command) ;;
+      random) provider_ready random "$RANDOM_VERSION" ||
+        timed random "$RANDOM_VERSION" build_random || failed+=(random) ;;
+      docker) provider_ready docker "$DOCKER_VERSION" ||
+        timed docker "$DOCKER_VERSION" build_docker || failed+=(docker) ;;
+      *) die "unknown component: $c" ;;
+    esac
+  done
+  if [ -x "$(cli_dir)/pulumi" ] && [ -x "$(langhost_dir)/pulumi-language-python" ]; then
+    link_bin
+    versions
+  fi
+  if [ "${#failed[@]}" -gt 0 ]; then
+    log "not built: ${failed[*]}"
+    return 2
+  fi
+}
+
+# What is ready, one line each; exit 0 when the CLI, the language host and every provider are.
+cmd_status() {
+  local ok=0
+  if [ -x "$(cli_dir)/pulumi" ]; then echo "cli v$PULUMI_CLI_VERSION: ready"; else echo "cli v$PULUMI_CLI_VERSION: missing"; ok=3; fi
+  if [ -x "$(langhost_dir)/pulumi-language-python" ]; then echo "langhost v$PULUMI_CLI_VERSION (stand-in): ready"
+  else echo "langhost v$PULUMI_CLI_VERSION (stand-in): missing"; ok=3; fi
+  local p v
+  for p in command:$COMMAND_VERSION random:$RANDOM_VERSION docker:$DOCKER_VERSION; do
+    v=${p#*:}
+    if provider_ready "${p%%:*}" "$v" 2>/dev/null; then echo "${p%%:*} v$v: ready"
+    else echo "${p%%:*} v$v: missing"; ok=3; fi
+  done
+  return "$ok"
+}
+
+SMOKE_DIR=
+cmd_smoke() {
+  SMOKE_DIR=$(mktemp -d)
+  trap 'rm -rf "$SMOKE_DIR"' EXIT
+  local dir=$SMOKE_DIR
+  mkdir -p "$dir/state" "$dir/project"
+  cat >"$dir/project/Pulumi.yaml" <<EOF
+name: engine-smoke
+runtime:
+  name: python
+  options:
+    toolchain: pip
+    virtualenv: $ROOT/.venv
+EOF
+  cat >"$dir/project/__main__.py" <<'EOF'
+import os
+
+import pulumi
+import pulumi_random as random
+from pulumi_command import local
+
+# TWINSPARK_SMOKE_RANDOM_VERSION asks for a random provider other than the SDK's own version
+random_version = os.environ.get("TWINSPARK_SMOKE_RANDOM_VERSION") or None
+password = random.RandomPassword("pw", length=24, special=False,
+                                 opts=pulumi.ResourceOptions(version=random_version))
+hello = local.Command("hello", create="echo smoke-$(hostname)")
+pulumi.export("length", pulumi.Output.unsecret(password.result.apply(len)))
+pulumi.export("stdout", hello.stdout)
+EOF
+  (
+    eval "$(print_env)"
+    export PULUMI_BACKEND_URL="file://$dir/state" PULUMI_CONFIG_PASSPHRASE=smoke
+    cd "$dir/project"
+    pulumi stack init smoke --non-interactive
+    pulumi up --yes --non-interactive --skip-preview
+    pulumi stack output --json
+    # the second up must change nothing: --expect-no-changes fails it otherwise, and the
+    # engine's own summary event must count every resource as "same"
+    pulumi up --yes --non-interactive --skip-preview --expect-no-changes --json >"$dir/second.json"
+    python3 - "$dir/second.json" <<'EOF'
+import json, sys
+summary = None
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if line.startswith("{"):
+        summary = json.loads(line).get("summaryEvent", summary)
+changes = (summary or {}).get("resourceChanges", {})
+print("second up, the engine's summary:", changes)
+sys.exit(0 if summary is not None and set(changes) == {"same"} else 1)
+EOF
+  )
+}
+
+case ${1:-build} in
+  build) shift || true; cmd_build "$@" ;;
+  env) print_env ;;
+  versions) versions ;;
+  status) cmd_status ;;
+  smoke) cmd_smoke ;;
+  install-provider) shift; install_plugin "$@" ;;
+  *) die "usage: $0 build [cli langhost command random docker] | env | versions | status | smoke | install-provider NAME VERSION BIN" ;;
+esac
