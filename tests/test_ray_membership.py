@@ -11,10 +11,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -141,8 +143,11 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("ray"))
+def cluster():
+    # short: Ray's Unix sockets live under --temp-dir, and AF_UNIX paths stop at 107 bytes
+    # (pytest's own tmp paths under xdist are longer)
+    root = Path(tempfile.mkdtemp(prefix="tsray-", dir="/tmp"))
+    c = Cluster(root)
     try:
         c.start_head()
         c.worker_id = node_id_of("ff")
@@ -150,6 +155,7 @@ def cluster(tmp_path_factory):
         yield c
     finally:
         c.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def exits_within(proc: subprocess.Popen, seconds: float) -> bool:
