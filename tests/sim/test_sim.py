@@ -18,6 +18,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -1044,6 +1045,49 @@ def test_wedged_engine_is_caught_by_the_deadline(sim, report, serving):
     report["wedge_to_serving_s"] = round(time.time() - wedged_at, 1)
     log = tail(sim, "sim1", GUARD_LOG, 40)
     assert "stalled" in log or "still running after" in log, log
+
+
+def restart_head_engine(sim):
+    sim.node_exec("sim1", "docker", "restart", SERVING)
+    wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after the engine's restart")
+    reset_guard(sim)
+
+
+def test_a_saturated_engine_serves_its_streams_to_the_end_with_the_guard_on(sim, report, serving):
+    """Issue 21: every decode slot busy for longer than the canary's deadline (6 s here) and its
+    interval (10 s): the canary queues behind the streams, late round after round, but tokens
+    flow, so the guard restarts nothing and every stream ends."""
+    seqs, tok_s, tokens = 6, 10, 300  # the default profile's max_num_seqs; each stream 30 s
+    sim.node_exec("sim1", "bash", "-c", f"echo '{seqs} {tok_s}' > /run/twinspark-sim/vllm-load")
+    try:
+        restart_head_engine(sim)
+        before, exits = len(guard_restarts(sim)), exit_count(sim, "sim1", SERVING)
+        results = []
+
+        def stream():
+            status, body = request(sim, "/v1/completions", {"model": sim.cfg.model.served_name, "prompt": "a long story",
+                                                            "max_tokens": tokens, "stream": True}, api_key(sim), timeout=120)
+            results.append(status == 200 and body.rstrip().endswith("[DONE]"))
+
+        started = time.monotonic()
+        threads = [threading.Thread(target=stream) for _ in range(seqs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=150)
+        report["saturated_streams_s"] = round(time.monotonic() - started, 1)
+        report["saturated_streams_completed"] = sum(results)
+        log = tail(sim, "sim1", GUARD_LOG, 60)
+        report["saturated_rounds_seen_busy"] = log.count("busy, not wedged")
+        report["saturated_rounds_counted"] = log.count("canary failed (")
+        report["saturated_guard_restarts"] = len(guard_restarts(sim)) - before
+        assert results == [True] * seqs, (results, log)
+        assert "busy, not wedged" in log, log
+        assert len(guard_restarts(sim)) == before and exit_count(sim, "sim1", SERVING) == exits, log
+        wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the canary passing after the load")
+    finally:
+        sim.node_exec("sim1", "rm", "-f", "/run/twinspark-sim/vllm-load")
+        restart_head_engine(sim)
 
 
 def run_readiness(sim, sim_run):
