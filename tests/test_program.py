@@ -273,6 +273,18 @@ def test_bundle_label_follows_the_key_but_cannot_be_checked_against_a_guess(prog
     assert bundle_label(rekeyed, "spark1-serving-gateway") != bundle_label(recipe_run, "spark1-serving-gateway")
 
 
+def test_a_key_rotation_changes_nothing_but_the_key(program, recipe_config, recipe_run):
+    """Issue 21: a new apiKey rewrites secrets.env and replaces the gateway (its label follows the
+    key) — the engine, the workers and the guard (which reads the key every round) stay."""
+    recipe_config["twinspark:apiKey"] = "sk-rotated-key-0123456789abcdef"
+    rotated = program(recipe_config, secret_keys=["twinspark:apiKey"])
+    assert rotated.error is None, rotated.error
+    before = {r.name: unwrap(r.inputs) for r in recipe_run.resources}
+    changed = sorted(r.name for r in rotated.resources if before.get(r.name) != unwrap(r.inputs))
+    # and the readiness wait checks the new gateway with the new key (it restarts nothing)
+    assert changed == ["spark1-bundle-secrets-env", "spark1-readiness-wait", "spark1-serving-gateway"], changed
+
+
 def test_containers_use_their_nodes_image_id_and_daemon(recipe_run):
     for node, container in (("spark1", "spark1-serving-container"), ("spark2", "spark2-serving-container")):
         image = recipe_run.named(f"{node}-image-build")
