@@ -10,7 +10,6 @@ import socket
 import string
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -144,7 +143,7 @@ def render_with_hosts_file(tmp_path, hosts, node_hosts):
               f"cfg = parse_stack_config(json.load(open({str(tmp_path / 'config.json')!r})))\n"
               "print(host_prep.render_firewall(cfg.head, host_prep.firewall_policy(cfg.head, cfg.nodes, "
               "cfg.head_public_ports)), end='')\n")
-    proc = sh("unshare", "--mount", "sh", "-c", f'mount --bind "$0" /etc/hosts && exec "$1" -c "$2"', table,
+    proc = sh("unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$1" -c "$2"', table,
               sys.executable, render, check=False)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
