@@ -46,7 +46,8 @@ def add_upgrade_parser(sub) -> None:
     p.add_argument("--set", dest="settings", action="append", type=parse_setting, required=True, metavar="KEY=VALUE",
                    help="serving.<key> or model.revision, repeatable; a list as JSON: serving.extraArgs='[\"--x\"]'")
     p.add_argument("--dry-run", action="store_true", help="show the preview of what would change; change nothing")
-    p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening against the baseline (0.10 = 10%%)")
+    p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening against the baseline (0.10 = 10%%), "
+                   "or a figure's run-to-run spread when larger")
     p.add_argument("--rebaseline", action="store_true",
                    help="the bench does not gate against the old baseline (e.g. another serving.profile); its "
                         "figures become the new baseline when readiness and the canary pass")
@@ -84,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-requests", type=positive_int, default=2, help="requests per level, times the level")
     p.add_argument("--sweep-input-tokens", type=positive_int, default=1000)
     p.add_argument("--sweep-output-tokens", type=positive_int, default=128)
+    p.add_argument("--sweep-repeats", type=positive_int, default=3,
+                   help="times each sweep level is measured: the run-to-run spread --compare allows")
     p.add_argument("--profile", help="serving profile in use (default, multiagent), kept in the plan; "
                                      "--compare refuses a baseline with another one")
     p.add_argument("--cache-salt", action="store_true",
@@ -93,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", help="a previous results JSON made with the same plan: flag regressions")
     p.add_argument("--allow-plan-mismatch", action="store_true",
                    help="compare with a baseline made with another plan anyway (with a warning)")
-    p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening before a regression (0.10 = 10%%)")
+    p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening before a regression (0.10 = 10%%); a "
+                   "figure noisier than that in its own repeats is allowed its spread")
     p.add_argument("--deadline-min", type=positive_float, default=BENCH_DEADLINE_MIN,
                    help=f"stop the whole run after this many minutes (default {BENCH_DEADLINE_MIN})")
 
@@ -133,7 +137,7 @@ def run_measurement(args, target, console: Console) -> int:
     plan = BenchPlan(single_runs=args.runs, single_max_tokens=args.max_tokens, concurrency=args.concurrency,
                      long_prompt_tokens=args.long_prompt_tokens, sweep=args.sweep,
                      sweep_requests_per_level=args.sweep_requests, sweep_input_tokens=args.sweep_input_tokens,
-                     sweep_output_tokens=args.sweep_output_tokens)
+                     sweep_output_tokens=args.sweep_output_tokens, sweep_repeats=args.sweep_repeats)
     return run_bench(target, plan, args.output, args.compare, args.tolerance, console, profile=profile,
                      send_cache_salt=args.cache_salt, allow_plan_mismatch=args.allow_plan_mismatch,
                      deadline_s=deadline_s)

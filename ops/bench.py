@@ -3,10 +3,14 @@
 - single stream: decode tok/s on real coding prompts, mean of 3, temperature 0.2
 - N-way concurrent: aggregate output tok/s of N simultaneous streams
 - long prompt: TTFT of a ~7k-token prompt, and the prefill tok/s it implies
-- sweep: for each concurrency, output tok/s and TTFT / TPOT p50 and p99
+- sweep: for each concurrency, output tok/s and TTFT / TPOT p50 and p99, each level repeated
+  (--sweep-repeats) so that the run measures its own run-to-run spread
 
 Results are JSON (plus a table); `--compare baseline.json` flags regressions, which is how
-a silent NCCL fallback to TCP after a restart shows up (decode collapses).
+a silent NCCL fallback to TCP after a restart shows up (decode collapses). A regression is a
+gated figure's median worse by more than the larger of --tolerance and the spread of its repeats
+in either run; figures the sample cannot support (a p99 of fewer than MIN_P99_SAMPLES requests, a
+single long-prompt or concurrent measurement) are shown beside them but never gate (see compare).
 
 Comparable across days: every prompt starts with a salt unique to the run and the request,
 so the server's prefix cache cannot serve any of it (optionally also vLLM's `cache_salt`);
@@ -55,6 +59,12 @@ CODING_PROMPTS = [
 # Higher is better for tok/s; lower is better for latencies.
 HIGHER_IS_BETTER = ("tok_s",)
 
+# A p99 needs about this many requests before it is more than the largest sample: below it, p99 is
+# one request's luck, reported but not compared.
+MIN_P99_SAMPLES = 20
+# A gated figure's medians must differ by this many times the wider range of its repeats (compare).
+NOISE_FACTOR = 2.0
+
 
 @dataclass
 class BenchPlan:
@@ -66,6 +76,7 @@ class BenchPlan:
     sweep_requests_per_level: int = 2  # x concurrency
     sweep_input_tokens: int = 1000
     sweep_output_tokens: int = 128
+    sweep_repeats: int = 3  # each level measured this many times: the spread the gate allows
     temperature: float = 0.2
 
 
@@ -124,6 +135,7 @@ def plan_record(plan: BenchPlan, model: str, endpoint: str, profile: Optional[st
         "sweep_requests": plan.sweep_requests_per_level,
         "sweep_input_tokens": plan.sweep_input_tokens,
         "sweep_output_tokens": plan.sweep_output_tokens,
+        "sweep_repeats": plan.sweep_repeats,
         "temperature": plan.temperature,
         "model": model,
         "endpoint": endpoint,
@@ -137,7 +149,8 @@ def plan_from_record(record: dict) -> BenchPlan:
                      concurrency=record["concurrency"], long_prompt_tokens=record["long_prompt_tokens"],
                      sweep=tuple(record["sweep"]), sweep_requests_per_level=record["sweep_requests"],
                      sweep_input_tokens=record["sweep_input_tokens"],
-                     sweep_output_tokens=record["sweep_output_tokens"], temperature=record["temperature"])
+                     sweep_output_tokens=record["sweep_output_tokens"], temperature=record["temperature"],
+                     sweep_repeats=record.get("sweep_repeats", 1))  # older results: each level once
 
 
 class Bench:
@@ -153,7 +166,7 @@ class Bench:
 
     def total_requests(self) -> int:
         p = self.plan
-        return WARMUP_REQUESTS + p.single_runs + p.concurrency + 1 + sum(c * p.sweep_requests_per_level for c in p.sweep)
+        return WARMUP_REQUESTS + p.single_runs + p.concurrency + 1 + sum(c * p.sweep_requests_per_level for c in p.sweep) * p.sweep_repeats
 
     async def _one(self, http, prompt: str, max_tokens, extra=None, warmup: bool = False) -> StreamResult:
         # The salt opens the prompt, so even the first cache block differs from every other
@@ -198,8 +211,8 @@ class Bench:
             long = await self._one(http, filler_text(p.long_prompt_tokens) + "\nSummarize the code above.", 1)
             sweep = []
             for level in p.sweep:
-                results = await self._level(http, level)
-                sweep.append(sweep_row(level, results))
+                repeats = [await self._level(http, level) for _ in range(p.sweep_repeats)]
+                sweep.append(sweep_row(level, repeats))
         return {
             "schema": SCHEMA,
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -243,49 +256,124 @@ class Bench:
         return results
 
 
-def sweep_row(level: int, results: Sequence[StreamResult]) -> dict:
+def repeat_figures(results: Sequence[StreamResult]) -> dict:
+    """One repeat of a level: its aggregate and its TTFT / TPOT percentiles."""
     ttfts = [r.ttft_s for r in results if r.error is None]
     tpots = [r.tpot_s * 1000 for r in results if r.error is None and r.tpot_s is not None]
+    return {"output_tok_s": aggregate_tok_s(results), "ttft_p50_s": percentile(ttfts, 50),
+            "ttft_p99_s": percentile(ttfts, 99), "tpot_p50_ms": percentile(tpots, 50),
+            "tpot_p99_ms": percentile(tpots, 99)}
+
+
+def median(values: Sequence[Optional[float]]) -> Optional[float]:
+    data = [v for v in values if v is not None]
+    return statistics.median(data) if data else None
+
+
+def sweep_row(level: int, repeats: Sequence[Sequence[StreamResult]]) -> dict:
+    """A level's figures: the median over its repeats (a p99 over every request of the level), and
+    each repeat's figures, the spread that compare allows."""
+    every = [r for repeat in repeats for r in repeat]
+    per_repeat = [repeat_figures(repeat) for repeat in repeats]
+    pooled = repeat_figures(every)
     return {
         "concurrency": level,
-        "requests": len(results),
-        "output_tok_s": aggregate_tok_s(results),
-        "ttft_p50_s": percentile(ttfts, 50),
-        "ttft_p99_s": percentile(ttfts, 99),
-        "tpot_p50_ms": percentile(tpots, 50),
-        "tpot_p99_ms": percentile(tpots, 99),
+        "requests": len(every),
+        "repeats": len(repeats),
+        "output_tok_s": median([f["output_tok_s"] for f in per_repeat]),
+        "ttft_p50_s": median([f["ttft_p50_s"] for f in per_repeat]),
+        "ttft_p99_s": pooled["ttft_p99_s"],
+        "tpot_p50_ms": median([f["tpot_p50_ms"] for f in per_repeat]),
+        "tpot_p99_ms": pooled["tpot_p99_ms"],
+        "per_repeat": per_repeat,
     }
+
+
+SWEEP_FIGURES = ("output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_ms", "tpot_p99_ms")
+
+
+@dataclass
+class Figure:
+    value: float
+    samples: list[float]  # the independent measurements behind value (repeats, runs); [] when unknown
+    gated: bool  # False: reported only, the sample cannot support a comparison
+    why_not: str = ""
+
+
+def figures(result: dict) -> dict[str, Figure]:
+    """The comparable figures of a result, by a stable name, with what they rest on."""
+    out: dict[str, Figure] = {}
+
+    def put(name, value, samples=(), gated=True, why_not=""):
+        if value is not None:
+            out[name] = Figure(value, [v for v in samples if v is not None], gated, why_not)
+
+    single = result["single_stream"]
+    runs = [v for v in single.get("runs_tok_s") or [] if v is not None]
+    # the median of the runs: one slow run (a stray compile, a busy host) moves it less than the mean
+    put("single_stream.decode_tok_s", median(runs) if runs else single["decode_tok_s"], runs)
+    put("concurrent.aggregate_tok_s", result["concurrent"]["aggregate_tok_s"], gated=False,
+        why_not="one measurement; the sweep's output tok/s is the gated aggregate")
+    put("long_prompt.ttft_s", result["long_prompt"]["ttft_s"], gated=False, why_not="one request")
+    put("long_prompt.prefill_tok_s", result["long_prompt"]["prefill_tok_s"], gated=False, why_not="one request")
+    for row in result["sweep"]:
+        repeats = row.get("per_repeat") or []
+        per_repeat_requests = row.get("requests", 0) / max(row.get("repeats") or 1, 1)
+        for key in SWEEP_FIGURES:
+            name = f"sweep[c={row['concurrency']}].{key}"
+            if key.endswith("p99_s") or key.endswith("p99_ms"):
+                few = per_repeat_requests < MIN_P99_SAMPLES
+                put(name, row[key], [f[key] for f in repeats] if not few else (), gated=not few,
+                    why_not=f"p99 of {per_repeat_requests:g} requests" if few else "")
+            else:
+                put(name, row[key], [f[key] for f in repeats])
+    return out
 
 
 def flat_metrics(result: dict) -> dict[str, float]:
     """The comparable figures of a result, by a stable name."""
-    metrics = {
-        "single_stream.decode_tok_s": result["single_stream"]["decode_tok_s"],
-        "concurrent.aggregate_tok_s": result["concurrent"]["aggregate_tok_s"],
-        "long_prompt.ttft_s": result["long_prompt"]["ttft_s"],
-        "long_prompt.prefill_tok_s": result["long_prompt"]["prefill_tok_s"],
-    }
-    for row in result["sweep"]:
-        for key in ("output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_ms", "tpot_p99_ms"):
-            metrics[f"sweep[c={row['concurrency']}].{key}"] = row[key]
-    return {k: v for k, v in metrics.items() if v is not None}
+    return {name: f.value for name, f in figures(result).items()}
+
+
+def relative_spread(figure: Figure, reference: float) -> float:
+    return (max(figure.samples) - min(figure.samples)) / abs(reference) if len(figure.samples) > 1 else 0.0
 
 
 def compare(current: dict, baseline: dict, tolerance: float = 0.10) -> list[dict]:
-    """Each shared figure with its change; `regression` when worse by more than tolerance."""
+    """Each shared figure with its change; `regression` when a gated figure is worse by more than
+    `allowed`: the larger of tolerance and the run-to-run spread measured in either run.
+
+    Why the spread and not a fixed tolerance alone: two identical runs of a few requests each
+    differ by more than 10% in their tails and short latencies, so a fixed bound fires on noise.
+    Each gated figure is a median over repeats measured in the same sweep (single-stream runs, sweep
+    repeats), and the range (max - min) of those repeats is the noise that run itself saw. A
+    regression needs the medians NOISE_FACTOR (2) times the wider range apart: then no value lies in
+    both runs' ranges (the gap exceeds their sum), so no common level explains both runs. With three
+    repeats a side drawn from one distribution (a simulation with up to 50% uniform per-request TTFT
+    jitter), one range fires on about 2.7% of figures, twice the range on about 0.3%, and the 10%
+    floor brings that lower when the noise is small; a real regression (a TCP fallback's 3-4x slower
+    decode) clears it by far, since decode's repeats barely spread. It is a deliberately conservative
+    rank-free test rather than a t-test: three samples a side give a t-test little power and no check
+    of its normality assumption, and a range needs neither."""
     rows = []
-    now, before = flat_metrics(current), flat_metrics(baseline)
+    now, before = figures(current), figures(baseline)
     for name in [n for n in now if n in before]:
+        a, b = now[name], before[name]
         higher_better = name.endswith(HIGHER_IS_BETTER)
-        change = (now[name] - before[name]) / before[name] if before[name] else 0.0
+        change = (a.value - b.value) / b.value if b.value else 0.0
         worse = -change if higher_better else change
-        rows.append({"metric": name, "baseline": before[name], "current": now[name],
-                     "change": change, "regression": worse > tolerance})
+        gated = a.gated and b.gated
+        allowed = max(tolerance, NOISE_FACTOR * relative_spread(a, b.value),
+                      NOISE_FACTOR * relative_spread(b, b.value)) if b.value else tolerance
+        rows.append({"metric": name, "baseline": b.value, "current": a.value, "change": change,
+                     "allowed": allowed, "gated": gated, "why_not": a.why_not or b.why_not,
+                     "regression": gated and worse > allowed})
     return rows
 
 
 class SingleStreamFigures(Lenient):
     decode_tok_s: Optional[float] = None
+    runs_tok_s: Optional[list[Optional[float]]] = None
 
 
 class ConcurrentFigures(Lenient):
@@ -299,6 +387,9 @@ class LongPromptFigures(Lenient):
 
 class SweepFigures(Lenient):
     concurrency: int
+    requests: Optional[int] = None
+    repeats: Optional[int] = None
+    per_repeat: Optional[list[dict[str, Optional[float]]]] = None
     output_tok_s: Optional[float] = None
     ttft_p50_s: Optional[float] = None
     ttft_p99_s: Optional[float] = None
@@ -333,7 +424,7 @@ def plan_differences(plan: dict, baseline: dict) -> list[str]:
     if baseline.get("schema") != SCHEMA or not isinstance(baseline.get("plan"), dict):
         return [f"schema {baseline.get('schema', 1)}→{SCHEMA} (the baseline keeps no plan and its prompts "
                 "could hit the prefix cache)"]
-    before = baseline["plan"]
+    before = {"sweep_repeats": 1, **baseline["plan"]}  # results from before the repeats ran each level once
     return [f"{key} {json.dumps(before.get(key))}→{json.dumps(plan.get(key))}"
             for key in dict.fromkeys([*before, *plan]) if before.get(key) != plan.get(key)]
 
@@ -406,11 +497,13 @@ def render(result: dict, console: Console, comparison: Optional[list[dict]] = No
     if comparison is not None:
         diff = Table(title="against baseline")
         diff.add_column("metric", no_wrap=True)
-        for col in ("baseline", "current", "change", ""):
+        for col in ("baseline", "current", "change", "allowed", ""):
             diff.add_column(col)
         for row in comparison:
+            verdict = Text("REGRESSION", style="red") if row["regression"] else \
+                Text(f"not gated: {row['why_not']}", style="dim") if not row.get("gated", True) else ""
             diff.add_row(Text(row["metric"]), f"{row['baseline']:.2f}", f"{row['current']:.2f}",
-                         f"{row['change']:+.0%}", Text("REGRESSION", style="red") if row["regression"] else "")
+                         f"{row['change']:+.0%}", f"±{row.get('allowed', 0):.0%}", verdict)
         console.print(diff)
     for error in result["errors"][:5]:
         console.print(Text("request failed: ", style="red") + Text(error))

@@ -402,12 +402,13 @@ class Upgrade:
         if result["errors"]:
             return GateResult("bench", False, f"{len(result['errors'])} requests failed, e.g. {result['errors'][0]}"), result
         if regressions and not self.options.rebaseline:
-            worst = ", ".join(f"{r['metric']} {r['baseline']:.2f}→{r['current']:.2f} ({r['change']:+.0%})"
-                              for r in regressions[:3])
-            return GateResult("bench", False, f"{len(regressions)} regressions beyond "
-                                              f"{self.options.tolerance:.0%}: {worst}"), result
+            worst = ", ".join(f"{r['metric']} {r['baseline']:.2f}→{r['current']:.2f} ({r['change']:+.0%}, "
+                              f"allowed ±{r['allowed']:.0%})" for r in regressions[:3])
+            return GateResult("bench", False, f"{len(regressions)} regressions beyond the larger of "
+                                              f"{self.options.tolerance:.0%} and the measured spread: {worst}"), result
         note = " (--rebaseline: the comparison does not gate)" if regressions else ""
-        return GateResult("bench", True, f"within {self.options.tolerance:.0%} of the baseline{note}"), result
+        return GateResult("bench", True, f"within the larger of {self.options.tolerance:.0%} and the measured spread "
+                                         f"of the baseline{note}"), result
 
     def judged(self, gates: Callable[[], list[GateResult]]) -> list[GateResult]:
         """The gates' results; whatever goes wrong while judging (the outputs unreadable, the

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 import socketserver
 import sys
@@ -75,6 +76,7 @@ class Behaviour:
     api_key: Optional[str] = "sk-fake"  # empty or None: no key checked (vLLM started without one)
     model: str = "fake-model"
     base_latency_s: float = 0.02
+    ttft_jitter_s: float = 0.0  # each request's first token up to this much later, at random: a real server's noise
     prefill_tok_s: float = 20000.0  # float("inf"): no prefill time
     decode_tok_s: float = 100.0  # float("inf"): every token at once
     engine: Callable[[int], list] = default_engine  # max_tokens -> token pieces
@@ -293,7 +295,7 @@ def make_handler(behaviour: Behaviour):
                      "total_tokens": n_prompt + len(tokens)}
             if behaviour.prefix_cache:  # what vLLM adds with --enable-prompt-tokens-details
                 usage["prompt_tokens_details"] = {"cached_tokens": request.cached_prompt_tokens}
-            first_at = start + behaviour.base_latency_s + (n_prompt - request.cached_prompt_tokens) / behaviour.prefill_tok_s
+            first_at = start + behaviour.base_latency_s + random.uniform(0, behaviour.ttft_jitter_s) + (n_prompt - request.cached_prompt_tokens) / behaviour.prefill_tok_s
             if body.get("stream"):
                 return self.stream(header, chat, tokens, finish, first_at,
                                    usage if (body.get("stream_options") or {}).get("include_usage") else None,
