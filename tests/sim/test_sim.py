@@ -799,7 +799,8 @@ def test_ops_bench_against_the_live_sim(sim, sim_run, tmp_path, serving):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["errors"] == [] and result["single_stream"]["decode_tok_s"] > 0
-    assert [row["requests"] for row in result["sweep"]] == [1, 2]
+    repeats = result["plan"]["sweep_repeats"]  # each level measured that many times (3 by default)
+    assert repeats == 3 and [row["requests"] for row in result["sweep"]] == [repeats * 1, repeats * 2]
 
 
 # ---- security: what the LAN sees ---------------------------------------------------------------
