@@ -494,9 +494,8 @@ class Guard:
         started = time.monotonic()
         failures = canary_round(self.api)
         messages = [str(f) for f in failures]
-        # ok: the round passed (None: failed but not counted, see note); passing: for the alerts,
-        # the engine serves (a busy one too)
-        self.last = {"checked_at": time.time(), "ok": not failures, "passing": not failures, "failures": messages,
+        # ok: the round passed (None: failed but not counted, see not_counted and note)
+        self.last = {"checked_at": time.time(), "ok": not failures, "failures": messages,
                      "duration_s": round(time.monotonic() - started, 2), "not_counted": None, "note": None}
         if not failures:
             if self.consecutive:
@@ -514,7 +513,7 @@ class Guard:
         if kinds == {LATE}:
             busy = busy_not_wedged(self.args.metrics_url, PROGRESS_WINDOW_S)
             if busy:
-                self.last.update(ok=None, passing=True, not_counted="busy", note=busy)
+                self.last.update(ok=None, not_counted="busy", note=busy)
                 log(f"canary late, {busy}: not counted")
                 self.consecutive = 0
                 self.next_round = time.monotonic() + self.args.interval
@@ -576,26 +575,28 @@ class Guard:
             values["twinspark_guard_gateway_up"] = int(self.gateway_up)
         if self.last:  # no canary yet: its series stay absent (TwinsparkCanaryStale watches for that)
             values.update({
-                "twinspark_guard_canary_success": 1 if self.last.get("passing") else 0,
+                # the engine serves: a passing round, or a busy engine's late one
+            "twinspark_guard_canary_success": int(self.last.get("ok") is True or self.last.get("not_counted") == "busy"),
                 "twinspark_guard_canary_last_run_timestamp_seconds": round(self.last["checked_at"], 3),
                 "twinspark_guard_canary_duration_seconds": self.last.get("duration_s", 0),
             })
         kinds = {name: "counter" if name.endswith("_total") else "gauge" for name in values}
         text = "".join(f"# TYPE {name} {kinds[name]}\n{name} {value}\n" for name, value in values.items())
-        path = Path(self.args.textfile)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staged = path.with_name(f".{path.name}.tmp")  # the collector reads *.prom only
-        staged.write_text(text)
-        os.chmod(staged, 0o644)
-        staged.replace(path)
+        write_atomically(Path(self.args.textfile), text)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of one. The temporary name starts
+    with a dot and does not end in .prom: the textfile collector skips it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.tmp")
+    staged.write_text(text)
+    os.chmod(staged, 0o644)
+    staged.replace(path)
 
 
 def write_json(path: Path, value) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_suffix(".tmp")
-    staged.write_text(json.dumps(value, indent=1) + "\n")
-    os.chmod(staged, 0o644)
-    staged.replace(path)
+    write_atomically(path, json.dumps(value, indent=1) + "\n")
 
 
 def read_api_key(secrets_file: str) -> str:

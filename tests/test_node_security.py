@@ -26,6 +26,7 @@ from components.remote import LAUNCH_DIR
 CFG = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
 HEAD, WORKER = CFG.nodes
 API_KEY = "sk-gateway-test-0123456789"
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # the upstream uses the stand-in's Unix server
 
 
 def sh(*argv, check=True, **kw):
@@ -218,7 +219,9 @@ def test_firewall_renders_addresses_only():
 # serving container would after boot-common.sh's prepare_vllm_socket, and records each raw
 # request line's path (what vLLM's router would see) in a file.
 RECORDING_UPSTREAM = r"""
-import http.server, socketserver, sys
+import http.server, sys
+sys.path.insert(0, sys.argv[3])
+from openai_standin import UnixServer
 class Upstream(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
@@ -232,11 +235,7 @@ class Upstream(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
     do_GET = do_POST = answer
-class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    def get_request(self):
-        return super().get_request()[0], ("uds", 0)
-Server(sys.argv[1], Upstream).serve_forever()
+UnixServer(sys.argv[1], Upstream).serve_forever()
 """
 
 
@@ -297,7 +296,7 @@ def running_gateway(tmp_path, api_key=API_KEY):
     bundle = gateway_bundle(tmp_path, api_key, port)
     seen = tmp_path / "seen"
     upstream = subprocess.Popen(["bash", "-c", f". {bundle}/{contract.BOOT_COMMON} && prepare_vllm_socket && "
-                                 f"exec python3 {bundle}/upstream.py {contract.VLLM_SOCKET} {seen}"])
+                                 f"exec python3 {bundle}/upstream.py {contract.VLLM_SOCKET} {seen} {TESTS_DIR}"])
     proc = subprocess.Popen(["bash", str(bundle / contract.API_GATEWAY_SCRIPT)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

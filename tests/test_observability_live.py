@@ -107,7 +107,7 @@ def write_guard_textfile(path: Path) -> None:
     spec.loader.exec_module(module)
     guard = module.Guard(argparse.Namespace(textfile=str(path), hold_file=str(path.with_name("no-hold"))), None)
     guard.gateway_up = True
-    guard.last = {"checked_at": time.time(), "ok": True, "passing": True, "duration_s": 1.2}
+    guard.last = {"checked_at": time.time(), "ok": True, "duration_s": 1.2}
     guard.write_metrics()
 
 

@@ -113,6 +113,16 @@ func fatalf(format string, args ...any) {
 }
 
 // pythonOptions reads runtime.options from Pulumi.yaml as the engine forwards them.
+// programToolchain: the program's Python options and the toolchain (pip, uv, poetry) they name.
+func programToolchain(info *pulumirpc.ProgramInfo) (toolchain.PythonOptions, toolchain.Toolchain, error) {
+	opts, err := pythonOptions(info)
+	if err != nil {
+		return opts, nil, err
+	}
+	tc, err := toolchain.ResolveToolchain(opts)
+	return opts, tc, err
+}
+
 func pythonOptions(info *pulumirpc.ProgramInfo) (toolchain.PythonOptions, error) {
 	opts := toolchain.PythonOptions{Root: info.GetRootDirectory(), ProgramDir: info.GetProgramDirectory()}
 	raw := info.GetOptions().AsMap()
@@ -202,11 +212,7 @@ func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.R
 	if req.GetAttachDebugger() {
 		return &pulumirpc.RunResponse{Error: "this stand-in language host cannot attach a debugger"}, nil
 	}
-	opts, err := pythonOptions(req.GetInfo())
-	if err != nil {
-		return nil, err
-	}
-	tc, err := toolchain.ResolveToolchain(opts)
+	_, tc, err := programToolchain(req.GetInfo())
 	if err != nil {
 		return nil, err
 	}
@@ -323,11 +329,7 @@ var _ io.Writer = streamWriter{}
 func (h *host) InstallDependencies(req *pulumirpc.InstallDependenciesRequest,
 	server grpc.ServerStreamingServer[pulumirpc.InstallDependenciesResponse],
 ) error {
-	opts, err := pythonOptions(req.GetInfo())
-	if err != nil {
-		return err
-	}
-	tc, err := toolchain.ResolveToolchain(opts)
+	opts, tc, err := programToolchain(req.GetInfo())
 	if err != nil {
 		return err
 	}
@@ -338,11 +340,7 @@ func (h *host) InstallDependencies(req *pulumirpc.InstallDependenciesRequest,
 }
 
 func (h *host) About(ctx context.Context, req *pulumirpc.AboutRequest) (*pulumirpc.AboutResponse, error) {
-	opts, err := pythonOptions(req.GetInfo())
-	if err != nil {
-		return nil, err
-	}
-	tc, err := toolchain.ResolveToolchain(opts)
+	_, tc, err := programToolchain(req.GetInfo())
 	if err != nil {
 		return nil, err
 	}
@@ -360,11 +358,7 @@ func (h *host) About(ctx context.Context, req *pulumirpc.AboutRequest) (*pulumir
 func (h *host) GetProgramDependencies(ctx context.Context,
 	req *pulumirpc.GetProgramDependenciesRequest,
 ) (*pulumirpc.GetProgramDependenciesResponse, error) {
-	opts, err := pythonOptions(req.GetInfo())
-	if err != nil {
-		return nil, err
-	}
-	tc, err := toolchain.ResolveToolchain(opts)
+	_, tc, err := programToolchain(req.GetInfo())
 	if err != nil {
 		return nil, err
 	}
