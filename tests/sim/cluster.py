@@ -1,6 +1,6 @@
 """Simulated Sparks on this machine: network namespaces, overlay roots, pid namespaces, sshd.
 
-    cluster = SimCluster.from_stack_file(SIM_STACK, workdir)
+    cluster = SimCluster.from_stack_file(workdir)
     cluster.up()            # nodes answer SSH as the stack's user
     cluster.ssh("sim1", "uname -n")
     cluster.down()          # nothing left: processes, mounts, namespaces, links
@@ -28,10 +28,14 @@ from typing import Optional
 
 import yaml
 
-from components.config import Node, StackConfig, parse_stack_config
+if __name__ == "__main__":  # run as a program (scripts/sim.sh): the repository's modules
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from components.config import Node, StackConfig, parse_stack_config  # noqa: E402
 
 SIM_DIR = Path(__file__).resolve().parent
-SIM_STACK = SIM_DIR / "sim.yaml"
+SIM_STACK = SIM_DIR.parents[1] / "Pulumi.sim.yaml"
+STATE_ROOT = Path("/var/lib/twinspark-sim")
 
 
 def sh(*argv, check=True, **kw) -> subprocess.CompletedProcess:
@@ -47,11 +51,29 @@ def can_raise_memlock() -> bool:
     return False
 
 
-def load_sim_config(private_key: Path, path: Path = SIM_STACK) -> dict:
-    """The sim stack as `twinspark:key -> value`, with the harness's SSH key filled in."""
+def load_sim_config(private_key: Path, path: Path = SIM_STACK, nodes: int = 0) -> dict:
+    """The sim stack as `twinspark:key -> value`, with the harness's SSH key filled in, and
+    `nodes` simulated nodes when asked for more than the stack's own."""
     config = dict(yaml.safe_load(path.read_text())["config"])
     config["twinspark:ssh"] = {**config["twinspark:ssh"], "privateKeyPath": str(private_key)}
+    if nodes:
+        config["twinspark:nodes"] = sim_nodes(config["twinspark:nodes"], nodes)
     return config
+
+
+def sim_nodes(stack_nodes: list[dict], count: int) -> list[dict]:
+    """`count` nodes in the pattern of the stack's: simN, management 198.18.N.1N, rail k at
+    10.0.k.N/24 (the cable is a bridge per rail, so any number of nodes shares it)."""
+    if count < 2:
+        raise ValueError(f"--nodes {count}: a cluster has a head and at least one worker (2 or more)")
+    if count > 9:
+        raise ValueError(f"--nodes {count}: the sim's address plan holds at most 9 nodes")
+    template = stack_nodes[-1]
+    nodes = [dict(n) for n in stack_nodes[:count]]
+    for i in range(len(nodes) + 1, count + 1):
+        rails = [{**r, "address": f"10.0.{k}.{i}/24"} for k, r in enumerate(template["rails"])]
+        nodes.append({**template, "name": f"sim{i}", "role": "worker", "host": f"198.18.{i}.1{i}", "rails": rails})
+    return nodes
 
 
 @dataclass
@@ -67,8 +89,9 @@ class SimNode:
 
 
 class SimCluster:
-    def __init__(self, config: dict, workdir: Path, prefix: str = "ts"):
+    def __init__(self, config: dict, workdir: Path, prefix: str = "ts", docker: str = "shim", registry: str = ""):
         self.config = config
+        self.docker, self.registry = docker, registry  # a real dockerd per node, or the older shim
         self.cfg: StackConfig = parse_stack_config({k.split(":", 1)[1]: v for k, v in config.items()
                                                      if k.split(":", 1)[1] in ("ssh", "nodes", "fabric", "model", "serving")})
         self.workdir = workdir
@@ -78,11 +101,17 @@ class SimCluster:
         self.fabric_ns = f"{prefix}-fabric"
 
     @classmethod
-    def from_stack_file(cls, workdir: Path, path: Path = SIM_STACK, prefix: str = "ts") -> "SimCluster":
+    def from_stack_file(cls, workdir: Path, path: Path = SIM_STACK, prefix: str = "ts", nodes: int = 0,
+                        **kw) -> "SimCluster":
         key = workdir / "id_ed25519"
         if not key.exists():
+            workdir.mkdir(parents=True, exist_ok=True)
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "twinspark-sim-operator", "-f", key)
-        return cls(load_sim_config(key, path), workdir, prefix)
+        return cls(load_sim_config(key, path, nodes), workdir, prefix, **kw)
+
+    def state_dir(self, node: SimNode) -> Path:
+        """The node's disk (node-root.sh): kept across its reboots, wiped when it is made anew."""
+        return STATE_ROOT / f"{self.prefix}-{node.name}"
 
     # ---- lifecycle -------------------------------------------------------------------
     def up(self) -> None:
@@ -96,6 +125,8 @@ class SimCluster:
             self._boot(node)
         for node in self.nodes.values():
             self._wait_for_ssh(node)
+            if self.docker == "real":
+                self._wait_for_dockerd(node)
             roce_map = "".join(f"{r.hca} {r.iface}\n" for r in node.spec.rails)
             self.node_exec(node.name, "bash", "-c", "mkdir -p /etc/twinspark-sim && cat > /etc/twinspark-sim/roce-map",
                            input=roce_map)
@@ -119,6 +150,20 @@ class SimCluster:
                 sh("ip", "netns", "del", ns, check=False)
         for node in self.nodes.values():  # host side of management links (gone with the netns)
             sh("ip", "link", "del", self._mgmt_host_iface(node), check=False)
+        for node in self.nodes.values():
+            sh("rm", "-rf", "--one-file-system", self.state_dir(node), check=False)
+
+    def reboot(self, node: str) -> None:
+        """Power the node off (every process of it killed at once) and boot it again from its
+        disk: files and docker's containers stay; /run, processes and the daemon start fresh."""
+        sim_node = self.nodes[node]
+        os.kill(sim_node.init_pid, signal.SIGKILL)
+        sim_node.launcher.wait(timeout=30)
+        sim_node.init_pid, sim_node.launcher = 0, None
+        self._boot(sim_node)
+        self._wait_for_ssh(sim_node)
+        if self.docker == "real":
+            self._wait_for_dockerd(sim_node)
 
     def leftovers(self) -> dict[str, list[str]]:
         """What down() must not leave: namespaces, links, mounts, processes of this prefix."""
@@ -139,6 +184,7 @@ class SimCluster:
             "links": [self._mgmt_host_iface(n) for n in self.nodes.values() if f" {self._mgmt_host_iface(n)}@" in links],
             "mounts": [l for l in Path("/proc/self/mountinfo").read_text().splitlines() if marker in l],
             "processes": procs,
+            "disks": [str(self.state_dir(n)) for n in self.nodes.values() if self.state_dir(n).exists()],
         }
 
     @staticmethod
@@ -181,6 +227,11 @@ class SimCluster:
     def _mgmt_host_iface(node: SimNode) -> str:
         return f"tsm-{node.name}"[:15]
 
+    @staticmethod
+    def gateway(node: SimNode) -> ipaddress.IPv4Address:
+        """This machine's address on the node's management /24 (the .1)."""
+        return next(ipaddress.ip_interface(f"{node.spec.host}/24").network.hosts())
+
     def _network(self, index: int, node: SimNode) -> None:
         ns, mtu = node.netns, self.cfg.fabric.mtu
         sh("ip", "netns", "add", ns)
@@ -188,7 +239,7 @@ class SimCluster:
         mgmt = ipaddress.ip_interface(f"{node.spec.host}/24")
         host_iface = self._mgmt_host_iface(node)
         sh("ip", "link", "add", host_iface, "type", "veth", "peer", "name", self.cfg.fabric.bootstrap_iface, "netns", ns)
-        sh("ip", "addr", "add", f"{next(mgmt.network.hosts())}/24", "dev", host_iface)
+        sh("ip", "addr", "add", f"{self.gateway(node)}/24", "dev", host_iface)
         sh("ip", "link", "set", host_iface, "up")
         sh("ip", "-n", ns, "addr", "add", str(mgmt), "dev", self.cfg.fabric.bootstrap_iface)
         sh("ip", "-n", ns, "link", "set", self.cfg.fabric.bootstrap_iface, "up")
@@ -205,9 +256,12 @@ class SimCluster:
     def _boot(self, node: SimNode) -> None:
         pubkey = self.key.with_suffix(".pub")
         node.launcher = subprocess.Popen(
-            ["ip", "netns", "exec", node.netns, "unshare", "--mount", "--pid", "--uts", "--fork",
+            # nsenter, not `ip netns exec`: that one remounts /sys without the cgroup hierarchies,
+            # and dockerd then refuses to start ("Devices cgroup isn't mounted")
+            ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount", "--pid", "--uts", "--fork",
              "--propagation", "private", "bash", str(SIM_DIR / "node-root.sh"), node.name, str(SIM_DIR),
-             self.cfg.ssh.user, str(pubkey), sys.executable],
+             self.cfg.ssh.user, str(pubkey), sys.executable, str(self.state_dir(node)), self.docker,
+             "--registry", self.registry, "--registry-address", str(self.gateway(node))],
             stdin=subprocess.DEVNULL, stdout=open(self.workdir / f"{node.name}-init.log", "ab"),
             stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -230,9 +284,21 @@ class SimCluster:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if len(cmd) > 2 and cmd[0] == b"bash" and cmd[1].endswith(b"node-root.sh") and cmd[2] == node.name.encode():
+            # node-root.sh has exec'd node_init.py by now
+            if len(cmd) > 3 and cmd[1].endswith(b"node_init.py") and cmd[2:4] == [b"--name", node.name.encode()]:
                 return int(pid)
         return 0
+
+    def _wait_for_dockerd(self, node: SimNode, timeout: float = 60) -> None:
+        """As the login user, the way the docker provider reaches it (`docker system dial-stdio`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            probe = self.ssh(node.name, "docker version --format '{{.Server.Version}}'", timeout=15)
+            if probe.returncode == 0:
+                return
+            time.sleep(0.5)
+        log = self.node_exec(node.name, "tail", "-20", "/var/log/twinspark-sim/dockerd.log", check=False).stdout
+        raise RuntimeError(f"sim node {node.name}: dockerd not answering after {timeout:.0f} s\n{probe.stderr}\n{log}")
 
     def _wait_for_ssh(self, node: SimNode, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -243,3 +309,39 @@ class SimCluster:
             time.sleep(0.5)
         log = (self.workdir / f"{node.name}-init.log").read_text()
         raise RuntimeError(f"sim node {node.name}: no SSH login after {timeout:.0f} s\n{probe.stderr}\n{log}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`python tests/sim/cluster.py up|down` for scripts/sim.sh: the nodes outlive this process."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="simulated Sparks on this machine")
+    parser.add_argument("action", choices=("up", "down", "leftovers"))
+    parser.add_argument("--workdir", type=Path, required=True, help="the operator's key and the nodes' boot logs")
+    parser.add_argument("--nodes", type=int, default=0, help="how many nodes (default: the sim stack's)")
+    parser.add_argument("--docker", choices=("real", "shim"), default="real")
+    parser.add_argument("--registry", default="")
+    parser.add_argument("--config-out", type=Path, help="write the stack's config for these nodes here (YAML)")
+    args = parser.parse_args(argv)
+    try:
+        cluster = SimCluster.from_stack_file(args.workdir, nodes=args.nodes, docker=args.docker, registry=args.registry)
+    except ValueError as e:
+        print(f"cluster.py: {e}", file=sys.stderr)
+        return 2
+    if args.action == "up":
+        cluster.up()
+        if args.config_out:
+            args.config_out.write_text(yaml.safe_dump({"config": cluster.config}, sort_keys=False))
+        print(json.dumps({n.name: n.spec.host for n in cluster.nodes.values()}))
+    elif args.action == "down":
+        cluster.down()
+    leftovers = cluster.leftovers() if args.action != "up" else {}
+    if any(leftovers.values()):
+        print(json.dumps(leftovers, indent=2))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,11 +1,19 @@
-"""PID 1 of a simulated node: make it a login-able Spark stand-in, run sshd, reap orphans.
+"""PID 1 of a simulated node: make it a login-able Spark stand-in, run sshd (and dockerd), reap orphans.
 
-Inside the node's overlay root (changes vanish with the node): the login user with
-passwordless sudo and the harness's public key, sshd host keys, the recording shims for
-calls that would reconfigure the real machine, and `vllm` (the stand-in) on PATH.
+Inside the node's overlay root (its disk, node-root.sh): the login user with passwordless
+sudo and the harness's public key, sshd host keys, the recording shims for calls that would
+reconfigure the real machine, and `vllm` (the stand-in) on PATH.
+
+With `--docker real` the node runs Debian's dockerd as a Spark runs its docker.service: the
+login user is in the `docker` group (DGX OS's default), the daemon's default runtime is
+runc behind tests/sim/standins/twinspark-sim-runc (the one thing the sandbox cannot grant,
+memlock, clamped and recorded), `nvidia-container-runtime-hook` is the recording stand-in
+for `--gpus`, and the sim's registry is the one it may reach over plain HTTP. With
+`--docker shim` (the older scenarios) tests/sim/shims/docker answers instead.
 """
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -15,7 +23,50 @@ import time
 from pathlib import Path
 
 
-def prepare(name: str, user: str, sim_dir: Path) -> None:
+STANDINS = Path("/usr/local/lib/twinspark-sim")
+DOCKERD_LOG = Path("/var/log/twinspark-sim/dockerd.log")
+
+
+def dockerd_config(registry: str) -> dict:
+    """What a Spark's daemon has that matters here, and what this sandbox forces."""
+    return {
+        "default-runtime": "twinspark-sim", "runtimes": {"twinspark-sim": {"path": str(STANDINS / "twinspark-sim-runc")}},
+        "iptables": False, "ip6tables": False, "bridge": "none",  # host-network containers only
+        "storage-driver": "overlay2", "insecure-registries": [registry] if registry else [],
+    }
+
+
+def add_host(address: str, name: str) -> None:
+    """One /etc/hosts line, once: the node's disk keeps it across reboots."""
+    hosts = Path("/etc/hosts")
+    line = f"{address} {name}"
+    if line not in hosts.read_text().splitlines():
+        with hosts.open("a") as f:
+            f.write(line + "\n")
+
+
+def prepare_docker(user: str, sim_dir: Path, registry: str, registry_address: str) -> None:
+    if registry and registry_address:  # the sim's registry, on this machine, at the node's gateway
+        add_host(registry_address, registry.rsplit(":", 1)[0])
+    if subprocess.run(["getent", "group", "docker"], capture_output=True).returncode != 0:
+        subprocess.run(["groupadd", "--system", "docker"], check=True)
+    subprocess.run(["usermod", "-aG", "docker", user], check=True)
+    STANDINS.mkdir(parents=True, exist_ok=True)
+    for standin in (sim_dir / "standins").iterdir():
+        shutil.copy(standin, STANDINS / standin.name)
+        (STANDINS / standin.name).chmod(0o755)
+    hook = Path("/usr/local/bin/nvidia-container-runtime-hook")  # dockerd looks it up on its PATH
+    hook.unlink(missing_ok=True)
+    hook.symlink_to(STANDINS / hook.name)
+    Path("/etc/docker").mkdir(exist_ok=True)
+    Path("/etc/docker/daemon.json").write_text(json.dumps(dockerd_config(registry), indent=2) + "\n")
+
+
+def start_dockerd() -> subprocess.Popen:
+    return subprocess.Popen(["/usr/sbin/dockerd"], stdout=open(DOCKERD_LOG, "a"), stderr=subprocess.STDOUT)
+
+
+def prepare(name: str, user: str, sim_dir: Path, docker: str) -> None:
     if subprocess.run(["id", user], capture_output=True).returncode != 0:
         subprocess.run(["useradd", "-m", "-s", "/bin/bash", user], check=True)
     Path("/etc/sudoers.d/twinspark-sim").write_text(f"{user} ALL=(ALL) NOPASSWD:ALL\n")
@@ -27,6 +78,8 @@ def prepare(name: str, user: str, sim_dir: Path) -> None:
     shutil.chown(ssh_dir, user, user)
     shutil.chown(ssh_dir / "authorized_keys", user, user)
     for shim in (sim_dir / "shims").iterdir():
+        if shim.name == "docker" and docker == "real":
+            continue
         target = Path("/usr/local/bin") / shim.name  # on the login PATH and first in sudo's secure_path
         shutil.copy(shim, target)
         target.chmod(0o755)
@@ -37,8 +90,7 @@ def prepare(name: str, user: str, sim_dir: Path) -> None:
     vllm.unlink(missing_ok=True)
     vllm.symlink_to(sim_dir.resolve() / "bin" / "vllm")
     # sudo would otherwise log "unable to resolve host"
-    with open("/etc/hosts", "a") as hosts:
-        hosts.write(f"127.0.1.1 {name}\n")
+    add_host("127.0.1.1", name)
     subprocess.run(["ssh-keygen", "-A"], check=True, capture_output=True)
     Path("/run/sshd").mkdir(exist_ok=True)
     sim_log = Path("/var/log/twinspark-sim")
@@ -54,18 +106,27 @@ def main() -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--user", required=True)
     parser.add_argument("--sim-dir", required=True, type=Path)
+    parser.add_argument("--docker", choices=("real", "shim"), default="shim")
+    parser.add_argument("--registry", default="", help="host:port the node's dockerd may pull from over HTTP")
+    parser.add_argument("--registry-address", default="", help="the address the registry's host name has here")
     args = parser.parse_args()
-    prepare(args.name, args.user, args.sim_dir)
+    prepare(args.name, args.user, args.sim_dir, args.docker)
+    if args.docker == "real":
+        prepare_docker(args.user, args.sim_dir, args.registry, args.registry_address)
     sshd_log = open("/var/log/twinspark-sim/sshd.log", "a")
     sshd = subprocess.Popen(
         ["/usr/sbin/sshd", "-D", "-e", "-o", "PasswordAuthentication=no", "-o", "UsePAM=yes",
          "-o", "MaxStartups=100", "-o", "MaxSessions=100"],
         stdout=sshd_log, stderr=subprocess.STDOUT,
     )
+    dockerd = start_dockerd() if args.docker == "real" else None
     Path("/run/node-ready").write_text(str(os.getpid()))
 
     def stop(*_):
         sshd.terminate()
+        if dockerd is not None:
+            dockerd.terminate()  # as systemd stops docker.service: dockerd stops its containers
+            dockerd.wait(timeout=60)
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)

@@ -1,6 +1,6 @@
 """Twin-node simulator scenarios: what the program puts on the nodes, run for real.
 
-Every command comes from the real program under Pulumi mocks with tests/sim/sim.yaml, or
+Every command comes from the real program under Pulumi mocks with Pulumi.sim.yaml, or
 from the same render functions; nothing is re-typed. Scenarios run in order on one
 simulated cluster (host prep -> fabric -> weights -> boot -> faults), like a `pulumi up`
 followed by a bad day. Figures go to build/sim-report.json; timings are reported, not asserted.
@@ -1215,4 +1215,4 @@ def test_no_step_output_or_log_holds_a_secret(sim, sim_run, serving):
 # ---- last: teardown ---------------------------------------------------------------------------
 def test_teardown_leaves_nothing_behind(sim):
     sim.down()
-    assert sim.leftovers() == {"netns": [], "links": [], "mounts": [], "processes": []}
+    assert sim.leftovers() == {"netns": [], "links": [], "mounts": [], "processes": [], "disks": []}

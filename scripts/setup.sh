@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# scripts/setup.sh — what the tests and the simulator need on this machine (Debian/Ubuntu, as
+# root), installed only where missing; sourced by scripts/test.sh and scripts/sim.sh.
+#
+# Debian tools the tests run for real (shellcheck, netplan, sshd, rsync, ping, sudo, iproute2,
+# nftables, nginx, Prometheus with promtool, the node exporter, Alertmanager with amtool; docker's
+# daemon, its registry and debootstrap for the simulated nodes' images), a virtualenv with
+# requirements-dev.txt in .venv, and the Codex CLI from npm in build/codex.
+
+CODEX_VERSION=0.171.0
+DEBIAN_PACKAGES=(shellcheck netplan.io logrotate prometheus prometheus-node-exporter prometheus-alertmanager openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm nftables nginx docker.io docker-registry debootstrap)
+
+log() { printf '%s %s: %s\n' "$(date -u +%H:%M:%S)" "$(basename "$0")" "$*"; }
+
+missing_debian_packages() {
+  local pkg
+  for pkg in "${DEBIAN_PACKAGES[@]}"; do
+    if [ "$pkg" = npm ] && command -v npm >/dev/null; then continue; fi
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || echo "$pkg"
+  done
+}
+
+install_debian_packages() {
+  local missing
+  mapfile -t missing < <(missing_debian_packages)
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  # no service may start here (nginx's package would listen on port 80): the tests run the
+  # daemons themselves
+  local policy=/usr/sbin/policy-rc.d had_policy=yes
+  [ -e "$policy" ] || { had_policy=no; printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; }
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  [ "$had_policy" = yes ] || rm -f "$policy"
+}
+
+# The serving image's group for vLLM's socket (launch/serving-image/Dockerfile): the gateway
+# tests and the simulated nodes run nginx and vLLM's stand-in on this machine's own root.
+ensure_api_socket_group() {
+  local name gid
+  read -r name gid < <(python3 -c 'import node_contract as c; print(c.API_SOCKET_GROUP, c.API_SOCKET_GID)')
+  getent group "$name" >/dev/null || groupadd --gid "$gid" "$name"
+}
+
+install_python_env() {
+  if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    python3 -m venv .venv
+  fi
+  if ! cmp -s requirements-dev.txt .venv/.installed-requirements 2>/dev/null \
+     || ! cmp -s requirements.txt .venv/.installed-runtime 2>/dev/null; then
+    log "installing requirements-dev.txt into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+    cp requirements-dev.txt .venv/.installed-requirements
+    cp requirements.txt .venv/.installed-runtime
+  fi
+}
+
+install_codex() {
+  [ -x build/codex/node_modules/.bin/codex ] && return 0
+  log "installing @openai/codex@$CODEX_VERSION into build/codex"
+  mkdir -p build/codex
+  npm install --silent --no-audit --no-fund --prefix build/codex "@openai/codex@$CODEX_VERSION" >/dev/null
+}
+
+setup_machine() {
+  install_debian_packages
+  ensure_api_socket_group
+  install_python_env
+  install_codex
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# scripts/sim.sh — twinspark on simulated Sparks on this Linux box, through the real engine.
+#
+#   sudo -i                                 # as root: the nodes are namespaces and mounts
+#   scripts/sim.sh up [--nodes N]           # N simulated nodes (default: Pulumi.sim.yaml's 2), then
+#                                           # `pulumi up --stack sim` of this program onto them
+#   eval "$(scripts/sim.sh env)"            # this shell: the engine, the sim stack's backend and passphrase
+#   pulumi stack output --stack sim         # then curl, `python -m ops status`, `python -m ops bench`
+#   scripts/sim.sh down                     # the nodes go, with everything on them; nothing is left
+#
+# Each node is a network namespace with its own sshd and dockerd (tests/sim/cluster.py), the
+# cable a bridge per rail; the images come from a registry on this machine, built from Debian's
+# packages (scripts/sim-images.sh). What the box cannot be — a GPU, RDMA, unlimited memlock —
+# is stood in for at the seam where the real part sits (README: "Try it without Sparks").
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+# shellcheck source=scripts/setup.sh
+. scripts/setup.sh
+
+# Pulumi.sim.yaml names the operator's key under this folder (~/.cache/twinspark-sim)
+SIM_HOME=$HOME/.cache/twinspark-sim
+STACK=sim
+# the sim stack's secrets are encrypted with this (Pulumi.sim.yaml's encryptionsalt): they guard nothing
+PASSPHRASE=twinspark-sim
+
+die() { log "$*"; exit 1; }
+
+print_env() {
+  "$ROOT/scripts/engine.sh" env
+  cat <<EOF
+export PULUMI_BACKEND_URL='file://$SIM_HOME/state'
+export PULUMI_CONFIG_PASSPHRASE='$PASSPHRASE'
+EOF
+}
+
+registry() { "$ROOT/scripts/sim-images.sh" registry; }
+
+cmd_up() {
+  local nodes=0
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --nodes) [ $# -ge 2 ] || die "--nodes needs a number"; nodes=$2; shift 2 ;;
+      *) die "unknown argument: $1 (expected: up [--nodes N])" ;;
+    esac
+  done
+  [[ $nodes =~ ^[0-9]+$ ]] || die "--nodes $nodes: expected a number of nodes, 2 or more"
+  [ "$(id -u)" -eq 0 ] || die "run as root: the simulated nodes are network namespaces, mounts and daemons"
+  setup_machine
+  "$ROOT/scripts/engine.sh" build || die "the engine is not complete (scripts/engine.sh status says what is missing)"
+  "$ROOT/scripts/sim-images.sh" up
+  mkdir -p "$SIM_HOME/state"
+  local config_args=() config_out=()
+  if [ "$nodes" -ne 0 ]; then
+    config_out=(--config-out "$SIM_HOME/Pulumi.sim-$nodes.yaml")
+    config_args=(--config-file "$SIM_HOME/Pulumi.sim-$nodes.yaml")
+  fi
+  log "booting the simulated nodes"
+  .venv/bin/python tests/sim/cluster.py up --workdir "$SIM_HOME" --docker real --registry "$(registry)" \
+    --nodes "$nodes" "${config_out[@]}"
+  eval "$(print_env)"
+  pulumi stack select --create "$STACK" --non-interactive
+  log "pulumi up --stack $STACK"
+  local started=$SECONDS
+  pulumi up --yes --non-interactive --stack "$STACK" "${config_args[@]}"
+  log "serving after $((SECONDS - started)) s of pulumi up; the endpoint and its key:"
+  log "  eval \"\$(scripts/sim.sh env)\"; pulumi stack output --stack $STACK endpoint"
+  log "  pulumi stack output --stack $STACK --show-secrets apiKey"
+}
+
+cmd_down() {
+  [ "$(id -u)" -eq 0 ] || die "run as root"
+  .venv/bin/python tests/sim/cluster.py down --workdir "$SIM_HOME"
+  # the stack described nodes that are gone with everything on them: its state goes too
+  if [ -d "$SIM_HOME/state" ]; then
+    (eval "$(print_env)"; pulumi stack rm --yes --force --preserve-config "$STACK" --non-interactive >/dev/null 2>&1 || true)
+    rm -rf "$SIM_HOME/state" "$SIM_HOME"/Pulumi.sim-*.yaml
+  fi
+  "$ROOT/scripts/sim-images.sh" down
+}
+
+case ${1:-} in
+  up) shift; cmd_up "$@" ;;
+  down) cmd_down ;;
+  env) print_env ;;
+  *) die "usage: $0 up [--nodes N] | env | down" ;;
+esac

@@ -1,0 +1,56 @@
+"""Scenarios of `pulumi up --stack sim` through the real engine (conftest.py), asserted on the
+engine's own output: its summary, its step events, its exported state. Each runs alone
+(`sudo ./scripts/test.sh tests/sim_engine -k NAME`); those after the first up need it and
+bring it about themselves through the `deployed` fixture."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+HEAD = "sim1"
+
+
+def containers(cluster, node: str) -> dict[str, tuple[str, str]]:
+    """name -> (id, started at), from the node's own dockerd."""
+    out = cluster.ssh(node, "docker ps -aq | xargs -r docker inspect --format "
+                            "'{{.Name}} {{.Id}} {{.State.StartedAt}}'").stdout
+    return {name.lstrip("/"): (cid, started) for name, cid, started in (l.split() for l in out.splitlines())}
+
+
+def completion(stack_outputs: dict, key: str) -> httpx.Response:
+    return httpx.post(f"{stack_outputs['endpoint']}/chat/completions", timeout=30,
+                      headers={"Authorization": f"Bearer {key}"},
+                      json={"model": stack_outputs["model"], "max_tokens": 8,
+                            "messages": [{"role": "user", "content": "hello"}]})
+
+
+@pytest.fixture(scope="session")
+def deployed(stack, report):
+    """The first `pulumi up` of the unmodified program with the stack's defaults."""
+    run = stack.up()
+    report["fresh_up_to_serving_s"] = run.seconds
+    report["fresh_up_changes"] = run.summary
+    return run
+
+
+def test_a_fresh_up_with_the_defaults_serves_through_the_gateway(stack, deployed, report):
+    assert set(deployed.summary) == {"create"}, deployed.summary
+    outputs = stack.outputs()
+    key = outputs["apiKey"]
+    assert len(key) == 48  # the program's generated key at its real length (no apiKey in the stack)
+    answer = completion(outputs, key)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"]
+    assert completion(outputs, key[:-1]).status_code == 401
+
+
+def test_a_second_up_changes_and_restarts_nothing(cluster, stack, deployed, report):
+    before = {node: containers(cluster, node) for node in cluster.nodes}
+    run = stack.up()
+    report["noop_up_s"] = run.seconds
+    report["noop_up_changes"] = {k: v for k, v in run.summary.items() if k != "same"}
+    assert set(run.summary) == {"same"}, run.summary
+    assert {node: containers(cluster, node) for node in cluster.nodes} == before
