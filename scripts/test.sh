@@ -30,7 +30,7 @@ main() {
   # never meet their own twins), then the simulator alone — one at a time on a machine, and
   # its timings are figures.
   log "running pytest: everything but the simulator (4 processes)"
-  run_pytest tests --ignore=tests/sim -n 4 --dist loadfile "$@"
+  run_pytest tests --ignore=tests/sim --ignore=tests/sim_engine -n 4 --dist loadfile "$@"
   log "running pytest: the simulator"
   run_pytest tests/sim "$@"
 }
