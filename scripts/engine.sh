@@ -314,12 +314,35 @@ cmd_status() {
   return "$ok"
 }
 
-SMOKE_DIR=
+SMOKE_DIR= SMOKE_SSHD=
+# An sshd on loopback for the smoke's remote.Command (as tests/ssh_fixtures.py starts one): its
+# own host key, one authorized key, no AcceptEnv. Sets SMOKE_SSH_PORT; fails when it cannot.
+smoke_sshd() {
+  local ssh=$1/ssh i
+  [ -x /usr/sbin/sshd ] && command -v ssh-keygen >/dev/null || return 1
+  mkdir -p "$ssh" && mkdir -p /run/sshd 2>/dev/null || true
+  ssh-keygen -q -t ed25519 -N '' -C '' -f "$ssh/host_key" && ssh-keygen -q -t ed25519 -N '' -C '' -f "$ssh/id" ||
+    return 1
+  SMOKE_SSH_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  /usr/sbin/sshd -D -e -f /dev/null -o "Port=$SMOKE_SSH_PORT" -o ListenAddress=127.0.0.1 \
+    -o "HostKey=$ssh/host_key" -o "AuthorizedKeysFile=$ssh/id.pub" -o StrictModes=no \
+    -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PidFile=none \
+    2>"$ssh/sshd.log" &
+  SMOKE_SSHD=$!
+  for i in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$SMOKE_SSH_PORT") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 cmd_smoke() {
   SMOKE_DIR=$(mktemp -d)
-  trap 'rm -rf "$SMOKE_DIR"' EXIT
+  trap '[ -z "$SMOKE_SSHD" ] || kill "$SMOKE_SSHD" 2>/dev/null; rm -rf "$SMOKE_DIR"' EXIT
   local dir=$SMOKE_DIR
   mkdir -p "$dir/state" "$dir/project"
+  SMOKE_SSH_PORT=
+  smoke_sshd "$dir" || log "smoke: no sshd here (/usr/sbin/sshd), so no remote.Command: $(tail -3 "$dir/ssh/sshd.log" 2>/dev/null)"
   cat >"$dir/project/Pulumi.yaml" <<EOF
 name: engine-smoke
 runtime:
@@ -342,14 +365,34 @@ password = random.RandomPassword("pw", length=24, special=False,
 hello = local.Command("hello", create="echo smoke-$(hostname)")
 pulumi.export("length", pulumi.Output.unsecret(password.result.apply(len)))
 pulumi.export("stdout", hello.stdout)
+
+# a remote.Command over SSH to the smoke's own sshd, its host key pinned, stdin fed
+if os.environ.get("SMOKE_SSH_PORT"):
+    from pulumi_command import remote
+    ssh = os.environ["SMOKE_SSH_DIR"]
+    conn = remote.ConnectionArgs(
+        host="127.0.0.1", port=int(os.environ["SMOKE_SSH_PORT"]), user=os.environ["SMOKE_SSH_USER"],
+        private_key=open(f"{ssh}/id").read(),
+        host_key=" ".join(open(f"{ssh}/host_key.pub").read().split()[:2]))
+    over_ssh = remote.Command("over-ssh", connection=conn, create="cat; echo over-ssh-$(id -un)",
+                              stdin="stdin-ok\n", triggers=[password.id], add_previous_output_in_env=False)
+    pulumi.export("remote", over_ssh.stdout)
 EOF
   (
     eval "$(print_env)"
     export PULUMI_BACKEND_URL="file://$dir/state" PULUMI_CONFIG_PASSPHRASE=smoke
+    export SMOKE_SSH_PORT SMOKE_SSH_DIR=$dir/ssh SMOKE_SSH_USER=$(id -un)
+    unset SSH_AUTH_SOCK # the key above only: an agent in the caller's session is not the smoke's
     cd "$dir/project"
     pulumi stack init smoke --non-interactive
     pulumi up --yes --non-interactive --skip-preview
-    pulumi stack output --json
+    pulumi stack output --json | tee "$dir/outputs.json"
+    [ -z "$SMOKE_SSH_PORT" ] || python3 -c '
+import json, sys
+got = json.load(open(sys.argv[1])).get("remote")
+want = "stdin-ok\nover-ssh-" + sys.argv[2]
+print("remote.Command over ssh:", "ok" if got == want else "got %r, want %r" % (got, want))
+sys.exit(got != want)' "$dir/outputs.json" "$SMOKE_SSH_USER"
     # the second up must change nothing: --expect-no-changes fails it otherwise, and the
     # engine's own summary event must count every resource as "same"
     pulumi up --yes --non-interactive --skip-preview --expect-no-changes --json >"$dir/second.json"
