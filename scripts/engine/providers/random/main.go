@@ -271,6 +271,7 @@ func create(_ context.Context, req p.CreateRequest) (p.CreateResponse, error) {
 				props[a.name] = property.New(property.Computed).WithSecret(a.secret)
 			}
 		}
+		props["id"] = property.New(property.Computed)
 		return p.CreateResponse{Properties: property.NewMap(props)}, nil
 	}
 	for name, v := range props {
@@ -287,7 +288,13 @@ func create(_ context.Context, req p.CreateRequest) (p.CreateResponse, error) {
 			props[a.name] = property.New(outs[a.name].(string)).WithSecret(a.secret)
 		}
 	}
-	return p.CreateResponse{ID: r.id(outs), Properties: property.NewMap(props)}, nil
+	// the bridge keeps terraform's id attribute among the outputs, and the schema version
+	id := r.id(outs)
+	props["id"] = property.New(id)
+	if r.schemaVersion > 0 {
+		props["__meta"] = property.New(fmt.Sprintf(`{"schema_version":"%d"}`, r.schemaVersion))
+	}
+	return p.CreateResponse{ID: id, Properties: property.NewMap(props)}, nil
 }
 
 // read: upstream's Read keeps the state as it is; an import (no state) is not supported here.
@@ -309,6 +316,11 @@ func update(_ context.Context, req p.UpdateRequest) (p.UpdateResponse, error) {
 	for _, a := range r.attrs {
 		if a.output {
 			props[a.name] = req.State.Get(a.name)
+		}
+	}
+	for _, k := range []string{"id", "__meta"} {
+		if v, ok := req.State.GetOk(k); ok {
+			props[k] = v
 		}
 	}
 	return p.UpdateResponse{Properties: property.NewMap(props)}, nil

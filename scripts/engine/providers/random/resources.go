@@ -29,6 +29,8 @@ type resourceSpec struct {
 	id func(out map[string]any) string
 	// generate computes the outputs from the planned arguments
 	generate func(plan map[string]any) (map[string]any, error)
+	// the terraform schema version, which the bridge records in the state's __meta (0: none)
+	schemaVersion int
 }
 
 func (r *resourceSpec) attr(name string) *attr {
@@ -63,7 +65,8 @@ var resources = map[string]*resourceSpec{
 		attrs: append(stringAttrs(),
 			attr{name: "result", kind: kString, output: true, secret: true},
 			attr{name: "bcryptHash", kind: kString, output: true, secret: true}),
-		id: func(map[string]any) string { return "none" },
+		id:            func(map[string]any) string { return "none" },
+		schemaVersion: 3,
 		generate: func(plan map[string]any) (map[string]any, error) {
 			s, err := randomString(plan)
 			if err != nil {
@@ -77,8 +80,9 @@ var resources = map[string]*resourceSpec{
 		},
 	},
 	"random:index/randomString:RandomString": {
-		attrs: append(stringAttrs(), attr{name: "result", kind: kString, output: true}),
-		id:    func(out map[string]any) string { return out["result"].(string) },
+		attrs:         append(stringAttrs(), attr{name: "result", kind: kString, output: true}),
+		id:            func(out map[string]any) string { return out["result"].(string) },
+		schemaVersion: 2,
 		generate: func(plan map[string]any) (map[string]any, error) {
 			s, err := randomString(plan)
 			return map[string]any{"result": s}, err
