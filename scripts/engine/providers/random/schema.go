@@ -48,6 +48,8 @@ func schemaJSON(version string) string {
 		"name": "random", "version": version, "displayName": "random",
 		"description": "Stand-in for pulumi-random: " + strings.Join(keys(), ", "),
 		"resources":   res,
+		// as pulumi-random's schema: the module of index/randomPassword is index
+		"meta": map[string]any{"moduleFormat": "(.*)(?:/[^/]*)"},
 	})
 	return string(b)
 }
