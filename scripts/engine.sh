@@ -198,7 +198,8 @@ build_docker() { probe_list "$DOCKER_MODULE"; }
 
 # A provider is ready when PULUMI_HOME holds it at that version: built here, or installed with
 # install-provider from a binary had elsewhere (which then says so). A stand-in is ready only
-# when PULUMI_HOME holds the build of its current source.
+# when PULUMI_HOME holds the build of its current source (so `build` puts the stand-in back over
+# a command or random binary installed with install-provider).
 provider_ready() {
   local name=$1 version=$2
   case $name in
