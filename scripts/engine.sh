@@ -23,9 +23,14 @@
 #   any version or commit, so a stand-in of ours (scripts/engine/pulumi-language-python) is built
 #   against sdk/v3 at the CLI's version and sits beside that sdk/v3's own
 #   pulumi-language-python-exec.
-# - command, random, docker: the providers' modules are not served (every version, commit and
-#   pseudo-version is refused); `build` tries each, says so and leaves it out. A provider binary
-#   had elsewhere can be installed with `scripts/engine.sh install-provider NAME VERSION BIN`.
+# - command, random: their provider modules are refused at every version, commit and
+#   pseudo-version, so stand-ins of ours (scripts/engine/providers/command, .../random) are built
+#   instead, at the versions the SDKs request: command on pulumi-go-provider v1.3.0 and sdk/v3
+#   v3.224.0 (what pulumi-command v1.2.1 itself builds on), random on the same; each serves only
+#   the resources twinspark uses (their main.go says which).
+# - docker: its provider module is refused too; `build` probes, says so and leaves it out.
+# A provider binary had elsewhere can be installed with
+# `scripts/engine.sh install-provider NAME VERSION BIN`.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,18 +40,15 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # newer than the SDK is supported.
 PULUMI_CLI_VERSION=3.274.1
 # The providers at the versions the Python SDKs in requirements.txt request (their
-# pulumi-plugin.json). Provider repositories tag vX.Y.Z at the root, so their provider/ modules
-# resolve only by commit (a pseudo-version).
+# pulumi-plugin.json); command and random are our stand-ins, reporting these versions.
 COMMAND_VERSION=1.2.1
-COMMAND_MODULE=github.com/pulumi/pulumi-command/provider
-COMMAND_MODULE_VERSION=v0.0.0-20260303235922-7f3eb6f3b77c # the commit of v1.2.1
 RANDOM_VERSION=4.21.4
-RANDOM_MODULE=github.com/pulumi/pulumi-random/provider/v4
 DOCKER_VERSION=5.2.0
 DOCKER_MODULE=github.com/pulumi/pulumi-docker/provider/v5
 
 CACHE=${TWINSPARK_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/twinspark-engine}
 LANGHOST_SRC=$ROOT/scripts/engine/pulumi-language-python
+STANDIN_SRC=$ROOT/scripts/engine/providers
 
 log() { printf '%s engine.sh: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -63,6 +65,11 @@ langhost_dir() {
     sha256sum | cut -c1-12)"
 }
 provider_dir() { echo "$CACHE/provider-$1-v$2"; }
+# a stand-in: keyed by its version and by its source (go.mod and go.sum included) and recipe
+standin_dir() {
+  echo "$CACHE/provider-$1-v$2-$({ (cd "$STANDIN_SRC/$1" && find . -type f -print0 | LC_ALL=C sort -z |
+    xargs -0 sha256sum); declare -f build_standin; } | sha256sum | cut -c1-12)"
+}
 
 # Seconds per component, appended to $CACHE/timings.tsv (component, version, seconds, date).
 timed() {
@@ -154,41 +161,31 @@ build_langhost() {
   publish "$out" pulumi-language-python
 }
 
-# A provider module the proxy refuses cannot be built here; say which and why.
-proxy_serves() {
-  local module=$1 version=$2
-  (cd "$CACHE" && go_ mod download -json "$module@$version" >"$CACHE/probe.json" 2>&1) && return 0
-  log "not served: $module@$version — $(python3 -c '
-import json,sys
-try: print(json.load(open(sys.argv[1])).get("Error","?"))
-except Exception: print(open(sys.argv[1]).read().strip()[-300:])' "$CACHE/probe.json")"
-  return 1
-}
-
-build_command() {
-  local out src
-  out=$(provider_dir command "$COMMAND_VERSION")
-  if [ ! -x "$out/pulumi-resource-command" ]; then
-    proxy_serves "$COMMAND_MODULE" "$COMMAND_MODULE_VERSION" || return 2
-    src=$CACHE/src/command-v$COMMAND_VERSION
+# A stand-in of ours, built from a copy of its source (so the build never edits the checkout)
+# against its committed go.sum (-mod=readonly), then installed into PULUMI_HOME.
+build_standin() {
+  local name=$1 version=$2 out src
+  out=$(standin_dir "$name" "$version")
+  if [ ! -x "$out/pulumi-resource-$name" ]; then
+    src=$CACHE/src/$name-v$version
     rm -rf "$src" "$out.tmp"
-    mkdir -p "$src" || return 1
+    mkdir -p "$src" "$out.tmp" || return 1
+    cp -R "$STANDIN_SRC/$name/." "$src/" || return 1
     (
       cd "$src" &&
-        printf 'module twinspark.local/engine-command\n\ngo 1.26\n' >go.mod &&
-        go_ get "$COMMAND_MODULE/cmd/pulumi-resource-command@$COMMAND_MODULE_VERSION" &&
-        go_ build -trimpath \
-          -ldflags "-s -w -X $COMMAND_MODULE/pkg/version.Version=v$COMMAND_VERSION" \
-          -o "$out.tmp/pulumi-resource-command" "$COMMAND_MODULE/cmd/pulumi-resource-command"
+        go_ build -mod=readonly -trimpath -ldflags "-s -w -X main.version=v$version" \
+          -o "$out.tmp/pulumi-resource-$name" .
     ) || return 1
-    publish "$out" pulumi-resource-command || return 1
+    publish "$out" "pulumi-resource-$name" || return 1
   fi
-  install_plugin command "$COMMAND_VERSION" "$out/pulumi-resource-command"
+  install_plugin "$name" "$version" "$out/pulumi-resource-$name"
 }
+build_command() { build_standin command "$COMMAND_VERSION"; }
+build_random() { build_standin random "$RANDOM_VERSION"; }
 
-# random and docker: their provider modules are refused at every version, so neither their
-# commits for v$RANDOM_VERSION / v$DOCKER_VERSION nor their sources (and the schema-embed.json each
-# generates from its schema.json) can be reached here; the probe says whether that has changed.
+# docker: its provider module is refused at every version, so neither its commit for
+# v$DOCKER_VERSION nor its source (and the schema-embed.json it generates from its schema.json)
+# can be reached here; the probe says whether that has changed.
 probe_list() {
   local module=$1 proxy code
   proxy=${GOPROXY%%[,|]*}
@@ -197,22 +194,34 @@ probe_list() {
   [ "$code" = 200 ] && log "$module is listed now: its recipe is still to be written here"
   return 2
 }
-build_random() { probe_list "$RANDOM_MODULE"; }
 build_docker() { probe_list "$DOCKER_MODULE"; }
 
 # A provider is ready when PULUMI_HOME holds it at that version: built here, or installed with
-# install-provider from a binary had elsewhere (which then says so).
+# install-provider from a binary had elsewhere (which then says so). A stand-in is ready only
+# when PULUMI_HOME holds the build of its current source (so `build` puts the stand-in back over
+# a command or random binary installed with install-provider).
 provider_ready() {
   local name=$1 version=$2
-  [ -x "$CACHE/home/plugins/resource-$name-v$version/pulumi-resource-$name" ] || return 1
+  case $name in
+    command | random)
+      cmp -s "$(standin_dir "$name" "$version")/pulumi-resource-$name" "$(installed_plugin "$name" "$version")"
+      return ;;
+  esac
+  [ -x "$(installed_plugin "$name" "$version")" ] || return 1
   [ -x "$(provider_dir "$name" "$version")/pulumi-resource-$name" ] ||
     log "$name v$version: installed in PULUMI_HOME from a binary not built here"
 }
 
-# PULUMI_HOME's plugin cache, filled from local binaries only.
+installed_plugin() { echo "$CACHE/home/plugins/resource-$1-v$2/pulumi-resource-$1"; }
+
+# PULUMI_HOME's plugin cache, filled from local binaries only; another binary at the same
+# version (a rebuilt stand-in) replaces the one installed.
 install_plugin() {
   local name=$1 version=$2 bin=$3
-  [ -x "$CACHE/home/plugins/resource-$name-v$version/pulumi-resource-$name" ] && return 0
+  cmp -s "$bin" "$(installed_plugin "$name" "$version")" && return 0
+  if [ -e "$(installed_plugin "$name" "$version")" ]; then
+    with_env "$(cli_dir)/pulumi" plugin rm resource "$name" "$version" --yes || return 1
+  fi
   with_env "$(cli_dir)/pulumi" plugin install resource "$name" "$version" --file "$bin"
 }
 
@@ -253,10 +262,16 @@ versions() {
   with_env pulumi version
   with_env pulumi-language-python -version 2>&1 || true
   with_env pulumi plugin ls
+  local p
+  for p in command:$COMMAND_VERSION random:$RANDOM_VERSION; do
+    if provider_ready "${p%%:*}" "${p#*:}"; then
+      echo "${p%%:*} v${p#*:}: stand-in, $(basename "$(standin_dir "${p%%:*}" "${p#*:}")")"
+    fi
+  done
 }
 
 cmd_build() {
-  local want=("$@") c failed=()
+  local want=("$@") c v failed=()
   [ "${#want[@]}" -gt 0 ] || want=(cli langhost command random docker)
   mkdir -p "$CACHE"
   command -v go >/dev/null || die "go is not installed"
@@ -265,10 +280,10 @@ cmd_build() {
       cli) [ -x "$(cli_dir)/pulumi" ] || timed cli "$PULUMI_CLI_VERSION" build_cli || failed+=(cli) ;;
       langhost) [ -x "$(langhost_dir)/pulumi-language-python" ] ||
         timed langhost "$PULUMI_CLI_VERSION" build_langhost || failed+=(langhost) ;;
-      command) provider_ready command "$COMMAND_VERSION" ||
-        timed command "$COMMAND_VERSION" build_command || failed+=(command) ;;
-      random) provider_ready random "$RANDOM_VERSION" ||
-        timed random "$RANDOM_VERSION" build_random || failed+=(random) ;;
+      command | random)
+        [ -x "$(cli_dir)/pulumi" ] || { log "$c: the CLI installs the plugin: build cli first"; failed+=("$c"); continue; }
+        v=$([ "$c" = command ] && echo "$COMMAND_VERSION" || echo "$RANDOM_VERSION")
+        provider_ready "$c" "$v" || timed "$c" "$v" "build_$c" || failed+=("$c") ;;
       docker) provider_ready docker "$DOCKER_VERSION" ||
         timed docker "$DOCKER_VERSION" build_docker || failed+=(docker) ;;
       *) die "unknown component: $c" ;;
@@ -293,18 +308,42 @@ cmd_status() {
   local p v
   for p in command:$COMMAND_VERSION random:$RANDOM_VERSION docker:$DOCKER_VERSION; do
     v=${p#*:}
-    if provider_ready "${p%%:*}" "$v" 2>/dev/null; then echo "${p%%:*} v$v: ready"
+    if provider_ready "${p%%:*}" "$v" 2>/dev/null; then
+      case ${p%%:*} in command | random) echo "${p%%:*} v$v (stand-in): ready" ;; *) echo "${p%%:*} v$v: ready" ;; esac
     else echo "${p%%:*} v$v: missing"; ok=3; fi
   done
   return "$ok"
 }
 
-SMOKE_DIR=
+SMOKE_DIR= SMOKE_SSHD=
+# An sshd on loopback for the smoke's remote.Command (as tests/ssh_fixtures.py starts one): its
+# own host key, one authorized key, no AcceptEnv. Sets SMOKE_SSH_PORT; fails when it cannot.
+smoke_sshd() {
+  local ssh=$1/ssh i
+  [ -x /usr/sbin/sshd ] && command -v ssh-keygen >/dev/null || return 1
+  mkdir -p "$ssh" && mkdir -p /run/sshd 2>/dev/null || true
+  ssh-keygen -q -t ed25519 -N '' -C '' -f "$ssh/host_key" && ssh-keygen -q -t ed25519 -N '' -C '' -f "$ssh/id" ||
+    return 1
+  SMOKE_SSH_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  /usr/sbin/sshd -D -e -f /dev/null -o "Port=$SMOKE_SSH_PORT" -o ListenAddress=127.0.0.1 \
+    -o "HostKey=$ssh/host_key" -o "AuthorizedKeysFile=$ssh/id.pub" -o StrictModes=no \
+    -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PidFile=none \
+    2>"$ssh/sshd.log" &
+  SMOKE_SSHD=$!
+  for i in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$SMOKE_SSH_PORT") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 cmd_smoke() {
   SMOKE_DIR=$(mktemp -d)
-  trap 'rm -rf "$SMOKE_DIR"' EXIT
+  trap '[ -z "$SMOKE_SSHD" ] || kill "$SMOKE_SSHD" 2>/dev/null; rm -rf "$SMOKE_DIR"' EXIT
   local dir=$SMOKE_DIR
   mkdir -p "$dir/state" "$dir/project"
+  SMOKE_SSH_PORT=
+  smoke_sshd "$dir" || log "smoke: no sshd here (/usr/sbin/sshd), so no remote.Command: $(tail -3 "$dir/ssh/sshd.log" 2>/dev/null)"
   cat >"$dir/project/Pulumi.yaml" <<EOF
 name: engine-smoke
 runtime:
@@ -327,14 +366,34 @@ password = random.RandomPassword("pw", length=24, special=False,
 hello = local.Command("hello", create="echo smoke-$(hostname)")
 pulumi.export("length", pulumi.Output.unsecret(password.result.apply(len)))
 pulumi.export("stdout", hello.stdout)
+
+# a remote.Command over SSH to the smoke's own sshd, its host key pinned, stdin fed
+if os.environ.get("SMOKE_SSH_PORT"):
+    from pulumi_command import remote
+    ssh = os.environ["SMOKE_SSH_DIR"]
+    conn = remote.ConnectionArgs(
+        host="127.0.0.1", port=int(os.environ["SMOKE_SSH_PORT"]), user=os.environ["SMOKE_SSH_USER"],
+        private_key=open(f"{ssh}/id").read(),
+        host_key=" ".join(open(f"{ssh}/host_key.pub").read().split()[:2]))
+    over_ssh = remote.Command("over-ssh", connection=conn, create="cat; echo over-ssh-$(id -un)",
+                              stdin="stdin-ok\n", triggers=[password.id], add_previous_output_in_env=False)
+    pulumi.export("remote", over_ssh.stdout)
 EOF
   (
     eval "$(print_env)"
     export PULUMI_BACKEND_URL="file://$dir/state" PULUMI_CONFIG_PASSPHRASE=smoke
+    export SMOKE_SSH_PORT SMOKE_SSH_DIR=$dir/ssh SMOKE_SSH_USER=$(id -un)
+    unset SSH_AUTH_SOCK # the key above only: an agent in the caller's session is not the smoke's
     cd "$dir/project"
     pulumi stack init smoke --non-interactive
     pulumi up --yes --non-interactive --skip-preview
-    pulumi stack output --json
+    pulumi stack output --json | tee "$dir/outputs.json"
+    [ -z "$SMOKE_SSH_PORT" ] || python3 -c '
+import json, sys
+got = json.load(open(sys.argv[1])).get("remote")
+want = "stdin-ok\nover-ssh-" + sys.argv[2]
+print("remote.Command over ssh:", "ok" if got == want else "got %r, want %r" % (got, want))
+sys.exit(got != want)' "$dir/outputs.json" "$SMOKE_SSH_USER"
     # the second up must change nothing: --expect-no-changes fails it otherwise, and the
     # engine's own summary event must count every resource as "same"
     pulumi up --yes --non-interactive --skip-preview --expect-no-changes --json >"$dir/second.json"
