@@ -206,8 +206,8 @@ def push_registry() -> Iterator[Registry]:
 class Docker:
     host: str  # unix:///...docker.sock
 
-    def __call__(self, *argv, **kw) -> subprocess.CompletedProcess:
-        return run(DOCKER, "-H", self.host, *argv, **kw)
+    def __call__(self, *argv, timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
+        return run(DOCKER, "-H", self.host, *argv, timeout=timeout, **kw)
 
 
 @contextlib.contextmanager

@@ -167,6 +167,12 @@ func cli(args []string) {
 
 func main() {
 	args := os.Args[1:]
+	for _, arg := range args {
+		if arg == "--help" || arg == "-h" { // the entrypoint puts `server` first: `docker run IMAGE --help`
+			fmt.Fprint(os.Stderr, help)
+			return
+		}
+	}
 	switch {
 	case len(args) >= 1 && args[0] == "server":
 		server()
