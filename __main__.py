@@ -91,7 +91,8 @@ weights = ModelWeights(
     opts=after_fabric,
 )
 # one digest for every node's FROM, resolved once on the head when serving.image is a tag
-base_image = BaseImagePin("image-pin", BaseImagePinArgs(image=cfg.serving.image, connection=conns[head.name]),
+base_image = BaseImagePin("image-pin", BaseImagePinArgs(image=cfg.serving.image, platform=cfg.serving.platform,
+                                                     connection=conns[head.name]),
                           opts=after_fabric)
 images = {
     n.name: ServingImage(
@@ -102,6 +103,7 @@ images = {
             ssh_opts=ssh.docker_ssh_opts(n),
             base_image=base_image.reference,
             ray_version=cfg.serving.ray_version,
+            platform=cfg.serving.platform,
             installation=installations[n.name],
         ),
         opts=after_fabric,

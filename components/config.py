@@ -192,6 +192,19 @@ KvCacheDtype = _text(r"[a-z0-9_]+", "a vLLM --kv-cache-dtype value: lowercase le
 CommitSha = _text(r"[0-9a-f]{40}", "a full commit sha: 40 lowercase hex digits (the hub's \"Files\" tab, "
                   "or `git ls-remote`), not a branch or tag name")
 RayVersion = _text(r"\d+\.\d+\.\d+", "a Ray version MAJOR.MINOR.PATCH, like 2.57.0")
+# What docker builds and pulls for: a DGX Spark is linux/arm64; the simulator's machine is
+# linux/amd64. Only these two: every image the stack pulls must exist for it.
+PLATFORMS = ("linux/arm64", "linux/amd64")
+
+
+def _platform(value: str) -> str:
+    if value not in PLATFORMS:
+        raise ValueError(f"expected a docker platform OS/ARCH, one of {', '.join(PLATFORMS)} (a DGX Spark is "
+                         "linux/arm64)")
+    return value
+
+
+DockerPlatform = Annotated[str, AfterValidator(_platform)]
 
 # Rails are point-to-point cables in private address space. A shorter prefix than /16 would
 # route addresses beyond the cable (at /1, half the internet) over it.
@@ -438,6 +451,10 @@ class Serving(Contract):
         "abbreviation of one (vLLM's parser takes them), and `--config`")
     ray_version: RayVersion = Field(
         default="2.57.0", description="Ray installed into the serving image")
+    platform: DockerPlatform = Field(
+        default="linux/arm64",
+        description="the platform the serving image is built for and every image is pulled for: `linux/arm64` "
+        "(a DGX Spark) or `linux/amd64` (the simulator)")
     readiness_timeout_minutes: Integer = Field(
         default=20, ge=1, le=240, description="how long `pulumi up` waits for the endpoint to answer")
     gpu_clock_cap_mhz: Optional[Integer] = Field(

@@ -54,7 +54,6 @@ from .observability_files import (
 from .remote import ManagedFile, NodeScript, files_hash, managed_file_commands, node_command
 
 CAPABILITY = "observability"
-PLATFORM = "linux/arm64"  # a DGX Spark is ARM64; the provider would pull the operator's arch
 DIRS_SCRIPT = "observability-dirs.sh"
 PASSWORD_SCRIPT = "grafana-admin-password.sh"
 GRAFANA_ADMIN_USER = "admin"
@@ -249,7 +248,7 @@ class Observability(pulumi.ComponentResource):
         pulled = docker.RemoteImage(
             f"{node.name}-{CAPABILITY}-{capability}-image",
             name=image,
-            platform=PLATFORM,
+            platform=self._args.plan.platform,  # the provider would pull the operator's arch
             keep_locally=True,  # like the serving image: destroy keeps images
             opts=pulumi.ResourceOptions(parent=self, provider=provider, replace_with=reinstalled),
         )

@@ -124,6 +124,7 @@ class ObservabilityPlan:
     bootstrap_iface: str  # NCCL's socket fallback would show up here (the LAN)
     settings: Observability
     alertmanager: bool  # an alert webhook is configured: Prometheus sends to Alertmanager
+    platform: str  # serving.platform: what the images are pulled for
     prometheus_port: int = contract.PROMETHEUS_PORT
     node_exporter_port: int = contract.NODE_EXPORTER_PORT
     gpu_exporter_port: int = contract.GPU_EXPORTER_PORT
@@ -145,6 +146,7 @@ def plan_from_config(cfg: StackConfig, alertmanager: bool) -> ObservabilityPlan:
         bootstrap_iface=cfg.fabric.bootstrap_iface,
         settings=cfg.observability,
         alertmanager=alertmanager,
+        platform=cfg.serving.platform,
     )
 
 

@@ -7,7 +7,7 @@ FROM that digest, so a tag that moves between two builds cannot give the nodes t
 
 Creates, per node, a docker provider over `ssh://user@host` and a `docker.Image` built from
 launch/serving-image/Dockerfile (FROM the pinned base + pinned ray[default]) for
-linux/arm64, never pushed. It rebuilds only when the Dockerfile or its build args change;
+serving.platform (linux/arm64 on a Spark), never pushed. It rebuilds only when the Dockerfile or its build args change;
 containers take the image by id (`repo_digest`), so a rebuild replaces them and a no-op does not.
 
 Old images stay on the node, so a rollback (`ops upgrade`) finds the previous one: the
@@ -37,7 +37,6 @@ from .remote import NodeScript, node_command
 # Relative to the project directory (where Pulumi runs the program): state stays the same
 # whichever directory the project is checked out in.
 BUILD_CONTEXT = Path("launch") / "serving-image"
-PLATFORM = "linux/arm64"  # docker.Image defaults to the operator's arch otherwise
 RESOLVE_SCRIPT = "resolve-image.sh"
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # The pin keeps its digest whatever else changes: which node is head, its host key, the
@@ -71,6 +70,7 @@ def resolved_digest(stdout: str, image: str) -> str:
 @dataclass(frozen=True)
 class BaseImagePinArgs:
     image: str  # serving.image: a tag, or a reference naming a digest
+    platform: str  # serving.platform: the tag is resolved to this platform's image
     connection: remote.ConnectionArgs  # where a tag is resolved: the head
 
 
@@ -86,7 +86,7 @@ class BaseImagePin(pulumi.ComponentResource):
         else:
             self.command = node_command(
                 "image-pin-resolve", args.connection,
-                NodeScript(RESOLVE_SCRIPT, ["--image", args.image, "--platform", PLATFORM]),
+                NodeScript(RESOLVE_SCRIPT, ["--image", args.image, "--platform", args.platform]),
                 parent=self, ignore_changes=PIN_KEEPS_ACROSS,
             )
             self.digest = self.command.stdout.apply(lambda out: resolved_digest(out, args.image))
@@ -109,6 +109,7 @@ class ServingImageArgs:
     ssh_opts: Sequence[str]  # for the local `ssh` the docker provider runs
     base_image: pulumi.Input[str]  # the pinned REPO@sha256:... (BaseImagePin.reference)
     ray_version: str
+    platform: str  # serving.platform: docker.Image would build for the operator's arch otherwise
     installation: pulumi.Resource  # the node as installed (remote.node_installation): a reinstall rebuilds
 
 
@@ -146,7 +147,7 @@ class ServingImage(pulumi.ComponentResource):
             build=docker.DockerBuildArgs(
                 context=str(BUILD_CONTEXT),
                 dockerfile=str(BUILD_CONTEXT / "Dockerfile"),
-                platform=PLATFORM,
+                platform=args.platform,
                 args=build_args(args),
             ),
             skip_push=True,

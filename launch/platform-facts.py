@@ -22,7 +22,6 @@ import re
 import subprocess
 import sys
 
-PLATFORM = "linux/arm64"
 # Runs inside the serving image with its own python3: versions only, nothing imported that
 # needs a GPU.
 IMAGE_PROBE = r"""
@@ -139,7 +138,9 @@ def image_facts(node, image, base, facts, errors):
     if base:
         base_layers, err = layers(base)
         if base_layers is None:  # BuildKit keeps the base it built from out of the image list
-            _, pull_err = run("docker", "pull", "--quiet", "--platform", PLATFORM, base, timeout=1800)
+            # by its digest, which names one image (the pin resolved it for serving.platform): no
+            # --platform, which would be a second copy of that setting here
+            _, pull_err = run("docker", "pull", "--quiet", base, timeout=1800)
             base_layers, err = layers(base)
             if base_layers is None:
                 fail(f"{node}: the base image {base} cannot be read: {pull_err or err}")

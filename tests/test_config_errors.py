@@ -561,3 +561,17 @@ def test_resolved_addresses_are_what_the_firewall_admits():
     assert addresses == {"spark1": ("192.168.1.10",), "spark2": ("192.168.1.7", "192.168.1.11")}
     policy = firewall_policy(parsed.head, parsed.nodes, parsed.head_public_ports, addresses)
     assert policy.peer_hosts == ("192.168.1.7", "192.168.1.11")
+
+
+@pytest.mark.parametrize("value", ["arm64", "linux/riscv", "linux/arm64/v8", "Linux/ARM64", ""])
+def test_a_platform_docker_cannot_build_for_the_stack_is_refused(value):
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["platform"] = value
+    assert_refused(cfg, "twinspark:serving.platform", [repr(value), "linux/arm64", "linux/amd64"])
+
+
+def test_the_platform_defaults_to_a_sparks_and_the_sim_sets_its_own():
+    from scripts.sim_images import sim_stack
+
+    assert parse_stack_config(copy.deepcopy(BASE)).serving.platform == "linux/arm64"
+    assert sim_stack().serving.platform == "linux/amd64"

@@ -1,0 +1,594 @@
+#!/usr/bin/env python3
+"""sim_images.py — the simulated Sparks' images, built once and served from a local registry.
+
+  .venv/bin/python scripts/sim_images.py build   # build what changed, push it; leaves nothing running
+  .venv/bin/python scripts/sim_images.py serve   # the registry, read-only, in the foreground (for the sim)
+  .venv/bin/python scripts/sim_images.py refs    # the references the sim stack pulls, and their digests
+
+What it builds is what tests/sim/sim.yaml names (serving.image, observability.images, for
+serving.platform, with serving.rayVersion), every reference in REGISTRY:
+- the serving base: Debian bookworm (debootstrap minbase) with python3, pip, nginx, Ray
+  [default] and the project's stand-ins (`vllm`: tests/sim/bin/vllm; huggingface_hub:
+  tests/sim/fake_hub), with no apt source and no pip index, so launch/serving-image/Dockerfile
+  builds on it offline (its pip and apt-get find everything installed);
+- Prometheus, Alertmanager, node exporter: Debian's own binaries, the version the tag names;
+- Grafana and the GPU exporter: stand-ins (tests/sim/images/*-standin), no real binary being
+  available offline.
+
+The cache (TWINSPARK_SIM_IMAGES_CACHE, default ~/.cache/twinspark-sim-images) holds the
+registry's storage, the downloaded .debs and wheels, the base's root filesystem and, per
+reference, the key of the inputs it was built from: an unchanged key whose digest the registry
+still serves is not rebuilt. Builds run on a private dockerd (never the system's), started and
+stopped here.
+
+Python rather than shell: the keys hash the recipes' own source, the stack is read through
+components.config (its defaults and validation), and the node side imports the pure pieces
+(node_hosts_line, node_daemon_json, serve_registry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import inspect
+import io
+import ipaddress
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from components.config import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig, parse_stack_config  # noqa: E402
+
+SIM_STACK = ROOT / "tests" / "sim" / "sim.yaml"
+STANDINS = ROOT / "tests" / "sim" / "images"
+CACHE = Path(os.environ.get("TWINSPARK_SIM_IMAGES_CACHE", "~/.cache/twinspark-sim-images")).expanduser()
+
+# The registry as the nodes name it: /etc/hosts on each node maps the name to its own gateway
+# (the host side of its management veth), where `serve` listens.
+REGISTRY_NAME = "registry.twinspark-sim"
+REGISTRY_PORT = int(os.environ.get("TWINSPARK_SIM_REGISTRY_PORT", "5000"))
+REGISTRY = f"{REGISTRY_NAME}:{REGISTRY_PORT}"
+
+# Debian's docker.io pair: the CLI on PATH may be another (newer, BuildKit-only) one
+DOCKERD, DOCKER, REGISTRY_BINARY = "/usr/sbin/dockerd", "/usr/bin/docker", "/usr/bin/docker-registry"
+DEBIAN_MIRROR, SUITE = "http://deb.debian.org/debian", "bookworm"
+BASE_PACKAGES = ("python3", "python3-pip", "nginx")
+PYTHON_SITE = "/usr/local/lib/python3.11/dist-packages"  # bookworm's python3 is 3.11
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NOBODY = 65534
+
+
+# ---- for the node side: what a simulated node needs to pull from the registry ---------------
+def node_gateway(node_host: str) -> str:
+    """The host side of a node's management veth: .1 of its /24 (tests/sim/cluster.py)."""
+    return str(next(ipaddress.ip_interface(f"{node_host}/24").network.hosts()))
+
+
+def node_hosts_line(node_host: str) -> str:
+    """The node's /etc/hosts line: the registry's name is its own gateway."""
+    return f"{node_gateway(node_host)} {REGISTRY_NAME}\n"
+
+
+def node_daemon_json() -> dict:
+    """What the node's /etc/docker/daemon.json must hold: the registry speaks plain HTTP."""
+    return {"insecure-registries": [REGISTRY]}
+
+
+def serve_registry(addr: str = f"0.0.0.0:{REGISTRY_PORT}", log=subprocess.DEVNULL) -> subprocess.Popen:
+    """The registry, read-only (the nodes only pull), on `addr`; the caller stops it."""
+    return subprocess.Popen([REGISTRY_BINARY, "serve", str(registry_config(addr, read_only=True))],
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+# ---- the stack: which images, for which platform -----------------------------------------------
+def sim_stack(path: Path = SIM_STACK) -> StackConfig:
+    config = yaml.safe_load(path.read_text())["config"]
+    raw = {k.split(":", 1)[1]: v for k, v in config.items()}
+    return parse_stack_config({k: v for k, v in raw.items() if k in STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS})
+
+
+def split_reference(ref: str) -> tuple[str, str]:
+    """REGISTRY/PATH:TAG -> (PATH, TAG); a reference elsewhere is refused: the nodes reach only ours."""
+    registry, _, rest = ref.partition("/")
+    if registry != REGISTRY or "@" in rest or ":" not in rest:
+        raise SystemExit(f"sim_images: {ref!r}: expected {REGISTRY}/PATH:TAG (tests/sim/sim.yaml must name this "
+                         "registry by tag; the script pushes the digest)")
+    path, tag = rest.rsplit(":", 1)
+    return path, tag
+
+
+def debian_version(tag: str) -> str:
+    """A Debian image's tag is the package's version with '+' as '_' (docker tags have no '+')."""
+    return tag.replace("_", "+")
+
+
+# ---- running things ------------------------------------------------------------------------
+def run(*argv, check=True, quiet=True, **kw) -> subprocess.CompletedProcess:
+    kw.setdefault("text", True)
+    proc = subprocess.run([str(a) for a in argv], capture_output=quiet, **kw)
+    if check and proc.returncode != 0:
+        out = [o.decode(errors="replace") if isinstance(o, bytes) else (o or "") for o in (proc.stderr, proc.stdout)]
+        tail = "".join(out)[-2000:] if quiet else ""
+        raise SystemExit(f"sim_images: `{' '.join(map(str, argv))[:300]}` failed ({proc.returncode}):\n{tail}")
+    return proc
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} sim_images: {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"sim_images: {what} not ready after {timeout_s:.0f}s")
+        time.sleep(0.2)
+
+
+def registry_config(addr: str, read_only: bool) -> Path:
+    storage = CACHE / "registry"
+    storage.mkdir(parents=True, exist_ok=True)
+    config = {
+        "version": 0.1,
+        "log": {"level": "warn", "accesslog": {"disabled": True}},
+        "storage": {"filesystem": {"rootdirectory": str(storage)},
+                    "maintenance": {"uploadpurging": {"enabled": False}, "readonly": {"enabled": read_only}}},
+        "http": {"addr": addr, "headers": {"X-Content-Type-Options": ["nosniff"]}},
+    }
+    path = CACHE / f"registry-{'read-only' if read_only else 'push'}.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@dataclass
+class Registry:
+    addr: str  # host:port, plain HTTP
+
+    def manifest_digest(self, path: str, tag: str) -> Optional[str]:
+        request = urllib.request.Request(
+            f"http://{self.addr}/v2/{path}/manifests/{tag}", method="HEAD",
+            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.headers.get("Docker-Content-Digest")
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return None
+            raise
+
+    def answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.addr}/v2/", timeout=2):
+                return True
+        except OSError:
+            return False
+
+
+@contextlib.contextmanager
+def push_registry() -> Iterator[Registry]:
+    """The registry on a free loopback port, writable: loopback is insecure to docker by default."""
+    addr = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([REGISTRY_BINARY, "serve", str(registry_config(addr, read_only=False))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        registry = Registry(addr)
+        wait_for(lambda: proc.poll() is None and registry.answers(), f"the registry on {addr}", 30)
+        yield registry
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@dataclass
+class Docker:
+    host: str  # unix:///...docker.sock
+
+    def __call__(self, *argv, timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
+        return run(DOCKER, "-H", self.host, *argv, timeout=timeout, **kw)
+
+
+@contextlib.contextmanager
+def private_dockerd() -> Iterator[Docker]:
+    """A dockerd of our own: host network only (no bridge, no iptables), state in a temporary dir."""
+    state = Path(tempfile.mkdtemp(prefix="twinspark-sim-dockerd-", dir=os.environ.get("TMPDIR", "/tmp")))
+    sock = state / "docker.sock"
+    logfile = open(state / "dockerd.log", "w")
+    proc = subprocess.Popen(
+        [DOCKERD, "--data-root", state / "root", "--exec-root", state / "exec", "--pidfile", state / "pid",
+         "-H", f"unix://{sock}", "--iptables=false", "--ip6tables=false", "--bridge=none",
+         "--storage-driver", "overlay2"], stdout=logfile, stderr=subprocess.STDOUT)
+    docker = Docker(f"unix://{sock}")
+    try:
+        wait_for(lambda: proc.poll() is None and run(DOCKER, "-H", docker.host, "version", check=False).returncode == 0,
+                 f"the private dockerd (log: {state / 'dockerd.log'})", 60)
+        yield docker
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        logfile.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+# ---- keys ------------------------------------------------------------------------------------
+def key_of(*parts) -> str:
+    """sha256 over the inputs: text, bytes, files and directories (by content), functions (by source)."""
+    h = hashlib.sha256()
+
+    def feed(part) -> None:
+        if isinstance(part, Path):
+            files = sorted(p for p in part.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+                if part.is_dir() else [part]
+            for f in files:
+                h.update(str(f.relative_to(ROOT) if f.is_relative_to(ROOT) else f.name).encode() + b"\0")
+                h.update(f.read_bytes() + b"\0")
+        elif callable(part):
+            h.update(inspect.getsource(part).encode() + b"\0")
+        elif isinstance(part, (list, tuple)):
+            for p in part:
+                feed(p)
+        else:
+            h.update(str(part).encode() + b"\0")
+
+    feed(parts)
+    return h.hexdigest()
+
+
+# ---- the recipes -----------------------------------------------------------------------------
+@dataclass
+class Recipe:
+    ref: str  # as the stack names it: REGISTRY/PATH:TAG
+    key: str
+    build: Callable[["Docker", "Registry", str], None]  # (docker, registry, local ref) -> built and pushed
+    path: str = field(init=False)
+    tag: str = field(init=False)
+
+    def __post_init__(self):
+        self.path, self.tag = split_reference(self.ref)
+
+    @property
+    def stamp(self) -> Path:
+        return CACHE / "stamps" / (self.path.replace("/", "+") + "@" + self.tag + ".json")
+
+    def pushed_digest(self, registry: Registry) -> Optional[str]:
+        """The digest the registry serves for this key, or None: built from other inputs, or gone."""
+        try:
+            stamp = json.loads(self.stamp.read_text())
+        except (OSError, ValueError):
+            return None
+        served = registry.manifest_digest(self.path, self.tag)
+        return served if stamp.get("key") == self.key and served == stamp.get("digest") else None
+
+
+def arch_of(platform: str) -> str:
+    os_name, arch = platform.split("/", 1)
+    if arch != "amd64" or os_name != "linux":
+        raise SystemExit(f"sim_images: serving.platform {platform!r}: this machine builds linux/amd64 only (no emulation)")
+    return arch
+
+
+def download_wheels(ray_version: str, dest: Path) -> None:
+    """Ray and its [default] deps as cp311 manylinux wheels, fetched by this machine's pip (its trust,
+    its proxy settings): the image itself never reaches an index."""
+    if (dest / ".complete").exists():
+        return
+    platforms = [f"manylinux_2_{v}_x86_64" for v in range(36, 16, -1)] + ["manylinux2014_x86_64"]
+    env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"}  # PyPI's wheels, not a local pile
+    run(sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", "3.11",
+        "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+        *[a for p in platforms for a in ("--platform", p)], "--progress-bar", "off", "-d", dest,
+        f"ray[default]=={ray_version}", env=env)
+    (dest / ".complete").touch()
+
+
+def make_rootfs(ray_version: str, arch: str, wheels: Path, out: Path) -> None:
+    """debootstrap minbase + BASE_PACKAGES, Ray from the wheels, then what makes it offline and small."""
+    with tempfile.TemporaryDirectory(prefix="rootfs-", dir=CACHE) as tmp:
+        root = Path(tmp) / "root"
+        run("nice", "-n", "19", "debootstrap", "--variant=minbase", f"--arch={arch}",
+            f"--include={','.join(BASE_PACKAGES)}", SUITE, root, DEBIAN_MIRROR)
+        # the serving Dockerfile's plain `pip install` (PEP 668 would refuse it on Debian's python)
+        (root / "usr/lib/python3.11/EXTERNALLY-MANAGED").unlink()
+        (root / "tmp/wheels").mkdir()
+        run("mount", "--bind", wheels, root / "tmp/wheels")
+        try:
+            run("nice", "-n", "19", "unshare", "--net", "chroot", root, "/usr/bin/env", "-i", f"PATH={DEFAULT_PATH}",
+                "HOME=/root", "pip", "install", "--no-index", "--find-links", "/tmp/wheels", "--no-cache-dir",
+                "--no-warn-script-location", "--progress-bar", "off", f"ray[default]=={ray_version}")
+        finally:
+            run("umount", root / "tmp/wheels")
+        (root / "tmp/wheels").rmdir()
+        # no apt source, no package lists: `apt-get update` reads nothing and succeeds offline
+        (root / "etc/apt/sources.list").write_text("")
+        for junk in ("var/lib/apt/lists", "var/cache/apt", "usr/share/doc", "usr/share/man", "usr/share/info",
+                     "usr/share/locale", "var/log"):
+            shutil.rmtree(root / junk, ignore_errors=True)
+        (root / "var/lib/apt/lists/partial").mkdir(parents=True)
+        (root / "var/cache/apt/archives/partial").mkdir(parents=True)
+        (root / "var/log/apt").mkdir(parents=True)
+        (root / "etc/resolv.conf").unlink(missing_ok=True)  # docker mounts its own
+        (root / "etc/hostname").write_text("")
+        partial = out.with_suffix(".partial")
+        run("tar", "--numeric-owner", "--xattrs", "-C", root, "-cf", partial, ".")
+        partial.rename(out)
+
+
+def base_recipe(stack: StackConfig) -> Recipe:
+    ray, arch = stack.serving.ray_version, arch_of(stack.serving.platform)
+    rootfs_key = key_of(SUITE, DEBIAN_MIRROR, BASE_PACKAGES, ray, arch, make_rootfs, download_wheels)
+    standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", ROOT / "tests/sim/fake_hub")
+
+    def build(docker: Docker, registry: Registry, local: str) -> None:
+        rootfs = CACHE / "rootfs" / f"{rootfs_key[:16]}.tar"
+        if not rootfs.exists():
+            rootfs.parent.mkdir(parents=True, exist_ok=True)
+            wheels = CACHE / "wheels" / f"ray-{ray}-cp311-{arch}"
+            log(f"downloading Ray {ray} [default] wheels into {wheels}")
+            download_wheels(ray, wheels)
+            log(f"debootstrap {SUITE} minbase + {', '.join(BASE_PACKAGES)} + ray[default]=={ray}")
+            make_rootfs(ray, arch, wheels, rootfs)
+        rootfs_image = f"twinspark-sim/base-rootfs:{rootfs_key[:16]}"
+        log(f"importing {rootfs.name} as {rootfs_image}")
+        with open(rootfs, "rb") as tar:
+            docker("import", "--platform", stack.serving.platform, "--change", f"ENV PATH={DEFAULT_PATH}",
+                   "--change", "ENV LANG=C.UTF-8", "--change", 'CMD ["/bin/bash"]', "-", rootfs_image, stdin=tar,
+                   text=False)
+        with tempfile.TemporaryDirectory(prefix="base-", dir=CACHE) as ctx:
+            ctx = Path(ctx)
+            shutil.copy(ROOT / "tests/sim/bin/vllm", ctx / "vllm")
+            shutil.copy(ROOT / "tests/openai_standin.py", ctx / "openai_standin.py")
+            shutil.copytree(ROOT / "tests/sim/fake_hub/huggingface_hub", ctx / "huggingface_hub",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            # the stand-ins on python's path and PATH, apart from the rootfs: a change to them
+            # rebuilds this small layer only
+            (ctx / "Dockerfile").write_text(
+                f"FROM {rootfs_image}\n"
+                f"COPY openai_standin.py {PYTHON_SITE}/openai_standin.py\n"
+                f"COPY huggingface_hub {PYTHON_SITE}/huggingface_hub\n"
+                "COPY vllm /usr/local/bin/vllm\n"
+                "LABEL org.opencontainers.image.description=\"twinspark sim serving base: Debian bookworm, "
+                f"ray[default]=={ray}, nginx, the vLLM and huggingface_hub STAND-INS\"\n")
+            docker("build", "--network", "none", "--platform", stack.serving.platform, "-t", local, ctx)
+        docker("image", "rm", rootfs_image)
+
+    return Recipe(stack.serving.image, key_of(rootfs_key, standins, build), build)
+
+
+def apt_download(package: str, version: str) -> Path:
+    """One .deb from Debian's archive, kept in the cache (the mirror drops superseded versions)."""
+    debs = CACHE / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    found = [p for p in debs.glob(f"{package}_*.deb")
+             if run("dpkg-deb", "-f", p, "Version").stdout.strip() == version]
+    if found:
+        return found[0]
+    run("apt-get", "download", f"{package}={version}", cwd=debs)
+    return next(p for p in debs.glob(f"{package}_*.deb") if run("dpkg-deb", "-f", p, "Version").stdout.strip() == version)
+
+
+def installed_version(package: str) -> str:
+    return run("dpkg-query", "-W", "-f", "${Version}", package).stdout.strip()
+
+
+def minimal_root(root: Path, runtime_libc: Optional[Path]) -> None:
+    """What a Go binary needs: users (root, nobody), /tmp, name resolution, and libc if it links it."""
+    for d in ("etc", "tmp", "bin"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    (root / "etc/passwd").write_text(f"root:x:0:0:root:/root:/bin/false\nnobody:x:{NOBODY}:{NOBODY}:nobody:/:/bin/false\n")
+    (root / "etc/group").write_text(f"root:x:0:\nnogroup:x:{NOBODY}:\n")
+    (root / "etc/nsswitch.conf").write_text("hosts: files dns\n")
+    if runtime_libc:
+        with tempfile.TemporaryDirectory() as tmp:
+            run("dpkg-deb", "-x", runtime_libc, tmp)
+            lib = Path(tmp) / "lib/x86_64-linux-gnu"
+            (root / "lib/x86_64-linux-gnu").mkdir(parents=True)
+            (root / "lib64").mkdir()
+            shutil.copy(lib / "libc.so.6", root / "lib/x86_64-linux-gnu/libc.so.6")
+            shutil.copy(lib / "ld-linux-x86-64.so.2", root / "lib64/ld-linux-x86-64.so.2")
+
+
+def import_root(docker: Docker, root: Path, local: str, platform: str, changes: list[str],
+                owners: dict[str, int]) -> None:
+    """The directory as one layer; `owners` gives paths (relative) to the uid that owns them."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            uid = owners.get(info.name.removeprefix("./"), 0)
+            info.uid, info.gid, info.uname, info.gname = uid, uid, "", ""
+            return info
+
+        tar.add(root, arcname=".", filter=owned)
+    args = [a for c in changes for a in ("--change", c)]
+    docker("import", "--platform", platform, *args, "-", local, input=buffer.getvalue(), text=False)
+
+
+@dataclass(frozen=True)
+class DebianServer:
+    """A monitoring image from Debian's package: its binary as the upstream image's entrypoint."""
+    package: str
+    binary: str  # in the package, /usr/bin/...
+    entrypoint: str  # where the upstream image has it
+    workdir: Optional[str] = None  # the upstream image's data directory, nobody's
+    extra: tuple[str, ...] = ()  # more of the package (the web UI's files)
+
+
+DEBIAN_SERVERS = {
+    "prometheus": DebianServer("prometheus", "usr/bin/prometheus", "/bin/prometheus", "/prometheus",
+                               ("usr/share/prometheus", "etc/prometheus/consoles", "etc/prometheus/console_libraries")),
+    "alertmanager": DebianServer("prometheus-alertmanager", "usr/bin/prometheus-alertmanager", "/bin/alertmanager",
+                                 "/alertmanager", ("usr/share/prometheus/alertmanager",)),
+    "node_exporter": DebianServer("prometheus-node-exporter", "usr/bin/prometheus-node-exporter",
+                                  "/bin/node_exporter"),
+}
+
+
+def debian_recipe(ref: str, server: DebianServer, platform: str) -> Recipe:
+    version = debian_version(split_reference(ref)[1])
+    libc_version = installed_version("libc6")  # this machine is bookworm: the libc the binaries were built for
+
+    def build(docker: Docker, registry: Registry, local: str) -> None:
+        deb, libc = apt_download(server.package, version), apt_download("libc6", libc_version)
+        with tempfile.TemporaryDirectory(prefix="debian-", dir=CACHE) as tmp:
+            unpacked, root = Path(tmp) / "deb", Path(tmp) / "root"
+            run("dpkg-deb", "-x", deb, unpacked)
+            minimal_root(root, libc)
+            target = root / server.entrypoint.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(unpacked / server.binary, target)
+            for part in server.extra + (f"usr/share/doc/{server.package}/copyright",):
+                source = unpacked / part
+                if source.is_dir():
+                    shutil.copytree(source, root / part, symlinks=True)
+                elif source.exists():
+                    (root / part).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(source, root / part)
+            owners = {}
+            if server.workdir:
+                (root / server.workdir.lstrip("/")).mkdir(parents=True)
+                owners[server.workdir.lstrip("/")] = NOBODY
+            changes = [f'ENTRYPOINT ["{server.entrypoint}"]', f"USER {NOBODY}", f"ENV PATH={DEFAULT_PATH}",
+                       f'LABEL org.opencontainers.image.description="Debian {server.package} {version}"']
+            if server.workdir:
+                changes.append(f"WORKDIR {server.workdir}")
+            import_root(docker, root, local, platform, changes, owners)
+
+    return Recipe(ref, key_of(server, version, libc_version, platform, build, minimal_root, import_root), build)
+
+
+@dataclass(frozen=True)
+class Standin:
+    """A stand-in built from tests/sim/images/NAME: a static Go binary where the upstream image has its entrypoint."""
+    source: str
+    binary: str
+    entrypoint: tuple[str, ...]
+    user: str
+    dirs: tuple[tuple[str, int], ...] = ()  # (path, owner uid)
+
+
+STANDIN_IMAGES = {
+    # grafana/grafana: `grafana` on PATH (grafana-admin-password.sh execs `grafana cli`), uid 472 in group root
+    "grafana": Standin("grafana-standin", "/usr/share/grafana/bin/grafana",
+                       ("/usr/share/grafana/bin/grafana", "server"), "472:0",
+                       (("var/lib/grafana", 472), ("etc/grafana", 0))),
+    "gpu_exporter": Standin("gpu-exporter-standin", "/usr/bin/nvidia_gpu_exporter",
+                            ("/usr/bin/nvidia_gpu_exporter",), "0:0"),
+}
+
+
+def standin_recipe(ref: str, standin: Standin, platform: str) -> Recipe:
+    source = STANDINS / standin.source
+
+    def build(docker: Docker, registry: Registry, local: str) -> None:
+        with tempfile.TemporaryDirectory(prefix="standin-", dir=CACHE) as tmp:
+            root = Path(tmp) / "root"
+            minimal_root(root, None)
+            target = root / standin.binary.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, "CGO_ENABLED": "0", "GOOS": "linux", "GOARCH": arch_of(platform),
+                   "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
+            run("go", "build", "-trimpath", "-ldflags=-s -w", "-o", target, source / "main.go", env=env, cwd=tmp)
+            owners = {}
+            for path, uid in standin.dirs:
+                (root / path).mkdir(parents=True, exist_ok=True)
+                owners[path] = uid
+            search_path = f"{Path(standin.binary).parent}:{DEFAULT_PATH}"
+            changes = [f"ENTRYPOINT {json.dumps(list(standin.entrypoint))}", f"USER {standin.user}",
+                       f"ENV PATH={search_path}",
+                       f'LABEL org.opencontainers.image.description="STAND-IN ({standin.source}), not the real image"']
+            import_root(docker, root, local, platform, changes, owners)
+
+    go_version = run("go", "env", "GOVERSION").stdout.strip()
+    return Recipe(ref, key_of(source, standin, go_version, platform, build, minimal_root, import_root), build)
+
+
+def recipes(stack: StackConfig) -> list[Recipe]:
+    images, platform = stack.observability.images, stack.serving.platform
+    return ([base_recipe(stack)]
+            + [debian_recipe(getattr(images, name), server, platform) for name, server in DEBIAN_SERVERS.items()]
+            + [standin_recipe(getattr(images, name), standin, platform) for name, standin in STANDIN_IMAGES.items()])
+
+
+# ---- the commands ----------------------------------------------------------------------------
+def build_all(stack: StackConfig) -> dict[str, str]:
+    """Every image of the stack in the registry, built where its key changed: {reference: digest}."""
+    plan = recipes(stack)
+    digests = {}
+    with push_registry() as registry:
+        todo = []
+        for recipe in plan:
+            digest = recipe.pushed_digest(registry)
+            if digest:
+                log(f"{recipe.ref}: up to date ({digest[:19]})")
+                digests[recipe.ref] = digest
+            else:
+                todo.append(recipe)
+        if todo:
+            with private_dockerd() as docker:
+                for recipe in todo:
+                    started = time.monotonic()
+                    local = f"{registry.addr}/{recipe.path}:{recipe.tag}"
+                    log(f"{recipe.ref}: building (key {recipe.key[:12]})")
+                    recipe.build(docker, registry, local)
+                    docker("push", local)
+                    digest = registry.manifest_digest(recipe.path, recipe.tag)
+                    size = docker("image", "inspect", "--format", "{{.Size}}", local).stdout.strip()
+                    recipe.stamp.parent.mkdir(parents=True, exist_ok=True)
+                    recipe.stamp.write_text(json.dumps({"key": recipe.key, "digest": digest, "size": int(size)}))
+                    log(f"{recipe.ref}: pushed {digest} ({int(size) / 1e6:.0f} MB, {time.monotonic() - started:.0f}s)")
+                    digests[recipe.ref] = digest
+    return digests
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build what changed and push it (starts and stops its own dockerd and registry)")
+    serve = sub.add_parser("serve", help="the registry, read-only, in the foreground")
+    serve.add_argument("--addr", default=f"0.0.0.0:{REGISTRY_PORT}")
+    sub.add_parser("refs", help="the references the sim stack pulls, with the digests last pushed")
+    args = parser.parse_args()
+    stack = sim_stack()
+    if args.command == "build":
+        for ref, digest in build_all(stack).items():
+            print(f"{ref}@{digest}" if ref == stack.serving.image else f"{ref} {digest}")
+    elif args.command == "serve":
+        os.execv(REGISTRY_BINARY, [REGISTRY_BINARY, "serve", str(registry_config(args.addr, read_only=True))])
+    else:
+        for recipe in recipes(stack):
+            try:
+                stamp = json.loads(recipe.stamp.read_text())
+            except (OSError, ValueError):
+                stamp = {}
+            print(recipe.ref, stamp.get("digest", "(not built)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
