@@ -10,7 +10,7 @@
 #
 # Each node is a network namespace with its own sshd and dockerd (tests/sim/cluster.py), the
 # cable a bridge per rail; the images come from a registry on this machine, built from Debian's
-# packages (scripts/sim-images.sh). What the box cannot be — a GPU, RDMA, unlimited memlock —
+# packages (scripts/sim_images.py). What the box cannot be — a GPU, RDMA, unlimited memlock —
 # is stood in for at the seam where the real part sits (README: "Try it without Sparks").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +34,20 @@ export PULUMI_CONFIG_PASSPHRASE='$PASSPHRASE'
 EOF
 }
 
-registry() { "$ROOT/scripts/sim-images.sh" registry; }
+images() { .venv/bin/python scripts/sim_images.py "$@"; }
+registry() { .venv/bin/python -c 'import sys; sys.path.insert(0, "scripts"); import sim_images; print(sim_images.REGISTRY)'; }
+
+# the registry serves while the nodes live: started by up, stopped by down
+start_registry() {
+  stop_registry
+  images serve >>"$SIM_HOME/registry.log" 2>&1 &
+  echo $! >"$SIM_HOME/registry.pid"
+}
+stop_registry() {
+  [ -f "$SIM_HOME/registry.pid" ] || return 0
+  kill "$(cat "$SIM_HOME/registry.pid")" 2>/dev/null || true
+  rm -f "$SIM_HOME/registry.pid"
+}
 
 cmd_up() {
   local nodes=0
@@ -48,8 +61,10 @@ cmd_up() {
   [ "$(id -u)" -eq 0 ] || die "run as root: the simulated nodes are network namespaces, mounts and daemons"
   setup_machine
   "$ROOT/scripts/engine.sh" build || die "the engine is not complete (scripts/engine.sh status says what is missing)"
-  "$ROOT/scripts/sim-images.sh" up
   mkdir -p "$SIM_HOME/state"
+  log "building the sim's images where their inputs changed (scripts/sim_images.py)"
+  images build
+  start_registry
   local config_args=() config_out=()
   if [ "$nodes" -ne 0 ]; then
     config_out=(--config-out "$SIM_HOME/Pulumi.sim-$nodes.yaml")
@@ -76,7 +91,7 @@ cmd_down() {
     (eval "$(print_env)"; pulumi stack rm --yes --force --preserve-config "$STACK" --non-interactive >/dev/null 2>&1 || true)
     rm -rf "$SIM_HOME/state" "$SIM_HOME"/Pulumi.sim-*.yaml
   fi
-  "$ROOT/scripts/sim-images.sh" down
+  stop_registry
 }
 
 case ${1:-} in

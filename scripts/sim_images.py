@@ -5,7 +5,7 @@
   .venv/bin/python scripts/sim_images.py serve   # the registry, read-only, in the foreground (for the sim)
   .venv/bin/python scripts/sim_images.py refs    # the references the sim stack pulls, and their digests
 
-What it builds is what tests/sim/sim.yaml names (serving.image, observability.images, for
+What it builds is what Pulumi.sim.yaml names (serving.image, observability.images, for
 serving.platform, with serving.rayVersion), every reference in REGISTRY:
 - the serving base: Debian bookworm (debootstrap minbase) with python3, pip, nginx, Ray
   [default] and the project's stand-ins (`vllm`: tests/sim/bin/vllm; huggingface_hub:
@@ -23,7 +23,7 @@ stopped here.
 
 Python rather than shell: the keys hash the recipes' own source, the stack is read through
 components.config (its defaults and validation), and the node side imports the pure pieces
-(node_hosts_line, node_daemon_json, serve_registry).
+(REGISTRY, serve_registry).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import contextlib
 import hashlib
 import inspect
 import io
-import ipaddress
 import json
 import os
 import shutil
@@ -56,7 +55,7 @@ import yaml  # noqa: E402
 
 from components.config import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig, parse_stack_config  # noqa: E402
 
-SIM_STACK = ROOT / "tests" / "sim" / "sim.yaml"
+SIM_STACK = ROOT / "Pulumi.sim.yaml"
 STANDINS = ROOT / "tests" / "sim" / "images"
 CACHE = Path(os.environ.get("TWINSPARK_SIM_IMAGES_CACHE", "~/.cache/twinspark-sim-images")).expanduser()
 
@@ -75,22 +74,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOBODY = 65534
 
 
-# ---- for the node side: what a simulated node needs to pull from the registry ---------------
-def node_gateway(node_host: str) -> str:
-    """The host side of a node's management veth: .1 of its /24 (tests/sim/cluster.py)."""
-    return str(next(ipaddress.ip_interface(f"{node_host}/24").network.hosts()))
-
-
-def node_hosts_line(node_host: str) -> str:
-    """The node's /etc/hosts line: the registry's name is its own gateway."""
-    return f"{node_gateway(node_host)} {REGISTRY_NAME}\n"
-
-
-def node_daemon_json() -> dict:
-    """What the node's /etc/docker/daemon.json must hold: the registry speaks plain HTTP."""
-    return {"insecure-registries": [REGISTRY]}
-
-
+# ---- for the sim: the registry the nodes pull from (tests/sim/cluster.py names it in each node) --
 def serve_registry(addr: str = f"0.0.0.0:{REGISTRY_PORT}", log=subprocess.DEVNULL) -> subprocess.Popen:
     """The registry, read-only (the nodes only pull), on `addr`; the caller stops it."""
     return subprocess.Popen([REGISTRY_BINARY, "serve", str(registry_config(addr, read_only=True))],
@@ -108,7 +92,7 @@ def split_reference(ref: str) -> tuple[str, str]:
     """REGISTRY/PATH:TAG -> (PATH, TAG); a reference elsewhere is refused: the nodes reach only ours."""
     registry, _, rest = ref.partition("/")
     if registry != REGISTRY or "@" in rest or ":" not in rest:
-        raise SystemExit(f"sim_images: {ref!r}: expected {REGISTRY}/PATH:TAG (tests/sim/sim.yaml must name this "
+        raise SystemExit(f"sim_images: {ref!r}: expected {REGISTRY}/PATH:TAG (Pulumi.sim.yaml must name this "
                          "registry by tag; the script pushes the digest)")
     path, tag = rest.rsplit(":", 1)
     return path, tag

@@ -18,6 +18,10 @@ main() {
     exit 2
   fi
   setup_machine
+  # the Pulumi engine the engine tests and the engine-driven simulator run (scripts/engine.sh:
+  # built once into a cache outside the repository, tens of minutes cold, seconds warm)
+  log "building the Pulumi engine where missing (scripts/engine.sh)"
+  ./scripts/engine.sh build >/dev/null
   local arg
   for arg in "$@"; do  # a path given: run just that, as asked
     if [ -e "${arg%%::*}" ]; then

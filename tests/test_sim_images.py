@@ -228,8 +228,6 @@ def test_the_gpu_exporter_stand_in_says_so_and_takes_the_programs_flags(built, r
     started(docker, "sim-images-gpu-exporter", image, gpu_exporter_command(NODE), "listening on 127.0.0.1:")
 
 
-def test_the_node_side_gets_the_registry_at_its_own_gateway():
-    assert sim_images.node_hosts_line("198.18.2.12") == "198.18.2.1 registry.twinspark-sim\n"
-    assert sim_images.node_daemon_json() == {"insecure-registries": [f"registry.twinspark-sim:{sim_images.REGISTRY_PORT}"]}
+def test_the_sim_stack_pulls_every_image_from_the_sims_registry():
     for ref in (STACK.serving.image, *STACK.observability.images.model_dump().values()):
         assert ref.startswith(sim_images.REGISTRY + "/"), ref

@@ -40,6 +40,9 @@ if [ "$docker" = real ]; then
   mkdir -p "$root/var/lib/docker"
   mount --bind "$state/docker" "$root/var/lib/docker"
 fi
+# shared, as systemd makes / on a real host: docker's `rslave` binds of / (the node exporter's
+# /host) need a source mount that propagates
+mount --make-rshared "$root"
 hostname "$name"
 echo "$name" > "$root/etc/hostname"
 cp "$pubkey_file" "$root/tmp/authorized_key.pub"

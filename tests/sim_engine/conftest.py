@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "sim"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import sim_images  # noqa: E402
 from cluster import SIM_STACK, SimCluster  # noqa: E402
 
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
@@ -156,11 +159,12 @@ def engine_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def registry() -> str:
-    subprocess.run([str(ROOT / "scripts" / "sim-images.sh"), "up"], check=True)
-    name = subprocess.run([str(ROOT / "scripts" / "sim-images.sh"), "registry"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    yield name
-    subprocess.run([str(ROOT / "scripts" / "sim-images.sh"), "down"], check=False)
+    """The sim's images, built where their inputs changed, served while the session lasts."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "sim_images.py"), "build"], check=True)
+    server = sim_images.serve_registry()
+    yield sim_images.REGISTRY
+    server.terminate()
+    server.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")
