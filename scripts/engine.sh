@@ -23,9 +23,13 @@
 #   any version or commit, so a stand-in of ours (scripts/engine/pulumi-language-python) is built
 #   against sdk/v3 at the CLI's version and sits beside that sdk/v3's own
 #   pulumi-language-python-exec.
-# - command, random, docker: the providers' modules are not served (every version, commit and
+# - command, random: the providers' modules are not served (every version, commit and
 #   pseudo-version is refused); `build` tries each, says so and leaves it out. A provider binary
 #   had elsewhere can be installed with `scripts/engine.sh install-provider NAME VERSION BIN`.
+# - docker: pulumi-docker's module is refused too, so pulumi-resource-docker v5.2.0 is our own
+#   (scripts/engine/providers/docker): kreuzwerker's provider (served) bridged with
+#   pulumi-terraform-bridge v3.120.0 (served), a native Image, one hybrid server; its schema is
+#   generated at build time by the bridge's tfgen. Keyed by version and source hash.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,7 +47,12 @@ COMMAND_MODULE_VERSION=v0.0.0-20260303235922-7f3eb6f3b77c # the commit of v1.2.1
 RANDOM_VERSION=4.21.4
 RANDOM_MODULE=github.com/pulumi/pulumi-random/provider/v4
 DOCKER_VERSION=5.2.0
-DOCKER_MODULE=github.com/pulumi/pulumi-docker/provider/v5
+# pulumi-docker's provider module is refused; ours builds from the proxy's kreuzwerker module,
+# whose go.mod names it github.com/terraform-providers/terraform-provider-docker
+DOCKER_SRC=$ROOT/scripts/engine/providers/docker
+DOCKER_UPSTREAM_MODULE=github.com/kreuzwerker/terraform-provider-docker
+DOCKER_UPSTREAM_VERSION=v0.0.0-20260916201441-96d331c98ff4
+DOCKER_UPSTREAM_PATH=github.com/terraform-providers/terraform-provider-docker
 
 CACHE=${TWINSPARK_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/twinspark-engine}
 LANGHOST_SRC=$ROOT/scripts/engine/pulumi-language-python
@@ -186,9 +195,9 @@ build_command() {
   install_plugin command "$COMMAND_VERSION" "$out/pulumi-resource-command"
 }
 
-# random and docker: their provider modules are refused at every version, so neither their
-# commits for v$RANDOM_VERSION / v$DOCKER_VERSION nor their sources (and the schema-embed.json each
-# generates from its schema.json) can be reached here; the probe says whether that has changed.
+# random: its provider module is refused at every version, so neither its commit for
+# v$RANDOM_VERSION nor its source (and the schema-embed.json it generates from its schema.json)
+# can be reached here; the probe says whether that has changed.
 probe_list() {
   local module=$1 proxy code
   proxy=${GOPROXY%%[,|]*}
@@ -198,7 +207,49 @@ probe_list() {
   return 2
 }
 build_random() { probe_list "$RANDOM_MODULE"; }
-build_docker() { probe_list "$DOCKER_MODULE"; }
+
+# docker: our source (the files below), the kreuzwerker module copied from the module cache
+# into ./upstream beside it with our shim added (go.mod's replace points there: the provider is in
+# an internal package), tfgen's schema, then the provider with the schema embedded.
+DOCKER_FILES=(go.mod go.sum resources.go hybrid.go image.go cmd/pulumi-resource-docker/main.go
+  cmd/pulumi-tfgen-docker/main.go upstream/shim/shim.go)
+docker_dir() {
+  echo "$CACHE/provider-docker-v$DOCKER_VERSION-$({ (cd "$DOCKER_SRC" && cat "${DOCKER_FILES[@]}");
+    echo "$DOCKER_UPSTREAM_VERSION"; declare -f build_docker; } | sha256sum | cut -c1-12)"
+}
+docker_installed() { echo "$CACHE/home/plugins/resource-docker-v$DOCKER_VERSION/pulumi-resource-docker"; }
+# ready: this source's build is the one PULUMI_HOME holds
+docker_ready() { cmp -s "$(docker_dir)/pulumi-resource-docker" "$(docker_installed)"; }
+
+build_docker() {
+  local out src upstream modpath
+  out=$(docker_dir)
+  if [ ! -x "$out/pulumi-resource-docker" ]; then
+    src=$CACHE/src/docker-v$DOCKER_VERSION
+    rm -rf "$src" "$out.tmp"
+    mkdir -p "$src" "$out.tmp" || return 1
+    (cd "$DOCKER_SRC" && cp --parents "${DOCKER_FILES[@]}" "$src/") || return 1
+    upstream=$(cd "$CACHE" && go_ mod download -json "$DOCKER_UPSTREAM_MODULE@$DOCKER_UPSTREAM_VERSION" |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])') || return 1
+    modpath=$(go mod edit -json "$upstream/go.mod" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Module"]["Path"])')
+    [ "$modpath" = "$DOCKER_UPSTREAM_PATH" ] || { log "$DOCKER_UPSTREAM_MODULE names itself $modpath"; return 1; }
+    cp -r "$upstream/." "$src/upstream/" && chmod -R u+w "$src/upstream" || return 1
+    (
+      cd "$src" &&
+        go_ build -trimpath -tags no_compose -o bin/pulumi-tfgen-docker ./cmd/pulumi-tfgen-docker &&
+        bin/pulumi-tfgen-docker schema --out gen --skip-docs --skip-examples >tfgen.log 2>&1 &&
+        cp gen/schema.json cmd/pulumi-resource-docker/schema.json &&
+        go_ build -trimpath -tags no_compose \
+          -ldflags "-s -w -X twinspark.local/pulumi-docker.Version=$DOCKER_VERSION" \
+          -o "$out.tmp/pulumi-resource-docker" ./cmd/pulumi-resource-docker &&
+        cp gen/schema.json "$out.tmp/"
+    ) || return 1
+    publish "$out" pulumi-resource-docker || return 1
+  fi
+  # a build of other source replaces the one installed at this version
+  docker_ready || rm -rf "$(dirname "$(docker_installed)")"*
+  install_plugin docker "$DOCKER_VERSION" "$out/pulumi-resource-docker"
+}
 
 # A provider is ready when PULUMI_HOME holds it at that version: built here, or installed with
 # install-provider from a binary had elsewhere (which then says so).
@@ -269,7 +320,7 @@ cmd_build() {
         timed command "$COMMAND_VERSION" build_command || failed+=(command) ;;
       random) provider_ready random "$RANDOM_VERSION" ||
         timed random "$RANDOM_VERSION" build_random || failed+=(random) ;;
-      docker) provider_ready docker "$DOCKER_VERSION" ||
+      docker) docker_ready ||
         timed docker "$DOCKER_VERSION" build_docker || failed+=(docker) ;;
       *) die "unknown component: $c" ;;
     esac
