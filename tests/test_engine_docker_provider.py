@@ -106,6 +106,10 @@ class Dockerd:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+        # dockerd leaves its netns bind mount (exec/netns/default) behind: unmount, then remove
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        for target in reversed([m for m in mounts if m.startswith(f"{self.dir}/")]):
+            subprocess.run(["umount", "-l", target], check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -157,10 +161,17 @@ image = docker.Image(
     opts=opts)
 container = docker.Container(
     "box", name="%(container)s", image=image.repo_digest,
-    command=["/bin/busybox", "sleep", "100000"], network_mode="host", restart="unless-stopped",
+    entrypoints=["/bin/busybox"], command=["sleep", "100000"], envs=["TS_CHECK=1"],
+    network_mode="host", ipc_mode="host", restart="unless-stopped",
     labels=[docker.ContainerLabelArgs(label="twinspark.check", value=env.get("TS_LABEL", "one"))],
-    mounts=[docker.ContainerMountArgs(type="bind", source=env["TS_DATA"], target="/data", read_only=True)],
+    mounts=[docker.ContainerMountArgs(type="bind", source=env["TS_DATA"], target="/data", read_only=True,
+                                      bind_options=docker.ContainerMountBindOptionsArgs(propagation="rprivate"))],  # rslave: / is private here
+    volumes=[docker.ContainerVolumeArgs(host_path=env["TS_DATA"], container_path="/logs")],
     ulimits=[docker.ContainerUlimitArgs(name="stack", soft=8388608, hard=8388608)],
+    capabilities=docker.ContainerCapabilitiesArgs(adds=["SYS_PTRACE"]),
+    devices=[docker.ContainerDeviceArgs(host_path="/dev/null", container_path="/dev/ts-null")],
+    log_driver="json-file", log_opts={"max-size": "10m", "max-file": "2"},
+    stop_signal="SIGTERM", stop_timeout=5, destroy_grace_seconds=5,
     must_run=True, wait=False, opts=opts)
 pulumi.export("repoDigest", image.repo_digest)
 pulumi.export("containerId", container.id)
@@ -171,6 +182,17 @@ ARG FLAVOUR=plain
 LABEL twinspark.flavour=$FLAVOUR
 COPY hello.txt /hello.txt
 """
+
+
+def errors(stdout: str) -> str:
+    """The engine's error diagnostics in a --json run (the tail of the stream is the program's traceback)."""
+    found = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            event = json.loads(line).get("diagnosticEvent") or {}
+            if event.get("severity") == "error":
+                found.append(f"{event.get('urn', '')}: {event.get('message', '').strip()}")
+    return "\n".join(found)
 
 
 class Project:
@@ -194,7 +216,8 @@ class Project:
     def pulumi(self, *args: str, **env: str) -> subprocess.CompletedProcess:
         out = subprocess.run(["pulumi", *args, "--non-interactive"], cwd=self.dir, env={**self.env, **env},
                              capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, f"pulumi {' '.join(args)}: rc={out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+        assert out.returncode == 0, f"pulumi {' '.join(args)}: rc={out.returncode}\n{errors(out.stdout)}\n" \
+                                    f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
         return out
 
     def changes(self, command: str, *args: str, **env: str) -> dict[str, int]:
@@ -231,7 +254,14 @@ def test_up_update_refresh_destroy(engine, dockerd, ssh_host, tmp_path):
     assert host["NetworkMode"] == "host" and host["RestartPolicy"]["Name"] == "unless-stopped"
     assert {"Name": "stack", "Soft": 8388608, "Hard": 8388608} in host["Ulimits"]
     assert box["Config"]["Labels"]["twinspark.check"] == "one"
-    assert [(m["Type"], m["Destination"], m["RW"]) for m in box["Mounts"]] == [("bind", "/data", False)]
+    assert sorted((m["Type"], m["Destination"], m["RW"]) for m in box["Mounts"]) == \
+        [("bind", "/data", False), ("bind", "/logs", True)]
+    assert [m["Propagation"] for m in box["Mounts"] if m["Destination"] == "/data"] == ["rprivate"]
+    assert box["Path"] == "/bin/busybox" and box["Args"] == ["sleep", "100000"] and "TS_CHECK=1" in box["Config"]["Env"]
+    assert host["IpcMode"] == "host" and host["CapAdd"] == ["CAP_SYS_PTRACE"]  # the provider adds CAP_
+    assert host["Devices"][0]["PathOnHost"] == "/dev/null" and host["Devices"][0]["PathInContainer"] == "/dev/ts-null"
+    assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}}
+    assert box["Config"]["StopSignal"] == "SIGTERM" and box["Config"]["StopTimeout"] == 5
 
     # nothing changed: every resource is the same (the context digest included)
     assert p.changes("up", "--expect-no-changes") == {"same": 4}
