@@ -157,7 +157,8 @@ opts = pulumi.ResourceOptions(provider=provider)
 image = docker.Image(
     "image", image_name="%(image)s", skip_push=True,
     build=docker.DockerBuildArgs(context=env["TS_CONTEXT"], dockerfile=os.path.join(env["TS_CONTEXT"], "Dockerfile"),
-                                 platform="linux/amd64", args={"FLAVOUR": env.get("TS_FLAVOUR", "plain")}),
+                                 platform="linux/amd64", network="host",  # RUN: the daemon has no bridge
+                                 args={"FLAVOUR": env.get("TS_FLAVOUR", "plain")}),
     opts=opts)
 container = docker.Container(
     "box", name="%(container)s", image=image.repo_digest,
@@ -181,6 +182,7 @@ DOCKERFILE = f"""FROM {BASE_IMAGE}
 ARG FLAVOUR=plain
 LABEL twinspark.flavour=$FLAVOUR
 COPY hello.txt /hello.txt
+RUN /bin/busybox echo "built $FLAVOUR" > /flavour.txt
 """
 
 
@@ -281,6 +283,7 @@ def test_up_update_refresh_destroy(engine, dockerd, ssh_host, tmp_path):
     assert rebuilt["Id"] != built["Id"] and rebuilt["Config"]["Labels"]["twinspark.flavour"] == "spicy"
     assert p.outputs()["repoDigest"] == rebuilt["Id"]
     assert dockerd.inspect("--type", "container", CONTAINER)["Image"] == rebuilt["Id"]
+    assert dockerd.docker("exec", CONTAINER, "/bin/busybox", "cat", "/flavour.txt").stdout == "built spicy\n"
 
     # the context's contents: the same again
     (p.context / "hello.txt").write_text("hello again\n")

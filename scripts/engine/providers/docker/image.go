@@ -24,10 +24,10 @@ import (
 	"github.com/moby/go-archive"
 	"github.com/moby/patternmatcher"
 	"github.com/moby/patternmatcher/ignorefile"
+	"github.com/pulumi/pulumi/pkg/v3/resource/provider"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/diag"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/resource"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/resource/plugin"
-	"github.com/pulumi/pulumi/pkg/v3/resource/provider"
 	rpc "github.com/pulumi/pulumi/sdk/v3/proto/go"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -74,8 +74,8 @@ func (n *native) status(ctx context.Context, urn, msg string) {
 // build is the DockerBuild input with defaults applied; fields are "" when unknown.
 type build struct {
 	context, dockerfile, platform, target, network, version string
-	args                                                      map[string]*string
-	hosts, cacheFrom                                          []string
+	args                                                    map[string]*string
+	hosts, cacheFrom                                        []string
 }
 
 func knownString(v resource.PropertyValue) (string, bool) {
