@@ -174,9 +174,16 @@ container = docker.Container(
     log_driver="json-file", log_opts={"max-size": "10m", "max-file": "2"},
     stop_signal="SIGTERM", stop_timeout=5, destroy_grace_seconds=5,
     must_run=True, wait=False, opts=opts)
+# as the observability containers: a RemoteImage (here already on the host: no registry is
+# reachable) and a container from its image_id
+base = docker.RemoteImage("base", name="%(base)s", platform="linux/amd64", keep_locally=True, opts=opts)
+side = docker.Container("side", name="%(container)s-side", image=base.image_id,
+                        command=["/bin/busybox", "sleep", "100000"], network_mode="host", restart="unless-stopped",
+                        wait=False, opts=opts)
+pulumi.export("baseId", base.image_id)
 pulumi.export("repoDigest", image.repo_digest)
 pulumi.export("containerId", container.id)
-''' % {"image": IMAGE, "container": CONTAINER}
+''' % {"image": IMAGE, "container": CONTAINER, "base": BASE_IMAGE}
 
 DOCKERFILE = f"""FROM {BASE_IMAGE}
 ARG FLAVOUR=plain
@@ -237,14 +244,15 @@ class Project:
 
     def urns(self) -> set[str]:
         state = json.loads(self.pulumi("stack", "export").stdout)
-        return {r["type"] for r in state["deployment"].get("resources") or []}
+        return {r["urn"] for r in state["deployment"].get("resources") or []}
 
 
 def test_up_update_refresh_destroy(engine, dockerd, ssh_host, tmp_path):
     p = Project(tmp_path, engine, ssh_host)
 
-    # up creates: the provider, the image (built on the daemon behind ssh), the container
-    assert p.changes("up") == {"create": 4}
+    # up creates: the provider, the image (built on the daemon behind ssh), the container, the
+    # remote image and its container
+    assert p.changes("up") == {"create": 6}
     out = p.outputs()
     built = dockerd.inspect("--type", "image", IMAGE)
     assert built and out["repoDigest"] == built["Id"]  # skip_push: repo_digest is the local image id
@@ -264,12 +272,14 @@ def test_up_update_refresh_destroy(engine, dockerd, ssh_host, tmp_path):
     assert host["Devices"][0]["PathOnHost"] == "/dev/null" and host["Devices"][0]["PathInContainer"] == "/dev/ts-null"
     assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}}
     assert box["Config"]["StopSignal"] == "SIGTERM" and box["Config"]["StopTimeout"] == 5
+    base = dockerd.inspect("--type", "image", BASE_IMAGE)["Id"]
+    assert out["baseId"] == base and dockerd.inspect("--type", "container", f"{CONTAINER}-side")["Image"] == base
 
     # nothing changed: every resource is the same (the context digest included)
-    assert p.changes("up", "--expect-no-changes") == {"same": 4}
+    assert p.changes("up", "--expect-no-changes") == {"same": 6}
 
     # a label is ForceNew in the provider: the container is replaced
-    assert p.changes("up", TS_LABEL="two") == {"replace": 1, "same": 3}
+    assert p.changes("up", TS_LABEL="two") == {"replace": 1, "same": 5}
     box2 = dockerd.inspect("--type", "container", CONTAINER)
     assert box2["Id"] != box["Id"] and box2["Config"]["Labels"]["twinspark.check"] == "two"
 
@@ -278,7 +288,7 @@ def test_up_update_refresh_destroy(engine, dockerd, ssh_host, tmp_path):
     assert dockerd.inspect("--type", "image", IMAGE)["Id"] == built["Id"]
 
     # a build arg: the image is built again (an update) and the container follows its new id
-    assert p.changes("up", TS_LABEL="two", TS_FLAVOUR="spicy") == {"update": 1, "replace": 1, "same": 2}
+    assert p.changes("up", TS_LABEL="two", TS_FLAVOUR="spicy") == {"update": 1, "replace": 1, "same": 4}
     rebuilt = dockerd.inspect("--type", "image", IMAGE)
     assert rebuilt["Id"] != built["Id"] and rebuilt["Config"]["Labels"]["twinspark.flavour"] == "spicy"
     assert p.outputs()["repoDigest"] == rebuilt["Id"]
@@ -287,20 +297,22 @@ def test_up_update_refresh_destroy(engine, dockerd, ssh_host, tmp_path):
 
     # the context's contents: the same again
     (p.context / "hello.txt").write_text("hello again\n")
-    assert p.changes("up", TS_LABEL="two", TS_FLAVOUR="spicy") == {"update": 1, "replace": 1, "same": 2}
+    assert p.changes("up", TS_LABEL="two", TS_FLAVOUR="spicy") == {"update": 1, "replace": 1, "same": 4}
     assert dockerd.inspect("--type", "image", IMAGE)["Id"] != rebuilt["Id"]
 
     # a container removed by hand: refresh drops it from the state, up creates it again
     dockerd.docker("rm", "-f", CONTAINER)
     assert p.changes("refresh", TS_LABEL="two", TS_FLAVOUR="spicy").get("delete") == 1
-    assert "docker:index/container:Container" not in p.urns()
-    assert p.changes("up", TS_LABEL="two", TS_FLAVOUR="spicy") == {"create": 1, "same": 3}
+    assert not [urn for urn in p.urns() if urn.endswith("docker:index/container:Container::box")]
+    assert p.changes("up", TS_LABEL="two", TS_FLAVOUR="spicy") == {"create": 1, "same": 5}
     assert dockerd.inspect("--type", "container", CONTAINER)["State"]["Running"]
 
-    # destroy removes the container and leaves the image on the host
-    assert p.changes("destroy", TS_LABEL="two", TS_FLAVOUR="spicy") == {"delete": 4}
+    # destroy removes the containers and leaves the images on the host
+    assert p.changes("destroy", TS_LABEL="two", TS_FLAVOUR="spicy") == {"delete": 6}
     assert dockerd.inspect("--type", "container", CONTAINER) is None
     assert dockerd.inspect("--type", "image", IMAGE) is not None
+    assert dockerd.inspect("--type", "container", f"{CONTAINER}-side") is None
+    assert dockerd.inspect("--type", "image", BASE_IMAGE) is not None  # keep_locally
 
 
 # ---- the schema the provider serves against the Python SDK it must match ------------------
