@@ -216,6 +216,8 @@ class Project:
         (self.dir / "__main__.py").write_text(PROGRAM)
         (self.context / "Dockerfile").write_text(DOCKERFILE)
         (self.context / "hello.txt").write_text("hello\n")
+        (self.context / ".dockerignore").write_text("ignored.txt\n")
+        (self.context / "ignored.txt").write_text("not sent to the daemon\n")
         host, ssh_opts = ssh_host
         self.env = {**os.environ, **engine, "PULUMI_BACKEND_URL": f"file://{root / 'state'}",
                     "PULUMI_CONFIG_PASSPHRASE": "test", "TS_DOCKER_HOST": host, "TS_SSH_OPTS": " ".join(ssh_opts),
@@ -299,6 +301,9 @@ def test_up_update_refresh_destroy(engine, dockerd, ssh_host, tmp_path):
     (p.context / "hello.txt").write_text("hello again\n")
     assert p.changes("up", TS_LABEL="two", TS_FLAVOUR="spicy") == {"update": 1, "replace": 1, "same": 4}
     assert dockerd.inspect("--type", "image", IMAGE)["Id"] != rebuilt["Id"]
+    # … but not a file .dockerignore leaves out
+    (p.context / "ignored.txt").write_text("changed, still not sent\n")
+    assert p.changes("up", "--expect-no-changes", TS_LABEL="two", TS_FLAVOUR="spicy") == {"same": 6}
 
     # a container removed by hand: refresh drops it from the state, up creates it again
     dockerd.docker("rm", "-f", CONTAINER)
