@@ -372,3 +372,27 @@ def test_schema_matches_python_sdk(engine):
             continue
         errors += check_against(cls, resource["inputProperties"], types, token, set())
     assert not errors, "\n".join(errors)
+
+
+def test_unreachable_daemon_fails_configure(engine, tmp_path):
+    """As pulumi-docker's: a provider whose daemon does not answer fails, in preview already."""
+    closed = free_port()  # nothing listens there
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text(
+        "name: docker-unreachable\nruntime:\n  name: python\n  options:\n    toolchain: pip\n"
+        f"    virtualenv: {REPO / '.venv'}\n")
+    (project / "__main__.py").write_text(
+        "import pulumi, pulumi_docker as docker\n"
+        f"p = docker.Provider('node', host='ssh://root@127.0.0.1:{closed}', ssh_opts=['-o', 'BatchMode=yes'])\n"
+        "docker.Image('image', image_name='x:1', skip_push=True,\n"
+        "             build=docker.DockerBuildArgs(context='.', platform='linux/amd64'),\n"
+        "             opts=pulumi.ResourceOptions(provider=p))\n")
+    (project / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\n")
+    env = {**os.environ, **engine, "PULUMI_BACKEND_URL": f"file://{tmp_path}", "PULUMI_CONFIG_PASSPHRASE": "test"}
+    run = lambda *args: subprocess.run(["pulumi", *args, "--non-interactive"], cwd=project, env=env,  # noqa: E731
+                                       capture_output=True, text=True, timeout=120)
+    assert run("stack", "init", "unreachable").returncode == 0
+    out = run("preview")
+    assert out.returncode != 0
+    assert "failed to connect to the docker daemon" in out.stdout + out.stderr, out.stdout[-3000:]

@@ -76,9 +76,14 @@ func (h *hybrid) DiffConfig(ctx context.Context, req *rpc.DiffRequest) (*rpc.Dif
 }
 
 // Configure: both sides read the config; the engine is told previews are supported (the bridge
-// says so; the native side answers previews without building, as pulumi-docker does).
+// says so; the native side answers previews without building, as pulumi-docker does). As in
+// pulumi-docker, a daemon that does not answer fails Configure, previews included (kreuzwerker's
+// own client connects only when a resource needs it).
 func (h *hybrid) Configure(ctx context.Context, req *rpc.ConfigureRequest) (*rpc.ConfigureResponse, error) {
 	h.native.configure(req.GetVariables()) //nolint:staticcheck // the flat map: what the native side needs
+	if err := h.native.ping(ctx); err != nil {
+		return nil, err
+	}
 	resp, err := h.bridged.Configure(ctx, req)
 	if err != nil {
 		return nil, err

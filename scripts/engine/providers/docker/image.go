@@ -395,6 +395,18 @@ func (n *native) dockerClient() (*client.Client, error) {
 	return client.NewClientWithOpts(clientOpts...)
 }
 
+func (n *native) ping(ctx context.Context) error {
+	docker, err := n.dockerClient()
+	if err == nil {
+		defer docker.Close()
+		_, err = docker.Ping(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("failed to connect to the docker daemon at %q: %w", n.dHost, err)
+	}
+	return nil
+}
+
 func (n *native) build(ctx context.Context, urn string, in resource.PropertyMap) (string, *structpb.Struct, error) {
 	name, ok := knownString(in["imageName"])
 	if !ok || name == "" {
