@@ -20,6 +20,7 @@ import (
 	buildtypes "github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/jsonmessage"
+	controlapi "github.com/moby/buildkit/api/services/control"
 	"github.com/moby/buildkit/session"
 	"github.com/moby/go-archive"
 	"github.com/moby/patternmatcher"
@@ -29,6 +30,7 @@ import (
 	"github.com/pulumi/pulumi/sdk/v3/go/common/resource"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/resource/plugin"
 	rpc "github.com/pulumi/pulumi/sdk/v3/proto/go"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -395,6 +397,29 @@ func (n *native) dockerClient() (*client.Client, error) {
 	return client.NewClientWithOpts(clientOpts...)
 }
 
+// trace shows BuildKit's progress: each step as it starts, its output, its error.
+func (n *native) trace(ctx context.Context, urn string, aux json.RawMessage, started map[string]bool) {
+	var raw []byte // the aux is the protobuf StatusResponse, base64 in JSON
+	var st controlapi.StatusResponse
+	if json.Unmarshal(aux, &raw) != nil || proto.Unmarshal(raw, &st) != nil {
+		return
+	}
+	for _, v := range st.Vertexes {
+		if v.Started != nil && !started[v.Digest] {
+			started[v.Digest] = true
+			n.status(ctx, urn, v.Name)
+		}
+		if v.Error != "" {
+			n.status(ctx, urn, v.Name+": "+v.Error)
+		}
+	}
+	for _, l := range st.Logs {
+		for _, line := range strings.Split(strings.TrimRight(string(l.Msg), "\n"), "\n") {
+			n.status(ctx, urn, line)
+		}
+	}
+}
+
 func (n *native) ping(ctx context.Context) error {
 	docker, err := n.dockerClient()
 	if err == nil {
@@ -484,6 +509,7 @@ func (n *native) build(ctx context.Context, urn string, in resource.PropertyMap)
 	}
 	defer resp.Body.Close()
 	dec := json.NewDecoder(resp.Body)
+	started := map[string]bool{}
 	for {
 		var m jsonmessage.JSONMessage
 		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
@@ -493,6 +519,10 @@ func (n *native) build(ctx context.Context, urn string, in resource.PropertyMap)
 		}
 		if m.Error != nil {
 			return "", nil, fmt.Errorf("docker build: %s", m.Error.Message)
+		}
+		if m.ID == "moby.buildkit.trace" && m.Aux != nil {
+			n.trace(ctx, urn, *m.Aux, started)
+			continue
 		}
 		n.status(ctx, urn, strings.TrimSpace(m.Stream+m.Status))
 	}
