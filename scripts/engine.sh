@@ -28,7 +28,10 @@
 #   instead, at the versions the SDKs request: command on pulumi-go-provider v1.3.0 and sdk/v3
 #   v3.224.0 (what pulumi-command v1.2.1 itself builds on), random on the same; each serves only
 #   the resources twinspark uses (their main.go says which).
-# - docker: its provider module is refused too; `build` probes, says so and leaves it out.
+# - docker: pulumi-docker's module is refused too, so pulumi-resource-docker v5.2.0 is our own
+#   (scripts/engine/providers/docker): kreuzwerker's provider (served) bridged with
+#   pulumi-terraform-bridge v3.120.0 (served), a native Image, one hybrid server; its schema is
+#   generated at build time by the bridge's tfgen. Keyed by version and source hash.
 # A provider binary had elsewhere can be installed with
 # `scripts/engine.sh install-provider NAME VERSION BIN`.
 set -euo pipefail
@@ -44,7 +47,12 @@ PULUMI_CLI_VERSION=3.274.1
 COMMAND_VERSION=1.2.1
 RANDOM_VERSION=4.21.4
 DOCKER_VERSION=5.2.0
-DOCKER_MODULE=github.com/pulumi/pulumi-docker/provider/v5
+# pulumi-docker's provider module is refused; ours builds from the proxy's kreuzwerker module,
+# whose go.mod names it github.com/terraform-providers/terraform-provider-docker
+DOCKER_SRC=$ROOT/scripts/engine/providers/docker
+DOCKER_UPSTREAM_MODULE=github.com/kreuzwerker/terraform-provider-docker
+DOCKER_UPSTREAM_VERSION=v0.0.0-20260916201441-96d331c98ff4
+DOCKER_UPSTREAM_PATH=github.com/terraform-providers/terraform-provider-docker
 
 CACHE=${TWINSPARK_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/twinspark-engine}
 LANGHOST_SRC=$ROOT/scripts/engine/pulumi-language-python
@@ -183,18 +191,48 @@ build_standin() {
 build_command() { build_standin command "$COMMAND_VERSION"; }
 build_random() { build_standin random "$RANDOM_VERSION"; }
 
-# docker: its provider module is refused at every version, so neither its commit for
-# v$DOCKER_VERSION nor its source (and the schema-embed.json it generates from its schema.json)
-# can be reached here; the probe says whether that has changed.
-probe_list() {
-  local module=$1 proxy code
-  proxy=${GOPROXY%%[,|]*}
-  code=$(curl -s -m 60 -o "$CACHE/probe.txt" -w '%{http_code}' "$proxy/$module/@v/list" || true)
-  log "not served: $module ($proxy answers @v/list with $code: $(head -c 200 "$CACHE/probe.txt" 2>/dev/null))"
-  [ "$code" = 200 ] && log "$module is listed now: its recipe is still to be written here"
-  return 2
+# docker: our source (the files below), the kreuzwerker module copied from the module cache
+# into ./upstream beside it with our shim added (go.mod's replace points there: the provider is in
+# an internal package), tfgen's schema, then the provider with the schema embedded.
+DOCKER_FILES=(go.mod go.sum resources.go hybrid.go image.go cmd/pulumi-resource-docker/main.go
+  cmd/pulumi-tfgen-docker/main.go upstream/shim/shim.go)
+docker_dir() {
+  echo "$CACHE/provider-docker-v$DOCKER_VERSION-$({ (cd "$DOCKER_SRC" && cat "${DOCKER_FILES[@]}");
+    echo "$DOCKER_UPSTREAM_VERSION"; declare -f build_docker; } | sha256sum | cut -c1-12)"
 }
-build_docker() { probe_list "$DOCKER_MODULE"; }
+docker_installed() { echo "$CACHE/home/plugins/resource-docker-v$DOCKER_VERSION/pulumi-resource-docker"; }
+# ready: this source's build is the one PULUMI_HOME holds
+docker_ready() { cmp -s "$(docker_dir)/pulumi-resource-docker" "$(docker_installed)"; }
+
+build_docker() {
+  local out src upstream modpath
+  out=$(docker_dir)
+  if [ ! -x "$out/pulumi-resource-docker" ]; then
+    src=$CACHE/src/docker-v$DOCKER_VERSION
+    rm -rf "$src" "$out.tmp"
+    mkdir -p "$src" "$out.tmp" || return 1
+    (cd "$DOCKER_SRC" && cp --parents "${DOCKER_FILES[@]}" "$src/") || return 1
+    upstream=$(cd "$CACHE" && go_ mod download -json "$DOCKER_UPSTREAM_MODULE@$DOCKER_UPSTREAM_VERSION" |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])') || return 1
+    modpath=$(go mod edit -json "$upstream/go.mod" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Module"]["Path"])')
+    [ "$modpath" = "$DOCKER_UPSTREAM_PATH" ] || { log "$DOCKER_UPSTREAM_MODULE names itself $modpath"; return 1; }
+    cp -r "$upstream/." "$src/upstream/" && chmod -R u+w "$src/upstream" || return 1
+    (
+      cd "$src" &&
+        go_ build -trimpath -tags no_compose -o bin/pulumi-tfgen-docker ./cmd/pulumi-tfgen-docker &&
+        bin/pulumi-tfgen-docker schema --out gen --skip-docs --skip-examples >tfgen.log 2>&1 &&
+        cp gen/schema.json cmd/pulumi-resource-docker/schema.json &&
+        go_ build -trimpath -tags no_compose \
+          -ldflags "-s -w -X twinspark.local/pulumi-docker.Version=$DOCKER_VERSION" \
+          -o "$out.tmp/pulumi-resource-docker" ./cmd/pulumi-resource-docker &&
+        cp gen/schema.json "$out.tmp/"
+    ) || return 1
+    publish "$out" pulumi-resource-docker || return 1
+  fi
+  # a build of other source replaces the one installed at this version
+  docker_ready || rm -rf "$(dirname "$(docker_installed)")"*
+  install_plugin docker "$DOCKER_VERSION" "$out/pulumi-resource-docker"
+}
 
 # A provider is ready when PULUMI_HOME holds it at that version: built here, or installed with
 # install-provider from a binary had elsewhere (which then says so). A stand-in is ready only
@@ -284,7 +322,7 @@ cmd_build() {
         [ -x "$(cli_dir)/pulumi" ] || { log "$c: the CLI installs the plugin: build cli first"; failed+=("$c"); continue; }
         v=$([ "$c" = command ] && echo "$COMMAND_VERSION" || echo "$RANDOM_VERSION")
         provider_ready "$c" "$v" || timed "$c" "$v" "build_$c" || failed+=("$c") ;;
-      docker) provider_ready docker "$DOCKER_VERSION" ||
+      docker) docker_ready ||
         timed docker "$DOCKER_VERSION" build_docker || failed+=(docker) ;;
       *) die "unknown component: $c" ;;
     esac
