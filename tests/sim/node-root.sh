@@ -2,7 +2,7 @@
 # node-root.sh — PID 1 of a simulated node's pid namespace, in its own mount/uts namespaces
 # and network namespace: build an overlay root over the machine's root, mount /proc, /sys
 # (this netns, with the machine's cgroup hierarchies, which dockerd needs), a /dev of the
-# node's own, /run, then chroot into it and exec node_init.py.
+# node's own, /run, then pivot into it and exec node_init.py.
 #
 # The node's disk is STATE_DIR: the overlay's upper layer and docker's data-root (overlay2
 # cannot sit on an overlay) live there, so they survive the node's reboot (PID 1 killed, this
@@ -40,11 +40,18 @@ if [ "$docker" = real ]; then
   mkdir -p "$root/var/lib/docker"
   mount --bind "$state/docker" "$root/var/lib/docker"
 fi
-# shared, as systemd makes / on a real host: docker's `rslave` binds of / (the node exporter's
-# /host) need a source mount that propagates
-mount --make-rshared "$root"
 hostname "$name"
 echo "$name" > "$root/etc/hostname"
 cp "$pubkey_file" "$root/tmp/authorized_key.pub"
-exec chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+# pivot_root, not chroot: the overlay becomes this mount namespace's root, so runc can
+# pivot_root into a container's rootfs (under a chroot it falls back to one, and `docker exec`
+# then lands in the node's root instead of the container's)
+cd "$root"
+mkdir -p .host-root
+pivot_root . .host-root
+umount -l /.host-root
+# shared, as systemd makes / on a real host: docker's `rslave` binds of / (the node exporter's
+# /host) need a source mount that propagates
+mount --make-rshared /
+exec chroot . /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   "$python" "$sim_dir/node_init.py" --name "$name" --user "$user" --sim-dir "$sim_dir" --docker "$docker" "$@"

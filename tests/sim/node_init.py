@@ -8,7 +8,8 @@ With `--docker real` the node runs Debian's dockerd as a Spark runs its docker.s
 login user is in the `docker` group (DGX OS's default), the daemon's default runtime is
 runc behind tests/sim/standins/twinspark-sim-runc (the one thing the sandbox cannot grant,
 memlock, clamped and recorded), `nvidia-container-runtime-hook` is the recording stand-in
-for `--gpus`, and the sim's registry is the one it may reach over plain HTTP. With
+for `--gpus`, and the sim's registry is the one it may reach over plain HTTP. Its processes
+see the memlock pam_limits would give a login (tests/sim/standins/memlock-granted.c). With
 `--docker shim` (the older scenarios) tests/sim/shims/docker answers instead.
 """
 
@@ -55,6 +56,11 @@ def prepare_docker(user: str, sim_dir: Path, registry: str, registry_address: st
     for standin in (sim_dir / "standins").iterdir():
         shutil.copy(standin, STANDINS / standin.name)
         (STANDINS / standin.name).chmod(0o755)
+    # every process of the node sees the memlock a login would get on a Spark (memlock-granted.c)
+    preload = STANDINS / "memlock-granted.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(preload), str(STANDINS / "memlock-granted.c")],
+                   check=True, capture_output=True)
+    Path("/etc/ld.so.preload").write_text(f"{preload}\n")
     hook = Path("/usr/local/bin/nvidia-container-runtime-hook")  # dockerd looks it up on its PATH
     hook.unlink(missing_ok=True)
     hook.symlink_to(STANDINS / hook.name)
