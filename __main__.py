@@ -87,6 +87,7 @@ weights = ModelWeights(
         tensor_parallel_size=cfg.tensor_parallel_size,
         gpu_memory_utilization=cfg.serving.gpu_memory_utilization,
         sync_secret=weights_sync_secret,
+        hub_endpoint=cfg.model.hub_endpoint,
     ),
     opts=after_fabric,
 )

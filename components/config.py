@@ -191,6 +191,23 @@ ImageRef = _text(r"[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?",
 KvCacheDtype = _text(r"[a-z0-9_]+", "a vLLM --kv-cache-dtype value: lowercase letters, digits and '_'")
 CommitSha = _text(r"[0-9a-f]{40}", "a full commit sha: 40 lowercase hex digits (the hub's \"Files\" tab, "
                   "or `git ls-remote`), not a branch or tag name")
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"  # huggingface_hub's own default (HF_ENDPOINT unset)
+_HUB_ENDPOINT = re.compile(r"https?://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[A-Za-z0-9._~%-]+)*")
+
+
+def _hub_endpoint(value: str) -> str:
+    # the client appends /api/... and /{repo}/resolve/... to it; it travels in a command line,
+    # so no user:password@ (a token is HF_TOKEN, a secret on stdin)
+    expected = ("an http(s) URL of the hub, a mirror or a proxy, like https://huggingface.co or "
+                "https://hf-mirror.com: scheme, host, optional port and path, no user, query or fragment")
+    if value.endswith("/") and _HUB_ENDPOINT.fullmatch(value.rstrip("/")):
+        raise ValueError(f"expected the URL without the trailing '/': {value.rstrip('/')}")
+    if not _HUB_ENDPOINT.fullmatch(value):
+        raise ValueError(f"expected {expected}")
+    return value
+
+
+HubEndpoint = Annotated[str, AfterValidator(_hub_endpoint)]
 RayVersion = _text(r"\d+\.\d+\.\d+", "a Ray version MAJOR.MINOR.PATCH, like 2.57.0")
 # What docker builds and pulls for: a DGX Spark is linux/arm64; the simulator's machine is
 # linux/amd64. Only these two: every image the stack pulls must exist for it.
@@ -395,6 +412,10 @@ class ModelConfig(Contract):
         default=None,
         description="the repository's commit to serve (40 hex). Unset: the commit the hub serves at the first "
         "`pulumi up` is recorded (output `modelRevision`) and kept until `model.repo` or this key changes")
+    hub_endpoint: HubEndpoint = Field(
+        default=DEFAULT_HUB_ENDPOINT,
+        description="the Hugging Face Hub the head downloads from (HF_ENDPOINT of the download): a mirror or a "
+        "proxy that serves the same repositories; no trailing '/'. A change downloads nothing already verified")
 
     @property
     def container_dir(self) -> str:
@@ -945,6 +966,10 @@ def _may_hold_secret(loc: tuple[Any, ...]) -> bool:
     return bool(loc) and loc[0] == "ssh" and (len(loc) != 2 or loc[1] not in SSH_PLAIN_FIELDS)
 
 
+def _url_with_credentials(loc: tuple[Any, ...], value: Any) -> bool:
+    return loc == ("model", "hubEndpoint") and isinstance(value, str) and "@" in value
+
+
 def _describe_validation_error(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
@@ -957,7 +982,7 @@ def _describe_validation_error(err: ValidationError) -> list[str]:
         message = e["msg"].removeprefix("Value error, ")
         if e["type"] == "missing":
             lines.append(f"{format_key_path(loc)}: {message}")
-        elif _may_hold_secret(loc):
+        elif _may_hold_secret(loc) or _url_with_credentials(loc, e["input"]):
             lines.append(f"{format_key_path(loc)}: {message} (value not shown: this key may hold a secret)")
         elif e["type"] == "value_error":  # ours: "expected ..."
             lines.append(f"{format_key_path(loc)}: {e['input']!r} — {message}")

@@ -35,6 +35,7 @@ from pulumi_command import remote
 from node_contract import (CONTAINER_SLICE, SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHTS_MANIFEST, WEIGHTS_RECORD,
                            WEIGHTS_SYNC_PORT)
 
+from .config import DEFAULT_HUB_ENDPOINT
 from .remote import NodeScript, launch_file, node_command
 
 FETCH_SCRIPT = "fetch-weights.sh"
@@ -73,17 +74,23 @@ class ModelWeightsArgs:
     tensor_parallel_size: int
     gpu_memory_utilization: float
     sync_secret: pulumi.Input[str]  # per stack: the workers' rsync daemons admit only the head
+    hub_endpoint: str = DEFAULT_HUB_ENDPOINT  # model.hubEndpoint
+
+
+def hub_args(args: ModelWeightsArgs) -> list[str]:
+    """Only for another hub: a stack on the default keeps its command lines (no update on upgrade)."""
+    return [] if args.hub_endpoint == DEFAULT_HUB_ENDPOINT else ["--hub-endpoint", args.hub_endpoint]
 
 
 def revision_args(args: ModelWeightsArgs, owner: str) -> list[str]:
     return ["resolve", "--repo", args.repo, "--revision", args.revision or "", "--image", args.downloader_image,
-            "--owner", owner]
+            "--owner", owner, *hub_args(args)]
 
 
 def fetch_args(args: ModelWeightsArgs, revision: str) -> list[str]:
     return ["download", "--repo", args.repo, "--revision", revision, "--dir", args.dir,
             "--image", args.downloader_image, "--manifest", WEIGHTS_MANIFEST, "--record", WEIGHTS_RECORD,
-            "--node", args.head.name, "--cgroup-parent", CONTAINER_SLICE]
+            "--node", args.head.name, "--cgroup-parent", CONTAINER_SLICE, *hub_args(args)]
 
 
 def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
@@ -134,7 +141,7 @@ class ModelWeights(pulumi.ComponentResource):
         program = launch_file(WEIGHTS_PROGRAM)
         hf_token = {"HF_TOKEN": pulumi.Output.secret(args.hf_token or "")}
         # Replaced (its delete forgets the kept commit) only when the repo, model.revision or
-        # the head changes; an update (new image, script or token) prints the kept commit.
+        # the head changes; an update (new image, script, token or hub endpoint) prints the kept commit.
         revision_name = f"{head.name}-weights-revision"
         resolve = node_command(
             revision_name, head.connection,

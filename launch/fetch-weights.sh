@@ -5,6 +5,7 @@
 #   HF_TOKEN=... fetch-weights.sh resolve --repo deepseek-ai/DeepSeek-V4-Flash-0731 [--revision SHA] \
 #       --image ghcr.io/anemll/dspark-vllm-gx10:0.1.1 --owner spark1-weights-revision   < weights.py
 #   fetch-weights.sh forget --owner spark1-weights-revision   < weights.py
+#   (resolve and download take --hub-endpoint URL: a mirror or proxy, the container's HF_ENDPOINT)
 #   HF_TOKEN=... fetch-weights.sh download --repo deepseek-ai/DeepSeek-V4-Flash-0731 --revision SHA \
 #       --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 --image ghcr.io/anemll/dspark-vllm-gx10:0.1.1 \
 #       --manifest .twinspark-manifest --record .twinspark-verified --node spark1   < weights.py
@@ -28,17 +29,19 @@ set -euo pipefail
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
 repo="" revision="" dir="" image="" manifest="" record="" node="" owner="" timeout_h=8
-program="" cgroup_parent=""
+program="" cgroup_parent="" hub_endpoint=""
 HUB_LISTING=.twinspark-hub.json  # what the hub published for the revision (weights.py hub-download)
 
 # in_image ARGS...: weights.py ARGS inside the serving base image, DIR mounted at /weights
 in_image() {
-  local token_env=() placement=() mounts=(-v "$program:/twinspark/weights.py:ro")
+  local token_env=() placement=() hub_env=() mounts=(-v "$program:/twinspark/weights.py:ro")
   [ -n "${HF_TOKEN:-}" ] && token_env=(-e HF_TOKEN)
+  # not a secret (model.hubEndpoint refuses user:password@): in argv, unlike the token
+  [ -n "$hub_endpoint" ] && hub_env=(-e "HF_ENDPOINT=$hub_endpoint")
   [ -n "$dir" ] && mounts+=(-v "$dir:/weights")
   # the download's page cache counts where the container runs: beside serving, not in the capped system.slice
   [ -n "$cgroup_parent" ] && placement=(--cgroup-parent "$cgroup_parent")
-  timeout "${timeout_h}h" docker run --rm --network host "${placement[@]}" "${token_env[@]}" \
+  timeout "${timeout_h}h" docker run --rm --network host "${placement[@]}" "${token_env[@]}" "${hub_env[@]}" \
     -e HOME=/tmp -e HF_HUB_DISABLE_TELEMETRY=1 -e HF_HUB_DISABLE_PROGRESS_BARS=1 \
     -u "$(id -u):$(id -g)" "${mounts[@]}" --entrypoint python3 "$image" /twinspark/weights.py "$@"
 }
@@ -62,11 +65,17 @@ download_and_pin() {
     --record "$dir/$record" --node "$node"
 }
 
+check_hub_endpoint() {
+  [ -z "$hub_endpoint" ] || [[ $hub_endpoint =~ ^https?://[^/@]+(/[^/]+)*$ ]] \
+    || usage_error "--hub-endpoint must be an http(s) URL without user or trailing '/', got '$hub_endpoint'"
+}
+
 kept_revision() { printf '%s/.local/state/twinspark/model-revision' "$HOME"; }
 
 resolve() {
-  parse_flags --repo=repo --revision=revision --image=image --owner=owner -- "$@"
+  parse_flags --repo=repo --revision=revision --image=image --owner=owner --hub-endpoint=hub_endpoint -- "$@"
   require_flags --repo --image --owner
+  check_hub_endpoint
   read_payload program weights.py
   local asked="$repo@$revision" kept resolved
   kept=$(cat "$(kept_revision)" 2>/dev/null || true)
@@ -94,9 +103,10 @@ forget() {
 
 download() {
   parse_flags --repo=repo --revision=revision --dir=dir --image=image --manifest=manifest --record=record \
-    --cgroup-parent=cgroup_parent \
+    --cgroup-parent=cgroup_parent --hub-endpoint=hub_endpoint \
     --node=node --timeout-hours=timeout_h -- "$@"
   require_flags --repo --revision --dir --image --manifest --record --node
+  check_hub_endpoint
   read_payload program weights.py
   log_node=$node
   [[ $revision =~ ^[0-9a-f]{40}$ ]] || usage_error "--revision must be a full commit sha (40 hex), got '$revision'"

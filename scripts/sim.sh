@@ -49,6 +49,24 @@ stop_registry() {
   rm -f "$SIM_HOME/registry.pid"
 }
 
+# the hub stand-in (tests/hub_standin.py) on the port of Pulumi.sim.yaml's model.hubEndpoint, the
+# LFS files' "CDN" on the next; the nodes reach it at their gateway. Repos: $SIM_HOME/hub/ORG/NAME
+hub_port() {
+  .venv/bin/python -c 'import sys, urllib.parse, yaml
+print(urllib.parse.urlsplit(yaml.safe_load(open(sys.argv[1]))["config"]["twinspark:model"]["hubEndpoint"]).port)' Pulumi.sim.yaml
+}
+start_hub() {
+  stop_hub
+  mkdir -p "$SIM_HOME/hub"
+  python3 tests/hub_standin.py --root "$SIM_HOME/hub" --listen "0.0.0.0:$(hub_port)" >>"$SIM_HOME/hub.log" 2>&1 &
+  echo $! >"$SIM_HOME/hub.pid"
+}
+stop_hub() {
+  [ -f "$SIM_HOME/hub.pid" ] || return 0
+  kill "$(cat "$SIM_HOME/hub.pid")" 2>/dev/null || true
+  rm -f "$SIM_HOME/hub.pid"
+}
+
 cmd_up() {
   local nodes=0
   while [ $# -gt 0 ]; do
@@ -65,6 +83,7 @@ cmd_up() {
   log "building the sim's images where their inputs changed (scripts/sim_images.py)"
   images build
   start_registry
+  start_hub
   local config_args=() config_out=()
   if [ "$nodes" -ne 0 ]; then
     config_out=(--config-out "$SIM_HOME/Pulumi.sim-$nodes.yaml")
@@ -92,6 +111,7 @@ cmd_down() {
     rm -rf "$SIM_HOME/state" "$SIM_HOME"/Pulumi.sim-*.yaml
   fi
   stop_registry
+  stop_hub
 }
 
 case ${1:-} in

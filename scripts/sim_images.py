@@ -8,8 +8,9 @@
 What it builds is what Pulumi.sim.yaml names (serving.image, observability.images, for
 serving.platform, with serving.rayVersion), every reference in REGISTRY:
 - the serving base: Debian bookworm (debootstrap minbase) with python3, pip, nginx, Ray
-  [default] and the project's stand-ins (`vllm`: tests/sim/bin/vllm; huggingface_hub:
-  tests/sim/fake_hub), with no apt source and no pip index, so launch/serving-image/Dockerfile
+  [default], the real huggingface_hub (the version requirements-dev.txt pins; the sim serves
+  the Hub's API with tests/hub_standin.py) and the vLLM stand-in (tests/sim/bin/vllm), with no
+  apt source and no pip index, so launch/serving-image/Dockerfile
   builds on it offline (its pip and apt-get find everything installed);
 - Prometheus, Alertmanager, node exporter: Debian's own binaries, the version the tag names;
 - Grafana and the GPU exporter: stand-ins (tests/sim/images/*-standin), no real binary being
@@ -291,6 +292,27 @@ def download_wheels(ray_version: str, dest: Path) -> None:
     (dest / ".complete").touch()
 
 
+def hub_requirement() -> str:
+    """huggingface_hub==V as requirements-dev.txt pins it: the image runs the client the tests run."""
+    for line in (ROOT / "requirements-dev.txt").read_text().splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if requirement.lower().replace("-", "_").startswith("huggingface_hub=="):
+            return requirement
+    raise SystemExit("sim_images: requirements-dev.txt pins no huggingface_hub==VERSION")
+
+
+def download_hub_wheels(requirement: str, dest: Path) -> None:
+    """As download_wheels (left as it is: its source keys the rootfs), for the stand-ins' layer."""
+    if (dest / ".complete").exists():
+        return
+    platforms = [f"manylinux_2_{v}_x86_64" for v in range(36, 16, -1)] + ["manylinux2014_x86_64"]
+    env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"}
+    run(sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", "3.11",
+        "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+        *[a for p in platforms for a in ("--platform", p)], "--progress-bar", "off", "-d", dest, requirement, env=env)
+    (dest / ".complete").touch()
+
+
 def make_rootfs(ray_version: str, arch: str, wheels: Path, out: Path) -> None:
     """debootstrap minbase + BASE_PACKAGES, Ray from the wheels, then what makes it offline and small."""
     with tempfile.TemporaryDirectory(prefix="rootfs-", dir=CACHE) as tmp:
@@ -326,7 +348,8 @@ def make_rootfs(ray_version: str, arch: str, wheels: Path, out: Path) -> None:
 def base_recipe(stack: StackConfig) -> Recipe:
     ray, arch = stack.serving.ray_version, arch_of(stack.serving.platform)
     rootfs_key = key_of(SUITE, DEBIAN_MIRROR, BASE_PACKAGES, ray, arch, make_rootfs, download_wheels)
-    standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", ROOT / "tests/sim/fake_hub")
+    hub = hub_requirement()
+    standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", hub, download_hub_wheels)
 
     def build(docker: Docker, registry: Registry, local: str) -> None:
         rootfs = CACHE / "rootfs" / f"{rootfs_key[:16]}.tar"
@@ -347,17 +370,21 @@ def base_recipe(stack: StackConfig) -> Recipe:
             ctx = Path(ctx)
             shutil.copy(ROOT / "tests/sim/bin/vllm", ctx / "vllm")
             shutil.copy(ROOT / "tests/openai_standin.py", ctx / "openai_standin.py")
-            shutil.copytree(ROOT / "tests/sim/fake_hub/huggingface_hub", ctx / "huggingface_hub",
-                            ignore=shutil.ignore_patterns("__pycache__"))
-            # the stand-ins on python's path and PATH, apart from the rootfs: a change to them
-            # rebuilds this small layer only
+            wheels = CACHE / "wheels" / f"{hub.replace('==', '-')}-cp311-{arch}"
+            log(f"downloading {hub} wheels into {wheels}")
+            download_hub_wheels(hub, wheels)
+            shutil.copytree(wheels, ctx / "hub-wheels", ignore=shutil.ignore_patterns(".complete"))
+            # the stand-ins and the hub client on python's path and PATH, apart from the rootfs:
+            # a change to them rebuilds this small layer only (pip: from the wheels, no index)
             (ctx / "Dockerfile").write_text(
                 f"FROM {rootfs_image}\n"
                 f"COPY openai_standin.py {PYTHON_SITE}/openai_standin.py\n"
-                f"COPY huggingface_hub {PYTHON_SITE}/huggingface_hub\n"
+                "COPY hub-wheels /tmp/hub-wheels\n"
+                "RUN pip install --no-index --find-links /tmp/hub-wheels --no-cache-dir --no-warn-script-location "
+                f"--progress-bar off '{hub}' && rm -rf /tmp/hub-wheels\n"
                 "COPY vllm /usr/local/bin/vllm\n"
                 "LABEL org.opencontainers.image.description=\"twinspark sim serving base: Debian bookworm, "
-                f"ray[default]=={ray}, nginx, the vLLM and huggingface_hub STAND-INS\"\n")
+                f"ray[default]=={ray}, nginx, {hub}, the vLLM STAND-IN\"\n")
             docker("build", "--network", "none", "--platform", stack.serving.platform, "-t", local, ctx)
         docker("image", "rm", rootfs_image)
 

@@ -323,6 +323,34 @@ def test_model_dirs_that_hold_only_a_model_pass(model_dir):
     assert parse_stack_config(cfg).model.dir == model_dir
 
 
+@pytest.mark.parametrize("endpoint", ["https://hf-mirror.com", "http://hub.twinspark-sim:8080", "https://proxy.lan/hf"])
+def test_a_hub_mirror_or_proxy_passes_and_the_default_is_the_hub(endpoint):
+    cfg = copy.deepcopy(BASE)
+    assert parse_stack_config(cfg).model.hub_endpoint == "https://huggingface.co"
+    cfg["model"]["hubEndpoint"] = endpoint
+    assert parse_stack_config(cfg).model.hub_endpoint == endpoint
+
+
+@pytest.mark.parametrize("endpoint, fragments", [
+    ("https://hf-mirror.com/", ["without the trailing '/': https://hf-mirror.com"]),
+    ("hf-mirror.com", ["'hf-mirror.com'", "an http(s) URL"]),
+    ("https://hf-mirror.com/?x=1", ["an http(s) URL", "no user, query or fragment"]),
+])
+def test_a_hub_endpoint_that_is_not_a_plain_url_is_refused(endpoint, fragments):
+    cfg = copy.deepcopy(BASE)
+    cfg["model"]["hubEndpoint"] = endpoint
+    assert_refused(cfg, "twinspark:model.hubEndpoint", fragments)
+
+
+def test_a_hub_endpoint_with_credentials_is_refused_without_showing_them():
+    cfg = copy.deepcopy(BASE)
+    cfg["model"]["hubEndpoint"] = "https://user:hunter2-pass@proxy.lan"
+    assert_refused(cfg, "twinspark:model.hubEndpoint", ["no user", "value not shown"])
+    with pytest.raises(pulumi.RunError) as err:
+        parse_stack_config(cfg)
+    assert "hunter2" not in str(err.value)
+
+
 def test_a_31_bit_rail_is_point_to_point():
     cfg = copy.deepcopy(BASE)
     rails(("10.0.0.0/31", "10.0.1.0/31"), ("10.0.0.1/31", "10.0.1.1/31"))(cfg)

@@ -716,6 +716,19 @@ def test_the_resolved_revision_pins_the_fetch_the_copy_and_the_output(recipe_run
     assert recipe_run.named("spark1-weights-revision").inputs["triggers"][1:] == ["deepseek-ai/DeepSeek-V4-Flash-0731", ""]
 
 
+def test_a_hub_mirror_reaches_both_hub_steps_and_the_default_changes_no_command_line(program, recipe_run):
+    for name in ("spark1-weights-revision", "spark1-weights-fetch"):
+        assert "--hub-endpoint" not in args_of(recipe_run, name)  # a stack on the hub: as before the key existed
+    config = stack_config()
+    config["twinspark:model"] = {**config["twinspark:model"], "hubEndpoint": "https://hf-mirror.com"}
+    run = program(config)
+    assert run.error is None, run.error
+    for name in ("spark1-weights-revision", "spark1-weights-fetch"):
+        assert flag_value(args_of(run, name), "--hub-endpoint") == "https://hf-mirror.com"
+    # an update, not a replace: the kept commit stays, the verified weights are not fetched again
+    assert run.named("spark1-weights-revision").inputs["triggers"] == recipe_run.named("spark1-weights-revision").inputs["triggers"]
+
+
 def test_model_revision_pins_every_step(program):
     config = stack_config()
     config["twinspark:model"] = {**config["twinspark:model"], "revision": "a" * 40}

@@ -4,7 +4,7 @@ and by digest), and each does what the program asks of it:
 
 - the serving base: launch/serving-image/Dockerfile builds FROM base@digest with no network
   (its pip and apt-get find everything installed), and the result has nginx, Ray at
-  serving.rayVersion, the vLLM stand-in, the stand-in huggingface_hub and the socket group;
+  serving.rayVersion, the vLLM stand-in, the real huggingface_hub and the socket group;
 - Debian's Prometheus, Alertmanager and node exporter print their version and start with the
   program's own flags and rendered config (components/observability.py);
 - the Grafana and GPU exporter stand-ins say they are stand-ins and start as the program runs them.

@@ -1,8 +1,9 @@
 """The weights for real, without the simulator: the program's own command lines and stdin
 (script_command / runner_stdin over ModelWeights' args), real rsync daemons, real sha256.
 
-- the fetch: fetch-weights.sh with the sim's docker shim, whose stand-in huggingface_hub
-  (tests/sim/fake_hub) answers from a local hub directory;
+- the fetch: fetch-weights.sh with the sim's docker shim (weights.py with the container's -e
+  environment), the real huggingface_hub (requirements-dev.txt) talking to the Hub's HTTP API
+  as tests/hub_standin.py serves it from a local directory (model.hubEndpoint -> HF_ENDPOINT);
 - the copy: two network namespaces, "head" and "worker", joined by two veth rails (the
   cable); sshd on the worker's first rail, in a mount namespace of its own where the model
   directory is another folder at the same path, with the sync key authorized as the program
@@ -18,6 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -27,6 +29,7 @@ from pathlib import Path
 import pytest
 
 import node_contract as contract
+from hub_standin import HubStandin
 from components import model_weights
 from components.model_weights import ModelWeightsArgs, NodeAccess
 from components.remote import launch_file, runner_stdin, script_command, script_text
@@ -68,17 +71,19 @@ def make_model(root: Path, shards: int, shard_mb: int) -> list[str]:
 
 @dataclass
 class Head:
-    """The head's side: a HOME, the model directory, a PATH with the sim's docker shim."""
+    """The head's side: a HOME, the model directory, a PATH with the sim's docker shim, the hub."""
 
     home: Path
     dir: Path
     hub: Path
     bin: Path
+    endpoint: str  # model.hubEndpoint: the stand-in's
     netns: str | None = None
 
     def env(self) -> dict:
-        return {"HOME": str(self.home), "PATH": f"{self.bin}:{PATH}", "TWINSPARK_SIM_HUB": str(self.hub),
-                "TWINSPARK_SIM_FAKE_HUB": str(SIM_DIR / "fake_hub"), "TWINSPARK_SIM_LOG": str(self.home)}
+        # the shim's "container" runs this interpreter: it has the real huggingface_hub
+        return {"HOME": str(self.home), "PATH": f"{self.bin}:{PATH}", "TWINSPARK_SIM_PYTHON": sys.executable,
+                "TWINSPARK_SIM_LOG": str(self.home)}
 
     def run(self, script: str, args, secrets=(), payload="", timeout=300, background=False):
         """The runner's command line and stdin, as pulumi-command sends them to the head."""
@@ -96,23 +101,26 @@ class Head:
         return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
-def weights_args(head_dir: Path, workers=(), revision=None) -> ModelWeightsArgs:
+def weights_args(head_dir: Path, workers=(), revision=None, endpoint="https://huggingface.co") -> ModelWeightsArgs:
     return ModelWeightsArgs(
         repo=REPO, revision=revision, dir=str(head_dir), downloader_image="twinspark-sim/base:local", ssh_user="root",
         head=NodeAccess("spark1", None, "10.0.0.1", ["10.0.0.1", "10.0.1.1"]), workers=list(workers),
-        hf_token=None, tensor_parallel_size=2, gpu_memory_utilization=0.85, sync_secret=SECRET)
+        hf_token=None, tensor_parallel_size=2, gpu_memory_utilization=0.85, sync_secret=SECRET,
+        hub_endpoint=endpoint)
 
 
 WORKER = NodeAccess("spark2", None, "10.0.0.2", ["10.0.0.2", "10.0.1.2"])
 
 
 def resolve(head: Head, revision=None):
-    args = model_weights.revision_args(weights_args(head.dir, revision=revision), "spark1-weights-revision")
+    args = model_weights.revision_args(weights_args(head.dir, revision=revision, endpoint=head.endpoint),
+                                       "spark1-weights-revision")
     return head.run("fetch-weights.sh", args, secrets=["hf_token"])
 
 
 def fetch(head: Head, revision: str):
-    return head.run("fetch-weights.sh", model_weights.fetch_args(weights_args(head.dir), revision), secrets=["hf_token"])
+    args = model_weights.fetch_args(weights_args(head.dir, endpoint=head.endpoint), revision)
+    return head.run("fetch-weights.sh", args, secrets=["hf_token"])
 
 
 @pytest.fixture
@@ -123,8 +131,16 @@ def home():
     shutil.rmtree(path)
 
 
-def fetched_head(tmp_path: Path, home: Path, shards=6, shard_mb=8) -> tuple[Head, str]:
-    head = Head(home, tmp_path / "models" / "model", tmp_path / "hub", tmp_path / "bin")
+@pytest.fixture
+def hub(tmp_path):
+    """The Hub's API over tmp_path/hub (one folder per repo), on a free port of this machine."""
+    (tmp_path / "hub").mkdir()
+    with HubStandin(tmp_path / "hub") as standin:
+        yield standin
+
+
+def fetched_head(tmp_path: Path, home: Path, hub: HubStandin, shards=6, shard_mb=8) -> tuple[Head, str]:
+    head = Head(home, tmp_path / "models" / "model", tmp_path / "hub", tmp_path / "bin", hub.endpoint)
     head.bin.mkdir()
     (head.bin / "docker").symlink_to(SIM_DIR / "shims" / "docker")
     make_model(head.hub / REPO, shards, shard_mb)
@@ -141,8 +157,8 @@ def manifest(head: Head) -> dict:
 
 
 # ---- the fetch: a pinned revision, checked against the hub ---------------------------------------
-def test_fetch_pins_the_revision_and_checks_every_file_against_the_hub(tmp_path, home):
-    head, revision = fetched_head(tmp_path, home)
+def test_fetch_pins_the_revision_and_checks_every_file_against_the_hub(tmp_path, home, hub):
+    head, revision = fetched_head(tmp_path, home, hub)
     pinned = manifest(head)
     assert pinned["revision"] == revision and pinned["repo"] == REPO
     for name in ("config.json", "tokenizer.json", "model-00003-of-00006.safetensors"):
@@ -164,13 +180,35 @@ def test_fetch_pins_the_revision_and_checks_every_file_against_the_hub(tmp_path,
     assert forget.returncode == 0, forget.stderr
     moved = model_weights.parse_revision(resolve(head).stdout)
     assert moved != revision
-    # asking for a commit the hub does not have fails, naming it
+    # asking for a commit the hub does not have fails, naming it (the hub's words, through the client)
     absent = resolve(head, revision="f" * 40)
-    assert absent.returncode != 0 and "has no revision " + "f" * 40 in absent.stdout + absent.stderr
+    assert absent.returncode != 0 and "Invalid rev id: " + "f" * 40 in absent.stdout + absent.stderr
+    assert "huggingface_hub.errors.RevisionNotFoundError" in absent.stderr, absent.stderr
 
 
-def test_fetch_repairs_a_damaged_file_on_the_head(tmp_path, home):
-    head, revision = fetched_head(tmp_path, home)
+def test_fetch_of_a_revision_the_hub_lacks_fails_with_the_clients_error_and_keeps_the_files(tmp_path, home, hub):
+    head, revision = fetched_head(tmp_path, home, hub, shards=2)
+    before = {p.name: sha256(p) for p in head.dir.glob("*.json")} | {
+        p.name: sha256(p) for p in head.dir.glob("*.safetensors")}
+    out = fetch(head, "e" * 40)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "huggingface_hub.errors.RevisionNotFoundError" in text and "Invalid rev id: " + "e" * 40 in text, text
+    assert f"the download of {REPO}@{'e' * 40} does not match the hub" in text
+    assert {name: sha256(head.dir / name) for name in before} == before  # nothing fetched, nothing removed
+
+
+def test_the_token_reaches_the_hub_and_never_the_cdn(tmp_path, home, hub):
+    """HF_TOKEN (stdin -> docker -e) is sent on the hub's API; the LFS redirect leaves it behind."""
+    fetched_head(tmp_path, home, hub, shards=2)
+    api = [r for r in hub.requests if not r[1].startswith("/lfs/")]
+    cdn = [r for r in hub.requests if r[1].startswith("/lfs/")]
+    assert api and all(token for _, _, token in api), api
+    assert len(cdn) == 2 and not any(token for _, _, token in cdn), cdn  # the two shards, from the CDN origin
+
+
+def test_fetch_repairs_a_damaged_file_on_the_head(tmp_path, home, hub):
+    head, revision = fetched_head(tmp_path, home, hub)
     shard = head.dir / "model-00002-of-00006.safetensors"
     flip_bit(shard, 12345)
     out = fetch(head, revision)
@@ -181,8 +219,8 @@ def test_fetch_repairs_a_damaged_file_on_the_head(tmp_path, home):
     assert sha256(shard) == manifest(head)["files"][shard.name]["sha256"]
 
 
-def test_pin_refuses_a_file_the_hub_published_otherwise(tmp_path, home):
-    head, revision = fetched_head(tmp_path, home, shards=2)
+def test_pin_refuses_a_file_the_hub_published_otherwise(tmp_path, home, hub):
+    head, revision = fetched_head(tmp_path, home, hub, shards=2)
     listing = json.loads((head.dir / ".twinspark-hub.json").read_text())
     listing["files"]["model-00001-of-00002.safetensors"]["sha256"] = "0" * 64
     listing["files"]["config.json"]["blob_id"] = "1" * 40
@@ -198,8 +236,8 @@ def test_pin_refuses_a_file_the_hub_published_otherwise(tmp_path, home):
     assert not (tmp_path / "m.json").exists()  # no manifest: nothing is copied from a bad download
 
 
-def test_fetch_refuses_a_revision_that_is_not_a_commit(tmp_path, home):
-    head, _ = fetched_head(tmp_path, home, shards=1)
+def test_fetch_refuses_a_revision_that_is_not_a_commit(tmp_path, home, hub):
+    head, _ = fetched_head(tmp_path, home, hub, shards=1)
     out = fetch(head, "main")
     assert out.returncode == 2 and "--revision must be a full commit sha (40 hex), got 'main'" in out.stderr
 
@@ -289,8 +327,8 @@ class Pair:
 
 
 @pytest.fixture
-def pair(tmp_path, home):
-    head, revision = fetched_head(tmp_path, home)
+def pair(tmp_path, home, hub):
+    head, revision = fetched_head(tmp_path, home, hub)
     p = Pair(tmp_path, head)
     p.revision = revision
     yield p
@@ -413,13 +451,13 @@ def test_another_revision_is_refused_naming_node_and_both(pair):
     assert f"spark2 holds revision {'d' * 40}; this stack pins {pair.revision}" in out.stderr, out.stderr
 
 
-def test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link(tmp_path, home):
+def test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link(tmp_path, home, hub):
     """Figures, not a gate: the copy (its transfer, then the worker's verification) and the
     recipe's plain rsync over ssh, same files, same rails. TWINSPARK_WEIGHTS_MEASURE_MB sets the
     model's size (default 256), TWINSPARK_WEIGHTS_MAX_STREAMS_PER_RAIL the streams' cap; the
     figures go to build/weights-local-report.json."""
     total_mb = int(os.environ.get("TWINSPARK_WEIGHTS_MEASURE_MB", "256"))
-    head, revision = fetched_head(tmp_path, home, shards=8, shard_mb=total_mb // 8)
+    head, revision = fetched_head(tmp_path, home, hub, shards=8, shard_mb=total_mb // 8)
     pair = Pair(tmp_path, head)
     try:
         out = pair.sync(revision, max_streams_per_rail=int(os.environ.get("TWINSPARK_WEIGHTS_MAX_STREAMS_PER_RAIL", "4")))

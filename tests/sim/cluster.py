@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -99,6 +100,9 @@ class SimCluster:
         self.key = Path(config["twinspark:ssh"]["privateKeyPath"])
         self.nodes = {n.name: SimNode(n, f"{prefix}-{n.name}") for n in self.cfg.nodes}
         self.fabric_ns = f"{prefix}-fabric"
+        # the stack's hub (Pulumi.sim.yaml model.hubEndpoint), as host:port: the name each node resolves
+        hub = urlsplit(self.cfg.model.hub_endpoint)
+        self.hub = f"{hub.hostname}:{hub.port or (443 if hub.scheme == 'https' else 80)}"
 
     @classmethod
     def from_stack_file(cls, workdir: Path, path: Path = SIM_STACK, prefix: str = "ts", nodes: int = 0,
@@ -261,7 +265,7 @@ class SimCluster:
             ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount", "--pid", "--uts", "--fork",
              "--propagation", "private", "bash", str(SIM_DIR / "node-root.sh"), node.name, str(SIM_DIR),
              self.cfg.ssh.user, str(pubkey), sys.executable, str(self.state_dir(node)), self.docker,
-             "--registry", self.registry, "--registry-address", str(self.gateway(node))],
+             "--registry", self.registry, "--registry-address", str(self.gateway(node)), "--hub", self.hub],
             stdin=subprocess.DEVNULL, stdout=open(self.workdir / f"{node.name}-init.log", "ab"),
             stderr=subprocess.STDOUT, start_new_session=True,
         )

@@ -25,6 +25,7 @@ from pathlib import Path
 
 
 STANDINS = Path("/usr/local/lib/twinspark-sim")
+SHIM_HUB_ROOT = Path("/srv/twinspark-sim-hub")  # where the shim scenarios publish (tests/sim/test_sim.py HUB_DIR)
 DOCKERD_LOG = Path("/var/log/twinspark-sim/dockerd.log")
 
 
@@ -89,8 +90,10 @@ def prepare(name: str, user: str, sim_dir: Path, docker: str) -> None:
         target = Path("/usr/local/bin") / shim.name  # on the login PATH and first in sudo's secure_path
         shutil.copy(shim, target)
         target.chmod(0o755)
-    # the docker shim's stand-in huggingface_hub (its default path)
-    shutil.copytree(sim_dir / "fake_hub", "/usr/local/lib/twinspark-sim/fake_hub", dirs_exist_ok=True)
+    # the docker shim's "container" python (its default): this one, which has the real huggingface_hub
+    STANDINS.mkdir(parents=True, exist_ok=True)
+    (STANDINS / "python").unlink(missing_ok=True)
+    (STANDINS / "python").symlink_to(sys.executable)
     # a link, not a copy: the stand-in imports tests/openai_standin.py relative to its real path
     vllm = Path("/usr/local/bin/vllm")
     vllm.unlink(missing_ok=True)
@@ -107,6 +110,23 @@ def prepare(name: str, user: str, sim_dir: Path, docker: str) -> None:
     shims_log.chmod(0o666)  # shims run as root (through sudo) and as the login user
 
 
+def serve_hub(hub: str, docker: str, gateway: str, sim_dir: Path) -> subprocess.Popen | None:
+    """The stack's hub name (model.hubEndpoint's host): with real docker the stand-in on this
+    machine, at the gateway (scripts/sim.sh serves it); with the shim, one in the node over
+    SHIM_HUB_ROOT on 127.0.0.1 (the scenarios write the repos there)."""
+    if not hub:
+        return None
+    host, port = hub.rsplit(":", 1)
+    if docker == "real":
+        add_host(gateway, host)
+        return None
+    add_host("127.0.0.1", host)
+    SHIM_HUB_ROOT.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, str(sim_dir.parent / "hub_standin.py"), "--root", str(SHIM_HUB_ROOT),
+                             "--listen", f"127.0.0.1:{port}"],
+                            stdout=open("/var/log/twinspark-sim/hub.log", "a"), stderr=subprocess.STDOUT)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", required=True)
@@ -115,8 +135,10 @@ def main() -> int:
     parser.add_argument("--docker", choices=("real", "shim"), default="shim")
     parser.add_argument("--registry", default="", help="host:port the node's dockerd may pull from over HTTP")
     parser.add_argument("--registry-address", default="", help="the address the registry's host name has here")
+    parser.add_argument("--hub", default="", help="host:port of the stack's model.hubEndpoint")
     args = parser.parse_args()
     prepare(args.name, args.user, args.sim_dir, args.docker)
+    serve_hub(args.hub, args.docker, args.registry_address, args.sim_dir)
     if args.docker == "real":
         prepare_docker(args.user, args.sim_dir, args.registry, args.registry_address)
     sshd_log = open("/var/log/twinspark-sim/sshd.log", "a")

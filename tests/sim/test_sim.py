@@ -8,7 +8,8 @@ followed by a bad day. Figures go to build/sim-report.json; timings are reported
 Replaced inside the sim roots by recording shims (tests/sim/shims): systemctl,
 systemd-run (so `netplan apply` is recorded, not run; `netplan generate` runs for real),
 sysctl, ibv_devinfo (a RoCE port that follows its veth rail), and docker (the weight
-download copies from a local hub; `docker logs` reads the supervisor's container log).
+download runs the real huggingface_hub against the node's hub stand-in, tests/hub_standin.py
+over HUB_DIR; `docker logs` reads the supervisor's container log).
 """
 
 import http.client
@@ -28,6 +29,7 @@ import pytest
 from program_harness import ROOT, unwrap
 
 import node_contract as contract
+import node_init
 from cluster import can_raise_memlock
 from components import host_prep
 from components.launch_bundle import VllmServe, vllm_argv
@@ -39,7 +41,7 @@ SIM_DIR = Path(__file__).resolve().parent
 # 1.25 GiB: the hub and the head's copy (sim1), or the copy and the recipe's (sim2), must fit
 # each node's 4 GiB tmpfs root (node-root.sh) beside everything else the scenarios write.
 SHARD_COUNT, SHARD_MB = 8, 160
-HUB_DIR = "/srv/twinspark-sim-hub"
+HUB_DIR = str(node_init.SHIM_HUB_ROOT)  # the node's hub stand-in serves it
 SIM_LOG = "/var/log/twinspark-sim"
 SERVING, GATEWAY = contract.SERVING_CONTAINER, contract.API_GATEWAY_CONTAINER
 BOOT_HEAD_LOG = f"{contract.LOG_DIR}/{contract.boot_log('head')}"
@@ -478,8 +480,8 @@ SIM_MODEL_CONFIG = {"num_attention_heads": 64, "num_key_value_heads": 8}  # divi
 @pytest.fixture(scope="session")
 def model_on_hub(sim, sim_run):
     """Safetensors-like shards plus an index and config in the head's local hub, published at
-    the commit the program (under mocks) resolved: the stand-in huggingface_hub
-    (tests/sim/fake_hub) serves REPO/.revision as the commit, sizes, git blob ids and the
+    the commit the program (under mocks) resolved: the hub stand-in (tests/hub_standin.py,
+    started by node_init.py) serves REPO/.revision as the commit, sizes, git blob ids and the
     shards' sha256, the way HfApi.model_info(files_metadata=True) does."""
     repo_dir = f"{HUB_DIR}/{sim.cfg.model.repo}"
     argv = shlex.split(unwrap(sim_run.named("sim1-weights-fetch").inputs)["create"])
