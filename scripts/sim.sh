@@ -40,7 +40,7 @@ registry() { .venv/bin/python -c 'import sys; sys.path.insert(0, "scripts"); imp
 # the registry serves while the nodes live: started by up, stopped by down
 start_registry() {
   stop_registry
-  images serve >>"$SIM_HOME/registry.log" 2>&1 &
+  .venv/bin/python scripts/sim_images.py serve >>"$SIM_HOME/registry.log" 2>&1 &  # it execs the registry: $! is its pid
   echo $! >"$SIM_HOME/registry.pid"
 }
 stop_registry() {
@@ -51,13 +51,18 @@ stop_registry() {
 
 # the hub stand-in (tests/hub_standin.py) on the port of Pulumi.sim.yaml's model.hubEndpoint, the
 # LFS files' "CDN" on the next; the nodes reach it at their gateway. Repos: $SIM_HOME/hub/ORG/NAME
+stack_value() {  # KEY FIELD: a value of Pulumi.sim.yaml
+  .venv/bin/python -c 'import sys, yaml
+print(yaml.safe_load(open("Pulumi.sim.yaml"))["config"][sys.argv[1]][sys.argv[2]])' "$1" "$2"
+}
 hub_port() {
-  .venv/bin/python -c 'import sys, urllib.parse, yaml
-print(urllib.parse.urlsplit(yaml.safe_load(open(sys.argv[1]))["config"]["twinspark:model"]["hubEndpoint"]).port)' Pulumi.sim.yaml
+  .venv/bin/python -c 'import sys, urllib.parse; print(urllib.parse.urlsplit(sys.argv[1]).port)' \
+    "$(stack_value twinspark:model hubEndpoint)"
 }
 start_hub() {
   stop_hub
   mkdir -p "$SIM_HOME/hub"
+  .venv/bin/python tests/sim/sim_model.py "$SIM_HOME/hub" "$(stack_value twinspark:model repo)"
   python3 tests/hub_standin.py --root "$SIM_HOME/hub" --listen "0.0.0.0:$(hub_port)" >>"$SIM_HOME/hub.log" 2>&1 &
   echo $! >"$SIM_HOME/hub.pid"
 }

@@ -38,6 +38,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -76,9 +77,34 @@ NOBODY = 65534
 
 
 # ---- for the sim: the registry the nodes pull from (tests/sim/cluster.py names it in each node) --
+TLS_DIR = CACHE / "tls"
+REGISTRY_CA = TLS_DIR / "ca.crt"  # each node's dockerd trusts it (/etc/docker/certs.d/REGISTRY/ca.crt)
+
+
+def registry_tls() -> tuple[Path, Path]:
+    """A CA of the sim's own and the registry's certificate for REGISTRY_NAME, made once: the
+    nodes pull over TLS as from any registry (BuildKit in dockerd 20.10 would not take a
+    plain-HTTP one from `insecure-registries` for a FROM)."""
+    cert, key = TLS_DIR / "registry.crt", TLS_DIR / "registry.key"
+    if cert.exists() and key.exists() and REGISTRY_CA.exists():
+        return cert, key
+    TLS_DIR.mkdir(parents=True, exist_ok=True)
+    ca_key = TLS_DIR / "ca.key"
+    run("openssl", "req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "3650", "-subj",
+        "/CN=twinspark-sim registry CA", "-keyout", ca_key, "-out", REGISTRY_CA)
+    csr = TLS_DIR / "registry.csr"
+    run("openssl", "req", "-new", "-newkey", "ed25519", "-nodes", "-subj", f"/CN={REGISTRY_NAME}",
+        "-keyout", key, "-out", csr)
+    extensions = TLS_DIR / "san.cnf"
+    extensions.write_text(f"subjectAltName=DNS:{REGISTRY_NAME}\n")
+    run("openssl", "x509", "-req", "-in", csr, "-CA", REGISTRY_CA, "-CAkey", ca_key, "-CAcreateserial",
+        "-days", "3650", "-extfile", extensions, "-out", cert)
+    return cert, key
+
+
 def serve_registry(addr: str = f"0.0.0.0:{REGISTRY_PORT}", log=subprocess.DEVNULL) -> subprocess.Popen:
-    """The registry, read-only (the nodes only pull), on `addr`; the caller stops it."""
-    return subprocess.Popen([REGISTRY_BINARY, "serve", str(registry_config(addr, read_only=True))],
+    """The registry, read-only (the nodes only pull), over TLS, on `addr`; the caller stops it."""
+    return subprocess.Popen([REGISTRY_BINARY, "serve", str(registry_config(addr, read_only=True, tls=registry_tls()))],
                             stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -133,7 +159,7 @@ def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 60) -> Non
         time.sleep(0.2)
 
 
-def registry_config(addr: str, read_only: bool) -> Path:
+def registry_config(addr: str, read_only: bool, tls: Optional[tuple[Path, Path]] = None) -> Path:
     storage = CACHE / "registry"
     storage.mkdir(parents=True, exist_ok=True)
     config = {
@@ -143,6 +169,8 @@ def registry_config(addr: str, read_only: bool) -> Path:
                     "maintenance": {"uploadpurging": {"enabled": False}, "readonly": {"enabled": read_only}}},
         "http": {"addr": addr, "headers": {"X-Content-Type-Options": ["nosniff"]}},
     }
+    if tls:
+        config["http"]["tls"] = {"certificate": str(tls[0]), "key": str(tls[1])}
     path = CACHE / f"registry-{'read-only' if read_only else 'push'}.yml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -150,14 +178,26 @@ def registry_config(addr: str, read_only: bool) -> Path:
 
 @dataclass
 class Registry:
-    addr: str  # host:port, plain HTTP
+    addr: str  # host:port
+    tls: bool = False  # the served registry (serve_registry); the build's own push registry is plain HTTP
+
+    def _open(self, request, timeout: float):
+        if not self.tls:
+            return urllib.request.urlopen(request, timeout=timeout)
+        context = ssl.create_default_context(cafile=str(REGISTRY_CA))
+        context.check_hostname = False  # reached by address here; the nodes check the name
+        return urllib.request.urlopen(request, timeout=timeout, context=context)
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.addr}"
 
     def manifest_digest(self, path: str, tag: str) -> Optional[str]:
         request = urllib.request.Request(
-            f"http://{self.addr}/v2/{path}/manifests/{tag}", method="HEAD",
+            f"{self.url}/v2/{path}/manifests/{tag}", method="HEAD",
             headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:
+            with self._open(request, timeout=10) as response:
                 return response.headers.get("Docker-Content-Digest")
         except urllib.error.HTTPError as err:
             if err.code == 404:
@@ -166,7 +206,7 @@ class Registry:
 
     def answers(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.addr}/v2/", timeout=2):
+            with self._open(f"{self.url}/v2/", timeout=2):
                 return True
         except OSError:
             return False
@@ -587,10 +627,12 @@ def main() -> int:
     args = parser.parse_args()
     stack = sim_stack()
     if args.command == "build":
+        registry_tls()  # before the nodes boot: they trust its CA
         for ref, digest in build_all(stack).items():
             print(f"{ref}@{digest}" if ref == stack.serving.image else f"{ref} {digest}")
     elif args.command == "serve":
-        os.execv(REGISTRY_BINARY, [REGISTRY_BINARY, "serve", str(registry_config(args.addr, read_only=True))])
+        os.execv(REGISTRY_BINARY, [REGISTRY_BINARY, "serve",
+                                   str(registry_config(args.addr, read_only=True, tls=registry_tls()))])
     else:
         for recipe in recipes(stack):
             try:

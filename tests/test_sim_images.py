@@ -68,7 +68,7 @@ def registry(built):
     """The registry as the nodes get it (serve_registry: read-only), on a free loopback port."""
     addr = f"127.0.0.1:{sim_images.free_port()}"
     proc = sim_images.serve_registry(addr)
-    reg = sim_images.Registry(addr)
+    reg = sim_images.Registry(addr, tls=True)
     try:
         sim_images.wait_for(lambda: proc.poll() is None and reg.answers(), "the read-only registry", 30)
         yield reg

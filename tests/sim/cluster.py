@@ -93,6 +93,12 @@ class SimCluster:
     def __init__(self, config: dict, workdir: Path, prefix: str = "ts", docker: str = "shim", registry: str = ""):
         self.config = config
         self.docker, self.registry = docker, registry  # a real dockerd per node, or the older shim
+        self.registry_ca: Optional[Path] = None
+        if docker == "real":  # the sim's registry (scripts/sim_images.py) and the CA of its TLS certificate
+            sys.path.insert(0, str(SIM_DIR.parents[1] / "scripts"))
+            import sim_images
+            self.registry = registry or sim_images.REGISTRY
+            self.registry_ca = sim_images.REGISTRY_CA
         self.cfg: StackConfig = parse_stack_config({k.split(":", 1)[1]: v for k, v in config.items()
                                                      if k.split(":", 1)[1] in ("ssh", "nodes", "fabric", "model", "serving")})
         self.workdir = workdir
@@ -265,7 +271,8 @@ class SimCluster:
             ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount", "--pid", "--uts", "--fork",
              "--propagation", "private", "bash", str(SIM_DIR / "node-root.sh"), node.name, str(SIM_DIR),
              self.cfg.ssh.user, str(pubkey), sys.executable, str(self.state_dir(node)), self.docker,
-             "--registry", self.registry, "--registry-address", str(self.gateway(node)), "--hub", self.hub],
+             "--registry", self.registry, "--registry-address", str(self.gateway(node)),
+             "--registry-ca", str(self.registry_ca or ""), "--hub", self.hub],
             stdin=subprocess.DEVNULL, stdout=open(self.workdir / f"{node.name}-init.log", "ab"),
             stderr=subprocess.STDOUT, start_new_session=True,
         )

@@ -29,12 +29,12 @@ SHIM_HUB_ROOT = Path("/srv/twinspark-sim-hub")  # where the shim scenarios publi
 DOCKERD_LOG = Path("/var/log/twinspark-sim/dockerd.log")
 
 
-def dockerd_config(registry: str) -> dict:
+def dockerd_config() -> dict:
     """What a Spark's daemon has that matters here, and what this sandbox forces."""
     return {
         "default-runtime": "twinspark-sim", "runtimes": {"twinspark-sim": {"path": str(STANDINS / "twinspark-sim-runc")}},
-        "iptables": False, "ip6tables": False, "bridge": "none",  # host-network containers only
-        "storage-driver": "overlay2", "insecure-registries": [registry] if registry else [],
+        "iptables": False, "ip6tables": False,  # no NAT: the node's containers reach nothing outside it
+        "storage-driver": "overlay2",
     }
 
 
@@ -47,9 +47,13 @@ def add_host(address: str, name: str) -> None:
             f.write(line + "\n")
 
 
-def prepare_docker(user: str, sim_dir: Path, registry: str, registry_address: str) -> None:
+def prepare_docker(user: str, sim_dir: Path, registry: str, registry_address: str, registry_ca: str) -> None:
     if registry and registry_address:  # the sim's registry, on this machine, at the node's gateway
         add_host(registry_address, registry.rsplit(":", 1)[0])
+    if registry and registry_ca:  # its certificate's CA, as docker trusts a private registry's
+        certs = Path("/etc/docker/certs.d") / registry
+        certs.mkdir(parents=True, exist_ok=True)
+        shutil.copy(registry_ca, certs / "ca.crt")
     if subprocess.run(["getent", "group", "docker"], capture_output=True).returncode != 0:
         subprocess.run(["groupadd", "--system", "docker"], check=True)
     subprocess.run(["usermod", "-aG", "docker", user], check=True)
@@ -66,7 +70,7 @@ def prepare_docker(user: str, sim_dir: Path, registry: str, registry_address: st
     hook.unlink(missing_ok=True)
     hook.symlink_to(STANDINS / hook.name)
     Path("/etc/docker").mkdir(exist_ok=True)
-    Path("/etc/docker/daemon.json").write_text(json.dumps(dockerd_config(registry), indent=2) + "\n")
+    Path("/etc/docker/daemon.json").write_text(json.dumps(dockerd_config(), indent=2) + "\n")
 
 
 def start_dockerd() -> subprocess.Popen:
@@ -135,12 +139,13 @@ def main() -> int:
     parser.add_argument("--docker", choices=("real", "shim"), default="shim")
     parser.add_argument("--registry", default="", help="host:port the node's dockerd may pull from over HTTP")
     parser.add_argument("--registry-address", default="", help="the address the registry's host name has here")
+    parser.add_argument("--registry-ca", default="", help="the CA of the registry's TLS certificate")
     parser.add_argument("--hub", default="", help="host:port of the stack's model.hubEndpoint")
     args = parser.parse_args()
     prepare(args.name, args.user, args.sim_dir, args.docker)
     serve_hub(args.hub, args.docker, args.registry_address, args.sim_dir)
     if args.docker == "real":
-        prepare_docker(args.user, args.sim_dir, args.registry, args.registry_address)
+        prepare_docker(args.user, args.sim_dir, args.registry, args.registry_address, args.registry_ca)
     sshd_log = open("/var/log/twinspark-sim/sshd.log", "a")
     sshd = subprocess.Popen(
         ["/usr/sbin/sshd", "-D", "-e", "-o", "PasswordAuthentication=no", "-o", "UsePAM=yes",

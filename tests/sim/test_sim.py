@@ -474,7 +474,7 @@ def flip_bit(sim, node, path, offset):
                   "b = f.read(1)[0]; f.seek(int(sys.argv[2])); f.write(bytes([b ^ 1]))", path, str(offset))
 
 
-SIM_MODEL_CONFIG = {"num_attention_heads": 64, "num_key_value_heads": 8}  # divisible by TP 2
+from sim_model import SIM_MODEL_CONFIG  # noqa: E402
 
 
 @pytest.fixture(scope="session")
