@@ -1,9 +1,10 @@
 """The simulator driven by the real engine: `pulumi up --stack sim` of the unmodified program
 onto simulated Sparks that run real sshd and dockerd (tests/sim/cluster.py, docker="real"),
 pulling from the sim's registry (scripts/sim-images.sh), through the Pulumi CLI, its language
-host and its providers as scripts/engine.sh built them, driven by the Automation API.
+host and its providers as scripts/engine.sh built them; what is asserted is the engine's own
+JSON (`pulumi preview --json`, the events of `pulumi up --json`, `pulumi stack export`).
 
-One cluster per session, as scripts/sim.sh makes it. The engine runs with HOME set to a temp
+One cluster per session, as scripts/sim.sh makes it. The CLI runs with HOME set to a temp
 folder (the operator's key lies where Pulumi.sim.yaml names it, ~/.cache/twinspark-sim), a
 file backend in it, and a copy of Pulumi.sim.yaml as the stack's config file, so a scenario's
 `config set` never writes the repository's.
@@ -22,7 +23,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from pulumi import automation as auto
+import yaml
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "sim"))
@@ -31,7 +33,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import sim_images  # noqa: E402
+import sim_model  # noqa: E402
 from cluster import SIM_STACK, SimCluster  # noqa: E402
+from hub_standin import HubStandin  # noqa: E402
 
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
 STACK = "sim"
@@ -47,98 +51,77 @@ def engine_environment() -> dict[str, str]:
 
 @dataclass
 class EngineRun:
-    """One CLI command's result and the engine's own events."""
-    summary: dict[str, int]
+    """One CLI command's result: the engine's own JSON (the events of up/refresh/destroy --json,
+    the document of preview --json)."""
     events: list[dict] = field(default_factory=list)
-    stdout: str = ""
     seconds: float = 0.0
+    text: str = ""
 
-    def steps(self, op: Optional[str] = None) -> list[dict]:
-        """The resource steps the engine reported (resOutputsEvent's metadata), of `op` if given."""
-        meta = [e["resOutputsEvent"]["metadata"] for e in self.events if "resOutputsEvent" in e]
-        return [m for m in meta if op is None or m["op"] == op]
+    @property
+    def summary(self) -> dict[str, int]:
+        for event in reversed(self.events):
+            if "summaryEvent" in event:
+                return event["summaryEvent"]["resourceChanges"]
+            if "changeSummary" in event:
+                return event["changeSummary"]
+        return {}
+
+    def steps(self) -> list[dict]:
+        """Each resource step the engine took (or, in a preview, would take): op, urn, ..."""
+        out = []
+        for event in self.events:
+            if "steps" in event:  # preview --json
+                out += event["steps"]
+            elif "resOutputsEvent" in event:
+                out.append(event["resOutputsEvent"]["metadata"])
+        return out
 
 
 class EngineStack:
-    """The sim stack through the Automation API, every call against the session's config file."""
+    """The sim stack through the real CLI, every command against the session's config file."""
 
-    def __init__(self, stack: auto.Stack, config_file: Path):
-        self.stack, self.config_file = stack, config_file
+    def __init__(self, env: dict[str, str], config_file: Path):
+        self.env, self.config_file = env, config_file
 
-    def _events(self):
-        events: list[dict] = []
-        return events, lambda e: events.append(_event_dict(e))
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["pulumi", *args, "--stack", STACK, "--non-interactive"], cwd=ROOT,
+                              env={**os.environ, **self.env}, capture_output=True, text=True, check=check)
 
-    def up(self, **kw) -> EngineRun:
-        events, on_event = self._events()
+    def _run(self, *args: str) -> EngineRun:
         started = time.monotonic()
-        result = self.stack.up(config_file=str(self.config_file), on_event=on_event, color="never", **kw)
-        return EngineRun(dict(result.summary.resource_changes or {}), events, result.stdout,
-                         round(time.monotonic() - started, 1))
+        proc = self.cli(*args, "--config-file", str(self.config_file), "--json", check=False)
+        seconds = round(time.monotonic() - started, 1)
+        events = []
+        for line in proc.stdout.splitlines() if args[0] != "preview" else [proc.stdout]:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                pass
+        run = EngineRun(events, seconds, proc.stdout[-4000:] + proc.stderr[-4000:])
+        if proc.returncode != 0:
+            raise AssertionError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{run.text}")
+        return run
 
-    def preview(self, **kw) -> EngineRun:
-        events, on_event = self._events()
-        started = time.monotonic()
-        result = self.stack.preview(config_file=str(self.config_file), on_event=on_event, color="never", **kw)
-        return EngineRun(dict(result.change_summary or {}), events, result.stdout, round(time.monotonic() - started, 1))
+    def up(self, *args: str) -> EngineRun:
+        return self._run("up", "--yes", "--skip-preview", *args)
 
-    def refresh(self, **kw) -> EngineRun:
-        events, on_event = self._events()
-        started = time.monotonic()
-        result = self.stack.refresh(config_file=str(self.config_file), on_event=on_event, color="never", **kw)
-        return EngineRun(dict(result.summary.resource_changes or {}), events, result.stdout,
-                         round(time.monotonic() - started, 1))
+    def preview(self, *args: str) -> EngineRun:
+        return self._run("preview", *args)
 
-    def destroy(self, **kw) -> EngineRun:
-        events, on_event = self._events()
-        started = time.monotonic()
-        result = self.stack.destroy(config_file=str(self.config_file), on_event=on_event, color="never", **kw)
-        return EngineRun(dict(result.summary.resource_changes or {}), events, result.stdout,
-                         round(time.monotonic() - started, 1))
+    def refresh(self, *args: str) -> EngineRun:
+        return self._run("refresh", "--yes", "--skip-preview", *args)
+
+    def destroy(self, *args: str) -> EngineRun:
+        return self._run("destroy", "--yes", "--skip-preview", *args)
 
     def set_config(self, path: str, value: str) -> None:
-        """`pulumi config set --path twinspark:PATH VALUE --config-file COPY`."""
-        self._cli("config", "set", "--path", f"twinspark:{path}", value)
+        self.cli("config", "set", "--path", f"twinspark:{path}", value, "--config-file", str(self.config_file))
 
     def outputs(self) -> dict[str, Any]:
-        return {k: v.value for k, v in self.stack.outputs().items()}
+        return json.loads(self.cli("stack", "output", "--json", "--show-secrets").stdout)
 
     def export(self) -> dict:
-        return self.stack.export_stack().deployment
-
-    def _cli(self, *args: str) -> str:
-        ws = self.stack.workspace
-        env = {**os.environ, **ws.env_vars}
-        return subprocess.run(["pulumi", *args, "--stack", STACK, "--config-file", str(self.config_file),
-                               "--non-interactive"], cwd=ws.work_dir, env=env, capture_output=True, text=True,
-                              check=True).stdout
-
-
-def _event_dict(event: auto.EngineEvent) -> dict:
-    """An engine event as the CLI's --json stream writes it (its camelCase keys)."""
-    for name in ("res_outputs_event", "diagnostic_event", "summary_event", "res_op_failed_event", "resource_pre_event"):
-        value = getattr(event, name, None)
-        if value is not None:
-            key = "".join(w.capitalize() if i else w for i, w in enumerate(name.split("_")))
-            return {key: _plain(value)}
-    return {}
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "__dict__"):
-        return {_camel(k): _plain(v) for k, v in vars(value).items()}
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if hasattr(value, "value"):  # enums
-        return value.value
-    return value
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(w.capitalize() for w in rest)
+        return json.loads(self.cli("stack", "export").stdout)["deployment"]
 
 
 @pytest.fixture(scope="session")
@@ -173,7 +156,19 @@ def operator_home(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cluster(operator_home, registry, report):
+def hub(operator_home):
+    """The hub stand-in on the port of the stack's model.hubEndpoint, for every node at its
+    gateway (tests/sim/cluster.py names it there), with the sim's model published."""
+    config = yaml.safe_load(SIM_STACK.read_text())["config"]
+    endpoint = urlsplit(config["twinspark:model"]["hubEndpoint"])
+    root = operator_home / "hub"
+    sim_model.publish(root / config["twinspark:model"]["repo"])
+    with HubStandin(root, listen=("0.0.0.0", endpoint.port)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def cluster(operator_home, registry, hub, report):
     if os.geteuid() != 0:
         pytest.fail("the simulator needs root (namespaces, mounts): run scripts/test.sh as root")
     sim = SimCluster.from_stack_file(operator_home / ".cache" / "twinspark-sim", docker="real", registry=registry)
@@ -189,9 +184,9 @@ def cluster(operator_home, registry, report):
 def stack(engine_env, cluster, operator_home) -> EngineStack:
     config_file = operator_home / "Pulumi.sim.yaml"
     shutil.copy(SIM_STACK, config_file)
+    (operator_home / "state").mkdir(exist_ok=True)
     env = {**engine_env, "HOME": str(operator_home), "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
            "PULUMI_BACKEND_URL": f"file://{operator_home}/state"}
-    (operator_home / "state").mkdir(exist_ok=True)
-    cli = auto.PulumiCommand(root=env["TWINSPARK_ENGINE_CACHE"])  # its bin/pulumi, not whatever is on PATH
-    workspace = auto.LocalWorkspace(work_dir=str(ROOT), env_vars=env, pulumi_command=cli)
-    return EngineStack(auto.Stack.create_or_select(STACK, workspace), config_file)
+    engine = EngineStack(env, config_file)
+    engine.cli("stack", "select", "--create")
+    return engine

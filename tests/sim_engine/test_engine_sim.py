@@ -54,3 +54,38 @@ def test_a_second_up_changes_and_restarts_nothing(cluster, stack, deployed, repo
     report["noop_up_changes"] = {k: v for k, v in run.summary.items() if k != "same"}
     assert set(run.summary) == {"same"}, run.summary
     assert {node: containers(cluster, node) for node in cluster.nodes} == before
+
+
+def name_of(urn: str) -> str:
+    return urn.rsplit("::", 1)[-1]
+
+
+def changes(run) -> dict[str, str]:
+    """resource name -> the engine's op, for every step that is not `same`."""
+    return {name_of(m["urn"]): m["op"] for m in run.steps() if m["op"] != "same"}
+
+
+def test_a_profile_change_previews_exactly_the_launch_script_and_the_serving_containers(stack, deployed, report):
+    stack.set_config("serving.profile", "multiagent")
+    try:
+        preview = stack.preview()
+        report["profile_change_preview_s"] = preview.seconds
+        report["profile_change_preview"] = changes(preview)
+        # README "Changing parameters": the launch script, the serving containers and the head's
+        # wait for serving (its triggers are the containers' ids), nothing else
+        assert changes(preview) == {
+            "sim1-bundle-launch-vllm-sh": "update", "sim2-bundle-launch-vllm-sh": "update",
+            "sim1-serving-container": "replace", "sim2-serving-container": "replace",
+            "sim1-readiness-wait": "replace",
+        }, preview.text
+    finally:
+        stack.set_config("serving.profile", "default")
+
+
+def test_a_container_removed_by_hand_is_dropped_by_refresh_and_made_again_by_up(cluster, stack, deployed):
+    cluster.ssh("sim2", "docker rm -f twinspark-node-exporter")
+    refreshed = stack.refresh()
+    assert changes(refreshed).get("sim2-observability-node-exporter") == "delete", changes(refreshed)
+    run = stack.up()
+    assert changes(run).get("sim2-observability-node-exporter") == "create", changes(run)
+    assert "twinspark-node-exporter" in containers(cluster, "sim2")
