@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/test.sh — install what the tests need (Debian/Ubuntu, as root) and run them.
 #
-#   sudo ./scripts/test.sh                   # everything: the rest in 4 processes, then the simulator
+#   sudo ./scripts/test.sh                   # everything: the rest in 4 processes, then the simulators
 #   sudo ./scripts/test.sh -k fabric         # extra arguments go to pytest (both runs)
 #   sudo ./scripts/test.sh tests/sim -k boot # a path: just that, in one process
 #
@@ -37,6 +37,8 @@ main() {
   run_pytest tests --ignore=tests/sim --ignore=tests/sim_engine -n 4 --dist loadfile "$@"
   log "running pytest: the simulator"
   run_pytest tests/sim "$@"
+  log "running pytest: the simulator under the real engine (pulumi up --stack sim)"
+  run_pytest tests/sim_engine "$@"
 }
 
 # pytest, where "no test selected" (exit 5: a -k that only matches in the other run) is no failure

@@ -10,6 +10,8 @@ import json
 import httpx
 import pytest
 
+import node_contract as contract
+
 HEAD = "sim1"
 
 
@@ -89,3 +91,51 @@ def test_a_container_removed_by_hand_is_dropped_by_refresh_and_made_again_by_up(
     run = stack.up()
     assert changes(run).get("sim2-observability-node-exporter") == "create", changes(run)
     assert "twinspark-node-exporter" in containers(cluster, "sim2")
+
+
+def vllm_argv(cluster) -> list[str]:
+    """What the head's engine was started with (the vLLM stand-in writes it to the log dir)."""
+    out = cluster.node_exec(HEAD, "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout
+    return json.loads(out)["argv"]
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_a_profile_change_up_restarts_vllm_with_the_new_flags_and_serves(cluster, stack, deployed, report):
+    assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"  # the default profile
+    stack.set_config("serving.profile", "multiagent")
+    try:
+        run = stack.up()
+        report["profile_change_up_s"] = run.seconds
+        order = [(name_of(m["urn"]), m["op"]) for m in run.steps() if m["op"] != "same"]
+        report["profile_change_up_steps"] = order
+        # README "Changing parameters": the head stops, the workers are replaced, the head starts
+        # last (each container deleted before its replacement: one name per node)
+        containers_order = [(name, op) for name, op in order
+                            if name.endswith("-serving-container") and op != "replace"]
+        assert containers_order == [
+            ("sim1-serving-container", "delete-replaced"), ("sim2-serving-container", "delete-replaced"),
+            ("sim2-serving-container", "create-replacement"), ("sim1-serving-container", "create-replacement"),
+        ], order
+        assert flag(vllm_argv(cluster), "--max-num-seqs") == "8"
+        outputs = stack.outputs()
+        assert completion(outputs, outputs["apiKey"]).status_code == 200
+    finally:
+        stack.set_config("serving.profile", "default")
+    stack.up()
+    assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"
+
+
+# ---- last: destroy ---------------------------------------------------------------------------
+def test_destroy_leaves_the_nodes_as_before_the_first_up(cluster, stack, deployed, report):
+    run = stack.destroy()
+    report["destroy_s"] = run.seconds
+    assert set(run.summary) == {"delete"}, run.summary
+    for node in cluster.nodes:
+        assert containers(cluster, node) == {}, node
+        tables = cluster.node_exec(node, "nft", "list", "tables").stdout
+        assert f"table inet {contract.FIREWALL_TABLE}" not in tables, (node, tables)
+        records = cluster.node_exec(node, "bash", "-c", "ls -A /var/lib/twinspark/applied 2>/dev/null", check=False).stdout
+        assert records == "", (node, records)  # every managed file's owner record is gone with its file
