@@ -66,6 +66,12 @@ class EngineRun:
                 return event["changeSummary"]
         return {}
 
+    def errors(self) -> str:
+        """The resources' own error diagnostics (which step failed, and its output's tail)."""
+        return "\n".join(f"{e['diagnosticEvent'].get('urn', '').rsplit('::', 1)[-1]}: {e['diagnosticEvent']['message'][-12000:]}"
+                         for e in self.events if "diagnosticEvent" in e and e["diagnosticEvent"].get("urn")
+                         and e["diagnosticEvent"].get("severity") == "error")
+
     def steps(self) -> list[dict]:
         """Each resource step the engine took (or, in a preview, would take): op, urn, ..."""
         out = []
@@ -99,7 +105,7 @@ class EngineStack:
                 pass
         run = EngineRun(events, seconds, proc.stdout[-4000:] + proc.stderr[-4000:])
         if proc.returncode != 0:
-            raise AssertionError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{run.text}")
+            raise AssertionError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{run.errors() or run.text}")
         return run
 
     def up(self, *args: str) -> EngineRun:
