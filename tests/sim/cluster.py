@@ -300,27 +300,24 @@ class SimCluster:
                 return int(pid)
         return 0
 
-    def _wait_for_dockerd(self, node: SimNode, timeout: float = 60) -> None:
+    def _wait_for_login(self, node: SimNode, command: str, what: str, log, timeout: float = 60) -> None:
+        """Until `command` succeeds as the login user over SSH; else the node's `log()` says why."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            probe = self.ssh(node.name, command, timeout=15)
+            if probe.returncode == 0:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"sim node {node.name}: {what} after {timeout:.0f} s\n{probe.stderr}\n{log()}")
+
+    def _wait_for_dockerd(self, node: SimNode) -> None:
         """As the login user, the way the docker provider reaches it (`docker system dial-stdio`)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            probe = self.ssh(node.name, "docker version --format '{{.Server.Version}}'", timeout=15)
-            if probe.returncode == 0:
-                return
-            time.sleep(0.5)
-        log = self.node_exec(node.name, "tail", "-20", "/var/log/twinspark-sim/dockerd.log", check=False).stdout
-        raise RuntimeError(f"sim node {node.name}: dockerd not answering after {timeout:.0f} s\n{probe.stderr}\n{log}")
+        self._wait_for_login(node, "docker version --format '{{.Server.Version}}'", "dockerd not answering",
+                             lambda: self.node_exec(node.name, "tail", "-20", "/var/log/twinspark-sim/dockerd.log",
+                                                    check=False).stdout)
 
-    def _wait_for_ssh(self, node: SimNode, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            probe = self.ssh(node.name, "true", timeout=15)
-            if probe.returncode == 0:
-                return
-            time.sleep(0.5)
-        log = (self.workdir / f"{node.name}-init.log").read_text()
-        raise RuntimeError(f"sim node {node.name}: no SSH login after {timeout:.0f} s\n{probe.stderr}\n{log}")
-
+    def _wait_for_ssh(self, node: SimNode) -> None:
+        self._wait_for_login(node, "true", "no SSH login", lambda: (self.workdir / f"{node.name}-init.log").read_text())
 
 def main(argv: Optional[list[str]] = None) -> int:
     """`python tests/sim/cluster.py up|down` for scripts/sim.sh: the nodes outlive this process."""

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -94,10 +95,14 @@ def prepare(name: str, user: str, sim_dir: Path, docker: str) -> None:
         target = Path("/usr/local/bin") / shim.name  # on the login PATH and first in sudo's secure_path
         shutil.copy(shim, target)
         target.chmod(0o755)
-    # the docker shim's "container" python (its default): this one, which has the real huggingface_hub
+    # the docker shim's "container" python (its default): the node's own python3 with this
+    # virtualenv's packages (the real huggingface_hub), which the login user can run (this
+    # interpreter may live in root's home)
     STANDINS.mkdir(parents=True, exist_ok=True)
     (STANDINS / "python").unlink(missing_ok=True)
-    (STANDINS / "python").symlink_to(sys.executable)
+    (STANDINS / "python").write_text(
+        f"#!/bin/sh\nPYTHONPATH={sysconfig.get_paths()['purelib']} exec /usr/bin/python3 \"$@\"\n")
+    (STANDINS / "python").chmod(0o755)
     # a link, not a copy: the stand-in imports tests/openai_standin.py relative to its real path
     vllm = Path("/usr/local/bin/vllm")
     vllm.unlink(missing_ok=True)
