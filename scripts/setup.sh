@@ -4,11 +4,13 @@
 #
 # Debian tools the tests run for real (shellcheck, netplan, sshd, rsync, ping, sudo, iproute2,
 # nftables, nginx, Prometheus with promtool, the node exporter, Alertmanager with amtool; docker's
-# daemon, its registry and debootstrap for the simulated nodes' images), a virtualenv with
-# requirements-dev.txt in .venv, and the Codex CLI from npm in build/codex.
+# daemon, its registry and debootstrap for the simulated nodes and their images, openssl for the
+# registry's certificate, gcc for the nodes' memlock stand-in, busybox-static for the docker
+# provider test's base image), a virtualenv with requirements-dev.txt in .venv, and the Codex
+# CLI from npm in build/codex.
 
 CODEX_VERSION=0.171.0
-DEBIAN_PACKAGES=(shellcheck netplan.io logrotate prometheus prometheus-node-exporter prometheus-alertmanager openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm nftables nginx docker.io docker-registry debootstrap)
+DEBIAN_PACKAGES=(shellcheck netplan.io logrotate prometheus prometheus-node-exporter prometheus-alertmanager openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm nftables nginx docker.io docker-registry debootstrap busybox-static openssl gcc libc6-dev)
 
 log() { printf '%s %s: %s\n' "$(date -u +%H:%M:%S)" "$(basename "$0")" "$*"; }
 
