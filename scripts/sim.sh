@@ -35,7 +35,6 @@ EOF
 }
 
 images() { .venv/bin/python scripts/sim_images.py "$@"; }
-registry() { .venv/bin/python -c 'import sys; sys.path.insert(0, "scripts"); import sim_images; print(sim_images.REGISTRY)'; }
 
 # the registry serves while the nodes live: started by up, stopped by down
 start_registry() {
@@ -80,7 +79,9 @@ cmd_up() {
       *) die "unknown argument: $1 (expected: up [--nodes N])" ;;
     esac
   done
-  [[ $nodes =~ ^[0-9]+$ ]] || die "--nodes $nodes: expected a number of nodes, 2 or more"
+  if ! [[ $nodes =~ ^[0-9]$ ]] || [ "$nodes" -eq 1 ]; then
+    die "--nodes $nodes: expected a number of nodes from 2 to 9 (the sim's address plan)"
+  fi
   [ "$(id -u)" -eq 0 ] || die "run as root: the simulated nodes are network namespaces, mounts and daemons"
   setup_machine
   "$ROOT/scripts/engine.sh" build || die "the engine is not complete (scripts/engine.sh status says what is missing)"
@@ -95,8 +96,7 @@ cmd_up() {
     config_args=(--config-file "$SIM_HOME/Pulumi.sim-$nodes.yaml")
   fi
   log "booting the simulated nodes"
-  .venv/bin/python tests/sim/cluster.py up --workdir "$SIM_HOME" --docker real --registry "$(registry)" \
-    --nodes "$nodes" "${config_out[@]}"
+  .venv/bin/python tests/sim/cluster.py up --workdir "$SIM_HOME" --docker real --nodes "$nodes" "${config_out[@]}"
   eval "$(print_env)"
   pulumi stack select --create "$STACK" --non-interactive
   log "pulumi up --stack $STACK"

@@ -329,11 +329,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--workdir", type=Path, required=True, help="the operator's key and the nodes' boot logs")
     parser.add_argument("--nodes", type=int, default=0, help="how many nodes (default: the sim stack's)")
     parser.add_argument("--docker", choices=("real", "shim"), default="real")
-    parser.add_argument("--registry", default="")
     parser.add_argument("--config-out", type=Path, help="write the stack's config for these nodes here (YAML)")
     args = parser.parse_args(argv)
     try:
-        cluster = SimCluster.from_stack_file(args.workdir, nodes=args.nodes, docker=args.docker, registry=args.registry)
+        cluster = SimCluster.from_stack_file(args.workdir, nodes=args.nodes, docker=args.docker)
     except ValueError as e:
         print(f"cluster.py: {e}", file=sys.stderr)
         return 2
