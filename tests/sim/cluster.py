@@ -32,10 +32,13 @@ import yaml
 if __name__ == "__main__":  # run as a program (scripts/sim.sh): the repository's modules
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import sim_images  # noqa: E402  (the sim stack's file, its registry and the registry's CA)
 from components.config import Node, StackConfig, parse_stack_config  # noqa: E402
 
 SIM_DIR = Path(__file__).resolve().parent
-SIM_STACK = SIM_DIR.parents[1] / "Pulumi.sim.yaml"
+SIM_STACK = sim_images.SIM_STACK
 STATE_ROOT = Path("/var/lib/twinspark-sim")
 
 
@@ -95,8 +98,6 @@ class SimCluster:
         self.docker, self.registry = docker, registry  # a real dockerd per node, or the older shim
         self.registry_ca: Optional[Path] = None
         if docker == "real":  # the sim's registry (scripts/sim_images.py) and the CA of its TLS certificate
-            sys.path.insert(0, str(SIM_DIR.parents[1] / "scripts"))
-            import sim_images
             self.registry = registry or sim_images.REGISTRY
             self.registry_ca = sim_images.REGISTRY_CA
         self.cfg: StackConfig = parse_stack_config({k.split(":", 1)[1]: v for k, v in config.items()
