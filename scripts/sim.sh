@@ -31,6 +31,7 @@ print_env() {
   cat <<EOF
 export PULUMI_BACKEND_URL='file://$SIM_HOME/state'
 export PULUMI_CONFIG_PASSPHRASE='$PASSPHRASE'
+export TWINSPARK_KNOWN_HOSTS_DIR='$SIM_HOME/known_hosts.d'
 EOF
 }
 
@@ -113,7 +114,7 @@ cmd_down() {
   # the stack described nodes that are gone with everything on them: its state goes too
   if [ -d "$SIM_HOME/state" ]; then
     (eval "$(print_env)"; pulumi stack rm --yes --force --preserve-config "$STACK" --non-interactive >/dev/null 2>&1 || true)
-    rm -rf "$SIM_HOME/state" "$SIM_HOME"/Pulumi.sim-*.yaml
+    rm -rf "$SIM_HOME/state" "$SIM_HOME"/Pulumi.sim-*.yaml "$SIM_HOME/known_hosts.d"
   fi
   stop_registry
   stop_hub

@@ -9,7 +9,8 @@ What it builds is what Pulumi.sim.yaml names (serving.image, observability.image
 serving.platform, with serving.rayVersion), every reference in REGISTRY:
 - the serving base: Debian bookworm (debootstrap minbase) with python3, pip, nginx, Ray
   [default], the real huggingface_hub (the version requirements-dev.txt pins; the sim serves
-  the Hub's API with tests/hub_standin.py) and the vLLM stand-in (tests/sim/bin/vllm), with no
+  the Hub's API with tests/hub_standin.py), the vLLM stand-in (tests/sim/bin/vllm) and a torch
+  stand-in for the NCCL check's ranks (tests/sim/images/torch-standin), with no
   apt source and no pip index, so launch/serving-image/Dockerfile
   builds on it offline (its pip and apt-get find everything installed);
 - Prometheus, Alertmanager, node exporter: Debian's own binaries, the version the tag names;
@@ -59,6 +60,8 @@ from components.config import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackCo
 
 SIM_STACK = ROOT / "Pulumi.sim.yaml"
 STANDINS = ROOT / "tests" / "sim" / "images"
+# torch as far as the NCCL check asks (tests/sim/images/torch-standin/torch/__init__.py says what it is)
+TORCH_STANDIN = STANDINS / "torch-standin"
 CACHE = Path(os.environ.get("TWINSPARK_SIM_IMAGES_CACHE", "~/.cache/twinspark-sim-images")).expanduser()
 
 # The registry as the nodes name it: /etc/hosts on each node maps the name to its own gateway
@@ -389,7 +392,7 @@ def base_recipe(stack: StackConfig) -> Recipe:
     ray, arch = stack.serving.ray_version, arch_of(stack.serving.platform)
     rootfs_key = key_of(SUITE, DEBIAN_MIRROR, BASE_PACKAGES, ray, arch, make_rootfs, download_wheels)
     hub = hub_requirement()
-    standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", hub, download_hub_wheels)
+    standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", TORCH_STANDIN, hub, download_hub_wheels)
 
     def build(docker: Docker, registry: Registry, local: str) -> None:
         rootfs = CACHE / "rootfs" / f"{rootfs_key[:16]}.tar"
@@ -410,6 +413,7 @@ def base_recipe(stack: StackConfig) -> Recipe:
             ctx = Path(ctx)
             shutil.copy(ROOT / "tests/sim/bin/vllm", ctx / "vllm")
             shutil.copy(ROOT / "tests/openai_standin.py", ctx / "openai_standin.py")
+            shutil.copytree(TORCH_STANDIN, ctx / "torch-standin", ignore=shutil.ignore_patterns("__pycache__"))
             wheels = CACHE / "wheels" / f"{hub.replace('==', '-')}-cp311-{arch}"
             log(f"downloading {hub} wheels into {wheels}")
             download_hub_wheels(hub, wheels)
@@ -419,12 +423,13 @@ def base_recipe(stack: StackConfig) -> Recipe:
             (ctx / "Dockerfile").write_text(
                 f"FROM {rootfs_image}\n"
                 f"COPY openai_standin.py {PYTHON_SITE}/openai_standin.py\n"
+                f"COPY torch-standin {PYTHON_SITE}/\n"
                 "COPY hub-wheels /tmp/hub-wheels\n"
                 "RUN pip install --no-index --find-links /tmp/hub-wheels --no-cache-dir --no-warn-script-location "
                 f"--progress-bar off '{hub}' && rm -rf /tmp/hub-wheels\n"
                 "COPY vllm /usr/local/bin/vllm\n"
                 "LABEL org.opencontainers.image.description=\"twinspark sim serving base: Debian bookworm, "
-                f"ray[default]=={ray}, nginx, {hub}, the vLLM STAND-IN\"\n")
+                f"ray[default]=={ray}, nginx, {hub}, the vLLM and torch STAND-INs\"\n")
             docker("build", "--network", "none", "--platform", stack.serving.platform, "-t", local, ctx)
         docker("image", "rm", rootfs_image)
 

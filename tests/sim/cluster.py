@@ -138,9 +138,7 @@ class SimCluster:
             self._wait_for_ssh(node)
             if self.docker == "real":
                 self._wait_for_dockerd(node)
-            roce_map = "".join(f"{r.hca} {r.iface}\n" for r in node.spec.rails)
-            self.node_exec(node.name, "bash", "-c", "mkdir -p /etc/twinspark-sim && cat > /etc/twinspark-sim/roce-map",
-                           input=roce_map)
+            self._install(node)
 
     def down(self) -> None:
         for node in self.nodes.values():
@@ -167,14 +165,35 @@ class SimCluster:
     def reboot(self, node: str) -> None:
         """Power the node off (every process of it killed at once) and boot it again from its
         disk: files and docker's containers stay; /run, processes and the daemon start fresh."""
+        self._power_off(self.nodes[node])
+        self._power_on(self.nodes[node])
+
+    def reinstall(self, node: str) -> None:
+        """The node's OS installed anew: powered off, its disk wiped, booted fresh — new SSH host
+        keys, no files, images or containers of the program's, the same address and login."""
         sim_node = self.nodes[node]
-        os.kill(sim_node.init_pid, signal.SIGKILL)
-        sim_node.launcher.wait(timeout=30)
-        sim_node.init_pid, sim_node.launcher = 0, None
-        self._boot(sim_node)
-        self._wait_for_ssh(sim_node)
+        self._power_off(sim_node)
+        sh("rm", "-rf", "--one-file-system", self.state_dir(sim_node))
+        self._power_on(sim_node)
+        self._install(sim_node)
+
+    def _power_off(self, node: SimNode) -> None:
+        os.kill(node.init_pid, signal.SIGKILL)
+        node.launcher.wait(timeout=30)
+        node.init_pid, node.launcher = 0, None
+
+    def _power_on(self, node: SimNode) -> None:
+        self._boot(node)
+        self._wait_for_ssh(node)
         if self.docker == "real":
-            self._wait_for_dockerd(sim_node)
+            self._wait_for_dockerd(node)
+
+    def _install(self, node: SimNode) -> None:
+        """What a Spark's installation gives that a namespace lacks: which RDMA device is on
+        which rail (the roce stand-in's map)."""
+        roce_map = "".join(f"{r.hca} {r.iface}\n" for r in node.spec.rails)
+        self.node_exec(node.name, "bash", "-c", "mkdir -p /etc/twinspark-sim && cat > /etc/twinspark-sim/roce-map",
+                       input=roce_map)
 
     def leftovers(self) -> dict[str, list[str]]:
         """What down() must not leave: namespaces, links, mounts, processes of this prefix."""

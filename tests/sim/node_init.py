@@ -109,7 +109,7 @@ def prepare(name: str, user: str, sim_dir: Path, docker: str) -> None:
     vllm.symlink_to(sim_dir.resolve() / "bin" / "vllm")
     # sudo would otherwise log "unable to resolve host"
     add_host("127.0.1.1", name)
-    subprocess.run(["ssh-keygen", "-A"], check=True, capture_output=True)
+    own_host_keys(Path("/etc/ssh"))
     Path("/run/sshd").mkdir(exist_ok=True)
     sim_log = Path("/var/log/twinspark-sim")
     sim_log.mkdir(parents=True, exist_ok=True)
@@ -117,6 +117,18 @@ def prepare(name: str, user: str, sim_dir: Path, docker: str) -> None:
     shims_log = sim_log / "shims.log"
     shims_log.touch()
     shims_log.chmod(0o666)  # shims run as root (through sudo) and as the login user
+
+
+def own_host_keys(etc_ssh: Path) -> None:
+    """Host keys of this node's own, made on its disk's first boot and kept across reboots: the
+    overlay's lower layer is this machine's root, whose keys every node would otherwise show.
+    A reinstalled node (its disk wiped) gets new ones, as a reinstalled Spark does."""
+    made = etc_ssh / ".twinspark-sim-host-keys"
+    if not made.exists():
+        for key in etc_ssh.glob("ssh_host_*"):
+            key.unlink()
+        made.touch()
+    subprocess.run(["ssh-keygen", "-A"], check=True, capture_output=True)
 
 
 def serve_hub(hub: str, docker: str, gateway: str, sim_dir: Path) -> subprocess.Popen | None:

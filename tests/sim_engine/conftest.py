@@ -191,8 +191,10 @@ def stack(engine_env, cluster, operator_home) -> EngineStack:
     config_file = operator_home / "Pulumi.sim.yaml"
     shutil.copy(SIM_STACK, config_file)
     (operator_home / "state").mkdir(exist_ok=True)
+    # the first-contact host key records too: this session's nodes are new, with keys of their own
     env = {**engine_env, "HOME": str(operator_home), "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
-           "PULUMI_BACKEND_URL": f"file://{operator_home}/state"}
+           "PULUMI_BACKEND_URL": f"file://{operator_home}/state",
+           "TWINSPARK_KNOWN_HOSTS_DIR": str(operator_home / "known_hosts.d")}
     engine = EngineStack(env, config_file)
     engine.cli("stack", "select", "--create")
     return engine

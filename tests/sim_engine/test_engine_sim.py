@@ -6,11 +6,18 @@ bring it about themselves through the `deployed` fixture."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 import node_contract as contract
+from conftest import ROOT
 
 HEAD = "sim1"
 
@@ -126,6 +133,81 @@ def test_a_profile_change_up_restarts_vllm_with_the_new_flags_and_serves(cluster
         stack.set_config("serving.profile", "default")
     stack.up()
     assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"
+
+
+def serving_answers(stack) -> int:
+    outputs = stack.outputs()
+    return completion(outputs, outputs["apiKey"]).status_code
+
+
+def test_a_reinstalled_worker_is_refused_until_its_new_key_is_pinned_then_gets_everything_again(
+        cluster, stack, deployed, report):
+    held = (Path(stack.env["TWINSPARK_KNOWN_HOSTS_DIR"]) / "sim2").read_text()  # first contact's record
+    cluster.reinstall("sim2")  # a new disk: new host keys, none of the program's files, images or containers
+    with pytest.raises(AssertionError) as refused:
+        stack.up()
+    message = str(refused.value)
+    report["reinstalled_worker_refused"] = message[-600:]
+    assert "sim2" in message and "host key" in message, message
+    # README "Recovering": read the new key with ops pin-host-keys and pin it
+    pins = subprocess.run([sys.executable, "-m", "ops", "pin-host-keys", "--stack-file", str(stack.config_file),
+                           "--stack", "sim"], cwd=ROOT, env={**os.environ, **stack.env}, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+    line = next(l for l in pins.stdout.splitlines() if "nodes[1].hostKey" in l)
+    new_key = shlex.split(line)[-1]
+    assert new_key not in held, "the reinstalled node still shows its old host key"
+    stack.set_config("nodes[1].hostKey", new_key)
+    run = stack.up()
+    report["reinstalled_worker_up_s"] = run.seconds
+    done = changes(run)
+    report["reinstalled_worker_changes"] = done
+    for step in ("sim2-installation", "sim2-serving-container", "sim2-weights-sync",
+                 "sim1-nccl-check", "sim2-nccl-check", "sim1-readiness-wait"):
+        assert step in done, (step, done)
+    assert not [name for name in done if name.startswith("sim1-") and name not in (
+        "sim1-nccl-check", "sim1-readiness-wait", "sim1-serving-container", "sim2-weights-host-key")], done
+    assert serving_answers(stack) == 200
+
+
+def urn_of(stack, name: str) -> str:
+    (urn,) = [r["urn"] for r in stack.export()["resources"] if r["urn"].endswith(f"::{name}")]
+    return urn
+
+
+def test_a_rank_replaced_alone_fails_fast_naming_the_run_that_replaces_every_rank(stack, deployed, report):
+    run_urn = urn_of(stack, "nccl-run")
+    started = time.monotonic()
+    with pytest.raises(AssertionError) as alone:
+        stack.up("--replace", urn_of(stack, "sim2-nccl-check"))
+    report["rank_alone_refused_s"] = round(time.monotonic() - started, 1)
+    message = str(alone.value)
+    report["rank_alone_refusal"] = message[-600:]
+    assert "the NCCL ranks run only together" in message and f"pulumi up --replace '{run_urn}'" in message, message
+    run = stack.up("--replace", run_urn)  # the command the refusal names: every rank, together
+    report["every_rank_replaced_up_s"] = run.seconds
+    done = changes(run)
+    assert {"sim1-nccl-check", "sim2-nccl-check"} <= set(done), done
+    assert serving_answers(stack) == 200
+
+
+def node_roles(stack) -> dict[str, str]:
+    return {n["name"]: n["role"] for n in stack.outputs()["nodes"]}
+
+
+def test_head_and_worker_swap_roles_and_back(cluster, stack, deployed, report):
+    def swap(head: str, worker: str) -> None:
+        stack.set_config("nodes[0].role", "head" if head == "sim1" else "worker")
+        stack.set_config("nodes[1].role", "head" if head == "sim2" else "worker")
+        run = stack.up()
+        report[f"role_swap_to_{head}_up_s"] = run.seconds
+        report[f"role_swap_to_{head}_steps"] = [(name_of(m["urn"]), m["op"]) for m in run.steps() if m["op"] != "same"]
+        assert node_roles(stack) == {head: "head", worker: "worker"}
+        assert serving_answers(stack) == 200, head
+        assert cluster.nodes[head].spec.host in stack.outputs()["endpoint"]
+    try:
+        swap("sim2", "sim1")
+    finally:
+        swap("sim1", "sim2")
 
 
 # ---- last: destroy ---------------------------------------------------------------------------
