@@ -137,6 +137,10 @@ class Recipe(_Data):
     client: ClientFences
     needle_sizes: list[int] = Field(min_length=1)
     canary_tool_parser: Optional[str] = None
+    spec_decode_advice: str = Field(
+        default="Draft tokens are almost all rejected: decode falls toward the no-spec floor. Sample a completion "
+        "by hand and compare with the recipe's baseline (`python -m ops bench --compare recipe`).",
+        description="the acceptance-collapse alert's advice, where the recipe speculates")
     memory: MemoryFacts = Field(default_factory=MemoryFacts)
     baseline: Baseline
     notes: str = ""
