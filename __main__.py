@@ -12,7 +12,7 @@ from components.config import load_secrets, load_stack_config, resolve_node_addr
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
 from components.host_prep import HostPrep, HostPrepArgs, firewall_policy
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
-from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess
+from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank
 from components.observability import Observability, ObservabilityArgs, ObservedAccess
 from components.observability_files import plan_from_config
@@ -88,6 +88,7 @@ weights = ModelWeights(
         gpu_memory_utilization=cfg.serving.gpu_memory_utilization,
         sync_secret=weights_sync_secret,
         hub_endpoint=cfg.model.hub_endpoint,
+        memory_fit=memory_fit_args(cfg.serving),
     ),
     opts=after_fabric,
 )
@@ -221,6 +222,8 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
 
 pulumi.export("endpoint", client.endpoint_url(cfg))
 pulumi.export("model", cfg.model.served_name)
+pulumi.export("recipe", cfg.serving.recipe)
+pulumi.export("memoryFit", weights.memory_fit)  # the estimate before the load (model-shape-check.py)
 pulumi.export("modelRevision", weights.revision)  # the commit every node holds (model.revision or resolved once)
 pulumi.export("apiKey", pulumi.Output.secret(api_key))
 pulumi.export("healthUrl", client.endpoint_base(cfg) + "/health")

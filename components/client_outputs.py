@@ -18,11 +18,9 @@ import node_contract as contract
 
 from .config import StackConfig
 
-# Agent sessions degrade past ~150k of history with the native fp8 KV, ~100-120k with
-# nvfp4 KV (recipe gotchas 12 and 14): auto-compaction is the fence.
-AUTO_COMPACT_TOKENS = {"fp8_ds_mla": 150000}
-AUTO_COMPACT_TOKENS_DEFAULT = 110000
-CLAUDE_CODE_MAX_CONTEXT_TOKENS = 160000  # compacts at ~148k
+# Agent sessions degrade past a model's fence (DeepSeek: ~150k of history with the native fp8
+# KV, ~100-120k with nvfp4 KV, seed gotchas 12 and 14): auto-compaction is the fence, and the
+# recipe's client block holds it (recipes/).
 # A fence must leave room below the served context for the summary and the next turn.
 FENCE_SHARE_OF_CONTEXT = 0.9
 CODEX_PROVIDER_ID = "twinspark"
@@ -51,12 +49,13 @@ def endpoint_url(cfg: StackConfig) -> str:
 
 
 def auto_compact_limit(cfg: StackConfig) -> int:
-    fence = AUTO_COMPACT_TOKENS.get(cfg.serving.kv_cache_dtype, AUTO_COMPACT_TOKENS_DEFAULT)
+    client = cfg.serving.recipe_spec.client
+    fence = client.auto_compact_tokens.get(cfg.serving.kv_cache_dtype, client.auto_compact_tokens_otherwise)
     return min(fence, int(cfg.serving.max_model_len * FENCE_SHARE_OF_CONTEXT))
 
 
 def claude_code_max_context(cfg: StackConfig) -> int:
-    return min(CLAUDE_CODE_MAX_CONTEXT_TOKENS, cfg.serving.max_model_len)
+    return min(cfg.serving.recipe_spec.client.claude_code_max_context_tokens, cfg.serving.max_model_len)
 
 
 def catalog_file_name(cfg: StackConfig) -> str:
@@ -88,7 +87,7 @@ def render_codex_model_catalog(cfg: StackConfig) -> str:
         "display_name": f"{name} (twinspark)",
         "description": f"{cfg.model.repo} served by vLLM on twinspark, tensor parallel over "
         f"{cfg.tensor_parallel_size} DGX Sparks",
-        "default_reasoning_level": "low",
+        "default_reasoning_level": cfg.serving.recipe_spec.client.default_reasoning_level,
         "supported_reasoning_levels": [
             {"effort": "low", "description": "Fast responses with lighter reasoning"},
             {"effort": "medium", "description": "Balances speed and reasoning depth"},

@@ -38,18 +38,13 @@ import host_keys
 import node_contract as contract
 import platform_gate
 
+from . import recipes
 from .memory_budget import HEADROOM_PERCENT, MIN_AUTO_COTENANT_PERCENT, BudgetError, MemoryBudget
 from .memory_budget import memory_budget as budget_of
 
 NAMESPACE = "twinspark"
 STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "model", "serving")
 OPTIONAL_STRUCTURED_KEYS = ("observability", "platform")  # omitted: the block's defaults
-
-# Launch profiles exactly as the recipe's table (§5): speculative depth and batch width.
-PROFILES: dict[str, dict[str, int]] = {
-    "default": {"num_speculative_tokens": 7, "max_num_seqs": 6},
-    "multiagent": {"num_speculative_tokens": 3, "max_num_seqs": 8},
-}
 
 # vLLM flags extraArgs may not set, and why: a config key (or the node list) owns their value,
 # or they would bypass this check.
@@ -66,10 +61,6 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
     "each, and TP×PP ranks would need more GPUs than the nodes have",
     "--distributed-executor-backend": "multi-node TP runs on Ray",
     "--api-key": "set twinspark:apiKey, a secret; as a flag it would show in argv and state",
-    # a profile is a measured pair (recipe §5): overriding half of it serves an unmeasured one
-    "--max-num-seqs": "set by serving.profile, which is not meant to be overridden; choose 'default' or 'multiagent'",
-    "--speculative-config": "set by serving.profile, which is not meant to be overridden; choose 'default' or "
-    "'multiagent'",
     "--config": "it reads more flags from a file, where twinspark cannot check them; list them in serving.extraArgs",
     # what would blind the monitoring and the guard, which read vLLM's /metrics
     "--disable-log-stats": "it removes every vllm:* metric, which the dashboards, the alerts and the serving "
@@ -87,14 +78,14 @@ SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size
 _SHORT_FLAG = re.compile(r"(?P<name>-[a-z]+)(?P<value>=.*)?", re.S)
 
 
-def _flag_refusal(name: str) -> Optional[str]:
-    """Why extraArgs may not hold flag `name` (without '--'), or None.
+def _flag_refusal(name: str, refused: dict[str, str]) -> Optional[str]:
+    """Why extraArgs may not hold flag `name` (without '--'), or None; `refused`: flag -> reason.
 
     argparse (allow_abbrev, vLLM's default) takes any unambiguous prefix of a flag for the flag,
     so every prefix of a refused flag is refused too.
     """
     name = "--" + name.replace("_", "-")
-    for flag, reason in FLAGS_NOT_IN_EXTRA_ARGS.items():
+    for flag, reason in refused.items():
         if flag.startswith(name):
             subject = flag if name == flag else f"vLLM takes {name} for {flag}"
             return f"a flag twinspark does not own ({subject}: {reason})"
@@ -451,25 +442,31 @@ class Serving(Contract):
     image: ImageRef = Field(
         description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`; a tag "
         "is resolved to its digest once and kept (output `servingImage`), a `@sha256:` digest is used as it is")
-    profile: Literal["default", "multiagent"] = Field(
+    recipe: str = Field(
+        default=recipes.DEFAULT_RECIPE,
+        description="the model recipe (a file in recipes/, by its `name`): vLLM's flags and environment, profiles, "
+        "client fences, needle sizes, panels and baseline; see Models")
+    profile: str = Field(
         default="default",
-        description="`default` (spec decode 7, 6 seqs: 74.8 tok/s single stream) or `multiagent` "
-        "(spec 3, 8 seqs: 105.7 tok/s at 4-way)")
+        description="one of the recipe's launch profiles; DeepSeek's: `default` (spec decode 7, 6 seqs: 74.8 tok/s "
+        "single stream) or `multiagent` (spec 3, 8 seqs: 105.7 tok/s at 4-way)")
     port: Port = Field(
         default=8000,
         description="API port on the head; not a port SSH, Ray, vLLM, NcclCheck, the weight copy, the kernel's "
         "ephemeral range or the monitoring (while on) use, nor grafanaPort")
+    # unset: the recipe's value (filled in by _recipe_values before validation)
     max_model_len: Integer = Field(
-        default=1048576, gt=0, description="`--max-model-len`; also the clients' context window and fences")
+        default=None, gt=0, description="`--max-model-len`; also the clients' context window and fences")
     gpu_memory_utilization: Number = Field(
-        default=0.85, gt=0.0, le=0.95, description="`--gpu-memory-utilization` (0 < x ≤ 0.95)")
+        default=None, gt=0.0, le=0.95, description="`--gpu-memory-utilization` (0 < x ≤ 0.95)")
     kv_cache_dtype: KvCacheDtype = Field(
-        default="fp8_ds_mla",
-        description="keep the native fp8 (gotcha 14); any other value tightens the compaction fence to 110k")
+        default=None,
+        description="a KV-cache dtype vLLM registers; DeepSeek: keep the native fp8 (gotcha 14), any other value "
+        "tightens the compaction fence to 110k")
     extra_args: list[str] = Field(
         default_factory=list,
-        description="more vLLM flags, appended last; refused: a flag a config key or the profile sets, any "
-        "abbreviation of one (vLLM's parser takes them), and `--config`")
+        description="more vLLM flags, appended last; refused: a flag a config key, the recipe or the profile sets, "
+        "any abbreviation of one (vLLM's parser takes them), and `--config`")
     ray_version: RayVersion = Field(
         default="2.57.0", description="Ray installed into the serving image")
     platform: DockerPlatform = Field(
@@ -493,6 +490,51 @@ class Serving(Contract):
         f"and the {HEADROOM_PERCENT}% headroom leave (5% each at 0.85; refused below {MIN_AUTO_COTENANT_PERCENT}%), "
         "a percentage for each, or `off`; refused when model + caps + headroom exceed 100%")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_values(cls, data: Any) -> Any:
+        """Config keys override the recipe's values: an unset key takes the recipe's."""
+        if not isinstance(data, dict):
+            return data
+        try:
+            spec = recipes.recipe_named(data.get("recipe", recipes.DEFAULT_RECIPE))
+        except recipes.RecipeError:
+            return data  # _known_recipe says what is wrong
+        values = {key.removeprefix("serving."): getattr(spec.vllm, to_snake(key.removeprefix("serving.")))
+                  for key in RECIPE_KEYS}
+        return {**{k: v for k, v in values.items() if k not in data and to_snake(k) not in data}, **data}
+
+    @property
+    def recipe_spec(self) -> recipes.Recipe:
+        return recipes.recipe_named(self.recipe)
+
+    @model_validator(mode="after")
+    def _known_recipe_and_profile(self) -> "Serving":
+        try:
+            spec = self.recipe_spec
+        except recipes.RecipeError as err:
+            raise _CrossFieldError("recipe", repr(self.recipe), str(err).removeprefix("expected ")) from None
+        if self.profile not in spec.profiles:
+            known = " or ".join(repr(p) for p in spec.profiles)
+            raise _CrossFieldError("profile", repr(self.profile), f"one of recipe {spec.name}'s profiles: {known}")
+        names = recipes.vllm_names()["kv_cache_dtypes"]
+        if self.kv_cache_dtype not in names["names"]:
+            raise _CrossFieldError("kvCacheDtype", repr(self.kv_cache_dtype),
+                                   f"a KV-cache dtype vLLM registers ({', '.join(names['names'])}; "
+                                   f"{names['source']})")
+        return self
+
+    @property
+    def refused_flags(self) -> dict[str, str]:
+        """What extraArgs may not set: what twinspark's keys own, and every flag the recipe renders."""
+        spec, refused = self.recipe_spec, dict(FLAGS_NOT_IN_EXTRA_ARGS)
+        profiles = " or ".join(repr(p) for p in spec.profiles)
+        for flag in recipes.rendered_flags(spec):
+            refused.setdefault(flag, f"set by serving.profile of recipe {spec.name}, which is not meant to be "
+                               f"overridden; choose {profiles}" if flag in recipes.PROFILE_FLAGS else
+                               f"set by serving.recipe {spec.name} (recipes/): choose or add a recipe instead")
+        return refused
+
     @property
     def memory_budget(self) -> MemoryBudget:
         """The node's budget (components/memory_budget.py): validated below, so it adds up."""
@@ -513,11 +555,11 @@ class Serving(Contract):
 
     @model_validator(mode="after")
     def _extra_args_are_flags(self) -> "Serving":
-        expect_value = False
+        expect_value, refused = False, self.refused_flags
         for i, token in enumerate(self.extra_args):
             flag = _FLAG.fullmatch(token)
             if flag:
-                refusal = _flag_refusal(flag["name"])
+                refusal = _flag_refusal(flag["name"], refused)
                 if refusal:  # the value is left out: it may be the very secret that belongs elsewhere
                     shown = token if flag["value"] is None else token.split("=", 1)[0] + "=(value not shown)"
                     raise _CrossFieldError(f"extraArgs[{i}]", shown, refusal)
@@ -890,6 +932,10 @@ def _checked_secrets(config: pulumi.Config) -> dict[str, Optional[str]]:
 
 
 
+# Keys whose unset value is the chosen recipe's (Serving._recipe_values)
+RECIPE_KEYS = ("serving.maxModelLen", "serving.gpuMemoryUtilization", "serving.kvCacheDtype")
+
+
 def parameter_table() -> str:
     """The README's parameter table, from the field descriptions: the two cannot drift."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
@@ -908,7 +954,10 @@ def parameter_table() -> str:
                 default = "required"
             else:
                 value = field.get_default(call_default_factory=True)
-                default = "none" if value is None else f"`{str(value).lower() if isinstance(value, bool) else value}`"
+                if key in RECIPE_KEYS:
+                    default = "the recipe's"
+                else:
+                    default = "none" if value is None else f"`{str(value).lower() if isinstance(value, bool) else value}`"
             rows.append(f"| `{key}` | {default} | {field.description} |")
 
     for block in STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS:

@@ -16,7 +16,6 @@ Both are keyed hashes (remote.files_hash): the label says nothing about the secr
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -26,7 +25,8 @@ from pulumi_command import remote
 
 import node_contract as contract
 
-from .config import PROFILES, ModelConfig, Node, Serving
+from .config import ModelConfig, Node, Serving
+from .recipes import serve_lines
 from .remote import ManagedFile, files_hash, launch_file, managed_file_commands
 
 STATIC_FILES = (contract.PRELUDE, contract.BOOT_COMMON, contract.boot_script("head"), contract.boot_script("worker"),
@@ -58,19 +58,10 @@ class LaunchBundleArgs:
     api_key: Optional[pulumi.Input[str]]  # the head's secrets.env; None on workers
 
 
-def speculative_config(profile: str) -> str:
-    spec = {
-        "method": "dspark",
-        "num_speculative_tokens": PROFILES[profile]["num_speculative_tokens"],
-        "draft_sample_method": "probabilistic",
-    }
-    return json.dumps(spec, separators=(",", ":"))
-
-
 def vllm_serve_args(vllm: VllmServe) -> list[list[str]]:
-    """`vllm serve` arguments grouped as the recipe writes them, one group per line."""
+    """`vllm serve` arguments grouped as the recipe writes them, one group per line: what
+    twinspark owns first, then the recipe's (components/recipes.py), serving.extraArgs last."""
     s, m = vllm.serving, vllm.model
-    profile = PROFILES[s.profile]
     lines = [
         ["vllm", "serve", m.container_dir],
         ["--served-model-name", m.served_name],
@@ -78,24 +69,8 @@ def vllm_serve_args(vllm: VllmServe) -> list[list[str]]:
         ["--uds", contract.VLLM_SOCKET],
         ["--tensor-parallel-size", str(vllm.tensor_parallel_size)],
         ["--distributed-executor-backend", "ray"],
-        ["--trust-remote-code"],
-        ["--tokenizer-mode", "deepseek_v4"],
-        ["--tool-call-parser", "deepseek_v4"],
-        ["--reasoning-parser", "deepseek_v4"],
-        ["--enable-auto-tool-choice"],
-        ["--kv-cache-dtype", s.kv_cache_dtype],
-        ["--moe-backend", "flashinfer_b12x"],
-        ["--block-size", "256"],
-        ["--max-model-len", str(s.max_model_len)],
-        ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"],
-        ["--max-num-seqs", str(profile["max_num_seqs"])],
-        ["--max-num-batched-tokens", "8192"],
-        ["--max-cudagraph-capture-size", "24"],
-        ["--generation-config", "vllm"],
-        ["--async-scheduling"],
-        ["--enable-chunked-prefill"],
-        ["--enable-prefix-caching"],
-        ["--speculative-config", speculative_config(s.profile)],
+        *serve_lines(s.recipe_spec, s.profile, kv_cache_dtype=s.kv_cache_dtype, max_model_len=s.max_model_len,
+                     gpu_memory_utilization=s.gpu_memory_utilization),
     ]
     if s.extra_args:
         lines.append(list(s.extra_args))
@@ -164,12 +139,7 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("GLOO_SOCKET_IFNAME", args.bootstrap_iface),
         ("RAY_memory_monitor_refresh_ms", "0"),
         ("RAY_DISABLE_MEMORY_MONITOR", "1"),
-        ("VLLM_USE_FLASHINFER_SAMPLER", "1"),
-        ("VLLM_USE_B12X_MOE", "1"),
-        ("VLLM_USE_B12X_WO_PROJECTION", "1"),
-        ("VLLM_DSPARK_GPU_REJECTED_CONTEXT_MASK", "1"),
-        ("VLLM_USE_BREAKABLE_CUDAGRAPH", "0"),
-        ("DEFAULT_THINKING", "low"),
+        *args.vllm.serving.recipe_spec.env.items(),  # the model recipe's (recipes/)
         ("HF_HUB_OFFLINE", "1"),
         ("# compile and kernel caches on the host: a replaced container starts warm", None),
         *contract.compile_cache_env().items(),

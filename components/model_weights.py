@@ -25,6 +25,7 @@ hashed again.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -75,6 +76,7 @@ class ModelWeightsArgs:
     gpu_memory_utilization: float
     sync_secret: pulumi.Input[str]  # per stack: the workers' rsync daemons admit only the head
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT  # model.hubEndpoint
+    memory_fit: Sequence[str] = ()  # the shape check's memory-fit flags (memory_fit_args)
 
 
 def hub_args(args: ModelWeightsArgs) -> list[str]:
@@ -123,7 +125,24 @@ def shape_check_args(args: ModelWeightsArgs) -> list[str]:
              "--tensor-parallel-size", str(args.tensor_parallel_size),
              "--gpu-memory-utilization", f"{args.gpu_memory_utilization:g}",
              "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
-    return flags + [a for w in args.workers for a in ("--peer", f"{w.name}={args.ssh_user}@{w.ray_ip}")]
+    flags += [a for w in args.workers for a in ("--peer", f"{w.name}={args.ssh_user}@{w.ray_ip}")]
+    return flags + list(args.memory_fit)
+
+
+def memory_fit_args(serving) -> list[str]:
+    """The memory-fit estimate's inputs: the config's values over the recipe's, its KV facts."""
+    recipe = serving.recipe_spec
+    return ["--kv-cache-dtype", serving.kv_cache_dtype, "--max-model-len", str(serving.max_model_len),
+            "--kv-bytes-per-token", str(recipe.memory.kv_bytes_per_token or 0),
+            "--overhead-gib", f"{recipe.memory.overhead_gib:g}"]
+
+
+def parse_memory_fit(stdout: str) -> dict:
+    """The shape check's `memory-fit {json}` line, or {} where it printed none."""
+    for line in reversed(stdout.splitlines()):
+        if "memory-fit {" in line:
+            return json.loads(line[line.index("{"):])
+    return {}
 
 
 def render_authorized_key_line(head_ray_ip: str, public_key: str) -> str:
@@ -188,6 +207,7 @@ class ModelWeights(pulumi.ComponentResource):
             NodeScript(SHAPE_SCRIPT, shape_check_args(args), payload=launch_file(SHAPE_PROGRAM)),
             parent=self, triggers=[args.repo], depends_on=[self.fetch, *(c for w in ways_in.values() for c in w)],
         )
+        self.memory_fit: pulumi.Output[dict] = self.shape_check.stdout.apply(parse_memory_fit)
         # A copy runs on the head: a reinstalled worker's new key re-runs none of it, so the copy
         # follows the worker's installation and is made again when that is.
         self.syncs = [

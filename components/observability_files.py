@@ -125,6 +125,8 @@ class ObservabilityPlan:
     settings: Observability
     alertmanager: bool  # an alert webhook is configured: Prometheus sends to Alertmanager
     platform: str  # serving.platform: what the images are pulled for
+    panels: tuple[str, ...] = ("overview", "spec-decode", "nodes")  # the recipe's: spec decode where it speculates
+    spec_decode_advice: str = ""  # the recipe's, for the acceptance-collapse alert
     prometheus_port: int = contract.PROMETHEUS_PORT
     node_exporter_port: int = contract.NODE_EXPORTER_PORT
     gpu_exporter_port: int = contract.GPU_EXPORTER_PORT
@@ -147,6 +149,8 @@ def plan_from_config(cfg: StackConfig, alertmanager: bool) -> ObservabilityPlan:
         settings=cfg.observability,
         alertmanager=alertmanager,
         platform=cfg.serving.platform,
+        panels=cfg.serving.recipe_spec.panels,
+        spec_decode_advice=cfg.serving.recipe_spec.spec_decode_advice,
     )
 
 
@@ -291,12 +295,11 @@ def alert_groups(plan: ObservabilityPlan) -> dict[str, list[AlertRule]]:
                       "fallback to TCP (about a tenth of RoCE's all-reduce bandwidth), or of a throttled GPU. "
                       "Check the RoCE panels (idle rails?), run `python -m ops bench`, then re-run NcclCheck "
                       "(pulumi up --replace the nccl-check resources)."),
-            AlertRule("TwinsparkSpecDecodeAcceptanceCollapse", (accepted, drafted),
-                      f"({accepted} / {drafted}) < {s.spec_decode_min_acceptance:g}", "15m", "warning",
-                      "Speculative-decoding acceptance is {{ $value | humanizePercentage }}",
-                      "Draft tokens are almost all rejected: decode falls toward the no-spec floor (~27 tok/s), "
-                      "and dirty KV context shows this way (recipe gotcha 4). Check the env file "
-                      "(VLLM_DSPARK_GPU_REJECTED_CONTEXT_MASK=1) and sample a completion by hand."),
+            *([AlertRule("TwinsparkSpecDecodeAcceptanceCollapse", (accepted, drafted),
+                         f"({accepted} / {drafted}) < {s.spec_decode_min_acceptance:g}", "15m", "warning",
+                         "Speculative-decoding acceptance is {{ $value | humanizePercentage }}",
+                         plan.spec_decode_advice)]
+              if "spec-decode" in plan.panels else []),  # only a recipe that speculates drafts
         ],
         "twinspark-heartbeat": [
             # always firing: the webhook's receiver notices a dead head (Prometheus and
@@ -754,6 +757,7 @@ def render_dashboards(plan: ObservabilityPlan) -> dict[str, str]:
     return {
         name: json.dumps(_number_panels(build(plan).build()), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
         for name, build in DASHBOARDS.items()
+        if name.removeprefix("twinspark-").removesuffix(".json") in plan.panels
     }
 
 

@@ -16,6 +16,8 @@ set -euo pipefail
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
 node="" dir="" manifest="" tp="" utilization="" key="" known_hosts=""
+kv_dtype="" max_len="" kv_bytes="" overhead=""
+fit=()  # --kv-cache-dtype, --max-model-len, --kv-bytes-per-token, --overhead-gib: passed on
 peers=()
 
 memtotal_kb() { awk '$1 == "MemTotal:" {print $2; exit}'; }
@@ -29,11 +31,15 @@ peer_memtotal_kb() {
 
 main() {
   parse_flags --node=node --dir=dir --manifest=manifest --tensor-parallel-size=tp \
-    --gpu-memory-utilization=utilization --key=key --known-hosts=known_hosts --peer=peers[] -- "$@"
+    --gpu-memory-utilization=utilization --key=key --known-hosts=known_hosts --peer=peers[] \
+    --kv-cache-dtype=kv_dtype --max-model-len=max_len --kv-bytes-per-token=kv_bytes \
+    --overhead-gib=overhead -- "$@"
   require_flags --node --dir --manifest --tensor-parallel-size --gpu-memory-utilization --key --known-hosts
   log_node=$node
   key=${key/#\~/$HOME} known_hosts=${known_hosts/#\~/$HOME}
   [ -s "$dir/$manifest" ] || die "$dir/$manifest missing: the weights here are not complete (run fetch-weights.sh)"
+  [ -z "${max_len:-}" ] || fit=(--kv-cache-dtype "$kv_dtype" --max-model-len "$max_len"
+    --kv-bytes-per-token "${kv_bytes:-0}" --overhead-gib "${overhead:-0}")
   local memory=(--memory-kb "$node=$(memtotal_kb </proc/meminfo)") peer kb
   for peer in "${peers[@]}"; do
     kb=$(peer_memtotal_kb "${peer#*=}") || die "cannot read MemTotal of ${peer%%=*} at ${peer#*=}"
@@ -42,7 +48,7 @@ main() {
   done
   local report status=0
   report=$(python3 - --config "$dir/config.json" --manifest "$dir/$manifest" --tensor-parallel-size "$tp" \
-    --gpu-memory-utilization "$utilization" "${memory[@]}") || status=$?
+    --gpu-memory-utilization "$utilization" "${memory[@]}" "${fit[@]}") || status=$?
   [ -n "$report" ] || die "the check program (model-shape-check.py, on stdin) did not run"
   while IFS= read -r line; do [ -z "$line" ] || log "$line"; done <<<"$report"
   [ "$status" -eq 0 ] || die "$dir cannot run tensor-parallel over these $tp nodes (see the FAIL lines)"

@@ -124,8 +124,20 @@ def test_missing_block_is_named(block):
 def test_extra_args_that_own_nothing_pass():
     cfg = copy.deepcopy(BASE)
     cfg["serving"]["extraArgs"] = ["--enable-log-requests", "--max-log-len", "100", "--compilation-config.mode=3",
-                                   "--max_num_batched_tokens=4096", "--port-x", "--configx"]
+                                   "--max_num_partial_prefills=2", "--port-x", "--configx"]
     assert parse_stack_config(cfg).serving.extra_args[0] == "--enable-log-requests"
+
+
+@pytest.mark.parametrize("flag", ["--block-size=128", "--moe-backend", "--max-cudagraph-capture-size=8",
+                                  "--generation_config=auto", "--tokenizer-mode"])
+def test_extra_args_refuse_what_the_recipe_sets_and_only_that(flag):
+    """DeepSeek's recipe renders these flags, gpt-oss's does not: refused for one, passed for the other."""
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["extraArgs"] = [flag, "x"] if "=" not in flag else [flag]
+    with pytest.raises(pulumi.RunError, match=r"serving.extraArgs\[0\]: .*set by serving.recipe DeepSeek-V4-Flash-0731"):
+        parse_stack_config(cfg)
+    cfg["serving"]["recipe"] = "gpt-oss-120b"
+    assert parse_stack_config(cfg).serving.extra_args[0] == flag
 
 
 def test_a_refused_flag_never_shows_its_value():
@@ -158,7 +170,7 @@ def test_every_flag_the_config_sets_is_refused_in_extra_args():
     moved = {flag for flag in before if before[flag] != after.get(flag)}
     assert moved == {"--served-model-name", "--tensor-parallel-size", "--max-model-len",
                      "--gpu-memory-utilization", "--kv-cache-dtype", "--max-num-seqs", "--speculative-config"}
-    assert moved <= set(FLAGS_NOT_IN_EXTRA_ARGS)
+    assert moved <= set(parse_stack_config(BASE).serving.refused_flags)
 
 
 def test_several_errors_are_all_reported():

@@ -398,7 +398,7 @@ def local_memtotal_kb():
                 if line.startswith("MemTotal:"))
 
 
-def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85):
+def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, memory_fit=()):
     """model-shape-check exactly as the program sends it, on a generated model directory; the
     peers' /proc/meminfo come from a stand-in `ssh` that records whom it was asked and, like
     the real one, reads its stdin away unless given -n."""
@@ -425,7 +425,7 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85):
         repo="org/model", dir=str(model), downloader_image="img", ssh_user="nvidia",
         head=model_weights.NodeAccess("spark1", None, "10.0.0.1", ["10.0.0.1"]), workers=workers, hf_token=None,
         revision=None, sync_secret="unused",
-        tensor_parallel_size=tp, gpu_memory_utilization=utilization)
+        tensor_parallel_size=tp, gpu_memory_utilization=utilization, memory_fit=memory_fit)
     line = script_command(model_weights.SHAPE_SCRIPT, model_weights.shape_check_args(args))
     stdin = script_text(model_weights.SHAPE_SCRIPT) + launch_file(model_weights.SHAPE_PROGRAM)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)}

@@ -530,8 +530,9 @@ def test_outputs_contract(recipe_run):
     assert set(out) == {
         "endpoint", "model", "modelRevision", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
         "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser", "servingImage", "platform",
-        "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel",
+        "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel", "recipe", "memoryFit",
     }
+    assert out["recipe"]["value"] == "DeepSeek-V4-Flash-0731"
     assert out["endpoint"]["value"] == "http://192.168.1.10:8000/v1"
     assert out["model"]["value"] == "ds-0731"
     assert out["healthUrl"]["value"] == "http://192.168.1.10:8000/health"

@@ -1,0 +1,67 @@
+"""The memory-fit estimate before the load (launch/model-shape-check.py), against the seed's own
+load: model 79.2 GiB per node, KV 20.5 (head) + 18.4 GiB -> 2,682,310 tokens (seed §4)."""
+
+import importlib.util
+
+import pytest
+
+from components import recipes
+from components.config import parse_stack_config
+from components.model_weights import memory_fit_args, parse_memory_fit
+from program_harness import ROOT, stack_config
+from test_node_artifacts import GIB, run_shape_check
+
+spec = importlib.util.spec_from_file_location("shape_check", ROOT / "launch" / "model-shape-check.py")
+shape_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shape_check)
+
+SEED_WEIGHTS = 167 * 10**9  # 48 shards, 167 GB of safetensors (seed §3)
+SPARK_MEMTOTAL = 127535148 * 1024  # a Spark's MemTotal (121.6 GiB)
+
+
+def seed_fit(max_model_len=1048576):
+    seed = recipes.recipe_named(recipes.DEFAULT_RECIPE)
+    return shape_check.memory_fit(SEED_WEIGHTS, 2, 0.85, SPARK_MEMTOTAL, seed.memory.kv_bytes_per_token,
+                                  seed.memory.overhead_gib * GIB, max_model_len)
+
+
+def test_the_estimate_reproduces_the_seeds_load_within_ten_percent():
+    fit = seed_fit()
+    assert fit["weightsPerNodeGiB"] == pytest.approx(79.2, rel=0.10)
+    assert fit["kvGiB"] == pytest.approx(20.5, rel=0.10)
+    assert fit["kvTokens"] == pytest.approx(2_682_310, rel=0.10)
+    assert "ok   memory fit" in shape_check.fit_line(fit, 0.85)
+
+
+def test_mla_kv_per_token_is_the_compressed_latent_not_the_heads():
+    """DeepSeek-V3's shape: 61 layers, kv_lora_rank 512 + rope 64; 128 heads would be 250x more."""
+    config = {"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "kv_lora_rank": 512,
+              "qk_rope_head_dim": 64, "head_dim": 128}
+    assert shape_check.kv_bytes_per_token(config, 2, "fp8_ds_mla") == 61 * 656
+    assert shape_check.kv_bytes_per_token(config, 2, "bfloat16") == 61 * 576 * 2
+    gqa = {"num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64}
+    assert shape_check.kv_bytes_per_token(gqa, 2, "fp8") == 36 * 2 * 4 * 64
+
+
+def test_a_max_model_len_that_cannot_fit_is_refused_with_the_numbers():
+    line = shape_check.fit_line(seed_fit(max_model_len=4_194_304), 0.85)
+    assert line.startswith("FAIL memory fit") and "4,194,304" in line and "lower serving.maxModelLen to at most" in line
+
+
+def test_the_shape_check_refuses_before_the_copy_and_prints_the_estimate(tmp_path):
+    """As the program sends it: a peer of 64 GiB holds 2 GiB of weights, but not 64 GiB of KV."""
+    config = {"num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 32, "head_dim": 128}
+    fit = ["--kv-cache-dtype", "bfloat16", "--max-model-len", "1048576",
+           "--kv-bytes-per-token", "0", "--overhead-gib", "1"]
+    proc, _ = run_shape_check(tmp_path, config, {"m.safetensors": 4 * GIB}, tp=2, peers_kb=[64 << 20],
+                              memory_fit=fit)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL memory fit: 2.0 GiB weights per node" in proc.stdout and "65536 B/token" in proc.stdout
+    assert parse_memory_fit(proc.stdout)["maxModelLen"] == 1048576
+
+
+def test_the_program_sends_the_recipes_facts_and_the_config_values():
+    cfg = parse_stack_config({k.removeprefix("twinspark:"): v for k, v in stack_config().items()})
+    assert memory_fit_args(cfg.serving) == ["--kv-cache-dtype", "fp8_ds_mla", "--max-model-len", "1048576",
+                                            "--kv-bytes-per-token", "8206",
+                                            "--overhead-gib", "4.5"]

@@ -1,0 +1,163 @@
+"""The recipe catalog (recipes/*.yaml): each entry loads, names only what vLLM registers, and
+owns exactly its part of a deployment under the program harness."""
+
+import copy
+import json
+import shutil
+
+import pulumi
+import pytest
+
+from components import recipes
+from components.config import parse_stack_config
+from program_harness import ROOT, stack_config
+from ssh_fixtures import pinned
+
+CATALOG = recipes.load_catalog()
+RECIPE_KEYS = ("maxModelLen", "gpuMemoryUtilization", "kvCacheDtype")
+
+
+def test_the_catalog_holds_the_five_models_and_the_seed_is_the_default():
+    assert set(CATALOG) == {"DeepSeek-V4-Flash-0731", "GLM-5.3-Flash-NVFP4", "Qwen3.8-Flash-Next", "MiniMax-M2.7",
+                            "gpt-oss-120b"}
+    assert recipes.DEFAULT_RECIPE == "DeepSeek-V4-Flash-0731"
+
+
+def test_a_sixth_recipe_is_one_file(tmp_path):
+    for path in (ROOT / "recipes").glob("*.yaml"):
+        shutil.copy(path, tmp_path)
+    text = (ROOT / "recipes" / "gpt-oss-120b.yaml").read_text()
+    (tmp_path / "gpt-oss-20b.yaml").write_text(text.replace("name: gpt-oss-120b", "name: gpt-oss-20b")
+                                               .replace("repo: openai/gpt-oss-120b", "repo: openai/gpt-oss-20b"))
+    found = recipes.load_catalog(tmp_path)
+    assert found["gpt-oss-20b"].repo == "openai/gpt-oss-20b" and len(found) == len(CATALOG) + 1
+    assert "`gpt-oss-20b`" in recipes.models_table(found)
+
+
+@pytest.mark.parametrize("key, wrong, kind", [
+    ("toolCallParser: glm47", "toolCallParser: glm_47", "tool call parsers"),
+    ("reasoningParser: glm45", "reasoningParser: glm4.5", "reasoning parsers"),
+    ("kvCacheDtype: nvfp4_ds_mla", "kvCacheDtype: nvfp4_dsmla", "kv cache dtypes"),
+    ("moeBackend: b12x", "moeBackend: b12", "moe backends"),
+    ("attentionBackend: B12X", "attentionBackend: b12x", "attention backends"),
+    ("- [--dtype, bfloat16]", "- [--dtypes, bfloat16]", "engine flags"),
+])
+def test_a_misspelt_vllm_name_is_refused_naming_the_file_and_the_names(tmp_path, key, wrong, kind):
+    text = (ROOT / "recipes" / "glm-5.3-flash-nvfp4.yaml").read_text()
+    assert key in text
+    (tmp_path / "glm.yaml").write_text(text.replace(key, wrong))
+    with pytest.raises(recipes.RecipeError) as err:
+        recipes.load_catalog(tmp_path)
+    assert "glm.yaml" in str(err.value) and wrong.split(": ")[-1].strip("- [,").split(",")[0] in str(err.value)
+    assert kind in str(err.value) or "flag" in str(err.value)
+
+
+def test_a_misspelt_kv_dtype_in_the_config_is_a_config_error_before_any_resource(program, recipe_config):
+    recipe_config["twinspark:serving"]["kvCacheDtype"] = "fp8_dsmla"
+    result = program(recipe_config)
+    assert result.resources == [] and "twinspark:serving.kvCacheDtype: 'fp8_dsmla'" in result.error["message"]
+
+
+def test_an_unknown_recipe_is_a_config_error_naming_the_catalog(program, recipe_config):
+    recipe_config["twinspark:serving"]["recipe"] = "GLM-5.3"
+    result = program(recipe_config)
+    assert result.resources == [] and "twinspark:serving.recipe: 'GLM-5.3'" in result.error["message"]
+    assert "GLM-5.3-Flash-NVFP4" in result.error["message"]
+
+
+def test_a_recipe_may_not_set_what_twinspark_env_sets(tmp_path):
+    text = (ROOT / "recipes" / "minimax-m2.7.yaml").read_text()
+    (tmp_path / "m.yaml").write_text(text.replace("env:\n", "env:\n  NCCL_IB_HCA: mlx5_0\n"))
+    with pytest.raises(recipes.RecipeError, match="NCCL_IB_HCA is twinspark's"):
+        recipes.load_catalog(tmp_path)
+
+
+def test_readme_models_table_is_the_catalog():
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("<!-- models:")
+    table = readme[readme.index("\n", start) + 1:readme.index("<!-- /models -->")]
+    assert table == recipes.models_table(), "README Models table drifted; paste models_table()'s output"
+
+
+def test_the_stack_files_serving_values_are_the_seed_recipes():
+    """Pulumi.spark.yaml sets what the DeepSeek recipe would: dropping them changes nothing."""
+    cfg = {k.removeprefix("twinspark:"): v for k, v in stack_config().items()}
+    dropped = copy.deepcopy(cfg)
+    for key in RECIPE_KEYS:
+        del dropped["serving"][key]
+    assert parse_stack_config(cfg).serving == parse_stack_config(dropped).serving
+
+
+def on_recipe(name: str) -> dict:
+    config = pinned(stack_config())
+    serving = {k: v for k, v in config["twinspark:serving"].items() if k not in RECIPE_KEYS}
+    config["twinspark:serving"] = {**serving, "recipe": name}
+    return config
+
+
+def inputs_of(run) -> dict:
+    return {r.name: json.dumps(r.inputs, sort_keys=True) for r in run.resources}
+
+
+# What a recipe owns: the launch script and the environment of every node (and what follows
+# their hash: the serving containers and the NCCL check, which runs with the serving env), the
+# monitoring's dashboards and alert rules (Grafana and Prometheus restart on a change), the
+# memory budget where its gpuMemoryUtilization differs, the memory-fit inputs of the shape check,
+# and the client outputs (and the `recipe` output).
+OWNED = ("-weights-shape-check", "-bundle-launch-vllm-sh", "-bundle-twinspark-env", "-serving-container", "nccl-run",
+         "-observability-dashboard-spec-decode", "-observability-alert-rules", "-observability-grafana",
+         "-observability-prometheus")
+BUDGET = ("-hostprep-cotenants-", "-fabric-check")  # the fabric check follows host prep
+CLIENT_OUTPUTS = {"codexConfig", "codexModelCatalog", "claudeCodeEnv", "recipe"}
+
+
+@pytest.fixture(scope="module")
+def seed_run(program):
+    run = program(on_recipe(recipes.DEFAULT_RECIPE))
+    assert run.error is None, run.error
+    return run
+
+
+def test_the_seed_recipe_named_is_the_recipe_stack(seed_run, recipe_run):
+    assert inputs_of(seed_run) == inputs_of(recipe_run) and seed_run.outputs == recipe_run.outputs
+
+
+@pytest.mark.parametrize("name", sorted(set(CATALOG) - {recipes.DEFAULT_RECIPE}))
+def test_switching_the_recipe_changes_exactly_what_it_owns(program, seed_run, name):
+    recipe = CATALOG[name]
+    run = program(on_recipe(name))
+    assert run.error is None, run.error
+    before, after = inputs_of(seed_run), inputs_of(run)
+    changed = {n for n in set(before) | set(after) if before.get(n) != after.get(n)}
+    owned = OWNED + (BUDGET if recipe.vllm.gpu_memory_utilization != 0.85 else ())
+    assert changed and [n for n in changed if not any(part in n for part in owned)] == []
+    assert {k for k in run.outputs if run.outputs[k] != seed_run.outputs.get(k)} <= CLIENT_OUTPUTS
+    launch = run.named("spark1-bundle-launch-vllm-sh").inputs["create"]
+    assert f"--reasoning-parser {recipe.vllm.reasoning_parser}" in json.dumps(run.named("spark1-bundle-launch-vllm-sh").inputs)
+    # nothing of DeepSeek's left in what lands on the nodes or the clients (the shipped scripts'
+    # own text, such as model-shape-check.py's fp8_ds_mla layout, is the same for every model)
+    rendered = [r.inputs for r in run.resources if "-bundle-" in r.name or "-observability-" in r.name]
+    for run_text in (json.dumps(rendered), json.dumps(run.outputs)):
+        for seed_only in ("deepseek_v4", '"method\\":\\"dspark', "DSPARK", "fp8_ds_mla", "flashinfer_b12x",
+                          "DEFAULT_THINKING"):
+            assert seed_only not in run_text, (name, seed_only)
+    assert ("spark1-observability-dashboard-spec-decode" in run.by_name) == recipe.speculates
+    assert launch
+
+
+def test_a_config_key_overrides_the_recipes_value(program):
+    config = on_recipe("gpt-oss-120b")
+    config["twinspark:serving"]["maxModelLen"] = 65536
+    run = program(config)
+    text = json.dumps(run.named("spark1-bundle-launch-vllm-sh").inputs)
+    assert "--max-model-len 65536" in text and "--max-model-len 131072" not in text
+
+
+def test_parse_rejects_a_profile_the_recipe_lacks():
+    cfg = {k.removeprefix("twinspark:"): v for k, v in stack_config().items()}
+    cfg["serving"] = {**cfg["serving"], "recipe": "gpt-oss-120b", "profile": "multiagent"}
+    for key in RECIPE_KEYS:
+        del cfg["serving"][key]
+    with pytest.raises(pulumi.RunError, match="twinspark:serving.profile: 'multiagent' — expected one of recipe "
+                                              "gpt-oss-120b's profiles: 'default'"):
+        parse_stack_config(cfg)
