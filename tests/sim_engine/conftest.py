@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -107,6 +108,27 @@ class EngineStack:
         if proc.returncode != 0:
             raise AssertionError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{run.errors() or run.text}")
         return run
+
+    def up_interrupted(self, step: str, *args: str) -> tuple[EngineRun, int]:
+        """`pulumi up` with SIGINT (a ^C) once the engine has started `step`: the run's events and
+        the CLI's exit status."""
+        started = time.monotonic()
+        proc = subprocess.Popen(["pulumi", "up", "--yes", "--skip-preview", *args, "--stack", STACK,
+                                 "--non-interactive", "--config-file", str(self.config_file), "--json"],
+                                cwd=ROOT, env={**os.environ, **self.env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        events = []
+        for line in proc.stdout:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+            pre = events[-1].get("resourcePreEvent", {}).get("metadata", {})
+            if pre.get("urn", "").endswith(f"::{step}") and proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                events.append({"interrupted": step})
+        proc.wait(timeout=600)
+        return EngineRun(events, round(time.monotonic() - started, 1), proc.stderr.read()[-4000:]), proc.returncode
 
     def up(self, *args: str) -> EngineRun:
         return self._run("up", "--yes", "--skip-preview", *args)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 import node_contract as contract
 from conftest import ROOT
@@ -188,6 +189,36 @@ def test_a_rank_replaced_alone_fails_fast_naming_the_run_that_replaces_every_ran
     done = changes(run)
     assert {"sim1-nccl-check", "sim2-nccl-check"} <= set(done), done
     assert serving_answers(stack) == 200
+
+
+def test_an_up_interrupted_during_the_weight_copy_stops_cleanly_and_the_next_up_finishes(
+        cluster, stack, deployed, report):
+    model_dir = stack_model_dir(stack)
+    cluster.ssh("sim2", f"rm -rf {model_dir}")  # README "Recovering": weights deleted on a worker
+    run, status = stack.up_interrupted("sim2-weights-sync", "--replace", urn_of(stack, "sim2-weights-sync"))
+    signal_at = next(i for i, e in enumerate(run.events) if "interrupted" in e)
+    started_before = event_urns("resourcePreEvent", run.events[:signal_at])
+    report["interrupted_up_s"], report["interrupted_up_exit"] = run.seconds, status
+    report["interrupted_up_finished_after_the_signal"] = sorted(
+        name_of(u) for u in event_urns("resOutputsEvent", run.events[signal_at:]))
+    assert status != 0, run.text  # the CLI says the update was cancelled
+    # after ^C the engine lets what it started finish, and starts nothing more
+    assert not event_urns("resourcePreEvent", run.events[signal_at:]), run.text
+    assert event_urns("resOutputsEvent", run.events[signal_at:]) <= started_before
+    done = stack.up()
+    report["up_after_interrupt_s"] = done.seconds
+    report["up_after_interrupt_changes"] = changes(done)
+    listing = cluster.ssh("sim2", f"ls {model_dir}").stdout.split()
+    assert "config.json" in listing, listing
+    assert serving_answers(stack) == 200
+
+
+def event_urns(kind: str, events: list[dict]) -> set[str]:
+    return {e[kind]["metadata"]["urn"] for e in events if kind in e}
+
+
+def stack_model_dir(stack) -> str:
+    return yaml.safe_load(stack.config_file.read_text())["config"]["twinspark:model"]["dir"]
 
 
 def node_roles(stack) -> dict[str, str]:
