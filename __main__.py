@@ -241,5 +241,9 @@ pulumi.export("nodes", client.nodes_output(cfg, ssh.host_keys))
 pulumi.export("fabric", client.fabric_output(cfg))
 pulumi.export("sshUser", cfg.ssh.user)
 pulumi.export("servingImage", base_image.output())
+# each node's launch bundle, as its containers' label holds it (keyed: says nothing of the secrets in it):
+# what `ops upgrade` checks its rollback against
+pulumi.export("launchBundles", pulumi.Output.all(*(b.content_hash for b in bundles.values())).apply(
+    lambda hashes: dict(zip(bundles, hashes))))
 pulumi.export("platform", platform.facts.apply(
     lambda facts: {"facts": facts, "acknowledge": list(cfg.platform.acknowledge)}))

@@ -549,8 +549,14 @@ def test_outputs_contract(recipe_run):
     assert set(out) == {
         "endpoint", "model", "modelRevision", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
         "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser", "servingImage", "platform",
-        "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel",
+        "launchBundles", "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel",
     }
+    # what `ops upgrade` checks a rollback against: each node's bundle hash, as its containers' label
+    bundles = out["launchBundles"]["value"]
+    assert set(bundles) == {"spark1", "spark2"}
+    for node, digest in bundles.items():
+        assert recipe_run.named(f"{node}-serving-container").inputs["labels"]  # the label carries it too
+        assert re.fullmatch(r"[0-9a-f]{64}", digest), digest
     assert out["endpoint"]["value"] == "http://192.168.1.10:8000/v1"
     assert out["model"]["value"] == "ds-0731"
     assert out["healthUrl"]["value"] == "http://192.168.1.10:8000/health"
