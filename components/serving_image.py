@@ -64,12 +64,17 @@ def pinned_reference(image: str, digest: str) -> str:
     return f"{repository(image)}@{digest}"
 
 
-def resolved_digest(stdout: str, image: str) -> str:
+def printed_digest(stdout: str, what: str) -> str:
+    """The step's last stdout line, sha256:<64 hex>; else a RunError naming `what` it should have printed."""
     lines = stdout.strip().splitlines()
     if not lines or not DIGEST.fullmatch(lines[-1].strip()):
-        raise pulumi.RunError(f"image-pin-resolve printed no digest for {image} (last line: "
-                              f"{lines[-1][:200] if lines else 'none'!r}) — expected sha256:<64 hex>")
+        raise pulumi.RunError(f"{what} (last line: {lines[-1][:200] if lines else 'none'!r}) — expected "
+                              "sha256:<64 hex>")
     return lines[-1].strip()
+
+
+def resolved_digest(stdout: str, image: str) -> str:
+    return printed_digest(stdout, f"image-pin-resolve printed no digest for {image}")
 
 
 @dataclass(frozen=True)
@@ -161,11 +166,7 @@ def ship_args(node_name: str, ship: ShipFrom, image: str, image_id: str) -> list
 
 
 def shipped_id(stdout: str, node_name: str) -> str:
-    lines = stdout.strip().splitlines()
-    if not lines or not DIGEST.fullmatch(lines[-1].strip()):
-        raise pulumi.RunError(f"{node_name}-image-ship printed no image ID (last line: "
-                              f"{lines[-1][:200] if lines else 'none'!r}) — expected sha256:<64 hex>")
-    return lines[-1].strip()
+    return printed_digest(stdout, f"{node_name}-image-ship printed no image ID")
 
 
 class ServingImage(pulumi.ComponentResource):
