@@ -21,7 +21,7 @@ from components.readiness import Readiness, ReadinessArgs
 from components.remote import node_installation
 from components.serving_guard import ServingGuard, ServingGuardArgs
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
-from components.serving_image import BaseImagePin, BaseImagePinArgs, ServingImage, ServingImageArgs
+from components.serving_image import BaseImagePin, BaseImagePinArgs, ServingImage, ServingImageArgs, ShipFrom
 from components.ssh_access import resolve_ssh_access
 
 require_engine_support()
@@ -96,27 +96,36 @@ weights = ModelWeights(
 base_image = BaseImagePin("image-pin", BaseImagePinArgs(image=cfg.serving.image, platform=cfg.serving.platform,
                                                      connection=conns[head.name]),
                           opts=after_fabric)
-images = {
-    n.name: ServingImage(
+def serving_image(n, ship_from=None) -> ServingImage:
+    return ServingImage(
         f"{n.name}-image",
         ServingImageArgs(
             node_name=n.name,
             docker_host=ssh.docker_host(n),
             ssh_opts=ssh.docker_ssh_opts(n),
             base_image=base_image.reference,
-            ray_version=cfg.serving.ray_version,
+            apt_packages=cfg.serving.apt_packages,
             platform=cfg.serving.platform,
             installation=installations[n.name],
+            ship_from=ship_from,
         ),
         opts=after_fabric,
     )
-    for n in cfg.nodes
-}
+
+
+# one serving image for the cluster: built on the head, shipped to each worker over the rail
+images = {head.name: serving_image(head)}
+for w in cfg.workers:
+    images[w.name] = serving_image(w, ShipFrom(
+        head_name=head.name, head_connection=conns[head.name], image_name=images[head.name].image_name,
+        image_id=images[head.name].image_id, to=f"{cfg.ssh.user}@{w.ray_ip}",
+        peer_trust=weights.peer_trust[w.name]))
 # the platform gate: every node's facts, judged before the NCCL check and the containers
 platform = PlatformFacts(
     "platform",
     PlatformFactsArgs(
-        nodes=[NodeFacts(n.name, conns[n.name], images[n.name].image_id) for n in cfg.nodes],
+        nodes=[NodeFacts(n.name, conns[n.name], images[n.name].image_id, built_here=n.role == "head")
+               for n in cfg.nodes],
         base_image=base_image.reference,
         acknowledged=cfg.platform.acknowledge,
     ),
@@ -235,5 +244,9 @@ pulumi.export("nodes", client.nodes_output(cfg, ssh.host_keys))
 pulumi.export("fabric", client.fabric_output(cfg))
 pulumi.export("sshUser", cfg.ssh.user)
 pulumi.export("servingImage", base_image.output())
+# each node's launch bundle, as its containers' label holds it (keyed: says nothing of the secrets in it):
+# what `ops upgrade` checks its rollback against
+pulumi.export("launchBundles", pulumi.Output.all(*(b.content_hash for b in bundles.values())).apply(
+    lambda hashes: dict(zip(bundles, hashes))))
 pulumi.export("platform", platform.facts.apply(
     lambda facts: {"facts": facts, "acknowledge": list(cfg.platform.acknowledge)}))

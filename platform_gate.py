@@ -4,15 +4,17 @@ A leaf module (no Pulumi, nothing of the project): `pulumi up` (components/platf
 and `python -m ops status` judge the same facts with the same rules.
 
 - The facts of a node are what launch/platform-facts.py prints: DGX OS, kernel, driver,
-  CUDA, GPU, BIOS, CMA, and what the serving image holds (its base, vLLM, torch, NCCL).
+  CUDA, GPU, BIOS, CMA, ConnectX firmware, and the serving image (its ID; vLLM, torch, NCCL,
+  Ray in it).
 - The nodes must agree on `MUST_MATCH`: another driver or kernel on one node is a different
-  platform for NCCL and CUDA graphs; another image is the classic TP hang.
+  platform for NCCL and CUDA graphs; another image (or vLLM, torch, NCCL, Ray) is the classic
+  TP hang.
 - `known-issues.toml` lists platforms that are published to break, each with what breaks,
   the symptom, the fix and its source.
 
 Whatever the gate finds refuses the deployment unless `platform.acknowledge` names it: a
-known issue by its id, a difference by `mismatch:<fact>` — all but the image, which nothing
-acknowledges.
+known issue by its id, a difference by `mismatch:<fact>` — all but the build's
+(`NEVER_ACKNOWLEDGED`), which nothing acknowledges.
 """
 
 from __future__ import annotations
@@ -40,20 +42,21 @@ FACTS: dict[str, str] = {
     "bios_date": "/sys/class/dmi/id/bios_date, as YYYY-MM-DD",
     "cma_total_kb": "CmaTotal in /proc/meminfo",
     "cma_free_kb": "CmaFree in /proc/meminfo",
-    "image": "the serving image's base: the OCI ChainID of the base layers it starts with",
-    "image_base": "the pinned base image reference those layers were checked against",
-    "serving_image": "the serving image's ID on this node (built per node: differs between nodes)",
+    "image": "the serving image's ID on this node: one build for the cluster, the same on every node",
+    "image_base": "the pinned base image reference the serving image was checked to start with",
     "vllm": "vLLM in the serving image",
     "torch": "PyTorch in the serving image",
     "nccl": "the NCCL PyTorch loads in the serving image",
     "nccl_pip": "the nvidia-nccl wheel in the serving image, if any",
     "image_cuda": "the CUDA PyTorch was built with, in the serving image",
     "ray": "Ray in the serving image",
+    "cx_firmware": "ConnectX firmware of each RDMA device, NAME=VERSION (/sys/class/infiniband/*/fw_ver)",
 }
-# What every node must agree on. The image cannot be acknowledged: a TP group on two builds
-# hangs in its first collective, or worse, computes on.
-MUST_MATCH = ("driver", "kernel", "image")
-NEVER_ACKNOWLEDGED = ("image",)
+# What every node must agree on. The build cannot be acknowledged: a TP group on two builds
+# (another image, or one whose vLLM, torch, NCCL or Ray reads differently) hangs in its first
+# collective, or worse, computes on.
+MUST_MATCH = ("driver", "kernel", "image", "vllm", "torch", "nccl", "ray")
+NEVER_ACKNOWLEDGED = ("image", "vllm", "torch", "nccl", "ray")
 MISMATCH_PREFIX = "mismatch:"
 
 FactName = Annotated[str, AfterValidator(lambda name: _known_fact(name))]

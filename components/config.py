@@ -16,6 +16,7 @@ import re
 import socket
 import string
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import pulumi
@@ -200,6 +201,19 @@ def _hub_endpoint(value: str) -> str:
 
 HubEndpoint = Annotated[str, AfterValidator(_hub_endpoint)]
 RayVersion = _text(r"\d+\.\d+\.\d+", "a Ray version MAJOR.MINOR.PATCH, like 2.57.0")
+# The Python packages the serving image adds, locked with their hashes (Dockerfile, locked-install.sh)
+SERVING_IMAGE_LOCK = Path(__file__).resolve().parent.parent / "launch" / "serving-image" / "ray-requirements.lock"
+AptPackage = _text(r"[a-z0-9][a-z0-9+.-]+=[A-Za-z0-9.+~:-]+",
+                   "a Debian package at an exact version, NAME=VERSION like nginx=1.22.1-9+deb12u11 (`apt-cache "
+                   "policy NAME` in the base image shows the versions)")
+
+
+def locked_version(package: str, lock: Path = SERVING_IMAGE_LOCK) -> Optional[str]:
+    """The version `lock` pins `package` at (`name==version`), or None."""
+    found = re.search(rf"^{re.escape(package)}==(\S+)", lock.read_text(), re.M)
+    return found.group(1) if found else None
+
+
 # What docker builds and pulls for: a DGX Spark is linux/arm64; the simulator's machine is
 # linux/amd64. Only these two: every image the stack pulls must exist for it.
 PLATFORMS = ("linux/arm64", "linux/amd64")
@@ -468,7 +482,15 @@ class Serving(Contract):
         description="more vLLM flags, appended last; refused: a flag a config key, the recipe or the profile sets, "
         "any abbreviation of one (vLLM's parser takes them), and `--config`")
     ray_version: RayVersion = Field(
-        default="2.57.0", description="Ray installed into the serving image")
+        default="2.57.0", description="Ray installed into the serving image: the version "
+        "launch/serving-image/ray-requirements.lock pins (with every dependency's hashes)")
+    # Ubuntu 22.04's nginx, as in the recipe's base (vLLM's image); a base of another release
+    # names its own versions. NOT read from the recipe's base image yet: the build names every
+    # package it would add unpinned.
+    apt_packages: list[AptPackage] = Field(
+        default_factory=lambda: ["nginx=1.18.0-6ubuntu14"], min_length=1,
+        description="the Debian packages the serving image adds (nginx for the API gateway), each at an exact "
+        "version NAME=VERSION; the build refuses any other package apt would pull in")
     platform: DockerPlatform = Field(
         default="linux/arm64",
         description="the platform the serving image is built for and every image is pulled for: `linux/arm64` "
@@ -551,6 +573,15 @@ class Serving(Contract):
         except BudgetError as err:
             raise _CrossFieldError("cotenantMemoryMax", repr(self.cotenant_memory_max),
                                    f"a memory budget that adds up: {err}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _ray_version_is_locked(self) -> "Serving":
+        locked = locked_version("ray")
+        if locked != self.ray_version:
+            raise _CrossFieldError("rayVersion", self.ray_version,
+                                   f"the Ray version {SERVING_IMAGE_LOCK.name} pins ({locked}): compile the lock for "
+                                   "another one with the command in its header")
         return self
 
     @model_validator(mode="after")
@@ -638,7 +669,7 @@ class Observability(Contract):
 
 
 def _acknowledgeable(key: str) -> str:
-    if key == platform_gate.MISMATCH_PREFIX + "image":
+    if key in [platform_gate.MISMATCH_PREFIX + fact for fact in platform_gate.NEVER_ACKNOWLEDGED]:
         raise ValueError("nothing acknowledges nodes on different images (a tensor-parallel group on two builds "
                          "hangs or computes garbage): rebuild so every node runs the same one")
     known = platform_gate.acknowledgeable()

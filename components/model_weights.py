@@ -201,6 +201,8 @@ class ModelWeights(pulumi.ComponentResource):
                 parent=self,
             )
             ways_in[worker.name] = [host_key, authorize]
+        # the same ways in carry the serving image to the workers (serving_image.ShipFrom)
+        self.peer_trust: dict[str, list[remote.Command]] = ways_in
         # the workers' memory is read with the sync key, so after the authorizations
         self.shape_check = node_command(
             f"{head.name}-weights-shape-check", head.connection,

@@ -2,14 +2,16 @@
 
 Creates one remote command per node (`{node}-platform-facts`) running
 launch/platform-facts.sh: the facts program (launch/platform-facts.py) reads DGX OS, kernel,
-driver, CUDA, GPU, BIOS, CMA and, inside the node's serving image, vLLM, torch and NCCL; it
-fails the step when the image was not built from the pinned base. The step re-runs when the
-node's serving image or the facts program changes.
+driver, CUDA, GPU, BIOS, CMA, ConnectX firmware, the serving image's ID and, inside it, vLLM,
+torch, NCCL and Ray; on the head, where the image was built, it fails the step when the image
+was not built from the pinned base. The step re-runs when the node's serving image or the
+facts program changes.
 
 `platform_gate.evaluate` then judges the facts of all nodes on every `pulumi up` (a changed
 acknowledgement or known-issues list counts at once, with no step re-run): nodes that differ
-in driver, kernel or image, or a platform on the known-issues list, fail `pulumi up` with the
-entries' text unless `platform.acknowledge` names them. `gated(value)` hands a value on only
+in driver or kernel, or a platform on the known-issues list, fail `pulumi up` with the entries'
+text unless `platform.acknowledge` names them; nodes on another image ID, vLLM, torch, NCCL or
+Ray fail it whatever it names. `gated(value)` hands a value on only
 once the gate has passed: the NCCL check and the serving containers take their image through
 it, so none starts on a refused platform, and the value itself is unchanged (no diff).
 """
@@ -35,17 +37,20 @@ class NodeFacts:
     node_name: str
     connection: remote.ConnectionArgs
     image_id: pulumi.Input[str]  # the node's serving image
+    built_here: bool = False  # the head: its image is checked against the pinned base
 
 
 @dataclass(frozen=True)
 class PlatformFactsArgs:
     nodes: Sequence[NodeFacts]
-    base_image: pulumi.Input[str]  # the pinned REPO@sha256:... every image must start from
+    base_image: pulumi.Input[str]  # the pinned REPO@sha256:... the image was built from
     acknowledged: Sequence[str]  # platform.acknowledge
 
 
-def facts_args(node_name: str, image_id: str, base_image: str) -> list[str]:
-    return ["--node", node_name, "--image", image_id, "--base", base_image]
+def facts_args(node_name: str, image_id: str, base_image: Optional[str]) -> list[str]:
+    """Where the image was built, --base: it must start with the base's layers. A worker holds
+    the head's image (the `image` fact compares the IDs), not the base."""
+    return ["--node", node_name, "--image", image_id] + (["--base", base_image] if base_image else [])
 
 
 def parsed(outs: Sequence[str], names: Sequence[str]) -> dict[str, dict]:
@@ -69,7 +74,7 @@ class PlatformFacts(pulumi.ComponentResource):
         self.commands: dict[str, remote.Command] = {}
         for node in args.nodes:
             script_args = pulumi.Output.all(node.image_id, args.base_image).apply(
-                lambda v, n=node.node_name: facts_args(n, v[0], v[1]))
+                lambda v, n=node: facts_args(n.node_name, v[0], v[1] if n.built_here else None))
             self.commands[node.node_name] = node_command(
                 f"{node.node_name}-platform-facts", node.connection,
                 NodeScript(SCRIPT, script_args, payload=launch_file(PROGRAM)), parent=self,

@@ -1,19 +1,24 @@
-"""ServingImage: the serving image built on each node's own docker daemon, from one pinned base.
+"""ServingImage: one serving image for the whole cluster, built once on the head from one pinned base.
 
 BaseImagePin resolves serving.image to a digest once for the whole stack: a tag is pulled on
 the head by the `image-pin-resolve` step (launch/resolve-image.sh), whose stdout — the digest
-— the stack keeps; a reference that names a digest is used as it is. Every node builds
-FROM that digest, so a tag that moves between two builds cannot give the nodes two images.
+— the stack keeps; a reference that names a digest is used as it is.
 
-Creates, per node, a docker provider over `ssh://user@host` and a `docker.Image` built from
-launch/serving-image/Dockerfile (FROM the pinned base + pinned ray[default]) for
-serving.platform (linux/arm64 on a Spark), never pushed. It rebuilds only when the Dockerfile or its build args change;
-containers take the image by id (`repo_digest`), so a rebuild replaces them and a no-op does not.
+Creates, per node, a docker provider over `ssh://user@host`; on the head, a `docker.Image`
+built from launch/serving-image/ (FROM the pinned base, then locked-install.sh: Ray from
+ray-requirements.lock with its hashes, serving.aptPackages at their exact versions) for
+serving.platform (linux/arm64 on a Spark), never pushed; on each worker, that very image,
+handed over by the `{worker}-image-ship` step (launch/ship-image.sh on the head: `docker save |
+ssh worker docker load` over the rail, with the weight copy's sync key and the worker's pinned
+host key), so every node runs one image ID. Building on every node would not give that: a build
+is not reproducible (timestamps, whatever the package indexes serve that minute).
 
-Old images stay on the node, so a rollback (`ops upgrade`) finds the previous one: the
-provider's Delete of an Image is a no-op (pulumi-docker provider/provider.go), and each
-build's tag names its inputs (`image_name`), so a new build never takes the previous one's
-tag and leaves it dangling, where `docker image prune` would remove it.
+The image rebuilds only when the build context or its build args change; containers take the
+image by id, so a rebuild replaces them and a no-op does not. Old images stay on the nodes, so a
+rollback (`ops upgrade`) finds the previous one: the provider's Delete of an Image is a no-op
+(pulumi-docker provider/provider.go), a ship step deletes nothing, and each build's tag names its
+inputs (`image_name`), so a new build never takes the previous one's tag and leaves it
+dangling, where `docker image prune` would remove it.
 """
 
 from __future__ import annotations
@@ -59,12 +64,17 @@ def pinned_reference(image: str, digest: str) -> str:
     return f"{repository(image)}@{digest}"
 
 
-def resolved_digest(stdout: str, image: str) -> str:
+def printed_digest(stdout: str, what: str) -> str:
+    """The step's last stdout line, sha256:<64 hex>; else a RunError naming `what` it should have printed."""
     lines = stdout.strip().splitlines()
     if not lines or not DIGEST.fullmatch(lines[-1].strip()):
-        raise pulumi.RunError(f"image-pin-resolve printed no digest for {image} (last line: "
-                              f"{lines[-1][:200] if lines else 'none'!r}) — expected sha256:<64 hex>")
+        raise pulumi.RunError(f"{what} (last line: {lines[-1][:200] if lines else 'none'!r}) — expected "
+                              "sha256:<64 hex>")
     return lines[-1].strip()
+
+
+def resolved_digest(stdout: str, image: str) -> str:
+    return printed_digest(stdout, f"image-pin-resolve printed no digest for {image}")
 
 
 @dataclass(frozen=True)
@@ -102,32 +112,66 @@ class BaseImagePin(pulumi.ComponentResource):
             lambda v: {"tag": self.tag, "digest": v[0], "reference": v[1], "repin": v[2]})
 
 
+SHIP_SCRIPT = "ship-image.sh"
+
+
+@dataclass(frozen=True)
+class ShipFrom:
+    """Where a worker's image comes from: the head's build, over the first rail."""
+    head_name: str
+    head_connection: remote.ConnectionArgs
+    image_name: pulumi.Input[str]  # the build's tag
+    image_id: pulumi.Input[str]  # the build's ID
+    to: str  # user@worker-first-rail-address, as the weight copy reaches it
+    # what lets the head in: the worker's pinned host key on the head, the sync key on the worker
+    peer_trust: Sequence[pulumi.Resource]
+
+
 @dataclass(frozen=True)
 class ServingImageArgs:
     node_name: str
     docker_host: str  # ssh://user@host
     ssh_opts: Sequence[str]  # for the local `ssh` the docker provider runs
     base_image: pulumi.Input[str]  # the pinned REPO@sha256:... (BaseImagePin.reference)
-    ray_version: str
+    apt_packages: Sequence[str]  # serving.aptPackages: NAME=VERSION
     platform: str  # serving.platform: docker.Image would build for the operator's arch otherwise
     installation: pulumi.Resource  # the node as installed (remote.node_installation): a reinstall rebuilds
+    ship_from: Optional[ShipFrom] = None  # a worker: the head's image, not a build of its own
 
 
 def build_args(args: ServingImageArgs) -> dict[str, pulumi.Input[str]]:
-    return {"BASE_IMAGE": args.base_image, "RAY_VERSION": args.ray_version,
+    return {"BASE_IMAGE": args.base_image, "APT_PACKAGES": " ".join(args.apt_packages),
             "API_SOCKET_GROUP": contract.API_SOCKET_GROUP, "API_SOCKET_GID": str(contract.API_SOCKET_GID)}
 
 
-def image_name(args: ServingImageArgs, dockerfile: str) -> pulumi.Output[str]:
-    """`twinspark-vllm:ray-<12 hex>`, a hash of the Dockerfile and the build args: one tag per build."""
-    def tag(base: str) -> str:
-        inputs = json.dumps({"dockerfile": dockerfile, "args": {**build_args(args), "BASE_IMAGE": base}}, sort_keys=True)
-        return f"{SERVING_IMAGE_REPOSITORY}:ray-{hashlib.sha256(inputs.encode()).hexdigest()[:12]}"
+def build_context() -> dict[str, str]:
+    """Every file of the build context by name: the Dockerfile, the lock, the install script."""
+    return {p.name: p.read_text() for p in sorted(BUILD_CONTEXT.iterdir()) if p.is_file()}
 
-    return pulumi.Output.from_input(args.base_image).apply(tag)
+
+def build_tag(context: dict[str, str], args: dict[str, str]) -> str:
+    """`twinspark-vllm:ray-<12 hex>`, a hash of the build context and the build args: one tag per build."""
+    inputs = json.dumps({"context": context, "args": args}, sort_keys=True)
+    return f"{SERVING_IMAGE_REPOSITORY}:ray-{hashlib.sha256(inputs.encode()).hexdigest()[:12]}"
+
+
+def image_name(args: ServingImageArgs, context: dict[str, str]) -> pulumi.Output[str]:
+    return pulumi.Output.from_input(args.base_image).apply(
+        lambda base: build_tag(context, {**build_args(args), "BASE_IMAGE": base}))
+
+
+def ship_args(node_name: str, ship: ShipFrom, image: str, image_id: str) -> list[str]:
+    return ["--node", ship.head_name, "--peer", node_name, "--image", image, "--id", image_id, "--to", ship.to,
+            "--key", contract.SYNC_KEY, "--known-hosts", contract.SYNC_KNOWN_HOSTS]
+
+
+def shipped_id(stdout: str, node_name: str) -> str:
+    return printed_digest(stdout, f"{node_name}-image-ship printed no image ID")
 
 
 class ServingImage(pulumi.ComponentResource):
+    """The node's docker provider and the cluster's serving image on it: `image_id`, `image_name`."""
+
     def __init__(self, name: str, args: ServingImageArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:serving_image:ServingImage", name, None, opts)
         # ssh_opts carry operator-local details (key path, known_hosts path): a change there is
@@ -141,17 +185,31 @@ class ServingImage(pulumi.ComponentResource):
             ssh_opts=list(args.ssh_opts),
             opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["host"]),
         )
-        self.image = docker.Image(
-            f"{args.node_name}-image-build",
-            image_name=image_name(args, (BUILD_CONTEXT / "Dockerfile").read_text()),
-            build=docker.DockerBuildArgs(
-                context=str(BUILD_CONTEXT),
-                dockerfile=str(BUILD_CONTEXT / "Dockerfile"),
-                platform=args.platform,
-                args=build_args(args),
-            ),
-            skip_push=True,
-            opts=pulumi.ResourceOptions(parent=self, provider=self.provider, replace_with=[args.installation]),
-        )
-        self.image_id = self.image.repo_digest
+        ship = args.ship_from
+        if ship is None:
+            self.image_name = image_name(args, build_context())
+            self.image = docker.Image(
+                f"{args.node_name}-image-build",
+                image_name=self.image_name,
+                build=docker.DockerBuildArgs(
+                    context=str(BUILD_CONTEXT),
+                    dockerfile=str(BUILD_CONTEXT / "Dockerfile"),
+                    platform=args.platform,
+                    args=build_args(args),
+                ),
+                skip_push=True,
+                opts=pulumi.ResourceOptions(parent=self, provider=self.provider, replace_with=[args.installation]),
+            )
+            self.image_id: pulumi.Output[str] = self.image.repo_digest  # skipPush: the local image ID
+        else:
+            # Runs on the head; a reinstalled worker re-runs none of it, so it follows the worker's
+            # installation and is made again when that is (as the weight copy does).
+            self.image_name = pulumi.Output.from_input(ship.image_name)
+            self.ship = node_command(
+                f"{args.node_name}-image-ship", ship.head_connection,
+                NodeScript(SHIP_SCRIPT, pulumi.Output.all(ship.image_name, ship.image_id).apply(
+                    lambda v: ship_args(args.node_name, ship, v[0], v[1]))),
+                parent=self, depends_on=list(ship.peer_trust), replace_with=[args.installation],
+            )
+            self.image_id = self.ship.stdout.apply(lambda out: shipped_id(out, args.node_name))
         self.register_outputs({"imageId": self.image_id})

@@ -4,20 +4,21 @@
   python3 platform-facts.py --node spark1 [--image IMAGE | --container NAME] [--base REF]
 
 Host: DGX OS release, kernel, NVIDIA driver and the CUDA it supports, GPU name, BIOS
-version and date, CMA size. Image (--image, or the image of the running --container): its
-ID, and vLLM, torch, NCCL (what torch loads, and the nvidia-nccl wheel), CUDA and Ray read
-in a throwaway container of it (no network, no GPU). With --base, the image must start with
-the base's layers (pulled by digest if absent): the `image` fact is their OCI ChainID, the
-same on every node built from that base whatever its image store; if it does not, exit 1
-naming both. A fact that cannot be read is null, with the reason under "errors".
+version and date, CMA size, the ConnectX firmware of each RDMA device. Image (--image, or the
+image of the running --container): its ID (the `image` fact: the cluster's one build, the same
+on every node), and vLLM, torch, NCCL (what torch loads, and the nvidia-nccl wheel), CUDA and
+Ray read in a throwaway container of it (no network, no GPU). With --base (where the image was
+built: the head), the image must start with the base's layers (pulled by digest if absent); if
+it does not, exit 1 naming both. A fact that cannot be read is null, with the reason under
+"errors".
 
 Only reads (and, with --base, pulls that one digest). Fed on stdin by platform-facts.sh (the
 `{node}-platform-facts` step) and by `python -m ops status`.
 """
 
 import argparse
-import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -112,6 +113,18 @@ def host_facts(facts, errors):
     facts["bios_date"] = bios_date(read("/sys/class/dmi/id/bios_date"))
     facts["cma_total_kb"] = meminfo_kb("CmaTotal")
     facts["cma_free_kb"] = meminfo_kb("CmaFree")
+    facts["cx_firmware"] = cx_firmware(errors)
+
+
+def cx_firmware(errors, root="/sys/class/infiniband"):
+    """NAME=VERSION for every RDMA device, by name: the ConnectX firmware the rails run on."""
+    try:
+        devices = sorted(os.listdir(root))
+    except OSError as err:
+        errors["cx_firmware"] = str(err)
+        return None
+    found = [f"{d}={(read(os.path.join(root, d, 'fw_ver')) or '').strip() or 'unreadable'}" for d in devices]
+    return ",".join(found) or None
 
 
 def layers(ref):
@@ -119,22 +132,14 @@ def layers(ref):
     return (json.loads(out), None) if out else (None, err)
 
 
-def chain_id(diff_ids):
-    """OCI image spec (config.md, ChainID): the identity of a stack of layers, store-independent."""
-    chain = diff_ids[0]
-    for diff_id in diff_ids[1:]:
-        chain = "sha256:" + hashlib.sha256(f"{chain} {diff_id}".encode()).hexdigest()
-    return chain
-
-
 def image_facts(node, image, base, facts, errors):
     out, err = run("docker", "image", "inspect", "--format", "{{.Id}}", image)
     if out is None:
-        errors["serving_image"] = err
+        errors["image"] = err
         if base:
             fail(f"{node}: the serving image {image} is not on this node: {err}")
         return
-    facts["serving_image"] = out.strip()
+    facts["image"] = out.strip()
     if base:
         base_layers, err = layers(base)
         if base_layers is None:  # BuildKit keeps the base it built from out of the image list
@@ -146,9 +151,9 @@ def image_facts(node, image, base, facts, errors):
                 fail(f"{node}: the base image {base} cannot be read: {pull_err or err}")
         own_layers, err = layers(image)
         if own_layers is None or own_layers[:len(base_layers)] != base_layers:
-            fail(f"{node}: the serving image {facts['serving_image']} was not built from {base}: its first "
+            fail(f"{node}: the serving image {facts['image']} was not built from {base}: its first "
                  f"{len(base_layers)} layers are not the base's ({err or 'they differ'})")
-        facts["image"], facts["image_base"] = chain_id(base_layers), base
+        facts["image_base"] = base
     out, err = run("docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", "python3", image, "-",
                    stdin=IMAGE_PROBE, timeout=300)
     try:
@@ -183,7 +188,7 @@ def main():
         out, err = run("docker", "inspect", "--format", "{{.Image}}", args.container)
         image = out.strip() if out else None
         if image is None:
-            errors["serving_image"] = err
+            errors["image"] = err
             if args.base:
                 fail(f"{args.node}: no serving container {args.container} to check against {args.base}: {err}")
     if image:

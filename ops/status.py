@@ -146,9 +146,11 @@ def probe_args(node: dict) -> list[str]:
 
 
 def facts_args(node: dict, base_image: Optional[str]) -> list[str]:
-    """The facts of the node and of its running serving container's image (checked against the
-    stack's pinned base when the outputs name it)."""
-    return ["--node", node["name"], "--container", contract.SERVING_CONTAINER] + (["--base", base_image] if base_image else [])
+    """The facts of the node and of its running serving container's image (on the head, where it
+    was built, checked against the stack's pinned base when the outputs name it; a worker holds
+    the head's image, not the base)."""
+    checked = base_image and node.get("role") == "head"
+    return ["--node", node["name"], "--container", contract.SERVING_CONTAINER] + (["--base", base_image] if checked else [])
 
 
 def stack_platform(outputs: dict) -> tuple[Optional[str], list[str]]:

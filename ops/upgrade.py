@@ -6,14 +6,21 @@
    `model.revision`), the whole config as the program will read it (components/config.py), and
    that the previous values can be written back exactly (keys unset before are unset again), and
    that every node answers over SSH with the host key the stack holds it to (ssh_access_check).
+   What serves now is recorded (`KnownGood`, from the stack's outputs: the base image digest, the
+   model commit, each node's launch bundle hash and image ID, and the config) in
+   .twinspark/known-good/<stack>.json.
 2. The settings are written to the stack config (Automation API: set_all_config/remove_all_config,
    path=True) and deployed (`up`).
 3. Gates: readiness (the up fails when the readiness wait fails; then /health and an
    authenticated /v1/models serving the stack's model), the canary (the head's serving guard:
    a verdict checked after the up finished, ok and without a hold), and a bench run with the
    stored baseline's plan compared with it (bench.compare, --tolerance).
-4. Any gate failing: the previous settings are written back, deployed again, and readiness and
-   the canary must pass again. On success the bench result becomes the stack's baseline:
+4. Any gate failing: the previous settings are written back — by digest and commit where the
+   program would resolve them again (serving.image as REPO@sha256:<the digest that served>
+   when serving.image or serving.platform changed, model.revision as the commit that served when
+   it changed: a moved tag or branch is never followed back) — deployed again, readiness and the
+   canary must pass again, and the outputs must show the recorded digest, commit and launch
+   bundles. On success the bench result becomes the stack's baseline:
    .twinspark/baselines/<stack>.json in the checkout (the previous one kept beside it).
 
 Exit codes: 0 upgraded; 1 a gate failed and serving is back on the previous settings; 2 bad
@@ -59,6 +66,7 @@ EXIT_ROLLBACK_FAILED = 3
 EXIT_STACK_BUSY = 4
 
 BASELINE_DIR = Path(".twinspark") / "baselines"  # under the checkout
+KNOWN_GOOD_DIR = Path(".twinspark") / "known-good"  # what served before the last upgrade, per stack
 FIRST_BASELINE_PLAN = bench.BenchPlan()  # `ops bench`'s defaults; later runs reuse the baseline's plan
 DEFAULT_CANARY_TIMEOUT_MIN = 10
 
@@ -120,9 +128,62 @@ class Change:
 class Plan:
     changes: list[Change]
     forward: Writes  # the new settings
-    backward: Writes  # the previous ones, exactly
+    backward: Writes  # the rollback: the previous ones, pinned to what served (KnownGood)
     before: schema.StackConfig  # as the program reads them
     after: schema.StackConfig
+    undo: Writes = Writes()  # the previous ones as they were written: when nothing was deployed
+    pinned: dict[str, str] = field(default_factory=dict)  # key -> the digest or commit the rollback writes
+
+
+@dataclass(frozen=True)
+class KnownGood:
+    """What serves now, from the stack's outputs before anything changes: what a rollback returns to."""
+    image_reference: Optional[str]  # REPO@sha256:... every node's image is built FROM (servingImage)
+    image_tag: Optional[str]  # serving.image as the config said it
+    model_revision: Optional[str]  # the commit every node holds (modelRevision)
+    launch_bundles: dict[str, str]  # node -> its launch bundle's hash (keyed: says nothing of its secrets)
+    image_ids: dict[str, str]  # node -> the serving image ID it runs (platform facts)
+
+    def record(self, config: dict[str, Any]) -> dict[str, Any]:
+        return {"image_reference": self.image_reference, "image_tag": self.image_tag,
+                "model_revision": self.model_revision, "launch_bundles": self.launch_bundles,
+                "image_ids": self.image_ids, "config": config}
+
+
+def known_good_from(outputs: dict[str, Any]) -> KnownGood:
+    image = outputs.get("servingImage") if isinstance(outputs.get("servingImage"), dict) else {}
+    platform = outputs.get("platform") if isinstance(outputs.get("platform"), dict) else {}
+    facts = platform.get("facts") if isinstance(platform.get("facts"), dict) else {}
+    bundles = outputs.get("launchBundles") if isinstance(outputs.get("launchBundles"), dict) else {}
+    revision = outputs.get("modelRevision")
+    return KnownGood(
+        image_reference=image.get("reference") if isinstance(image.get("reference"), str) else None,
+        image_tag=image.get("tag") if isinstance(image.get("tag"), str) else None,
+        model_revision=revision if isinstance(revision, str) else None,
+        launch_bundles={n: h for n, h in bundles.items() if isinstance(h, str)},
+        image_ids={n: f.get("image") for n, f in facts.items() if isinstance(f, dict) and isinstance(f.get("image"), str)})
+
+
+# What the program resolves again when these keys change, and the output that says what served:
+# serving.image (or its platform) -> image-pin-resolve pulls the tag anew; model.revision -> the
+# revision step asks the hub for the branch's head.
+PINNED_BY = {"serving.image": ("serving.image", "serving.platform"), "model.revision": ("model.revision",)}
+
+
+def pins(changes: list[Change], known_good: KnownGood) -> dict[str, str]:
+    """The keys the rollback writes as what served (digest, commit), not as they were written."""
+    changed = {c.key for c in changes}
+    served = {"serving.image": known_good.image_reference, "model.revision": known_good.model_revision}
+    what = {"serving.image": "servingImage.reference (the digest that serves)",
+            "model.revision": "modelRevision (the commit that serves)"}
+    result = {}
+    for key, triggers in PINNED_BY.items():
+        if changed & set(triggers):
+            if not served[key]:
+                raise InputError(f"the stack's outputs name no {what[key]}, so a rollback could not return to it: "
+                                 "run `pulumi up` with this version of twinspark first; nothing changed")
+            result[key] = served[key]
+    return result
 
 
 def requested_writes(setting: Setting, is_list: bool) -> tuple[list[str], list[tuple[str, str]]]:
@@ -165,8 +226,10 @@ def validated(blocks: dict[str, Any], what: str) -> schema.StackConfig:
         raise InputError(f"{what}: {'; '.join(problems) or err}") from None
 
 
-def plan_upgrade(blocks: dict[str, Any], settings: list[Setting]) -> Plan:
-    """The writes there and back, checked before anything changes. InputError on bad input."""
+def plan_upgrade(blocks: dict[str, Any], settings: list[Setting], known_good: Optional[KnownGood] = None) -> Plan:
+    """The writes there and back, checked before anything changes. InputError on bad input.
+    `known_good` (what serves now): the rollback writes its digest and commit where the program
+    would resolve the previous text again; without it, the previous text as it was."""
     keys = upgradable_keys()
     seen = [s.key for s in settings]
     twice = sorted({k for k in seen if seen.count(k) > 1})
@@ -177,16 +240,19 @@ def plan_upgrade(blocks: dict[str, Any], settings: list[Setting]) -> Plan:
     after_blocks = apply_writes(blocks, forward)
     after = validated(after_blocks, "the new settings are refused")
     changes = [Change(s.key, value_at(blocks, s.key, UNSET), value_at(after_blocks, s.key, UNSET)) for s in settings]
-    backward = combined(restoring_writes(change.key, change.before) for change in changes)
+    undo = combined(restoring_writes(change.key, change.before) for change in changes)
     try:
-        restored = validated(apply_writes(after_blocks, backward), "")
+        restored = validated(apply_writes(after_blocks, undo), "")
     except InputError:
         restored = None
     if restored != before:
         raise InputError("the previous values of " + ", ".join(c.key for c in changes) + " cannot be written back "
                          "exactly with `pulumi config set --path` (it stores 'true' and whole numbers as such): "
                          "change them with `pulumi config` and `pulumi up`")
-    return Plan(changes, forward, backward, before, after)
+    pinned = pins(changes, known_good) if known_good else {}
+    backward = combined([restoring_writes(c.key, pinned.get(c.key, c.before)) for c in changes]
+                        + [([], [(key, value)]) for key, value in pinned.items() if key not in seen])
+    return Plan(changes, forward, backward, before, after, undo, pinned)
 
 
 # ---- gates -------------------------------------------------------------------------------------------
@@ -334,14 +400,23 @@ def read_baseline(path: Path) -> dict:
         raise InputError(str(err).replace("--compare ", "baseline ", 1)) from None
 
 
-def record_baseline(path: Path, result: dict, upgrade: Optional[dict] = None) -> None:
-    """The new baseline, written whole or not at all; the previous one kept as <stack>.previous.json."""
+def write_keeping_previous(path: Path, record: dict) -> None:
+    """`record` as JSON at path, written whole or not at all; the previous one kept as <stack>.previous.json."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         os.replace(path, path.with_suffix(".previous.json"))
     temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps({**result, **({"upgrade": upgrade} if upgrade else {})}, indent=2))
+    temporary.write_text(json.dumps(record, indent=2))
     os.replace(temporary, path)
+
+
+def record_baseline(path: Path, result: dict, upgrade: Optional[dict] = None) -> None:
+    """The new baseline (the previous one kept beside it)."""
+    write_keeping_previous(path, {**result, **({"upgrade": upgrade} if upgrade else {})})
+
+
+def known_good_path(work_dir: Path, stack_name: str) -> Path:
+    return work_dir / KNOWN_GOOD_DIR / f"{stack_name.replace('/', '--')}.json"
 
 
 @contextmanager
@@ -368,6 +443,7 @@ class Upgrade:
     work_dir: Path
     # removes the guard's hold on the head (None: never); see release_own_hold
     hold_release_for: Optional[Callable[[Target], Callable[[], None]]] = None
+    known_good: Optional[KnownGood] = None  # what served before: the rollback must show it again
     started: float = field(default_factory=time.time)
     results: list[GateResult] = field(default_factory=list)
 
@@ -444,14 +520,35 @@ class Upgrade:
         except ConcurrentUpdateError:
             failure = GateResult("readiness", False, "another update took the stack: run `pulumi up` when it ends")
         back = [failure] if failure else self.judged(lambda: self.serving_gates(time.time())[0])
+        if not failure and self.known_good:
+            back.append(self.judged(lambda: [self.known_good_gate()])[0])
         self.report("after the rollback", back)
         if all(r.ok for r in back):
             self.say("rolled back: serving again on the previous settings", "bold yellow")
+            for key, value in self.plan.pinned.items():
+                self.say(f"{key} is now {value}, what served before the upgrade (the program would have resolved "
+                         f"the previous text again: a tag or branch may have moved since); set it back to follow it",
+                         "yellow")
             return EXIT_ROLLED_BACK
         self.say("ROLLBACK FAILED: serving is NOT verified back on the previous settings. The stack config holds "
                  "them again; see `python -m ops status`, the head's logs (/var/log/twinspark) and `pulumi up`.",
                  "bold red")
         return EXIT_ROLLBACK_FAILED
+
+    def known_good_gate(self) -> GateResult:
+        """The rollback's outputs against what served before: digest, commit, launch bundles."""
+        now, then = known_good_from(self.stack.outputs()), self.known_good
+        differ = [f"{what}: {a!r} before the upgrade, {b!r} now" for what, a, b in (
+            ("servingImage.reference", then.image_reference, now.image_reference),
+            ("modelRevision", then.model_revision, now.model_revision),
+            *((f"launchBundles.{n}", h, now.launch_bundles.get(n)) for n, h in then.launch_bundles.items()))
+            if a != b]
+        if differ:
+            return GateResult("known-good", False, "not what served before: " + "; ".join(differ))
+        rebuilt = [n for n, i in then.image_ids.items() if now.image_ids.get(n) not in (None, i)]
+        note = f" (image rebuilt from the same inputs on {', '.join(rebuilt)}: another ID)" if rebuilt else ""
+        return GateResult("known-good", True, f"base {then.image_reference}, model {then.model_revision}, launch "
+                                              f"bundles as before{note}")
 
     def report(self, title: str, results: list[GateResult]) -> None:
         table = Table(title=title)
@@ -466,13 +563,13 @@ class Upgrade:
         try:
             self.stack.write_config(self.plan.forward)
         except CommandError as err:
-            self.stack.write_config(self.plan.backward)
+            self.stack.write_config(self.plan.undo)
             raise ToolError(f"could not write the new settings ({one_line_error(err)}); the previous ones were "
                             "written back, nothing deployed") from None
         try:
             failure = self.deploy()
         except ConcurrentUpdateError:
-            self.stack.write_config(self.plan.backward)
+            self.stack.write_config(self.plan.undo)
             raise StackBusy(f"another update is running on stack {self.stack.name}: nothing deployed, the previous "
                             "settings written back; try again when it ends") from None
         up_finished, result = time.time(), None
@@ -556,7 +653,9 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
     if not args.stack:
         raise InputError("--stack is required: the stack to upgrade (`pulumi stack ls` lists them)")
     stack = opening(open_stack, work_dir)(args.stack)
-    plan = plan_upgrade(stack.config(), args.settings)
+    config = stack.config()
+    known_good = known_good_from(stack.outputs())
+    plan = plan_upgrade(config, args.settings, known_good)
     show_changes(plan, console)
     if plan.after == plan.before:
         console.print(Text("nothing to change: the stack already has these settings"))
@@ -581,4 +680,6 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
             raise InputError(f"the baseline {path} was measured with another plan ({'; '.join(differences)}), so "
                              "it cannot judge the new figures: pass --rebaseline (readiness and the canary gate, "
                              "and the new figures become the baseline)")
-        return Upgrade(stack, plan, options, console, guard_probe_for, work_dir, hold_release_for).run(baseline, path)
+        write_keeping_previous(known_good_path(work_dir, stack.name), known_good.record(config))
+        return Upgrade(stack, plan, options, console, guard_probe_for, work_dir, hold_release_for,
+                       known_good).run(baseline, path)

@@ -6,11 +6,13 @@
   .venv/bin/python scripts/sim_images.py refs    # the references the sim stack pulls, and their digests
 
 What it builds is what Pulumi.sim.yaml names (serving.image, observability.images, for
-serving.platform, with serving.rayVersion), every reference in REGISTRY:
-- the serving base: Debian bookworm (debootstrap minbase) with python3, pip, nginx, Ray
-  [default], the real huggingface_hub (the version requirements-dev.txt pins; the sim serves
-  the Hub's API with tests/hub_standin.py), the vLLM stand-in (tests/sim/bin/vllm) and a torch
-  stand-in for the NCCL check's ranks (tests/sim/images/torch-standin), with no
+serving.platform), every reference in REGISTRY:
+- the serving base: Debian bookworm (debootstrap minbase) with python3, pip, nginx (at the
+  versions serving.aptPackages names, checked), Ray [default] from the serving image's lock
+  (launch/serving-image/ray-requirements.lock, with its hashes), the real huggingface_hub (the
+  version requirements-dev.txt pins; the sim serves the Hub's API with tests/hub_standin.py),
+  the vLLM stand-in (tests/sim/bin/vllm) and a torch stand-in for the NCCL check's ranks
+  (tests/sim/images/torch-standin), with no
   apt source and no pip index, so launch/serving-image/Dockerfile
   builds on it offline (its pip and apt-get find everything installed);
 - Prometheus, Alertmanager, node exporter: Debian's own binaries, the version the tag names;
@@ -56,7 +58,8 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from components.config import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig, parse_stack_config  # noqa: E402
+from components.config import (OPTIONAL_STRUCTURED_KEYS, SERVING_IMAGE_LOCK, STRUCTURED_KEYS, StackConfig,  # noqa: E402
+                               parse_stack_config)
 
 SIM_STACK = ROOT / "Pulumi.sim.yaml"
 STANDINS = ROOT / "tests" / "sim" / "images"
@@ -321,8 +324,9 @@ def arch_of(platform: str) -> str:
     return arch
 
 
-def download_wheels(ray_version: str, dest: Path) -> None:
-    """Ray and its [default] deps as cp311 manylinux wheels, fetched by this machine's pip (its trust,
+def download_wheels(lock: Path, dest: Path) -> None:
+    """Every package of the serving image's lock (Ray and its [default] deps, at the lock's versions,
+    checked against its hashes) as cp311 manylinux wheels, fetched by this machine's pip (its trust,
     its proxy settings): the image itself never reaches an index."""
     if (dest / ".complete").exists():
         return
@@ -331,7 +335,7 @@ def download_wheels(ray_version: str, dest: Path) -> None:
     run(sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", "3.11",
         "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none",
         *[a for p in platforms for a in ("--platform", p)], "--progress-bar", "off", "-d", dest,
-        f"ray[default]=={ray_version}", env=env)
+        "--require-hashes", "-r", lock, env=env)
     (dest / ".complete").touch()
 
 
@@ -356,23 +360,35 @@ def download_hub_wheels(requirement: str, dest: Path) -> None:
     (dest / ".complete").touch()
 
 
-def make_rootfs(ray_version: str, arch: str, wheels: Path, out: Path) -> None:
-    """debootstrap minbase + BASE_PACKAGES, Ray from the wheels, then what makes it offline and small."""
+def make_rootfs(lock: Path, apt_packages: list[str], arch: str, wheels: Path, out: Path) -> None:
+    """debootstrap minbase + BASE_PACKAGES, the lock from the wheels, then what makes it offline and
+    small. The serving Dockerfile's locked install finds all of it there at the versions it names:
+    pip the lock's (else it would reach for an index), apt serving.aptPackages' (checked here)."""
     with tempfile.TemporaryDirectory(prefix="rootfs-", dir=CACHE) as tmp:
         root = Path(tmp) / "root"
         run("nice", "-n", "19", "debootstrap", "--variant=minbase", f"--arch={arch}",
             f"--include={','.join(BASE_PACKAGES)}", SUITE, root, DEBIAN_MIRROR)
+        installed = set(run("chroot", root, "dpkg-query", "-W", "-f", "${Package}=${Version}\\n").stdout.split())
+        missing = [p for p in apt_packages if p not in installed]
+        if missing:
+            found = sorted(i for i in installed if i.split("=", 1)[0] in {p.split("=", 1)[0] for p in missing})
+            raise SystemExit(f"sim_images: {SUITE} now serves {', '.join(found) or 'none of them'}, the sim stack "
+                             f"names {', '.join(missing)}: set serving.aptPackages in Pulumi.sim.yaml to what "
+                             "Debian serves")
         # the serving Dockerfile's plain `pip install` (PEP 668 would refuse it on Debian's python)
         (root / "usr/lib/python3.11/EXTERNALLY-MANAGED").unlink()
         (root / "tmp/wheels").mkdir()
         run("mount", "--bind", wheels, root / "tmp/wheels")
+        shutil.copy(lock, root / "tmp/serving-lock.txt")
         try:
             run("nice", "-n", "19", "unshare", "--net", "chroot", root, "/usr/bin/env", "-i", f"PATH={DEFAULT_PATH}",
                 "HOME=/root", "pip", "install", "--no-index", "--find-links", "/tmp/wheels", "--no-cache-dir",
-                "--no-warn-script-location", "--progress-bar", "off", f"ray[default]=={ray_version}")
+                "--no-warn-script-location", "--progress-bar", "off", "--require-hashes", "-r",
+                "/tmp/serving-lock.txt")
         finally:
             run("umount", root / "tmp/wheels")
         (root / "tmp/wheels").rmdir()
+        (root / "tmp/serving-lock.txt").unlink()
         # no apt source, no package lists: `apt-get update` reads nothing and succeeds offline
         (root / "etc/apt/sources.list").write_text("")
         for junk in ("var/lib/apt/lists", "var/cache/apt", "usr/share/doc", "usr/share/man", "usr/share/info",
@@ -390,7 +406,9 @@ def make_rootfs(ray_version: str, arch: str, wheels: Path, out: Path) -> None:
 
 def base_recipe(stack: StackConfig) -> Recipe:
     ray, arch = stack.serving.ray_version, arch_of(stack.serving.platform)
-    rootfs_key = key_of(SUITE, DEBIAN_MIRROR, BASE_PACKAGES, ray, arch, make_rootfs, download_wheels)
+    apt_packages = list(stack.serving.apt_packages)
+    rootfs_key = key_of(SUITE, DEBIAN_MIRROR, BASE_PACKAGES, SERVING_IMAGE_LOCK, apt_packages, arch, make_rootfs,
+                        download_wheels)
     hub = hub_requirement()
     standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", TORCH_STANDIN, hub, download_hub_wheels)
 
@@ -398,11 +416,11 @@ def base_recipe(stack: StackConfig) -> Recipe:
         rootfs = CACHE / "rootfs" / f"{rootfs_key[:16]}.tar"
         if not rootfs.exists():
             rootfs.parent.mkdir(parents=True, exist_ok=True)
-            wheels = CACHE / "wheels" / f"ray-{ray}-cp311-{arch}"
-            log(f"downloading Ray {ray} [default] wheels into {wheels}")
-            download_wheels(ray, wheels)
-            log(f"debootstrap {SUITE} minbase + {', '.join(BASE_PACKAGES)} + ray[default]=={ray}")
-            make_rootfs(ray, arch, wheels, rootfs)
+            wheels = CACHE / "wheels" / f"serving-lock-{key_of(SERVING_IMAGE_LOCK)[:16]}-cp311-{arch}"
+            log(f"downloading {SERVING_IMAGE_LOCK.name} (Ray {ray} [default]) wheels into {wheels}")
+            download_wheels(SERVING_IMAGE_LOCK, wheels)
+            log(f"debootstrap {SUITE} minbase + {', '.join(BASE_PACKAGES)} + {SERVING_IMAGE_LOCK.name}")
+            make_rootfs(SERVING_IMAGE_LOCK, apt_packages, arch, wheels, rootfs)
         rootfs_image = f"twinspark-sim/base-rootfs:{rootfs_key[:16]}"
         log(f"importing {rootfs.name} as {rootfs_image}")
         with open(rootfs, "rb") as tar:

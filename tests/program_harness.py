@@ -7,8 +7,9 @@ secret flags), or the error the program stopped with. A subprocess per run keeps
 global runtime state from leaking between runs.
 
 What the nodes answer is simulated: `image-pin-resolve` prints the digest the fake registry
-(`registry`) serves for the tag, `{node}-platform-facts` prints `facts` over the recipe's
-platform. With `prior` (an earlier run: the state), a resource whose compared inputs are
+(`registry`) serves for the tag, `{head}-weights-revision` the fake hub's (`hub`) head commit,
+`{worker}-image-ship` the image ID it was given, `{node}-platform-facts` prints `facts` over the
+recipe's platform. With `prior` (an earlier run: the state), a resource whose compared inputs are
 unchanged keeps its earlier outputs, as the engine does for a resource without a diff.
 """
 
@@ -40,7 +41,7 @@ from pulumi.runtime.stack import wait_for_rpcs
 
 config, preview, secret_keys = json.loads(sys.argv[1]), sys.argv[2] == "preview", json.loads(sys.argv[3])
 withheld = {getattr(resource_pb2, name) for name in json.loads(sys.argv[4])}  # engine features to deny
-# {"registry": str, "facts": {node: {fact: value}}, "prior": {...}}: a file (a prior state is large)
+# {"registry": str, "hub": str, "facts": {node: {fact: value}}, "prior": {...}}: a file (a prior state is large)
 nodes_say = json.loads(open(sys.argv[5]).read())
 records, exports, kept, given = [], {}, {}, {}
 
@@ -56,17 +57,20 @@ def node_answer(name, inputs):
         return "sha256:" + hashlib.sha256((nodes_say["registry"] + inputs["create"]).encode()).hexdigest()
     if name.endswith("-platform-facts"):
         argv = shlex.split(inputs["create"])
-        node, image, base = (argv[argv.index(f) + 1] for f in ("--node", "--image", "--base"))
-        facts = {**RECIPE_FACTS, "image": "sha256:" + hashlib.sha256(base.encode()).hexdigest(),
-                 "image_base": base, "serving_image": image, **nodes_say["facts"].get(node, {})}
+        node, image = (argv[argv.index(f) + 1] for f in ("--node", "--image"))
+        base = argv[argv.index("--base") + 1] if "--base" in argv else None  # only where it was built
+        facts = {**RECIPE_FACTS, "image": image, "image_base": base, **nodes_say["facts"].get(node, {})}
         return "ok\n" + json.dumps({"node": node, "facts": facts, "errors": {}})
+    if name.endswith("-image-ship"):  # as ship-image.sh: the image ID the worker now holds
+        argv = shlex.split(inputs["create"])
+        return f"12:00:00 ship-image: loaded\n{argv[argv.index('--id') + 1]}\n"
     if "sync-key" in name:
         return "ssh-ed25519 AAAAC3NzaFAKEKEY twinspark-weights@" + name.rsplit("-", 1)[-1]
     if name.endswith("-weights-revision"):  # as fetch-weights.sh resolve: a log line, then the commit
         argv = shlex.split(inputs["create"])
         asked = argv[argv.index("--revision") + 1] if "--revision" in argv else ""
         repo = argv[argv.index("--repo") + 1]
-        commit = asked or hashlib.sha1(repo.encode()).hexdigest()
+        commit = asked or hashlib.sha1((nodes_say["hub"] + repo).encode()).hexdigest()  # the hub's head
         return f"12:00:00 fetch-weights: resolved: {repo}@{asked} is commit {commit}\n{commit}\n"
     return ""
 
@@ -225,12 +229,14 @@ def run_program(
     secret_keys: Sequence[str] = (),
     withheld_features: tuple[str, ...] = (),
     registry: str = "registry-day-1",
+    hub: str = "",
     facts: Optional[dict[str, dict[str, Any]]] = None,
     prior: Optional[ProgramRun] = None,
 ) -> ProgramRun:
     """`secret_keys`: config keys the engine would mark secret (set with --secret).
     `withheld_features`: RESOURCE_MONITOR_FEATURE_* names the mock engine reports unsupported.
-    `registry`: what the fake registry serves (another value: the tag moved); `facts`: per node,
+    `registry`: what the fake registry serves (another value: the tag moved); `hub`: what the fake
+    hub's head is for an unset model.revision (another value: the branch moved); `facts`: per node,
     facts that differ from the recipe's platform; `prior`: the run whose state this one updates.
 
     The per-node known_hosts files go to a fresh directory unless extra_env names one, so a run
@@ -239,7 +245,7 @@ def run_program(
     encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
     with tempfile.TemporaryDirectory() as known_hosts, tempfile.NamedTemporaryFile("w", suffix=".json") as said:
         env = {**os.environ, "TWINSPARK_KNOWN_HOSTS_DIR": known_hosts, **(extra_env or {})}
-        json.dump({"registry": registry, "facts": facts or {},
+        json.dump({"registry": registry, "hub": hub, "facts": facts or {},
                    "prior": {r.name: {"compared": r.compared, "outputs": r.outputs}
                              for r in (prior.resources if prior else [])}}, said)
         said.flush()

@@ -1,4 +1,5 @@
-"""One base image digest for every node, and the platform gate, in the real program under mocks.
+"""One serving image for every node (one base digest, built once on the head, shipped to the
+workers), and the platform gate, in the real program under mocks.
 
 The harness's fake registry serves a digest per tag (another `registry` value: the tag moved);
 a run with `prior` updates the earlier run's state the way the engine does (a resource whose
@@ -20,7 +21,14 @@ BAD_DRIVER = {"driver": "590.44.01"}
 
 
 def base_args(run):
-    return {n: run.named(f"{n}-image-build").inputs["build"]["args"]["BASE_IMAGE"] for n in NODES}
+    """What the one build (on the head) starts FROM, by the node it runs on."""
+    return {b.name.removesuffix("-image-build"): b.inputs["build"]["args"]["BASE_IMAGE"]
+            for b in run.of_type("docker:index/image:Image")}
+
+
+def image_ids(run):
+    """The image every node's serving container runs."""
+    return {n: run.named(f"{n}-serving-container").inputs["image"] for n in NODES}
 
 
 def changed(before, after):
@@ -36,7 +44,7 @@ def day_one(program):
     return run
 
 
-def test_every_node_builds_from_the_one_digest_the_tag_resolved_to(day_one):
+def test_the_head_builds_from_the_one_digest_the_tag_resolved_to(day_one):
     pin = day_one.named("image-pin-resolve")
     call = runner_call(pin)
     assert (call.script, call.args) == ("resolve-image.sh", ["--image", TAG, "--platform", "linux/arm64"])
@@ -70,14 +78,14 @@ def test_the_pin_outlives_a_new_head_a_new_host_key_and_the_operators_credential
         run = program(config, pin_host_keys=False, registry="registry-day-2", prior=day_one)
         assert run.error is None, run.error
         assert "image-pin-resolve" not in changed(day_one, run)
-        assert base_args(run) == base_args(day_one)
+        assert set(base_args(run).values()) == set(base_args(day_one).values())
 
 
 def test_the_digest_moves_when_asked_another_tag_or_a_replace(program, recipe_config, day_one):
     recipe_config["twinspark:serving"]["image"] = "ghcr.io/anemll/dspark-vllm-gx10:0.1.2"
     new_tag = program(recipe_config, registry="registry-day-2", prior=day_one)
     assert new_tag.error is None, new_tag.error
-    assert {"image-pin-resolve", "spark1-image-build", "spark2-image-build"} <= changed(day_one, new_tag)
+    assert {"image-pin-resolve", "spark1-image-build", "spark2-image-ship"} <= changed(day_one, new_tag)
     assert len(set(base_args(new_tag).values())) == 1 and base_args(new_tag) != base_args(day_one)
     # `pulumi up --replace <urn of image-pin-resolve>`: the step is created anew, from the registry of now
     state = copy.copy(day_one)
@@ -96,17 +104,46 @@ def test_a_reference_with_a_digest_is_used_as_it_is(program, recipe_config):
     assert run.outputs["servingImage"]["value"]["digest"] == "sha256:" + "d" * 64
 
 
-def test_the_facts_steps_check_each_nodes_own_image_against_the_pin(day_one):
+def test_the_image_is_built_once_on_the_head_and_shipped_to_each_worker_over_the_rail(day_one):
+    """One build (a build is not reproducible: two would be two images), then the same bytes."""
+    import node_contract as contract
+
+    builds = day_one.of_type("docker:index/image:Image")
+    assert [b.name for b in builds] == ["spark1-image-build"]
+    build = builds[0]
+    ship = day_one.named("spark2-image-ship")
+    call = runner_call(ship)
+    assert call.script == "ship-image.sh"
+    assert unwrap(ship.inputs["connection"])["host"] == "192.168.1.10"  # run on the head
+    assert flag_value(call.args, "--image") == build.inputs["imageName"]
+    assert flag_value(call.args, "--id") == build.outputs["repoDigest"]
+    assert flag_value(call.args, "--to") == "nvidia@10.0.0.2"  # the worker's first rail
+    assert (flag_value(call.args, "--key"), flag_value(call.args, "--known-hosts")) == \
+        (contract.SYNC_KEY, contract.SYNC_KNOWN_HOSTS)  # the weight copy's peer trust
+    for trust in ("spark2-weights-host-key", "spark2-weights-authorize"):
+        assert day_one.depends_on(ship, trust), trust
+    assert ship.replace_with == [day_one.named("spark2-installation").urn]  # a reinstalled worker gets it again
+    # every node's containers run that one ID; the worker's only once it has arrived
+    assert set(image_ids(day_one).values()) == {build.outputs["repoDigest"]}
+    for container in ("spark2-serving-container", "spark2-nccl-check"):
+        assert day_one.depends_on(day_one.named(container), "spark2-image-ship"), container
+
+
+def test_the_facts_steps_read_every_nodes_image_and_check_the_build_against_the_pin(day_one):
+    built = day_one.named("spark1-image-build").outputs["repoDigest"]
     for node in NODES:
         call = runner_call(day_one.named(f"{node}-platform-facts"))
         assert call.script == "platform-facts.sh"
         assert call.payload.startswith("#!/usr/bin/env python3\n\"\"\"platform-facts.py")
         assert flag_value(call.args, "--node") == node
-        assert flag_value(call.args, "--image") == day_one.named(f"{node}-image-build").outputs["repoDigest"]
-        assert flag_value(call.args, "--base") == base_args(day_one)[node]
+        assert flag_value(call.args, "--image") == built
+    # where it was built, against the pinned base; the worker holds the head's image, not the base
+    assert flag_value(runner_call(day_one.named("spark1-platform-facts")).args, "--base") == base_args(day_one)["spark1"]
+    assert "--base" not in runner_call(day_one.named("spark2-platform-facts")).args
     facts = day_one.outputs["platform"]
     assert facts["secret"] is False and set(facts["value"]["facts"]) == set(NODES)
     assert facts["value"]["facts"]["spark2"]["kernel"] == "6.17.0-1029-nvidia"
+    assert facts["value"]["facts"]["spark1"]["image"] == facts["value"]["facts"]["spark2"]["image"] == built
     assert facts["value"]["acknowledge"] == []  # ops status judges the live facts with the same list
 
 
@@ -115,7 +152,7 @@ def test_the_facts_steps_check_each_nodes_own_image_against_the_pin(day_one):
 def test_the_gate_comes_before_the_nccl_check_and_every_container(day_one, resource):
     for node in NODES:
         assert day_one.depends_on(day_one.named(resource), f"{node}-platform-facts"), resource
-    assert day_one.depends_on(day_one.named("spark2-platform-facts"), "spark2-image-build")
+    assert day_one.depends_on(day_one.named("spark2-platform-facts"), "spark2-image-ship")
 
 
 def refused(run):
@@ -126,12 +163,21 @@ def refused(run):
     return run.error["message"]
 
 
-def test_a_node_with_another_image_is_refused_naming_both(program):
-    other = "sha256:" + "e" * 64
-    message = refused(program(facts={"spark2": {"image": other}}))
-    assert "nodes differ in image" in message
-    assert "spark1 has 'sha256:" in message and f"spark2 has '{other}'" in message
+@pytest.mark.parametrize("fact, other", [
+    ("image", "sha256:" + "e" * 64),  # another build, e.g. a worker loaded another image
+    ("vllm", "0.25.1"), ("torch", "2.10.0"), ("nccl", "2.30.4"), ("ray", "2.56.0"),
+])
+def test_a_node_on_another_build_is_refused_naming_the_node_and_the_fact(program, recipe_config, fact, other):
+    message = refused(program(facts={"spark2": {fact: other}}))
+    assert f"nodes differ in {fact}" in message
+    assert "spark1 has '" in message and f"spark2 has '{other}'" in message
     assert "cannot be acknowledged" in message
+    # and nothing lets it pass
+    raw = {k.split(":", 1)[1]: v for k, v in recipe_config.items()}
+    raw["platform"] = {"acknowledge": [f"mismatch:{fact}"]}
+    with pytest.raises(Exception) as err:
+        parse_stack_config(raw)
+    assert "nothing acknowledges nodes on different images" in str(err.value)
 
 
 def test_a_known_bad_platform_fails_with_the_entrys_text(program):

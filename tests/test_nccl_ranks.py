@@ -114,14 +114,24 @@ def test_the_run_keeps_all_of_each_ranks_connection_that_the_rank_compares(recip
         assert keepers[f"{node}.image"] == flag_value(runner_call(recipe_run.named(name)).args, "--image")
 
 
-@pytest.mark.parametrize("node", ["spark1", "spark2"])
-def test_every_rank_reruns_when_one_nodes_image_changes(program, recipe_run, node):
-    """That node's build gives another image id (the state's outputs are what the next run reads)."""
+def test_every_rank_reruns_when_the_clusters_image_changes(program, recipe_run):
+    """The head's build gives another image id (the state's outputs are what the next run reads):
+    it is shipped to the workers again, and every rank runs on it."""
     rebuilt = copy.deepcopy(recipe_run)
-    rebuilt.by_name[f"{node}-image-build"].outputs["repoDigest"] = "sha256:" + "e" * 64
+    rebuilt.by_name["spark1-image-build"].outputs["repoDigest"] = "sha256:" + "e" * 64
     changed = program(prior=rebuilt)
-    assert flag_value(runner_call(changed.named(f"{node}-nccl-check")).args, "--image") == "sha256:" + "e" * 64
+    for node in ("spark1", "spark2"):
+        assert flag_value(runner_call(changed.named(f"{node}-nccl-check")).args, "--image") == "sha256:" + "e" * 64
     assert rank_steps(planned(recipe_run, changed)) == {name: "replace" for name in RANKS}
+
+
+def test_a_worker_holding_another_image_is_refused_before_any_rank_runs(program, recipe_run):
+    """A worker whose copy is not the head's build (the ship step printed another ID)."""
+    shipped = copy.deepcopy(recipe_run)
+    shipped.by_name["spark2-image-ship"].outputs["stdout"] = "sha256:" + "e" * 64 + "\n"
+    refused = program(prior=shipped)
+    assert refused.error is not None and "nodes differ in image" in refused.error["message"]
+    assert not set(RANKS) & set(refused.by_name)
 
 
 def test_replacing_the_run_replaces_every_rank_and_each_rank_names_that_command(recipe_run):
@@ -242,16 +252,17 @@ def on_node(run, resource, node) -> bool:
 def test_pinning_a_reinstalled_nodes_new_key_makes_everything_on_it_again(program, recipe_config, recipe_run,
                                                                           node, index):
     """README, Operations: a reinstalled node. Its own steps run again (host prep, bundle, fabric
-    check, its exporters' directories, ...); its image is built and its containers created
-    again; its weights are downloaded (the head) or copied to it (a worker); every NCCL rank runs."""
+    check, its exporters' directories, ...); its image is built (the head) or shipped to it (a
+    worker) and its containers created again; its weights are downloaded (the head) or copied to it (a worker); every NCCL rank runs."""
     new_host_key(recipe_config, index)
     rekeyed = program(recipe_config)
     assert rekeyed.error is None, rekeyed.error
     steps = planned(recipe_run, rekeyed)
     docker = [r.name for r in rekeyed.resources if r.type.startswith("docker:index/") and on_node(rekeyed, r, node)]
     commands = [r.name for r in rekeyed.of_type(COMMAND) if on_node(rekeyed, r, node) and r.name != "image-pin-resolve"]
-    assert {f"{node}-image-build", f"{node}-serving-container", f"{node}-observability-node-exporter",
-            f"{node}-observability-gpu-exporter-image"} <= set(docker)
+    built_here = {f"{node}-image-build"} if node == "spark1" else set()  # one build, on the head
+    assert built_here | {f"{node}-serving-container", f"{node}-observability-node-exporter",
+                         f"{node}-observability-gpu-exporter-image"} <= set(docker)
     assert {f"{node}-hostprep-netplan", f"{node}-bundle-twinspark-env", f"{node}-fabric-check"} <= set(commands)
     assert {name: steps[name] for name in docker} == {name: "replace" for name in docker}
     assert all(steps[name] in ("update", "replace") for name in commands), {n: steps[n] for n in commands}
@@ -259,7 +270,7 @@ def test_pinning_a_reinstalled_nodes_new_key_makes_everything_on_it_again(progra
                 "spark2-nccl-check": "replace", "spark1-readiness-wait": "replace"}
     if node == "spark2":  # the head sends the weights again, to the worker's new key, and re-forms Ray
         expected |= {"spark2-weights-host-key": "update", "spark2-weights-sync": "replace",
-                     "spark1-serving-container": "replace"}
+                     "spark2-image-ship": "replace", "spark1-serving-container": "replace"}
     else:
         assert steps["spark1-weights-fetch"] == "update"
     for name, step in expected.items():

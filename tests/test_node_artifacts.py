@@ -28,7 +28,7 @@ CFG = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items
 
 def vllm_of(cfg):
     return launch_bundle.VllmServe(cfg.serving, cfg.model, cfg.tensor_parallel_size)
-SHELL_SCRIPTS = sorted(LAUNCH_DIR.glob("*.sh"))
+SHELL_SCRIPTS = sorted(LAUNCH_DIR.glob("*.sh")) + sorted(LAUNCH_DIR.glob("serving-image/*.sh"))
 
 
 def shellcheck(path_or_text, name="script"):

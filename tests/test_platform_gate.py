@@ -31,6 +31,8 @@ def test_the_shipped_list_is_valid_and_sourced():
     ({"driver": None}, []),  # unreadable matches nothing
     # the KHO signature: CmaTotal 0 with CmaFree above it, on Linux 7
     ({"kernel": "7.0.0-1019-nvidia", "cma_free_kb": "940604"}, ["kernel-7.0-kho-cma-enomem"]),
+    # the HWE kernel with a CMA pool of its own (MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259)
+    ({"kernel": "7.0.0-31-generic", "cma_total_kb": "32768", "cma_free_kb": "940604"}, ["kernel-7.0-kho-cma-enomem"]),
     ({"kernel": "7.0.0-1019-nvidia", "cma_free_kb": "0"}, []),  # booted with kho=off
     ({"kernel": "6.17.0-1029-nvidia", "cma_free_kb": "940604"}, []),
     ({"nccl_pip": "2.28.9"}, ["nccl-pip-2.28.9-hang"]),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from components.platform_facts import PROGRAM, SCRIPT, facts_args
-from components.remote import launch_file, runner_stdin, script_command, script_text
+from components.remote import LAUNCH_DIR, launch_file, runner_stdin, script_command, script_text
 from components.serving_image import RESOLVE_SCRIPT
 from platform_gate import evaluate, parse_report
 
@@ -98,15 +98,38 @@ def test_facts_of_a_node_built_from_the_pinned_base(node):
     assert (facts["driver"], facts["gpu"], facts["cuda"]) == ("590.44.01", "NVIDIA GB10", "13.1")
     assert facts["kernel"] == os.uname().release
     assert facts["image_base"] == BASE
-    # the OCI ChainID of the base's three layers
-    chain = BASE_LAYERS[0]
-    for layer in BASE_LAYERS[1:]:
-        chain = "sha256:" + hashlib.sha256(f"{chain} {layer}".encode()).hexdigest()
-    assert facts["image"] == chain
+    assert facts["image"] == (docker / "images" / f"{key('twinspark-vllm:ray')}.id").read_text().strip()  # its ID
     assert (facts["vllm"], facts["nccl"], facts["nccl_pip"]) == ("0.25.2", "2.28.9", "2.28.9")
     assert f"docker pull --quiet {BASE}" in (docker / "calls").read_text()  # a digest: no platform to choose
     # and the gate judges what the node printed: this platform is on the list twice
     assert {f.key for f in evaluate({"spark2": facts})} == {"driver-590-cudagraph-deadlock", "nccl-pip-2.28.9-hang"}
+
+
+def test_facts_of_a_worker_read_its_image_and_never_pull_the_base(node):
+    """A worker holds the head's image (shipped), not the base: no --base, no 20 GB pull."""
+    run, docker = node
+    image(docker, BASE, BASE_LAYERS, where="registry")
+    image(docker, "twinspark-vllm:ray", BASE_LAYERS + ["sha256:" + "9" * 64])
+    proc = facts_of(run, base=None)
+    assert proc.returncode == 0, proc.stderr
+    facts = parse_report(proc.stdout, "spark2")
+    assert facts["image"] == (docker / "images" / f"{key('twinspark-vllm:ray')}.id").read_text().strip()
+    assert facts["image_base"] is None and facts["ray"] == "2.57.0"
+    assert "pull" not in (docker / "calls").read_text()
+
+
+def test_connectx_firmware_is_read_per_rdma_device(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("platform_facts_program", LAUNCH_DIR / PROGRAM)
+    program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+    for device, version in (("roceP2p1s0f0", "28.45.1020"), ("rocep1s0f0", "28.45.1020")):
+        (tmp_path / device).mkdir()
+        (tmp_path / device / "fw_ver").write_text(version + "\n")
+    errors = {}
+    assert program.cx_firmware(errors, str(tmp_path)) == "roceP2p1s0f0=28.45.1020,rocep1s0f0=28.45.1020"
+    assert program.cx_firmware(errors, str(tmp_path / "absent")) is None and "cx_firmware" in errors
 
 
 def test_a_serving_image_not_built_from_the_base_fails_the_step_naming_both(node):

@@ -77,7 +77,8 @@ def test_every_node_gets_each_capability(recipe_run):
     observability |= {"spark1-observability-prometheus", "spark1-observability-grafana"}  # no webhook: no Alertmanager
     assert {r.name for r in recipe_run.of_type(CONTAINER)} == {
         "spark1-serving-container", "spark2-serving-container", "spark1-serving-gateway", *observability}
-    assert {r.name for r in recipe_run.of_type(IMAGE)} == {"spark1-image-build", "spark2-image-build"}
+    assert {r.name for r in recipe_run.of_type(IMAGE)} == {"spark1-image-build"}  # one build, on the head
+    assert "spark2-image-ship" in recipe_run.by_name and "spark1-image-ship" not in recipe_run.by_name
     assert {r.name for r in recipe_run.of_type(REMOTE_IMAGE)} == {f"{c}-image" for c in observability}
     # head-only and worker-only pieces
     assert "spark1-hostprep-userns-sysctl" in recipe_run.by_name
@@ -123,8 +124,9 @@ def test_component_type_tokens(recipe_run):
         ("spark1-image-build", ["spark1-fabric-check"]),
         ("spark2-bundle-launch-vllm-sh", ["spark2-fabric-check"]),
         ("spark1-nccl-check", ["spark1-image-build", "spark1-bundle-twinspark-env", "spark2-fabric-check"]),
-        ("spark2-nccl-check", ["spark2-image-build", "spark2-bundle-twinspark-env"]),
-        ("spark2-serving-container", ["spark2-image-build", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "spark2-weights-sync", "spark1-weights-shape-check", "spark1-nccl-check", "spark2-nccl-check"]),
+        ("spark2-image-ship", ["spark1-image-build", "spark2-weights-host-key", "spark2-weights-authorize"]),
+        ("spark2-nccl-check", ["spark2-image-ship", "spark2-bundle-twinspark-env"]),
+        ("spark2-serving-container", ["spark2-image-ship", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "spark2-weights-sync", "spark1-weights-shape-check", "spark1-nccl-check", "spark2-nccl-check"]),
         ("spark1-serving-container", ["spark1-image-build", "spark1-bundle-ray-token", "spark1-weights-fetch", "spark1-weights-shape-check", "spark2-serving-container", "spark2-nccl-check"]),
         ("spark1-serving-gateway", ["spark1-image-build", "spark1-bundle-secrets-env", "spark1-bundle-api-gateway-conf"]),
         ("spark1-readiness-wait", ["spark1-serving-container", "spark1-serving-gateway"]),
@@ -285,27 +287,30 @@ def test_a_key_rotation_changes_nothing_but_the_key(program, recipe_config, reci
     assert changed == ["spark1-bundle-secrets-env", "spark1-readiness-wait", "spark1-serving-gateway"], changed
 
 
-def test_containers_use_their_nodes_image_id_and_daemon(recipe_run):
+def test_containers_use_the_one_image_id_on_their_nodes_daemon(recipe_run):
+    built = recipe_run.named("spark1-image-build")
+    assert built.provider.startswith(recipe_run.named("spark1-docker").urn)
     for node, container in (("spark1", "spark1-serving-container"), ("spark2", "spark2-serving-container")):
-        image = recipe_run.named(f"{node}-image-build")
         c = recipe_run.named(container)
-        assert c.inputs["image"].startswith("sha256:")  # the built image's id, never the tag
+        assert c.inputs["image"] == built.outputs["repoDigest"]  # the built image's id, never the tag
+        assert c.inputs["image"].startswith("sha256:")
         assert c.provider.startswith(recipe_run.named(f"{node}-docker").urn)
-        assert image.provider.startswith(recipe_run.named(f"{node}-docker").urn)
 
 
 def test_serving_image_build(recipe_run):
+    image = recipe_run.named("spark1-image-build").inputs
+    assert re.fullmatch(r"twinspark-vllm:ray-[0-9a-f]{12}", image["imageName"])
+    assert image["skipPush"] is True
+    build = image["build"]
+    assert build["platform"] == "linux/arm64"
+    assert build["context"] == "launch/serving-image"
+    # FROM the digest the head resolved the tag to, never the tag itself (test_image_pin.py); Ray
+    # from the lock in the context, nginx at the version the config names
+    pin = recipe_run.named("image-pin-resolve").outputs["stdout"]
+    assert build["args"] == {"BASE_IMAGE": f"ghcr.io/anemll/dspark-vllm-gx10@{pin}",
+                             "APT_PACKAGES": "nginx=1.18.0-6ubuntu14",
+                             "API_SOCKET_GROUP": "twinspark-api", "API_SOCKET_GID": "64180"}
     for node, host in (("spark1", "192.168.1.10"), ("spark2", "192.168.1.11")):
-        image = recipe_run.named(f"{node}-image-build").inputs
-        assert re.fullmatch(r"twinspark-vllm:ray-[0-9a-f]{12}", image["imageName"])
-        assert image["skipPush"] is True
-        build = image["build"]
-        assert build["platform"] == "linux/arm64"
-        assert build["context"] == "launch/serving-image"
-        # FROM the digest the head resolved the tag to, never the tag itself (test_image_pin.py)
-        pin = recipe_run.named("image-pin-resolve").outputs["stdout"]
-        assert build["args"] == {"BASE_IMAGE": f"ghcr.io/anemll/dspark-vllm-gx10@{pin}", "RAY_VERSION": "2.57.0",
-                                 "API_SOCKET_GROUP": "twinspark-api", "API_SOCKET_GID": "64180"}
         provider = recipe_run.named(f"{node}-docker").inputs
         assert provider["host"] == f"ssh://nvidia@{host}"
         assert "StrictHostKeyChecking=yes" in json.loads(provider["sshOpts"])  # tests/test_ssh_access.py: the rest
@@ -319,7 +324,21 @@ def test_each_serving_image_build_keeps_a_tag_of_its_own(program, recipe_config,
     recipe_config["twinspark:serving"]["image"] = "ghcr.io/anemll/dspark-vllm-gx10:0.1.2"
     upgraded = program(recipe_config)
     assert upgraded.named("spark1-image-build").inputs["imageName"] != before
-    assert upgraded.named("spark1-image-build").inputs["imageName"] == upgraded.named("spark2-image-build").inputs["imageName"]
+    # the worker gets the same tag (docker load keeps it): not dangling there either
+    ship = runner_call(upgraded.named("spark2-image-ship"))
+    assert flag_value(ship.args, "--image") == upgraded.named("spark1-image-build").inputs["imageName"]
+
+
+def test_the_whole_build_context_names_the_images_tag():
+    """A new lock or install script rebuilds (contextDigest): it must get a tag of its own too."""
+    from components.serving_image import build_context, build_tag
+
+    context = build_context()
+    assert {"Dockerfile", "ray-requirements.lock", "locked-install.sh"} <= set(context)
+    tag = build_tag(context, {"BASE_IMAGE": "b"})
+    for name in ("ray-requirements.lock", "locked-install.sh", "Dockerfile"):
+        assert build_tag({**context, name: context[name] + "\n"}, {"BASE_IMAGE": "b"}) != tag, name
+    assert build_tag(context, {"BASE_IMAGE": "c"}) != tag
 
 
 def test_nccl_check_runs_in_the_serving_image_with_the_serving_flags(recipe_run):
@@ -530,9 +549,16 @@ def test_outputs_contract(recipe_run):
     assert set(out) == {
         "endpoint", "model", "modelRevision", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
         "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser", "servingImage", "platform",
-        "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel", "recipe", "memoryFit",
+        "launchBundles", "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel", "recipe",
+        "memoryFit",
     }
     assert out["recipe"]["value"] == "DeepSeek-V4-Flash-0731"
+    # what `ops upgrade` checks a rollback against: each node's bundle hash, as its containers' label
+    bundles = out["launchBundles"]["value"]
+    assert set(bundles) == {"spark1", "spark2"}
+    for node, digest in bundles.items():
+        assert recipe_run.named(f"{node}-serving-container").inputs["labels"]  # the label carries it too
+        assert re.fullmatch(r"[0-9a-f]{64}", digest), digest
     assert out["endpoint"]["value"] == "http://192.168.1.10:8000/v1"
     assert out["model"]["value"] == "ds-0731"
     assert out["healthUrl"]["value"] == "http://192.168.1.10:8000/health"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
@@ -40,6 +41,7 @@ from components.observability_files import (
     prometheus_files,
     render_alertmanager_config,
 )
+from components.config import SERVING_IMAGE_LOCK
 from scripts import sim_images
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +139,7 @@ def test_the_serving_dockerfile_builds_on_the_base_offline(built, registry, dock
     docker("pull", base)
     image = "twinspark-vllm:sim-test"
     docker("build", "--network", "none", "--platform", STACK.serving.platform, "-t", image,
-           "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"RAY_VERSION={STACK.serving.ray_version}",
+           "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"APT_PACKAGES={' '.join(STACK.serving.apt_packages)}",
            "--build-arg", f"API_SOCKET_GROUP={contract.API_SOCKET_GROUP}",
            "--build-arg", f"API_SOCKET_GID={contract.API_SOCKET_GID}", ROOT / "launch/serving-image")
 
@@ -147,6 +149,10 @@ def test_the_serving_dockerfile_builds_on_the_base_offline(built, registry, dock
 
     assert "nginx version: nginx/" in inside("nginx", "-v")
     assert f"ray, version {STACK.serving.ray_version}" in inside("ray", "--version")
+    # offline, the locked install found every locked package already there, at the lock's version
+    frozen = set(inside("python3", "-m", "pip", "list", "--format=freeze").split())
+    locked = set(re.findall(r"^([a-z0-9-]+==\S+)", SERVING_IMAGE_LOCK.read_text(), re.M))
+    assert locked <= {line.lower().replace("_", "-") for line in frozen}, locked - frozen
     assert "STAND-IN" in inside("vllm", "--help")
     assert f"{contract.API_SOCKET_GROUP}:x:{contract.API_SOCKET_GID}:" in inside("getent", "group",
                                                                                 contract.API_SOCKET_GROUP)

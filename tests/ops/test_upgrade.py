@@ -8,6 +8,7 @@ for real by the bench) and the head's serving guard, both set by what the deploy
 """
 
 import copy
+import hashlib
 import io
 import json
 import subprocess
@@ -21,14 +22,16 @@ from pulumi.automation._cmd import CommandResult
 from rich.console import Console
 
 from components.config import STRUCTURED_KEYS, parse_stack_config
+from components.serving_image import repository
 from openai_standin import Behaviour, serve
 from ops import bench, upgrade
 from ops.__main__ import build_parser, main as ops_main
 from ops.inputs import ToolError
 from ops.stack import PreviewReport, Writes, apply_writes, cli_value
-from program_harness import ROOT, stack_config
+from program_harness import ROOT, flag_value, runner_call, stack_config
 
 GOOD = "ghcr.io/anemll/dspark-vllm-gx10:0.1.1"
+HUB_HEAD = "c" * 40  # the commit an unset model.revision serves, in the fake World
 NEW = "ghcr.io/anemll/dspark-vllm-gx10:0.1.2"
 RATES = dict(decode_tok_s=100.0, prefill_tok_s=200000.0, base_latency_s=0.05)
 SMALL_PLAN = bench.BenchPlan(single_runs=2, single_max_tokens=5, concurrency=2, long_prompt_tokens=300, sweep=(1, 2),
@@ -41,6 +44,7 @@ class World:
     make the guard hold, :slow decode 4x slower, :guard-silent stop the guard's verdicts."""
 
     def __init__(self):
+        self.cfg = parse_stack_config({k: v for k, v in original_blocks().items() if k in STRUCTURED_KEYS})
         self.behaviour = Behaviour(**RATES)
         self.server = serve(self.behaviour)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
@@ -49,15 +53,20 @@ class World:
         self.outcome = "good"
         self.silent_since = time.time()
         self.hold_since = None  # when the guard held serving (None: at the deploy that made it hold)
+        self.failing_revisions: set[str] = set()  # model.revision values whose deploy fails the readiness wait
 
     def deploy(self, cfg) -> None:
         image = cfg.serving.image
         self.outcome = image.rsplit(":", 1)[-1] if image.rsplit(":", 1)[-1] in (
             "bad-start", "wrong-model", "crashloop", "slow", "guard-silent") else "good"
+        if cfg.model.revision in self.failing_revisions:
+            raise RuntimeError(f"spark1-readiness-wait: not serving after 1200 s: vllm.log | {cfg.model.revision} "
+                               "has no config.json")
         if self.outcome == "bad-start":
             raise RuntimeError("spark1-readiness-wait: not serving after 1200 s; last lines of the head's logs: "
                                "vllm.log | RuntimeError: CUDA error: no kernel image is available")
         self.deployed.append(image)
+        self.cfg = cfg
         if self.outcome == "crashloop" and self.hold_since is None:
             self.hold_since = time.time()
         self.behaviour.model = "another-model" if self.outcome == "wrong-model" else self.served_model
@@ -82,7 +91,20 @@ class World:
         return probe
 
     def outputs(self):
-        return stack_outputs(self.endpoint, self.behaviour.api_key, self.served_model)
+        """What the program exports for what is deployed: the image pinned as BaseImagePin pins it
+        (a tag to one digest, here fixed per tag; a digest as it is), the model's commit."""
+        image = self.cfg.serving.image
+        return {**stack_outputs(self.endpoint, self.behaviour.api_key, self.served_model),
+                "servingImage": {"tag": image, "digest": digest_of(image), "reference": pinned(image)},
+                "modelRevision": self.cfg.model.revision or HUB_HEAD}
+
+
+def digest_of(image):
+    return image.split("@", 1)[1] if "@" in image else "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+
+
+def pinned(image):
+    return f"{repository(image)}@{digest_of(image)}"
 
 
 def stack_outputs(endpoint, api_key, model):
@@ -141,8 +163,43 @@ class FakeStack:
         return [c[1] for c in self.calls if c[0] == "write"]
 
 
+class ProgramStack(FakeStack):
+    """A FakeStack whose `up` first runs the real program under mocks (tests/program_harness.py) on the
+    state of the previous up, as the engine does: `image-pin-resolve` resolves a tag through the fake
+    registry and the revision step an unset model.revision through the fake hub, each keeping what it
+    resolved while its compared inputs stay the same. Its outputs are the program's."""
+
+    PROGRAM_OUTPUTS = ("servingImage", "modelRevision", "launchBundles", "platform")
+
+    def __init__(self, world, blocks, program, registry="registry-day-1", hub="hub-day-1"):
+        super().__init__(world, blocks)
+        self.program, self.registry, self.hub, self.state = program, registry, hub, None
+        self.up(lambda line: None)  # what is deployed before the upgrade
+        self.calls.clear()
+        world.deployed.clear()
+
+    def up(self, on_output):
+        run = self.program({f"twinspark:{k}": v for k, v in self.blocks.items()}, registry=self.registry,
+                           hub=self.hub, prior=self.state)
+        if run.error:
+            raise command_error(stdout=f"error: {run.error['message']}")
+        self.state = run
+        super().up(on_output)
+
+    def outputs(self):
+        return {**self.world.outputs(),
+                **{k: v["value"] for k, v in self.state.outputs.items() if k in self.PROGRAM_OUTPUTS}}
+
+
 def original_blocks():
     return {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+
+
+def pinned_blocks():
+    """The original config after a rollback of serving.image: the digest that served."""
+    blocks = original_blocks()
+    blocks["serving"]["image"] = pinned(GOOD)
+    return blocks
 
 
 @pytest.fixture
@@ -224,9 +281,10 @@ def test_a_failing_gate_rolls_back(stack, world, tmp_path, outcome, words):
     code, out = run(stack, world, tmp_path, "--set", f"serving.image=example/vllm:{outcome}")
     assert code == upgrade.EXIT_ROLLED_BACK, out
     assert all(w in out for w in words), out
-    assert stack.ups() == [f"example/vllm:{outcome}", GOOD]
-    assert stack.blocks == original_blocks()  # exactly: unset keys unset again
-    assert world.deployed[-1] == GOOD and world.outcome == "good"
+    assert stack.ups() == [f"example/vllm:{outcome}", pinned(GOOD)]  # the digest that served, not the tag again
+    assert stack.blocks == pinned_blocks()  # exactly, but for that: unset keys unset again
+    assert world.deployed[-1] == pinned(GOOD) and world.outcome == "good"
+    assert f"serving.image is now {pinned(GOOD)}, what served before the upgrade" in out
     assert "rolled back: serving again on the previous settings" in out
     assert path.read_text() == baseline_before  # the baseline kept
 
@@ -257,7 +315,7 @@ def test_rollback_unsets_the_keys_that_were_unset(stack, world, tmp_path):
                     "serving.maxModelLen=65536", "--set", "serving.gpuClockCapMhz=2400",
                     "--set", 'serving.extraArgs=["--swap-space=4"]')
     assert code == upgrade.EXIT_ROLLED_BACK, out
-    assert stack.blocks == original
+    assert stack.blocks == {**original, "serving": {**original["serving"], "image": pinned(GOOD)}}
     assert "maxModelLen" not in stack.blocks["serving"] and "gpuClockCapMhz" not in stack.blocks["serving"]
     assert stack.writes()[-1].removes == ("serving.maxModelLen", "serving.gpuClockCapMhz", "serving.extraArgs")
 
@@ -269,7 +327,7 @@ def test_a_failing_rollback_is_loud_and_has_its_own_exit_code(stack, world, tmp_
     code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}")
     assert code == upgrade.EXIT_ROLLBACK_FAILED == 3, out
     assert "ROLLBACK FAILED: serving is NOT verified back" in out and "handshake failed" in out
-    assert stack.blocks == original_blocks()  # the config holds the previous settings again
+    assert stack.blocks == pinned_blocks()  # the config holds the previous settings again
 
 
 def test_another_update_running_is_refused_and_nothing_stays_changed(stack, world, tmp_path):
@@ -324,6 +382,57 @@ def test_a_second_upgrade_from_the_same_checkout_is_refused(stack, world, tmp_pa
         code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}")
     assert code == upgrade.EXIT_STACK_BUSY, out
     assert stack.calls == []
+
+
+# ---- the rollback returns to what served, not to the text that named it --------------------------
+def test_a_moved_tag_is_rolled_back_to_the_digest_that_served(world, tmp_path, program):
+    stack = ProgramStack(world, original_blocks(), program, registry="registry-day-1")
+    served = stack.outputs()["servingImage"]
+    bundles = stack.outputs()["launchBundles"]
+    store_baseline(tmp_path, world)
+    stack.registry = "registry-day-2"  # the tag moved since the stack resolved it
+    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:slow")  # the bench fails it
+    assert code == upgrade.EXIT_ROLLED_BACK, out
+    back = stack.outputs()
+    assert back["servingImage"]["digest"] == served["digest"]  # the old rollback: the tag's digest of now
+    assert stack.blocks["serving"]["image"] == served["reference"] == f"{repository(GOOD)}@{served['digest']}"
+    assert stack.state.named("spark1-image-build").inputs["build"]["args"]["BASE_IMAGE"] == served["reference"]
+    assert back["launchBundles"] == bundles
+    # what a fresh resolution of the tag gives now: what the old rollback (the tag written back) deployed
+    assert program(registry="registry-day-2").outputs["servingImage"]["value"]["digest"] != served["digest"]
+    record = json.loads(upgrade.known_good_path(tmp_path, "spark").read_text())
+    assert record["image_reference"] == served["reference"] and record["config"]["serving"]["image"] == GOOD
+    assert "known-good" in out and "launch bundles as before" in out
+
+
+def test_an_unset_revision_is_rolled_back_to_the_commit_that_served(world, tmp_path, program):
+    blocks = original_blocks()
+    assert "revision" not in blocks["model"]  # the recipe serves the hub's head, resolved once
+    stack = ProgramStack(world, blocks, program, hub="hub-day-1")
+    served = stack.outputs()["modelRevision"]
+    store_baseline(tmp_path, world)
+    stack.hub = "hub-day-2"  # the branch moved since
+    broken = "e" * 40
+    world.failing_revisions = {broken}
+    code, out = run(stack, world, tmp_path, "--set", f"model.revision={broken}")
+    assert code == upgrade.EXIT_ROLLED_BACK, out
+    assert stack.outputs()["modelRevision"] == served  # the old rollback: the hub's head of now
+    assert stack.blocks["model"]["revision"] == served
+    fetch = stack.state.named("spark1-weights-fetch")
+    assert flag_value(runner_call(fetch).args, "--revision") == served
+    assert program(hub="hub-day-2").outputs["modelRevision"]["value"] != served  # the head it would have fetched
+    assert f"model.revision is now {served}, what served before the upgrade" in out
+
+
+def test_a_rollback_that_does_not_show_what_served_fails_loudly(stack, world, tmp_path, monkeypatch):
+    """The known-good gate: the rollback's outputs must name the recorded digest, commit and bundles."""
+    store_baseline(tmp_path, world)
+    outputs = world.outputs
+    monkeypatch.setattr(world, "outputs", lambda: {**outputs(), "modelRevision": "d" * 40}
+                        if world.deployed[-1:] == [pinned(GOOD)] else outputs())
+    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:slow")
+    assert code == upgrade.EXIT_ROLLBACK_FAILED, out
+    assert f"modelRevision: '{HUB_HEAD}' before the upgrade, '{'d' * 40}' now" in out
 
 
 # ---- dry run and bad input ---------------------------------------------------------------------------
