@@ -309,7 +309,7 @@ def test_a_hold_the_upgrade_caused_is_released_for_the_rollback_and_an_older_one
 def test_rollback_unsets_the_keys_that_were_unset(stack, world, tmp_path):
     store_baseline(tmp_path, world)
     del stack.blocks["serving"]["maxModelLen"]  # unset before: the schema's default
-    stack.blocks["serving"]["extraArgs"] = ["--enforce-eager", "--max-num-batched-tokens=8192"]
+    stack.blocks["serving"]["extraArgs"] = ["--enforce-eager", "--swap-space=8"]
     original = copy.deepcopy(stack.blocks)
     code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:slow", "--set",
                     "serving.maxModelLen=65536", "--set", "serving.gpuClockCapMhz=2400",
