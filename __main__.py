@@ -26,6 +26,8 @@ from components.ssh_access import resolve_ssh_access
 
 require_engine_support()
 cfg = load_stack_config()
+if cfg.recipe_repo_warning:  # another model under this recipe's flags: allowed, said out loud
+    pulumi.log.warn(cfg.recipe_repo_warning)
 addresses = resolve_node_addresses(cfg.nodes)  # names, for the firewall: resolved before any resource
 ssh = resolve_ssh_access(cfg)  # key, agent, host keys: checked before any resource exists
 secrets = load_secrets()
@@ -191,6 +193,7 @@ if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the head
             port=cfg.serving.port,
             node_names=[n.name for n in cfg.nodes],
             config=cfg.serving.guard,
+            tool_parser=cfg.serving.recipe_spec.canary_tool_parser,
         ),
         # installed once the container it watches exists
         opts=pulumi.ResourceOptions(depends_on=[cluster.head, cluster.gateway]),

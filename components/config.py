@@ -752,7 +752,29 @@ class StackConfig(Contract):
                 "fabric.minBusBandwidthGBps", self.fabric.min_bus_bandwidth_gbps,
                 "0 on a single-node stack (NcclCheck measures the cable between nodes; alone, it can never pass)")
         self._configured_ports_apart()
+        self._nodes_the_recipe_supports()
         return self
+
+    def _nodes_the_recipe_supports(self) -> None:
+        """As many nodes as the recipe was proven on: TP spans them all (tensor_parallel_size)."""
+        recipe = self.serving.recipe_spec
+        if not recipe.nodes.min <= len(self.nodes) <= recipe.nodes.max:
+            span = (f"{recipe.nodes.min}" if recipe.nodes.min == recipe.nodes.max
+                    else f"{recipe.nodes.min} to {recipe.nodes.max}")
+            raise _CrossFieldError("nodes", f"{len(self.nodes)} nodes",
+                                   f"{span} nodes, what serving.recipe {recipe.name} supports (its nodes in recipes/), "
+                                   "or a recipe made for this many")
+
+    @property
+    def recipe_repo_warning(self) -> Optional[str]:
+        """model.repo is not the repository the chosen recipe was proven on: said, not refused (a
+        fine-tune or a mirror of the same model is served with the recipe's flags on purpose)."""
+        recipe = self.serving.recipe_spec
+        if self.model.repo == recipe.repo:
+            return None
+        return (f"model.repo {self.model.repo} is not {recipe.repo}, the repository of serving.recipe {recipe.name}: "
+                f"the recipe's flags, environment and parsers are applied to {self.model.repo} as they are; choose "
+                "the recipe made for it if there is one (see Models in the README)")
 
     def _one_node_per_machine(self) -> None:
         """DNS names ignore case (an address has one spelling: HostName), so SPARK-A.local is spark-a.local."""

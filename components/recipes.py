@@ -136,7 +136,9 @@ class Recipe(_Data):
     profiles: dict[str, Profile] = Field(min_length=1)
     client: ClientFences
     needle_sizes: list[int] = Field(min_length=1)
-    canary_tool_parser: Optional[str] = None
+    canary_tool_parser: Optional[str] = Field(
+        default=None, description="the served tool parser the guard's canary makes a tool call through; "
+        "None: the canary makes none (a model served without a tool parser cannot answer one)")
     spec_decode_advice: str = Field(
         default="Draft tokens are almost all rejected: decode falls toward the no-spec floor. Sample a completion "
         "by hand and compare with the recipe's baseline (`python -m ops bench --compare recipe`).",
@@ -203,6 +205,15 @@ def _name_problems(recipe: Recipe) -> list[str]:
     return problems
 
 
+def _canary_problems(recipe: Recipe) -> list[str]:
+    """The canary asks with tool_choice "auto": only the served parser, with auto tool choice, answers."""
+    v, canary = recipe.vllm, recipe.canary_tool_parser
+    if canary is None or (canary == v.tool_call_parser and v.enable_auto_tool_choice):
+        return []
+    return [f"canaryToolParser {canary!r}: expected the served tool parser (vllm.toolCallParser "
+            f"{v.tool_call_parser!r}) with vllm.enableAutoToolChoice"]
+
+
 def parse_recipe(path: Path) -> Recipe:
     """One recipe file, checked against the schema and vLLM's names; RecipeError names the file."""
     try:
@@ -213,7 +224,7 @@ def parse_recipe(path: Path) -> Recipe:
     except ValidationError as err:
         details = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in err.errors())
         raise RecipeError(f"{path}: not a recipe — {details}") from None
-    problems = _name_problems(recipe)
+    problems = _name_problems(recipe) or _canary_problems(recipe)
     if problems:
         raise RecipeError(f"{path}: " + "; ".join(problems))
     return recipe

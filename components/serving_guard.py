@@ -2,8 +2,8 @@
 
 Creates on the head (managed files, launch/managed-file.sh):
 - /usr/local/lib/twinspark/serving-guard.py   launch/serving-guard.py: the canary (a known
-  answer, a streamed tool call as agents make one, a completion with a deadline, through the
-  API gateway with the key), the restart after repeated failures of an engine that makes no
+  answer, a streamed tool call as agents make one through the recipe's canaryToolParser where
+  it names one, a completion with a deadline, through the API gateway with the key), the restart after repeated failures of an engine that makes no
   progress, the crash-loop hold (its count on disk), and its metrics for the textfile collector;
 - /etc/systemd/system/twinspark-serving-guard.service   runs it, restarted (action `service`)
   whenever the unit or the script changes, stopped and disabled on delete.
@@ -35,6 +35,7 @@ class ServingGuardArgs:
     port: int  # the API gateway's, serving.port
     node_names: Sequence[str]  # what the hold tells the owner to reboot
     config: GuardConfig
+    tool_parser: Optional[str] = None  # the recipe's canaryToolParser: None, no tool call in the canary
 
 
 def guard_argv(args: ServingGuardArgs) -> list[str]:
@@ -60,6 +61,7 @@ def guard_argv(args: ServingGuardArgs) -> list[str]:
         "--failures", str(c.failures_before_restart),
         "--restart-limit", str(c.restart_limit),
         "--window", str(c.restart_window_minutes * 60),
+        *(["--tool-parser", args.tool_parser] if args.tool_parser else []),
     ]
 
 

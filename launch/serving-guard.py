@@ -10,8 +10,10 @@ round, so a rotated key is followed) — the path clients use:
 - a known answer: "What is A + B?" with fresh A and B; the reply must contain the sum
   (garbage output, with /health still 200, fails it);
 - a streamed tool call the way agents make one (tool_choice "auto", a prompt that needs the
-  tool): the model's tool parser must turn it into a call whose arguments parse as JSON
-  (streamed tool calls break while plain answers look fine);
+  tool): the model's tool parser (--tool-parser, the recipe's canaryToolParser) must turn it
+  into a call whose arguments parse as JSON (streamed tool calls break while plain answers look
+  fine); without --tool-parser the round has no tool call (a model served without a tool parser
+  never answers one, and a canary that demands it would restart a healthy engine forever);
 - a streamed completion that must end within --deadline (a wedged engine accepts requests and
   answers /health, but never finishes one).
 What a failed round means:
@@ -184,10 +186,10 @@ def known_answer(api: Api, model: str) -> None:
         raise CanaryFailure(f"known answer: {a} + {b} gave {text.strip()[:80]!r}, not {a + b}")
 
 
-def streamed_tool_call(api: Api, model: str) -> None:
+def streamed_tool_call(api: Api, model: str, parser: str) -> None:
     """As agents call tools: tool_choice "auto", so the model writes the call in its own markup and
-    vLLM's tool parser (--tool-call-parser) must find it; naming the tool would let structured
-    output produce the call and leave the parser untested."""
+    vLLM's tool parser (--tool-call-parser, here `parser`) must find it; naming the tool would let
+    structured output produce the call and leave the parser untested."""
     arguments, name, text = "", "", ""
     for event in api.stream("/v1/chat/completions", {
         "model": model, "temperature": 0, "max_tokens": 256,
@@ -203,7 +205,7 @@ def streamed_tool_call(api: Api, model: str) -> None:
                 arguments += function.get("arguments") or ""
     if not name and not arguments:
         raise CanaryFailure(f"tool call: no tool call came back (tool_choice auto), only text {text.strip()[:80]!r}: "
-                            "the tool parser did not recognise the model's call")
+                            f"the tool parser ({parser}) did not recognise the model's call")
     try:
         parsed = json.loads(arguments)
     except ValueError:
@@ -221,10 +223,15 @@ def completion_in_time(api: Api, model: str) -> None:
         raise CanaryFailure("completion: finished without a token")
 
 
-CHECKS = (known_answer, streamed_tool_call, completion_in_time)
+def round_checks(tool_parser: Optional[str]) -> list:
+    """(name, check) of a round: the tool call only where a tool parser is there to exercise."""
+    checks = [("known_answer", known_answer), ("completion_in_time", completion_in_time)]
+    if tool_parser:
+        checks.insert(1, ("streamed_tool_call", lambda api, model: streamed_tool_call(api, model, tool_parser)))
+    return checks
 
 
-def canary_round(api: Api) -> list[CanaryFailure]:
+def canary_round(api: Api, tool_parser: Optional[str] = None) -> list[CanaryFailure]:
     """The failures of one round (empty: every answer right and in time)."""
     try:
         api.reload_key()
@@ -239,18 +246,20 @@ def canary_round(api: Api) -> list[CanaryFailure]:
     if not model:
         return [CanaryFailure("/v1/models: no model listed")]
 
-    def run(check) -> Optional[CanaryFailure]:
+    def run(named) -> Optional[CanaryFailure]:
+        name, check = named
         try:
             check(api, model)
         except CanaryFailure as failure:
             return failure
         except (AttributeError, TypeError, KeyError, IndexError, ValueError) as err:  # a reply of the wrong shape
-            return CanaryFailure(f"{check.__name__}: malformed reply ({type(err).__name__}: {err})")
+            return CanaryFailure(f"{name}: malformed reply ({type(err).__name__}: {err})")
         return None
 
     # at once: a wedged engine then costs one deadline per round, not one per check
-    with ThreadPoolExecutor(max_workers=len(CHECKS)) as pool:
-        return [failure for failure in pool.map(run, CHECKS) if failure]
+    checks = round_checks(tool_parser)
+    with ThreadPoolExecutor(max_workers=len(checks)) as pool:
+        return [failure for failure in pool.map(run, checks) if failure]
 
 
 # ---- the engine's own counters (vLLM's /metrics) ---------------------------------------------
@@ -492,7 +501,7 @@ class Guard:
 
     def check(self) -> None:
         started = time.monotonic()
-        failures = canary_round(self.api)
+        failures = canary_round(self.api, self.args.tool_parser)
         messages = [str(f) for f in failures]
         # ok: the round passed (None: failed but not counted, see not_counted and note)
         self.last = {"checked_at": time.time(), "ok": not failures, "failures": messages,
@@ -627,6 +636,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--failures", type=int, required=True)
     parser.add_argument("--restart-limit", type=int, required=True)
     parser.add_argument("--window", type=int, required=True, help="seconds")
+    parser.add_argument("--tool-parser", help="the served tool parser the canary's tool call exercises (the "
+                                              "recipe's canaryToolParser); absent: no tool call in the round")
     return parser.parse_args(argv)
 
 
@@ -637,8 +648,9 @@ def main(argv: list[str]) -> int:
     guard = Guard(args, api)
     guard.load()
     guard.note_boot()
-    log(f"watching {args.container} through {args.endpoint}: canary every {args.interval:.0f} s, "
-        f"restart after {args.failures} failed rounds, hold at {args.restart_limit} restarts in {args.window // 60} min")
+    log(f"watching {args.container} through {args.endpoint}: canary every {args.interval:.0f} s "
+        + (f"(tool call through {args.tool_parser}), " if args.tool_parser else "(no tool parser: no tool call), ")
+        + f"restart after {args.failures} failed rounds, hold at {args.restart_limit} restarts in {args.window // 60} min")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # systemd's stop: run the finally below
     try:
         while True:

@@ -10,15 +10,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from components.recipes import DEFAULT_RECIPE
+
+from .bench import RECIPE_TOLERANCE
 from .inputs import ToolError, positive_float, positive_int, positive_int_list
 from .needle import DEFAULT_MAX_TOKENS, parse_sizes
 from .pin_host_keys import add_parser as add_pin_host_keys_parser
-from .target import add_target_arguments, check_endpoint, resolve_target, ssh_user, status_expectations
+from .target import add_target_arguments, check_endpoint, resolve_target, ssh_user, status_expectations, target_recipe
 
 # Overall deadlines: a hanging server must not hold a run for hours. The default bench takes
 # ~2 min at the recipe's rates; a default needle run up to ~2 h when the model thinks long.
 BENCH_DEADLINE_MIN = 30
 NEEDLE_DEADLINE_MIN = 180
+COMPARE_RECIPE = "recipe"  # --compare recipe: the recipe's published baseline, not a file
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,6 +40,19 @@ def add_ssh_arguments(parser: argparse.ArgumentParser) -> None:
                         help="extra `ssh -o` option, repeatable (the host key check comes first: none loosens it)")
 
 
+def add_recipe_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--recipe", help=f"the serving recipe, by name, for {what} (default: the stack's `recipe` "
+                                         "output)")
+
+
+def fraction(text: str) -> float:
+    """argparse type: a share such as 0.2 (above 0, below 1)."""
+    value = positive_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not below 1 (0.2 is 20%)")
+    return value
+
+
 def add_upgrade_parser(sub) -> None:
     from .upgrade import DEFAULT_CANARY_TIMEOUT_MIN, parse_setting
 
@@ -48,6 +65,11 @@ def add_upgrade_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="show the preview of what would change; change nothing")
     p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening against the baseline (0.10 = 10%%), "
                    "or a figure's run-to-run spread when larger")
+    p.add_argument("--gate", choices=("baseline", "recipe"), default="baseline",
+                   help="what the bench is held to: the stack's stored baseline (default), or the published baseline "
+                        "of the recipe serving.recipe names after the upgrade (see ops bench --compare recipe)")
+    p.add_argument("--recipe-tolerance", type=fraction, default=RECIPE_TOLERANCE,
+                   help="with --gate recipe: the shortfall below a recipe's figure allowed (default %(default)s)")
     p.add_argument("--rebaseline", action="store_true",
                    help="the bench does not gate against the old baseline (e.g. another serving.profile); its "
                         "figures become the new baseline when readiness and the canary pass")
@@ -93,7 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also send vLLM's per-request cache_salt (vLLM >= 0.9 with the V1 engine; the prompt "
                         "salt alone already defeats the prefix cache)")
     p.add_argument("--output", "-o", help="write the results JSON here")
-    p.add_argument("--compare", help="a previous results JSON made with the same plan: flag regressions")
+    p.add_argument("--compare", help="a previous results JSON made with the same plan: flag regressions; or "
+                                     "`recipe`: the serving recipe's published baseline (a file named recipe: ./recipe)")
+    p.add_argument("--recipe-tolerance", type=fraction, default=RECIPE_TOLERANCE,
+                   help="with --compare recipe: the shortfall below a recipe's figure allowed (default %(default)s); "
+                        "a recipe's figure has no spread, so a fixed band stands in for it")
+    add_recipe_argument(p, "--compare recipe")
     p.add_argument("--allow-plan-mismatch", action="store_true",
                    help="compare with a baseline made with another plan anyway (with a warning)")
     p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening before a regression (0.10 = 10%%); a "
@@ -103,8 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("needle", help="long-context retrieval probe: real failures and junk per size")
     add_target_arguments(p)
-    p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("74k,110k,129k,148k,166k,184k"),
-                   help="context sizes in tokens, comma separated (default 74k,110k,129k,148k,166k,184k)")
+    p.add_argument("--sizes", type=parse_sizes,
+                   help="context sizes in tokens, comma separated (default: the recipe's needleSizes)")
+    add_recipe_argument(p, "its needle sizes")
     p.add_argument("--trials", type=positive_int, default=5)
     p.add_argument("--needles", type=positive_int, default=3)
     p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
@@ -124,7 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_measurement(args, target, console: Console) -> int:
+def measurement_recipe(args, target):
+    """The recipe bench or needle needs (the needle's default sizes, --compare recipe), or None;
+    read before any request, so a wrong --recipe costs one line."""
+    if args.tool == "needle" and args.sizes is None:
+        return target_recipe(target, default=DEFAULT_RECIPE)  # a stack that names none serves the default
+    if args.tool == "bench" and args.compare == COMPARE_RECIPE:
+        return target_recipe(target)
+    return None
+
+
+def run_measurement(args, target, recipe, console: Console) -> int:
     """bench or needle; bad input is found before any request."""
     from .bench import BenchPlan, run_bench
     from .needle import run_needle
@@ -132,15 +170,20 @@ def run_measurement(args, target, console: Console) -> int:
     profile = args.profile  # the stack does not export its serving profile; unknown stays null in the plan
     deadline_s = args.deadline_min * 60
     if args.tool == "needle":
-        return run_needle(target, args.sizes, args.trials, args.needles, args.max_tokens, console, args.output,
+        sizes = args.sizes
+        if sizes is None:
+            sizes = recipe.needle_sizes
+            console.print(Text(f"sizes: recipe {recipe.name}'s needleSizes" + ("" if target.recipe else
+                               " (no recipe named: the default recipe's; pass --recipe)"), style="dim"))
+        return run_needle(target, sizes, args.trials, args.needles, args.max_tokens, console, args.output,
                           profile, deadline_s=deadline_s)
     plan = BenchPlan(single_runs=args.runs, single_max_tokens=args.max_tokens, concurrency=args.concurrency,
                      long_prompt_tokens=args.long_prompt_tokens, sweep=args.sweep,
                      sweep_requests_per_level=args.sweep_requests, sweep_input_tokens=args.sweep_input_tokens,
                      sweep_output_tokens=args.sweep_output_tokens, sweep_repeats=args.sweep_repeats)
-    return run_bench(target, plan, args.output, args.compare, args.tolerance, console, profile=profile,
+    return run_bench(target, plan, args.output, None if recipe else args.compare, args.tolerance, console, profile=profile,
                      send_cache_salt=args.cache_salt, allow_plan_mismatch=args.allow_plan_mismatch,
-                     deadline_s=deadline_s)
+                     deadline_s=deadline_s, recipe=recipe, recipe_tolerance=args.recipe_tolerance)
 
 
 def run_tool(args, console: Console) -> int:
@@ -162,8 +205,9 @@ def run_tool(args, console: Console) -> int:
 
         return clear_hold(target, ssh_shell(ssh_user(args, target), args.ssh_key, args.ssh_option), console)
     if args.tool in ("bench", "needle"):
+        recipe = measurement_recipe(args, target)
         target.model = check_endpoint(target)  # a dead endpoint or a refused key ends here, in one line
-        return run_measurement(args, target, console)
+        return run_measurement(args, target, recipe, console)
     from .client_setup import setup_clients
 
     written = setup_clients(target.outputs, args.codex_home, args.claude_env_file)

@@ -12,6 +12,8 @@ from typing import Any, Optional
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
+from components import recipes
+
 from .api import Node, StackOutputs, first_problem, served_models
 from .inputs import EndpointError, InputError, read_json_file
 
@@ -29,6 +31,7 @@ class Target:
     outputs: dict[str, Any] = field(default_factory=dict)
     ssh_user: Optional[str] = None
     fabric: dict[str, Any] = field(default_factory=dict)  # {"mtu": .., "linkSpeedMbps": ..}
+    recipe: Optional[str] = None  # the serving recipe's name: the stack's `recipe` output or --recipe
 
     @property
     def base_url(self) -> str:
@@ -144,7 +147,21 @@ def resolve_target(args: argparse.Namespace, need_nodes: bool = False) -> Target
         outputs=outputs,
         ssh_user=outputs.get("sshUser"),
         fabric=outputs.get("fabric") or {},
+        recipe=getattr(args, "recipe", None) or outputs.get("recipe"),
     )
+
+
+def target_recipe(target: Target, default: Optional[str] = None) -> recipes.Recipe:
+    """The recipe the target serves (--recipe, else the stack's `recipe` output, else `default`);
+    TargetError naming the catalog when there is none or it is not one of recipes/."""
+    name = target.recipe or default
+    if not name:
+        raise TargetError(f"no recipe: pass --recipe NAME (one of {', '.join(recipes.catalog())}), or run inside the "
+                          "Pulumi project of a stack that has the `recipe` output")
+    try:
+        return recipes.recipe_named(name)
+    except recipes.RecipeError as err:
+        raise TargetError(f"recipe {name!r}: {err}") from None
 
 
 def target_from_outputs(outputs: dict[str, Any], source: str) -> Target:
@@ -155,7 +172,7 @@ def target_from_outputs(outputs: dict[str, Any], source: str) -> Target:
         raise TargetError(f"{source}: no {', '.join(missing)} (has the stack been deployed with `pulumi up`?)")
     return Target(endpoint=outputs["endpoint"], api_key=outputs["apiKey"], model=outputs["model"],
                   nodes=outputs["nodes"], outputs=outputs, ssh_user=outputs["sshUser"],
-                  fabric=outputs.get("fabric") or {})
+                  fabric=outputs.get("fabric") or {}, recipe=outputs.get("recipe"))
 
 
 def status_flags_complete(args: argparse.Namespace) -> bool:

@@ -14,7 +14,9 @@
 3. Gates: readiness (the up fails when the readiness wait fails; then /health and an
    authenticated /v1/models serving the stack's model), the canary (the head's serving guard:
    a verdict checked after the up finished, ok and without a hold), and a bench run with the
-   stored baseline's plan compared with it (bench.compare, --tolerance).
+   stored baseline's plan compared with it (bench.compare, --tolerance); with --gate recipe, a
+   run of `ops bench`'s default plan held to the published baseline of the recipe the new
+   settings serve (bench.compare_with_recipe, --recipe-tolerance), no stored baseline needed.
 4. Any gate failing: the previous settings are written back — by digest and commit where the
    program would resolve them again (serving.image as REPO@sha256:<the digest that served>
    when serving.image or serving.platform changed, model.revision as the commit that served when
@@ -69,6 +71,7 @@ BASELINE_DIR = Path(".twinspark") / "baselines"  # under the checkout
 KNOWN_GOOD_DIR = Path(".twinspark") / "known-good"  # what served before the last upgrade, per stack
 FIRST_BASELINE_PLAN = bench.BenchPlan()  # `ops bench`'s defaults; later runs reuse the baseline's plan
 DEFAULT_CANARY_TIMEOUT_MIN = 10
+GATE_RECIPE = "recipe"  # --gate recipe: the bench is held to the recipe's published baseline
 
 
 class StackBusy(ToolError):
@@ -327,6 +330,8 @@ class Options:
     canary_timeout_s: float = DEFAULT_CANARY_TIMEOUT_MIN * 60
     poll_s: float = 10.0
     bench_deadline_s: float = 30 * 60
+    gate: str = "baseline"  # or GATE_RECIPE
+    recipe_tolerance: float = bench.RECIPE_TOLERANCE
 
 
 def wait_for_endpoint(target: Target, timeout_s: float, poll_s: float) -> GateResult:
@@ -468,23 +473,30 @@ class Upgrade:
                                            self.options.canary_timeout_s, self.options.poll_s))
         return results, target
 
-    def bench_gate(self, target: Target, baseline: dict) -> tuple[GateResult, dict]:
-        plan = bench.plan_from_record(baseline["plan"])
-        result = bench.measure(target, plan, self.console, profile=self.plan.after.serving.profile,
-                               deadline_s=self.options.bench_deadline_s)
-        comparison = bench.compare(result, baseline, self.options.tolerance)
-        bench.render(result, self.console, comparison, bench.comparison_warnings(result, baseline))
+    def bench_gate(self, target: Target, baseline: Optional[dict]) -> tuple[GateResult, dict]:
+        profile = self.plan.after.serving.profile
+        if self.options.gate == GATE_RECIPE:
+            recipe = self.plan.after.serving.recipe_spec
+            result = bench.measure(target, FIRST_BASELINE_PLAN, self.console, profile=profile,
+                                   deadline_s=self.options.bench_deadline_s)
+            comparison = bench.compare_with_recipe(result, recipe, self.options.recipe_tolerance)
+            bound = f"{self.options.recipe_tolerance:.0%} below recipe {recipe.name}'s published figures"
+            bench.render(result, self.console, comparison, against=f"recipe {recipe.name}'s baseline")
+        else:
+            plan = bench.plan_from_record(baseline["plan"])
+            result = bench.measure(target, plan, self.console, profile=profile, deadline_s=self.options.bench_deadline_s)
+            comparison = bench.compare(result, baseline, self.options.tolerance)
+            bound = f"the larger of {self.options.tolerance:.0%} and the measured spread"
+            bench.render(result, self.console, comparison, bench.comparison_warnings(result, baseline))
         regressions = [r for r in comparison if r["regression"]]
         if result["errors"]:
             return GateResult("bench", False, f"{len(result['errors'])} requests failed, e.g. {result['errors'][0]}"), result
         if regressions and not self.options.rebaseline:
             worst = ", ".join(f"{r['metric']} {r['baseline']:.2f}→{r['current']:.2f} ({r['change']:+.0%}, "
                               f"allowed ±{r['allowed']:.0%})" for r in regressions[:3])
-            return GateResult("bench", False, f"{len(regressions)} regressions beyond the larger of "
-                                              f"{self.options.tolerance:.0%} and the measured spread: {worst}"), result
+            return GateResult("bench", False, f"{len(regressions)} regressions beyond {bound}: {worst}"), result
         note = " (--rebaseline: the comparison does not gate)" if regressions else ""
-        return GateResult("bench", True, f"within the larger of {self.options.tolerance:.0%} and the measured spread "
-                                         f"of the baseline{note}"), result
+        return GateResult("bench", True, f"within {bound}{note}"), result
 
     def judged(self, gates: Callable[[], list[GateResult]]) -> list[GateResult]:
         """The gates' results; whatever goes wrong while judging (the outputs unreadable, the
@@ -625,6 +637,14 @@ def ensure_baseline(path: Path, target: Target, profile: str, console: Console, 
     return read_baseline(path)
 
 
+def check_recipe_gate(plan: Plan, rebaseline: bool) -> None:
+    """--gate recipe: the recipe the new settings serve publishes a figure, and the bench will
+    measure what its figures are of (the profile among them, unless --rebaseline); InputError."""
+    bench.check_recipe_reference(plan.after.serving.recipe_spec, FIRST_BASELINE_PLAN, plan.after.serving.profile,
+                                 allow_plan_mismatch=rebaseline, what="--gate recipe",
+                                 way_out="use the stored baseline (--gate baseline), or pass --rebaseline")
+
+
 def opening(open_stack: Callable[[str], UpgradeStack], work_dir: Path) -> Callable[[str], UpgradeStack]:
     """open_stack, its failures as one line each (bad input: nothing has changed)."""
     from pulumi.automation import InvalidVersionError, StackNotFoundError
@@ -660,6 +680,8 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
     if plan.after == plan.before:
         console.print(Text("nothing to change: the stack already has these settings"))
         return 0
+    if args.gate == GATE_RECIPE:  # before anything changes: the recipe publishes what the gate needs
+        check_recipe_gate(plan, args.rebaseline)
     if args.dry_run:
         report = stack.preview(plan.forward)
         console.print(Text(report.text.rstrip()))
@@ -668,12 +690,15 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
         return 0
     options = Options(tolerance=args.tolerance, rebaseline=args.rebaseline,
                       readiness_timeout_s=args.readiness_timeout_min * 60, canary_timeout_s=args.canary_timeout_min * 60, poll_s=args.poll_seconds,
-                      bench_deadline_s=args.bench_deadline_min * 60)
+                      bench_deadline_s=args.bench_deadline_min * 60, gate=args.gate,
+                      recipe_tolerance=args.recipe_tolerance)
     with upgrade_lock(work_dir, stack.name):
         target = target_from_outputs(stack.outputs(), f"stack {stack.name} outputs")
         if access_check_for is not None:  # a node refused (its host key, the credentials) ends it here
             access_check_for(target)()
         path = baseline_path(work_dir, stack.name)
+        if options.gate == GATE_RECIPE:  # the recipe's figures judge: no stored baseline is measured or read
+            return Upgrade(stack, plan, options, console, guard_probe_for, work_dir, hold_release_for).run(None, path)
         baseline = ensure_baseline(path, target, plan.before.serving.profile, console, options.bench_deadline_s)
         differences = predicted_plan_differences(plan, target, baseline)
         if differences and not args.rebaseline:

@@ -125,7 +125,17 @@ class RecordingMonitor(pm.MockMonitor):
         return response
 
 mocks = Mocks()
-pm.set_mocks(mocks, project="twinspark", stack="spark", preview=preview, monitor=RecordingMonitor(mocks))
+# what the program says through pulumi.log at WARNING (the mock engine logs it to this logger)
+import logging
+warned = []
+class Recording(logging.Handler):
+    def emit(self, record):
+        warned.append(record.getMessage())
+engine_log = logging.getLogger("twinspark-engine")
+engine_log.addHandler(Recording(logging.WARNING))
+engine_log.propagate = False
+pm.set_mocks(mocks, project="twinspark", stack="spark", preview=preview, monitor=RecordingMonitor(mocks),
+             logger=engine_log)
 pulumi.runtime.set_all_config(config, secret_keys)
 
 def export(name, value):
@@ -155,7 +165,8 @@ if error is not None:
         loop.run_until_complete(wait_for_rpcs())
     except Exception:
         pass  # the failure already reported, seen again by an outstanding RPC
-print("@@RESULT@@" + json.dumps({"resources": records, "outputs": outputs, "error": error}, default=str))
+print("@@RESULT@@" + json.dumps({"resources": records, "outputs": outputs, "error": error, "warnings": warned},
+                              default=str))
 '''
 
 
@@ -181,6 +192,7 @@ class ProgramRun:
     resources: list[Resource]
     outputs: dict[str, dict[str, Any]]
     error: Optional[dict[str, str]]
+    warnings: list[str] = field(default_factory=list)  # pulumi.log.warn's messages
     by_name: dict[str, Resource] = field(init=False)
 
     def __post_init__(self):
@@ -267,7 +279,7 @@ def run_program(
         )
         for r in data["resources"]
     ]
-    return ProgramRun(resources, data["outputs"], data["error"])
+    return ProgramRun(resources, data["outputs"], data["error"], data["warnings"])
 
 
 def unwrap(value):

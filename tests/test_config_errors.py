@@ -161,8 +161,9 @@ def test_every_flag_the_config_sets_is_refused_in_extra_args():
                 for i, a in enumerate(argv) if a.startswith("--")}
 
     other = copy.deepcopy(BASE)
-    other["nodes"] = other["nodes"][:1]
-    other["fabric"]["minBusBandwidthGBps"] = 0
+    other["nodes"].append({"name": "spark3", "role": "worker", "host": "192.168.1.12", "rails": [
+        {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
+        {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"}]})  # TP 3: the recipe's most
     other["model"]["servedName"] = "other"
     other["serving"].update(profile="multiagent", port=8001, maxModelLen=4096, gpuMemoryUtilization=0.5,
                             kvCacheDtype="auto")
@@ -184,9 +185,26 @@ def test_several_errors_are_all_reported():
 
 def test_a_single_node_is_tp1_and_valid():
     cfg = copy.deepcopy(BASE)
+    cfg["serving"]["recipe"] = "gpt-oss-120b"  # a model that fits one Spark (DeepSeek's needs two)
     cfg["nodes"] = cfg["nodes"][:1]
     cfg["fabric"]["minBusBandwidthGBps"] = 0
     assert parse_stack_config(cfg).tensor_parallel_size == 1
+
+
+@pytest.mark.parametrize("recipe, count, span", [
+    ("DeepSeek-V4-Flash-0731", 1, "2 to 3 nodes"), ("GLM-5.3-Flash-NVFP4", 3, "2 nodes"),
+    ("gpt-oss-120b", 3, "1 to 2 nodes"), ("Qwen3.8-Flash-Next", 1, "2 to 4 nodes"),
+])
+def test_a_node_count_outside_the_recipes_is_refused(recipe, count, span):
+    cfg = copy.deepcopy(BASE)
+    cfg["serving"]["recipe"] = recipe
+    if count == 1:
+        cfg["nodes"], cfg["fabric"]["minBusBandwidthGBps"] = cfg["nodes"][:1], 0
+    else:
+        cfg["nodes"].append({"name": "spark3", "role": "worker", "host": "192.168.1.12", "rails": [
+            {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
+            {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"}]})
+    assert_refused(cfg, "twinspark:nodes", [f"{count} nodes", f"expected {span}", f"serving.recipe {recipe}"])
 
 
 def test_readme_parameter_table_is_the_schema():

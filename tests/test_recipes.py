@@ -106,7 +106,7 @@ def inputs_of(run) -> dict:
 # and the client outputs (and the `recipe` output).
 OWNED = ("-weights-shape-check", "-bundle-launch-vllm-sh", "-bundle-twinspark-env", "-serving-container", "nccl-run",
          "-observability-dashboard-spec-decode", "-observability-alert-rules", "-observability-grafana",
-         "-observability-prometheus")
+         "-observability-prometheus", "-guard-unit")  # the guard's canary: the recipe's tool parser
 BUDGET = ("-hostprep-cotenants-", "-fabric-check")  # the fabric check follows host prep
 CLIENT_OUTPUTS = {"codexConfig", "codexModelCatalog", "claudeCodeEnv", "recipe"}
 
@@ -143,6 +143,46 @@ def test_switching_the_recipe_changes_exactly_what_it_owns(program, seed_run, na
             assert seed_only not in run_text, (name, seed_only)
     assert ("spark1-observability-dashboard-spec-decode" in run.by_name) == recipe.speculates
     assert launch
+    guard_unit = json.dumps(run.named("spark1-guard-unit").inputs)
+    assert f"--tool-parser {recipe.canary_tool_parser}" in guard_unit and "deepseek_v4" not in guard_unit
+    # the stack file's model is DeepSeek's: said once, naming both, and served anyway
+    assert [w for w in run.warnings if "model.repo" in w] == [
+        f"model.repo deepseek-ai/DeepSeek-V4-Flash-0731 is not {recipe.repo}, the repository of serving.recipe "
+        f"{name}: the recipe's flags, environment and parsers are applied to deepseek-ai/DeepSeek-V4-Flash-0731 as "
+        "they are; choose the recipe made for it if there is one (see Models in the README)"]
+
+
+def test_the_seed_stack_serves_its_recipes_repo_without_a_warning_and_its_canary_calls_a_tool(seed_run):
+    assert not [w for w in seed_run.warnings if "model.repo" in w]
+    assert "--tool-parser deepseek_v4" in json.dumps(seed_run.named("spark1-guard-unit").inputs)
+
+
+def test_a_node_count_the_recipe_does_not_support_stops_the_program_before_any_resource(program):
+    config = on_recipe("GLM-5.3-Flash-NVFP4")  # two Sparks, no more
+    config["twinspark:nodes"].append({"name": "spark3", "role": "worker", "host": "192.168.1.12", "rails": [
+        {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
+        {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"}]})
+    run = program(config)
+    assert run.resources == [] and run.error["kind"] == "RunError"
+    assert "twinspark:nodes: 3 nodes — expected 2 nodes, what serving.recipe GLM-5.3-Flash-NVFP4 supports" in \
+        run.error["message"]
+
+
+@pytest.mark.parametrize("canary, words", [
+    ("canaryToolParser: glm45", "expected the served tool parser (vllm.toolCallParser 'glm47')"),
+    ("enableAutoToolChoice: true", "with vllm.enableAutoToolChoice"),
+])
+def test_the_canarys_tool_parser_is_the_served_one(tmp_path, canary, words):
+    """The canary asks with tool_choice auto: another parser, or no auto tool choice, never answers it."""
+    text = (ROOT / "recipes" / "glm-5.3-flash-nvfp4.yaml").read_text()
+    if canary.startswith("canary"):
+        text = text.replace("canaryToolParser: glm47", canary)
+    else:
+        text = text.replace("  toolCallParser: glm47\n", "  toolCallParser: glm47\n  enableAutoToolChoice: false\n")
+    (tmp_path / "glm.yaml").write_text(text)
+    with pytest.raises(recipes.RecipeError, match="canaryToolParser") as err:
+        recipes.load_catalog(tmp_path)
+    assert words in str(err.value)
 
 
 def test_a_config_key_overrides_the_recipes_value(program):

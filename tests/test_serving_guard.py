@@ -95,7 +95,7 @@ class Node:
         if gateway_too:
             self.behaviour.api_key = key
 
-    def start(self, failures=2, restart_limit=3, interval=60):
+    def start(self, failures=2, restart_limit=3, interval=60, tool_parser="deepseek_v4"):
         base = f"http://127.0.0.1:{self.server.server_address[1]}"
         argv = [sys.executable, str(LAUNCH / contract.SERVING_GUARD_SCRIPT),
                 "--endpoint", base, "--metrics-url", base + "/metrics",
@@ -105,7 +105,8 @@ class Node:
                 "--hold-file", str(self.hold_file), "--held-mark", str(self.tmp / "state" / "held-container"),
                 "--nodes", "spark1 and spark2", "--vllm-log", "/var/log/twinspark/vllm.log",
                 "--interval", str(interval), "--retry-interval", "1", "--deadline", "3",
-                "--failures", str(failures), "--restart-limit", str(restart_limit), "--window", "1800"]
+                "--failures", str(failures), "--restart-limit", str(restart_limit), "--window", "1800",
+                *(["--tool-parser", tool_parser] if tool_parser else [])]
         self.log = open(self.tmp / "guard.log", "w")
         self.proc = subprocess.Popen(argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         return self
@@ -161,7 +162,7 @@ def test_a_healthy_engine_passes_every_check_and_nothing_restarts(head):
 @pytest.mark.parametrize("fault, reason", [
     ("garbage", "known answer"),  # wrong sum, and tool-call arguments that are not JSON
     ("hang", "stalled"),  # a wedged engine: /health 200, the stream stops after one chunk, no token since
-    ("unparsed-tool-call", "the tool parser did not recognise"),  # tool_choice auto: the call came as text
+    ("unparsed-tool-call", "the tool parser (deepseek_v4) did not recognise"),  # tool_choice auto: the call came as text
 ])
 def test_a_bad_engine_is_restarted_after_repeated_failures_with_the_reason(head, fault, reason):
     head.fault = fault
@@ -213,6 +214,24 @@ def test_a_new_container_is_a_fresh_start_not_a_restart(head):
     head.set(id="c2", restart_count=0, started_at="t9")  # pulumi up replaced it
     wait_for(lambda: head.status["serving_started_at"] == "t9", "the new container seen", head)
     assert head.status["restarts_in_window"] == 0 and head.calls() == []
+
+
+def test_without_a_tool_parser_the_canary_makes_no_tool_call_and_a_healthy_engine_passes(head):
+    """A recipe that names no canaryToolParser: its model answers tool calls as text (as a model
+    served without --tool-call-parser does), which must not count as a failure round after round."""
+    head.fault = "unparsed-tool-call"
+    head.start(failures=1, tool_parser=None)
+    wait_for(lambda: head.status["ok"] is True, "a passing canary round", head)
+    assert head.calls() == [] and not any(r.body.get("tools") for r in head.behaviour.requests)
+    assert "(no tool parser: no tool call)" in head.guard_log()
+
+
+def test_the_unit_names_the_recipes_tool_parser_or_none():
+    def argv(parser):
+        return guard_argv(ServingGuardArgs("spark1", None, 8000, ["spark1", "spark2"], GuardConfig(), parser))
+
+    assert argv("glm47")[-2:] == ["--tool-parser", "glm47"]
+    assert "--tool-parser" not in argv(None)
 
 
 def test_the_unit_runs_the_guard_with_no_secret_in_its_command_line():

@@ -319,6 +319,7 @@ def test_docker_ssh_options_hold_a_real_ssh_to_the_pinned_key(tmp_path, monkeypa
     raw = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
     raw["ssh"] = {"user": "root", "privateKeyPath": str(login)}
     raw["nodes"] = raw["nodes"][:1]
+    raw["serving"] = {**raw["serving"], "recipe": "gpt-oss-120b"}  # one node: a model that fits one Spark
     raw["nodes"][0].update(host="127.0.0.1", hostKey=node_key if pin == "its own" else OTHER_HOST_KEY)
     raw["fabric"] = {**raw["fabric"], "minBusBandwidthGBps": 0}  # one node: no cable to measure
     monkeypatch.setenv("TWINSPARK_KNOWN_HOSTS_DIR", str(tmp_path / "known_hosts.d"))

@@ -142,6 +142,108 @@ def test_bench_compare_exit_code(endpoint, tmp_path):
     assert bench.run_bench(target, plan, str(tmp_path / "now.json"), str(base), 0.1, quiet()) == 1
 
 
+# ---- against the recipe's published baseline (--compare recipe) -----------------------------------
+def recipe_result(decode_runs, four_way, ttft):
+    return {"single_stream": {"decode_tok_s": sum(decode_runs) / len(decode_runs), "runs_tok_s": decode_runs},
+            "concurrent": {"aggregate_tok_s": four_way}, "long_prompt": {"ttft_s": ttft, "prefill_tok_s": 1700.0},
+            "sweep": []}
+
+
+def test_compare_with_recipe_flags_only_a_shortfall_beyond_the_band():
+    from components import recipes
+
+    seed = recipes.recipe_named("DeepSeek-V4-Flash-0731")  # 74.8 tok/s, 82.6 tok/s at 4-way, TTFT 4.26 s
+    # the seed's own figures, and a run 15% short on each: inside the 20% band
+    for scale in (1.0, 0.85):
+        rows = bench.compare_with_recipe(recipe_result([74.8 * scale] * 3, 82.6 * scale, 4.26 / scale), seed)
+        assert [r["metric"] for r in rows] == ["single_stream.decode_tok_s", "concurrent.aggregate_tok_s",
+                                               "long_prompt.ttft_s"]
+        assert not any(r["regression"] for r in rows) and all(r["gated"] for r in rows)
+    # NCCL over TCP: decode at the no-spec floor; TTFT 30% late; the 4-way 25% short
+    rows = {r["metric"]: r for r in bench.compare_with_recipe(recipe_result([27.2, 27.3, 27.4], 62.0, 5.54), seed)}
+    assert rows["single_stream.decode_tok_s"]["regression"] and rows["single_stream.decode_tok_s"]["current"] == 27.3
+    assert rows["long_prompt.ttft_s"]["regression"] and rows["concurrent.aggregate_tok_s"]["regression"]
+    assert rows["single_stream.decode_tok_s"]["allowed"] == pytest.approx(bench.RECIPE_TOLERANCE)
+    assert "seed" in rows["single_stream.decode_tok_s"]["source"]
+    # far faster than published, or sooner: never a regression
+    assert not any(r["regression"] for r in bench.compare_with_recipe(recipe_result([300.0] * 3, 900.0, 0.1), seed))
+    # a run whose own repeats spread widely is allowed twice its spread: 50-70 around 60 is -20%, noise
+    rows = {r["metric"]: r for r in bench.compare_with_recipe(recipe_result([50.0, 60.0, 70.0], 82.6, 4.26), seed)}
+    assert rows["single_stream.decode_tok_s"]["allowed"] == pytest.approx(2 * 20 / 74.8)
+    assert not rows["single_stream.decode_tok_s"]["regression"]
+    # a narrower band, asked for: the 15% shortfall is one
+    rows = bench.compare_with_recipe(recipe_result([74.8 * 0.85] * 3, 82.6, 4.26), seed, tolerance=0.10)
+    assert rows[0]["regression"]
+    # a figure the recipe does not publish is not compared (GLM has no TTFT at 7k)
+    glm = recipes.recipe_named("GLM-5.3-Flash-NVFP4")
+    assert [r["metric"] for r in bench.compare_with_recipe(recipe_result([40.0] * 3, 70.0, 9.0), glm)] == [
+        "single_stream.decode_tok_s", "concurrent.aggregate_tok_s"]
+
+
+RECIPE_FLAGS = ["--runs", "3", "--max-tokens", "16", "--concurrency", "4", "--long-prompt-tokens", "7000",
+                "--sweep", "1", "--sweep-requests", "1", "--sweep-input-tokens", "100", "--sweep-output-tokens", "3",
+                "--sweep-repeats", "1"]
+
+
+def test_bench_compare_recipe_gates_on_the_stacks_recipe(endpoint, tmp_path, capsys, monkeypatch):
+    """The stack's `recipe` output names the recipe; a run at the stand-in's rates clears the seed's
+    figures, the same server with decode at a third of the seed's fails them."""
+    monkeypatch.setenv("COLUMNS", "200")  # the table whole
+    behaviour, target = endpoint
+    behaviour.decode_tok_s, behaviour.prefill_tok_s = 200.0, 100000.0
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"endpoint": target.endpoint, "apiKey": target.api_key, "model": target.model,
+                                   "recipe": "DeepSeek-V4-Flash-0731"}))
+    flags = ["--outputs-file", str(outputs), *RECIPE_FLAGS, "--profile", "default", "--compare", "recipe"]
+    code, err, out = run_ops(capsys, "bench", *flags)
+    assert code == 0, err + out
+    assert "against recipe DeepSeek-V4-Flash-0731's baseline" in out and "REGRESSION" not in out
+    assert "single-stream decode 74.8: seed §5" in out  # each figure's source beside it
+    behaviour.decode_tok_s = 25.0  # the cable fell back to TCP
+    code, err, out = run_ops(capsys, "bench", *flags)
+    assert code == 1 and "REGRESSION" in out and "single_stream.decode_tok_s" in out
+
+
+@pytest.mark.parametrize("flags, words", [
+    ([], ["no recipe: pass --recipe NAME", "GLM-5.3-Flash-NVFP4"]),  # --endpoint alone: no stack read
+    (["--recipe", "GLM-5.3"], ["recipe 'GLM-5.3'", "GLM-5.3-Flash-NVFP4"]),
+    (["--recipe", "gpt-oss-120b"], ["recipe gpt-oss-120b publishes no baseline figure", "ops bench -o FILE"]),
+    (["--recipe", "DeepSeek-V4-Flash-0731", "--concurrency", "2"],
+     ["concurrency 2 (its 4-way figure is of 4 streams)", "--allow-plan-mismatch"]),
+    (["--recipe", "DeepSeek-V4-Flash-0731", "--profile", "multiagent"], ["profile multiagent", "profile default"]),
+    (["--recipe", "DeepSeek-V4-Flash-0731", "--recipe-tolerance", "1.5"], ["--recipe-tolerance", "not below 1"]),
+])
+def test_bench_compare_recipe_refuses_bad_input_in_one_line_before_any_request(endpoint, capsys, flags, words):
+    behaviour, target = endpoint
+    code, err, _ = run_ops(capsys, "bench", *target_flags(target), *RECIPE_FLAGS, *flags, "--compare", "recipe")
+    assert code == 2
+    one_clear_line(err, *words)
+    assert behaviour.requests == []
+
+
+def test_needle_sizes_default_to_the_recipes(endpoint, tmp_path, capsys, monkeypatch):
+    from components import recipes
+    from ops import needle as needle_module
+
+    behaviour, target = endpoint
+    asked = []
+    monkeypatch.setattr(needle_module, "run_needle", lambda target, sizes, *rest, **kw: asked.append(list(sizes)) or 0)
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"endpoint": target.endpoint, "apiKey": target.api_key, "model": target.model,
+                                   "recipe": "GLM-5.3-Flash-NVFP4"}))
+    assert ops_main(["needle", "--outputs-file", str(outputs)]) == 0
+    assert ops_main(["needle", *target_flags(target), "--recipe", "Qwen3.8-Flash-Next"]) == 0
+    assert ops_main(["needle", *target_flags(target)]) == 0  # no recipe named: the default recipe's
+    assert ops_main(["needle", "--outputs-file", str(outputs), "--sizes", "2k"]) == 0  # given: those
+    assert asked == [recipes.recipe_named("GLM-5.3-Flash-NVFP4").needle_sizes,
+                     recipes.recipe_named("Qwen3.8-Flash-Next").needle_sizes,
+                     [74000, 110000, 129000, 148000, 166000, 184000], [2000]]
+    assert "sizes: recipe GLM-5.3-Flash-NVFP4's needleSizes" in capsys.readouterr().out
+    code, err, _ = run_ops(capsys, "needle", *target_flags(target), "--recipe", "nope")
+    assert code == 2 and behaviour.requests == []
+    one_clear_line(err, "ops needle: recipe 'nope'", "DeepSeek-V4-Flash-0731")
+
+
 def test_two_runs_of_an_unchanged_server_never_disagree_and_a_4x_slower_decode_always_does(endpoint, tmp_path):
     """The upgrade's gate: ten fresh pairs of runs at the default tolerance, no regression between the
     two runs of a pair; the same server at a quarter of the decode rate is a regression every time."""

@@ -435,6 +435,50 @@ def test_a_rollback_that_does_not_show_what_served_fails_loudly(stack, world, tm
     assert f"modelRevision: '{HUB_HEAD}' before the upgrade, '{'d' * 40}' now" in out
 
 
+# ---- --gate recipe: the recipe's published baseline judges -----------------------------------------
+RECIPE_PLAN = bench.BenchPlan(single_runs=3, single_max_tokens=16, concurrency=4, long_prompt_tokens=7000,
+                              sweep=(1,), sweep_requests_per_level=1, sweep_input_tokens=100, sweep_output_tokens=3,
+                              sweep_repeats=1)  # the default plan's concurrency and long prompt, small elsewhere
+
+
+@pytest.mark.parametrize("image, code, words", [
+    (NEW, 0, ["within 20% below recipe DeepSeek-V4-Flash-0731's published figures"]),
+    ("example/vllm:slow", upgrade.EXIT_ROLLED_BACK,  # 25 tok/s against the seed's 74.8
+     ["regressions beyond 20% below recipe DeepSeek-V4-Flash-0731's published figures",
+      "single_stream.decode_tok_s 74.80→", "rolled back"]),
+])
+def test_the_recipe_gate_holds_the_new_settings_to_the_recipes_figures(stack, world, tmp_path, monkeypatch,
+                                                                       image, code, words):
+    """No stored baseline is measured first: the stand-in at 100 tok/s clears the seed's 74.8, the
+    same at a quarter of it does not."""
+    monkeypatch.setattr(upgrade, "FIRST_BASELINE_PLAN", RECIPE_PLAN)
+    measured_before = []
+    measure = bench.measure
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: measured_before.append(list(stack.calls)) or measure(*a, **k))
+    got, out = run(stack, world, tmp_path, "--set", f"serving.image={image}", "--gate", "recipe")
+    assert got == code, out
+    assert all(w in out for w in words), out
+    assert measured_before[0] != []  # the first measurement is the gate's, after the up
+    assert upgrade.baseline_path(tmp_path, "spark").exists() == (code == 0)  # the new figures kept on success
+
+
+@pytest.mark.parametrize("settings, words", [
+    (["serving.recipe=gpt-oss-120b"], ["--gate recipe: recipe gpt-oss-120b publishes no baseline figure"]),
+    (["serving.profile=multiagent"], ["--gate recipe:", "profile multiagent (its figures are of profile default)",
+                                      "--rebaseline"]),
+])
+def test_the_recipe_gate_refuses_what_it_cannot_judge_before_anything_changes(stack, world, tmp_path, settings,
+                                                                              words):
+    code, out = run(stack, world, tmp_path, *[a for s in settings for a in ("--set", s)], "--gate", "recipe")
+    assert code == 2, out
+    assert out.strip().splitlines()[-1].startswith("ops upgrade: ") and all(w in out for w in words), out
+    assert [c for c in stack.calls if c[0] != "preview"] == [] and stack.blocks == original_blocks()
+
+
+def test_the_default_gate_is_the_stored_baseline():
+    assert build_parser().parse_args(["upgrade", "--set", "serving.image=a:1.0.0"]).gate == "baseline"
+
+
 # ---- dry run and bad input ---------------------------------------------------------------------------
 def test_dry_run_shows_the_preview_and_changes_nothing(stack, world, tmp_path):
     code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}", "--dry-run")
