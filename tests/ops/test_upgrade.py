@@ -559,9 +559,9 @@ def test_config_values_are_stored_as_the_cli_stores_them():
 
 def test_values_the_cli_cannot_write_back_are_refused_before_anything_changes():
     blocks = original_blocks()
-    blocks["serving"]["kvCacheDtype"] = "true"  # a string the CLI would write back as a boolean
+    blocks["serving"]["extraArgs"] = ["--swap-space", "true"]  # a string the CLI would write back as a boolean
     with pytest.raises(ToolError) as err:
-        upgrade.plan_upgrade(blocks, [upgrade.parse_setting("serving.kvCacheDtype=fp8")])
+        upgrade.plan_upgrade(blocks, [upgrade.parse_setting('serving.extraArgs=["--enforce-eager"]')])
     assert "cannot be written back exactly" in str(err.value)
 
 
