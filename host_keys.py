@@ -74,6 +74,16 @@ def scan(host: str, port: int = 22, timeout_s: int = 10, key_type: str = KEY_TYP
                        + (f": {detail[-1]}" if detail else " (unreachable, or sshd offers no such key)"))
 
 
+def refusal(name: str, host: str, held_key: str, shown_fingerprint: Optional[str],
+            stack_file: str = "Pulumi.<stack>.yaml") -> str:
+    """The one line for a node that shows another key than the one it is held to."""
+    return (f"{name} ({host}): refused: its SSH host key is not the one `pulumi up` holds it to "
+            f"({fingerprint(held_key)}{f'; it shows {shown_fingerprint}' if shown_fingerprint else ''}), nothing ran "
+            f"there. Reinstalled? Compare with its console (`ssh-keygen -lf {NODE_KEY_FILE}`), then "
+            f"`python -m ops pin-host-keys --stack-file {stack_file}`, record the key and `pulumi up`; "
+            "if not, something else answers at its address")
+
+
 # ---- holding OpenSSH to one pinned key --------------------------------------------------------
 def known_hosts_text(host: str, key: str) -> str:
     """A known_hosts file that holds `key` alone, for `host` as ssh is given it (port 22)."""

@@ -223,6 +223,28 @@ def resolve_host_keys(
     return keys
 
 
+KEY_CHECK_TIMEOUT_S = 5
+
+
+def refuse_changed_host_keys(cfg: StackConfig, keys: Mapping[str, str]) -> None:
+    """Every run, before any resource: a node that answers ssh-keyscan with another key than the
+    one it is held to is refused, naming both fingerprints. Without this a reinstalled node goes
+    unnoticed whenever no step of it changes (pulumi up connects only to run a step), or shows
+    only OpenSSH's advice to edit a known_hosts file. The scan only ever refuses, never trusts;
+    a node that does not answer is left to the steps that need it, which name it."""
+    refused = []
+    for node in cfg.nodes:
+        try:
+            shown = host_keys.scan(node.host, timeout_s=KEY_CHECK_TIMEOUT_S)
+        except (host_keys.HostKeyError, OSError, subprocess.SubprocessError):
+            continue
+        if shown != keys[node.name]:
+            refused.append(host_keys.refusal(node.name, node.host, keys[node.name], host_keys.fingerprint(shown),
+                                             f"Pulumi.{pulumi.get_stack()}.yaml"))
+    if refused:
+        raise pulumi.RunError("\n".join(refused))
+
+
 def write_known_hosts(nodes: list[Node], keys: Mapping[str, str], records: Path) -> dict[str, Path]:
     """One known_hosts file per node, holding only its key: what docker's ssh may accept."""
     records.mkdir(parents=True, exist_ok=True)
@@ -272,4 +294,5 @@ def resolve_ssh_access(cfg: StackConfig, env: Optional[Mapping[str, str]] = None
     credentials = resolve_credentials(cfg, env, is_config_secret(f"{NAMESPACE}:ssh"))
     records = known_hosts_dir()
     keys = resolve_host_keys(cfg, records)
+    refuse_changed_host_keys(cfg, keys)
     return SshAccess(cfg.ssh.user, credentials, keys, write_known_hosts(cfg.nodes, keys, records))

@@ -218,11 +218,13 @@ def run_tool(args, console: Console) -> int:
     return 0
 
 
-def run_upgrade_tool(args, console: Console) -> int:
+CHECKOUT = Path(__file__).resolve().parent.parent  # the Pulumi project and its .twinspark/
+
+
+def run_upgrade_tool(args, console: Console, work_dir: Path = CHECKOUT) -> int:
     from .stack import AutomationStack
     from .upgrade import run_upgrade, ssh_access_check, ssh_guard_probe, ssh_hold_release
 
-    work_dir = Path(__file__).resolve().parent.parent  # the checkout: the Pulumi project and its .twinspark/
     ssh = (args.ssh_user, args.ssh_key, args.ssh_option)
     return run_upgrade(args, console, lambda name: AutomationStack(name, work_dir), ssh_guard_probe(*ssh), work_dir,
                        ssh_hold_release(*ssh), ssh_access_check(*ssh))

@@ -87,11 +87,7 @@ def agent_options(key: Optional[str], env: Optional[Mapping[str, str]] = None) -
 
 def host_key_refusal(node: dict, key: str, stderr: str) -> str:
     shown = re.search(r"key sent by the remote host is\s+(SHA256:[A-Za-z0-9+/=]+)", stderr)
-    return (f"{node['name']} ({node['host']}): refused: its SSH host key is not the one `pulumi up` holds it to "
-            f"({host_keys.fingerprint(key)}{f'; it shows {shown.group(1)}' if shown else ''}), nothing ran there. "
-            f"Reinstalled? Compare with its console (`ssh-keygen -lf {host_keys.NODE_KEY_FILE}`), then "
-            "`python -m ops pin-host-keys --stack-file Pulumi.<stack>.yaml`, record the key and `pulumi up`; "
-            "if not, something else answers at its address")
+    return host_keys.refusal(node["name"], node["host"], key, shown.group(1) if shown else None)
 
 
 def one_line(text: str) -> str:

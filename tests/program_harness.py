@@ -41,8 +41,16 @@ from pulumi.runtime.stack import wait_for_rpcs
 
 config, preview, secret_keys = json.loads(sys.argv[1]), sys.argv[2] == "preview", json.loads(sys.argv[3])
 withheld = {getattr(resource_pb2, name) for name in json.loads(sys.argv[4])}  # engine features to deny
-# {"registry": str, "hub": str, "facts": {node: {fact: value}}, "prior": {...}}: a file (a prior state is large)
+# {"registry": str, "hub": str, "facts": {node: {fact: value}}, "keyscan": {host: key} | None, "prior": {...}}:
+# a file (a prior state is large)
 nodes_say = json.loads(open(sys.argv[5]).read())
+if nodes_say["keyscan"] is not None:  # what each host shows ssh-keyscan; a host not named does not answer
+    import host_keys
+    def scan(host, port=22, timeout_s=10, key_type=host_keys.KEY_TYPE):
+        if host not in nodes_say["keyscan"]:
+            raise host_keys.HostKeyError(f"ssh-keyscan got no {key_type} key from {host} port {port}")
+        return nodes_say["keyscan"][host]
+    host_keys.scan = scan
 records, exports, kept, given = [], {}, {}, {}
 
 RECIPE_FACTS = {"os": "DGX OS 7.2.3", "kernel": "6.17.0-1029-nvidia", "driver": "580.173.02", "cuda": "13.0",
@@ -244,12 +252,16 @@ def run_program(
     hub: str = "",
     facts: Optional[dict[str, dict[str, Any]]] = None,
     prior: Optional[ProgramRun] = None,
+    keyscan: Optional[dict[str, str]] = {},
 ) -> ProgramRun:
     """`secret_keys`: config keys the engine would mark secret (set with --secret).
     `withheld_features`: RESOURCE_MONITOR_FEATURE_* names the mock engine reports unsupported.
     `registry`: what the fake registry serves (another value: the tag moved); `hub`: what the fake
     hub's head is for an unset model.revision (another value: the branch moved); `facts`: per node,
-    facts that differ from the recipe's platform; `prior`: the run whose state this one updates.
+    facts that differ from the recipe's platform; `prior`: the run whose state this one updates;
+    `keyscan`: what each host shows `ssh-keyscan` (host -> key); by default no node answers (the
+    program's host key check then leaves them to the steps), None runs the real ssh-keyscan
+    (a test that puts its own on PATH).
 
     The per-node known_hosts files go to a fresh directory unless extra_env names one, so a run
     never sees, nor overwrites, what an operator's own deployment from this checkout recorded.
@@ -257,7 +269,7 @@ def run_program(
     encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
     with tempfile.TemporaryDirectory() as known_hosts, tempfile.NamedTemporaryFile("w", suffix=".json") as said:
         env = {**os.environ, "TWINSPARK_KNOWN_HOSTS_DIR": known_hosts, **(extra_env or {})}
-        json.dump({"registry": registry, "hub": hub, "facts": facts or {},
+        json.dump({"registry": registry, "hub": hub, "facts": facts or {}, "keyscan": keyscan,
                    "prior": {r.name: {"compared": r.compared, "outputs": r.outputs}
                              for r in (prior.resources if prior else [])}}, said)
         said.flush()

@@ -12,6 +12,7 @@ from ssh_fixtures import OTHER_HOST_KEY, TEST_HOST_KEYS, new_key, pinned
 from program_harness import compared_inputs, plain_occurrences, stack_config, unwrap
 from ssh_fixtures import DEAD_AGENT_KINDS, Agent, DeadAgent, sshd_argv
 
+import host_keys
 from components.config import parse_stack_config
 from components.serving_image import PIN_KEEPS_ACROSS
 
@@ -251,9 +252,11 @@ def test_trust_on_first_use_records_the_first_key_and_holds_to_it(program, tmp_p
     config["twinspark:ssh"]["trustOnFirstUse"] = True
     known_hosts = tmp_path / "known_hosts.d"
     env = tofu_env(tmp_path, {"192.168.1.11": OTHER_HOST_KEY}, known_hosts)
-    run = program(config, extra_env=env, pin_host_keys=False)
+    run = program(config, extra_env=env, pin_host_keys=False, keyscan=None)
     assert run.error is None, run.error
-    assert (tmp_path / "scans").read_text().split("\n")[:-1] == ["-T 10 -p 22 -t ed25519 192.168.1.11"]
+    assert (tmp_path / "scans").read_text().split("\n")[:-1] == [
+        "-T 10 -p 22 -t ed25519 192.168.1.11",  # the first contact, recorded
+        "-T 5 -p 22 -t ed25519 192.168.1.10", "-T 5 -p 22 -t ed25519 192.168.1.11"]  # every node's key checked
     by_node = {"192.168.1.10": TEST_HOST_KEYS["spark1"], "192.168.1.11": OTHER_HOST_KEY}
     for r in commands(run):
         assert connection(r)["hostKey"] == by_node[connection(r)["host"]], r.name
@@ -261,20 +264,37 @@ def test_trust_on_first_use_records_the_first_key_and_holds_to_it(program, tmp_p
         file = Path(opt_value(docker_opts(run, node), "UserKnownHostsFile").strip('"'))
         assert file.read_text() == f"{host} {by_node[host]}\n"
         assert opt_value(docker_opts(run, node), "StrictHostKeyChecking") == "yes"
-    # the next run trusts the record: no scan, even when the network would now show another key
+    # the next run holds to the record: the node now showing another key is refused before any resource
     env = tofu_env(tmp_path, {"192.168.1.11": TEST_HOST_KEYS["spark3"]}, known_hosts)
-    run = program(config, extra_env=env, pin_host_keys=False)
-    assert run.error is None, run.error
-    assert (tmp_path / "scans").read_text().count("\n") == 1
-    assert connection(run.named("spark2-fabric-check"))["hostKey"] == OTHER_HOST_KEY
-    assert [n["hostKey"] for n in run.outputs["nodes"]["value"]] == [TEST_HOST_KEYS["spark1"], OTHER_HOST_KEY]
+    run = program(config, extra_env=env, pin_host_keys=False, keyscan=None)
+    assert_stopped_before_any_resource(
+        run, "spark2 (192.168.1.11): refused: its SSH host key is not the one `pulumi up` holds it to "
+             f"({host_keys.fingerprint(OTHER_HOST_KEY)}; it shows {host_keys.fingerprint(TEST_HOST_KEYS['spark3'])})",
+        "nothing ran there", "ops pin-host-keys --stack-file Pulumi.spark.yaml")
+    # the recorded key shown again (or the node not answering): the run goes on with the record
+    for scanned in ({"192.168.1.11": OTHER_HOST_KEY}, {}):
+        run = program(config, extra_env=tofu_env(tmp_path, scanned, known_hosts), pin_host_keys=False, keyscan=None)
+        assert run.error is None, run.error
+        assert connection(run.named("spark2-fabric-check"))["hostKey"] == OTHER_HOST_KEY
+        assert [n["hostKey"] for n in run.outputs["nodes"]["value"]] == [TEST_HOST_KEYS["spark1"], OTHER_HOST_KEY]
+
+
+def test_a_node_that_shows_another_key_than_its_pinned_one_stops_the_program_before_any_resource(program):
+    """A reinstalled node: nothing of it changed in the config, so no step would connect to it."""
+    shown = {"192.168.1.10": TEST_HOST_KEYS["spark1"], "192.168.1.11": OTHER_HOST_KEY}
+    run = program(stack_config(), keyscan=shown)
+    assert_stopped_before_any_resource(
+        run, f"spark2 (192.168.1.11): refused: its SSH host key is not the one `pulumi up` holds it to "
+             f"({host_keys.fingerprint(TEST_HOST_KEYS['spark2'])}; it shows {host_keys.fingerprint(OTHER_HOST_KEY)})")
+    assert "spark1" not in run.error["message"]
+    assert program(stack_config(), keyscan={**shown, "192.168.1.11": TEST_HOST_KEYS["spark2"]}).error is None
 
 
 def test_trust_on_first_use_that_cannot_reach_a_node_names_it(program, tmp_path):
     config = stack_config()
     config["twinspark:nodes"][0]["hostKey"] = TEST_HOST_KEYS["spark1"]
     config["twinspark:ssh"]["trustOnFirstUse"] = True
-    run = program(config, extra_env=tofu_env(tmp_path, {}, tmp_path / "kh"), pin_host_keys=False)
+    run = program(config, extra_env=tofu_env(tmp_path, {}, tmp_path / "kh"), pin_host_keys=False, keyscan=None)
     assert_stopped_before_any_resource(run, "twinspark:nodes[1].hostKey: not pinned, and its first contact failed",
                                        "192.168.1.11")
 

@@ -6,8 +6,9 @@ JSON (`pulumi preview --json`, the events of `pulumi up --json`, `pulumi stack e
 
 One cluster per session, as scripts/sim.sh makes it. The CLI runs with HOME set to a temp
 folder (the operator's key lies where Pulumi.sim.yaml names it, ~/.cache/twinspark-sim), a
-file backend in it, and a copy of Pulumi.sim.yaml as the stack's config file, so a scenario's
-`config set` never writes the repository's.
+file backend in it, in a checkout of its own: links to this repository's files beside a copy
+of Pulumi.sim.yaml and a .twinspark/ of its own, so a scenario's `config set` (or `ops
+upgrade`'s, through the Automation API) never writes the repository's.
 """
 
 from __future__ import annotations
@@ -87,16 +88,17 @@ class EngineRun:
 class EngineStack:
     """The sim stack through the real CLI, every command against the session's config file."""
 
-    def __init__(self, env: dict[str, str], config_file: Path):
-        self.env, self.config_file = env, config_file
+    def __init__(self, env: dict[str, str], project: Path):
+        self.env, self.project = env, project
+        self.config_file = project / SIM_STACK.name
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["pulumi", *args, "--stack", STACK, "--non-interactive"], cwd=ROOT,
+        return subprocess.run(["pulumi", *args, "--stack", STACK, "--non-interactive"], cwd=self.project,
                               env={**os.environ, **self.env}, capture_output=True, text=True, check=check)
 
     def _run(self, *args: str) -> EngineRun:
         started = time.monotonic()
-        proc = self.cli(*args, "--config-file", str(self.config_file), "--json", check=False)
+        proc = self.cli(*args, "--json", check=False)
         seconds = round(time.monotonic() - started, 1)
         events = []
         for line in proc.stdout.splitlines() if args[0] != "preview" else [proc.stdout]:
@@ -114,8 +116,8 @@ class EngineStack:
         the CLI's exit status."""
         started = time.monotonic()
         proc = subprocess.Popen(["pulumi", "up", "--yes", "--skip-preview", *args, "--stack", STACK,
-                                 "--non-interactive", "--config-file", str(self.config_file), "--json"],
-                                cwd=ROOT, env={**os.environ, **self.env}, stdout=subprocess.PIPE,
+                                 "--non-interactive", "--json"],
+                                cwd=self.project, env={**os.environ, **self.env}, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         events = []
         for line in proc.stdout:
@@ -143,7 +145,7 @@ class EngineStack:
         return self._run("destroy", "--yes", "--skip-preview", *args)
 
     def set_config(self, path: str, value: str) -> None:
-        self.cli("config", "set", "--path", f"twinspark:{path}", value, "--config-file", str(self.config_file))
+        self.cli("config", "set", "--path", f"twinspark:{path}", value)
 
     def outputs(self) -> dict[str, Any]:
         return json.loads(self.cli("stack", "output", "--json", "--show-secrets").stdout)
@@ -210,13 +212,17 @@ def cluster(operator_home, registry, hub, report):
 
 @pytest.fixture(scope="session")
 def stack(engine_env, cluster, operator_home) -> EngineStack:
-    config_file = operator_home / "Pulumi.sim.yaml"
-    shutil.copy(SIM_STACK, config_file)
+    project = operator_home / "project"
+    project.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in (SIM_STACK.name, ".twinspark", ".git", "build"):
+            (project / entry.name).symlink_to(entry)
+    shutil.copy(SIM_STACK, project / SIM_STACK.name)
     (operator_home / "state").mkdir(exist_ok=True)
     # the first-contact host key records too: this session's nodes are new, with keys of their own
     env = {**engine_env, "HOME": str(operator_home), "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
            "PULUMI_BACKEND_URL": f"file://{operator_home}/state",
            "TWINSPARK_KNOWN_HOSTS_DIR": str(operator_home / "known_hosts.d")}
-    engine = EngineStack(env, config_file)
+    engine = EngineStack(env, project)
     engine.cli("stack", "select", "--create")
     return engine

@@ -21,6 +21,7 @@ import node_contract as contract
 from conftest import ROOT
 
 HEAD = "sim1"
+STACK_NAME = "sim"
 
 
 def containers(cluster, node: str) -> dict[str, tuple[str, str]]:
@@ -55,6 +56,11 @@ def test_a_fresh_up_with_the_defaults_serves_through_the_gateway(stack, deployed
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["message"]["content"]
     assert completion(outputs, key[:-1]).status_code == 401
+    # one serving image for the cluster: built on the head, shipped to the worker
+    images = {node: cluster.ssh(node, "docker inspect --format '{{.Image}}' twinspark-serving").stdout.strip()
+              for node in cluster.nodes}
+    report["serving_image_ids"] = images
+    assert len(set(images.values())) == 1 and all(images.values()), images
 
 
 def test_a_second_up_changes_and_restarts_nothing(cluster, stack, deployed, report):
@@ -149,10 +155,12 @@ def test_a_reinstalled_worker_is_refused_until_its_new_key_is_pinned_then_gets_e
         stack.up()
     message = str(refused.value)
     report["reinstalled_worker_refused"] = message[-600:]
-    assert "sim2" in message and "host key" in message, message
+    # the program's one line, before anything is created (not OpenSSH's advice to edit a known_hosts file)
+    assert "sim2 (198.18.2.12): refused: its SSH host key is not the one `pulumi up` holds it to" in message, message
+    assert "nothing ran there" in message and "known_hosts" not in message, message
     # README "Recovering": read the new key with ops pin-host-keys and pin it
     pins = subprocess.run([sys.executable, "-m", "ops", "pin-host-keys", "--stack-file", str(stack.config_file),
-                           "--stack", "sim"], cwd=ROOT, env={**os.environ, **stack.env}, capture_output=True,
+                           "--stack", "sim"], cwd=stack.project, env={**os.environ, **stack.env}, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL)
     line = next(l for l in pins.stdout.splitlines() if "nodes[1].hostKey" in l)
     new_key = shlex.split(line)[-1]
@@ -239,6 +247,121 @@ def test_head_and_worker_swap_roles_and_back(cluster, stack, deployed, report):
         swap("sim2", "sim1")
     finally:
         swap("sim1", "sim2")
+
+
+def test_an_upgrade_whose_canary_fails_is_rolled_back_through_the_automation_api_to_what_served(
+        cluster, stack, deployed, report, monkeypatch, tmp_path):
+    """`ops upgrade` as a user runs it (the real Automation API over the CLI): the vLLM stand-in
+    answers garbage under --max-model-len 4242, the guard's canary says so, the upgrade writes the
+    previous settings back, deploys them, and the cluster serves the image digest, model commit
+    and launch bundles it served before."""
+    from rich.console import Console
+
+    from ops import upgrade
+    from ops.__main__ import build_parser, run_upgrade_tool
+
+    outputs, config = stack.outputs(), stack.config_file.read_text()
+    assert "twinspark:model" in config and "revision" not in yaml.safe_load(config)["config"]["twinspark:model"]
+    baseline = upgrade.baseline_path(stack.project, STACK_NAME)
+    baseline.parent.mkdir(parents=True, exist_ok=True)
+    measured = subprocess.run(
+        [sys.executable, "-m", "ops", "bench", "--endpoint", outputs["endpoint"], "--api-key", outputs["apiKey"],
+         "--model", outputs["model"], "--profile", "default", "--runs", "2", "--max-tokens", "8", "--concurrency", "2",
+         "--long-prompt-tokens", "200", "--sweep", "1,2", "--sweep-requests", "1", "--sweep-input-tokens", "50",
+         "--sweep-output-tokens", "4", "-o", str(baseline)], cwd=ROOT, capture_output=True, text=True)
+    assert measured.returncode == 0, measured.stdout + measured.stderr
+    for name, value in stack.env.items():  # the Automation API runs the CLI with this process's environment
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args([
+        "upgrade", "--stack", STACK_NAME, "--set", "serving.maxModelLen=4242", "--tolerance", "3",
+        "--poll-seconds", "2", "--canary-timeout-min", "3", "--readiness-timeout-min", "3",
+        "--ssh-key", str(cluster.key)])
+    console = Console(record=True, width=200)
+    started = time.monotonic()
+    code = run_upgrade_tool(args, console, work_dir=stack.project)
+    shown = console.export_text()
+    report["upgrade_rollback_s"] = round(time.monotonic() - started, 1)
+    report["upgrade_rollback_said"] = shown[-1500:]
+    assert code == upgrade.EXIT_ROLLED_BACK, shown
+    assert "canary" in shown, shown
+    after = stack.outputs()
+    for key in ("servingImage", "modelRevision", "launchBundles"):
+        assert after[key] == outputs[key], key
+    assert yaml.safe_load(stack.config_file.read_text()) == yaml.safe_load(config)  # the settings written back
+    served_len = yaml.safe_load(config)["config"]["twinspark:serving"]["maxModelLen"]
+    assert flag(vllm_argv(cluster), "--max-model-len") == str(served_len)
+    assert serving_answers(stack) == 200
+    # the rollback left the stack at rest: the next up changes nothing
+    assert set(stack.up().summary) == {"same"}
+
+
+def test_a_second_recipe_deploys_and_serves_with_its_own_flags_and_nothing_of_the_first(cluster, stack, deployed,
+                                                                                          report):
+    from components import recipes
+
+    second = recipes.recipe_named("gpt-oss-120b")
+    stack.cli("config", "rm", "--path", "twinspark:serving.kvCacheDtype")  # the recipe's own
+    stack.set_config("serving.recipe", second.name)
+    try:
+        run = stack.up()
+        report["second_recipe_up_s"] = run.seconds
+        report["second_recipe_changes"] = changes(run)
+        argv = vllm_argv(cluster)
+        assert flag(argv, "--tool-call-parser") == second.vllm.tool_call_parser
+        assert flag(argv, "--reasoning-parser") == second.vllm.reasoning_parser
+        assert "--speculative-config" not in argv and "deepseek_v4" not in " ".join(argv)
+        assert changes(run).get("sim1-observability-dashboard-spec-decode") == "delete"  # it does not speculate
+        assert stack.outputs()["recipe"] == second.name
+        assert serving_answers(stack) == 200
+    finally:
+        stack.set_config("serving.recipe", recipes.DEFAULT_RECIPE)
+        stack.set_config("serving.kvCacheDtype", "fp8_ds_mla")
+        stack.up()
+    assert serving_answers(stack) == 200
+
+
+def guard_verdict(cluster) -> dict:
+    out = cluster.node_exec(HEAD, "cat", contract.SERVING_GUARD_STATUS, check=False).stdout
+    return json.loads(out) if out.strip() else {}
+
+
+def wait_for(check, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+
+
+def test_a_key_rotation_through_up_changes_nothing_but_the_key(cluster, stack, deployed, report):
+    """Issue 21 item 2 for real: the gateway and the guard follow the new key; vLLM keeps serving
+    (no container restarted) and the guard neither restarts it nor holds."""
+    import secrets
+
+    serving = {node: containers(cluster, node)["twinspark-serving"] for node in cluster.nodes}
+    old_key, new_key = stack.outputs()["apiKey"], secrets.token_hex(24)  # 48 characters, as the generated one
+    stack.cli("config", "set", "--secret", "twinspark:apiKey", new_key)
+    try:
+        rotated_at = time.time()
+        run = stack.up()
+        report["key_rotation_up_s"] = run.seconds
+        report["key_rotation_changes"] = changes(run)
+        assert {node: containers(cluster, node)["twinspark-serving"] for node in cluster.nodes} == serving
+        outputs = stack.outputs()
+        assert completion(outputs, new_key).status_code == 200 and completion(outputs, old_key).status_code == 401
+        # the guard's interval is 10 s in the sim stack: three rounds after the rotation, all passing
+        interval = yaml.safe_load(stack.config_file.read_text())["config"]["twinspark:serving"]["guard"]["intervalSeconds"]
+        wait_for(lambda: guard_verdict(cluster).get("checked_at", 0) > rotated_at + 3 * interval, 6 * interval + 60,
+                 "three guard rounds after the rotation")
+        verdict = guard_verdict(cluster)
+        report["key_rotation_guard_verdict"] = verdict
+        assert verdict["ok"] is True and verdict["hold"] is None and verdict["consecutive_failures"] == 0, verdict
+        assert {node: containers(cluster, node)["twinspark-serving"] for node in cluster.nodes} == serving
+    finally:
+        stack.cli("config", "rm", "twinspark:apiKey")  # back to the generated key
+        stack.up()
+    assert serving_answers(stack) == 200
 
 
 # ---- last: destroy ---------------------------------------------------------------------------
