@@ -155,10 +155,14 @@ def main() -> int:
     lines.append(memory_line(weights, tp, args.gpu_memory_utilization, memory_kb))
     if args.max_model_len and weights and config is not None:
         per_token = args.kv_bytes_per_token or kv_bytes_per_token(config, tp, args.kv_cache_dtype)
-        fit = memory_fit(weights, tp, args.gpu_memory_utilization, min(memory_kb.values()) * 1024, per_token,
-                         args.overhead_gib * GIB, args.max_model_len)
-        lines.append(fit_line(fit, args.gpu_memory_utilization))
-        lines.append("memory-fit " + json.dumps(fit, sort_keys=True))
+        if not per_token:  # no estimate is no reason to refuse: vLLM's own check still runs at load
+            lines.append("skip memory fit: config.json gives no KV size per token (num_hidden_layers with "
+                         "num_attention_heads and head_dim or hidden_size, or kv_lora_rank) and the recipe names none")
+        else:
+            fit = memory_fit(weights, tp, args.gpu_memory_utilization, min(memory_kb.values()) * 1024, per_token,
+                             args.overhead_gib * GIB, args.max_model_len)
+            lines.append(fit_line(fit, args.gpu_memory_utilization))
+            lines.append("memory-fit " + json.dumps(fit, sort_keys=True))
     print("\n".join(lines))
     return 1 if any(line.startswith("FAIL") for line in lines) else 0
 

@@ -65,3 +65,15 @@ def test_the_program_sends_the_recipes_facts_and_the_config_values():
     assert memory_fit_args(cfg.serving) == ["--kv-cache-dtype", "fp8_ds_mla", "--max-model-len", "1048576",
                                             "--kv-bytes-per-token", "8206",
                                             "--overhead-gib", "4.5"]
+
+
+def test_a_shape_that_gives_no_kv_size_skips_the_fit_instead_of_refusing_it(tmp_path):
+    """Found by the engine simulator: a config.json without layers (and a recipe without its own
+    figure) made 0 B a token, 0 tokens, and refused every maxModelLen."""
+    config = {"num_attention_heads": 64, "num_key_value_heads": 8}  # no num_hidden_layers, no head size
+    fit = ["--kv-cache-dtype", "fp8", "--max-model-len", "32768", "--kv-bytes-per-token", "0", "--overhead-gib", "1"]
+    proc, _ = run_shape_check(tmp_path, config, {"m.safetensors": 4 * GIB}, tp=2, peers_kb=[64 << 20],
+                              memory_fit=fit)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "skip memory fit: config.json gives no KV size per token" in proc.stdout
+    assert parse_memory_fit(proc.stdout) == {}

@@ -162,11 +162,14 @@ class SimCluster:
         for node in self.nodes.values():
             sh("rm", "-rf", "--one-file-system", self.state_dir(node), check=False)
 
-    def reboot(self, node: str) -> None:
-        """Power the node off (every process of it killed at once) and boot it again from its
-        disk: files and docker's containers stay; /run, processes and the daemon start fresh."""
-        self._power_off(self.nodes[node])
-        self._power_on(self.nodes[node])
+    def reboot(self, *nodes: str) -> None:
+        """Power the nodes off (every process of them killed at once), then boot each again from
+        its disk, in the order given: files and docker's containers stay; /run, processes and the
+        daemon start fresh (and, with real docker, the units the program enabled)."""
+        for node in nodes:
+            self._power_off(self.nodes[node])
+        for node in nodes:
+            self._power_on(self.nodes[node])
 
     def reinstall(self, node: str) -> None:
         """The node's OS installed anew: powered off, its disk wiped, booted fresh — new SSH host

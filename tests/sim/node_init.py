@@ -131,6 +131,14 @@ def own_host_keys(etc_ssh: Path) -> None:
     subprocess.run(["ssh-keygen", "-A"], check=True, capture_output=True)
 
 
+ENABLED_UNITS = Path("/var/lib/twinspark-sim/enabled")  # tests/sim/shims/systemctl's record of `enable`
+
+
+def start_enabled_units() -> None:
+    for unit in sorted(ENABLED_UNITS.glob("*")) if ENABLED_UNITS.is_dir() else []:
+        subprocess.run(["systemctl", "start", unit.name], check=False, capture_output=True)
+
+
 def serve_hub(hub: str, docker: str, gateway: str, sim_dir: Path) -> subprocess.Popen | None:
     """The stack's hub name (model.hubEndpoint's host): with real docker the stand-in on this
     machine, at the gateway (scripts/sim.sh serves it); with the shim, one in the node over
@@ -170,6 +178,8 @@ def main() -> int:
         stdout=sshd_log, stderr=subprocess.STDOUT,
     )
     dockerd = start_dockerd() if args.docker == "real" else None
+    if dockerd is not None:  # as systemd does at boot: the units the program enabled (the serving guard)
+        start_enabled_units()
     Path("/run/node-ready").write_text(str(os.getpid()))
 
     def stop(*_):

@@ -7,7 +7,8 @@ import json
 import os
 from pathlib import Path
 
-SIM_MODEL_CONFIG = {"num_attention_heads": 64, "num_key_value_heads": 8}  # divisible by TP 2
+# divisible by TP 2; layers and a head size, so the memory fit can size a token of KV from it
+SIM_MODEL_CONFIG = {"num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 4, "head_dim": 64}
 
 
 def shard_names(count: int) -> list[str]:

@@ -70,9 +70,9 @@ class EngineRun:
 
     def errors(self) -> str:
         """The resources' own error diagnostics (which step failed, and its output's tail)."""
-        return "\n".join(f"{e['diagnosticEvent'].get('urn', '').rsplit('::', 1)[-1]}: {e['diagnosticEvent']['message'][-12000:]}"
-                         for e in self.events if "diagnosticEvent" in e and e["diagnosticEvent"].get("urn")
-                         and e["diagnosticEvent"].get("severity") == "error")
+        return "\n".join(f"{e['diagnosticEvent'].get('urn', '').rsplit('::', 1)[-1] or 'pulumi'}: "
+                         f"{e['diagnosticEvent']['message'][-12000:]}"
+                         for e in self.events if "diagnosticEvent" in e and e["diagnosticEvent"].get("severity") == "error")
 
     def steps(self) -> list[dict]:
         """Each resource step the engine took (or, in a preview, would take): op, urn, ..."""

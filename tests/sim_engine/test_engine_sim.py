@@ -47,7 +47,7 @@ def deployed(stack, report):
     return run
 
 
-def test_a_fresh_up_with_the_defaults_serves_through_the_gateway(stack, deployed, report):
+def test_a_fresh_up_with_the_defaults_serves_through_the_gateway(cluster, stack, deployed, report):
     assert set(deployed.summary) == {"create"}, deployed.summary
     outputs = stack.outputs()
     key = outputs["apiKey"]
@@ -362,6 +362,28 @@ def test_a_key_rotation_through_up_changes_nothing_but_the_key(cluster, stack, d
         stack.cli("config", "rm", "twinspark:apiKey")  # back to the generated key
         stack.up()
     assert serving_answers(stack) == 200
+
+
+def test_both_nodes_power_cycled_serve_again_without_a_manual_step_and_the_next_up_changes_nothing(
+        cluster, stack, deployed, report):
+    """Reboot-proof on real docker: power cut on both nodes, the worker back first (the harder
+    order); restart policies, the boot scripts and the guard's unit bring serving back alone."""
+    outputs = stack.outputs()
+    cut = time.monotonic()
+    cluster.reboot("sim2", "sim1")
+    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, 300, "serving after both nodes rebooted")
+    report["power_cycle_to_serving_s"] = round(time.monotonic() - cut, 1)
+    wait_for(lambda: guard_verdict(cluster).get("ok") is True, 120, "the guard's canary after the reboot")
+    run = stack.up()
+    assert set(run.summary) == {"same"}, run.summary
+
+
+def completion_status(outputs: dict, key: str):
+    """The gateway's answer to a completion, or None while nothing answers."""
+    try:
+        return completion(outputs, key).status_code
+    except httpx.HTTPError:
+        return None
 
 
 # ---- last: destroy ---------------------------------------------------------------------------
