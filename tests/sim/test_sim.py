@@ -34,8 +34,7 @@ from cluster import can_raise_memlock
 from components import host_prep
 from components.launch_bundle import VllmServe, vllm_argv
 from components.model_weights import render_authorized_key_line
-from components.remote import launch_file, script_text
-from platform_gate import evaluate, parse_report
+from components.remote import script_text
 
 SIM_DIR = Path(__file__).resolve().parent
 # 1.25 GiB: the hub and the head's copy (sim1), or the copy and the recipe's (sim2), must fit
@@ -428,24 +427,6 @@ def test_fabric_check_catches_a_silent_peer(sim, sim_run, prepared):
 
 
 # ---- 3. Weight sync ------------------------------------------------------------------------
-def test_image_pin_and_platform_facts_steps_on_the_nodes(sim, sim_run, report):
-    """The pin resolves the tag on the head; each node's facts step checks its image against the
-    pinned base and reports its platform; the gate, fed what the nodes printed, lets it pass."""
-    digest = run_step(sim, sim_run, "image-pin-resolve").stdout.strip().splitlines()[-1]
-    assert digest == "sha256:" + "4" * 64  # what the shim's registry names for the tag
-    facts = {}
-    for node in ("sim1", "sim2"):
-        out = run_step(sim, sim_run, f"{node}-platform-facts").stdout
-        facts[node] = parse_report(out, node)
-        # the base's layers are checked where the image is built: on the head (the worker gets it shipped)
-        assert facts[node].get("image_base") == (sim_run.outputs["servingImage"]["value"]["reference"]
-                                                 if node == "sim1" else None)
-        assert facts[node]["vllm"] == "0.0.0+sim" and facts[node]["kernel"]
-    assert facts["sim1"]["image"] == facts["sim2"]["image"]
-    report["platform_facts_sim1"] = facts["sim1"]
-    assert [f.text for f in evaluate(facts)] == []
-
-
 def head_manifest(sim):
     """The head's manifest (launch/weights.py `pin`): {repo, revision, files: {path: {size, sha256}}}."""
     return json.loads(sim.node_exec("sim1", "cat", f"{sim.cfg.model.dir}/{contract.WEIGHTS_MANIFEST}").stdout)
@@ -1129,65 +1110,6 @@ def test_restart_loop_is_held_until_cleared(sim, sim_run, report, serving):
     assert cleared.returncode == 0, cleared.stdout + cleared.stderr
     wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after clear-hold")
     assert sim.node_exec("sim1", "cat", "/run/twinspark-sim/vllm-fail-starts").stdout.strip() == "0"
-
-
-# ---- 7. An upgrade that breaks the answers is rolled back ---------------------------------------
-def restart_node_serving(sim, node):
-    """The node's serving containers replaced: its dockerd restarted on the program's inputs."""
-    stop_containers(sim, node)
-    start_supervisor(sim, node)
-
-
-def vllm_max_model_len(sim):
-    argv = json.loads(sim.node_exec("sim1", "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)["argv"]
-    return int(argv[argv.index("--max-model-len") + 1])
-
-
-def test_an_upgrade_whose_canary_fails_is_rolled_back_and_the_old_version_serves(sim, sim_run, report, serving,
-                                                                                   tmp_path):
-    """`ops upgrade` on the simulator as its stack: the stand-in answers garbage under the new
-    setting (--max-model-len 4242), the guard's canary says so, the upgrade restores the
-    previous settings, deploys them and checks serving is back."""
-    from rich.console import Console
-
-    from ops import upgrade
-    from ops.__main__ import build_parser
-    from sim_stack import SimStack
-
-    reset_guard(sim)
-    stack = SimStack(sim, "sim", run_step, lambda node: restart_node_serving(sim, node))
-    before, before_len = stack.config(), vllm_max_model_len(sim)
-    out = sim_run.outputs
-    baseline = upgrade.baseline_path(tmp_path, "sim")
-    baseline.parent.mkdir(parents=True)
-    measured = run_ops("bench", "--endpoint", out["endpoint"]["value"], "--api-key", out["apiKey"]["value"],
-                       "--model", out["model"]["value"], "--profile", before["serving"]["profile"], "--runs", "2",
-                       "--max-tokens", "8", "--concurrency", "2", "--long-prompt-tokens", "200", "--sweep", "1,2",
-                       "--sweep-requests", "1", "--sweep-input-tokens", "50", "--sweep-output-tokens", "4",
-                       "-o", str(baseline))
-    assert measured.returncode == 0, measured.stdout + measured.stderr
-    args = build_parser().parse_args([
-        "upgrade", "--stack", "sim", "--set", "serving.maxModelLen=4242", "--tolerance", "3",
-        "--poll-seconds", "2", "--canary-timeout-min", "3", "--readiness-timeout-min", "3",
-        "--ssh-key", str(sim.key), "--ssh-option", "StrictHostKeyChecking=no",
-        "--ssh-option", "UserKnownHostsFile=/dev/null"])
-    console = Console(record=True, width=200)
-    started = time.time()
-    try:
-        ssh = (args.ssh_user, args.ssh_key, args.ssh_option)
-        code = upgrade.run_upgrade(args, console, lambda name: stack, upgrade.ssh_guard_probe(*ssh), tmp_path,
-                                   upgrade.ssh_hold_release(*ssh))
-    finally:
-        shown = console.export_text()
-        stack.deployed = sim.program = sim_run  # later scenarios use the stack's own run
-    report["upgrade_rollback_s"] = round(time.time() - started, 1)
-    assert code == 1, shown
-    assert "canary" in shown and "known answer" in shown, shown
-    assert [s["maxModelLen"] for s in stack.ups] == [4242, before["serving"]["maxModelLen"]]
-    assert stack.config() == before
-    assert vllm_max_model_len(sim) == before_len  # the old version serves
-    assert completes(sim, api_key(sim))
-    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the canary passing on the old version")
 
 
 def secret_values(sim):
