@@ -496,7 +496,7 @@ def test_model_shape_check_knows_tp_memory_share_and_every_peer(recipe_run):
     assert flag_value(call.args, "--gpu-memory-utilization") == "0.85"
     assert flag_values(call.args, "--peer") == ["spark2=nvidia@10.0.0.2"]  # its rail address: the sync key's way in
     assert flag_value(call.args, "--key") == "~/.ssh/twinspark_weights"
-    assert call.payload.startswith("#!/usr/bin/env python3\n\"\"\"model-shape-check.py")
+    assert call.payload == launch_file("weights.py")  # its `shape-check`
     assert recipe_run.named("spark1-weights-shape-check").inputs["triggers"] == [
         "ssh://nvidia@192.168.1.10", "deepseek-ai/DeepSeek-V4-Flash-0731"]
 
