@@ -756,6 +756,25 @@ def test_a_hub_mirror_reaches_both_hub_steps_and_the_default_changes_no_command_
     assert run.named("spark1-weights-revision").inputs["triggers"] == recipe_run.named("spark1-weights-revision").inputs["triggers"]
 
 
+SHAPE_FLAGS = ("--tensor-parallel-size", "--gpu-memory-utilization", "--kv-cache-dtype", "--max-model-len",
+               "--kv-bytes-per-token", "--overhead-gib")
+
+
+def test_the_fetch_runs_the_shape_check_first_and_a_new_max_model_len_only_updates_it(program, recipe_run):
+    """Before the download it judges what the shape check judges after it, with the same flags;
+    a new serving.maxModelLen re-runs the fetch (an update: on verified weights, a stat per file)."""
+    fetch, shape = args_of(recipe_run, "spark1-weights-fetch"), args_of(recipe_run, "spark1-weights-shape-check")
+    assert [flag_value(fetch, f) for f in SHAPE_FLAGS] == [flag_value(shape, f) for f in SHAPE_FLAGS] == [
+        "2", "0.85", "fp8_ds_mla", "1048576", "8206", "4.5"]
+    config = stack_config()
+    config["twinspark:serving"] = {**config["twinspark:serving"], "maxModelLen": 524288}
+    run = program(config)
+    assert run.error is None, run.error
+    assert flag_value(args_of(run, "spark1-weights-fetch"), "--max-model-len") == "524288"
+    assert run.named("spark1-weights-fetch").inputs.get("triggers") == recipe_run.named("spark1-weights-fetch").inputs.get(
+        "triggers")
+
+
 def test_model_revision_pins_every_step(program):
     config = stack_config()
     config["twinspark:model"] = {**config["twinspark:model"], "revision": "a" * 40}
