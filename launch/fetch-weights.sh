@@ -79,7 +79,9 @@ download_and_pin() {
 # and sizes (pin checks each file's against this listing) against the smallest node's
 # MemTotal, at most this one's, so this estimate can only be more generous than that one.
 fits_before_download() {
-  local memtotal_kb report status=0
+  # dir empty here: in_image mounts nothing (the check reads no file of it, and docker would
+  # create a missing DIR as root, which the download running as this user could not write)
+  local dir="" memtotal_kb report status=0
   memtotal_kb=$(awk '$1 == "MemTotal:" {print $2; exit}' /proc/meminfo)
   report=$(in_image hub-shape-check --repo "$repo" --revision "$revision" --memory-kb "$node=$memtotal_kb" \
     --tensor-parallel-size "$tp" --gpu-memory-utilization "$utilization" --kv-cache-dtype "$kv_dtype" \

@@ -272,7 +272,8 @@ def test_an_impossible_max_model_len_stops_the_fetch_before_any_weight_is_downlo
                      r"to at most [\d,]+ or raise gpuMemoryUtilization \(0\.85\)", text), text
     assert f"{REPO}@{revision} cannot run tensor-parallel over these 2 nodes (see the FAIL lines): nothing downloaded" in text
     assert not [r for r in hub.requests if r[1].startswith("/lfs/")], hub.requests  # not one shard asked for
-    assert not head.dir.exists() or not list(head.dir.iterdir())  # the model directory untouched
+    # the model directory not even made, nor mounted into the check's container (docker would make it root's)
+    assert not head.dir.exists() and ":/weights" not in (home / "shims.log").read_text()
 
 
 def test_a_new_max_model_len_on_verified_weights_asks_the_hub_nothing_and_downloads_nothing(tmp_path, home, hub):
