@@ -13,8 +13,8 @@ integrity, and whether the model can run tensor-parallel over the nodes (the sha
 The hub-* commands run inside the serving base image, which has huggingface_hub; the
 others on the host's python3. SHAPE-FLAGS: --tensor-parallel-size N --gpu-memory-utilization U
 --memory-kb NODE=KB (one per node) and, for the memory fit, --kv-cache-dtype --max-model-len
---kv-bytes-per-token --overhead-gib (an empty value: not given). What the hub publishes for a revision (HfApi.model_info with
-files_metadata=True): the commit sha, and per file its size and git blob id, plus the sha256
+--kv-bytes-per-token --overhead-gib (an empty value: not given).
+What the hub publishes for a revision (HfApi.model_info with files_metadata=True): the commit sha, and per file its size and git blob id, plus the sha256
 of its content for every LFS file (the weights). A small non-LFS file (config.json, the
 tokenizer) has only its git blob id, a sha1 over "blob <size>\\0" + content: `pin` checks
 that and records the file's sha256 beside, so the workers are checked against sha256 alone.
@@ -86,8 +86,10 @@ def hub_download(args) -> None:
 #   when one sequence of max_model_len does not fit (its "KV cache is needed" check): so does this.
 # It lives here, beside the hub calls, because it runs twice: before the download
 # (hub-shape-check, in the serving image, where only this program is mounted) and after it
-# (shape-check, on the host's python3): one program on each step's stdin keeps the arithmetic
-# in one place.
+# (shape-check, on the host's python3). A step's stdin carries one file after its script
+# (remote.script_stdin), so a module of its own would need a second payload and a prelude
+# that splits them, and a prelude change replaces every serving container (the bundle holds
+# it); one program on both steps' stdin keeps the arithmetic in one place.
 GIB = 1 << 30
 
 
