@@ -14,8 +14,9 @@ The hub-* commands run inside the serving base image, which has huggingface_hub;
 others on the host's python3. SHAPE-FLAGS: --tensor-parallel-size N --gpu-memory-utilization U
 --memory-kb NODE=KB (one per node) and, for the memory fit, --kv-cache-dtype --max-model-len
 --kv-bytes-per-token --overhead-gib (an empty value: not given).
-What the hub publishes for a revision (HfApi.model_info with files_metadata=True): the commit sha, and per file its size and git blob id, plus the sha256
-of its content for every LFS file (the weights). A small non-LFS file (config.json, the
+What the hub publishes for a revision (HfApi.model_info with files_metadata=True): the
+commit sha, and per file its size and git blob id, plus the sha256 of its content for every
+LFS file (the weights). A small non-LFS file (config.json, the
 tokenizer) has only its git blob id, a sha1 over "blob <size>\\0" + content: `pin` checks
 that and records the file's sha256 beside, so the workers are checked against sha256 alone.
 
