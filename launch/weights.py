@@ -17,7 +17,8 @@ others on the host's python3. SHAPE-FLAGS: --tensor-parallel-size N --gpu-memory
 What the hub publishes for a revision (HfApi.model_info with files_metadata=True): the
 commit sha, and per file its size and git blob id, plus the sha256 of its content for every
 LFS file (the weights). A small non-LFS file (config.json, the tokenizer) has only its git
-blob id, a sha1 over "blob <size>\\0" + content: `pin` checks that and records the file's sha256 beside, so the workers are checked against sha256 alone.
+blob id, a sha1 over "blob <size>\\0" + content: `pin` checks that
+and records the file's sha256 beside, so the workers are checked against sha256 alone.
 
 The manifest (head, written by `pin`; sent to each worker): {repo, revision, files: {path:
 {size, sha256}}}. The record (every node): what was verified there, per file {size, mtime_ns,
