@@ -235,7 +235,7 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
 pulumi.export("endpoint", client.endpoint_url(cfg))
 pulumi.export("model", cfg.model.served_name)
 pulumi.export("recipe", cfg.serving.recipe)
-pulumi.export("memoryFit", weights.memory_fit)  # the estimate before the load (model-shape-check.py)
+pulumi.export("memoryFit", weights.memory_fit)  # the estimate before the load (weights.py shape-check)
 pulumi.export("modelRevision", weights.revision)  # the commit every node holds (model.revision or resolved once)
 pulumi.export("apiKey", pulumi.Output.secret(api_key))
 pulumi.export("healthUrl", client.endpoint_base(cfg) + "/health")

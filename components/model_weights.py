@@ -4,22 +4,24 @@ Creates:
 - on the head: `{head}-weights-revision` (launch/fetch-weights.sh resolve: the commit of
   `model.repo` to serve, `model.revision` or the hub's current one, resolved once and kept:
   its output is the stack's record of it), `{head}-weights-fetch` (fetch-weights.sh download:
-  that commit, resumable, inside the serving base image, HF token as a stdin secret, every
-  file checked against the hub's hashes) and `{head}-weights-sync-key` (launch/sync-key.sh: a
+  the shape check on the hub's listing and the head's MemTotal first, so a model that cannot
+  load costs no download; then that commit, resumable, inside the serving base image, HF token
+  as a stdin secret, every file checked against the hub's hashes) and `{head}-weights-sync-key` (launch/sync-key.sh: a
   dedicated ed25519 key for the copy's control connection);
 - per worker: `{worker}-weights-host-key` (launch/peer-host-key.sh on the head: the worker's
   pinned host key for its rail addresses, in the known_hosts the copy and the shape check
   read) and `{worker}-weights-authorize` (launch/authorize-key.sh: that key, restricted to
   the head's rail address, in the worker's authorized_keys);
 - on the head: `{head}-weights-shape-check` (launch/model-shape-check.sh: config.json's heads
-  must split over the nodes and the weights fit gpuMemoryUtilization x each node's MemTotal,
-  read over the rail), so a model that cannot load stops `pulumi up` before the copy;
+  must split over the nodes and the weights and one sequence of maxModelLen fit
+  gpuMemoryUtilization x each node's MemTotal, read over the rail), so a model that cannot
+  load stops `pulumi up` before the copy;
 - per worker: `{worker}-weights-sync` (launch/sync-weights.sh on the head: rsync daemons on
   the worker's rail addresses for the copy only, many streams over every rail, the per-stack
   copy secret on stdin; then every file's sha256 checked on the worker, naming any mismatch),
   made again when the worker is reinstalled (it follows `{worker}-installation`).
-launch/weights.py (hashing, records, the stream plan, the hub calls) rides on each step's
-stdin. No step does anything when its part is already complete; unchanged files are not
+launch/weights.py (hashing, records, the stream plan, the hub calls, the shape check) rides on
+each step's stdin. No step does anything when its part is already complete; unchanged files are not
 hashed again.
 """
 
@@ -42,7 +44,6 @@ from .remote import NodeScript, launch_file, node_command
 FETCH_SCRIPT = "fetch-weights.sh"
 SYNC_SCRIPT = "sync-weights.sh"
 SHAPE_SCRIPT = "model-shape-check.sh"
-SHAPE_PROGRAM = "model-shape-check.py"
 SYNC_KEY_SCRIPT = "sync-key.sh"
 AUTHORIZE_SCRIPT = "authorize-key.sh"
 PEER_HOST_KEY_SCRIPT = "peer-host-key.sh"
@@ -89,10 +90,18 @@ def revision_args(args: ModelWeightsArgs, owner: str) -> list[str]:
             "--owner", owner, *hub_args(args)]
 
 
+def shape_args(args: ModelWeightsArgs) -> list[str]:
+    """What the shape check judges, before the download (the fetch) and after it: one list for both.
+    In the fetch's command line, so a new maxModelLen re-runs it: with the weights verified
+    that is one stat of each file, no download and no hub call (fetch-weights.sh)."""
+    return ["--tensor-parallel-size", str(args.tensor_parallel_size),
+            "--gpu-memory-utilization", f"{args.gpu_memory_utilization:g}", *args.memory_fit]
+
+
 def fetch_args(args: ModelWeightsArgs, revision: str) -> list[str]:
     return ["download", "--repo", args.repo, "--revision", revision, "--dir", args.dir,
             "--image", args.downloader_image, "--manifest", WEIGHTS_MANIFEST, "--record", WEIGHTS_RECORD,
-            "--node", args.head.name, "--cgroup-parent", CONTAINER_SLICE, *hub_args(args)]
+            "--node", args.head.name, "--cgroup-parent", CONTAINER_SLICE, *hub_args(args), *shape_args(args)]
 
 
 def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
@@ -122,11 +131,9 @@ def parse_revision(stdout: str) -> str:
 
 def shape_check_args(args: ModelWeightsArgs) -> list[str]:
     flags = ["--node", args.head.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
-             "--tensor-parallel-size", str(args.tensor_parallel_size),
-             "--gpu-memory-utilization", f"{args.gpu_memory_utilization:g}",
              "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
     flags += [a for w in args.workers for a in ("--peer", f"{w.name}={args.ssh_user}@{w.ray_ip}")]
-    return flags + list(args.memory_fit)
+    return flags + shape_args(args)
 
 
 def memory_fit_args(serving) -> list[str]:
@@ -206,7 +213,7 @@ class ModelWeights(pulumi.ComponentResource):
         # the workers' memory is read with the sync key, so after the authorizations
         self.shape_check = node_command(
             f"{head.name}-weights-shape-check", head.connection,
-            NodeScript(SHAPE_SCRIPT, shape_check_args(args), payload=launch_file(SHAPE_PROGRAM)),
+            NodeScript(SHAPE_SCRIPT, shape_check_args(args), payload=program),
             parent=self, triggers=[args.repo], depends_on=[self.fetch, *(c for w in ways_in.values() for c in w)],
         )
         self.memory_fit: pulumi.Output[dict] = self.shape_check.stdout.apply(parse_memory_fit)

@@ -8,19 +8,26 @@
 #   (resolve and download take --hub-endpoint URL: a mirror or proxy, the container's HF_ENDPOINT)
 #   HF_TOKEN=... fetch-weights.sh download --repo deepseek-ai/DeepSeek-V4-Flash-0731 --revision SHA \
 #       --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 --image ghcr.io/anemll/dspark-vllm-gx10:0.1.1 \
-#       --manifest .twinspark-manifest --record .twinspark-verified --node spark1   < weights.py
+#       --manifest .twinspark-manifest --record .twinspark-verified --node spark1 \
+#       --tensor-parallel-size 2 --gpu-memory-utilization 0.85 [--kv-cache-dtype fp8_ds_mla \
+#       --max-model-len 1048576 --kv-bytes-per-token 8206 --overhead-gib 4.5]   < weights.py
 #
 # resolve prints the commit the hub serves for --revision (empty: the default branch's head)
 # as its last line, and keeps it on this node: run again for the same repo and --revision
 # (an update of the step: a new image, script or token) it prints the kept commit, asking the
 # hub nothing. Only forget (the step's delete: a replace, a new repo or --revision) lets the
 # next resolve ask again. The step's output is the stack's record of the revision.
-# download resumes a partial download of exactly that commit, then weights.py `pin` checks
-# every file (sha256 of the LFS files, git blob id of the others) and writes DIR/MANIFEST
-# (revision, size and sha256 per file) and this node's record of what it verified. A file
-# that does not match is removed and fetched once more; still wrong, the step fails naming
-# it. While the manifest holds this revision and the files equal the record, nothing is
-# downloaded and nothing is read.
+# download first runs the shape check (weights.py hub-shape-check) on what the hub lists for
+# the commit, its config.json and this node's MemTotal, and stops before any weight is
+# downloaded when the model cannot run tensor-parallel over the nodes or one sequence of
+# --max-model-len does not fit. Then it resumes a partial download of exactly that commit,
+# and weights.py `pin` checks every file (sha256 of the LFS files, git blob id of the others)
+# and writes DIR/MANIFEST (revision, size and sha256 per file) and this node's record of what
+# it verified. A file that does not match is removed and fetched once more; still wrong, the
+# step fails naming it. While the manifest holds this revision and the files equal the
+# record, nothing is downloaded, nothing is read and the hub is not asked (nor the shape
+# check run): a new --max-model-len then costs one stat of each file, and the shape check
+# after the download (model-shape-check.sh) judges it.
 # The host needs no Python packages: huggingface_hub runs inside the serving base image,
 # weights.py (stdin, after this script) on the host's python3 alone.
 # HF_TOKEN (optional, for gated models) comes from the environment, never from argv.
@@ -30,6 +37,7 @@ set -euo pipefail
 
 repo="" revision="" dir="" image="" manifest="" record="" node="" owner="" timeout_h=8
 program="" cgroup_parent="" hub_endpoint=""
+tp="" utilization="" kv_dtype="" max_len="" kv_bytes="" overhead=""  # the shape check's (model-shape-check.sh)
 HUB_LISTING=.twinspark-hub.json  # what the hub published for the revision (weights.py hub-download)
 
 # in_image ARGS...: weights.py ARGS inside the serving base image, DIR mounted at /weights
@@ -63,6 +71,24 @@ download_and_pin() {
     || return 1
   python3 "$program" pin --hub-listing "$dir/$HUB_LISTING" --dir "$dir" --manifest "$dir/$manifest" \
     --record "$dir/$record" --node "$node"
+}
+
+# The shape check before a byte of the weights, with this node's MemTotal only: the workers'
+# are read over the rail with the sync key, which is not there yet. Its refusal is always
+# right: the full check after the download (model-shape-check.sh) judges the same config.json
+# and sizes (pin checks each file's against this listing) against the smallest node's
+# MemTotal, at most this one's, so this estimate can only be more generous than that one.
+fits_before_download() {
+  # dir empty here: in_image mounts nothing (the check reads no file of it, and docker would
+  # create a missing DIR as root, which the download running as this user could not write)
+  local dir="" memtotal_kb report status=0
+  memtotal_kb=$(awk '$1 == "MemTotal:" {print $2; exit}' /proc/meminfo)
+  report=$(in_image hub-shape-check --repo "$repo" --revision "$revision" --memory-kb "$node=$memtotal_kb" \
+    --tensor-parallel-size "$tp" --gpu-memory-utilization "$utilization" --kv-cache-dtype "$kv_dtype" \
+    --max-model-len "$max_len" --kv-bytes-per-token "$kv_bytes" --overhead-gib "$overhead") || status=$?
+  [ -n "$report" ] || die "the hub did not answer the shape check of $repo@$revision (see the client's error above): nothing downloaded"
+  while IFS= read -r line; do [ -z "$line" ] || log "$line"; done <<<"$report"
+  return "$status"
 }
 
 check_hub_endpoint() {
@@ -104,8 +130,10 @@ forget() {
 download() {
   parse_flags --repo=repo --revision=revision --dir=dir --image=image --manifest=manifest --record=record \
     --cgroup-parent=cgroup_parent --hub-endpoint=hub_endpoint \
-    --node=node --timeout-hours=timeout_h -- "$@"
-  require_flags --repo --revision --dir --image --manifest --record --node
+    --node=node --timeout-hours=timeout_h --tensor-parallel-size=tp --gpu-memory-utilization=utilization \
+    --kv-cache-dtype=kv_dtype --max-model-len=max_len --kv-bytes-per-token=kv_bytes --overhead-gib=overhead -- "$@"
+  require_flags --repo --revision --dir --image --manifest --record --node --tensor-parallel-size \
+    --gpu-memory-utilization
   check_hub_endpoint
   read_payload program weights.py
   log_node=$node
@@ -116,6 +144,7 @@ download() {
     log "complete: $dir holds $repo@$revision ($(grep -c '"sha256"' "$dir/$manifest") files, verified), nothing to download"
     return 0
   fi
+  fits_before_download || die "$repo@$revision cannot run tensor-parallel over these $tp nodes (see the FAIL lines): nothing downloaded"
   [ -z "$held" ] || [ "$held" = "$revision" ] || log "$dir holds revision $held; this stack pins $revision: updating"
   rm -f "${dir:?}/$manifest"  # complete again only once the new download is pinned
   download_and_pin || { log "some files did not match the hub and were removed: downloading them again"; download_and_pin; } \

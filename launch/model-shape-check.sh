@@ -4,20 +4,20 @@
 #   model-shape-check.sh --node spark1 --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 \
 #       --manifest .twinspark-manifest --tensor-parallel-size 2 --gpu-memory-utilization 0.85 \
 #       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts \
-#       --peer spark2=nvidia@10.0.0.2   < model-shape-check.py
+#       --peer spark2=nvidia@10.0.0.2   < weights.py
 #
 # Runs on the head once the weights are complete there: before they are copied, and long
 # before vLLM would fail loading them. Reads every node's MemTotal (Spark's memory is unified:
 # it is what the GPU can use): this node's from /proc/meminfo, each peer's over its rail with
-# the weight sync's key. The check program (stdin, after this script) then judges config.json,
-# the manifest's safetensors sizes and those figures, one ok/FAIL line per check.
+# the weight sync's key. weights.py `shape-check` (stdin, after this script) then judges
+# config.json, the manifest's safetensors sizes and those figures, one ok/FAIL line per check.
+# fetch-weights.sh runs the same checks before the download, on this node's MemTotal alone.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-node="" dir="" manifest="" tp="" utilization="" key="" known_hosts=""
-kv_dtype="" max_len="" kv_bytes="" overhead=""
-fit=()  # --kv-cache-dtype, --max-model-len, --kv-bytes-per-token, --overhead-gib: passed on
+node="" dir="" manifest="" tp="" utilization="" key="" known_hosts="" program=""
+kv_dtype="" max_len="" kv_bytes="" overhead=""  # the memory fit's: passed on, empty where not set
 peers=()
 
 memtotal_kb() { awk '$1 == "MemTotal:" {print $2; exit}'; }
@@ -25,7 +25,7 @@ memtotal_kb() { awk '$1 == "MemTotal:" {print $2; exit}'; }
 peer_memtotal_kb() {
   local address="$1" peer_options
   sync_key_ssh_options peer_options "$key" "$known_hosts"
-  # -n: the check program waits on this script's stdin, and ssh would swallow it
+  # -n: ssh reads no stdin of this script's
   ssh -n "${peer_options[@]}" -o ConnectTimeout=20 "$address" cat /proc/meminfo | memtotal_kb
 }
 
@@ -37,9 +37,8 @@ main() {
   require_flags --node --dir --manifest --tensor-parallel-size --gpu-memory-utilization --key --known-hosts
   log_node=$node
   key=${key/#\~/$HOME} known_hosts=${known_hosts/#\~/$HOME}
+  read_payload program weights.py
   [ -s "$dir/$manifest" ] || die "$dir/$manifest missing: the weights here are not complete (run fetch-weights.sh)"
-  [ -z "${max_len:-}" ] || fit=(--kv-cache-dtype "$kv_dtype" --max-model-len "$max_len"
-    --kv-bytes-per-token "${kv_bytes:-0}" --overhead-gib "${overhead:-0}")
   local memory=(--memory-kb "$node=$(memtotal_kb </proc/meminfo)") peer kb
   for peer in "${peers[@]}"; do
     kb=$(peer_memtotal_kb "${peer#*=}") || die "cannot read MemTotal of ${peer%%=*} at ${peer#*=}"
@@ -47,9 +46,10 @@ main() {
     memory+=(--memory-kb "${peer%%=*}=$kb")
   done
   local report status=0
-  report=$(python3 - --config "$dir/config.json" --manifest "$dir/$manifest" --tensor-parallel-size "$tp" \
-    --gpu-memory-utilization "$utilization" "${memory[@]}" "${fit[@]}") || status=$?
-  [ -n "$report" ] || die "the check program (model-shape-check.py, on stdin) did not run"
+  report=$(python3 "$program" shape-check --config "$dir/config.json" --manifest "$dir/$manifest" \
+    --tensor-parallel-size "$tp" --gpu-memory-utilization "$utilization" "${memory[@]}" --kv-cache-dtype "$kv_dtype" \
+    --max-model-len "$max_len" --kv-bytes-per-token "$kv_bytes" --overhead-gib "$overhead") || status=$?
+  [ -n "$report" ] || die "the check program (weights.py shape-check, on stdin) did not run"
   while IFS= read -r line; do [ -z "$line" ] || log "$line"; done <<<"$report"
   [ "$status" -eq 0 ] || die "$dir cannot run tensor-parallel over these $tp nodes (see the FAIL lines)"
 }

@@ -1,4 +1,4 @@
-"""The memory-fit estimate before the load (launch/model-shape-check.py), against the seed's own
+"""The memory-fit estimate before the load (launch/weights.py's shape check), against the seed's own
 load: model 79.2 GiB per node, KV 20.5 (head) + 18.4 GiB -> 2,682,310 tokens (seed §4)."""
 
 import importlib.util
@@ -11,7 +11,7 @@ from components.model_weights import memory_fit_args, parse_memory_fit
 from program_harness import ROOT, stack_config
 from test_node_artifacts import GIB, run_shape_check
 
-spec = importlib.util.spec_from_file_location("shape_check", ROOT / "launch" / "model-shape-check.py")
+spec = importlib.util.spec_from_file_location("shape_check", ROOT / "launch" / "weights.py")
 shape_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(shape_check)
 

@@ -427,7 +427,7 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, 
         revision=None, sync_secret="unused",
         tensor_parallel_size=tp, gpu_memory_utilization=utilization, memory_fit=memory_fit)
     line = script_command(model_weights.SHAPE_SCRIPT, model_weights.shape_check_args(args))
-    stdin = script_text(model_weights.SHAPE_SCRIPT) + launch_file(model_weights.SHAPE_PROGRAM)
+    stdin = script_text(model_weights.SHAPE_SCRIPT) + launch_file(model_weights.WEIGHTS_PROGRAM)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)}
     proc = subprocess.run(["bash", "-c", line], input=stdin, capture_output=True, text=True, env=env, timeout=60)
     return proc, (calls.read_text().splitlines() if calls.exists() else [])

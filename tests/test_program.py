@@ -496,7 +496,7 @@ def test_model_shape_check_knows_tp_memory_share_and_every_peer(recipe_run):
     assert flag_value(call.args, "--gpu-memory-utilization") == "0.85"
     assert flag_values(call.args, "--peer") == ["spark2=nvidia@10.0.0.2"]  # its rail address: the sync key's way in
     assert flag_value(call.args, "--key") == "~/.ssh/twinspark_weights"
-    assert call.payload.startswith("#!/usr/bin/env python3\n\"\"\"model-shape-check.py")
+    assert call.payload == launch_file("weights.py")  # its `shape-check`
     assert recipe_run.named("spark1-weights-shape-check").inputs["triggers"] == [
         "ssh://nvidia@192.168.1.10", "deepseek-ai/DeepSeek-V4-Flash-0731"]
 
@@ -754,6 +754,25 @@ def test_a_hub_mirror_reaches_both_hub_steps_and_the_default_changes_no_command_
         assert flag_value(args_of(run, name), "--hub-endpoint") == "https://hf-mirror.com"
     # an update, not a replace: the kept commit stays, the verified weights are not fetched again
     assert run.named("spark1-weights-revision").inputs["triggers"] == recipe_run.named("spark1-weights-revision").inputs["triggers"]
+
+
+SHAPE_FLAGS = ("--tensor-parallel-size", "--gpu-memory-utilization", "--kv-cache-dtype", "--max-model-len",
+               "--kv-bytes-per-token", "--overhead-gib")
+
+
+def test_the_fetch_runs_the_shape_check_first_and_a_new_max_model_len_only_updates_it(program, recipe_run):
+    """Before the download it judges what the shape check judges after it, with the same flags;
+    a new serving.maxModelLen re-runs the fetch (an update: on verified weights, a stat per file)."""
+    fetch, shape = args_of(recipe_run, "spark1-weights-fetch"), args_of(recipe_run, "spark1-weights-shape-check")
+    assert [flag_value(fetch, f) for f in SHAPE_FLAGS] == [flag_value(shape, f) for f in SHAPE_FLAGS] == [
+        "2", "0.85", "fp8_ds_mla", "1048576", "8206", "4.5"]
+    config = stack_config()
+    config["twinspark:serving"] = {**config["twinspark:serving"], "maxModelLen": 524288}
+    run = program(config)
+    assert run.error is None, run.error
+    assert flag_value(args_of(run, "spark1-weights-fetch"), "--max-model-len") == "524288"
+    assert run.named("spark1-weights-fetch").inputs.get("triggers") == recipe_run.named("spark1-weights-fetch").inputs.get(
+        "triggers")
 
 
 def test_model_revision_pins_every_step(program):

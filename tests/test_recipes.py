@@ -102,9 +102,9 @@ def inputs_of(run) -> dict:
 # What a recipe owns: the launch script and the environment of every node (and what follows
 # their hash: the serving containers and the NCCL check, which runs with the serving env), the
 # monitoring's dashboards and alert rules (Grafana and Prometheus restart on a change), the
-# memory budget where its gpuMemoryUtilization differs, the memory-fit inputs of the shape check,
-# and the client outputs (and the `recipe` output, and `launchBundles`: the bundles' hashes).
-OWNED = ("-weights-shape-check", "-bundle-launch-vllm-sh", "-bundle-twinspark-env", "-serving-container", "nccl-run",
+# memory budget where its gpuMemoryUtilization differs, the memory-fit inputs of the shape check
+# and of the fetch (which runs it before the download), and the client outputs (and the `recipe` output, and `launchBundles`: the bundles' hashes).
+OWNED = ("-weights-shape-check", "-weights-fetch", "-bundle-launch-vllm-sh", "-bundle-twinspark-env", "-serving-container", "nccl-run",
          "-observability-dashboard-spec-decode", "-observability-alert-rules", "-observability-grafana",
          "-observability-prometheus", "-guard-unit")  # the guard's canary: the recipe's tool parser
 BUDGET = ("-hostprep-cotenants-", "-fabric-check")  # the fabric check follows host prep
@@ -135,7 +135,7 @@ def test_switching_the_recipe_changes_exactly_what_it_owns(program, seed_run, na
     launch = run.named("spark1-bundle-launch-vllm-sh").inputs["create"]
     assert f"--reasoning-parser {recipe.vllm.reasoning_parser}" in json.dumps(run.named("spark1-bundle-launch-vllm-sh").inputs)
     # nothing of DeepSeek's left in what lands on the nodes or the clients (the shipped scripts'
-    # own text, such as model-shape-check.py's fp8_ds_mla layout, is the same for every model)
+    # own text, such as weights.py's fp8_ds_mla layout, is the same for every model)
     rendered = [r.inputs for r in run.resources if "-bundle-" in r.name or "-observability-" in r.name]
     for run_text in (json.dumps(rendered), json.dumps(run.outputs)):
         for seed_only in ("deepseek_v4", '"method\\":\\"dspark', "DSPARK", "fp8_ds_mla", "flashinfer_b12x",

@@ -30,7 +30,9 @@ import pytest
 
 import node_contract as contract
 from hub_standin import HubStandin
+from program_harness import stack_config
 from components import model_weights
+from components.config import parse_stack_config
 from components.model_weights import ModelWeightsArgs, NodeAccess
 from components.remote import launch_file, runner_stdin, script_command, script_text
 
@@ -101,12 +103,13 @@ class Head:
         return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
-def weights_args(head_dir: Path, workers=(), revision=None, endpoint="https://huggingface.co") -> ModelWeightsArgs:
+def weights_args(head_dir: Path, workers=(), revision=None, endpoint="https://huggingface.co",
+                 memory_fit=()) -> ModelWeightsArgs:
     return ModelWeightsArgs(
         repo=REPO, revision=revision, dir=str(head_dir), downloader_image="twinspark-sim/base:local", ssh_user="root",
         head=NodeAccess("spark1", None, "10.0.0.1", ["10.0.0.1", "10.0.1.1"]), workers=list(workers),
         hf_token=None, tensor_parallel_size=2, gpu_memory_utilization=0.85, sync_secret=SECRET,
-        hub_endpoint=endpoint)
+        hub_endpoint=endpoint, memory_fit=memory_fit)
 
 
 WORKER = NodeAccess("spark2", None, "10.0.0.2", ["10.0.0.2", "10.0.1.2"])
@@ -118,8 +121,8 @@ def resolve(head: Head, revision=None):
     return head.run("fetch-weights.sh", args, secrets=["hf_token"])
 
 
-def fetch(head: Head, revision: str):
-    args = model_weights.fetch_args(weights_args(head.dir, endpoint=head.endpoint), revision)
+def fetch(head: Head, revision: str, memory_fit=()):
+    args = model_weights.fetch_args(weights_args(head.dir, endpoint=head.endpoint, memory_fit=memory_fit), revision)
     return head.run("fetch-weights.sh", args, secrets=["hf_token"])
 
 
@@ -194,7 +197,7 @@ def test_fetch_of_a_revision_the_hub_lacks_fails_with_the_clients_error_and_keep
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert "huggingface_hub.errors.RevisionNotFoundError" in text and "Invalid rev id: " + "e" * 40 in text, text
-    assert f"the download of {REPO}@{'e' * 40} does not match the hub" in text
+    assert f"the hub did not answer the shape check of {REPO}@{'e' * 40}" in text  # asked before any download
     assert {name: sha256(head.dir / name) for name in before} == before  # nothing fetched, nothing removed
 
 
@@ -240,6 +243,50 @@ def test_fetch_refuses_a_revision_that_is_not_a_commit(tmp_path, home, hub):
     head, _ = fetched_head(tmp_path, home, hub, shards=1)
     out = fetch(head, "main")
     assert out.returncode == 2 and "--revision must be a full commit sha (40 hex), got 'main'" in out.stderr
+
+
+def stack_memory_fit(max_model_len: int) -> list[str]:
+    """The memory-fit flags the program sends for the stack file (the seed recipe's KV figures) at
+    this serving.maxModelLen."""
+    config = {k.removeprefix("twinspark:"): v for k, v in stack_config().items()}
+    config["serving"] = {**config["serving"], "maxModelLen": max_model_len}
+    return model_weights.memory_fit_args(parse_stack_config(config).serving)
+
+
+# 100M tokens at the seed's 8206 B/token: 764 GiB of KV, beyond this machine and any Spark
+IMPOSSIBLE_MAX_MODEL_LEN = 100_000_000
+
+
+def test_an_impossible_max_model_len_stops_the_fetch_before_any_weight_is_downloaded(tmp_path, home, hub):
+    head = Head(home, tmp_path / "models" / "model", tmp_path / "hub", tmp_path / "bin", hub.endpoint)
+    head.bin.mkdir()
+    (head.bin / "docker").symlink_to(SIM_DIR / "shims" / "docker")
+    make_model(head.hub / REPO, shards=4, shard_mb=8)
+    revision = model_weights.parse_revision(resolve(head).stdout)
+    out = fetch(head, revision, memory_fit=stack_memory_fit(IMPOSSIBLE_MAX_MODEL_LEN))
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    # the shape check's own line, on this node's MemTotal (fetch-weights.sh: why that suffices)
+    assert re.search(r"fetch-weights spark1: FAIL memory fit: 0\.0 GiB weights per node, .* 8206 B/token = "
+                     r"[\d,]+ tokens; .* sequences of maxModelLen 100,000,000 fit — .* lower serving\.maxModelLen "
+                     r"to at most [\d,]+ or raise gpuMemoryUtilization \(0\.85\)", text), text
+    assert f"{REPO}@{revision} cannot run tensor-parallel over these 2 nodes (see the FAIL lines): nothing downloaded" in text
+    assert not [r for r in hub.requests if r[1].startswith("/lfs/")], hub.requests  # not one shard asked for
+    # the model directory not even made, nor mounted into the check's container (docker would make it root's)
+    assert not head.dir.exists() and ":/weights" not in (home / "shims.log").read_text()
+
+
+def test_a_new_max_model_len_on_verified_weights_asks_the_hub_nothing_and_downloads_nothing(tmp_path, home, hub):
+    """The fetch's command line carries the fit flags, so a new maxModelLen re-runs it: with the
+    weights verified that is the verify pass (a stat per file), no container, no hub call. The
+    shape check after the download (its own flags changed too) judges the new value."""
+    head, revision = fetched_head(tmp_path, home, hub)
+    hub.requests.clear()
+    runs_before = (home / "shims.log").read_text().count("docker run")
+    out = fetch(head, revision, memory_fit=stack_memory_fit(IMPOSSIBLE_MAX_MODEL_LEN))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "nothing to download" in out.stdout and "hashed" not in out.stdout + out.stderr
+    assert hub.requests == [] and (home / "shims.log").read_text().count("docker run") == runs_before
 
 
 def test_plan_balances_the_streams_largest_first(tmp_path):

@@ -492,13 +492,16 @@ def test_fetch_downloads_once(sim, sim_run, model_on_hub, fabric_checked):
     downloads_before = sum("docker run" in c for c in shim_calls(sim, "sim1"))
     first = run_step(sim, sim_run, "sim1-weights-fetch")
     assert f"downloading twinspark-sim/tiny-model@{model_on_hub['revision']}" in first.stdout
+    # the shape check on the hub's listing and the head's MemTotal came first
+    assert first.stdout.index("sim1: ok   memory fit: ") < first.stdout.index("downloading "), first.stdout
     manifest = head_manifest(sim)
     assert manifest["revision"] == model_on_hub["revision"] and len(manifest["files"]) == SHARD_COUNT + 2
     assert node_sha256s(sim, "sim1") == {f: e["sha256"] for f, e in manifest["files"].items()}
     assert any("hf_token_passed=yes" in c for c in shim_calls(sim, "sim1"))
     again = run_step(sim, sim_run, "sim1-weights-fetch")
     assert "nothing to download" in again.stdout and "verified against the hub" not in again.stderr
-    assert sum("docker run" in c for c in shim_calls(sim, "sim1")) == downloads_before + 1
+    # two containers (the shape check before the download, the download), then none
+    assert sum("docker run" in c for c in shim_calls(sim, "sim1")) == downloads_before + 2
 
 
 def test_weights_sync_over_both_rails_and_verify(sim, sim_run, model_on_hub, report, fetched):
