@@ -127,7 +127,9 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
     for row in result["sweep"]:  # the level's figure is the median of its repeats'
         assert row["ttft_p50_s"] == sorted(f["ttft_p50_s"] for f in row["per_repeat"])[1]
     for row in result["sweep"]:
-        assert 9.9 <= row["tpot_p50_ms"] <= 20.0  # 100 tok/s = 10 ms per token
+        # 100 tok/s = 10 ms per token; a first token delayed by a busy machine shows as a shorter
+        # time per later token (the gap counts in TTFT), so the lower bound is loose
+        assert 5.0 <= row["tpot_p50_ms"] <= 20.0
         assert row["tpot_p50_ms"] <= row["tpot_p99_ms"]
     assert all(r.body.get("ignore_eos") for r in behaviour.requests[-8:])  # sweep requests pin their length
 
