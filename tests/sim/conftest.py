@@ -42,7 +42,7 @@ def sim(tmp_path_factory, report):
 @pytest.fixture(scope="session")
 def sim_run(sim):
     """The real program under mocks with the sim stack: the exact commands it would run."""
-    run = run_program(sim.config)
+    run = run_program(sim.config, keyscan=None)  # the real ssh-keyscan: the sim's nodes answer it
     assert run.error is None, run.error
     sim.program = run  # the sim's dockerd starts containers from the program's own inputs
     return run
