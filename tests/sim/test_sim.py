@@ -753,6 +753,8 @@ def status_args(sim, sim_run):
 
 def test_ops_status_over_ssh_against_the_live_sim(sim, sim_run, serving):
     """`python -m ops status` end to end: real SSH, node-status.py, Ray's state API via the head container."""
+    # the guard's first round follows serving by a few seconds: status rightly calls a silent guard a problem
+    wait_until(lambda: guard_status(sim) is not None, 60, what="the guard's first verdict")
     proc = run_ops(*status_args(sim, sim_run))
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, (report["problems"], proc.stderr)
