@@ -195,13 +195,13 @@ def _name_problems(recipe: Recipe) -> list[str]:
         if value is not None and value not in known:
             problems.append(f"{key}: {value!r} is not a name vLLM registers ({kind.replace('_', ' ')} at "
                             f"{names['source']['ref']}: {', '.join(known)})")
-    flags = set(names["engine_flags"]["names"])
+    flags = set(names["engine_flags"]["names"]) | set(names["engine_flags_not_in_source"])
     for line in v.args:
         for token in line:
             flag = token.split("=", 1)[0]
             if flag.startswith("--") and flag not in flags:
-                problems.append(f"vllm.args: {flag} is not a flag of vLLM's argument parser (engine flags at "
-                                f"{names['source']['ref']}, see {VLLM_NAMES_FILE.name})")
+                problems.append(f"vllm.args: {flag} is not a flag of vLLM's argument parser (expected one of "
+                                f"[engine_flags] or [engine_flags_not_in_source] in {VLLM_NAMES_FILE.name})")
     return problems
 
 

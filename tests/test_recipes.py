@@ -52,6 +52,69 @@ def test_a_misspelt_vllm_name_is_refused_naming_the_file_and_the_names(tmp_path,
     assert kind in str(err.value) or "flag" in str(err.value)
 
 
+@pytest.mark.parametrize("line, accepted", [
+    ("- [--enable-prefix-cachin]", False),      # one letter short of a real flag
+    ("- [--no-enable-prefix-cachin]", False),
+    ("- [--max-num-partial-prefills, \"2\"]", True),   # upstream flags no recipe uses: from arg_utils.py
+    ("- [--no-enable-prefix-caching]", True),   # a bool field's BooleanOptionalAction form
+    ("- [--swap-space, \"4\"]", True),
+    ("- [--enable-log-requests]", True),         # AsyncEngineArgs
+    ("- [--disable-uvicorn-access-log]", True),  # FrontendArgs (cli_args.py)
+    ("- [--linear-backend, b12x]", True),       # fork-only, listed with where it was seen
+])
+def test_engine_flags_are_vllms_parser_flags(tmp_path, line, accepted):
+    """vllm.args take what vLLM's extracted parser (or the fork list) registers, and nothing else."""
+    text = (ROOT / "recipes" / "glm-5.3-flash-nvfp4.yaml").read_text()
+    anchor = "    - [--enable-prefix-caching]\n"
+    assert anchor in text
+    (tmp_path / "glm.yaml").write_text(text.replace(anchor, anchor + "    " + line + "\n", 1))
+    if accepted:
+        assert recipes.load_catalog(tmp_path)
+    else:
+        with pytest.raises(recipes.RecipeError, match=r"glm\.yaml: vllm\.args: --(no-)?enable-prefix-cachin is not"):
+            recipes.load_catalog(tmp_path)
+
+
+def test_the_engine_flags_are_extracted_and_the_fork_list_holds_only_what_upstream_lacks():
+    names = recipes.vllm_names()
+    extracted, fork = set(names["engine_flags"]["names"]), names["engine_flags_not_in_source"]
+    assert "scripts/extract_vllm_flags.py" in (ROOT / "recipes" / "vllm-names.toml").read_text()
+    assert len(extracted) > 200 and not extracted & set(fork)
+    assert all(where.strip() for where in fork.values())
+
+
+def test_the_extractor_reads_add_argument_calls_field_loops_and_bool_fields():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("extract_vllm_flags", ROOT / "scripts" / "extract_vllm_flags.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    source = """
+class EngineArgs:
+    enable_x: bool | None = None
+    size: int = 1
+    def add_cli_args(parser):
+        kw = get_kwargs(CacheConfig)
+        parser.add_argument("--enable-x", **kw["enable_x"])
+        parser.add_argument("--size", "-s", **kw["size"])
+        parser.add_argument("--flag", action="store_true")
+        parser.add_argument("--toggle", action=argparse.BooleanOptionalAction)
+        for arg, type in [("--old-a", str), ("--old-b", bool)]:
+            parser.add_argument(arg, type=type)
+class FrontendArgs:
+    port: int = 8000
+    quiet: bool = False
+    def add_cli_args(parser):
+        frontend_kwargs = get_kwargs(FrontendArgs)
+        for key, value in frontend_kwargs.items():
+            parser.add_argument(f"--{key.replace('_', '-')}", **value)
+def make_arg_parser(parser):
+    parser.add_argument("model_tag", nargs="?")
+"""
+    assert module.extract([source]) == sorted([
+        "--enable-x", "--no-enable-x", "--size", "-s", "--flag", "--toggle", "--no-toggle", "--old-a", "--old-b",
+        "--port", "--quiet", "--no-quiet"])
+
+
 def test_a_misspelt_kv_dtype_in_the_config_is_a_config_error_before_any_resource(program, recipe_config):
     recipe_config["twinspark:serving"]["kvCacheDtype"] = "fp8_dsmla"
     result = program(recipe_config)
