@@ -92,9 +92,12 @@ class EngineStack:
         self.env, self.project = env, project
         self.config_file = project / SIM_STACK.name
 
+    def _argv(self, *args: str) -> list[str]:
+        return ["pulumi", *args, "--stack", STACK, "--non-interactive"]
+
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["pulumi", *args, "--stack", STACK, "--non-interactive"], cwd=self.project,
-                              env={**os.environ, **self.env}, capture_output=True, text=True, check=check)
+        return subprocess.run(self._argv(*args), cwd=self.project, env={**os.environ, **self.env},
+                              capture_output=True, text=True, check=check)
 
     def _run(self, *args: str) -> EngineRun:
         started = time.monotonic()
@@ -115,10 +118,9 @@ class EngineStack:
         """`pulumi up` with SIGINT (a ^C) once the engine has started `step`: the run's events and
         the CLI's exit status."""
         started = time.monotonic()
-        proc = subprocess.Popen(["pulumi", "up", "--yes", "--skip-preview", *args, "--stack", STACK,
-                                 "--non-interactive", "--json"],
-                                cwd=self.project, env={**os.environ, **self.env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(self._argv("up", "--yes", "--skip-preview", *args, "--json"), cwd=self.project,
+                                env={**os.environ, **self.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
         events = []
         for line in proc.stdout:
             try:
@@ -146,6 +148,10 @@ class EngineStack:
 
     def set_config(self, path: str, value: str) -> None:
         self.cli("config", "set", "--path", f"twinspark:{path}", value)
+
+    def stack_file(self) -> dict[str, Any]:
+        """The stack's Pulumi.sim.yaml as it is now (its `config`, its encryptionsalt)."""
+        return yaml.safe_load(self.config_file.read_text())
 
     def outputs(self) -> dict[str, Any]:
         return json.loads(self.cli("stack", "output", "--json", "--show-secrets").stdout)

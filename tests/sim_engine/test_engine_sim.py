@@ -15,13 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 import node_contract as contract
-from conftest import ROOT
+from conftest import ROOT, STACK
 
 HEAD = "sim1"
-STACK_NAME = "sim"
 
 
 def containers(cluster, node: str) -> dict[str, tuple[str, str]]:
@@ -57,7 +55,7 @@ def test_a_fresh_up_with_the_defaults_serves_through_the_gateway(cluster, stack,
     assert answer.json()["choices"][0]["message"]["content"]
     assert completion(outputs, key[:-1]).status_code == 401
     # one serving image for the cluster: built on the head, shipped to the worker
-    images = {node: cluster.ssh(node, "docker inspect --format '{{.Image}}' twinspark-serving").stdout.strip()
+    images = {node: cluster.ssh(node, f"docker inspect --format '{{{{.Image}}}}' {contract.SERVING_CONTAINER}").stdout.strip()
               for node in cluster.nodes}
     report["serving_image_ids"] = images
     assert len(set(images.values())) == 1 and all(images.values()), images
@@ -174,7 +172,7 @@ def test_a_reinstalled_worker_is_refused_until_its_new_key_is_pinned_then_gets_e
                  "sim1-nccl-check", "sim2-nccl-check", "sim1-readiness-wait"):
         assert step in done, (step, done)
     assert not [name for name in done if name.startswith("sim1-") and name not in (
-        "sim1-nccl-check", "sim1-readiness-wait", "sim1-serving-container", "sim2-weights-host-key")], done
+        "sim1-nccl-check", "sim1-readiness-wait", "sim1-serving-container")], done
     assert serving_answers(stack) == 200
 
 
@@ -226,7 +224,7 @@ def event_urns(kind: str, events: list[dict]) -> set[str]:
 
 
 def stack_model_dir(stack) -> str:
-    return yaml.safe_load(stack.config_file.read_text())["config"]["twinspark:model"]["dir"]
+    return stack.stack_file()["config"]["twinspark:model"]["dir"]
 
 
 def node_roles(stack) -> dict[str, str]:
@@ -260,9 +258,9 @@ def test_an_upgrade_whose_canary_fails_is_rolled_back_through_the_automation_api
     from ops import upgrade
     from ops.__main__ import build_parser, run_upgrade_tool
 
-    outputs, config = stack.outputs(), stack.config_file.read_text()
-    assert "twinspark:model" in config and "revision" not in yaml.safe_load(config)["config"]["twinspark:model"]
-    baseline = upgrade.baseline_path(stack.project, STACK_NAME)
+    outputs, before = stack.outputs(), stack.stack_file()
+    assert "revision" not in before["config"]["twinspark:model"]
+    baseline = upgrade.baseline_path(stack.project, STACK)
     baseline.parent.mkdir(parents=True, exist_ok=True)
     measured = subprocess.run(
         [sys.executable, "-m", "ops", "bench", "--endpoint", outputs["endpoint"], "--api-key", outputs["apiKey"],
@@ -273,7 +271,7 @@ def test_an_upgrade_whose_canary_fails_is_rolled_back_through_the_automation_api
     for name, value in stack.env.items():  # the Automation API runs the CLI with this process's environment
         monkeypatch.setenv(name, value)
     args = build_parser().parse_args([
-        "upgrade", "--stack", STACK_NAME, "--set", "serving.maxModelLen=4242", "--tolerance", "3",
+        "upgrade", "--stack", STACK, "--set", "serving.maxModelLen=4242", "--tolerance", "3",
         "--poll-seconds", "2", "--canary-timeout-min", "3", "--readiness-timeout-min", "3",
         "--ssh-key", str(cluster.key)])
     console = Console(record=True, width=200)
@@ -287,8 +285,8 @@ def test_an_upgrade_whose_canary_fails_is_rolled_back_through_the_automation_api
     after = stack.outputs()
     for key in ("servingImage", "modelRevision", "launchBundles"):
         assert after[key] == outputs[key], key
-    assert yaml.safe_load(stack.config_file.read_text()) == yaml.safe_load(config)  # the settings written back
-    served_len = yaml.safe_load(config)["config"]["twinspark:serving"]["maxModelLen"]
+    assert stack.stack_file() == before  # the settings written back
+    served_len = before["config"]["twinspark:serving"]["maxModelLen"]
     assert flag(vllm_argv(cluster), "--max-model-len") == str(served_len)
     assert serving_answers(stack) == 200
     # the rollback left the stack at rest: the next up changes nothing
@@ -339,7 +337,7 @@ def test_a_key_rotation_through_up_changes_nothing_but_the_key(cluster, stack, d
     (no container restarted) and the guard neither restarts it nor holds."""
     import secrets
 
-    serving = {node: containers(cluster, node)["twinspark-serving"] for node in cluster.nodes}
+    serving = {node: containers(cluster, node)[contract.SERVING_CONTAINER] for node in cluster.nodes}
     old_key, new_key = stack.outputs()["apiKey"], secrets.token_hex(24)  # 48 characters, as the generated one
     stack.cli("config", "set", "--secret", "twinspark:apiKey", new_key)
     try:
@@ -347,17 +345,17 @@ def test_a_key_rotation_through_up_changes_nothing_but_the_key(cluster, stack, d
         run = stack.up()
         report["key_rotation_up_s"] = run.seconds
         report["key_rotation_changes"] = changes(run)
-        assert {node: containers(cluster, node)["twinspark-serving"] for node in cluster.nodes} == serving
+        assert {node: containers(cluster, node)[contract.SERVING_CONTAINER] for node in cluster.nodes} == serving
         outputs = stack.outputs()
         assert completion(outputs, new_key).status_code == 200 and completion(outputs, old_key).status_code == 401
         # the guard's interval is 10 s in the sim stack: three rounds after the rotation, all passing
-        interval = yaml.safe_load(stack.config_file.read_text())["config"]["twinspark:serving"]["guard"]["intervalSeconds"]
+        interval = stack.stack_file()["config"]["twinspark:serving"]["guard"]["intervalSeconds"]
         wait_for(lambda: guard_verdict(cluster).get("checked_at", 0) > rotated_at + 3 * interval, 6 * interval + 60,
                  "three guard rounds after the rotation")
         verdict = guard_verdict(cluster)
         report["key_rotation_guard_verdict"] = verdict
         assert verdict["ok"] is True and verdict["hold"] is None and verdict["consecutive_failures"] == 0, verdict
-        assert {node: containers(cluster, node)["twinspark-serving"] for node in cluster.nodes} == serving
+        assert {node: containers(cluster, node)[contract.SERVING_CONTAINER] for node in cluster.nodes} == serving
     finally:
         stack.cli("config", "rm", "twinspark:apiKey")  # back to the generated key
         stack.up()
