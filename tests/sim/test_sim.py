@@ -19,7 +19,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -239,7 +238,6 @@ def boot_services(sim, node):
 
 
 GUARD_STATUS = contract.SERVING_GUARD_STATUS
-GUARD_LOG = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
 
 
 def guard_status(sim):
@@ -854,7 +852,7 @@ def test_ray_refuses_a_client_without_the_token(sim, serving):
     assert mode == "600"
 
 
-# ---- 5. Faults -------------------------------------------------------------------------------
+# ---- 5. A fault the engine's cluster cannot stage (tests/sim_engine/test_engine_sim_healing.py has the rest)
 def exit_count(sim, node, container):
     return len([e for e in supervisor_events(sim, node, container) if e["event"] == "exit"])
 
@@ -874,100 +872,12 @@ def kill_container(sim, node, container):
     sim.node_exec(node, "kill", "-9", pid)
 
 
-def test_head_killed_worker_rejoins_and_serving_resumes(sim, report, serving):
-    worker_exits = exit_count(sim, "sim2", SERVING)
-    killed_at = time.time()
-    kill_container(sim, "sim1", SERVING)
-    wait_until(lambda: exit_count(sim, "sim2", SERVING) > worker_exits,
-               60, what="worker leaving after the head restart")
-    report["worker_detects_head_restart_s"] = round(last_event(sim, "sim2", SERVING, "exit")["t"] - killed_at, 1)
-    reasons, log = worker_leave_reasons(sim)
-    assert reasons and ("not alive in the head's GCS" in reasons[-1] or "unreachable" in reasons[-1]), log
-    report["worker_leave_reason"] = reasons[-1].split(";")[0]
-    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the head restart")
-    report["head_restart_to_serving_s"] = round(time.time() - killed_at, 1)
-
-
-def test_worker_raylet_killed_engine_exits_and_cluster_reforms(sim, report, serving):
-    head_exits = exit_count(sim, "sim1", SERVING)
-    killed_at = time.time()
-    sim.node_exec("sim2", "pkill", "-9", "-x", "raylet")
-    wait_until(lambda: exit_count(sim, "sim1", SERVING) > head_exits,
-               60, what="the stand-in engine exiting")
-    assert "a GPU worker died" in tail(sim, "sim1", VLLM_LOG, 80)
-    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the worker's raylet died")
-    report["worker_restart_to_serving_s"] = round(time.time() - killed_at, 1)
-
-
-def test_docker_stop_leaves_ray_at_once(sim, report, serving):
-    """Issue 8 item 8: `docker stop` signals the container's PID 1 — the worker's boot script,
-    which as PID 1 would ignore SIGTERM and be killed only after the whole grace period."""
-    exits = exit_count(sim, "sim2", SERVING)
-    pid = sim.node_exec("sim2", "cat", f"/run/twinspark-sim/{SERVING}.pid").stdout.strip()
-    stopped_at = time.time()
-    sim.node_exec("sim2", "kill", "-TERM", pid)
-    wait_until(lambda: exit_count(sim, "sim2", SERVING) > exits, 20, what="the worker stopping on SIGTERM")
-    exit_event = last_event(sim, "sim2", SERVING, "exit")
-    report["worker_sigterm_to_exit_s"] = round(exit_event["t"] - stopped_at, 1)
-    assert exit_event["rc"] == 0
-    assert "stop requested (SIGTERM): leaving Ray" in tail(sim, "sim2", BOOT_WORKER_LOG)
-    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the worker came back")
-
-
-DASHBOARD_PROCESSES = ("ray/dashboard/dashboard.py", "ray-dashboard-")
-
-
-def test_a_frozen_dashboard_is_no_reason_to_leave(sim, report, serving):
-    """Issue 10 item 1: the head's state API frozen for 30 s (SIGSTOP) while serving, its GCS
-    alive — the worker (default 6 s grace) stays and serving is not interrupted."""
-    if "TWINSPARK_HEAD_GRACE_S" in sim.node_exec("sim2", "pgrep", "-af", "supervisor.py", check=False).stdout:
-        sim.node_exec("sim2", "pkill", "-9", "-f", "supervisor.py", check=False)  # back to the default grace
-        kill_container(sim, "sim2", SERVING)
-        start_supervisor(sim, "sim2")
-        wait_until(lambda: not completes(sim, api_key(sim)), 60, what="the engine noticing its worker left")
-        wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving with the default grace")
-    worker_exits, head_exits = exit_count(sim, "sim2", SERVING), exit_count(sim, "sim1", SERVING)
-    for pattern in DASHBOARD_PROCESSES:
-        sim.node_exec("sim1", "pkill", "-STOP", "-f", pattern)
-    failed, started = 0, time.monotonic()
-    try:
-        while time.monotonic() - started < 30:
-            failed += not completes(sim, api_key(sim))
-            time.sleep(2)
-    finally:
-        for pattern in DASHBOARD_PROCESSES:
-            sim.node_exec("sim1", "pkill", "-CONT", "-f", pattern)
-    reasons, log = worker_leave_reasons(sim)
-    restarted = (exit_count(sim, "sim2", SERVING), exit_count(sim, "sim1", SERVING)) != (worker_exits, head_exits)
-    report["dashboard_freeze_interrupted_serving"] = bool(failed or restarted)
-    assert not restarted, log
-    assert failed == 0
-
-
-def test_reboot_both_nodes_serves_again_without_a_manual_step(sim, report, serving):
-    stop_serving(sim)
-    wait_until(lambda: not completes(sim, api_key(sim)), 20, what="endpoint down")
-    rebooted_at = time.time()
-    # boot order must not matter; the worker first is the harder case. The worker now
-    # tolerates a long-unreachable head, for the next scenario.
-    start_supervisor(sim, "sim2", env=[f"TWINSPARK_HEAD_GRACE_S={SLOW_HEAD_GRACE_S}"])
-    start_supervisor(sim, "sim1")
-    boot_services(sim, "sim1")
-    wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after the reboot")
-    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the guard's canary after the reboot")
-    report["reboot_to_serving_s"] = round(time.time() - rebooted_at, 1)
-    # the count is on disk and the reboot is one more restart (a panic loop would be held)
-    counted = json.loads(sim.node_exec("sim1", "cat", contract.SERVING_GUARD_RESTARTS).stdout)
-    assert "the head rebooted" in [r["reason"] for r in counted["restarts"]], counted
-    reset_guard(sim)  # the scenarios after this one stop the head on purpose: no loop to count
-
-
-SLOW_HEAD_GRACE_S = 120
+SLOW_HEAD_GRACE_S = 120  # the worker's wait for a silent head, far longer than the head takes to come back
 
 
 def ensure_worker_grace(sim, grace_s):
-    """The worker's supervisor runs with TWINSPARK_HEAD_GRACE_S=grace_s (the reboot scenario
-    leaves it so; a test selected alone restarts the worker with it)."""
+    """The worker's supervisor runs with TWINSPARK_HEAD_GRACE_S=grace_s (an env the program
+    never sets, hence here and not on the engine's cluster)."""
     if f"TWINSPARK_HEAD_GRACE_S={grace_s}" in sim.node_exec("sim2", "pgrep", "-af", "supervisor.py", check=False).stdout:
         return
     sim.node_exec("sim2", "pkill", "-9", "-f", "supervisor.py", check=False)
@@ -995,128 +905,6 @@ def test_head_back_fast_is_caught_by_node_id(sim, report, serving):
 
 
 # ---- logs and state hold no secret (issue 8, item 7) --------------------------------------------
-# ---- 6. The serving guard: wrong answers, a wedge, a restart loop -------------------------------
-def reset_guard(sim):
-    """The guard restarted with an empty restart count (the scenarios before restarted the head)."""
-    sim.node_exec("sim1", "bash", "-c", f"systemctl stop {contract.SERVING_GUARD_UNIT}; "
-                  f"rm -f {contract.SERVING_HOLD} {contract.SERVING_GUARD_RESTARTS} {GUARD_STATUS}; "
-                  f"systemctl start {contract.SERVING_GUARD_UNIT}")
-    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="a passing canary round")
-
-
-def set_engine_fault(sim, fault):
-    sim.node_exec("sim1", "bash", "-c", f"echo {fault} > /run/twinspark-sim/vllm-fault")
-
-
-def guard_restarts(sim):
-    """Starts of the head's serving container that were not docker's restart policy's."""
-    return [e for e in supervisor_events(sim, "sim1", SERVING) if e["event"] == "start" and not e.get("restart")]
-
-
-def test_canary_catches_garbage_and_restarts_serving(sim, report, serving):
-    reset_guard(sim)
-    before = len(guard_restarts(sim))
-    faulted_at = time.time()
-    set_engine_fault(sim, "garbage")  # /health stays 200; the sum and the tool call come back wrong
-    wait_until(lambda: len(guard_restarts(sim)) > before, 90, what="the guard restarting serving")
-    report["canary_garbage_to_restart_s"] = round(guard_restarts(sim)[-1]["t"] - faulted_at, 1)
-    log = tail(sim, "sim1", GUARD_LOG, 40)
-    assert "restarting twinspark-serving: canary failed 3 times: known answer:" in log, log
-    assert "tool call: arguments are not JSON" in log, log
-    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the restart")
-    wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the canary passing again")
-    assert api_key(sim) not in log
-
-
-def test_wedged_engine_is_caught_by_the_deadline(sim, report, serving):
-    reset_guard(sim)
-    before = len(guard_restarts(sim))
-    wedged_at = time.time()
-    set_engine_fault(sim, "hang")  # requests accepted, streams stop after one chunk, /health 200
-    wait_until(lambda: len(guard_restarts(sim)) > before, 120, what="the guard restarting the wedged engine")
-    wait_until(lambda: completes(sim, api_key(sim)), 180, what="serving after the wedge")
-    report["wedge_to_serving_s"] = round(time.time() - wedged_at, 1)
-    log = tail(sim, "sim1", GUARD_LOG, 40)
-    assert "stalled" in log or "still running after" in log, log
-
-
-def restart_head_engine(sim):
-    sim.node_exec("sim1", "docker", "restart", SERVING)
-    wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after the engine's restart")
-    reset_guard(sim)
-
-
-def test_a_saturated_engine_serves_its_streams_to_the_end_with_the_guard_on(sim, report, serving):
-    """Issue 21: every decode slot busy for longer than the canary's deadline (6 s here) and its
-    interval (10 s): the canary queues behind the streams, late round after round, but tokens
-    flow, so the guard restarts nothing and every stream ends."""
-    seqs, tok_s, tokens = 6, 10, 300  # the default profile's max_num_seqs; each stream 30 s
-    sim.node_exec("sim1", "bash", "-c", f"echo '{seqs} {tok_s}' > /run/twinspark-sim/vllm-load")
-    try:
-        restart_head_engine(sim)
-        before, exits = len(guard_restarts(sim)), exit_count(sim, "sim1", SERVING)
-        results = []
-
-        def stream():
-            status, body = request(sim, "/v1/completions", {"model": sim.cfg.model.served_name, "prompt": "a long story",
-                                                            "max_tokens": tokens, "stream": True}, api_key(sim), timeout=120)
-            results.append(status == 200 and body.rstrip().endswith("[DONE]"))
-
-        started = time.monotonic()
-        threads = [threading.Thread(target=stream) for _ in range(seqs)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=150)
-        report["saturated_streams_s"] = round(time.monotonic() - started, 1)
-        report["saturated_streams_completed"] = sum(results)
-        log = tail(sim, "sim1", GUARD_LOG, 60)
-        report["saturated_rounds_seen_busy"] = log.count("busy, not wedged")
-        report["saturated_rounds_counted"] = log.count("canary failed (")
-        report["saturated_guard_restarts"] = len(guard_restarts(sim)) - before
-        assert results == [True] * seqs, (results, log)
-        assert "busy, not wedged" in log, log
-        assert len(guard_restarts(sim)) == before and exit_count(sim, "sim1", SERVING) == exits, log
-        wait_until(lambda: (guard_status(sim) or {}).get("ok") is True, 60, what="the canary passing after the load")
-    finally:
-        sim.node_exec("sim1", "rm", "-f", "/run/twinspark-sim/vllm-load")
-        restart_head_engine(sim)
-
-
-def run_readiness(sim, sim_run):
-    return run_step(sim, sim_run, "sim1-readiness-wait", check=False)
-
-
-def test_restart_loop_is_held_until_cleared(sim, sim_run, report, serving):
-    reset_guard(sim)
-    policy_restarts = lambda: [e for e in supervisor_events(sim, "sim1", SERVING)  # noqa: E731
-                               if e["event"] == "start" and e.get("restart")]
-    before = len(policy_restarts())
-    sim.node_exec("sim1", "bash", "-c", "echo 5 > /run/twinspark-sim/vllm-fail-starts")
-    sim.node_exec("sim1", "docker", "restart", SERVING)  # the engine now dies at every start
-    wait_until(lambda: (guard_status(sim) or {}).get("hold"), 300, what="the guard holding serving")
-    report["crash_loop_restarts_before_hold"] = len(policy_restarts()) - before
-    hold = guard_status(sim)["hold"]
-    assert "restart loop: 3 serving restarts in 2 min (limit 3)" in hold["reason"]
-    assert "reboot sim1 and sim2" in hold["reason"]
-    time.sleep(6)  # held: docker restarts it no more
-    assert last_event(sim, "sim1", SERVING, "exit")["t"] > last_event(sim, "sim1", SERVING, "start")["t"]
-    assert len(policy_restarts()) - before == report["crash_loop_restarts_before_hold"]
-    # the next `pulumi up` fails its readiness at once, with the reason
-    started = time.time()
-    ready = run_readiness(sim, sim_run)
-    assert ready.returncode != 0 and "serving is held: restart loop" in ready.stderr + ready.stdout
-    assert time.time() - started < 30
-    held = run_ops(*status_args(sim, sim_run))
-    assert held.returncode == 1 and any("sim1: serving held: restart loop" in p
-                                        for p in json.loads(held.stdout)["problems"])
-    # the owner clears it (or reboots): the engine's last bad start, then it serves
-    cleared = run_ops("clear-hold", *status_args(sim, sim_run)[2:])  # its flags, less `status --json`
-    assert cleared.returncode == 0, cleared.stdout + cleared.stderr
-    wait_until(lambda: completes(sim, api_key(sim)), 240, what="serving after clear-hold")
-    assert sim.node_exec("sim1", "cat", "/run/twinspark-sim/vllm-fail-starts").stdout.strip() == "0"
-
-
 def secret_values(sim):
     """Each secret as it really is on the nodes."""
     return {

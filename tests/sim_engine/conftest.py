@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from urllib.parse import urlsplit
@@ -36,12 +37,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import sim_images  # noqa: E402
 import sim_model  # noqa: E402
+import node_contract as contract  # noqa: E402
 from cluster import SIM_STACK, SimCluster  # noqa: E402
 from hub_standin import HubStandin  # noqa: E402
 
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
 STACK = "sim"
 REPORT = ROOT / "build" / "sim-engine-report.json"
+HEAD = "sim1"
 
 
 def engine_environment() -> dict[str, str]:
@@ -232,3 +235,69 @@ def stack(engine_env, cluster, operator_home) -> EngineStack:
     engine = EngineStack(env, project)
     engine.cli("stack", "select", "--create")
     return engine
+
+
+@pytest.fixture(scope="session")
+def deployed(stack, report):
+    """The first `pulumi up` of the unmodified program with the stack's defaults."""
+    run = stack.up()
+    report["fresh_up_to_serving_s"] = run.seconds
+    report["fresh_up_changes"] = run.summary
+    return run
+
+
+# ---- what the scenarios read off the nodes and the endpoint -----------------------------------
+def containers(cluster, node: str) -> dict[str, tuple[str, str]]:
+    """name -> (id, started at), from the node's own dockerd."""
+    out = cluster.ssh(node, "docker ps -aq | xargs -r docker inspect --format "
+                            "'{{.Name}} {{.Id}} {{.State.StartedAt}}'").stdout
+    return {name.lstrip("/"): (cid, started) for name, cid, started in (l.split() for l in out.splitlines())}
+
+
+def completion(stack_outputs: dict, key: str) -> httpx.Response:
+    return httpx.post(f"{stack_outputs['endpoint']}/chat/completions", timeout=30,
+                      headers={"Authorization": f"Bearer {key}"},
+                      json={"model": stack_outputs["model"], "max_tokens": 8,
+                            "messages": [{"role": "user", "content": "hello"}]})
+
+
+def completion_status(outputs: dict, key: str):
+    """The gateway's answer to a completion, or None while nothing answers."""
+    try:
+        return completion(outputs, key).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def serving_answers(stack) -> int:
+    outputs = stack.outputs()
+    return completion(outputs, outputs["apiKey"]).status_code
+
+
+def urn_of(stack, name: str) -> str:
+    (urn,) = [r["urn"] for r in stack.export()["resources"] if r["urn"].endswith(f"::{name}")]
+    return urn
+
+
+def guard_verdict(cluster) -> dict:
+    out = cluster.node_exec(HEAD, "cat", contract.SERVING_GUARD_STATUS, check=False).stdout
+    return json.loads(out) if out.strip() else {}
+
+
+def wait_for(check, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+
+
+def vllm_argv(cluster) -> list[str]:
+    """What the head's engine was started with (the vLLM stand-in writes it to the log dir)."""
+    out = cluster.node_exec(HEAD, "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout
+    return json.loads(out)["argv"]
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]

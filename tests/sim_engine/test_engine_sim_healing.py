@@ -1,0 +1,286 @@
+"""Faults on a cluster the real engine deployed (conftest.py's `deployed`): what the containers'
+restart policies, the boot scripts, Ray's membership watchdog and the serving guard do about a
+killed head, a dead raylet, a stopped worker, a frozen dashboard, an engine gone wrong, a busy
+engine and a crash loop — on the nodes' real dockerd, with the program's own settings.
+
+What is asserted is what an owner sees (serving answered again, the guard's restart or hold and
+its reason), never which of two legitimate paths the cluster took; a wait is bounded by the stack's
+own settings (the readiness timeout, the guard's rounds, the restart window), so the scenarios hold
+on a loaded machine. Figures go to the sim report. The engine's faults are the vLLM stand-in's test
+knobs (tests/sim/bin/vllm), written inside the head's serving container."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+import node_contract as contract
+from conftest import HEAD, ROOT, completion_status, flag, guard_verdict, urn_of, vllm_argv, wait_for
+
+WORKER = "sim2"
+SERVING = contract.SERVING_CONTAINER
+BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
+GUARD_LOG = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
+KNOBS = "/run/twinspark-sim"  # the stand-in's (tests/sim/bin/vllm), inside the container
+DASHBOARD_PROCESSES = ("ray/dashboard/dashboard.py", "ray-dashboard-")
+HEAD_GRACE_S = 6  # the worker's default wait for a silent head (launch/ray-membership.py HEAD_GRACE_S)
+
+
+# ---- the stack's own settings bound every wait ---------------------------------------------------
+def serving_settings(stack) -> dict:
+    return stack.stack_file()["config"]["twinspark:serving"]
+
+
+def readiness_s(stack) -> float:
+    """What `pulumi up` waits for serving: a recovery is due within it."""
+    return serving_settings(stack)["readinessTimeoutMinutes"] * 60
+
+
+def guard_round_s(stack) -> float:
+    """The longest a guard round can take, its retries included (interval, then each failing
+    attempt's deadline and retry pause, up to failuresBeforeRestart)."""
+    g = serving_settings(stack)["guard"]
+    return g["intervalSeconds"] + g["failuresBeforeRestart"] * (g["deadlineSeconds"] + g["retrySeconds"])
+
+
+# ---- what the nodes' dockerd and logs say --------------------------------------------------------
+def serving_events(cluster, node: str, since: float, action: str) -> list[float]:
+    """When the node's serving container had `action` (die, start, restart) since `since`, from
+    dockerd's own event log (a `docker restart` is the guard's; a start without one, the policy's)."""
+    out = cluster.ssh(node, f"docker events --since {since:.3f} --until \"$(date +%s.%N)\" --filter type=container "
+                            f"--filter container={SERVING} --filter event={action} --format '{{{{.TimeNano}}}}'")
+    assert out.returncode == 0, out.stderr
+    return [int(t) / 1e9 for t in out.stdout.split()]
+
+
+def serving_pid(cluster, node: str) -> str:
+    return cluster.ssh(node, f"docker inspect --format '{{{{.State.Pid}}}}' {SERVING}").stdout.strip()
+
+
+def tail(cluster, node: str, path: str, lines: int = 60) -> str:
+    return cluster.node_exec(node, "tail", "-n", str(lines), path, check=False).stdout
+
+
+def worker_leave_reasons(cluster) -> list[str]:
+    return [line.split("leaving: ", 1)[1] for line in tail(cluster, WORKER, BOOT_WORKER_LOG, 120).splitlines()
+            if "leaving: " in line]
+
+
+def set_knob(cluster, name: str, value: str) -> None:
+    """One of the stand-in engine's test knobs, in the head's serving container (kept across
+    `docker restart`, as the container's own files are)."""
+    done = cluster.ssh(HEAD, f"docker exec {SERVING} sh -c 'mkdir -p {KNOBS} && echo {value} > {KNOBS}/{name}'")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def outputs(stack):
+    return stack.outputs()
+
+
+def serves(outputs) -> bool:
+    return completion_status(outputs, outputs["apiKey"]) == 200
+
+
+@pytest.fixture
+def fresh_guard(cluster, stack, deployed, outputs):
+    """Serving answers and the guard has passed a round with an empty restart count: the faults
+    before (these and test_engine_sim's) restarted the head on purpose, not in a loop."""
+    wait_for(lambda: serves(outputs), readiness_s(stack), "serving before the scenario")
+    cluster.node_exec(HEAD, "bash", "-c", f"systemctl stop {contract.SERVING_GUARD_UNIT}; rm -f {contract.SERVING_HOLD} "
+                      f"{contract.SERVING_GUARD_RESTARTS} {contract.SERVING_GUARD_STATUS}; "
+                      f"systemctl start {contract.SERVING_GUARD_UNIT}")
+    wait_for(lambda: guard_verdict(cluster).get("ok") is True, 2 * guard_round_s(stack), "a passing guard round")
+    return outputs
+
+
+# ---- Ray's membership: the head and the worker come and go ---------------------------------------
+def test_the_head_killed_the_worker_rejoins_and_serving_resumes(cluster, stack, fresh_guard, report):
+    since = time.time()
+    cluster.node_exec(HEAD, "kill", "-9", serving_pid(cluster, HEAD))
+    left = wait_for(lambda: serving_events(cluster, WORKER, since, "die"), readiness_s(stack),
+                    "the worker leaving the dead head's cluster")
+    report["worker_detects_head_restart_s"] = round(left[0] - since, 1)
+    report["worker_leave_reason"] = (worker_leave_reasons(cluster) or ["(none logged)"])[-1].split(";")[0]
+    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the head's restart")
+    report["head_restart_to_serving_s"] = round(time.time() - since, 1)
+
+
+def test_the_workers_raylet_killed_the_engine_exits_and_the_cluster_reforms(cluster, stack, fresh_guard, report):
+    since = time.time()
+    cluster.node_exec(WORKER, "pkill", "-9", "-x", "raylet")
+    exited = wait_for(lambda: serving_events(cluster, HEAD, since, "die"), readiness_s(stack),
+                      "the head's engine exiting with a GPU worker gone")
+    report["raylet_killed_to_engine_exit_s"] = round(exited[0] - since, 1)
+    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the worker's raylet died")
+    report["worker_restart_to_serving_s"] = round(time.time() - since, 1)
+
+
+def test_a_sigterm_to_the_worker_leaves_ray_at_once_and_it_comes_back(cluster, stack, fresh_guard, report):
+    """`docker stop` signals PID 1, the worker's boot script, which as PID 1 would ignore SIGTERM
+    and be killed only after the stop timeout: it must leave Ray and exit 0 at once."""
+    since = time.time()
+    cluster.node_exec(WORKER, "kill", "-TERM", serving_pid(cluster, WORKER))
+    # a PID 1 without a handler never gets the signal: no exit at all (docker stop would kill it at 10 s)
+    (exited, *_) = wait_for(lambda: serving_events(cluster, WORKER, since, "die"), 30, "the worker exiting on SIGTERM")
+    report["worker_sigterm_to_exit_s"] = round(exited - since, 1)
+    assert "stop requested (SIGTERM): leaving Ray" in tail(cluster, WORKER, BOOT_WORKER_LOG)
+    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the worker came back")
+    report["worker_sigterm_to_serving_s"] = round(time.time() - since, 1)
+
+
+def test_a_frozen_dashboard_is_no_reason_to_leave(cluster, stack, fresh_guard, report):
+    """Issue 21 item 3: the head's state API frozen (SIGSTOP) for five times the worker's grace,
+    its GCS alive: nobody leaves and every request is answered."""
+    since, failed = time.time(), 0
+    for pattern in DASHBOARD_PROCESSES:
+        cluster.node_exec(HEAD, "pkill", "-STOP", "-f", pattern)
+    try:
+        while time.time() - since < 5 * HEAD_GRACE_S:
+            failed += not serves(fresh_guard)
+            time.sleep(2)
+    finally:
+        for pattern in DASHBOARD_PROCESSES:
+            cluster.node_exec(HEAD, "pkill", "-CONT", "-f", pattern)
+    exits = {node: serving_events(cluster, node, since, "die") for node in cluster.nodes}
+    report["dashboard_freeze_interrupted_serving"] = bool(failed or any(exits.values()))
+    assert not any(exits.values()), (exits, worker_leave_reasons(cluster))
+    assert failed == 0
+
+
+# ---- the serving guard: wrong answers, a wedge, a busy engine, a crash loop ----------------------
+def test_the_canary_catches_garbage_and_restarts_serving(cluster, stack, fresh_guard, report):
+    since = time.time()
+    set_knob(cluster, "vllm-fault", "garbage")  # /health stays 200; the sum and the tool call come back wrong
+    (restarted, *_) = wait_for(lambda: serving_events(cluster, HEAD, since, "restart"), 3 * guard_round_s(stack),
+                               "the guard restarting serving")
+    report["canary_garbage_to_restart_s"] = round(restarted - since, 1)
+    log = tail(cluster, HEAD, GUARD_LOG)
+    assert "restarting twinspark-serving: canary failed 3 times: known answer:" in log, log
+    assert fresh_guard["apiKey"] not in log
+    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the guard's restart")
+    wait_for(lambda: guard_verdict(cluster).get("ok") is True, 2 * guard_round_s(stack), "the canary passing again")
+
+
+def test_a_wedged_engine_is_caught_by_the_deadline(cluster, stack, fresh_guard, report):
+    since = time.time()
+    set_knob(cluster, "vllm-fault", "hang")  # requests accepted, streams stop after one chunk, /health 200
+    wait_for(lambda: serving_events(cluster, HEAD, since, "restart"), 3 * guard_round_s(stack),
+             "the guard restarting the wedged engine")
+    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the wedge")
+    report["wedge_to_serving_s"] = round(time.time() - since, 1)
+    log = tail(cluster, HEAD, GUARD_LOG)
+    assert "stalled" in log or "still running after" in log, log
+
+
+def restart_head_engine(cluster, stack, outputs) -> None:
+    """`docker restart` by hand (a knob read at start takes effect), then serving again."""
+    since = time.time()
+    cluster.ssh(HEAD, f"docker restart {SERVING}")
+    wait_for(lambda: serving_events(cluster, HEAD, since, "start"), 60, "the head's engine starting again")
+    wait_for(lambda: serves(outputs), readiness_s(stack), "serving after the engine's restart")
+
+
+def stream_to_the_end(outputs, tokens: int) -> bool:
+    """One streamed completion through the gateway, read to its [DONE]."""
+    body = ""
+    with httpx.stream("POST", f"{outputs['endpoint']}/completions", timeout=180,
+                      headers={"Authorization": f"Bearer {outputs['apiKey']}"},
+                      json={"model": outputs["model"], "prompt": "a long story", "max_tokens": tokens,
+                            "stream": True}) as answer:
+        if answer.status_code != 200:
+            return False
+        for text in answer.iter_text():
+            body += text
+    return body.rstrip().endswith("[DONE]")
+
+
+def test_a_saturated_engine_serves_its_streams_to_the_end_with_the_guard_on(cluster, stack, fresh_guard, report):
+    """Issue 21 item 1: every decode slot busy for longer than the canary's deadline and interval:
+    the canary queues behind the streams round after round, but tokens flow, so the guard
+    restarts nothing and every stream ends."""
+    seqs, tok_s = int(flag(vllm_argv(cluster), "--max-num-seqs")), 10  # every decode slot of the profile
+    guard = serving_settings(stack)["guard"]
+    # each stream outlasts two rounds, each late by its deadline: the canary finds every slot taken
+    tokens = int(2 * (guard["intervalSeconds"] + guard["deadlineSeconds"]) * tok_s)
+    set_knob(cluster, "vllm-load", f"{seqs} {tok_s}")
+    try:
+        restart_head_engine(cluster, stack, fresh_guard)
+        wait_for(lambda: guard_verdict(cluster).get("ok") is True, 2 * guard_round_s(stack), "a round on the loaded engine")
+        since, results = time.time(), []
+        threads = [threading.Thread(target=lambda: results.append(stream_to_the_end(fresh_guard, tokens)))
+                   for _ in range(seqs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        log = tail(cluster, HEAD, GUARD_LOG)
+        report["saturated_streams_s"] = round(time.time() - since, 1)
+        report["saturated_streams_completed"] = sum(results)
+        report["saturated_rounds_seen_busy"] = log.count("busy, not wedged")
+        report["saturated_guard_restarts"] = len(serving_events(cluster, HEAD, since, "restart"))
+        assert results == [True] * seqs, (results, log)
+        assert "busy, not wedged" in log, log
+        assert serving_events(cluster, HEAD, since, "die") == [], log
+    finally:
+        cluster.ssh(HEAD, f"docker exec {SERVING} rm -f {KNOBS}/vllm-load")
+        restart_head_engine(cluster, stack, fresh_guard)
+
+
+def run_ops(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ops", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def wide_restart_window(stack):
+    """The guard counting over 10 minutes, long enough for a crash loop's restarts on a loaded
+    machine (each one a head start and a worker rejoin): a guard setting's `pulumi up`."""
+    window = serving_settings(stack)["guard"]["restartWindowMinutes"]
+    stack.set_config("serving.guard.restartWindowMinutes", "10")
+    stack.up()
+    yield 10 * 60
+    stack.set_config("serving.guard.restartWindowMinutes", str(window))
+    stack.up()
+
+
+def test_a_crash_loop_is_held_until_cleared(cluster, stack, wide_restart_window, fresh_guard, operator_home, report):
+    limit = serving_settings(stack)["guard"]["restartLimit"]
+    since = time.time()
+    set_knob(cluster, "vllm-fail-starts", str(limit + 2))
+    cluster.ssh(HEAD, f"docker restart {SERVING}")  # the engine now dies at every start
+    wait_for(lambda: guard_verdict(cluster).get("hold"), wide_restart_window, "the guard holding serving")
+    policy_starts = len(serving_events(cluster, HEAD, since, "start")) - 1  # less the hand restart's
+    report["crash_loop_restarts_before_hold"] = policy_starts
+    report["crash_loop_to_hold_s"] = round(time.time() - since, 1)
+    hold = guard_verdict(cluster)["hold"]
+    assert f"restart loop: {limit} serving restarts in 10 min (limit {limit})" in hold["reason"], hold
+    assert "reboot sim1 and sim2" in hold["reason"], hold
+    time.sleep(2 * serving_settings(stack)["guard"]["intervalSeconds"])  # held: docker restarts it no more
+    assert len(serving_events(cluster, HEAD, since, "start")) - 1 == policy_starts
+    # the next readiness wait fails at once with the reason
+    started = time.monotonic()
+    with pytest.raises(AssertionError) as refused:
+        stack.up("--replace", urn_of(stack, "sim1-readiness-wait"))
+    report["held_readiness_refused_s"] = round(time.monotonic() - started, 1)
+    assert "serving is held: restart loop" in str(refused.value), refused.value
+    # ops status names it; ops clear-hold lets the engine try again (its last bad start, then it serves)
+    outputs_file = operator_home / "outputs.json"
+    outputs_file.write_text(json.dumps(stack.outputs()))
+    access = ["--outputs-file", str(outputs_file), "--ssh-key", str(cluster.key),
+              "--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null"]
+    held = run_ops("status", "--json", *access)
+    assert held.returncode == 1, held.stdout + held.stderr
+    assert any("sim1: serving held: restart loop" in p for p in json.loads(held.stdout)["problems"]), held.stdout
+    cleared = run_ops("clear-hold", *access)
+    assert cleared.returncode == 0, cleared.stdout + cleared.stderr
+    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after clear-hold")
+    left = cluster.ssh(HEAD, f"docker exec {SERVING} cat {KNOBS}/vllm-fail-starts").stdout.strip()
+    assert left == "0", left
+    stack.up()  # the readiness wait the held up could not finish
+    assert set(stack.up().summary) == {"same"}
