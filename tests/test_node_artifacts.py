@@ -458,7 +458,7 @@ def test_shape_check_fails_a_third_node_the_heads_cannot_split_over(tmp_path):
     assert proc.returncode == 1, proc.stdout
     assert "FAIL attention heads: 64 not divisible by TP 3 (the node count)" in proc.stdout, proc.stdout
     assert "FAIL KV heads: 8 neither divisible by TP 3 nor a divisor of it" in proc.stdout, proc.stdout
-    assert "cannot run tensor-parallel over these 3 nodes" in proc.stderr, proc.stderr
+    assert "cannot run over these 3 nodes at TP 3 × PP 1" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("config, tp, line", [
