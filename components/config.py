@@ -834,7 +834,7 @@ class StackConfig(Contract):
                 "above all) and its baseline are unproven at this layout; vLLM refuses at load what it cannot run")
 
     def _nodes_the_recipe_supports(self) -> None:
-        """As many nodes as the recipe was proven on: TP spans them all (tensor_parallel_size)."""
+        """As many nodes as the recipe was proven on: TP × PP spans them all (world_size)."""
         recipe = self.serving.recipe_spec
         if not recipe.nodes.min <= len(self.nodes) <= recipe.nodes.max:
             span = (f"{recipe.nodes.min}" if recipe.nodes.min == recipe.nodes.max

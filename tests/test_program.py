@@ -669,7 +669,8 @@ def test_three_nodes(program, recipe_config):
     for step in ("spark1-weights-shape-check", "spark1-weights-fetch"):  # before the download and after it
         shape = runner_call(run.named(step)).args
         assert (flag_value(shape, "--tensor-parallel-size"), flag_value(shape, "--pipeline-parallel-size")) == ("1", "3")
-    assert flag_values(shape, "--peer") == ["spark2=nvidia@10.0.0.2", "spark3=nvidia@10.0.0.3"]
+    peers = flag_values(args_of(run, "spark1-weights-shape-check"), "--peer")
+    assert peers == ["spark2=nvidia@10.0.0.2", "spark3=nvidia@10.0.0.3"]
     argv = launch_argv(run)
     assert (flag_value(argv, "--tensor-parallel-size"), flag_value(argv, "--pipeline-parallel-size")) == ("1", "3")
     description = json.loads(run.outputs["codexModelCatalog"]["value"])["models"][0]["description"]
