@@ -9,7 +9,8 @@
 #   HF_TOKEN=... fetch-weights.sh download --repo deepseek-ai/DeepSeek-V4-Flash-0731 --revision SHA \
 #       --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 --image ghcr.io/anemll/dspark-vllm-gx10:0.1.1 \
 #       --manifest .twinspark-manifest --record .twinspark-verified --node spark1 \
-#       --tensor-parallel-size 2 [--pipeline-parallel-size 1] --gpu-memory-utilization 0.85 [--kv-cache-dtype fp8_ds_mla \
+#       --tensor-parallel-size 2 [--pipeline-parallel-size 3] --gpu-memory-utilization 0.85 \
+#       [--kv-cache-dtype fp8_ds_mla \
 #       --max-model-len 1048576 --kv-bytes-per-token 8206 --overhead-gib 4.5]   < weights.py
 #
 # resolve prints the commit the hub serves for --revision (empty: the default branch's head)
@@ -132,7 +133,8 @@ download() {
   parse_flags --repo=repo --revision=revision --dir=dir --image=image --manifest=manifest --record=record \
     --cgroup-parent=cgroup_parent --hub-endpoint=hub_endpoint \
     --node=node --timeout-hours=timeout_h --tensor-parallel-size=tp --pipeline-parallel-size=pp \
-    --gpu-memory-utilization=utilization --kv-cache-dtype=kv_dtype --max-model-len=max_len --kv-bytes-per-token=kv_bytes --overhead-gib=overhead -- "$@"
+    --gpu-memory-utilization=utilization --kv-cache-dtype=kv_dtype --max-model-len=max_len \
+    --kv-bytes-per-token=kv_bytes --overhead-gib=overhead -- "$@"
   require_flags --repo --revision --dir --image --manifest --record --node --tensor-parallel-size \
     --gpu-memory-utilization
   check_hub_endpoint

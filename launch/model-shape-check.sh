@@ -2,7 +2,7 @@
 # model-shape-check.sh — can the fetched model run over these nodes at the stack's TP x PP?
 #
 #   model-shape-check.sh --node spark1 --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 \
-#       --manifest .twinspark-manifest --tensor-parallel-size 2 [--pipeline-parallel-size 1] \
+#       --manifest .twinspark-manifest --tensor-parallel-size 2 [--pipeline-parallel-size 3] \
 #       --gpu-memory-utilization 0.85 \
 #       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts \
 #       --peer spark2=nvidia@10.0.0.2   < weights.py

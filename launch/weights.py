@@ -204,7 +204,8 @@ def memory_line(weights: int, tp: int, utilization: float, memory_kb: dict[str, 
     usable = utilization * kb * 1024
     if per_node > usable:
         return (f"FAIL weights: {gib(weights)} of safetensors need {gib(per_node)} per node over "
-                f"{layout_words(tp, pp)}, but {utilization:g} × {name}'s MemTotal {gib(kb * 1024)} leaves {gib(usable)}")
+                f"{layout_words(tp, pp)}, but {utilization:g} × {name}'s MemTotal {gib(kb * 1024)} leaves "
+                f"{gib(usable)}")
     every = ", ".join(f"{node} {gib(total * 1024)}" for node, total in memory_kb.items())
     return (f"ok   weights: {gib(weights)} of safetensors, {gib(per_node)} per node over {layout_words(tp, pp)}, "
             f"within {utilization:g} × MemTotal on every node ({every})")
@@ -230,11 +231,12 @@ def kv_layers(shape: dict, pp: int) -> int:
     """The layers keeping a per-token KV on the rank with the most of them: each PP stage caches
     its own layers' KV only, and vLLM sizes every rank's cache in blocks the smallest pool holds."""
     types = shape.get("layer_types")
-    stages = stage_layers(shape, pp)
     if isinstance(types, list):  # hybrid models: only full-attention layers keep a per-token KV
-        return max(sum(1 for i in stage if i < len(types) and types[i] in ("full_attention", "attention"))
-                   for stage in stages)
-    return max(len(stage) for stage in stages)
+        keeps = [t in ("full_attention", "attention") for t in types]
+        if pp == 1:
+            return sum(keeps)
+        return max(sum(keeps[i] for i in stage if i < len(keeps)) for stage in stage_layers(shape, pp))
+    return max(len(stage) for stage in stage_layers(shape, pp))
 
 
 def stage_kv_share(config: dict, pp: int) -> float:
