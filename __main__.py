@@ -26,8 +26,9 @@ from components.ssh_access import resolve_ssh_access
 
 require_engine_support()
 cfg = load_stack_config()
-if cfg.recipe_repo_warning:  # another model under this recipe's flags: allowed, said out loud
-    pulumi.log.warn(cfg.recipe_repo_warning)
+for warning in (cfg.recipe_repo_warning, cfg.parallelism_warning):  # allowed, said out loud
+    if warning:
+        pulumi.log.warn(warning)
 addresses = resolve_node_addresses(cfg.nodes)  # names, for the firewall: resolved before any resource
 ssh = resolve_ssh_access(cfg)  # key, agent, host keys: checked before any resource exists
 secrets = load_secrets()
@@ -87,6 +88,7 @@ weights = ModelWeights(
         workers=[access[w.name] for w in cfg.workers],
         hf_token=hf_token,
         tensor_parallel_size=cfg.tensor_parallel_size,
+        pipeline_parallel_size=cfg.pipeline_parallel_size,
         gpu_memory_utilization=cfg.serving.gpu_memory_utilization,
         sync_secret=weights_sync_secret,
         hub_endpoint=cfg.model.hub_endpoint,
@@ -133,7 +135,8 @@ platform = PlatformFacts(
     ),
 )
 gated_image = {n.name: platform.gated(images[n.name].image_id) for n in cfg.nodes}
-vllm = VllmServe(serving=cfg.serving, model=cfg.model, tensor_parallel_size=cfg.tensor_parallel_size)
+vllm = VllmServe(serving=cfg.serving, model=cfg.model, tensor_parallel_size=cfg.tensor_parallel_size,
+                 pipeline_parallel_size=cfg.pipeline_parallel_size)
 bundles = {
     n.name: LaunchBundle(
         f"{n.name}-bundle",

@@ -85,8 +85,7 @@ def render_codex_model_catalog(cfg: StackConfig) -> str:
     entry = {
         "slug": name,
         "display_name": f"{name} (twinspark)",
-        "description": f"{cfg.model.repo} served by vLLM on twinspark, tensor parallel over "
-        f"{cfg.tensor_parallel_size} DGX Sparks",
+        "description": f"{cfg.model.repo} served by vLLM on twinspark, {cfg.parallelism_in_words}",
         "default_reasoning_level": cfg.serving.recipe_spec.client.default_reasoning_level,
         "supported_reasoning_levels": [
             {"effort": "low", "description": "Fast responses with lighter reasoning"},

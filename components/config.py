@@ -10,6 +10,8 @@ firewall's addresses). Nothing here touches a node.
 from __future__ import annotations
 
 import difflib
+import functools
+import importlib.util
 import ipaddress
 import math
 import re
@@ -57,16 +59,15 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
     "--max-model-len": "set serving.maxModelLen",
     "--gpu-memory-utilization": "set serving.gpuMemoryUtilization",
     "--kv-cache-dtype": "set serving.kvCacheDtype",
-    "--tensor-parallel-size": "TP spans every node: change the node list",
-    "--pipeline-parallel-size": "pipeline parallelism is not a supported setting yet: TP spans every node, one GPU "
-    "each, and TP×PP ranks would need more GPUs than the nodes have",
+    "--tensor-parallel-size": "set serving.tensorParallel (tensorParallel × pipelineParallel = the node count)",
+    "--pipeline-parallel-size": "set serving.pipelineParallel (tensorParallel × pipelineParallel = the node count)",
     "--distributed-executor-backend": "multi-node TP runs on Ray",
     "--api-key": "set twinspark:apiKey, a secret; as a flag it would show in argv and state",
     "--config": "it reads more flags from a file, where twinspark cannot check them; list them in serving.extraArgs",
     # what would blind the monitoring and the guard, which read vLLM's /metrics
     "--disable-log-stats": "it removes every vllm:* metric, which the dashboards, the alerts and the serving "
     "guard's wedge check read",
-    "--data-parallel-size": "data parallelism is not a supported setting: TP spans every node, and more than one "
+    "--data-parallel-size": "data parallelism is not a supported setting: TP × PP spans every node, and more than one "
     "engine puts vLLM's metrics in multiprocess mode, where the restart alert's series is missing",
     "--api-server-count": "more than one API server puts vLLM's metrics in multiprocess mode, where the restart "
     "alert's series (process_start_time_seconds) is missing",
@@ -495,6 +496,16 @@ class Serving(Contract):
         default="linux/arm64",
         description="the platform the serving image is built for and every image is pulled for: `linux/arm64` "
         "(a DGX Spark) or `linux/amd64` (the simulator)")
+    # unset: the node count ÷ pipelineParallel (StackConfig.tensor_parallel_size)
+    tensor_parallel: Optional[Integer] = Field(
+        default=None, ge=1,
+        description="`--tensor-parallel-size`: nodes in each pipeline stage, splitting every layer's heads; "
+        "tensorParallel × pipelineParallel must equal the node count (one GPU per Spark)")
+    pipeline_parallel: Integer = Field(
+        default=1, ge=1,
+        description="`--pipeline-parallel-size`: stages the layers are split over (`--pipeline-parallel-size` is "
+        "passed only above 1); what 3 nodes need for a model TP=3 cannot split (the config check lists the layouts "
+        "that work)")
     readiness_timeout_minutes: Integer = Field(
         default=20, ge=1, le=240, description="how long `pulumi up` waits for the endpoint to answer")
     gpu_clock_cap_mhz: Optional[Integer] = Field(
@@ -704,8 +715,24 @@ class StackConfig(Contract):
         return [n for n in self.nodes if n.role == "worker"]
 
     @property
+    def world_size(self) -> int:
+        return len(self.nodes)  # one GB10 GPU per Spark: one rank each
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return self.serving.pipeline_parallel
+
+    @property
     def tensor_parallel_size(self) -> int:
-        return len(self.nodes)  # one GB10 GPU per Spark
+        """serving.tensorParallel, or unset the node count ÷ PP (the node count without PP)."""
+        return self.serving.tensor_parallel or self.world_size // self.pipeline_parallel_size
+
+    @property
+    def parallelism_in_words(self) -> str:
+        tp, pp, n = self.tensor_parallel_size, self.pipeline_parallel_size, self.world_size
+        if pp == 1:
+            return f"tensor parallel over {n} DGX Sparks"
+        return f"{'' if tp == 1 else f'tensor parallel {tp} × '}pipeline parallel {pp} over {n} DGX Sparks"
 
     @property
     def head_public_ports_by_key(self) -> dict[str, int]:
@@ -753,10 +780,61 @@ class StackConfig(Contract):
                 "0 on a single-node stack (NcclCheck measures the cable between nodes; alone, it can never pass)")
         self._configured_ports_apart()
         self._nodes_the_recipe_supports()
+        self._parallelism_spans_the_nodes()
+        self._layout_splits_the_model()
         return self
 
+    def _parallelism_spans_the_nodes(self) -> None:
+        """One rank per node: TP × PP = the node count, or a rank has no GPU (or a GPU no rank)."""
+        n, pp, tp_set = self.world_size, self.pipeline_parallel_size, self.serving.tensor_parallel
+        rules = shape_rules()
+        layouts = " or ".join(rules.layout_option(t, p) for t, p in rules.layouts_of(n))
+        if tp_set is None and n % pp:
+            raise _CrossFieldError("serving.pipelineParallel", pp,
+                                   f"a pipelineParallel that divides the node count {n} (tensorParallel, unset, is "
+                                   f"the node count ÷ pipelineParallel): with {n} nodes set {layouts}")
+        if self.tensor_parallel_size * pp != n:
+            key = "serving.tensorParallel" if "pipeline_parallel" not in self.serving.model_fields_set \
+                else "serving.pipelineParallel"
+            raise _CrossFieldError(key, f"tensorParallel {tp_set} × pipelineParallel {pp} = {tp_set * pp} ranks on "
+                                   f"{n} nodes",
+                                   f"tensorParallel × pipelineParallel = {n}, the node count (one rank on each "
+                                   f"node's GPU): with {n} nodes set {layouts}")
+
+    def _layout_splits_the_model(self) -> None:
+        """Where the recipe records its model's shape, a TP × PP it cannot split stops here,
+        before any resource, with the layouts that work (the rules: launch/weights.py's)."""
+        recipe = self.serving.recipe_spec
+        if recipe.shape is None or self.model.repo != recipe.repo:  # another model: judged after the pin
+            return
+        shape, tp, pp = recipe.shape.as_config_json(), self.tensor_parallel_size, self.pipeline_parallel_size
+        rules = shape_rules()
+        fails = [line.removeprefix("FAIL ") for line in rules.head_lines(shape, tp, pp) if line.startswith("FAIL")]
+        if not fails:
+            return
+        works = [rules.layout_option(t, p) for t, p in rules.workable_layouts(shape, self.world_size)]
+        key = "serving.pipelineParallel" if all(f.startswith("hidden layers") for f in fails) else \
+            "serving.tensorParallel"
+        advice = (f"with {self.world_size} nodes set {' or '.join(works)}" if works else
+                  f"no TP × PP of {self.world_size} nodes splits it: another node count")
+        figures = (f"{recipe.shape.attention_heads} attention heads, {recipe.shape.kv_heads or 'one per head'} KV "
+                   f"heads{', latent' if recipe.shape.kv_lora_rank else ''}, {recipe.shape.hidden_layers} layers")
+        raise _CrossFieldError(key, f"TP={tp} × PP={pp} on {self.world_size} nodes: " + "; ".join(fails),
+                               f"a layout model {recipe.repo} splits over (recipe {recipe.name}'s shape: {figures}): "
+                               f"{advice}")
+
+    @property
+    def parallelism_warning(self) -> Optional[str]:
+        """PP on a recipe proven without it: allowed (it is what 3 nodes may need), said out loud."""
+        recipe = self.serving.recipe_spec
+        if self.pipeline_parallel_size == 1 or "pp" in recipe.parallelism:
+            return None
+        return (f"serving.pipelineParallel {self.pipeline_parallel_size}: recipe {recipe.name} was proven with "
+                f"{', '.join(recipe.parallelism)} only, not pipeline parallelism: its flags (speculative decoding "
+                "above all) and its baseline are unproven at this layout; vLLM refuses at load what it cannot run")
+
     def _nodes_the_recipe_supports(self) -> None:
-        """As many nodes as the recipe was proven on: TP spans them all (tensor_parallel_size)."""
+        """As many nodes as the recipe was proven on: TP × PP spans them all (world_size)."""
         recipe = self.serving.recipe_spec
         if not recipe.nodes.min <= len(self.nodes) <= recipe.nodes.max:
             span = (f"{recipe.nodes.min}" if recipe.nodes.min == recipe.nodes.max
@@ -844,6 +922,16 @@ class StackConfig(Contract):
                             path, rail.address,
                             f"a subnet apart from the LAN, without nodes[{j}].host {host} (SSH and the API would "
                             "be routed over the cable)")
+
+
+@functools.cache
+def shape_rules():
+    """launch/weights.py, whose shape rules the node runs (stdlib only): one copy of vLLM's rules."""
+    path = Path(__file__).resolve().parent.parent / "launch" / "weights.py"
+    spec = importlib.util.spec_from_file_location("twinspark_weights_program", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class _CrossFieldError(ValueError):
@@ -987,6 +1075,8 @@ def _checked_secrets(config: pulumi.Config) -> dict[str, Optional[str]]:
 
 # Keys whose unset value is the chosen recipe's (Serving._recipe_values)
 RECIPE_KEYS = ("serving.maxModelLen", "serving.gpuMemoryUtilization", "serving.kvCacheDtype")
+# Keys whose unset value follows from others (StackConfig)
+DERIVED_DEFAULTS = {"serving.tensorParallel": "node count ÷ `pipelineParallel`"}
 
 
 def parameter_table() -> str:
@@ -1009,6 +1099,8 @@ def parameter_table() -> str:
                 value = field.get_default(call_default_factory=True)
                 if key in RECIPE_KEYS:
                     default = "the recipe's"
+                elif key in DERIVED_DEFAULTS:
+                    default = DERIVED_DEFAULTS[key]
                 else:
                     default = "none" if value is None else f"`{str(value).lower() if isinstance(value, bool) else value}`"
             rows.append(f"| `{key}` | {default} | {field.description} |")

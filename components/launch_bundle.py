@@ -43,6 +43,7 @@ class VllmServe:
     serving: Serving
     model: ModelConfig
     tensor_parallel_size: int
+    pipeline_parallel_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ def vllm_serve_args(vllm: VllmServe) -> list[list[str]]:
         # a Unix socket only the API gateway opens (api-gateway.conf): it listens on serving.port
         ["--uds", contract.VLLM_SOCKET],
         ["--tensor-parallel-size", str(vllm.tensor_parallel_size)],
+        # only where PP is used: a stack without it keeps the recipe's argv (§4) and its launch file
+        *([["--pipeline-parallel-size", str(vllm.pipeline_parallel_size)]] if vllm.pipeline_parallel_size > 1 else []),
         ["--distributed-executor-backend", "ray"],
         *serve_lines(s.recipe_spec, s.profile, kv_cache_dtype=s.kv_cache_dtype, max_model_len=s.max_model_len,
                      gpu_memory_utilization=s.gpu_memory_utilization),

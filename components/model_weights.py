@@ -13,7 +13,7 @@ Creates:
   read) and `{worker}-weights-authorize` (launch/authorize-key.sh: that key, restricted to
   the head's rail address, in the worker's authorized_keys);
 - on the head: `{head}-weights-shape-check` (launch/model-shape-check.sh: config.json's heads
-  must split over the nodes and the weights and one sequence of maxModelLen fit
+  must split over TP, its layers over PP, and the weights and one sequence of maxModelLen fit
   gpuMemoryUtilization x each node's MemTotal, read over the rail), so a model that cannot
   load stops `pulumi up` before the copy;
 - per worker: `{worker}-weights-sync` (launch/sync-weights.sh on the head: rsync daemons on
@@ -78,6 +78,7 @@ class ModelWeightsArgs:
     sync_secret: pulumi.Input[str]  # per stack: the workers' rsync daemons admit only the head
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT  # model.hubEndpoint
     memory_fit: Sequence[str] = ()  # the shape check's memory-fit flags (memory_fit_args)
+    pipeline_parallel_size: int = 1
 
 
 def hub_args(args: ModelWeightsArgs) -> list[str]:
@@ -94,7 +95,9 @@ def shape_args(args: ModelWeightsArgs) -> list[str]:
     """What the shape check judges, before the download (the fetch) and after it: one list for both.
     In the fetch's command line, so a new maxModelLen re-runs it: with the weights verified
     that is one stat of each file, no download and no hub call (fetch-weights.sh)."""
-    return ["--tensor-parallel-size", str(args.tensor_parallel_size),
+    # PP only where it is used: a stack without it keeps its command lines (no update on upgrade)
+    pipeline = ["--pipeline-parallel-size", str(args.pipeline_parallel_size)] if args.pipeline_parallel_size > 1 else []
+    return ["--tensor-parallel-size", str(args.tensor_parallel_size), *pipeline,
             "--gpu-memory-utilization", f"{args.gpu_memory_utilization:g}", *args.memory_fit]
 
 

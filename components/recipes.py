@@ -119,6 +119,24 @@ class MemoryFacts(_Data):
     overhead_source: str = ""
 
 
+class ModelShape(_Data):
+    """What the layout check needs of the model's config.json, known before anything is downloaded:
+    stack config validation refuses a TP × PP the model cannot split (the shape check after the
+    pin judges the real config.json again)."""
+
+    attention_heads: int = Field(gt=0, description="config.json num_attention_heads")
+    kv_heads: Optional[int] = Field(default=None, gt=0, description="num_key_value_heads; none: one per head")
+    kv_lora_rank: Optional[int] = Field(default=None, gt=0, description="MLA's latent KV rank, where it has one")
+    hidden_layers: int = Field(gt=0, description="num_hidden_layers")
+    source: str = Field(description="where the figures come from")
+
+    def as_config_json(self) -> dict[str, int]:
+        """The figures under config.json's own names, as launch/weights.py's rules read them."""
+        names = {"num_attention_heads": self.attention_heads, "num_key_value_heads": self.kv_heads,
+                 "kv_lora_rank": self.kv_lora_rank, "num_hidden_layers": self.hidden_layers}
+        return {name: value for name, value in names.items() if value is not None}
+
+
 class Recipe(_Data):
     name: str
     description: str
@@ -130,7 +148,8 @@ class Recipe(_Data):
     image: str = Field(description="the serving image the recipe was proven on")
     vllm_version: str = Field(description="the vLLM in that image (the names are checked against it)")
     nodes: Nodes
-    parallelism: list[str] = Field(min_length=1)
+    parallelism: list[str] = Field(min_length=1, description="what it was proven with: tp, pp (pipeline), dcp, ...; "
+                                   "a stack with serving.pipelineParallel over 1 on a recipe without pp is warned")
     vllm: VllmFlags
     env: dict[str, str] = Field(default_factory=dict)
     profiles: dict[str, Profile] = Field(min_length=1)
@@ -144,6 +163,8 @@ class Recipe(_Data):
         "by hand and compare with the recipe's baseline (`python -m ops bench --compare recipe`).",
         description="the acceptance-collapse alert's advice, where the recipe speculates")
     memory: MemoryFacts = Field(default_factory=MemoryFacts)
+    shape: Optional[ModelShape] = Field(
+        default=None, description="the model's heads and layers; none: TP × PP is judged only after the download")
     baseline: Baseline
     notes: str = ""
 

@@ -9,7 +9,8 @@
 #   HF_TOKEN=... fetch-weights.sh download --repo deepseek-ai/DeepSeek-V4-Flash-0731 --revision SHA \
 #       --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 --image ghcr.io/anemll/dspark-vllm-gx10:0.1.1 \
 #       --manifest .twinspark-manifest --record .twinspark-verified --node spark1 \
-#       --tensor-parallel-size 2 --gpu-memory-utilization 0.85 [--kv-cache-dtype fp8_ds_mla \
+#       --tensor-parallel-size 2 [--pipeline-parallel-size 3] --gpu-memory-utilization 0.85 \
+#       [--kv-cache-dtype fp8_ds_mla \
 #       --max-model-len 1048576 --kv-bytes-per-token 8206 --overhead-gib 4.5]   < weights.py
 #
 # resolve prints the commit the hub serves for --revision (empty: the default branch's head)
@@ -19,7 +20,7 @@
 # next resolve ask again. The step's output is the stack's record of the revision.
 # download first runs the shape check (weights.py hub-shape-check) on what the hub lists for
 # the commit, its config.json and this node's MemTotal, and stops before any weight is
-# downloaded when the model cannot run tensor-parallel over the nodes or one sequence of
+# downloaded when the model cannot run over the nodes at TP x PP or one sequence of
 # --max-model-len does not fit. Then it resumes a partial download of exactly that commit,
 # and weights.py `pin` checks every file (sha256 of the LFS files, git blob id of the others)
 # and writes DIR/MANIFEST (revision, size and sha256 per file) and this node's record of what
@@ -37,7 +38,7 @@ set -euo pipefail
 
 repo="" revision="" dir="" image="" manifest="" record="" node="" owner="" timeout_h=8
 program="" cgroup_parent="" hub_endpoint=""
-tp="" utilization="" kv_dtype="" max_len="" kv_bytes="" overhead=""  # the shape check's (model-shape-check.sh)
+tp="" pp=1 utilization="" kv_dtype="" max_len="" kv_bytes="" overhead=""  # the shape check's (model-shape-check.sh)
 HUB_LISTING=.twinspark-hub.json  # what the hub published for the revision (weights.py hub-download)
 
 # in_image ARGS...: weights.py ARGS inside the serving base image, DIR mounted at /weights
@@ -84,8 +85,9 @@ fits_before_download() {
   local dir="" memtotal_kb report status=0
   memtotal_kb=$(awk '$1 == "MemTotal:" {print $2; exit}' /proc/meminfo)
   report=$(in_image hub-shape-check --repo "$repo" --revision "$revision" --memory-kb "$node=$memtotal_kb" \
-    --tensor-parallel-size "$tp" --gpu-memory-utilization "$utilization" --kv-cache-dtype "$kv_dtype" \
-    --max-model-len "$max_len" --kv-bytes-per-token "$kv_bytes" --overhead-gib "$overhead") || status=$?
+    --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" --gpu-memory-utilization "$utilization" \
+    --kv-cache-dtype "$kv_dtype" --max-model-len "$max_len" --kv-bytes-per-token "$kv_bytes" \
+    --overhead-gib "$overhead") || status=$?
   [ -n "$report" ] || die "the hub did not answer the shape check of $repo@$revision (see the client's error above): nothing downloaded"
   while IFS= read -r line; do [ -z "$line" ] || log "$line"; done <<<"$report"
   return "$status"
@@ -130,8 +132,9 @@ forget() {
 download() {
   parse_flags --repo=repo --revision=revision --dir=dir --image=image --manifest=manifest --record=record \
     --cgroup-parent=cgroup_parent --hub-endpoint=hub_endpoint \
-    --node=node --timeout-hours=timeout_h --tensor-parallel-size=tp --gpu-memory-utilization=utilization \
-    --kv-cache-dtype=kv_dtype --max-model-len=max_len --kv-bytes-per-token=kv_bytes --overhead-gib=overhead -- "$@"
+    --node=node --timeout-hours=timeout_h --tensor-parallel-size=tp --pipeline-parallel-size=pp \
+    --gpu-memory-utilization=utilization --kv-cache-dtype=kv_dtype --max-model-len=max_len \
+    --kv-bytes-per-token=kv_bytes --overhead-gib=overhead -- "$@"
   require_flags --repo --revision --dir --image --manifest --record --node --tensor-parallel-size \
     --gpu-memory-utilization
   check_hub_endpoint
@@ -144,7 +147,7 @@ download() {
     log "complete: $dir holds $repo@$revision ($(grep -c '"sha256"' "$dir/$manifest") files, verified), nothing to download"
     return 0
   fi
-  fits_before_download || die "$repo@$revision cannot run tensor-parallel over these $tp nodes (see the FAIL lines): nothing downloaded"
+  fits_before_download || die "$repo@$revision cannot run over these $((tp * pp)) nodes at TP $tp × PP $pp (see the FAIL lines): nothing downloaded"
   [ -z "$held" ] || [ "$held" = "$revision" ] || log "$dir holds revision $held; this stack pins $revision: updating"
   rm -f "${dir:?}/$manifest"  # complete again only once the new download is pinned
   download_and_pin || { log "some files did not match the hub and were removed: downloading them again"; download_and_pin; } \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# model-shape-check.sh — can the fetched model run tensor-parallel over these nodes?
+# model-shape-check.sh — can the fetched model run over these nodes at the stack's TP x PP?
 #
 #   model-shape-check.sh --node spark1 --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 \
-#       --manifest .twinspark-manifest --tensor-parallel-size 2 --gpu-memory-utilization 0.85 \
+#       --manifest .twinspark-manifest --tensor-parallel-size 2 [--pipeline-parallel-size 3] \
+#       --gpu-memory-utilization 0.85 \
 #       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts \
 #       --peer spark2=nvidia@10.0.0.2   < weights.py
 #
@@ -16,7 +17,7 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
-node="" dir="" manifest="" tp="" utilization="" key="" known_hosts="" program=""
+node="" dir="" manifest="" tp="" pp=1 utilization="" key="" known_hosts="" program=""
 kv_dtype="" max_len="" kv_bytes="" overhead=""  # the memory fit's: passed on, empty where not set
 peers=()
 
@@ -31,7 +32,7 @@ peer_memtotal_kb() {
 
 main() {
   parse_flags --node=node --dir=dir --manifest=manifest --tensor-parallel-size=tp \
-    --gpu-memory-utilization=utilization --key=key --known-hosts=known_hosts --peer=peers[] \
+    --pipeline-parallel-size=pp --gpu-memory-utilization=utilization --key=key --known-hosts=known_hosts --peer=peers[] \
     --kv-cache-dtype=kv_dtype --max-model-len=max_len --kv-bytes-per-token=kv_bytes \
     --overhead-gib=overhead -- "$@"
   require_flags --node --dir --manifest --tensor-parallel-size --gpu-memory-utilization --key --known-hosts
@@ -47,11 +48,12 @@ main() {
   done
   local report status=0
   report=$(python3 "$program" shape-check --config "$dir/config.json" --manifest "$dir/$manifest" \
-    --tensor-parallel-size "$tp" --gpu-memory-utilization "$utilization" "${memory[@]}" --kv-cache-dtype "$kv_dtype" \
+    --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" --gpu-memory-utilization "$utilization" \
+    "${memory[@]}" --kv-cache-dtype "$kv_dtype" \
     --max-model-len "$max_len" --kv-bytes-per-token "$kv_bytes" --overhead-gib "$overhead") || status=$?
   [ -n "$report" ] || die "the check program (weights.py shape-check, on stdin) did not run"
   while IFS= read -r line; do [ -z "$line" ] || log "$line"; done <<<"$report"
-  [ "$status" -eq 0 ] || die "$dir cannot run tensor-parallel over these $tp nodes (see the FAIL lines)"
+  [ "$status" -eq 0 ] || die "$dir cannot run over these $((tp * pp)) nodes at TP $tp × PP $pp (see the FAIL lines)"
 }
 
 main "$@"

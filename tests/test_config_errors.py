@@ -75,7 +75,7 @@ CASES = [
     (("serving", "extraArgs"), ["--api-ke=X"], "twinspark:serving.extraArgs[0]", ["--api-key", "twinspark:apiKey"]),
     (("serving", "extraArgs"), ["--api_key", "X"], "twinspark:serving.extraArgs[0]", ["--api-key"]),
     (("serving", "extraArgs"), ["--enforce-eager", "--tensor-parallel", "1"], "twinspark:serving.extraArgs[1]",
-     ["--tensor-parallel-size", "the node list"]),
+     ["--tensor-parallel-size", "set serving.tensorParallel"]),
     (("serving", "extraArgs"), ["--hos=127.0.0.1"], "twinspark:serving.extraArgs[0]", ["--host"]),
     (("serving", "extraArgs"), ["--gpu-memory-util", "0.5"], "twinspark:serving.extraArgs[0]",
      ["serving.gpuMemoryUtilization"]),
@@ -89,7 +89,7 @@ CASES = [
      ["serving.profile"]),
     (("serving", "extraArgs"), ["--speculative_config", "{}"], "twinspark:serving.extraArgs[0]", ["serving.profile"]),
     (("serving", "extraArgs"), ["-tp", "1"], "twinspark:serving.extraArgs[0]",
-     ["-tp is --tensor-parallel-size", "the node list"]),
+     ["-tp is --tensor-parallel-size", "set serving.tensorParallel"]),
     (("serving", "readinessTimeoutMinutes"), 0, "twinspark:serving.readinessTimeoutMinutes", []),
     (("serving", "image"), "", "twinspark:serving.image", []),
 ]
@@ -156,20 +156,20 @@ def test_every_flag_the_config_sets_is_refused_in_extra_args():
 
     def flags(raw):
         cfg = parse_stack_config(raw)
-        argv = vllm_argv(VllmServe(cfg.serving, cfg.model, cfg.tensor_parallel_size))
+        argv = vllm_argv(VllmServe(cfg.serving, cfg.model, cfg.tensor_parallel_size, cfg.pipeline_parallel_size))
         return {a: argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
                 for i, a in enumerate(argv) if a.startswith("--")}
 
     other = copy.deepcopy(BASE)
     other["nodes"].append({"name": "spark3", "role": "worker", "host": "192.168.1.12", "rails": [
         {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
-        {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"}]})  # TP 3: the recipe's most
+        {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"}]})  # 3: the recipe's most
     other["model"]["servedName"] = "other"
     other["serving"].update(profile="multiagent", port=8001, maxModelLen=4096, gpuMemoryUtilization=0.5,
-                            kvCacheDtype="auto")
+                            kvCacheDtype="auto", pipelineParallel=3)  # TP 1 × PP 3: what 64 heads allow on 3
     before, after = flags(BASE), flags(other)
-    moved = {flag for flag in before if before[flag] != after.get(flag)}
-    assert moved == {"--served-model-name", "--tensor-parallel-size", "--max-model-len",
+    moved = {flag for flag in before.keys() | after.keys() if before.get(flag) != after.get(flag)}
+    assert moved == {"--served-model-name", "--tensor-parallel-size", "--pipeline-parallel-size", "--max-model-len",
                      "--gpu-memory-utilization", "--kv-cache-dtype", "--max-num-seqs", "--speculative-config"}
     assert moved <= set(parse_stack_config(BASE).serving.refused_flags)
 
@@ -539,7 +539,7 @@ def test_a_float_field_takes_finite_numbers_only(path, value):
     assert_refused(cfg, format_key_path(path), ["finite number"])
 
 
-PP = "pipeline parallelism is not a supported setting yet"
+PP = "set serving.pipelineParallel (tensorParallel × pipelineParallel = the node count)"
 
 
 @pytest.mark.parametrize("extra_args, index", [
@@ -633,3 +633,83 @@ def test_the_platform_defaults_to_a_sparks_and_the_sim_sets_its_own():
 
     assert parse_stack_config(copy.deepcopy(BASE)).serving.platform == "linux/arm64"
     assert sim_stack().serving.platform == "linux/amd64"
+
+
+def with_nodes(count):
+    """BASE with spark3, spark4, ... added after its two nodes."""
+    cfg = copy.deepcopy(BASE)
+    for i in range(3, count + 1):
+        cfg["nodes"].append({"name": f"spark{i}", "role": "worker", "host": f"192.168.1.{10 + i}", "rails": [
+            {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": f"10.0.0.{i}/24"},
+            {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": f"10.0.1.{i}/24"}]})
+    return cfg
+
+
+def test_parallelism_defaults_to_tp_over_every_node_without_pp():
+    """Today's behaviour: TP = the node count, PP 1, and no --pipeline-parallel-size in vLLM's argv."""
+    from components.launch_bundle import VllmServe, vllm_argv
+
+    cfg = parse_stack_config(copy.deepcopy(BASE))
+    assert (cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.world_size) == (2, 1, 2)
+    argv = vllm_argv(VllmServe(cfg.serving, cfg.model, cfg.tensor_parallel_size, cfg.pipeline_parallel_size))
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and "--pipeline-parallel-size" not in argv
+    assert cfg.parallelism_warning is None
+
+
+@pytest.mark.parametrize("nodes, serving, key, fragments", [
+    (2, {"tensorParallel": 3}, "twinspark:serving.tensorParallel",
+     ["tensorParallel 3 × pipelineParallel 1 = 3 ranks on 2 nodes", "expected tensorParallel × pipelineParallel = 2",
+      "pipelineParallel: 1 (TP=2) or pipelineParallel: 2 (TP=1)"]),
+    (2, {"tensorParallel": 2, "pipelineParallel": 2}, "twinspark:serving.pipelineParallel",
+     ["tensorParallel 2 × pipelineParallel 2 = 4 ranks on 2 nodes", "= 2, the node count"]),
+    (3, {"pipelineParallel": 2}, "twinspark:serving.pipelineParallel",
+     ["2 — expected a pipelineParallel that divides the node count 3", "pipelineParallel: 3 (TP=1)"]),
+    (2, {"pipelineParallel": 0}, "twinspark:serving.pipelineParallel", ["greater than or equal to 1"]),
+])
+def test_tp_times_pp_other_than_the_node_count_is_refused_with_both_values(nodes, serving, key, fragments):
+    cfg = with_nodes(nodes)
+    cfg["serving"].update(serving)
+    assert_refused(cfg, key, fragments)
+
+
+@pytest.mark.parametrize("serving", [{}, {"tensorParallel": 3}, {"tensorParallel": 3, "pipelineParallel": 1}])
+def test_tp3_for_the_seeds_model_is_refused_with_the_numbers_and_the_layout_that_works(serving):
+    cfg = with_nodes(3)
+    cfg["serving"].update(serving)
+    assert_refused(cfg, "twinspark:serving.tensorParallel",
+                   ["TP=3 × PP=1 on 3 nodes", "attention heads: 64 not divisible by TP 3",
+                    "64 attention heads, 1 KV heads, 43 layers", "with 3 nodes set pipelineParallel: 3 (TP=1)"])
+
+
+def test_pp3_on_three_nodes_serves_the_seeds_model_with_a_warning():
+    from components.launch_bundle import VllmServe, vllm_argv
+
+    cfg = with_nodes(3)
+    cfg["serving"]["pipelineParallel"] = 3
+    stack = parse_stack_config(cfg)
+    assert (stack.tensor_parallel_size, stack.pipeline_parallel_size) == (1, 3)
+    argv = vllm_argv(VllmServe(stack.serving, stack.model, stack.tensor_parallel_size, stack.pipeline_parallel_size))
+    at = argv.index("--tensor-parallel-size")
+    assert argv[at:at + 4] == ["--tensor-parallel-size", "1", "--pipeline-parallel-size", "3"]
+    assert "recipe DeepSeek-V4-Flash-0731 was proven with tp only" in stack.parallelism_warning
+
+
+def test_a_layout_check_needs_the_recipes_own_model():
+    """Another model.repo under the recipe: its shape is not the recipe's, so the shape check after
+    the pin judges it (no refusal here), as for a recipe without a shape."""
+    cfg = with_nodes(3)
+    cfg["model"]["repo"] = "someone/DeepSeek-V4-Flash-finetune"
+    assert parse_stack_config(cfg).tensor_parallel_size == 3
+
+
+def test_layouts_follow_heads_over_tp_and_layers_over_pp():
+    """PP splits layers: a stage without a layer is refused, naming pipelineParallel."""
+    from components import recipes
+    from components.config import shape_rules
+
+    seed = recipes.recipe_named(recipes.DEFAULT_RECIPE).shape.as_config_json()
+    assert shape_rules().workable_layouts(seed, 3) == [(1, 3)]
+    assert shape_rules().workable_layouts(seed, 4) == [(4, 1), (2, 2), (1, 4)]
+    few = {**seed, "num_hidden_layers": 2}
+    assert shape_rules().workable_layouts(few, 3) == []
+    assert "FAIL hidden layers: 2 fewer than PP 3 stages" in shape_rules().head_lines(few, 1, 3)[-1]

@@ -1,7 +1,9 @@
 """The memory-fit estimate before the load (launch/weights.py's shape check), against the seed's own
 load: model 79.2 GiB per node, KV 20.5 (head) + 18.4 GiB -> 2,682,310 tokens (seed §4)."""
 
+import argparse
 import importlib.util
+import math
 
 import pytest
 
@@ -77,3 +79,48 @@ def test_a_shape_that_gives_no_kv_size_skips_the_fit_instead_of_refusing_it(tmp_
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "skip memory fit: config.json gives no KV size per token" in proc.stdout
     assert parse_memory_fit(proc.stdout) == {}
+
+
+def test_pp_divides_the_weights_and_each_stage_caches_its_own_layers_kv():
+    """At TP 1 × PP 3 each node holds a third of the weights and the KV of its stage's layers only;
+    at TP 2 the same figures as without PP (both of these against the node's memory)."""
+    gqa = {"num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64}
+    assert shape_check.kv_bytes_per_token(gqa, 2, "fp8", pp=1) == 36 * 2 * 4 * 64
+    assert shape_check.kv_bytes_per_token(gqa, 1, "fp8", pp=3) == 12 * 2 * 8 * 64
+    hybrid = {**gqa, "num_hidden_layers": 8, "layer_types": ["linear_attention"] * 3 + ["full_attention"]
+              + ["linear_attention"] * 2 + ["full_attention"] * 2}
+    assert shape_check.kv_layers(hybrid, 1) == 3 and shape_check.kv_layers(hybrid, 2) == 2  # stage 2 holds two
+    two = seed_fit()
+    three = shape_check.memory_fit(SEED_WEIGHTS, 1, 0.85, SPARK_MEMTOTAL, math.ceil(8206 * 15 / 43), 4.5 * GIB,
+                                   1048576, pp=3)
+    assert two == shape_check.memory_fit(SEED_WEIGHTS, 2, 0.85, SPARK_MEMTOTAL, 8206, 4.5 * GIB, 1048576, pp=1)
+    assert three["weightsPerNodeGiB"] == round(SEED_WEIGHTS / 3 / GIB, 1) == 51.8
+    assert three["kvGiB"] > two["kvGiB"] and three["kvTokens"] > 3 * two["kvTokens"]
+
+
+def test_the_shape_check_scales_the_recipes_kv_figure_to_the_fullest_stage():
+    """The recipe's 8206 B/token is every layer's, on one node: at PP 3 a node keeps 15 of the 43
+    layers (14/15/14); at TP 2 the check computes what it computed before PP existed. Through
+    shape_lines, with the flags as weights.py parses them from the program's command line."""
+    seed = recipes.recipe_named(recipes.DEFAULT_RECIPE)
+    config = seed.shape.as_config_json()
+    files = {f"model-{i:05d}.safetensors": {"size": SEED_WEIGHTS // 48} for i in range(48)}
+    fit = memory_fit_args(parse_stack_config({k.removeprefix("twinspark:"): v for k, v in stack_config().items()})
+                          .serving)
+    memory = [f"spark{i}={SPARK_MEMTOTAL >> 10}" for i in (1, 2, 3)]
+
+    def lines(tp, pp):
+        parser = argparse.ArgumentParser()
+        shape_check.add_shape_flags(parser)
+        pipeline = ["--pipeline-parallel-size", str(pp)] if pp > 1 else []  # as model_weights.shape_args sends it
+        args = parser.parse_args(["--tensor-parallel-size", str(tp), *pipeline, "--gpu-memory-utilization", "0.85",
+                                  *(a for m in memory[:tp * pp] for a in ("--memory-kb", m)), *fit])
+        return shape_check.shape_lines(config, files, args)
+
+    two_lines, two = lines(2, 1)
+    three_lines, three = lines(1, 3)
+    assert two == seed_fit() and two["kvBytesPerToken"] == 8206, two
+    assert three["kvBytesPerToken"] == math.ceil(8206 * 15 / 43) == 2863, three
+    assert three["weightsPerNodeGiB"] == 51.8 and three["kvTokens"] > 3 * two["kvTokens"], three
+    assert not any(line.startswith("FAIL") for line in two_lines + three_lines), two_lines + three_lines
+    assert "ok   hidden layers: 43 over PP 3, 14/15/14 per stage" in "\n".join(three_lines)

@@ -398,7 +398,7 @@ def local_memtotal_kb():
                 if line.startswith("MemTotal:"))
 
 
-def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, memory_fit=()):
+def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, memory_fit=(), pp=1):
     """model-shape-check exactly as the program sends it, on a generated model directory; the
     peers' /proc/meminfo come from a stand-in `ssh` that records whom it was asked and, like
     the real one, reads its stdin away unless given -n."""
@@ -425,7 +425,7 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, 
         repo="org/model", dir=str(model), downloader_image="img", ssh_user="nvidia",
         head=model_weights.NodeAccess("spark1", None, "10.0.0.1", ["10.0.0.1"]), workers=workers, hf_token=None,
         revision=None, sync_secret="unused",
-        tensor_parallel_size=tp, gpu_memory_utilization=utilization, memory_fit=memory_fit)
+        tensor_parallel_size=tp, gpu_memory_utilization=utilization, memory_fit=memory_fit, pipeline_parallel_size=pp)
     line = script_command(model_weights.SHAPE_SCRIPT, model_weights.shape_check_args(args))
     stdin = script_text(model_weights.SHAPE_SCRIPT) + launch_file(model_weights.WEIGHTS_PROGRAM)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)}
@@ -458,7 +458,42 @@ def test_shape_check_fails_a_third_node_the_heads_cannot_split_over(tmp_path):
     assert proc.returncode == 1, proc.stdout
     assert "FAIL attention heads: 64 not divisible by TP 3 (the node count)" in proc.stdout, proc.stdout
     assert "FAIL KV heads: 8 neither divisible by TP 3 nor a divisor of it" in proc.stdout, proc.stdout
-    assert "cannot run tensor-parallel over these 3 nodes" in proc.stderr, proc.stderr
+    assert "cannot run over these 3 nodes at TP 3 × PP 1" in proc.stderr, proc.stderr
+    assert "FAIL layout: TP 3 does not split this model; with 3 nodes set serving.pipelineParallel: 3 (TP=1)" \
+        in proc.stdout, proc.stdout
+
+
+# DeepSeek-V4-Flash's config.json as far as the shape check reads it (recipes/: shape)
+SEED_SHAPE = {"num_attention_heads": 64, "num_key_value_heads": 1, "num_hidden_layers": 43}
+
+
+def test_shape_check_splits_the_layers_over_pp_stages_and_the_heads_over_tp_only(tmp_path):
+    proc, _ = run_shape_check(tmp_path, SEED_SHAPE, SHARDS, tp=1, pp=3, peers_kb=[64 << 20] * 2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "ok   attention heads: 64 over TP 1, 64 per node" in out, out
+    assert "ok   hidden layers: 43 over PP 3, 14/15/14 per stage (uneven, as vLLM's get_pp_indices splits them)" \
+        in out, out
+    assert "ok   weights: 4.0 GiB of safetensors, 1.3 GiB per node over TP 1 × PP 3" in out, out
+
+
+def test_shape_check_refuses_more_pp_stages_than_layers_and_says_no_layout_works(tmp_path):
+    proc, _ = run_shape_check(tmp_path, {"num_attention_heads": 8, "num_hidden_layers": 2}, SHARDS, tp=1, pp=3,
+                              peers_kb=[64 << 20] * 2)
+    assert proc.returncode == 1, proc.stdout
+    assert "FAIL hidden layers: 2 fewer than PP 3 stages" in proc.stdout, proc.stdout
+    assert "nor does any TP × PP of 3 nodes" in proc.stdout, proc.stdout
+    assert "cannot run over these 3 nodes at TP 1 × PP 3" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("layers, pp, split", [(43, 3, [14, 15, 14]), (10, 4, [2, 3, 3, 2]), (7, 4, [2, 2, 2, 1]),
+                                               (61, 1, [61]), (8, 2, [4, 4])])
+def test_layers_split_as_vllms_get_pp_indices_does(layers, pp, split):
+    """vllm/distributed/utils.py get_pp_indices @ 5a6541db: layers // pp each, the remainder one each to
+    the stages before the last, counted from the last back."""
+    from test_memory_fit import shape_check
+
+    assert shape_check.pp_partition(layers, pp) == split
 
 
 @pytest.mark.parametrize("config, tp, line", [

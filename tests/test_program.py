@@ -635,9 +635,30 @@ def three_node_config(config):
     return config
 
 
-def test_three_nodes(program, recipe_config):
+def test_three_nodes_at_tp3_are_refused_before_any_resource_with_the_layout_that_works(program, recipe_config):
+    """The default layout of 3 nodes (TP 3) cannot split the seed's 64 heads: the recipe's shape says
+    so when the config is read, and names pipelineParallel 3 instead."""
     run = program(three_node_config(recipe_config))
+    assert run.error and run.error["kind"] == "RunError", run.error
+    message = run.error["message"]
+    assert "twinspark:serving.tensorParallel: TP=3 × PP=1 on 3 nodes" in message, message
+    assert "attention heads: 64 not divisible by TP 3" in message, message
+    assert "with 3 nodes set pipelineParallel: 3 (TP=1)" in message, message
+    assert run.resources == []
+
+
+def test_two_nodes_run_without_pipeline_parallelism(recipe_run):
+    assert "--pipeline-parallel-size" not in launch_argv(recipe_run)
+    assert "--pipeline-parallel-size" not in args_of(recipe_run, "spark1-weights-shape-check")
+    assert "--pipeline-parallel-size" not in runner_call(recipe_run.named("spark1-weights-fetch")).args
+
+
+def test_three_nodes(program, recipe_config):
+    recipe_config = three_node_config(recipe_config)
+    recipe_config["twinspark:serving"]["pipelineParallel"] = 3
+    run = program(recipe_config)
     assert run.error is None, run.error
+    assert any("was proven with tp only, not pipeline parallelism" in w for w in run.warnings), run.warnings
     workers = {r.name for r in run.of_type(CONTAINER) if unwrap(r.inputs).get("entrypoints", [""])[-1].endswith("boot-worker.sh")}
     assert workers == {"spark2-serving-container", "spark3-serving-container"}
     head = run.named("spark1-serving-container")
@@ -645,11 +666,15 @@ def test_three_nodes(program, recipe_config):
         assert run.depends_on(head, w)
     assert sorted(head.replace_with) == sorted(run.named(n).urn for n in ("spark1-installation", *workers))
     assert {"spark2-weights-sync", "spark3-weights-sync"} <= set(run.by_name)
-    shape = args_of(run, "spark1-weights-shape-check")
-    assert flag_value(shape, "--tensor-parallel-size") == "3"
-    assert flag_values(shape, "--peer") == ["spark2=nvidia@10.0.0.2", "spark3=nvidia@10.0.0.3"]
+    for step in ("spark1-weights-shape-check", "spark1-weights-fetch"):  # before the download and after it
+        shape = runner_call(run.named(step)).args
+        assert (flag_value(shape, "--tensor-parallel-size"), flag_value(shape, "--pipeline-parallel-size")) == ("1", "3")
+    peers = flag_values(args_of(run, "spark1-weights-shape-check"), "--peer")
+    assert peers == ["spark2=nvidia@10.0.0.2", "spark3=nvidia@10.0.0.3"]
     argv = launch_argv(run)
-    assert argv[argv.index("--tensor-parallel-size") + 1] == "3"
+    assert (flag_value(argv, "--tensor-parallel-size"), flag_value(argv, "--pipeline-parallel-size")) == ("1", "3")
+    description = json.loads(run.outputs["codexModelCatalog"]["value"])["models"][0]["description"]
+    assert description.endswith("served by vLLM on twinspark, pipeline parallel 3 over 3 DGX Sparks"), description
     rails = [a for a in args_of(run, "spark1-fabric-check") if a.startswith("enp1s0f0np0:")]
     assert rails == ["enp1s0f0np0:rocep1s0f0:10.0.0.2,10.0.0.3"]
     assert env_file(run, "spark3")["TWINSPARK_NODE_IPS"] == "10.0.0.1,10.0.0.2,10.0.0.3"

@@ -270,7 +270,7 @@ def test_an_impossible_max_model_len_stops_the_fetch_before_any_weight_is_downlo
     assert re.search(r"fetch-weights spark1: FAIL memory fit: 0\.0 GiB weights per node, .* 8206 B/token = "
                      r"[\d,]+ tokens; .* sequences of maxModelLen 100,000,000 fit — .* lower serving\.maxModelLen "
                      r"to at most [\d,]+ or raise gpuMemoryUtilization \(0\.85\)", text), text
-    assert f"{REPO}@{revision} cannot run tensor-parallel over these 2 nodes (see the FAIL lines): nothing downloaded" in text
+    assert f"{REPO}@{revision} cannot run over these 2 nodes at TP 2 × PP 1 (see the FAIL lines): nothing downloaded" in text
     assert not [r for r in hub.requests if r[1].startswith("/lfs/")], hub.requests  # not one shard asked for
     # the model directory not even made, nor mounted into the check's container (docker would make it root's)
     assert not head.dir.exists() and ":/weights" not in (home / "shims.log").read_text()
