@@ -544,7 +544,7 @@ class Upgrade:
                          "yellow")
             return EXIT_ROLLED_BACK
         self.say("ROLLBACK FAILED: serving is NOT verified back on the previous settings. The stack config holds "
-                 "them again; see `python -m ops status`, the head's logs (/var/log/twinspark) and `pulumi up`.",
+                 f"them again; see `python -m ops status`, the head's logs ({contract.LOG_DIR}) and `pulumi up`.",
                  "bold red")
         return EXIT_ROLLBACK_FAILED
 
