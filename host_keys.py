@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
+from node_contract import SSH_PORT
+
 KEY_TYPE = "ssh-ed25519"  # what DGX OS's sshd offers and what both providers pin
 NODE_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"  # the same key, as the node itself holds it
 # ssh-rsa is left out: both clients would ask for exactly the key's type, and "ssh-rsa" also
@@ -54,7 +56,7 @@ def fingerprint(key: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def scan(host: str, port: int = 22, timeout_s: int = 10, key_type: str = KEY_TYPE) -> str:
+def scan(host: str, port: int = SSH_PORT, timeout_s: int = 10, key_type: str = KEY_TYPE) -> str:
     """Read `host`'s key of `key_type` with ssh-keyscan. Raises HostKeyError when none came back."""
     if host.startswith("-"):
         raise HostKeyError(f"{host!r} is not a host name or address")
@@ -86,7 +88,8 @@ def refusal(name: str, host: str, held_key: str, shown_fingerprint: Optional[str
 
 # ---- holding OpenSSH to one pinned key --------------------------------------------------------
 def known_hosts_text(host: str, key: str) -> str:
-    """A known_hosts file that holds `key` alone, for `host` as ssh is given it (port 22)."""
+    """A known_hosts file that holds `key` alone, for `host` as ssh is given it (on SSH_PORT, the
+    default, so no [host]:port form)."""
     return f"{host} {key}\n"
 
 

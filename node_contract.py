@@ -3,7 +3,10 @@ the nodes, the day-2 tools and the tests share. Each fact is spelled here once.
 
 A leaf module: it imports nothing of the project and no Pulumi, so `ops` stays light and the
 tests can read the contract without running the program. Scripts on the nodes learn these
-values from their arguments or from twinspark.env (rendered from here), never by hard-coding.
+values from their arguments or from twinspark.env (rendered from here), never by hard-coding —
+but for the names marked "spelled in launch/ too" below: a script needs the first two to read
+anything else, and the third is the one place host steps keep state in the login's home. Each
+spelling in launch/ is held to this module by tests/test_contract_spellings.py.
 """
 
 from __future__ import annotations
@@ -15,6 +18,11 @@ LOG_DIR = "/var/log/twinspark"  # host and container (bind mount); rotated by lo
 # host and serving containers (bind mount): compile and kernel caches outlive a replaced
 # container, so its successor does not recompile from scratch
 CACHE_DIR = "/var/cache/twinspark"
+# Under the login's $HOME on each node (the host steps run as ssh.user): what a step keeps
+# between runs — the model revision asked and resolved (fetch-weights.sh), who owns the sync key
+# and its authorization (the prelude's owner records), the weight copy's daemons on a worker
+# (sync-weights.sh). Spelled in launch/ too: as an argument it would change those steps' inputs.
+USER_STATE_DIR = ".local/state/twinspark"
 # Per managed file: the content hash whose apply last succeeded and the resource owning it.
 APPLIED_STATE_DIR = "/var/lib/twinspark/applied"
 # tmpfs, host and serving containers (volume): state that a reboot must clear — the guard's
@@ -22,6 +30,8 @@ APPLIED_STATE_DIR = "/var/lib/twinspark/applied"
 RUN_DIR = "/run/twinspark"
 
 # ---- bundle files --------------------------------------------------------------------------
+# spelled in launch/ too: the boot scripts and the API gateway's entrypoint source them from
+# their own directory (the bundle), before they can know anything else
 ENV_FILE = "twinspark.env"
 SECRETS_FILE = "secrets.env"
 LAUNCH_VLLM = "launch-vllm.sh"

@@ -279,7 +279,7 @@ def alert_groups(plan: ObservabilityPlan) -> dict[str, list[AlertRule]]:
             _rule("TwinsparkServingDown", f"up{{{vllm}}}", "== 0", "2m", "critical",
                   "vLLM on {{ $labels.node }} does not answer /metrics",
                   "The endpoint is down or still loading the model (a cold start takes ~8 min). "
-                  "Check /var/log/twinspark/vllm.log and boot-head.log on the head."),
+                  f"Check {contract.LOG_DIR}/{contract.VLLM_LOG} and {contract.boot_log('head')} on the head."),
             _rule("TwinsparkVllmRestarting", f"changes(process_start_time_seconds{{{vllm}}}[1h])", ">= 2", "0m",
                   "warning", "vLLM on {{ $labels.node }} started {{ $value }} more times in the last hour",
                   "The engine is restart-looping. Repeated restarts leak unified memory on a Spark; look at "
@@ -317,12 +317,13 @@ def alert_groups(plan: ObservabilityPlan) -> dict[str, list[AlertRule]]:
             AlertRule("TwinsparkCanaryStale", (CANARY_LAST_RUN,),
                       f"time() - {CANARY_LAST_RUN} > 900 or absent({CANARY_LAST_RUN})", "15m", "warning",
                       "No recent canary on the head",
-                      "The guard stopped probing, or never started: is twinspark-serving-guard.service running, "
+                      f"The guard stopped probing, or never started: is {contract.SERVING_GUARD_UNIT} running, "
                       "and does serving answer /health?"),
             _rule("TwinsparkGatewayDown", "twinspark_guard_gateway_up", "== 0", "2m", "critical",
                   "The API gateway on {{ $labels.node }} does not answer",
                   "Nothing answers on serving.port: clients are refused even if vLLM runs. "
-                  "`docker ps -a` on the head (twinspark-api-gateway) and /var/log/twinspark/api-gateway.log."),
+                  f"`docker ps -a` on the head ({contract.API_GATEWAY_CONTAINER}) and "
+                  f"{contract.LOG_DIR}/{contract.API_GATEWAY_LOG}."),
             _rule("TwinsparkGuardHolding", "twinspark_guard_hold", "== 1", "0m", "critical",
                   "The guard holds: it stopped restarting serving",
                   "The restart cap was reached; a person must look before serving is restarted again."),

@@ -66,7 +66,7 @@ class Node(Lenient):
     host: str
     rayIp: str
     rails: list[Rail]
-    # the key `pulumi up` held the node to; ops reaches a node over SSH only with it (status.ssh_shell)
+    # the key `pulumi up` held the node to; ops reaches a node over SSH only with it (nodes.ssh_shell)
     hostKey: Optional[str] = None
 
     @field_validator("hostKey")

@@ -21,6 +21,7 @@ the results keep the plan, and --compare refuses a baseline made with a differen
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -41,8 +42,10 @@ from rich.text import Text
 from components import recipes
 
 from .api import Lenient, first_problem
-from .inputs import DeadlineError, InputError, check_output_path, read_json_file, run_with_deadline
+from .inputs import (DeadlineError, InputError, check_output_path, fraction, positive_float, positive_int,
+                     positive_int_list, read_json_file, run_with_deadline)
 from .stream import USAGE_FROM_CHUNKS, USAGE_FROM_SERVER, StreamResult, client, stream_chat
+from .target import add_recipe_argument, add_target_arguments, check_endpoint, resolve_target, target_recipe
 
 # 2: plan, salted prompts, usage sources. A results file without `schema` is version 1: no
 # plan, and prompts fixed in the code, so its TTFT and prefill may be prefix-cache hits.
@@ -654,3 +657,58 @@ def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Opt
         console.print(Text(f"results written to {output}"))
     failed = bool(result["errors"]) or any(row["regression"] for row in comparison or [])
     return 1 if failed else 0
+
+
+# The whole run's deadline: a hanging server must not hold it for hours (the default plan takes
+# ~2 min at the recipe's rates).
+DEADLINE_MIN = 30
+COMPARE_RECIPE = "recipe"  # --compare recipe: the recipe's published baseline, not a file
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_target_arguments(p)
+    p.add_argument("--runs", type=positive_int, default=3, help="single-stream runs to average")
+    p.add_argument("--max-tokens", type=positive_int, default=256, help="output tokens per single/concurrent request")
+    p.add_argument("--concurrency", type=positive_int, default=4, help="streams in the N-way aggregate test")
+    p.add_argument("--long-prompt-tokens", type=positive_int, default=7000)
+    p.add_argument("--sweep", type=positive_int_list, default=[1, 2, 4, 6], help="concurrency levels, comma separated")
+    p.add_argument("--sweep-requests", type=positive_int, default=2, help="requests per level, times the level")
+    p.add_argument("--sweep-input-tokens", type=positive_int, default=1000)
+    p.add_argument("--sweep-output-tokens", type=positive_int, default=128)
+    p.add_argument("--sweep-repeats", type=positive_int, default=3,
+                   help="times each sweep level is measured: the run-to-run spread --compare allows")
+    p.add_argument("--profile", help="serving profile in use (default, multiagent), kept in the plan; "
+                                     "--compare refuses a baseline with another one")
+    p.add_argument("--cache-salt", action="store_true",
+                   help="also send vLLM's per-request cache_salt (vLLM >= 0.9 with the V1 engine; the prompt "
+                        "salt alone already defeats the prefix cache)")
+    p.add_argument("--output", "-o", help="write the results JSON here")
+    p.add_argument("--compare", help="a previous results JSON made with the same plan: flag regressions; or "
+                                     "`recipe`: the serving recipe's published baseline (a file named recipe: ./recipe)")
+    p.add_argument("--recipe-tolerance", type=fraction, default=RECIPE_TOLERANCE,
+                   help="with --compare recipe: the shortfall below a recipe's figure allowed (default %(default)s); "
+                        "a recipe's figure has no spread, so a fixed band stands in for it")
+    add_recipe_argument(p, "--compare recipe")
+    p.add_argument("--allow-plan-mismatch", action="store_true",
+                   help="compare with a baseline made with another plan anyway (with a warning)")
+    p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening before a regression (0.10 = 10%%); a "
+                   "figure noisier than that in its own repeats is allowed its spread")
+    p.add_argument("--deadline-min", type=positive_float, default=DEADLINE_MIN,
+                   help=f"stop the whole run after this many minutes (default {DEADLINE_MIN})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Bad input (the recipe --compare recipe needs, a dead endpoint, a refused key) ends it in
+    one line before any request."""
+    target = resolve_target(args)
+    recipe = target_recipe(target) if args.compare == COMPARE_RECIPE else None
+    target.model = check_endpoint(target)
+    plan = BenchPlan(single_runs=args.runs, single_max_tokens=args.max_tokens, concurrency=args.concurrency,
+                     long_prompt_tokens=args.long_prompt_tokens, sweep=args.sweep,
+                     sweep_requests_per_level=args.sweep_requests, sweep_input_tokens=args.sweep_input_tokens,
+                     sweep_output_tokens=args.sweep_output_tokens, sweep_repeats=args.sweep_repeats)
+    # the stack does not export its serving profile: unknown stays null in the plan
+    return run_bench(target, plan, args.output, None if recipe else args.compare, args.tolerance, Console(),
+                     profile=args.profile, send_cache_salt=args.cache_salt,
+                     allow_plan_mismatch=args.allow_plan_mismatch, deadline_s=args.deadline_min * 60, recipe=recipe,
+                     recipe_tolerance=args.recipe_tolerance)

@@ -14,6 +14,7 @@ that is not valid TOML, or a path that is a directory, stops it before anything 
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import tempfile
@@ -24,9 +25,12 @@ from typing import Optional
 
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
+from rich.console import Console
+from rich.text import Text
 from tomlkit.items import InlineTable
 
 from .inputs import InputError, ToolError
+from .target import add_target_arguments, resolve_target
 
 SECRET_MODE = 0o600
 
@@ -157,3 +161,19 @@ def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path) -> lis
                 write_with_backup(claude_env_file, outputs["claudeCodeEnv"], mode=SECRET_MODE)]
     except OSError as err:
         raise ToolError(f"cannot write {err.filename}: {err.strerror}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    parser.add_argument("--codex-home", type=Path, default=Path(os.environ.get("CODEX_HOME", "~/.codex")).expanduser())
+    parser.add_argument("--claude-env-file", type=Path, default=Path("~/.config/twinspark/claude-code.env").expanduser())
+
+
+def run(args: argparse.Namespace) -> int:
+    target = resolve_target(args)
+    console = Console()
+    for f in setup_clients(target.outputs, args.codex_home, args.claude_env_file):
+        console.print(Text(f"{f.action:9} {f.path}" + (f"  (previous kept as {f.backup.name})" if f.backup else "")))
+    console.print(Text.assemble("Claude Code: ", (f"source {args.claude_env_file}", "bold"),
+                                '; Codex: export VLLM_API_KEY="$(pulumi stack output apiKey --show-secrets)"'))
+    return 0

@@ -9,6 +9,7 @@ restart policy back and says so in its verdict.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -20,10 +21,22 @@ from rich.text import Text
 import node_contract as contract
 
 from .inputs import ToolError
-from .status import NodeShell
+from .nodes import NodeShell, add_ssh_arguments, check_pinned, ssh_shell
+from .target import add_target_arguments, resolve_target, ssh_user
 
 WAIT_S = 60
 READ_VERDICT = f"cat {shlex.quote(contract.SERVING_GUARD_STATUS)}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    add_ssh_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    target = resolve_target(args, need_nodes=True)
+    check_pinned(target.nodes)
+    return clear_hold(target, ssh_shell(ssh_user(args, target), args.ssh_key, args.ssh_option), Console())
 
 
 def release_hold(shell: NodeShell, head: dict) -> None:

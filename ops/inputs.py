@@ -46,6 +46,11 @@ def run_with_deadline(work: Awaitable[T], deadline_s: Optional[float]) -> T:
     return asyncio.run(bounded())
 
 
+def one_line(text: str) -> str:
+    """What a node, a server or a CLI said, on one line (an error message must not break it)."""
+    return " ".join(text.split())
+
+
 def read_json_file(path: str, flag: str) -> Any:
     """The JSON in a file a flag names; InputError saying what is wrong, in one line."""
     try:
@@ -102,3 +107,11 @@ def positive_int_list(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError(f"{text!r} lists no values")
     return values
+
+
+def fraction(text: str) -> float:
+    """argparse type: a share such as 0.2 (above 0, below 1)."""
+    value = positive_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not below 1 (0.2 is 20%)")
+    return value

@@ -29,8 +29,11 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from .inputs import DeadlineError, check_output_path, run_with_deadline
+from components.recipes import DEFAULT_RECIPE
+
+from .inputs import DeadlineError, check_output_path, positive_float, positive_int, run_with_deadline
 from .stream import client, stream_chat
+from .target import add_recipe_argument, add_target_arguments, check_endpoint, resolve_target, target_recipe
 
 VAULTS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
@@ -209,3 +212,38 @@ def run_needle(target, sizes: Sequence[int], trials: int, needles: int, max_toke
                             + (f" and are written to {output}" if output and rows else ""))
     render(rows, console, max_tokens)
     return 1 if any(row["errors"] for row in rows) else 0
+
+
+DEADLINE_MIN = 180  # the whole run's: a default run takes up to ~2 h when the model thinks long
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_target_arguments(p)
+    p.add_argument("--sizes", type=parse_sizes,
+                   help="context sizes in tokens, comma separated (default: the recipe's needleSizes)")
+    add_recipe_argument(p, "its needle sizes")
+    p.add_argument("--trials", type=positive_int, default=5)
+    p.add_argument("--needles", type=positive_int, default=3)
+    p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
+                   help="per reply, reasoning included; a reply cut off here counts as truncated, not failed")
+    p.add_argument("--profile", help="serving profile in use (default, multiagent), kept in the plan")
+    p.add_argument("--output", "-o")
+    p.add_argument("--deadline-min", type=positive_float, default=DEADLINE_MIN,
+                   help=f"stop the whole run after this many minutes, keeping the sizes done (default {DEADLINE_MIN})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The recipe (for the default sizes), the endpoint and the key are checked before any request."""
+    target = resolve_target(args)
+    # a stack that names no recipe serves the default one
+    recipe = target_recipe(target, default=DEFAULT_RECIPE) if args.sizes is None else None
+    target.model = check_endpoint(target)
+    console = Console()
+    sizes = args.sizes
+    if recipe is not None:
+        sizes = recipe.needle_sizes
+        console.print(Text(f"sizes: recipe {recipe.name}'s needleSizes" + ("" if target.recipe else
+                           " (no recipe named: the default recipe's; pass --recipe)"), style="dim"))
+    # the stack does not export its serving profile: unknown stays null in the plan
+    return run_needle(target, sizes, args.trials, args.needles, args.max_tokens, console, args.output, args.profile,
+                      deadline_s=args.deadline_min * 60)

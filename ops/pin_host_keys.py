@@ -19,14 +19,15 @@ from typing import TextIO
 import yaml
 
 import host_keys
+import node_contract as contract
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("pin-host-keys", help="read each node's SSH host key once and pin it in the stack config",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description, p.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
     p.add_argument("--stack-file", type=Path, default=Path("Pulumi.spark.yaml"), help="default: %(default)s")
     p.add_argument("--stack", help="stack name for `pulumi config set` (default: from the file name)")
-    p.add_argument("--port", type=int, default=22, help="SSH port of the nodes (default: 22)")
+    p.add_argument("--port", type=int, default=contract.SSH_PORT,
+                   help=f"SSH port of the nodes (default: {contract.SSH_PORT})")
     p.add_argument("--timeout", type=int, default=10, help="seconds per node (default: 10)")
     p.add_argument("--apply", action="store_true", help="run the `pulumi config set` commands once you confirm")
 
@@ -42,7 +43,7 @@ def config_set_command(stack: str, index: int, key: str) -> list[str]:
     return ["pulumi", "config", "set", "--stack", stack, "--path", f"nodes[{index}].hostKey", key]
 
 
-def run_pin_host_keys(args: argparse.Namespace, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
 

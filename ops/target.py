@@ -15,7 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 from components import recipes
 
 from .api import Node, StackOutputs, first_problem, served_models
-from .inputs import EndpointError, InputError, read_json_file
+from .inputs import EndpointError, InputError, one_line, read_json_file
 
 
 class TargetError(InputError):
@@ -46,6 +46,11 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
     group.add_argument("--nodes", help="JSON list of nodes as in the `nodes` stack output")
     group.add_argument("--outputs-file", help="a saved `pulumi stack output --json --show-secrets`")
+
+
+def add_recipe_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--recipe", help=f"the serving recipe, by name, for {what} (default: the stack's `recipe` "
+                                         "output)")
 
 
 def stack_outputs(stack: Optional[str]) -> dict[str, Any]:
@@ -114,10 +119,6 @@ def check_endpoint(target: Target, timeout: float = 10.0) -> str:
     if target.model and target.model not in models:
         raise EndpointError(f"{url} does not serve {target.model!r} (it serves {', '.join(models)}): pass --model")
     return target.model or models[0]
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def resolve_target(args: argparse.Namespace, need_nodes: bool = False) -> Target:

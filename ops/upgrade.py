@@ -57,12 +57,13 @@ from components import config as schema
 
 from . import bench
 from .api import GuardVerdict, first_problem
-from .inputs import EndpointError, InputError, ToolError
-from .stack import UpgradeStack, Writes, apply_writes, cli_text, one_line_error, value_at
 from .hold import release_hold
-from .status import HostKeyRefused, agent_options, ssh_runner, ssh_shell
+from .inputs import EndpointError, InputError, ToolError, fraction, positive_float
+from .nodes import HostKeyRefused, add_ssh_arguments, agent_options, ssh_runner, ssh_shell
+from .stack import AutomationStack, UpgradeStack, Writes, apply_writes, cli_text, one_line_error, value_at
 from .target import Target, check_endpoint, target_from_outputs
 
+CHECKOUT = Path(__file__).resolve().parent.parent  # the Pulumi project and its .twinspark/
 EXIT_ROLLED_BACK = 1
 EXIT_ROLLBACK_FAILED = 3
 EXIT_STACK_BUSY = 4
@@ -543,7 +544,7 @@ class Upgrade:
                          "yellow")
             return EXIT_ROLLED_BACK
         self.say("ROLLBACK FAILED: serving is NOT verified back on the previous settings. The stack config holds "
-                 "them again; see `python -m ops status`, the head's logs (/var/log/twinspark) and `pulumi up`.",
+                 f"them again; see `python -m ops status`, the head's logs ({contract.LOG_DIR}) and `pulumi up`.",
                  "bold red")
         return EXIT_ROLLBACK_FAILED
 
@@ -708,3 +709,36 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
         write_keeping_previous(known_good_path(work_dir, stack.name), known_good.record(config))
         return Upgrade(stack, plan, options, console, guard_probe_for, work_dir, hold_release_for,
                        known_good).run(baseline, path)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Exit 0 upgraded; 1 a gate failed and serving is back on the previous settings; "
+                     "2 bad input (nothing changed); 3 ROLLBACK FAILED; 4 another update holds the stack.")
+    p.add_argument("--stack", help="the Pulumi stack to upgrade (required)")
+    p.add_argument("--set", dest="settings", action="append", type=parse_setting, required=True, metavar="KEY=VALUE",
+                   help="serving.<key> or model.revision, repeatable; a list as JSON: serving.extraArgs='[\"--x\"]'")
+    p.add_argument("--dry-run", action="store_true", help="show the preview of what would change; change nothing")
+    p.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening against the baseline (0.10 = 10%%), "
+                   "or a figure's run-to-run spread when larger")
+    p.add_argument("--gate", choices=("baseline", GATE_RECIPE), default="baseline",
+                   help="what the bench is held to: the stack's stored baseline (default), or the published baseline "
+                        "of the recipe serving.recipe names after the upgrade (see ops bench --compare recipe)")
+    p.add_argument("--recipe-tolerance", type=fraction, default=bench.RECIPE_TOLERANCE,
+                   help="with --gate recipe: the shortfall below a recipe's figure allowed (default %(default)s)")
+    p.add_argument("--rebaseline", action="store_true",
+                   help="the bench does not gate against the old baseline (e.g. another serving.profile); its "
+                        "figures become the new baseline when readiness and the canary pass")
+    p.add_argument("--canary-timeout-min", type=positive_float, default=DEFAULT_CANARY_TIMEOUT_MIN,
+                   help="wait this long for the serving guard's first verdict after the update")
+    p.add_argument("--readiness-timeout-min", type=positive_float, default=2,
+                   help="after the update, wait this long for /health and /v1/models")
+    p.add_argument("--poll-seconds", type=positive_float, default=10.0, help="between endpoint and canary checks")
+    p.add_argument("--bench-deadline-min", type=positive_float, default=bench.DEADLINE_MIN)
+    add_ssh_arguments(p)
+
+
+def run(args: argparse.Namespace, console: Optional[Console] = None, work_dir: Path = CHECKOUT) -> int:
+    """The stack through the Automation API in work_dir (the checkout); the nodes over SSH."""
+    ssh = (args.ssh_user, args.ssh_key, args.ssh_option)
+    return run_upgrade(args, console or Console(), lambda name: AutomationStack(name, work_dir), ssh_guard_probe(*ssh),
+                       work_dir, ssh_hold_release(*ssh), ssh_access_check(*ssh))

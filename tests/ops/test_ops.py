@@ -18,6 +18,7 @@ from openai_standin import Behaviour, serve
 from ops import bench, needle, status
 from ops.__main__ import build_parser, main as ops_main
 from ops.client_setup import merge_codex_config, setup_clients
+from ops.nodes import NODE_PROBE
 from ops.stream import StreamResult
 from ops.target import Target
 from program_harness import ROOT
@@ -610,7 +611,7 @@ def local_runner(bin_dir, per_node=None, run_dir=None):
     """The probes run here instead of over ssh: same script, same arguments, same stdin
     (`per_node`: another shim directory for some nodes; the node's state files, the contract's
     RUN_DIR, read from `run_dir`)."""
-    def run(node, args, probe=status.NODE_PROBE):
+    def run(node, args, probe=NODE_PROBE):
         path = (per_node or {}).get(node["name"], bin_dir)
         if run_dir is not None:
             args = [a.replace(contract.RUN_DIR, str(run_dir)) for a in args]

@@ -344,7 +344,7 @@ def test_another_update_running_is_refused_and_nothing_stays_changed(stack, worl
 def test_a_node_refused_over_ssh_stops_the_upgrade_before_anything_changes(stack, world, tmp_path, refusal):
     """The access check (ssh_access_check: every node, its pinned host key) runs before the baseline,
     the config and the deploy; a node it refuses ends the upgrade in one line."""
-    from ops.status import HostKeyRefused
+    from ops.nodes import HostKeyRefused
 
     store_baseline(tmp_path, world)
     checked = []
@@ -366,7 +366,7 @@ def test_a_node_refused_over_ssh_stops_the_upgrade_before_anything_changes(stack
 
 
 def test_a_host_key_refused_at_the_canary_fails_it_at_once():
-    from ops.status import HostKeyRefused
+    from ops.nodes import HostKeyRefused
 
     def probe():
         raise HostKeyRefused("spark1 (127.0.0.1): refused")
