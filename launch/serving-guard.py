@@ -385,6 +385,8 @@ class Guard:
         self.boot_marker.parent.mkdir(parents=True, exist_ok=True)
         self.boot_marker.write_text(f"{time.time()}\n")
         if not rebooted:
+            if not self.restarts_file.exists():
+                self.save()  # the disk now knows this head: its next unmarked boot is a reboot
             return
         if self.held_at_boot:
             log("the head rebooted after a hold: the restart count starts again")

@@ -10,10 +10,6 @@ from typing import NamedTuple
 from . import bench, client_setup, hold, needle, pin_host_keys, status, upgrade
 from .inputs import ToolError
 
-# The engine sim (tests/sim_engine) runs the upgrade with its own console and checkout from here.
-run_upgrade_tool = upgrade.run
-
-
 class Tool(NamedTuple):
     """A day-2 tool: its module exports add_arguments(parser) and run(args) -> exit code."""
     module: ModuleType

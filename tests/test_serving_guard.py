@@ -315,6 +315,18 @@ def test_a_reboot_counts_as_a_restart_so_a_panic_loop_is_held(head):
     assert "serving restart (the head rebooted): 3 in the last 30 min" in head.guard_log()
 
 
+def test_the_first_reboot_of_a_fresh_head_is_counted_too(head):
+    """A head whose guard never restarted anything: its first boot leaves the count on disk, so
+    the reboot after it (a panic) is one restart, and a panic loop from day one gets held."""
+    head.start(restart_limit=3)
+    wait_for(lambda: head.status["ok"] is True, "the first round", head)
+    head.terminate_guard()
+    (head.tmp / "guard" / "booted").unlink()  # the reboot: the tmpfs beside the status is empty again
+    head.start(restart_limit=3)
+    wait_for(lambda: head.status["restarts_in_window"] == 1, "the reboot counted", head)
+    assert json.loads(head.restarts_file.read_text())["restarts"][0]["reason"] == "the head rebooted"
+
+
 def test_the_reboot_a_hold_asks_for_clears_the_count(head):
     head.restarts_file.parent.mkdir(parents=True)
     now = time.time()

@@ -361,7 +361,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.action == "up":
         cluster.up()
         if args.config_out:
-            args.config_out.write_text(yaml.safe_dump({"config": cluster.config}, sort_keys=False))
+            salt = yaml.safe_load(SIM_STACK.read_text())["encryptionsalt"]  # its secrets stay readable
+            args.config_out.write_text(yaml.safe_dump({"encryptionsalt": salt, "config": cluster.config}, sort_keys=False))
         print(json.dumps({n.name: n.spec.host for n in cluster.nodes.values()}))
     elif args.action == "down":
         cluster.down()

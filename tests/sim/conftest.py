@@ -13,6 +13,9 @@ from cluster import SimCluster  # noqa: E402
 from program_harness import ROOT, run_program  # noqa: E402
 
 REPORT = ROOT / "build" / "sim-report.json"
+# Pulumi.sim.yaml's twinspark:hfToken, decrypted: the program runs here under mocks, which
+# cannot decrypt the stack file's secrets as the engine does
+SIM_HF_TOKEN = "hf_simTokenNeverPrinted0123456789"
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +34,7 @@ def sim(tmp_path_factory, report):
     # the shim's "containers" are the node's own python, without the torch stand-in the NCCL
     # check's ranks need: its ranks run in the engine simulator (tests/sim_engine)
     cluster.config["twinspark:fabric"] = {**cluster.config["twinspark:fabric"], "minBusBandwidthGBps": 0}
+    cluster.config["twinspark:hfToken"] = SIM_HF_TOKEN
     try:
         cluster.up()
         yield cluster

@@ -85,7 +85,12 @@ def prepare(name: str, user: str, sim_dir: Path, docker: str) -> None:
     os.chmod("/etc/sudoers.d/twinspark-sim", 0o440)
     ssh_dir = Path(f"/home/{user}/.ssh")
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
-    (ssh_dir / "authorized_keys").write_text(Path("/tmp/authorized_key.pub").read_text())
+    # the operator's key, added once: what else the program authorized (the head's sync key)
+    # outlives a reboot, as on a Spark's disk
+    operator_key, authorized = Path("/tmp/authorized_key.pub").read_text(), ssh_dir / "authorized_keys"
+    held = authorized.read_text() if authorized.exists() else ""
+    if operator_key.strip() not in held.splitlines():
+        authorized.write_text(held + ("" if not held or held.endswith("\n") else "\n") + operator_key)
     (ssh_dir / "authorized_keys").chmod(0o600)
     shutil.chown(ssh_dir, user, user)
     shutil.chown(ssh_dir / "authorized_keys", user, user)

@@ -210,7 +210,8 @@ def test_an_upgrade_whose_canary_fails_is_rolled_back_through_the_automation_api
     from rich.console import Console
 
     from ops import upgrade
-    from ops.__main__ import build_parser, run_upgrade_tool
+    from ops.__main__ import build_parser
+    from ops.upgrade import run as run_upgrade_tool
 
     outputs, before = stack.outputs(), stack.stack_file()
     assert "revision" not in before["config"]["twinspark:model"]

@@ -1,0 +1,167 @@
+"""The README's recovery steps for the weights and the fabric ("Recovering"), as an owner runs
+them: a copy damaged on the worker or on the head, a copy tool that lies, a rail gone wrong —
+each followed by the `pulumi up --replace` the README names, through the real engine, onto the
+deployed cluster. Serving is never restarted by a weights step."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+import node_contract as contract
+from conftest import HEAD, completion_status, containers, serving_answers, urn_of, wait_for
+
+WORKER = "sim2"
+RSYNC_FAULTY = Path(__file__).resolve().parents[1] / "sim" / "faults" / "rsync-faulty"
+
+
+def replace(stack, *names: str):
+    """`pulumi up --replace` of those steps (by their names, as `pulumi stack --show-urns` lists them)."""
+    return stack.up(*[arg for name in names for arg in ("--replace", urn_of(stack, name))])
+
+
+def step_output(stack, name: str) -> str:
+    """What the step printed (stdout, then stderr) as the engine keeps it in the state."""
+    deployment = json.loads(stack.cli("stack", "export", "--show-secrets").stdout)["deployment"]
+    (outputs,) = [r.get("outputs", {}) for r in deployment["resources"] if r["urn"].endswith(f"::{name}")]
+    return f"{outputs.get('stdout', '')}\n{outputs.get('stderr', '')}"
+
+
+def changed(run) -> set[str]:
+    return {step["urn"].rsplit("::", 1)[-1] for step in run.steps() if step.get("op") not in (None, "same")}
+
+
+def model_dir(stack) -> str:
+    return stack.stack_file()["config"]["twinspark:model"]["dir"]
+
+
+def manifest(cluster, stack) -> dict:
+    """The head's manifest (launch/weights.py `pin`): {repo, revision, files: {path: {size, sha256}}}."""
+    return json.loads(cluster.node_exec(HEAD, "cat", f"{model_dir(stack)}/{contract.WEIGHTS_MANIFEST}").stdout)
+
+
+def shards(cluster, stack) -> list[str]:
+    return sorted(f for f in manifest(cluster, stack)["files"] if f.endswith(".safetensors"))
+
+
+def sha256s(cluster, stack, node: str) -> dict[str, str]:
+    """Every weights file's sha256 on that node, hashed here by sha256sum, not by weights.py."""
+    files = sorted(manifest(cluster, stack)["files"])
+    out = cluster.node_exec(node, "bash", "-c", 'cd "$0" && sha256sum -- "$@"', model_dir(stack), *files,
+                            check=False).stdout
+    return {line.split(None, 1)[1].strip(): line.split()[0] for line in out.splitlines()}
+
+
+def worker_matches_head(cluster, stack) -> bool:
+    return sha256s(cluster, stack, WORKER) == {f: e["sha256"] for f, e in manifest(cluster, stack)["files"].items()}
+
+
+def rails_rx_bytes(cluster, node: str = WORKER) -> int:
+    return sum(int(cluster.in_netns(node, "cat", f"/sys/class/net/{rail.iface}/statistics/rx_bytes").stdout)
+               for rail in cluster.nodes[node].spec.rails)
+
+
+def flip_bit(cluster, node: str, path: str, offset: int) -> None:
+    """One bit, in place: same size; the file's mtime moves as with any write."""
+    cluster.node_exec(node, "python3", "-c", "import sys; f = open(sys.argv[1], 'r+b'); f.seek(int(sys.argv[2])); "
+                      "b = f.read(1)[0]; f.seek(int(sys.argv[2])); f.write(bytes([b ^ 1]))", path, str(offset))
+
+
+def serving_containers(cluster) -> dict:
+    return {node: containers(cluster, node)[contract.SERVING_CONTAINER] for node in cluster.nodes}
+
+
+# ---- weights ----------------------------------------------------------------------------------
+def test_a_damaged_worker_copy_is_repaired_by_replacing_its_sync_and_only_the_damage_crosses(
+        cluster, stack, deployed, report):
+    d, (truncated, flipped, missing, *_) = model_dir(stack), shards(cluster, stack)
+    size = manifest(cluster, stack)["files"][flipped]["size"]
+    cluster.node_exec(WORKER, "truncate", "-s", "3M", f"{d}/{truncated}")
+    cluster.node_exec(WORKER, "rm", f"{d}/{missing}")
+    flip_bit(cluster, WORKER, f"{d}/{flipped}", size // 2)
+    serving, rx_before = serving_containers(cluster), rails_rx_bytes(cluster)
+    run = replace(stack, "sim2-weights-sync")
+    crossed = rails_rx_bytes(cluster) - rx_before
+    report["damaged_worker_copy_repair_up_s"] = run.seconds
+    report["damaged_worker_copy_bytes_crossed"] = crossed
+    said = step_output(stack, "sim2-weights-sync")
+    assert f"sim2: damaged, sending again: {flipped}: sha256 " in said, said
+    assert "copying 3 files" in said, said
+    assert crossed < 3 * size * 1.2, (crossed, size)  # the three files, not the model
+    assert worker_matches_head(cluster, stack)
+    assert changed(run) == {"sim2-weights-sync"}, changed(run)
+    assert serving_containers(cluster) == serving and serving_answers(stack) == 200
+
+
+def test_a_bit_flipped_on_the_head_is_refused_before_it_spreads_and_a_replaced_fetch_repairs_it(
+        cluster, stack, deployed, report):
+    d, (_, needed, *_) = model_dir(stack), shards(cluster, stack)
+    cluster.node_exec(WORKER, "rm", "-f", f"{d}/{needed}")  # the worker needs it
+    flip_bit(cluster, HEAD, f"{d}/{needed}", 4096)
+    rx_before = rails_rx_bytes(cluster)
+    with pytest.raises(AssertionError) as refused:
+        replace(stack, "sim2-weights-sync")
+    message = str(refused.value)
+    report["head_bit_flip_refusal"] = message[-400:]
+    assert "sim2-weights-sync" in message and f"FAIL sim1: {needed}: sha256 " in message, message
+    assert "nothing sent to sim2" in message and "pulumi up --replace the sim1-weights-fetch step" in message, message
+    assert rails_rx_bytes(cluster) - rx_before < 1_000_000
+    # the README's step: the fetch replaced finds the file changed since its download and gets it anew,
+    # the copy after it sends it on
+    run = replace(stack, "sim1-weights-fetch", "sim2-weights-sync")
+    report["head_bit_flip_repair_up_s"] = run.seconds
+    fetched = step_output(stack, "sim1-weights-fetch")
+    assert f"FAIL sim1: {needed}: sha256 " in fetched and "match the hub" in fetched, fetched
+    assert worker_matches_head(cluster, stack)
+    assert serving_answers(stack) == 200
+
+
+@pytest.mark.parametrize("fault, message", [("missing", ": missing"), ("truncated", ": 1048576 bytes, expected ")])
+def test_a_copy_tool_that_lies_is_caught_by_the_workers_verification(cluster, stack, deployed, fault, message):
+    d, (_, _, shard, *_) = model_dir(stack), shards(cluster, stack)
+    cluster.node_exec(WORKER, "rm", "-f", f"{d}/{shard}")  # something to copy
+    cluster.node_exec(HEAD, "bash", "-c", f"mkdir -p /etc/twinspark-sim && echo '{fault} {shard}' > "
+                      f"/etc/twinspark-sim/rsync-fault && install -m 755 {RSYNC_FAULTY} /usr/local/bin/rsync")
+    try:
+        with pytest.raises(AssertionError) as caught:
+            replace(stack, "sim2-weights-sync")
+    finally:
+        cluster.node_exec(HEAD, "rm", "-f", "/usr/local/bin/rsync")
+    said = str(caught.value)
+    assert f"FAIL sim2: {shard}{message}" in said, said
+    assert "verification failed for sim2 (nvidia@10.0.0.2:" in said, said
+    replace(stack, "sim2-weights-sync")  # a clean copy repairs it
+    assert worker_matches_head(cluster, stack)
+
+
+# ---- the fabric, re-checked after a cabling change ---------------------------------------------
+@pytest.mark.parametrize("break_it, mend_it, checked, says", [
+    (["link", "set", "rail0", "down"], ["link", "set", "rail0", "up"], "sim2-fabric-check",
+     "fabric-check sim2: FAIL rail rail0: link expected up, measured down"),
+    (["link", "set", "rail1", "mtu", "1500"], ["link", "set", "rail1", "mtu", "9000"], "sim2-fabric-check",
+     "fabric-check sim2: FAIL rail rail1: MTU expected 9000, measured 1500"),
+    (["addr", "del", "10.0.0.2/24", "dev", "rail0"], ["addr", "add", "10.0.0.2/24", "dev", "rail0"], "sim1-fabric-check",
+     "fabric-check sim1: FAIL rail rail0: 8972-byte don't-fragment ping to 10.0.0.2 expected answered, measured no reply"),
+], ids=["rail-down", "mtu-1500", "silent-peer"])
+def test_a_replaced_fabric_check_names_the_broken_rail_and_passes_once_mended(
+        cluster, stack, deployed, break_it, mend_it, checked, says, report):
+    """A rail Ray's traffic uses (rail0) that goes silent takes the TP group down with it; once
+    mended, serving comes back by itself. The re-check alone never restarts serving."""
+    outputs = stack.outputs()
+    cluster.in_netns(WORKER, "ip", *break_it)
+    try:
+        with pytest.raises(AssertionError) as failed:
+            replace(stack, checked)
+    finally:
+        cluster.in_netns(WORKER, "ip", *mend_it)
+    assert checked in str(failed.value) and says in str(failed.value), failed.value
+    readiness = stack.stack_file()["config"]["twinspark:serving"]["readinessTimeoutMinutes"] * 60
+    mended = time.monotonic()
+    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, readiness, "serving once the rail is mended")
+    report[f"fabric_{'_'.join(break_it[:3])}_mended_to_serving_s"] = round(time.monotonic() - mended, 1)
+    replace(stack, checked)
+    said = step_output(stack, checked)
+    assert "fabric healthy" in said, said  # memlock too: the nodes preload memlock-granted.c
