@@ -168,7 +168,7 @@ main() {
   [ "$held" = "$revision" ] || die "$node holds revision $held of $dir, this stack pins $revision: refused (run fetch-weights.sh)"
   if ! here_need=$(python3 "$program" verify --dir "$dir" --manifest "$dir/$manifest" --record "$dir/$record" \
     --node "$node") || [ -n "$here_need" ]; then
-    die "$node's copy of $dir no longer matches what was downloaded: nothing sent to $peer. Download it again: pulumi up --replace the ${node}-weights-fetch step"
+    die "$node's copy of $dir no longer matches what was downloaded: nothing sent to $peer. Download it again and send it on: pulumi up with --replace of both the ${node}-weights-fetch and the ${peer}-weights-sync step"
   fi
   set_ssh_transport
   on_exit close_connection

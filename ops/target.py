@@ -89,7 +89,7 @@ def check_outputs(outputs: Any, source: str) -> dict[str, Any]:
 
 def parse_nodes(text: str) -> list[dict[str, Any]]:
     try:
-        nodes = TypeAdapter(list[Node]).validate_json(text)
+        TypeAdapter(list[Node]).validate_json(text)  # refuses what is not a node list; the JSON is returned as given
     except ValidationError as err:
         problem = first_problem(err)
         if err.errors()[0]["type"] == "json_invalid":

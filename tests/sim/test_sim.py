@@ -36,6 +36,7 @@ from cluster import can_raise_memlock
 from components import host_prep
 from components.model_weights import render_authorized_key_line
 from components.remote import script_text
+from sim_model import SIM_MODEL_CONFIG
 
 SIM_DIR = Path(__file__).resolve().parent
 # 1.25 GiB: the hub and the head's copy (sim1), or the copy and the recipe's (sim2), must fit
@@ -257,7 +258,6 @@ def test_host_prep_applies_once_and_reverts(sim, sim_run, report):
     assert all("installed: " in out for out in first.values()), first
 
     for node in ("sim1", "sim2"):
-        spec = sim.nodes[node].spec
         expected = {f.path: f for f in host_prep_files(sim, node)}
         for path, f in expected.items():
             content = sim.node_exec(node, "cat", path).stdout

@@ -79,6 +79,28 @@ def set_knob(cluster, name: str, value: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def prometheus(cluster, path: str, query: str = "") -> dict:
+    """The head's Prometheus (loopback only), asked on the head."""
+    url = f"http://127.0.0.1:{contract.PROMETHEUS_PORT}{path}"
+    out = cluster.node_exec(HEAD, "curl", "-sfG", url, *(["--data-urlencode", f"query={query}"] if query else []),
+                            check=False)
+    return json.loads(out.stdout)["data"] if out.returncode == 0 else {"result": [], "alerts": []}  # not up yet
+
+
+def scrape_s(stack) -> float:
+    """One scrape and one rule evaluation (observability.scrapeIntervalSeconds, default 15)."""
+    return stack.stack_file()["config"].get("twinspark:observability", {}).get("scrapeIntervalSeconds", 15)
+
+
+def guard_series(cluster, name: str) -> list[float]:
+    return [float(r["value"][1]) for r in prometheus(cluster, "/api/v1/query", name)["result"]]
+
+
+def alert_firing(cluster, name: str) -> bool:
+    return any(a["labels"]["alertname"] == name and a["state"] == "firing"
+               for a in prometheus(cluster, "/api/v1/alerts")["alerts"])
+
+
 @pytest.fixture
 def outputs(stack):
     return stack.outputs()
@@ -98,6 +120,15 @@ def fresh_guard(cluster, stack, deployed, outputs):
                       f"systemctl start {contract.SERVING_GUARD_UNIT}")
     wait_for(lambda: guard_verdict(cluster).get("ok") is True, 2 * guard_round_s(stack), "a passing guard round")
     return outputs
+
+
+def test_the_guards_verdict_reaches_prometheus_through_the_node_exporter(cluster, stack, fresh_guard, report):
+    """Issue 21 item 7: the guard's textfile, read by the node exporter, scraped by the head's
+    Prometheus: the canary alerts and the guard's panel have data."""
+    for name, healthy in [("twinspark_guard_canary_success", 1.0), ("twinspark_guard_hold", 0.0),
+                          ("twinspark_guard_gateway_up", 1.0)]:
+        wait_for(lambda: guard_series(cluster, name) == [healthy], 4 * scrape_s(stack) + 30, f"{name} == {healthy:g}")
+    assert guard_series(cluster, "time() - twinspark_guard_canary_last_run_timestamp_seconds")[0] < 900
 
 
 # ---- Ray's membership: the head and the worker come and go ---------------------------------------
@@ -261,6 +292,10 @@ def test_a_crash_loop_is_held_until_cleared(cluster, stack, wide_restart_window,
     hold = guard_verdict(cluster)["hold"]
     assert f"restart loop: {limit} serving restarts in 10 min (limit {limit})" in hold["reason"], hold
     assert "reboot sim1 and sim2" in hold["reason"], hold
+    held_at = time.monotonic()
+    wait_for(lambda: alert_firing(cluster, "TwinsparkGuardHolding"), 4 * scrape_s(stack) + 30,
+             "TwinsparkGuardHolding firing on the head's Prometheus")
+    report["hold_to_alert_firing_s"] = round(time.monotonic() - held_at, 1)
     time.sleep(2 * serving_settings(stack)["guard"]["intervalSeconds"])  # held: docker restarts it no more
     assert len(serving_events(cluster, HEAD, since, "start")) - 1 == policy_starts
     # the next readiness wait fails at once with the reason

@@ -107,7 +107,7 @@ def test_a_bit_flipped_on_the_head_is_refused_before_it_spreads_and_a_replaced_f
     message = str(refused.value)
     report["head_bit_flip_refusal"] = message[-400:]
     assert "sim2-weights-sync" in message and f"FAIL sim1: {needed}: sha256 " in message, message
-    assert "nothing sent to sim2" in message and "pulumi up --replace the sim1-weights-fetch step" in message, message
+    assert "nothing sent to sim2" in message and "--replace of both the sim1-weights-fetch and the sim2-weights-sync step" in message, message
     assert rails_rx_bytes(cluster) - rx_before < 1_000_000
     # the README's step: the fetch replaced finds the file changed since its download and gets it anew,
     # the copy after it sends it on

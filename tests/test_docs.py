@@ -1,0 +1,51 @@
+"""The documents' own links: every relative link in README.md and docs/ names a file of the
+repository, and every #anchor a heading of the file it points into (GitHub's anchors: the
+heading lowercased, punctuation dropped, spaces as dashes)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchor for each heading (github/cmark-gfm's slug: lowercase, keep letters,
+    digits, spaces, '-' and '_', spaces to '-')."""
+    text = FENCE.sub("", path.read_text())
+    slugs = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        slugs.add(slug)
+    return slugs
+
+
+def links(path: Path) -> list[str]:
+    return [target for target in LINK.findall(FENCE.sub("", path.read_text()))
+            if not re.match(r"[a-z]+:", target)]  # http(s):, mailto: ... are not ours to check
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_and_anchor_resolves(document):
+    broken = []
+    for target in links(document):
+        file_part, _, anchor = target.partition("#")
+        linked = (document.parent / file_part).resolve() if file_part else document
+        if not linked.exists():
+            broken.append(f"{target}: no file {linked.relative_to(ROOT) if linked.is_relative_to(ROOT) else linked}")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{target}: no heading #{anchor} in {linked.relative_to(ROOT)}")
+    assert broken == [], f"{document.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_the_check_sees_a_broken_link_and_a_broken_anchor(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# A heading, with punctuation!\n[ok](#a-heading-with-punctuation) [gone](missing.md) [bad](#nope)\n")
+    assert anchors(page) == {"a-heading-with-punctuation"}
+    assert links(page) == ["#a-heading-with-punctuation", "missing.md", "#nope"]
