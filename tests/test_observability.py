@@ -657,6 +657,7 @@ def test_three_nodes_get_exporters_and_scrape_targets(program, recipe_config):
         "name": "spark3", "role": "worker", "host": "192.168.1.12",
         "rails": [{"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
                   {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"}]})
+    recipe_config["twinspark:serving"]["pipelineParallel"] = 3  # the layout 3 nodes serve the seed's model at
     run_ = program(recipe_config)
     assert run_.error is None, run_.error
     assert "--web.listen-address=10.0.0.3:9100" in inputs(run_, "spark3-observability-node-exporter")["command"]
