@@ -1,0 +1,36 @@
+"""The stack config contract (Pulumi.spark.yaml) as pydantic models, validated before any resource exists.
+
+`load_stack_config` reads the `twinspark:*` keys, refuses keys it does not know, validates
+field and cross-field rules and raises `pulumi.RunError` naming the key path as the user
+wrote it, the bad value and, in words, what is expected; `load_secrets` does the same for the
+secrets without ever showing them; `resolve_node_addresses` resolves the nodes' names (the
+firewall's addresses). Nothing here touches a node.
+
+One job per module, each importing only modules listed before it:
+  errors.py          the key path and the RunError every check ends in
+  values.py          the value types (names, addresses, ports, paths, images), each refusing in words
+  blocks.py          the blocks (ssh, nodes, fabric, model, serving, observability, platform)
+  schema.py          StackConfig: the rules across blocks, the parallelism rules among them
+  secret_keys.py     the secrets, read and checked without showing them
+  node_addresses.py  the nodes' names resolved to the firewall's addresses
+  loading.py         reading the stack and rendering pydantic's errors as one line each
+  readme_table.py    the README's parameter table, from the field descriptions
+What `serving.extraArgs` may hold lives beside the recipes: components/vllm_flags.py.
+"""
+
+from ..vllm_flags import FLAGS_NOT_IN_EXTRA_ARGS
+from .blocks import Contract, ModelConfig, Node, Observability, Serving, ServingGuard
+from .errors import NAMESPACE, format_key_path
+from .loading import load_stack_config, parse_stack_config, stack_config_keys
+from .node_addresses import resolve_node_addresses
+from .readme_table import parameter_table
+from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig, shape_rules
+from .secret_keys import _checked_secrets, load_secrets
+from .values import DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK
+
+__all__ = [
+    "DEFAULT_HUB_ENDPOINT", "FLAGS_NOT_IN_EXTRA_ARGS", "NAMESPACE", "OPTIONAL_STRUCTURED_KEYS", "SERVING_IMAGE_LOCK",
+    "STRUCTURED_KEYS", "Contract", "ModelConfig", "Node", "Observability", "Serving", "ServingGuard", "StackConfig",
+    "_checked_secrets", "format_key_path", "load_secrets", "load_stack_config", "parameter_table",
+    "parse_stack_config", "resolve_node_addresses", "shape_rules", "stack_config_keys",
+]

@@ -1,0 +1,315 @@
+"""The blocks of the stack config (ssh, nodes, fabric, model, serving, observability, platform) as
+pydantic models, each with the rules that need only its own fields.
+
+What spans blocks (one head, rails apart, ports apart, TP × PP over the nodes) is StackConfig's
+(schema.py). camelCase keys as in Pulumi.spark.yaml; an unknown key is an error.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel, to_snake
+
+from .. import recipes, vllm_flags
+from ..memory_budget import HEADROOM_PERCENT, MIN_AUTO_COTENANT_PERCENT, BudgetError, MemoryBudget
+from ..memory_budget import memory_budget as budget_of
+from .errors import CrossFieldError
+from .values import (DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK, Acknowledgeable, AptPackage, CommitSha, CotenantMemory,
+                     DockerPlatform, HcaName, HostName, HubEndpoint, IfaceName, ImageRef, Integer, KvCacheDtype,
+                     ModelDir, NodeName, NonEmpty, Number, PinnedHostKey, PinnedImage, Port, RailAddress, RayVersion,
+                     RepoId, ServedName, UserName, locked_version)
+
+# Keys whose unset value is the chosen recipe's (Serving._recipe_values)
+RECIPE_KEYS = ("serving.maxModelLen", "serving.gpuMemoryUtilization", "serving.kvCacheDtype")
+
+
+class Contract(BaseModel):
+    """camelCase keys as in Pulumi.spark.yaml; unknown keys are an error (typos must not pass)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class SshConfig(Contract):
+    user: UserName = Field(description="login user on every node (passwordless sudo)")
+    private_key_path: Optional[NonEmpty] = Field(
+        default=None, description="private key that logs in to every node; omit to use ssh-agent "
+        "(a passphrase-protected key must be in ssh-agent: the docker provider's ssh cannot ask for it)")
+    private_key_passphrase: Optional[SecretStr] = Field(
+        default=None, description="passphrase of `privateKeyPath`, a secret (`pulumi config set --secret --path "
+        "ssh.privateKeyPassphrase ...`): the remote commands decrypt the key with it instead of asking ssh-agent")
+    trust_on_first_use: bool = Field(
+        default=False, description="accept a node without a pinned `hostKey`: its key is read at first contact "
+        "and trusted from then on (see Security); off, `pulumi up` refuses such a node")
+
+
+class Rail(Contract):
+    iface: IfaceName = Field(description="the rail's network interface (`ip link`)")
+    hca: HcaName = Field(description="its RoCE device (`ibv_devinfo`), for NCCL_IB_HCA")
+    address: RailAddress = Field(
+        description="static private address with prefix (/16 to /31); rail N of every node shares one subnet, "
+        "and no two rails overlap")
+
+    @property
+    def ip(self) -> str:
+        return self.address.split("/")[0]
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Interface(self.address).network
+
+
+class Node(Contract):
+    name: NodeName = Field(description="short name used in resource names (`{node}-{capability}-{step}`)")
+    role: Literal["head", "worker"] = Field(description="exactly one `head` (Ray head, API); the rest `worker`")
+    host: HostName = Field(description="LAN address or name for SSH and the API")
+    host_key: Optional[PinnedHostKey] = Field(
+        default=None, description="the node's SSH host key, pinned: `python -m ops pin-host-keys` reads it "
+        "(`ssh-ed25519 AAAA...`, as `ssh-keyscan` prints it without the host)")
+    rails: list[Rail] = Field(min_length=1, description="the QSFP rails; the first carries Ray and the weight copy")
+
+    @property
+    def ray_ip(self) -> str:
+        """Ray, vLLM's TCP store and the weight sync use the first rail: the cable, not the LAN."""
+        return self.rails[0].ip
+
+
+class Fabric(Contract):
+    mtu: Integer = Field(ge=1280, le=9216, description="MTU of every rail; FabricCheck and `ops status` expect it")
+    link_speed_mbps: Integer = Field(gt=0, description="link speed every rail must report")
+    bootstrap_iface: IfaceName = Field(description="NCCL/GLOO bootstrap interface (NCCL_SOCKET_IFNAME)")
+    # The recipe measures ~20 GB/s over both rails, ~2 GB/s when NCCL falls back to TCP.
+    min_bus_bandwidth_gbps: Number = Field(
+        default=10.0, ge=0, alias="minBusBandwidthGBps",
+        description="NcclCheck's floor for all_reduce bus bandwidth in GB/s; `0` skips NcclCheck "
+        "(and must, on a single node)")
+
+
+class ModelConfig(Contract):
+    repo: RepoId = Field(description="Hugging Face repository to serve")
+    dir: ModelDir = Field(
+        description="where the weights live on every node: a directory of its own (each worker's copy mirrors "
+        "the head's), not a system or home directory")
+    served_name: ServedName = Field(description="model name clients ask for (`--served-model-name`)")
+    revision: Optional[CommitSha] = Field(
+        default=None,
+        description="the repository's commit to serve (40 hex). Unset: the commit the hub serves at the first "
+        "`pulumi up` is recorded (output `modelRevision`) and kept until `model.repo` or this key changes")
+    hub_endpoint: HubEndpoint = Field(
+        default=DEFAULT_HUB_ENDPOINT,
+        description="the Hugging Face Hub the head downloads from (HF_ENDPOINT of the download): a mirror or a "
+        "proxy that serves the same repositories; no trailing '/'. A change downloads nothing already verified")
+
+    @property
+    def container_dir(self) -> str:
+        return "/models/" + self.dir.rstrip("/").rsplit("/", 1)[-1]
+
+
+class ServingGuard(Contract):
+    enabled: bool = Field(default=True, description="`false`: no guard on the head (and remove it if deployed)")
+    interval_seconds: Integer = Field(
+        default=120, ge=5, le=3600, description="a canary round this often (and right after every (re)start)")
+    retry_seconds: Integer = Field(default=15, ge=1, le=600, description="the next round this soon after a failed one")
+    deadline_seconds: Integer = Field(
+        default=60, ge=5, le=600, description="each canary request must be answered in full within this")
+    failures_before_restart: Integer = Field(
+        default=3, ge=1, le=20, description="this many failed rounds in a row restart the head's serving container")
+    restart_limit: Integer = Field(
+        default=3, ge=1, le=50,
+        description="this many serving restarts within restartWindowMinutes: no more restarts, serving is held "
+        "until a reboot or `python -m ops clear-hold`")
+    restart_window_minutes: Integer = Field(default=30, ge=1, le=1440, description="the window restartLimit counts over")
+
+
+class Serving(Contract):
+    image: ImageRef = Field(
+        description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`; a tag "
+        "is resolved to its digest once and kept (output `servingImage`), a `@sha256:` digest is used as it is")
+    recipe: str = Field(
+        default=recipes.DEFAULT_RECIPE,
+        description="the model recipe (a file in recipes/, by its `name`): vLLM's flags and environment, profiles, "
+        "client fences, needle sizes, panels and baseline; see Models")
+    profile: str = Field(
+        default="default",
+        description="one of the recipe's launch profiles; DeepSeek's: `default` (spec decode 7, 6 seqs: 74.8 tok/s "
+        "single stream) or `multiagent` (spec 3, 8 seqs: 105.7 tok/s at 4-way)")
+    port: Port = Field(
+        default=8000,
+        description="API port on the head; not a port SSH, Ray, vLLM, NcclCheck, the weight copy, the kernel's "
+        "ephemeral range or the monitoring (while on) use, nor grafanaPort")
+    # unset: the recipe's value (filled in by _recipe_values before validation)
+    max_model_len: Integer = Field(
+        default=None, gt=0, description="`--max-model-len`; also the clients' context window and fences")
+    gpu_memory_utilization: Number = Field(
+        default=None, gt=0.0, le=0.95, description="`--gpu-memory-utilization` (0 < x ≤ 0.95)")
+    kv_cache_dtype: KvCacheDtype = Field(
+        default=None,
+        description="a KV-cache dtype vLLM registers; DeepSeek: keep the native fp8 (gotcha 14), any other value "
+        "tightens the compaction fence to 110k")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="more vLLM flags, appended last; refused: a flag a config key, the recipe or the profile sets, "
+        "any abbreviation of one (vLLM's parser takes them), and `--config`")
+    ray_version: RayVersion = Field(
+        default="2.57.0", description="Ray installed into the serving image: the version "
+        "launch/serving-image/ray-requirements.lock pins (with every dependency's hashes)")
+    # Ubuntu 22.04's nginx, as in the recipe's base (vLLM's image); a base of another release
+    # names its own versions. NOT read from the recipe's base image yet: the build names every
+    # package it would add unpinned.
+    apt_packages: list[AptPackage] = Field(
+        default_factory=lambda: ["nginx=1.18.0-6ubuntu14"], min_length=1,
+        description="the Debian packages the serving image adds (nginx for the API gateway), each at an exact "
+        "version NAME=VERSION; the build refuses any other package apt would pull in")
+    platform: DockerPlatform = Field(
+        default="linux/arm64",
+        description="the platform the serving image is built for and every image is pulled for: `linux/arm64` "
+        "(a DGX Spark) or `linux/amd64` (the simulator)")
+    # unset: the node count ÷ pipelineParallel (StackConfig.tensor_parallel_size)
+    tensor_parallel: Optional[Integer] = Field(
+        default=None, ge=1,
+        description="`--tensor-parallel-size`: nodes in each pipeline stage, splitting every layer's heads; "
+        "tensorParallel × pipelineParallel must equal the node count (one GPU per Spark)")
+    pipeline_parallel: Integer = Field(
+        default=1, ge=1,
+        description="`--pipeline-parallel-size`: stages the layers are split over (`--pipeline-parallel-size` is "
+        "passed only above 1); what 3 nodes need for a model TP=3 cannot split (the config check lists the layouts "
+        "that work)")
+    readiness_timeout_minutes: Integer = Field(
+        default=20, ge=1, le=240, description="how long `pulumi up` waits for the endpoint to answer")
+    gpu_clock_cap_mhz: Optional[Integer] = Field(
+        default=None, ge=300, le=4000,
+        description="cap every node's GPU clock at this many MHz, applied now and at every boot "
+        "(`nvidia-smi -lgc 0,N`, which alone does not survive a reboot): what cures overheat shutdowns "
+        "on some Sparks; unset: the driver's clocks")
+    guard: ServingGuard = Field(
+        default_factory=ServingGuard,
+        description="the head's guard: answer canary, wedge detection, crash-loop hold")
+    cotenant_memory_max: CotenantMemory = Field(
+        default="auto",
+        description="cap on memory for sessions (user.slice) and, apart, other services (system.slice) on every "
+        "node, so the OOM killer takes a co-tenant before a TP rank: `auto` = half of what gpuMemoryUtilization "
+        f"and the {HEADROOM_PERCENT}% headroom leave (5% each at 0.85; refused below {MIN_AUTO_COTENANT_PERCENT}%), "
+        "a percentage for each, or `off`; refused when model + caps + headroom exceed 100%")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_values(cls, data: Any) -> Any:
+        """Config keys override the recipe's values: an unset key takes the recipe's."""
+        if not isinstance(data, dict):
+            return data
+        try:
+            spec = recipes.recipe_named(data.get("recipe", recipes.DEFAULT_RECIPE))
+        except recipes.RecipeError:
+            return data  # _known_recipe says what is wrong
+        values = {key.removeprefix("serving."): getattr(spec.vllm, to_snake(key.removeprefix("serving.")))
+                  for key in RECIPE_KEYS}
+        return {**{k: v for k, v in values.items() if k not in data and to_snake(k) not in data}, **data}
+
+    @property
+    def recipe_spec(self) -> recipes.Recipe:
+        return recipes.recipe_named(self.recipe)
+
+    @model_validator(mode="after")
+    def _known_recipe_and_profile(self) -> "Serving":
+        try:
+            spec = self.recipe_spec
+        except recipes.RecipeError as err:
+            raise CrossFieldError("recipe", repr(self.recipe), str(err).removeprefix("expected ")) from None
+        if self.profile not in spec.profiles:
+            known = " or ".join(repr(p) for p in spec.profiles)
+            raise CrossFieldError("profile", repr(self.profile), f"one of recipe {spec.name}'s profiles: {known}")
+        names = recipes.vllm_names()["kv_cache_dtypes"]
+        if self.kv_cache_dtype not in names["names"]:
+            raise CrossFieldError("kvCacheDtype", repr(self.kv_cache_dtype),
+                                   f"a KV-cache dtype vLLM registers ({', '.join(names['names'])}; "
+                                   f"{names['source']})")
+        return self
+
+    @property
+    def refused_flags(self) -> dict[str, str]:
+        """What extraArgs may not set: what twinspark's keys own, and every flag the recipe renders."""
+        return vllm_flags.refused_flags(self.recipe_spec)
+
+    @property
+    def memory_budget(self) -> MemoryBudget:
+        """The node's budget (components/memory_budget.py): validated below, so it adds up."""
+        return budget_of(self.gpu_memory_utilization, self.cotenant_memory_max)
+
+    @property
+    def cotenant_memory_percent(self) -> Optional[int]:
+        return self.memory_budget.cotenant_percent
+
+    @model_validator(mode="after")
+    def _memory_budget_adds_up(self) -> "Serving":
+        try:
+            self.memory_budget
+        except BudgetError as err:
+            raise CrossFieldError("cotenantMemoryMax", repr(self.cotenant_memory_max),
+                                   f"a memory budget that adds up: {err}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _ray_version_is_locked(self) -> "Serving":
+        locked = locked_version("ray")
+        if locked != self.ray_version:
+            raise CrossFieldError("rayVersion", self.ray_version,
+                                   f"the Ray version {SERVING_IMAGE_LOCK.name} pins ({locked}): compile the lock for "
+                                   "another one with the command in its header")
+        return self
+
+    @model_validator(mode="after")
+    def _extra_args_are_flags(self) -> "Serving":
+        problem = vllm_flags.extra_args_problem(self.extra_args, self.refused_flags)
+        if problem:
+            i, shown, expected = problem
+            raise CrossFieldError(f"extraArgs[{i}]", shown, expected)
+        return self
+
+
+class ObservabilityImages(Contract):
+    prometheus: PinnedImage = Field(default="prom/prometheus:v3.13.1", description="Prometheus, on the head")
+    grafana: PinnedImage = Field(default="grafana/grafana:12.4.5", description="Grafana, on the head")
+    alertmanager: PinnedImage = Field(
+        default="prom/alertmanager:v0.28.1", description="Alertmanager, on the head, only with `alertWebhookUrl` set")
+    node_exporter: PinnedImage = Field(
+        default="prom/node-exporter:v1.12.1",
+        description="node exporter on every node: host, RoCE port counters and state, link state, MTU, speed")
+    gpu_exporter: PinnedImage = Field(
+        default="utkuozdemir/nvidia_gpu_exporter:1.14.0",
+        description="nvidia-smi exporter on every node (works on GB10, where DCGM does not)")
+
+
+class Observability(Contract):
+    enabled: bool = Field(
+        default=True, description="`false`: deploy no metrics, dashboards or alerts (and remove them if deployed)")
+    retention_days: Integer = Field(
+        default=30, ge=1, le=3650, description="Prometheus keeps this many days of samples")
+    retention_size: Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]*(KB|MB|GB|TB)$")] = Field(
+        default="100GB", description="...and at most this much of the head's disk, whichever limit is hit first")
+    scrape_interval_seconds: Integer = Field(
+        default=15, ge=1, le=300, description="how often every target is scraped and every rule evaluated")
+    grafana_port: Port = Field(
+        default=3000, description="Grafana's port on every interface of the head; refused as serving.port is")
+    images: ObservabilityImages = Field(
+        default_factory=ObservabilityImages,
+        description="the images, each pinned to an exact `major.minor.patch` tag or a `@sha256:` digest")
+    gpu_temperature_alert_celsius: Number = Field(
+        default=85.0, gt=0, le=120, description="TwinsparkGpuHot fires above this GPU temperature for 5 min")
+    spec_decode_min_acceptance: Number = Field(
+        default=0.2, ge=0, lt=1,
+        description="TwinsparkSpecDecodeAcceptanceCollapse fires when accepted/drafted tokens stay below this")
+    throughput_floor_tokens_per_second: Number = Field(
+        default=10.0, gt=0,
+        description="TwinsparkThroughputCollapse fires when requests run but output stays under this many tok/s "
+        "(and prefill under 20 times it) for 10 min; healthy decode is 27-105 tok/s")
+
+
+class PlatformConfig(Contract):
+    acknowledge: list[Acknowledgeable] = Field(
+        default_factory=list,
+        description="what the platform gate lets pass: known-issue ids (known-issues.toml) and node differences "
+        "`mismatch:driver`, `mismatch:kernel`; nodes on different images are never let pass")

@@ -1,0 +1,53 @@
+"""The README's parameter table, rendered from the schema's field descriptions and the secrets'
+rules (tests/test_config_errors.py holds the README to it).
+"""
+
+from __future__ import annotations
+
+import string
+
+from pydantic import BaseModel
+
+from .blocks import RECIPE_KEYS, Contract
+from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig
+from .secret_keys import SECRET_KEYS
+
+# Keys whose unset value follows from others (StackConfig)
+DERIVED_DEFAULTS = {"serving.tensorParallel": "node count ÷ `pipelineParallel`"}
+
+
+def parameter_table() -> str:
+    """The README's parameter table, from the field descriptions: the two cannot drift."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{field.alias or name}"
+            annotation = field.annotation
+            inner = getattr(annotation, "__args__", (annotation,))
+            nested = next((t for t in inner if isinstance(t, type) and issubclass(t, Contract)), None)
+            if nested is not None:
+                rows.append(f"| `{key}` | {'required' if field.is_required() else 'see below'} | {field.description} |")
+                walk(nested, f"{key}{'[]' if getattr(annotation, '__origin__', None) is list else ''}.")
+                continue
+            if field.is_required():
+                default = "required"
+            else:
+                value = field.get_default(call_default_factory=True)
+                if key in RECIPE_KEYS:
+                    default = "the recipe's"
+                elif key in DERIVED_DEFAULTS:
+                    default = DERIVED_DEFAULTS[key]
+                else:
+                    default = "none" if value is None else f"`{str(value).lower() if isinstance(value, bool) else value}`"
+            rows.append(f"| `{key}` | {default} | {field.description} |")
+
+    for block in STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS:
+        model = StackConfig.model_fields[block].annotation
+        inner = getattr(model, "__args__", (model,))[0]
+        walk(inner, f"{block}{'[]' if block == 'nodes' else ''}.")
+    for key, spec in SECRET_KEYS.items():
+        shown = "".join(sorted(spec.characters - set(string.ascii_letters + string.digits)))
+        rules = f"{spec.min_length}–{spec.max_length} letters, digits or `{shown}`"
+        rows.append(f"| `{key}` (secret) | none | {spec.meaning}; {rules} |")
+    return "\n".join(rows) + "\n"

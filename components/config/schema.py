@@ -1,0 +1,273 @@
+"""The whole stack config, StackConfig: the blocks (blocks.py) and the rules that span them.
+
+One head; names, machines and rails distinct; rail N of every node in one subnet of its own,
+apart from the LAN; the configured ports apart from each other and the monitoring's; as many
+nodes as the recipe supports; TP × PP spanning the nodes, in a layout the model splits over.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import ipaddress
+from pathlib import Path
+from typing import Optional
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic.alias_generators import to_snake
+
+import node_contract as contract
+
+from .blocks import Contract, Fabric, ModelConfig, Node, Observability, PlatformConfig, Serving, SshConfig
+from .errors import CrossFieldError
+
+STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "model", "serving")
+OPTIONAL_STRUCTURED_KEYS = ("observability", "platform")  # omitted: the block's defaults
+
+
+class StackConfig(Contract):
+    ssh: SshConfig
+    nodes: list[Node] = Field(min_length=1)
+    fabric: Fabric
+    model: ModelConfig
+    serving: Serving
+    observability: Observability = Field(default_factory=Observability)
+    platform: PlatformConfig = Field(default_factory=PlatformConfig)
+
+    @property
+    def head(self) -> Node:
+        return next(n for n in self.nodes if n.role == "head")
+
+    @property
+    def workers(self) -> list[Node]:
+        return [n for n in self.nodes if n.role == "worker"]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes)  # one GB10 GPU per Spark: one rank each
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return self.serving.pipeline_parallel
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """serving.tensorParallel, or unset the node count ÷ PP (the node count without PP)."""
+        return self.serving.tensor_parallel or self.world_size // self.pipeline_parallel_size
+
+    @property
+    def parallelism_in_words(self) -> str:
+        tp, pp, n = self.tensor_parallel_size, self.pipeline_parallel_size, self.world_size
+        if pp == 1:
+            return f"tensor parallel over {n} DGX Sparks"
+        return f"{'' if tp == 1 else f'tensor parallel {tp} × '}pipeline parallel {pp} over {n} DGX Sparks"
+
+    @property
+    def head_public_ports_by_key(self) -> dict[str, int]:
+        """Every configured port in use, by its key: what the head serves to the LAN."""
+        ports = {"serving.port": self.serving.port}
+        if self.observability.enabled:
+            ports["observability.grafanaPort"] = self.observability.grafana_port
+        return ports
+
+    @property
+    def head_public_ports(self) -> tuple[int, ...]:
+        """What the head serves to the LAN (the host firewall opens these and SSH, nothing else)."""
+        return tuple(self.head_public_ports_by_key.values())
+
+    def peers_on_rail(self, node: Node, rail_index: int) -> list[str]:
+        return [n.rails[rail_index].ip for n in self.nodes if n.name != node.name]
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "StackConfig":
+        heads = [i for i, n in enumerate(self.nodes) if n.role == "head"]
+        if len(heads) != 1:
+            raise CrossFieldError(
+                "nodes", f"{len(heads)} nodes have role head", "exactly one node with role: head"
+            )
+        _require_distinct(self.nodes, "nodes", "name")
+        self._one_node_per_machine()
+        rail_counts = {len(n.rails) for n in self.nodes}
+        if len(rail_counts) != 1:
+            raise CrossFieldError(
+                "nodes", f"rail counts {sorted(rail_counts)}", "the same number of rails on every node"
+            )
+        for i, node in enumerate(self.nodes):
+            for r, rail in enumerate(node.rails):
+                if rail.iface == self.fabric.bootstrap_iface:
+                    raise CrossFieldError(
+                        f"nodes[{i}].rails[{r}].iface", rail.iface,
+                        "a QSFP interface, not fabric.bootstrapIface (the LAN port SSH uses: the rails' netplan "
+                        "would switch its DHCP off)")
+            _require_distinct(node.rails, f"nodes[{i}].rails", "iface")
+            _require_distinct(node.rails, f"nodes[{i}].rails", "hca")
+        self._rails_are_separate_cables()
+        if len(self.nodes) == 1 and self.fabric.min_bus_bandwidth_gbps > 0:
+            raise CrossFieldError(
+                "fabric.minBusBandwidthGBps", self.fabric.min_bus_bandwidth_gbps,
+                "0 on a single-node stack (NcclCheck measures the cable between nodes; alone, it can never pass)")
+        self._configured_ports_apart()
+        self._nodes_the_recipe_supports()
+        self._parallelism_spans_the_nodes()
+        self._layout_splits_the_model()
+        return self
+
+    def _parallelism_spans_the_nodes(self) -> None:
+        """One rank per node: TP × PP = the node count, or a rank has no GPU (or a GPU no rank)."""
+        n, pp, tp_set = self.world_size, self.pipeline_parallel_size, self.serving.tensor_parallel
+        rules = shape_rules()
+        layouts = " or ".join(rules.layout_option(t, p) for t, p in rules.layouts_of(n))
+        if tp_set is None and n % pp:
+            raise CrossFieldError("serving.pipelineParallel", pp,
+                                   f"a pipelineParallel that divides the node count {n} (tensorParallel, unset, is "
+                                   f"the node count ÷ pipelineParallel): with {n} nodes set {layouts}")
+        if self.tensor_parallel_size * pp != n:
+            key = "serving.tensorParallel" if "pipeline_parallel" not in self.serving.model_fields_set \
+                else "serving.pipelineParallel"
+            raise CrossFieldError(key, f"tensorParallel {tp_set} × pipelineParallel {pp} = {tp_set * pp} ranks on "
+                                   f"{n} nodes",
+                                   f"tensorParallel × pipelineParallel = {n}, the node count (one rank on each "
+                                   f"node's GPU): with {n} nodes set {layouts}")
+
+    def _layout_splits_the_model(self) -> None:
+        """Where the recipe records its model's shape, a TP × PP it cannot split stops here,
+        before any resource, with the layouts that work (the rules: launch/weights.py's)."""
+        recipe = self.serving.recipe_spec
+        if recipe.shape is None or self.model.repo != recipe.repo:  # another model: judged after the pin
+            return
+        shape, tp, pp = recipe.shape.as_config_json(), self.tensor_parallel_size, self.pipeline_parallel_size
+        rules = shape_rules()
+        fails = [line.removeprefix("FAIL ") for line in rules.head_lines(shape, tp, pp) if line.startswith("FAIL")]
+        if not fails:
+            return
+        works = [rules.layout_option(t, p) for t, p in rules.workable_layouts(shape, self.world_size)]
+        key = "serving.pipelineParallel" if all(f.startswith("hidden layers") for f in fails) else \
+            "serving.tensorParallel"
+        advice = (f"with {self.world_size} nodes set {' or '.join(works)}" if works else
+                  f"no TP × PP of {self.world_size} nodes splits it: another node count")
+        figures = (f"{recipe.shape.attention_heads} attention heads, {recipe.shape.kv_heads or 'one per head'} KV "
+                   f"heads{', latent' if recipe.shape.kv_lora_rank else ''}, {recipe.shape.hidden_layers} layers")
+        raise CrossFieldError(key, f"TP={tp} × PP={pp} on {self.world_size} nodes: " + "; ".join(fails),
+                               f"a layout model {recipe.repo} splits over (recipe {recipe.name}'s shape: {figures}): "
+                               f"{advice}")
+
+    @property
+    def parallelism_warning(self) -> Optional[str]:
+        """PP on a recipe proven without it: allowed (it is what 3 nodes may need), said out loud."""
+        recipe = self.serving.recipe_spec
+        if self.pipeline_parallel_size == 1 or "pp" in recipe.parallelism:
+            return None
+        return (f"serving.pipelineParallel {self.pipeline_parallel_size}: recipe {recipe.name} was proven with "
+                f"{', '.join(recipe.parallelism)} only, not pipeline parallelism: its flags (speculative decoding "
+                "above all) and its baseline are unproven at this layout; vLLM refuses at load what it cannot run")
+
+    def _nodes_the_recipe_supports(self) -> None:
+        """As many nodes as the recipe was proven on: TP × PP spans them all (world_size)."""
+        recipe = self.serving.recipe_spec
+        if not recipe.nodes.min <= len(self.nodes) <= recipe.nodes.max:
+            span = (f"{recipe.nodes.min}" if recipe.nodes.min == recipe.nodes.max
+                    else f"{recipe.nodes.min} to {recipe.nodes.max}")
+            raise CrossFieldError("nodes", f"{len(self.nodes)} nodes",
+                                   f"{span} nodes, what serving.recipe {recipe.name} supports (its nodes in recipes/), "
+                                   "or a recipe made for this many")
+
+    @property
+    def recipe_repo_warning(self) -> Optional[str]:
+        """model.repo is not the repository the chosen recipe was proven on: said, not refused (a
+        fine-tune or a mirror of the same model is served with the recipe's flags on purpose)."""
+        recipe = self.serving.recipe_spec
+        if self.model.repo == recipe.repo:
+            return None
+        return (f"model.repo {self.model.repo} is not {recipe.repo}, the repository of serving.recipe {recipe.name}: "
+                f"the recipe's flags, environment and parsers are applied to {self.model.repo} as they are; choose "
+                "the recipe made for it if there is one (see Models in the README)")
+
+    def _one_node_per_machine(self) -> None:
+        """DNS names ignore case (an address has one spelling: HostName), so SPARK-A.local is spark-a.local."""
+        seen: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            j = seen.setdefault(node.host.lower(), i)
+            if j != i:
+                other = self.nodes[j].host
+                why = "" if other == node.host else " (DNS names ignore case: both name one machine)"
+                raise CrossFieldError(f"nodes[{i}].host", node.host,
+                                       f"a machine other than nodes[{j}].host {other!r}{why}")
+
+    def _configured_ports_apart(self) -> None:
+        """Each configured port is checked against what always listens by its field (Port); here
+        against the monitoring's, while it is on, and against each other (the key blamed is one
+        the user set, where only one of them is)."""
+        ports = self.head_public_ports_by_key
+        monitoring = contract.OBSERVABILITY_PORTS if self.observability.enabled else {}
+        keys = list(ports)
+        for i, key in enumerate(keys):
+            owner = next((name for name, port in monitoring.items() if port == ports[key]), None)
+            if owner:
+                raise CrossFieldError(key, ports[key], f"a port other than {owner}'s, while observability is on")
+            for other in keys[:i]:
+                if ports[key] == ports[other]:
+                    if self._set_by_user(other) and not self._set_by_user(key):
+                        key, other = other, key
+                    raise CrossFieldError(key, ports[key], f"a port other than {other}'s: both listen on the head")
+
+    def _set_by_user(self, key: str) -> bool:
+        block, field = key.split(".")
+        return to_snake(field) in getattr(self, block).model_fields_set
+
+    def _rails_are_separate_cables(self) -> None:
+        """Rail N of every node in one subnet of its own, apart from every other rail and the LAN."""
+        first = self.nodes[0].rails
+        for r, rail in enumerate(first):  # node 0's first: every other node must match it
+            for q in range(r):
+                if rail.network.overlaps(first[q].network):
+                    raise CrossFieldError(
+                        f"nodes[0].rails[{r}].address", rail.address,
+                        f"a subnet that does not overlap nodes[0].rails[{q}]'s {first[q].network} (each rail is "
+                        "its own cable)")
+        hosts = {}
+        for j, node in enumerate(self.nodes):
+            try:
+                hosts[j] = ipaddress.IPv4Address(node.host)
+            except ValueError:
+                continue  # a DNS name: its address is not known here
+        seen: dict[str, str] = {}
+        for i, node in enumerate(self.nodes):
+            for r, rail in enumerate(node.rails):
+                path = f"nodes[{i}].rails[{r}].address"
+                if rail.ip in seen:
+                    raise CrossFieldError(path, rail.address, f"a rail address not already used by {seen[rail.ip]}")
+                seen[rail.ip] = path
+                if rail.network != first[r].network:
+                    raise CrossFieldError(
+                        path,
+                        rail.address,
+                        f"an address in {first[r].network} (rail {r} of every node shares one subnet, "
+                        f"as nodes[0].rails[{r}] does)",
+                    )
+                for j, host in hosts.items():
+                    if host in rail.network:
+                        raise CrossFieldError(
+                            path, rail.address,
+                            f"a subnet apart from the LAN, without nodes[{j}].host {host} (SSH and the API would "
+                            "be routed over the cable)")
+
+
+@functools.cache
+def shape_rules():
+    """launch/weights.py, whose shape rules the node runs (stdlib only): one copy of vLLM's rules."""
+    path = Path(__file__).resolve().parents[2] / "launch" / "weights.py"
+    spec = importlib.util.spec_from_file_location("twinspark_weights_program", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _require_distinct(items: list[BaseModel], prefix: str, field: str) -> None:
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        value = getattr(item, field)
+        if value in seen:
+            raise CrossFieldError(
+                f"{prefix}[{i}].{field}", value, f"a value different from {prefix}[{seen[value]}].{field}"
+            )
+        seen[value] = i
