@@ -596,6 +596,13 @@ class Guard:
         write_atomically(Path(self.args.textfile), text)
 
 
+    def withdraw_metrics(self) -> None:
+        """A stopped guard's series would claim a canary nobody runs (after a role swap, on a
+        worker); absent, TwinsparkCanaryStale's absent() says no guard probes."""
+        if self.args.textfile:
+            Path(self.args.textfile).unlink(missing_ok=True)
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Readers see the old file or the new one, never half of one. The temporary name starts
     with a dot and does not end in .prom: the textfile collector skips it."""
@@ -664,6 +671,7 @@ def main(argv: list[str]) -> int:
             time.sleep(TICK_S)
     finally:
         guard.release_on_stop()
+        guard.withdraw_metrics()
 
 
 if __name__ == "__main__":

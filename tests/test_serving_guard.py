@@ -327,6 +327,15 @@ def test_the_first_reboot_of_a_fresh_head_is_counted_too(head):
     assert json.loads(head.restarts_file.read_text())["restarts"][0]["reason"] == "the head rebooted"
 
 
+def test_a_stopped_guard_withdraws_its_series(head):
+    """Stopped (disabled, removed, a role swap that made the head a worker), the guard's textfile
+    must go: left, its last verdict would claim a canary nobody runs."""
+    head.start()
+    wait_for(lambda: "twinspark_guard_canary_success 1" in head.textfile.read_text(), "the guard's series", head)
+    head.terminate_guard()
+    assert not head.textfile.exists()
+
+
 def test_the_reboot_a_hold_asks_for_clears_the_count(head):
     head.restarts_file.parent.mkdir(parents=True)
     now = time.time()
