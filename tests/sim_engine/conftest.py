@@ -44,7 +44,7 @@ from hub_standin import HubStandin  # noqa: E402
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
 STACK = "sim"
 REPORT = ROOT / "build" / "sim-engine-report.json"
-HEAD = "sim1"
+HEAD, WORKER = "sim1", "sim2"
 
 
 def engine_environment() -> dict[str, str]:
@@ -301,3 +301,21 @@ def vllm_argv(cluster) -> list[str]:
 
 def flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
+
+
+def readiness_s(stack) -> float:
+    """What `pulumi up` waits for serving (serving.readinessTimeoutMinutes): a recovery is due within it."""
+    return stack.stack_file()["config"]["twinspark:serving"]["readinessTimeoutMinutes"] * 60
+
+
+def run_ops(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ops", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def ops_access(cluster, outputs: dict, operator_home: Path) -> list[str]:
+    """A day-2 tool's flags for this cluster: the outputs as `pulumi stack output --json
+    --show-secrets` gives them, the operator's key, the sim's throwaway host keys."""
+    outputs_file = operator_home / "outputs.json"
+    outputs_file.write_text(json.dumps(outputs))
+    return ["--outputs-file", str(outputs_file), "--ssh-key", str(cluster.key),
+            "--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null"]

@@ -12,8 +12,6 @@ knobs (tests/sim/bin/vllm), written inside the head's serving container."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 
@@ -21,9 +19,9 @@ import httpx
 import pytest
 
 import node_contract as contract
-from conftest import HEAD, ROOT, completion_status, flag, guard_verdict, urn_of, vllm_argv, wait_for
+from conftest import (HEAD, WORKER, completion_status, flag, guard_verdict, ops_access, readiness_s, run_ops,
+                      urn_of, vllm_argv, wait_for)
 
-WORKER = "sim2"
 SERVING = contract.SERVING_CONTAINER
 BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
 GUARD_LOG = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
@@ -35,11 +33,6 @@ HEAD_GRACE_S = 6  # the worker's default wait for a silent head (launch/ray-memb
 # ---- the stack's own settings bound every wait ---------------------------------------------------
 def serving_settings(stack) -> dict:
     return stack.stack_file()["config"]["twinspark:serving"]
-
-
-def readiness_s(stack) -> float:
-    """What `pulumi up` waits for serving: a recovery is due within it."""
-    return serving_settings(stack)["readinessTimeoutMinutes"] * 60
 
 
 def guard_round_s(stack) -> float:
@@ -264,10 +257,6 @@ def test_a_saturated_engine_serves_its_streams_to_the_end_with_the_guard_on(clus
         restart_head_engine(cluster, stack, fresh_guard)
 
 
-def run_ops(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ops", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture
 def wide_restart_window(stack):
     """The guard counting over 10 minutes, long enough for a crash loop's restarts on a loaded
@@ -305,10 +294,7 @@ def test_a_crash_loop_is_held_until_cleared(cluster, stack, wide_restart_window,
     report["held_readiness_refused_s"] = round(time.monotonic() - started, 1)
     assert "serving is held: restart loop" in str(refused.value), refused.value
     # ops status names it; ops clear-hold lets the engine try again (its last bad start, then it serves)
-    outputs_file = operator_home / "outputs.json"
-    outputs_file.write_text(json.dumps(stack.outputs()))
-    access = ["--outputs-file", str(outputs_file), "--ssh-key", str(cluster.key),
-              "--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null"]
+    access = ops_access(cluster, stack.outputs(), operator_home)
     held = run_ops("status", "--json", *access)
     assert held.returncode == 1, held.stdout + held.stderr
     assert any("sim1: serving held: restart loop" in p for p in json.loads(held.stdout)["problems"]), held.stdout

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,9 +17,8 @@ import node_contract as contract
 from cluster import can_raise_memlock
 from components import host_prep
 from components.launch_bundle import VllmServe, vllm_argv
-from conftest import HEAD, ROOT, completion_status, guard_verdict, wait_for
+from conftest import HEAD, WORKER, completion_status, guard_verdict, ops_access, readiness_s, run_ops, wait_for
 
-WORKER = "sim2"
 SERVING = contract.SERVING_CONTAINER
 VLLM_ARGV = f"{contract.LOG_DIR}/vllm-argv.json"  # the vLLM stand-in's record of its start
 
@@ -30,8 +27,7 @@ VLLM_ARGV = f"{contract.LOG_DIR}/vllm-argv.json"  # the vLLM stand-in's record o
 def serving(cluster, stack, deployed) -> dict:
     """The stack's outputs, once serving answers and the guard has had its first round."""
     outputs = stack.outputs()
-    readiness = stack.stack_file()["config"]["twinspark:serving"]["readinessTimeoutMinutes"] * 60
-    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, readiness, "serving")
+    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, readiness_s(stack), "serving")
     wait_for(lambda: guard_verdict(cluster), 120, "the guard's first verdict")
     return outputs
 
@@ -166,19 +162,8 @@ def test_ray_refuses_a_client_without_the_clusters_token(cluster, serving):
 
 
 # ---- the day-2 tools against the live cluster --------------------------------------------------------
-def run_ops(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ops", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-
-
-def status_args(cluster, outputs: dict, operator_home: Path) -> list[str]:
-    outputs_file = operator_home / "outputs.json"  # `pulumi stack output --json --show-secrets`
-    outputs_file.write_text(json.dumps(outputs))
-    return ["status", "--json", "--outputs-file", str(outputs_file), "--ssh-key", str(cluster.key),
-            "--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null"]
-
-
 def test_ops_status_over_ssh_sees_every_node_and_names_a_rail_down(cluster, serving, operator_home):
-    proc = run_ops(*status_args(cluster, serving, operator_home))
+    proc = run_ops("status", "--json", *ops_access(cluster, serving, operator_home))
     status = json.loads(proc.stdout)
     assert proc.returncode == 0, (status["problems"], proc.stderr)
     nodes = {n["node"]: n for n in status["nodes"]}
@@ -193,7 +178,7 @@ def test_ops_status_over_ssh_sees_every_node_and_names_a_rail_down(cluster, serv
     assert nodes[HEAD]["hold"] is None
     cluster.in_netns(WORKER, "ip", "link", "set", "rail1", "down")
     try:
-        sick = run_ops(*status_args(cluster, serving, operator_home))
+        sick = run_ops("status", "--json", *ops_access(cluster, serving, operator_home))
     finally:
         cluster.in_netns(WORKER, "ip", "link", "set", "rail1", "up")
     assert sick.returncode == 1

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 import node_contract as contract
-from conftest import HEAD, completion_status, containers, serving_answers, urn_of, wait_for
+from conftest import HEAD, WORKER, completion_status, containers, readiness_s, serving_answers, urn_of, wait_for
 
-WORKER = "sim2"
 RSYNC_FAULTY = Path(__file__).resolve().parents[1] / "sim" / "faults" / "rsync-faulty"
 
 
@@ -158,9 +157,9 @@ def test_a_replaced_fabric_check_names_the_broken_rail_and_passes_once_mended(
     finally:
         cluster.in_netns(WORKER, "ip", *mend_it)
     assert checked in str(failed.value) and says in str(failed.value), failed.value
-    readiness = stack.stack_file()["config"]["twinspark:serving"]["readinessTimeoutMinutes"] * 60
     mended = time.monotonic()
-    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, readiness, "serving once the rail is mended")
+    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, readiness_s(stack),
+             "serving once the rail is mended")
     report[f"fabric_{request.node.callspec.id}_mended_to_serving_s"] = round(time.monotonic() - mended, 1)
     replace(stack, checked)
     said = step_output(stack, checked)
