@@ -34,7 +34,9 @@ if __name__ == "__main__":  # run as a program (scripts/sim.sh): the repository'
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import sim_images  # noqa: E402  (the sim stack's file, its registry and the registry's CA)
+import sim_model  # noqa: E402
 from components.config import Node, StackConfig, parse_stack_config  # noqa: E402
+from components.config.schema import shape_rules  # noqa: E402
 
 SIM_DIR = Path(__file__).resolve().parent
 SIM_STACK = sim_images.SIM_STACK
@@ -61,6 +63,12 @@ def load_sim_config(private_key: Path, path: Path = SIM_STACK, nodes: int = 0) -
     config["twinspark:ssh"] = {**config["twinspark:ssh"], "privateKeyPath": str(private_key)}
     if nodes:
         config["twinspark:nodes"] = sim_nodes(config["twinspark:nodes"], nodes)
+        # the layout with the largest TP that the sim's model splits over (3 nodes: PP 3, TP 1)
+        layouts = shape_rules().workable_layouts(sim_model.SIM_MODEL_CONFIG, nodes)
+        if not layouts:
+            raise ValueError(f"--nodes {nodes}: no TP × PP of {nodes} nodes splits the sim's model")
+        if layouts[0][1] > 1:
+            config["twinspark:serving"] = {**config["twinspark:serving"], "pipelineParallel": layouts[0][1]}
     return config
 
 
@@ -71,7 +79,7 @@ def sim_nodes(stack_nodes: list[dict], count: int) -> list[dict]:
         raise ValueError(f"--nodes {count}: a cluster has a head and at least one worker (2 or more)")
     if count > 9:
         raise ValueError(f"--nodes {count}: the sim's address plan holds at most 9 nodes")
-    template = stack_nodes[-1]
+    template = {k: v for k, v in stack_nodes[-1].items() if k != "hostKey"}  # a new node has its own
     nodes = [dict(n) for n in stack_nodes[:count]]
     for i in range(len(nodes) + 1, count + 1):
         rails = [{**r, "address": f"10.0.{k}.{i}/24"} for k, r in enumerate(template["rails"])]
@@ -160,6 +168,25 @@ class SimCluster:
             sh("ip", "link", "del", self._mgmt_host_iface(node), check=False)
         for node in self.nodes.values():
             sh("rm", "-rf", "--one-file-system", self.state_dir(node), check=False)
+
+    def add_node(self, spec: dict) -> Node:
+        """Another Spark cabled to the running cluster (a node of the stack's config, as a dict):
+        its namespace, rails on the fabric's bridges, and a fresh boot; the stack does not know it
+        until its config names it."""
+        node = SimNode(Node.model_validate(spec), f"{self.prefix}-{spec['name']}")
+        self.nodes[node.name] = node
+        self._network(len(self.nodes) - 1, node)
+        self._power_on(node)
+        self._install(node)
+        return node.spec
+
+    def remove_node(self, name: str) -> None:
+        """The node unplugged and gone: its processes, namespace, links and disk."""
+        node = self.nodes.pop(name)
+        self._power_off(node)
+        sh("ip", "netns", "del", node.netns, check=False)
+        sh("ip", "link", "del", self._mgmt_host_iface(node), check=False)
+        sh("rm", "-rf", "--one-file-system", self.state_dir(node), check=False)
 
     def reboot(self, *nodes: str) -> None:
         """Power the nodes off (every process of them killed at once), then boot each again from

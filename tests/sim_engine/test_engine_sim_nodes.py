@@ -1,0 +1,88 @@
+"""A third Spark added to a serving pair, then taken out again, through `pulumi up` (README
+"Three or more Sparks"): one more entry under `twinspark:nodes`, a layout the model splits over,
+and the engine does the rest. Runs alone (`-k third`); needs the first up (`deployed`)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+import node_contract as contract
+from cluster import sim_nodes
+from conftest import HEAD, containers, flag, serving_answers, vllm_argv
+from test_engine_sim import changes, name_of
+
+THIRD = "sim3"
+
+
+def write_nodes(stack, nodes: list[dict]) -> None:
+    """The owner's edit of Pulumi.sim.yaml: the node list, as written by hand (its secrets kept as they are)."""
+    document = stack.stack_file()
+    document["config"]["twinspark:nodes"] = nodes
+    stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+@pytest.fixture
+def third_node(cluster, stack):
+    """sim3 cabled to the rails' bridges and booted, as the stack's node list would write it; the
+    scenario adds it to the stack. Afterwards the stack has its two nodes again and sim3 is gone."""
+    pair = stack.stack_file()["config"]["twinspark:nodes"]
+    spec = sim_nodes(pair, 3)[2]
+    cluster.add_node(spec)
+    try:
+        yield pair, spec
+    finally:
+        if len(stack.stack_file()["config"]["twinspark:nodes"]) != len(pair):  # a failed scenario's leftover
+            write_nodes(stack, pair)
+            stack.cli("config", "rm", "--path", "twinspark:serving.pipelineParallel", check=False)
+            stack.up()
+        cluster.remove_node(THIRD)
+
+
+def test_a_third_node_added_serves_in_three_stages_and_taken_out_leaves_nothing_on_it(
+        cluster, stack, deployed, third_node, report):
+    pair, spec = third_node
+    pair_containers = {node: containers(cluster, node) for node in (HEAD, "sim2")}
+    # the sim's model (64 heads, 8 KV heads, 4 layers) does not split over TP 3: 3 pipeline stages
+    write_nodes(stack, pair + [spec])
+    stack.set_config("serving.pipelineParallel", "3")
+    preview = stack.preview()
+    planned = changes(preview)
+    report["third_node_preview"] = planned
+    mine = {name for name in planned if name.startswith(f"{THIRD}-")}
+    assert mine and all(planned[name] == "create" for name in mine), planned
+    # the ranks never run alone: a new world size is a new run, and every rank goes with it
+    assert planned.get("nccl-run") == "replace", planned
+    for node in (HEAD, "sim2"):
+        assert planned.get(f"{node}-nccl-check") == "replace", (node, planned)
+
+    added = stack.up()
+    report["third_node_added_up_s"] = added.seconds
+    assert serving_answers(stack) == 200
+    argv = vllm_argv(cluster)
+    assert flag(argv, "--pipeline-parallel-size") == "3" and flag(argv, "--tensor-parallel-size") == "1", argv
+    assert contract.SERVING_CONTAINER in containers(cluster, THIRD)
+    assert [n["name"] for n in stack.outputs()["nodes"]] == [HEAD, "sim2", THIRD]
+    # the pair keeps its image and its copy of the weights; its serving is made again for the new layout
+    pair_done = {name for name in changes(added) if name.startswith(("sim1-", "sim2-"))}
+    assert not {"sim2-image-ship", "sim2-weights-sync", "sim1-image-build"} & pair_done, pair_done
+    for node in (HEAD, "sim2"):
+        serving = containers(cluster, node)[contract.SERVING_CONTAINER]
+        assert serving[0] != pair_containers[node][contract.SERVING_CONTAINER][0], node
+
+    write_nodes(stack, pair)
+    stack.cli("config", "rm", "--path", "twinspark:serving.pipelineParallel")
+    removed = stack.up()
+    report["third_node_removed_up_s"] = removed.seconds
+    done = changes(removed)
+    report["third_node_removed_changes"] = done
+    gone = {name for name, op in done.items() if name.startswith(f"{THIRD}-")}
+    assert gone and all(done[name] == "delete" for name in gone), done
+    assert not [r["urn"] for r in stack.export()["resources"] if name_of(r["urn"]).startswith(f"{THIRD}-")]
+    # sim3 as before it was added: no containers, no firewall table, no managed file
+    assert containers(cluster, THIRD) == {}
+    assert f"table inet {contract.FIREWALL_TABLE}" not in cluster.node_exec(THIRD, "nft", "list", "tables").stdout
+    records = cluster.node_exec(THIRD, "bash", "-c", "ls -A /var/lib/twinspark/applied 2>/dev/null", check=False).stdout
+    assert records == "", records
+    assert serving_answers(stack) == 200
+    assert "--pipeline-parallel-size" not in vllm_argv(cluster)
