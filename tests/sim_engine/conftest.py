@@ -40,6 +40,7 @@ import sim_model  # noqa: E402
 import node_contract as contract  # noqa: E402
 from cluster import SIM_STACK, SimCluster  # noqa: E402
 from hub_standin import HubStandin  # noqa: E402
+from program_harness import SECRET_SIG  # noqa: E402
 
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
 STACK = "sim"
@@ -159,8 +160,9 @@ class EngineStack:
     def outputs(self) -> dict[str, Any]:
         return json.loads(self.cli("stack", "output", "--json", "--show-secrets").stdout)
 
-    def export(self) -> dict:
-        return json.loads(self.cli("stack", "export").stdout)["deployment"]
+    def export(self, show_secrets: bool = False) -> dict:
+        """The stack's state; with show_secrets its secret values in the clear (state_value unwraps them)."""
+        return json.loads(self.cli("stack", "export", *(["--show-secrets"] if show_secrets else [])).stdout)["deployment"]
 
 
 @pytest.fixture(scope="session")
@@ -237,13 +239,40 @@ def stack(engine_env, cluster, operator_home) -> EngineStack:
     return engine
 
 
+SHIMS_LOG = "/var/log/twinspark-sim/shims.log"  # the recording shims' (tests/sim/shims): systemctl, sysctl, ...
+
+
+def shim_calls(cluster, node: str, since: float = 0.0) -> list[str]:
+    """The shims' records on that node ("EPOCH.NS CALL ARGS..."), those from `since` (epoch seconds) on."""
+    out = cluster.node_exec(node, "cat", SHIMS_LOG, check=False).stdout
+    return [line for line in out.splitlines() if line.strip() and float(line.split(None, 1)[0]) >= since]
+
+
+@dataclass
+class FreshUp:
+    """The session's first `pulumi up`, and what only that moment shows: a fresh login's memlock
+    before it, the shims' records and the engine's state right after it (later scenarios re-run
+    steps, and a reinstall wipes a node's records)."""
+    run: EngineRun
+    login_memlock_before: dict[str, str]
+    shim_calls: dict[str, list[str]]
+    state: dict
+
+
 @pytest.fixture(scope="session")
-def deployed(stack, report):
-    """The first `pulumi up` of the unmodified program with the stack's defaults."""
+def fresh_up(cluster, stack, report) -> FreshUp:
+    memlock = {node: cluster.ssh(node, "ulimit -l").stdout.strip() for node in cluster.nodes}
     run = stack.up()
     report["fresh_up_to_serving_s"] = run.seconds
     report["fresh_up_changes"] = run.summary
-    return run
+    return FreshUp(run, memlock, {node: shim_calls(cluster, node) for node in cluster.nodes},
+                   stack.export(show_secrets=True))
+
+
+@pytest.fixture(scope="session")
+def deployed(fresh_up) -> EngineRun:
+    """The first `pulumi up` of the unmodified program with the stack's defaults."""
+    return fresh_up.run
 
 
 # ---- what the scenarios read off the nodes and the endpoint -----------------------------------
@@ -272,6 +301,28 @@ def completion_status(outputs: dict, key: str):
 def serving_answers(stack) -> int:
     outputs = stack.outputs()
     return completion(outputs, outputs["apiKey"]).status_code
+
+
+def state_value(value):
+    """A value of `pulumi stack export --show-secrets` with its secrets unwrapped (each is
+    {SECRET_SIG: ..., "plaintext": JSON}), at any depth."""
+    if isinstance(value, dict):
+        if SECRET_SIG in value:
+            plaintext = value.get("plaintext")
+            if plaintext is None:
+                raise AssertionError("a secret without its plaintext: export the state with show_secrets=True")
+            return state_value(json.loads(plaintext))
+        return {k: state_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [state_value(v) for v in value]
+    return value
+
+
+def stored_step(state: dict, name: str) -> dict:
+    """One command:remote:Command as the engine keeps it: {"inputs": {create, delete, stdin,
+    connection, ...}, "outputs": {stdout, stderr, ...}}, secrets unwrapped (state: export(show_secrets=True))."""
+    (resource,) = [r for r in state["resources"] if r["urn"].endswith(f"::{name}") and r["type"] == "command:remote:Command"]
+    return {"inputs": state_value(resource.get("inputs", {})), "outputs": state_value(resource.get("outputs", {}))}
 
 
 def urn_of(stack, name: str) -> str:

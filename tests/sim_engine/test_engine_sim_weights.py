@@ -58,9 +58,14 @@ def worker_matches_head(cluster, stack) -> bool:
     return sha256s(cluster, stack, WORKER) == {f: e["sha256"] for f, e in manifest(cluster, stack)["files"].items()}
 
 
+def each_rail_rx_bytes(cluster, node: str = WORKER) -> list[int]:
+    """What each rail of the node received so far, in the node's rail order."""
+    return [int(cluster.in_netns(node, "cat", f"/sys/class/net/{rail.iface}/statistics/rx_bytes").stdout)
+            for rail in cluster.nodes[node].spec.rails]
+
+
 def rails_rx_bytes(cluster, node: str = WORKER) -> int:
-    return sum(int(cluster.in_netns(node, "cat", f"/sys/class/net/{rail.iface}/statistics/rx_bytes").stdout)
-               for rail in cluster.nodes[node].spec.rails)
+    return sum(each_rail_rx_bytes(cluster, node))
 
 
 def flip_bit(cluster, node: str, path: str, offset: int) -> None:
