@@ -277,21 +277,22 @@ def test_an_interrupted_copy_resumes_through_a_replaced_sync_and_sends_only_what
     total = sum(sizes.values())
     cluster.node_exec(WORKER, "bash", "-c", 'cd "$0" && rm -f -- "$@"', d, *sizes)
     sync = stored_step(stack.export(show_secrets=True), f"{WORKER}-weights-sync")
-    (tmp_path / "stdin").write_text(sync["inputs"].get("stdin", ""))
     rails = [rail.iface for rail in cluster.nodes[HEAD].spec.rails]
     for rail in rails:  # the head's egress on each rail: the copy's direction
         cluster.in_netns(HEAD, "tc", "qdisc", "add", "dev", rail, "root", "tbf", "rate", RESUME_THROTTLE,
                          "burst", "256kb", "latency", "400ms")
     try:
-        with open(tmp_path / "stdin") as stdin, open(tmp_path / "said", "w") as said:
+        with open(tmp_path / "said", "w") as said:
             copy = subprocess.Popen(
                 ["ssh", "-i", str(cluster.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
                  "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
                  f"{cluster.cfg.ssh.user}@{cluster.nodes[node_of(cluster, sync)].spec.host}", sync["inputs"]["create"]],
-                stdin=stdin, stdout=said, stderr=subprocess.STDOUT)
+                stdin=subprocess.PIPE, stdout=said, stderr=subprocess.STDOUT, text=True)
+        copy.stdin.write(sync["inputs"].get("stdin", ""))  # the copy's secret on a pipe, never in a file
+        copy.stdin.close()
         try:
             wait_for(lambda: shard_bytes(cluster, WORKER, d, list(sizes)) >= 0.4 * total, 300,
-                     f"40 % of the shards on {WORKER} (the copy said: {(tmp_path / 'said').read_text()[-2000:]})")
+                     f"40 % of the shards on {WORKER} (what the copy said: {tmp_path / 'said'})")
         finally:  # the interruption: the run's SSH session and its rsync streams on the head
             copy.kill()
             copy.wait()
