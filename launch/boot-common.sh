@@ -29,7 +29,7 @@ memory_check() {
     --cgroup-root "$TWINSPARK_HOST_CGROUP_DIR" --status "$TWINSPARK_MEMORY_CHECK_STATUS"
 }
 
-# A restarted container (or a supervisor in the sim) must not inherit a stale raylet.
+# A restarted container must not inherit a stale raylet.
 stop_ray() { ray stop --force >/dev/null 2>&1 || true; }
 
 # `docker stop` sends SIGTERM to PID 1 — this bash — which ignores it unless trapped and

@@ -97,7 +97,7 @@ cmd_up() {
     config_args=(--config-file "$SIM_HOME/Pulumi.sim-$nodes.yaml")
   fi
   log "booting the simulated nodes"
-  .venv/bin/python tests/sim/cluster.py up --workdir "$SIM_HOME" --docker real --nodes "$nodes" "${config_out[@]}"
+  .venv/bin/python tests/sim/cluster.py up --workdir "$SIM_HOME" --nodes "$nodes" "${config_out[@]}"
   eval "$(print_env)"
   pulumi stack select --create "$STACK" --non-interactive
   log "pulumi up --stack $STACK"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # scripts/test.sh — install what the tests need (Debian/Ubuntu, as root) and run them.
 #
-#   sudo ./scripts/test.sh                   # everything: the rest in 4 processes, then the simulators
+#   sudo ./scripts/test.sh                   # everything: the rest in 4 processes, then the simulator
 #   sudo ./scripts/test.sh -k fabric         # extra arguments go to pytest (both runs)
-#   sudo ./scripts/test.sh tests/sim -k boot # a path: just that, in one process
+#   sudo ./scripts/test.sh tests/sim_engine -k renamed # a path: just that, in one process
 #
 # Installs only what is missing (scripts/setup.sh).
 set -euo pipefail
@@ -34,9 +34,7 @@ main() {
   # never meet their own twins), then the simulator alone — one at a time on a machine, and
   # its timings are figures.
   log "running pytest: everything but the simulator (4 processes)"
-  run_pytest tests --ignore=tests/sim --ignore=tests/sim_engine -n 4 --dist loadfile "$@"
-  log "running pytest: the simulator"
-  run_pytest tests/sim "$@"
+  run_pytest tests --ignore=tests/sim_engine -n 4 --dist loadfile "$@"
   log "running pytest: the simulator under the real engine (pulumi up --stack sim)"
   run_pytest tests/sim_engine "$@"
 }

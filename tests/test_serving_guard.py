@@ -1,6 +1,6 @@
 """The serving guard (launch/serving-guard.py) for real: its canary against the OpenAI stand-in,
 its docker calls against a recording fake docker, its hold file and status as `ops` reads them.
-The simulator runs the same guard as a systemd service on the head (tests/sim)."""
+The simulator runs the same guard as a systemd service on the head (tests/sim_engine)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The weights for real, without the simulator: the program's own command lines and stdin
 (script_command / runner_stdin over ModelWeights' args), real rsync daemons, real sha256.
 
-- the fetch: fetch-weights.sh with the sim's docker shim (weights.py with the container's -e
-  environment), the real huggingface_hub (requirements-dev.txt) talking to the Hub's HTTP API
+- the fetch: fetch-weights.sh with tests/docker_run_standin for `docker run` (weights.py with
+  the container's -e environment), the real huggingface_hub (requirements-dev.txt) talking to the Hub's HTTP API
   as tests/hub_standin.py serves it from a local directory (model.hubEndpoint -> HF_ENDPOINT);
 - the copy: two network namespaces, "head" and "worker", joined by two veth rails (the
   cable); sshd on the worker's first rail, in a mount namespace of its own where the model
@@ -37,7 +37,7 @@ from components.model_weights import ModelWeightsArgs, NodeAccess
 from components.remote import launch_file, runner_stdin, script_command, script_text
 
 ROOT = Path(__file__).resolve().parent.parent
-SIM_DIR = ROOT / "tests" / "sim"
+DOCKER_RUN_STANDIN = ROOT / "tests" / "docker_run_standin"
 REPO = "org/model"
 SECRET = "per-stack-secret-0123456789"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -73,7 +73,7 @@ def make_model(root: Path, shards: int, shard_mb: int) -> list[str]:
 
 @dataclass
 class Head:
-    """The head's side: a HOME, the model directory, a PATH with the sim's docker shim, the hub."""
+    """The head's side: a HOME, the model directory, a PATH whose `docker` is the run stand-in, the hub."""
 
     home: Path
     dir: Path
@@ -83,9 +83,13 @@ class Head:
     netns: str | None = None
 
     def env(self) -> dict:
-        # the shim's "container" runs this interpreter: it has the real huggingface_hub
-        return {"HOME": str(self.home), "PATH": f"{self.bin}:{PATH}", "TWINSPARK_SIM_PYTHON": sys.executable,
-                "TWINSPARK_SIM_LOG": str(self.home)}
+        # the stand-in's "container" runs this interpreter: it has the real huggingface_hub
+        return {"HOME": str(self.home), "PATH": f"{self.bin}:{PATH}", "DOCKER_STANDIN_PYTHON": sys.executable,
+                "DOCKER_STANDIN_LOG": str(self.docker_calls)}
+
+    @property
+    def docker_calls(self) -> Path:
+        return self.home / "docker-calls.log"
 
     def run(self, script: str, args, secrets=(), payload="", timeout=300, background=False):
         """The runner's command line and stdin, as pulumi-command sends them to the head."""
@@ -145,7 +149,7 @@ def hub(tmp_path):
 def fetched_head(tmp_path: Path, home: Path, hub: HubStandin, shards=6, shard_mb=8) -> tuple[Head, str]:
     head = Head(home, tmp_path / "models" / "model", tmp_path / "hub", tmp_path / "bin", hub.endpoint)
     head.bin.mkdir()
-    (head.bin / "docker").symlink_to(SIM_DIR / "shims" / "docker")
+    (head.bin / "docker").symlink_to(DOCKER_RUN_STANDIN)
     make_model(head.hub / REPO, shards, shard_mb)
     out = resolve(head)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -260,7 +264,7 @@ IMPOSSIBLE_MAX_MODEL_LEN = 100_000_000
 def test_an_impossible_max_model_len_stops_the_fetch_before_any_weight_is_downloaded(tmp_path, home, hub):
     head = Head(home, tmp_path / "models" / "model", tmp_path / "hub", tmp_path / "bin", hub.endpoint)
     head.bin.mkdir()
-    (head.bin / "docker").symlink_to(SIM_DIR / "shims" / "docker")
+    (head.bin / "docker").symlink_to(DOCKER_RUN_STANDIN)
     make_model(head.hub / REPO, shards=4, shard_mb=8)
     revision = model_weights.parse_revision(resolve(head).stdout)
     out = fetch(head, revision, memory_fit=stack_memory_fit(IMPOSSIBLE_MAX_MODEL_LEN))
@@ -273,7 +277,7 @@ def test_an_impossible_max_model_len_stops_the_fetch_before_any_weight_is_downlo
     assert f"{REPO}@{revision} cannot run over these 2 nodes at TP 2 × PP 1 (see the FAIL lines): nothing downloaded" in text
     assert not [r for r in hub.requests if r[1].startswith("/lfs/")], hub.requests  # not one shard asked for
     # the model directory not even made, nor mounted into the check's container (docker would make it root's)
-    assert not head.dir.exists() and ":/weights" not in (home / "shims.log").read_text()
+    assert not head.dir.exists() and ":/weights" not in head.docker_calls.read_text()
 
 
 def test_a_new_max_model_len_on_verified_weights_asks_the_hub_nothing_and_downloads_nothing(tmp_path, home, hub):
@@ -282,11 +286,11 @@ def test_a_new_max_model_len_on_verified_weights_asks_the_hub_nothing_and_downlo
     shape check after the download (its own flags changed too) judges the new value."""
     head, revision = fetched_head(tmp_path, home, hub)
     hub.requests.clear()
-    runs_before = (home / "shims.log").read_text().count("docker run")
+    runs_before = head.docker_calls.read_text().count("docker run")
     out = fetch(head, revision, memory_fit=stack_memory_fit(IMPOSSIBLE_MAX_MODEL_LEN))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "nothing to download" in out.stdout and "hashed" not in out.stdout + out.stderr
-    assert hub.requests == [] and (home / "shims.log").read_text().count("docker run") == runs_before
+    assert hub.requests == [] and head.docker_calls.read_text().count("docker run") == runs_before
 
 
 def test_plan_balances_the_streams_largest_first(tmp_path):

@@ -1,7 +1,7 @@
-"""Simulated Sparks on this machine: network namespaces, overlay roots, pid namespaces, sshd.
+"""Simulated Sparks on this machine: network namespaces, overlay roots, pid namespaces, sshd, dockerd.
 
     cluster = SimCluster.from_stack_file(workdir)
-    cluster.up()            # nodes answer SSH as the stack's user
+    cluster.up()            # nodes answer SSH as the stack's user, their dockerd too
     cluster.ssh("sim1", "uname -n")
     cluster.down()          # nothing left: processes, mounts, namespaces, links
 
@@ -100,13 +100,10 @@ class SimNode:
 
 
 class SimCluster:
-    def __init__(self, config: dict, workdir: Path, prefix: str = "ts", docker: str = "shim", registry: str = ""):
+    def __init__(self, config: dict, workdir: Path, prefix: str = "ts", registry: str = ""):
         self.config = config
-        self.docker, self.registry = docker, registry  # a real dockerd per node, or the older shim
-        self.registry_ca: Optional[Path] = None
-        if docker == "real":  # the sim's registry (scripts/sim_images.py) and the CA of its TLS certificate
-            self.registry = registry or sim_images.REGISTRY
-            self.registry_ca = sim_images.REGISTRY_CA
+        # what each node's dockerd pulls from: the sim's registry (scripts/sim_images.py) and the CA of its TLS certificate
+        self.registry, self.registry_ca = registry or sim_images.REGISTRY, sim_images.REGISTRY_CA
         self.cfg: StackConfig = parse_stack_config({k.split(":", 1)[1]: v for k, v in config.items()
                                                      if k.split(":", 1)[1] in ("ssh", "nodes", "fabric", "model", "serving")})
         self.workdir = workdir
@@ -143,8 +140,7 @@ class SimCluster:
             self._boot(node)
         for node in self.nodes.values():
             self._wait_for_ssh(node)
-            if self.docker == "real":
-                self._wait_for_dockerd(node)
+            self._wait_for_dockerd(node)
             self._install(node)
 
     def down(self) -> None:
@@ -191,7 +187,7 @@ class SimCluster:
     def reboot(self, *nodes: str) -> None:
         """Power the nodes off (every process of them killed at once), then boot each again from
         its disk, in the order given: files and docker's containers stay; /run, processes and the
-        daemon start fresh (and, with real docker, the units the program enabled)."""
+        daemon start fresh, and so do the units the program enabled."""
         for node in nodes:
             self._power_off(self.nodes[node])
         for node in nodes:
@@ -214,8 +210,7 @@ class SimCluster:
     def _power_on(self, node: SimNode) -> None:
         self._boot(node)
         self._wait_for_ssh(node)
-        if self.docker == "real":
-            self._wait_for_dockerd(node)
+        self._wait_for_dockerd(node)
 
     def _install(self, node: SimNode) -> None:
         """What a Spark's installation gives that a namespace lacks: which RDMA device is on
@@ -319,9 +314,9 @@ class SimCluster:
             # and dockerd then refuses to start ("Devices cgroup isn't mounted")
             ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount", "--pid", "--uts", "--fork",
              "--propagation", "private", "bash", str(SIM_DIR / "node-root.sh"), node.name, str(SIM_DIR),
-             self.cfg.ssh.user, str(pubkey), sys.executable, str(self.state_dir(node)), self.docker,
+             self.cfg.ssh.user, str(pubkey), sys.executable, str(self.state_dir(node)),
              "--registry", self.registry, "--registry-address", str(self.gateway(node)),
-             "--registry-ca", str(self.registry_ca or ""), "--hub", self.hub],
+             "--registry-ca", str(self.registry_ca), "--hub", self.hub],
             stdin=subprocess.DEVNULL, stdout=open(self.workdir / f"{node.name}-init.log", "ab"),
             stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -377,11 +372,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("action", choices=("up", "down", "leftovers"))
     parser.add_argument("--workdir", type=Path, required=True, help="the operator's key and the nodes' boot logs")
     parser.add_argument("--nodes", type=int, default=0, help="how many nodes (default: the sim stack's)")
-    parser.add_argument("--docker", choices=("real", "shim"), default="real")
     parser.add_argument("--config-out", type=Path, help="write the stack's config for these nodes here (YAML)")
     args = parser.parse_args(argv)
     try:
-        cluster = SimCluster.from_stack_file(args.workdir, nodes=args.nodes, docker=args.docker)
+        cluster = SimCluster.from_stack_file(args.workdir, nodes=args.nodes)
     except ValueError as e:
         print(f"cluster.py: {e}", file=sys.stderr)
         return 2

@@ -8,10 +8,10 @@
 # cannot sit on an overlay) live there, so they survive the node's reboot (PID 1 killed, this
 # script run again) as a real disk does; /run is a fresh tmpfs each boot. The cluster wipes
 # STATE_DIR when it makes the node anew and when it takes it down.
-#   node-root.sh NAME SIM_DIR USER PUBKEY_FILE PYTHON STATE_DIR DOCKER(real|shim) [NODE_INIT_ARG...]
+#   node-root.sh NAME SIM_DIR USER PUBKEY_FILE PYTHON STATE_DIR [NODE_INIT_ARG...]
 set -euo pipefail
-name="$1" sim_dir="$2" user="$3" pubkey_file="$4" python="$5" state="$6" docker="$7"
-shift 7
+name="$1" sim_dir="$2" user="$3" pubkey_file="$4" python="$5" state="$6"
+shift 6
 root="/tmp/twinspark-sim-root-$name"
 mkdir -p "$root" "$state/upper" "$state/work" "$state/docker"
 mount -t overlay overlay -o "lowerdir=/,upperdir=$state/upper,workdir=$state/work" "$root"
@@ -36,10 +36,8 @@ for i in 0:stdin 1:stdout 2:stderr; do ln -s "/proc/self/fd/${i%%:*}" "$root/dev
 mknod -m 0666 "$root/dev/infiniband/rdma_cm" c 10 58
 for i in 0 1 2 3; do mknod -m 0666 "$root/dev/infiniband/uverbs$i" c 231 $((192 + i)); done
 mount -t tmpfs tmpfs "$root/run"
-if [ "$docker" = real ]; then
-  mkdir -p "$root/var/lib/docker"
-  mount --bind "$state/docker" "$root/var/lib/docker"
-fi
+mkdir -p "$root/var/lib/docker"
+mount --bind "$state/docker" "$root/var/lib/docker"
 hostname "$name"
 echo "$name" > "$root/etc/hostname"
 cp "$pubkey_file" "$root/tmp/authorized_key.pub"
@@ -54,4 +52,4 @@ umount -l /.host-root
 # /host) need a source mount that propagates
 mount --make-rshared /
 exec chroot . /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  "$python" "$sim_dir/node_init.py" --name "$name" --user "$user" --sim-dir "$sim_dir" --docker "$docker" "$@"
+  "$python" "$sim_dir/node_init.py" --name "$name" --user "$user" --sim-dir "$sim_dir" "$@"

@@ -2,15 +2,14 @@
 
 Inside the node's overlay root (its disk, node-root.sh): the login user with passwordless
 sudo and the harness's public key, sshd host keys, the recording shims for calls that would
-reconfigure the real machine, and `vllm` (the stand-in) on PATH.
+reconfigure the real machine (tests/sim/shims), and `vllm` (the stand-in) on PATH.
 
-With `--docker real` the node runs Debian's dockerd as a Spark runs its docker.service: the
-login user is in the `docker` group (DGX OS's default), the daemon's default runtime is
-runc behind tests/sim/standins/twinspark-sim-runc (the one thing the sandbox cannot grant,
-memlock, clamped and recorded), `nvidia-container-runtime-hook` is the recording stand-in
-for `--gpus`, and the sim's registry is the one it may reach over plain HTTP. Its processes
-see the memlock pam_limits would give a login (tests/sim/standins/memlock-granted.c). With
-`--docker shim` (the older scenarios) tests/sim/shims/docker answers instead.
+The node runs Debian's dockerd as a Spark runs its docker.service: the login user is in the
+`docker` group (DGX OS's default), the daemon's default runtime is runc behind
+tests/sim/standins/twinspark-sim-runc (the one thing the sandbox cannot grant, memlock, clamped
+and recorded), `nvidia-container-runtime-hook` is the recording stand-in for `--gpus`, and the
+sim's registry is the one it pulls from. Its processes see the memlock pam_limits would give a
+login (tests/sim/standins/memlock-granted.c).
 """
 
 import argparse
@@ -20,13 +19,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
 
 STANDINS = Path("/usr/local/lib/twinspark-sim")
-SHIM_HUB_ROOT = Path("/srv/twinspark-sim-hub")  # where the shim scenarios publish (tests/sim/test_sim.py HUB_DIR)
 DOCKERD_LOG = Path("/var/log/twinspark-sim/dockerd.log")
 
 
@@ -78,7 +75,7 @@ def start_dockerd() -> subprocess.Popen:
     return subprocess.Popen(["/usr/sbin/dockerd"], stdout=open(DOCKERD_LOG, "a"), stderr=subprocess.STDOUT)
 
 
-def prepare(name: str, user: str, sim_dir: Path, docker: str) -> None:
+def prepare(name: str, user: str, sim_dir: Path) -> None:
     if subprocess.run(["id", user], capture_output=True).returncode != 0:
         subprocess.run(["useradd", "-m", "-s", "/bin/bash", user], check=True)
     Path("/etc/sudoers.d/twinspark-sim").write_text(f"{user} ALL=(ALL) NOPASSWD:ALL\n")
@@ -95,19 +92,9 @@ def prepare(name: str, user: str, sim_dir: Path, docker: str) -> None:
     shutil.chown(ssh_dir, user, user)
     shutil.chown(ssh_dir / "authorized_keys", user, user)
     for shim in (sim_dir / "shims").iterdir():
-        if shim.name == "docker" and docker == "real":
-            continue
         target = Path("/usr/local/bin") / shim.name  # on the login PATH and first in sudo's secure_path
         shutil.copy(shim, target)
         target.chmod(0o755)
-    # the docker shim's "container" python (its default): the node's own python3 with this
-    # virtualenv's packages (the real huggingface_hub), which the login user can run (this
-    # interpreter may live in root's home)
-    STANDINS.mkdir(parents=True, exist_ok=True)
-    (STANDINS / "python").unlink(missing_ok=True)
-    (STANDINS / "python").write_text(
-        f"#!/bin/sh\nPYTHONPATH={sysconfig.get_paths()['purelib']} exec /usr/bin/python3 \"$@\"\n")
-    (STANDINS / "python").chmod(0o755)
     # a link, not a copy: the stand-in imports tests/openai_standin.py relative to its real path
     vllm = Path("/usr/local/bin/vllm")
     vllm.unlink(missing_ok=True)
@@ -144,21 +131,11 @@ def start_enabled_units() -> None:
         subprocess.run(["systemctl", "start", unit.name], check=False, capture_output=True)
 
 
-def serve_hub(hub: str, docker: str, gateway: str, sim_dir: Path) -> subprocess.Popen | None:
-    """The stack's hub name (model.hubEndpoint's host): with real docker the stand-in on this
-    machine, at the gateway (scripts/sim.sh serves it); with the shim, one in the node over
-    SHIM_HUB_ROOT on 127.0.0.1 (the scenarios write the repos there)."""
-    if not hub:
-        return None
-    host, port = hub.rsplit(":", 1)
-    if docker == "real":
-        add_host(gateway, host)
-        return None
-    add_host("127.0.0.1", host)
-    SHIM_HUB_ROOT.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, str(sim_dir.parent / "hub_standin.py"), "--root", str(SHIM_HUB_ROOT),
-                             "--listen", f"127.0.0.1:{port}"],
-                            stdout=open("/var/log/twinspark-sim/hub.log", "a"), stderr=subprocess.STDOUT)
+def name_hub(hub: str, gateway: str) -> None:
+    """The stack's hub name (model.hubEndpoint's host) is the stand-in on this machine, at the
+    node's gateway (scripts/sim.sh and the engine sim's `hub` fixture serve it there)."""
+    if hub:
+        add_host(gateway, hub.rsplit(":", 1)[0])
 
 
 def main() -> int:
@@ -166,32 +143,28 @@ def main() -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--user", required=True)
     parser.add_argument("--sim-dir", required=True, type=Path)
-    parser.add_argument("--docker", choices=("real", "shim"), default="shim")
     parser.add_argument("--registry", default="", help="host:port the node's dockerd may pull from over HTTP")
-    parser.add_argument("--registry-address", default="", help="the address the registry's host name has here")
+    parser.add_argument("--registry-address", default="", help="this machine on the node's link: the registry's and the hub's address")
     parser.add_argument("--registry-ca", default="", help="the CA of the registry's TLS certificate")
     parser.add_argument("--hub", default="", help="host:port of the stack's model.hubEndpoint")
     args = parser.parse_args()
-    prepare(args.name, args.user, args.sim_dir, args.docker)
-    serve_hub(args.hub, args.docker, args.registry_address, args.sim_dir)
-    if args.docker == "real":
-        prepare_docker(args.user, args.sim_dir, args.registry, args.registry_address, args.registry_ca)
+    prepare(args.name, args.user, args.sim_dir)
+    name_hub(args.hub, args.registry_address)
+    prepare_docker(args.user, args.sim_dir, args.registry, args.registry_address, args.registry_ca)
     sshd_log = open("/var/log/twinspark-sim/sshd.log", "a")
     sshd = subprocess.Popen(
         ["/usr/sbin/sshd", "-D", "-e", "-o", "PasswordAuthentication=no", "-o", "UsePAM=yes",
          "-o", "MaxStartups=100", "-o", "MaxSessions=100"],
         stdout=sshd_log, stderr=subprocess.STDOUT,
     )
-    dockerd = start_dockerd() if args.docker == "real" else None
-    if dockerd is not None:  # as systemd does at boot: the units the program enabled (the serving guard)
-        start_enabled_units()
+    dockerd = start_dockerd()
+    start_enabled_units()  # as systemd does at boot: the units the program enabled (the serving guard)
     Path("/run/node-ready").write_text(str(os.getpid()))
 
     def stop(*_):
         sshd.terminate()
-        if dockerd is not None:
-            dockerd.terminate()  # as systemd stops docker.service: dockerd stops its containers
-            dockerd.wait(timeout=60)
+        dockerd.terminate()  # as systemd stops docker.service: dockerd stops its containers
+        dockerd.wait(timeout=60)
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)

@@ -1,5 +1,5 @@
 """The simulator driven by the real engine: `pulumi up --stack sim` of the unmodified program
-onto simulated Sparks that run real sshd and dockerd (tests/sim/cluster.py, docker="real"),
+onto simulated Sparks that run real sshd and dockerd (tests/sim/cluster.py),
 pulling from the sim's registry (scripts/sim-images.sh), through the Pulumi CLI, its language
 host and its providers as scripts/engine.sh built them; what is asserted is the engine's own
 JSON (`pulumi preview --json`, the events of `pulumi up --json`, `pulumi stack export`).
@@ -212,7 +212,7 @@ def hub(operator_home):
 def cluster(operator_home, registry, hub, report):
     if os.geteuid() != 0:
         pytest.fail("the simulator needs root (namespaces, mounts): run scripts/test.sh as root")
-    sim = SimCluster.from_stack_file(operator_home / ".cache" / "twinspark-sim", docker="real", registry=registry)
+    sim = SimCluster.from_stack_file(operator_home / ".cache" / "twinspark-sim", registry=registry)
     try:
         sim.up()
         yield sim
