@@ -142,8 +142,8 @@ def plan_from_config(cfg: StackConfig, alertmanager: bool, topology: Optional[To
     topology: None, the config's with the nodes' addresses resolved now)."""
     topology = topology or Topology(cfg, resolve_node_addresses(cfg.nodes))
     return ObservabilityPlan(
-        nodes=tuple(ObservedNode(n.name, n.role, topology.ray_ip(n), tuple(ObservedRail(r.iface, r.hca) for r in n.rails))
-                    for n in cfg.nodes),
+        nodes=tuple(ObservedNode(n.name, n.role, topology.ray_ip(n),
+                                 tuple(ObservedRail(r.iface, r.hca) for r in n.rails)) for n in cfg.nodes),
         vllm_port=contract.METRICS_LOOPBACK_PORT,
         expected_mtu=cfg.fabric.mtu,
         expected_link_speed_mbps=cfg.fabric.link_speed_mbps,

@@ -31,7 +31,8 @@ from .secret_keys import _checked_secrets, load_secrets
 from .values import DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK
 
 __all__ = [
-    "DEFAULT_HUB_ENDPOINT", "FLAGS_NOT_IN_EXTRA_ARGS", "CopyRail", "NodeFabric", "Topology", "NAMESPACE", "OPTIONAL_STRUCTURED_KEYS", "SERVING_IMAGE_LOCK",
+    "CopyRail", "NodeFabric", "Topology",
+    "DEFAULT_HUB_ENDPOINT", "FLAGS_NOT_IN_EXTRA_ARGS", "NAMESPACE", "OPTIONAL_STRUCTURED_KEYS", "SERVING_IMAGE_LOCK",
     "STRUCTURED_KEYS", "Contract", "ModelConfig", "Node", "Observability", "Serving", "ServingGuard", "StackConfig",
     "_checked_secrets", "format_key_path", "load_secrets", "load_stack_config", "parameter_table",
     "parse_stack_config", "resolve_node_addresses", "shape_rules", "stack_config_keys",

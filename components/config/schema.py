@@ -251,8 +251,8 @@ class StackConfig(Contract):
             for r, rail in enumerate(node.rails):
                 path, choice = f"nodes[{i}].rails[{r}].peer", " or ".join(others)
                 if rail.peer is None:
-                    raise CrossFieldError(path, "unset", f"the node this rail's cable goes to, {choice} (fabric.topology "
-                                           "ring: every rail names its peer)")
+                    raise CrossFieldError(path, "unset", f"the node this rail's cable goes to, {choice} "
+                                           "(fabric.topology ring: every rail names its peer)")
                 if rail.peer == node.name:
                     raise CrossFieldError(path, rail.peer, f"another node than {node.name} itself: {choice}")
                 if rail.peer not in names:
