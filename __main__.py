@@ -8,7 +8,7 @@ import pulumi
 import pulumi_random as random
 
 from components import client_outputs as client
-from components.config import load_secrets, load_stack_config, resolve_node_addresses
+from components.config import Topology, load_secrets, load_stack_config, resolve_node_addresses
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
 from components.host_prep import HostPrep, HostPrepArgs, firewall_policy
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
@@ -30,6 +30,7 @@ for warning in (cfg.recipe_repo_warning, cfg.parallelism_warning):  # allowed, s
     if warning:
         pulumi.log.warn(warning)
 addresses = resolve_node_addresses(cfg.nodes)  # names, for the firewall: resolved before any resource
+topology = Topology(cfg, addresses)  # rail peers, Ray's addresses, NCCL's ring env, the copy's rails
 ssh = resolve_ssh_access(cfg)  # key, agent, host keys: checked before any resource exists
 secrets = load_secrets()
 api_key = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
@@ -65,7 +66,7 @@ fabric_checks = [
             connection=conns[n.name],
             mtu=cfg.fabric.mtu,
             link_speed_mbps=cfg.fabric.link_speed_mbps,
-            rails=[RailProbe(r.iface, r.hca, cfg.peers_on_rail(n, i)) for i, r in enumerate(n.rails)],
+            rails=[RailProbe(r.iface, r.hca, topology.peers_on_rail(n, i)) for i, r in enumerate(n.rails)],
             host_prep_hashes=host_prep_hashes,
         ),
         opts=pulumi.ResourceOptions(depends_on=list(host_preps.values())),
@@ -74,7 +75,8 @@ fabric_checks = [
 ]
 after_fabric = pulumi.ResourceOptions(depends_on=fabric_checks)
 
-access = {n.name: NodeAccess(n.name, conns[n.name], n.ray_ip, [r.ip for r in n.rails], installations[n.name])
+access = {n.name: NodeAccess(n.name, conns[n.name], topology.copy_rails(n) if n.role == "worker" else (),
+                             installations[n.name])
           for n in cfg.nodes}
 weights = ModelWeights(
     "weights",
@@ -122,7 +124,7 @@ images = {head.name: serving_image(head)}
 for w in cfg.workers:
     images[w.name] = serving_image(w, ShipFrom(
         head_name=head.name, head_connection=conns[head.name], image_name=images[head.name].image_name,
-        image_id=images[head.name].image_id, to=f"{cfg.ssh.user}@{w.ray_ip}",
+        image_id=images[head.name].image_id, to=f"{cfg.ssh.user}@{access[w.name].copy_ip}",
         peer_trust=weights.peer_trust[w.name]))
 # the platform gate: every node's facts, judged before the NCCL check and the containers
 platform = PlatformFacts(
@@ -144,9 +146,7 @@ bundles = {
             node=n,
             connection=conns[n.name],
             vllm=vllm,
-            head_ray_ip=head.ray_ip,
-            node_ray_ips=[m.ray_ip for m in cfg.nodes],
-            bootstrap_iface=cfg.fabric.bootstrap_iface,
+            fabric=topology.node_fabric(n),
             ray_token=ray_token,
             label_key=label_key,
             api_key=api_key if n.role == "head" else None,
@@ -162,7 +162,7 @@ nccl = NcclCheck(
             NcclRank(n.name, conns[n.name], gated_image[n.name], bundles[n.name].env_hash)
             for n in [head, *cfg.workers]
         ],
-        master_ip=head.ray_ip,
+        master_ip=topology.head_ray_ip,
         min_bus_bandwidth_gbps=cfg.fabric.min_bus_bandwidth_gbps,
     ),
     opts=pulumi.ResourceOptions(depends_on=[*images.values(), *bundles.values()]),
@@ -221,14 +221,14 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
     Observability(
         "observability",
         ObservabilityArgs(
-            plan=plan_from_config(cfg, alertmanager=alert_webhook_url is not None),
+            plan=plan_from_config(cfg, alertmanager=alert_webhook_url is not None, topology=topology),
             access={n.name: ObservedAccess(conns[n.name], images[n.name].provider, installations[n.name])
                     for n in cfg.nodes},
             grafana_admin_password=grafana_password,
             alert_webhook_url=alert_webhook_url,
             label_key=label_key,
         ),
-        opts=after_fabric,  # the exporters bind the first-rail addresses
+        opts=after_fabric,  # the exporters bind the Ray addresses (direct, switch: the first rail)
     )
     pulumi.export("grafanaUrl", client.grafana_url(cfg))
     pulumi.export("grafanaAdminPassword", pulumi.Output.secret(grafana_password))
@@ -246,7 +246,7 @@ pulumi.export("metricsUrl", client.endpoint_base(cfg) + "/metrics")
 pulumi.export("codexConfig", client.render_codex_config(cfg))
 pulumi.export("codexModelCatalog", client.render_codex_model_catalog(cfg))
 pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_claude_code_env(cfg, key)))
-pulumi.export("nodes", client.nodes_output(cfg, ssh.host_keys))
+pulumi.export("nodes", client.nodes_output(cfg, ssh.host_keys, topology))
 pulumi.export("fabric", client.fabric_output(cfg))
 pulumi.export("sshUser", cfg.ssh.user)
 pulumi.export("servingImage", base_image.output())

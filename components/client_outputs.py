@@ -16,7 +16,7 @@ from typing import Mapping
 
 import node_contract as contract
 
-from .config import StackConfig
+from .config import StackConfig, Topology
 
 # Agent sessions degrade past a model's fence (DeepSeek: ~150k of history with the native fp8
 # KV, ~100-120k with nvfp4 KV, seed gotchas 12 and 14): auto-compaction is the fence, and the
@@ -122,7 +122,7 @@ def render_claude_code_env(cfg: StackConfig, api_key: str) -> str:
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
 
 
-def nodes_output(cfg: StackConfig, host_keys: Mapping[str, str]) -> list[dict]:
+def nodes_output(cfg: StackConfig, host_keys: Mapping[str, str], topology: Topology) -> list[dict]:
     """What the day-2 tools need of each node, typed: nothing for them to re-derive. `hostKey` is
     the key this run held the node to (pinned, or recorded at first contact): ops holds its ssh
     to the same one."""
@@ -131,8 +131,9 @@ def nodes_output(cfg: StackConfig, host_keys: Mapping[str, str]) -> list[dict]:
             "name": n.name,
             "role": n.role,
             "host": n.host,
-            "rayIp": n.ray_ip,
-            "rails": [r.model_dump(by_alias=True) for r in n.rails],
+            "rayIp": topology.ray_ip(n),
+            # a rail's peer only where it has one (a ring): a direct stack's output stays as it was
+            "rails": [r.model_dump(by_alias=True, exclude_none=True) for r in n.rails],
             "hostKey": host_keys[n.name],
         }
         for n in cfg.nodes

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import pulumi
 from pulumi_command import remote
 
 import node_contract as contract
 
-from .config import ModelConfig, Node, Serving
+from .config import ModelConfig, Node, NodeFabric, Serving
 from .recipes import serve_lines
 from .remote import ManagedFile, files_hash, launch_file, managed_file_commands
 
@@ -51,9 +51,7 @@ class LaunchBundleArgs:
     node: Node
     connection: remote.ConnectionArgs
     vllm: VllmServe
-    head_ray_ip: str
-    node_ray_ips: Sequence[str]  # every node's, in config order
-    bootstrap_iface: str
+    fabric: NodeFabric  # the node's addresses and NCCL environment, as fabric.topology makes them
     ray_token: pulumi.Input[str]
     label_key: pulumi.Input[str]  # keys the content hashes (secret)
     api_key: Optional[pulumi.Input[str]]  # the head's secrets.env; None on workers
@@ -100,15 +98,15 @@ exec {command}
 
 
 def render_env_file(args: LaunchBundleArgs) -> str:
-    node = args.node
+    node, fabric = args.node, args.fabric
     entries = [
         ("# identity of this node in the cluster", None),
         ("TWINSPARK_NODE_NAME", node.name),
         ("TWINSPARK_ROLE", node.role),
-        ("TWINSPARK_NODE_IP", node.ray_ip),
-        ("TWINSPARK_HEAD_IP", args.head_ray_ip),
-        ("TWINSPARK_NODE_COUNT", str(len(args.node_ray_ips))),
-        ("TWINSPARK_NODE_IPS", ",".join(args.node_ray_ips)),
+        ("TWINSPARK_NODE_IP", fabric.ray_ip),
+        ("TWINSPARK_HEAD_IP", fabric.head_ray_ip),
+        ("TWINSPARK_NODE_COUNT", str(len(fabric.node_ray_ips))),
+        ("TWINSPARK_NODE_IPS", ",".join(fabric.node_ray_ips)),
         ("# the on-node contract (node_contract.py): the boot scripts hard-code none of it", None),
         ("TWINSPARK_LOG_DIR", contract.LOG_DIR),
         ("TWINSPARK_BOOT_LOG", contract.boot_log(node.role)),
@@ -133,13 +131,14 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_API_SOCKET_GROUP", contract.API_SOCKET_GROUP),
         ("# Ray's token authentication: every ray start, driver and client (docker exec too)", None),
         *contract.ray_auth_env().items(),
-        ("# vLLM must see the address Ray knows this node by (the first rail)", None),
-        ("VLLM_HOST_IP", node.ray_ip),
+        (f"# vLLM must see the address Ray knows this node by ({fabric.ray_ip_origin})", None),
+        ("VLLM_HOST_IP", fabric.ray_ip),
         ("# the recipe's environment (§1, §4)", None),
         ("NCCL_IB_HCA", ",".join(r.hca for r in node.rails)),
         ("NCCL_NET_GDR_LEVEL", "5"),
-        ("NCCL_SOCKET_IFNAME", args.bootstrap_iface),
-        ("GLOO_SOCKET_IFNAME", args.bootstrap_iface),
+        ("NCCL_SOCKET_IFNAME", fabric.bootstrap_iface),
+        ("GLOO_SOCKET_IFNAME", fabric.bootstrap_iface),
+        *fabric.nccl_env,
         ("RAY_memory_monitor_refresh_ms", "0"),
         ("RAY_DISABLE_MEMORY_MONITOR", "1"),
         *args.vllm.serving.recipe_spec.env.items(),  # the model recipe's (recipes/)

@@ -38,7 +38,7 @@ from pulumi_command import remote
 from node_contract import (CONTAINER_SLICE, SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHTS_MANIFEST, WEIGHTS_RECORD,
                            WEIGHTS_SYNC_PORT)
 
-from .config import DEFAULT_HUB_ENDPOINT
+from .config import DEFAULT_HUB_ENDPOINT, CopyRail
 from .remote import NodeScript, launch_file, node_command
 
 FETCH_SCRIPT = "fetch-weights.sh"
@@ -58,9 +58,20 @@ MAX_STREAMS_PER_RAIL = 4
 class NodeAccess:
     name: str
     connection: remote.ConnectionArgs
-    ray_ip: str  # first rail: the copy's control connection crosses the cable
-    rail_ips: Sequence[str]  # every rail's address, in config order: the copy's streams
+    # a worker's: the rails the head copies to it over (Topology.copy_rails: every rail, or in a
+    # ring those of its cable to the head), the first carrying the control connection; the head's: none
+    copy_rails: Sequence[CopyRail] = ()
     installation: Optional[pulumi.Resource] = None  # a worker as installed: a reinstall copies again
+
+    @property
+    def copy_ip(self) -> str:
+        """The worker's end of the control connection (ssh with the sync key; the image ship too)."""
+        return self.copy_rails[0].worker_ip
+
+    @property
+    def head_copy_ip(self) -> str:
+        """The head's end of it: the only address the worker's authorized key admits."""
+        return self.copy_rails[0].head_ip
 
 
 @dataclass(frozen=True)
@@ -110,9 +121,9 @@ def fetch_args(args: ModelWeightsArgs, revision: str) -> list[str]:
 def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
               max_streams_per_rail: int = MAX_STREAMS_PER_RAIL) -> list[str]:
     """The revision is there for the trigger: a new one copies again."""
-    rails = [a for ips in zip(worker.rail_ips, args.head.rail_ips) for a in ("--rail", "=".join(ips))]
+    rails = [a for rail in worker.copy_rails for a in ("--rail", f"{rail.worker_ip}={rail.head_ip}")]
     return ["--node", args.head.name, "--peer", worker.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
-            "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{worker.ray_ip}", *rails,
+            "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{worker.copy_ip}", *rails,
             "--port", str(WEIGHTS_SYNC_PORT), "--max-streams-per-rail", str(max_streams_per_rail),
             "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
 
@@ -121,7 +132,7 @@ def peer_host_key_args(args: ModelWeightsArgs, worker: NodeAccess) -> list[str]:
     """The worker's key as the stack pins it, for every address the head reaches it at over the
     cable: the head's ssh checks the worker against the same key as `pulumi up`."""
     return ["--node", args.head.name, "--peer", worker.name, "--known-hosts", SYNC_KNOWN_HOSTS,
-            *(a for ip in worker.rail_ips for a in ("--address", ip)), "--host-key", worker.connection.host_key]
+            *(a for rail in worker.copy_rails for a in ("--address", rail.worker_ip)), "--host-key", worker.connection.host_key]
 
 
 def parse_revision(stdout: str) -> str:
@@ -135,7 +146,7 @@ def parse_revision(stdout: str) -> str:
 def shape_check_args(args: ModelWeightsArgs) -> list[str]:
     flags = ["--node", args.head.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
              "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
-    flags += [a for w in args.workers for a in ("--peer", f"{w.name}={args.ssh_user}@{w.ray_ip}")]
+    flags += [a for w in args.workers for a in ("--peer", f"{w.name}={args.ssh_user}@{w.copy_ip}")]
     return flags + shape_args(args)
 
 
@@ -155,9 +166,9 @@ def parse_memory_fit(stdout: str) -> dict:
     return {}
 
 
-def render_authorized_key_line(head_ray_ip: str, public_key: str) -> str:
+def render_authorized_key_line(head_copy_ip: str, public_key: str) -> str:
     """Only from the head's rail address, and nothing but commands (no pty, no forwarding)."""
-    return f'from="{head_ray_ip}",restrict {public_key.strip()}\n'
+    return f'from="{head_copy_ip}",restrict {public_key.strip()}\n'
 
 
 KEY_FLAGS = ["--key", SYNC_KEY, "--comment", SYNC_KEY_COMMENT]
@@ -207,7 +218,8 @@ class ModelWeights(pulumi.ComponentResource):
             authorize = node_command(
                 authorize_name, worker.connection,
                 NodeScript(AUTHORIZE_SCRIPT, ["add", *flags], delete_args=["remove", *flags],
-                           payload=sync_key.stdout.apply(lambda key: render_authorized_key_line(head.ray_ip, key))),
+                           payload=sync_key.stdout.apply(
+                               lambda key, w=worker: render_authorized_key_line(w.head_copy_ip, key))),
                 parent=self,
             )
             ways_in[worker.name] = [host_key, authorize]

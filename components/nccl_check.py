@@ -43,7 +43,7 @@ class NcclRank:
 @dataclass(frozen=True)
 class NcclCheckArgs:
     ranks: Sequence[NcclRank]  # rank 0 (the head) first
-    master_ip: str  # the head's first rail
+    master_ip: str  # Topology.head_ray_ip: the head's first rail (ring: its LAN address)
     min_bus_bandwidth_gbps: float  # 0 switches the check off
 
 

@@ -1,7 +1,7 @@
 """The observability component's files, rendered from the config (pure: no Pulumi, no resources).
 
 - `render_prometheus_config`  prometheus.yml: vLLM's /metrics on the head's loopback (the gateway), node + GPU exporters on
-                               every node's first-rail address, rail labels on the fabric series
+                               every node's Ray address (Topology.ray_ip), rail labels on the fabric series
 - `alert_groups` / `render_alert_rules`  the alert rules (serving, guard, fabric, nodes, GPU)
 - `render_alertmanager_config`  Alertmanager's route to the webhook (only with alertWebhookUrl)
 - `render_grafana_datasource` / `render_grafana_dashboard_provider`  Grafana provisioning YAML
@@ -44,7 +44,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 import node_contract as contract
 
-from .config import Observability, StackConfig
+from .config import Observability, StackConfig, Topology, resolve_node_addresses
 
 RULES_FILE = "twinspark-alerts.yml"
 CONTAINER_RULES_DIR = f"{contract.PROMETHEUS_CONTAINER_CONFIG_DIR}/rules"
@@ -109,7 +109,7 @@ class ObservedRail:
 class ObservedNode:
     name: str
     role: str  # "head" | "worker"
-    rail_ip: str  # first rail: the exporters bind here, Prometheus scrapes here
+    rail_ip: str  # Topology.ray_ip (direct, switch: the first rail; ring: the LAN): the exporters bind here
     rails: tuple[ObservedRail, ...]
 
 
@@ -137,11 +137,13 @@ class ObservabilityPlan:
         return next(n for n in self.nodes if n.role == "head")
 
 
-def plan_from_config(cfg: StackConfig, alertmanager: bool) -> ObservabilityPlan:
-    """The stack's facts the monitoring stack needs (alertmanager: an alert webhook is set)."""
+def plan_from_config(cfg: StackConfig, alertmanager: bool, topology: Optional[Topology] = None) -> ObservabilityPlan:
+    """The stack's facts the monitoring stack needs (alertmanager: an alert webhook is set;
+    topology: None, the config's with the nodes' addresses resolved now)."""
+    topology = topology or Topology(cfg, resolve_node_addresses(cfg.nodes))
     return ObservabilityPlan(
-        nodes=tuple(ObservedNode(n.name, n.role, n.ray_ip, tuple(ObservedRail(r.iface, r.hca) for r in n.rails))
-                    for n in cfg.nodes),
+        nodes=tuple(ObservedNode(n.name, n.role, topology.ray_ip(n),
+                                 tuple(ObservedRail(r.iface, r.hca) for r in n.rails)) for n in cfg.nodes),
         vllm_port=contract.METRICS_LOOPBACK_PORT,
         expected_mtu=cfg.fabric.mtu,
         expected_link_speed_mbps=cfg.fabric.link_speed_mbps,

@@ -6,7 +6,7 @@ import pulumi
 import pytest
 from program_harness import stack_config
 
-from components.config import format_key_path, parse_stack_config
+from components.config import Topology, format_key_path, parse_stack_config, resolve_node_addresses
 
 BASE = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
 
@@ -161,6 +161,7 @@ def test_every_flag_the_config_sets_is_refused_in_extra_args():
                 for i, a in enumerate(argv) if a.startswith("--")}
 
     other = copy.deepcopy(BASE)
+    other["fabric"]["topology"] = "switch"
     other["nodes"].append({"name": "spark3", "role": "worker", "host": "192.168.1.12", "rails": [
         {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
         {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"}]})  # 3: the recipe's most
@@ -201,6 +202,7 @@ def test_a_node_count_outside_the_recipes_is_refused(recipe, count, span):
     if count == 1:
         cfg["nodes"], cfg["fabric"]["minBusBandwidthGBps"] = cfg["nodes"][:1], 0
     else:
+        cfg["fabric"]["topology"] = "switch"
         cfg["nodes"].append({"name": "spark3", "role": "worker", "host": "192.168.1.12", "rails": [
             {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
             {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"}]})
@@ -384,7 +386,8 @@ def test_a_hub_endpoint_with_credentials_is_refused_without_showing_them():
 def test_a_31_bit_rail_is_point_to_point():
     cfg = copy.deepcopy(BASE)
     rails(("10.0.0.0/31", "10.0.1.0/31"), ("10.0.0.1/31", "10.0.1.1/31"))(cfg)
-    assert parse_stack_config(cfg).nodes[1].ray_ip == "10.0.0.1"
+    parsed = parse_stack_config(cfg)
+    assert Topology(parsed, resolve_node_addresses(parsed.nodes)).ray_ip(parsed.nodes[1]) == "10.0.0.1"
 
 
 def test_unknown_top_level_key_is_refused(program, recipe_config):
@@ -638,6 +641,8 @@ def test_the_platform_defaults_to_a_sparks_and_the_sim_sets_its_own():
 def with_nodes(count):
     """BASE with spark3, spark4, ... added after its two nodes."""
     cfg = copy.deepcopy(BASE)
+    if count > 2:
+        cfg["fabric"]["topology"] = "switch"  # rail N of every node on one subnet
     for i in range(3, count + 1):
         cfg["nodes"].append({"name": f"spark{i}", "role": "worker", "host": f"192.168.1.{10 + i}", "rails": [
             {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": f"10.0.0.{i}/24"},

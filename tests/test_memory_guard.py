@@ -15,7 +15,7 @@ import pytest
 
 import node_contract as contract
 from components import launch_bundle
-from components.config import Serving, parse_stack_config
+from components.config import Serving, Topology, parse_stack_config, resolve_node_addresses
 from components.host_prep import FirewallPolicy, cotenant_slice_path, managed_files, render_cotenant_slice
 from program_harness import stack_config
 
@@ -142,8 +142,8 @@ def test_model_caps_and_headroom_fit_in_a_sparks_memory(total_gib, utilization, 
 def test_the_env_file_carries_the_budget_the_boot_script_passes_to_the_check():
     cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
     vllm = launch_bundle.VllmServe(cfg.serving, cfg.model, len(cfg.nodes))
-    args = launch_bundle.LaunchBundleArgs(cfg.nodes[1], None, vllm, cfg.head.ray_ip, [n.ray_ip for n in cfg.nodes],
-                                          "lan0", "token", "label-key", "sk-key")
+    fabric = Topology(cfg, resolve_node_addresses(cfg.nodes)).node_fabric(cfg.nodes[1])
+    args = launch_bundle.LaunchBundleArgs(cfg.nodes[1], None, vllm, fabric, "token", "label-key", "sk-key")
     rendered = launch_bundle.render_env_file(args).splitlines()
     for entry in [*cfg.serving.memory_budget.env_entries(), ("TWINSPARK_HOST_CGROUP_DIR", contract.HOST_CGROUP_DIR)]:
         assert "=".join(entry) in rendered

@@ -16,7 +16,7 @@ from openai_standin import Behaviour, serve
 from program_harness import unwrap
 
 from components import host_prep, launch_bundle, model_weights
-from components.config import parse_stack_config
+from components.config import CopyRail, parse_stack_config
 from components.client_outputs import render_codex_config, render_codex_model_catalog
 from components.readiness import SCRIPT as WAIT_READY, ReadinessArgs, wait_ready_args
 from components.remote import (LAUNCH_DIR, MANAGED_FILE_SCRIPT, ManagedFile, encode_secret, launch_file,
@@ -419,11 +419,11 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, 
         f"printf 'MemFree:  1 kB\\nMemTotal: %s kB\\n' \"$(awk -v p=\"$peer\" '$1 == p {{print $2}}' <<'EOF'\n{table}EOF\n)\"\n"
     )
     (bin_dir / "ssh").chmod(0o755)
-    workers = [model_weights.NodeAccess(f"spark{i + 2}", None, f"10.0.0.{i + 2}", [f"10.0.0.{i + 2}"])
+    workers = [model_weights.NodeAccess(f"spark{i + 2}", None, [CopyRail(f"10.0.0.{i + 2}", "10.0.0.1")])
                for i in range(len(peers_kb))]
     args = model_weights.ModelWeightsArgs(
         repo="org/model", dir=str(model), downloader_image="img", ssh_user="nvidia",
-        head=model_weights.NodeAccess("spark1", None, "10.0.0.1", ["10.0.0.1"]), workers=workers, hf_token=None,
+        head=model_weights.NodeAccess("spark1", None), workers=workers, hf_token=None,
         revision=None, sync_secret="unused",
         tensor_parallel_size=tp, gpu_memory_utilization=utilization, memory_fit=memory_fit, pipeline_parallel_size=pp)
     line = script_command(model_weights.SHAPE_SCRIPT, model_weights.shape_check_args(args))

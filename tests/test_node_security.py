@@ -20,7 +20,7 @@ from test_node_artifacts import managed_file_lines, private_node  # noqa: F401 (
 
 import node_contract as contract
 from components import host_prep, launch_bundle
-from components.config import parse_stack_config
+from components.config import Topology, parse_stack_config, resolve_node_addresses
 from components.remote import LAUNCH_DIR
 
 CFG = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
@@ -251,8 +251,8 @@ def gateway_bundle(tmp_path, api_key, port):
     for name in (contract.PRELUDE, contract.BOOT_COMMON, contract.API_GATEWAY_SCRIPT):
         shutil.copy(LAUNCH_DIR / name, bundle / name)
     vllm = launch_bundle.VllmServe(CFG.serving, CFG.model, len(CFG.nodes))
-    args = launch_bundle.LaunchBundleArgs(HEAD, None, vllm, HEAD.ray_ip, [n.ray_ip for n in CFG.nodes], "lan0",
-                                          "token", "label-key", api_key)
+    fabric = Topology(CFG, resolve_node_addresses(CFG.nodes)).node_fabric(HEAD)
+    args = launch_bundle.LaunchBundleArgs(HEAD, None, vllm, fabric, "token", "label-key", api_key)
     (bundle / contract.ENV_FILE).write_text(launch_bundle.render_env_file(args))
     (bundle / contract.SECRETS_FILE).write_text(launch_bundle.render_secrets_env(api_key))
     (bundle / contract.API_GATEWAY_CONF).write_text(launch_bundle.render_api_gateway_conf(port))

@@ -653,6 +653,7 @@ def test_switched_off_it_creates_none_of_it(program, recipe_config):
 
 
 def test_three_nodes_get_exporters_and_scrape_targets(program, recipe_config):
+    recipe_config["twinspark:fabric"]["topology"] = "switch"  # rail N of every node on one subnet
     recipe_config["twinspark:nodes"].append({
         "name": "spark3", "role": "worker", "host": "192.168.1.12",
         "rails": [{"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},

@@ -621,6 +621,7 @@ def test_nvfp4_kv_tightens_the_compaction_fence(program, recipe_config):
 
 
 def three_node_config(config):
+    config["twinspark:fabric"]["topology"] = "switch"  # rail N of every node on one subnet
     config["twinspark:nodes"].append(
         {
             "name": "spark3",

@@ -33,6 +33,7 @@ from hub_standin import HubStandin
 from program_harness import stack_config
 from components import model_weights
 from components.config import parse_stack_config
+from components.config import CopyRail
 from components.model_weights import ModelWeightsArgs, NodeAccess
 from components.remote import launch_file, runner_stdin, script_command, script_text
 
@@ -111,12 +112,12 @@ def weights_args(head_dir: Path, workers=(), revision=None, endpoint="https://hu
                  memory_fit=()) -> ModelWeightsArgs:
     return ModelWeightsArgs(
         repo=REPO, revision=revision, dir=str(head_dir), downloader_image="twinspark-sim/base:local", ssh_user="root",
-        head=NodeAccess("spark1", None, "10.0.0.1", ["10.0.0.1", "10.0.1.1"]), workers=list(workers),
+        head=NodeAccess("spark1", None), workers=list(workers),
         hf_token=None, tensor_parallel_size=2, gpu_memory_utilization=0.85, sync_secret=SECRET,
         hub_endpoint=endpoint, memory_fit=memory_fit)
 
 
-WORKER = NodeAccess("spark2", None, "10.0.0.2", ["10.0.0.2", "10.0.1.2"])
+WORKER = NodeAccess("spark2", None, [CopyRail("10.0.0.2", "10.0.0.1"), CopyRail("10.0.1.2", "10.0.1.1")])
 
 
 def resolve(head: Head, revision=None):

@@ -51,8 +51,12 @@ class Rail(Contract):
     iface: IfaceName = Field(description="the rail's network interface (`ip link`)")
     hca: HcaName = Field(description="its RoCE device (`ibv_devinfo`), for NCCL_IB_HCA")
     address: RailAddress = Field(
-        description="static private address with prefix (/16 to /31); rail N of every node shares one subnet, "
-        "and no two rails overlap")
+        description="static private address with prefix (/16 to /31); direct and switch: rail N of every node "
+        "shares one subnet; ring: the subnet of this rail's cable twin on `peer`; no two rails overlap")
+    peer: Optional[NodeName] = Field(
+        default=None,
+        description="ring only, and there required: the node (its `name`) this rail's cable goes to; the k-th rail "
+        "toward a peer pairs with that peer's k-th rail back")
 
     @property
     def ip(self) -> str:
@@ -70,15 +74,16 @@ class Node(Contract):
     host_key: Optional[PinnedHostKey] = Field(
         default=None, description="the node's SSH host key, pinned: `python -m ops pin-host-keys` reads it "
         "(`ssh-ed25519 AAAA...`, as `ssh-keyscan` prints it without the host)")
-    rails: list[Rail] = Field(min_length=1, description="the QSFP rails; the first carries Ray and the weight copy")
-
-    @property
-    def ray_ip(self) -> str:
-        """Ray, vLLM's TCP store and the weight sync use the first rail: the cable, not the LAN."""
-        return self.rails[0].ip
+    rails: list[Rail] = Field(
+        min_length=1, description="the QSFP rails; direct and switch: the first carries Ray and the weight copy's "
+        "control connection (ring: see Three or more Sparks)")
 
 
 class Fabric(Contract):
+    topology: Literal["direct", "switch", "ring"] = Field(
+        default="direct",
+        description="how the rails are cabled: `direct` (two Sparks, one cable), `switch` (two or more, every "
+        "node's rail N on one subnet) or `ring` (three Sparks cabled to each other, each rail naming its `peer`)")
     mtu: Integer = Field(ge=1280, le=9216, description="MTU of every rail; FabricCheck and `ops status` expect it")
     link_speed_mbps: Integer = Field(gt=0, description="link speed every rail must report")
     bootstrap_iface: IfaceName = Field(description="NCCL/GLOO bootstrap interface (NCCL_SOCKET_IFNAME)")

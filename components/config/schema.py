@@ -1,7 +1,8 @@
 """The whole stack config, StackConfig: the blocks (blocks.py) and the rules that span them.
 
-One head; names, machines and rails distinct; rail N of every node in one subnet of its own,
-apart from the LAN; the configured ports apart from each other and the monitoring's; as many
+One head; names, machines and rails distinct; the rails cabled as fabric.topology says (direct,
+switch: rail N of every node in one subnet of its own; ring: each link's two ends in one subnet of
+its own), apart from the LAN; the configured ports apart from each other and the monitoring's; as many
 nodes as the recipe supports; TP × PP spanning the nodes, in a layout the model splits over.
 """
 
@@ -75,9 +76,6 @@ class StackConfig(Contract):
         """What the head serves to the LAN (the host firewall opens these and SSH, nothing else)."""
         return tuple(self.head_public_ports_by_key.values())
 
-    def peers_on_rail(self, node: Node, rail_index: int) -> list[str]:
-        return [n.rails[rail_index].ip for n in self.nodes if n.name != node.name]
-
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "StackConfig":
         heads = [i for i, n in enumerate(self.nodes) if n.role == "head"]
@@ -101,7 +99,7 @@ class StackConfig(Contract):
                         "would switch its DHCP off)")
             _require_distinct(node.rails, f"nodes[{i}].rails", "iface")
             _require_distinct(node.rails, f"nodes[{i}].rails", "hca")
-        self._rails_are_separate_cables()
+        self._rails_fit_the_topology()
         if len(self.nodes) == 1 and self.fabric.min_bus_bandwidth_gbps > 0:
             raise CrossFieldError(
                 "fabric.minBusBandwidthGBps", self.fabric.min_bus_bandwidth_gbps,
@@ -214,8 +212,86 @@ class StackConfig(Contract):
         block, field = key.split(".")
         return to_snake(field) in getattr(self, block).model_fields_set
 
-    def _rails_are_separate_cables(self) -> None:
-        """Rail N of every node in one subnet of its own, apart from every other rail and the LAN."""
+    def _rails_fit_the_topology(self) -> None:
+        """fabric.topology against the node count, then the rails' subnets against the cabling."""
+        topology, n = self.fabric.topology, len(self.nodes)
+        if topology == "direct" and n > 2:
+            raise CrossFieldError("fabric.topology", f"direct with {n} nodes",
+                                   "fabric.topology switch, or ring for three Sparks cabled to each other (direct is "
+                                   "one cable between two Sparks)")
+        if topology == "switch" and n < 2:
+            raise CrossFieldError("fabric.topology", f"switch with {n} node",
+                                   "2 or more nodes on a switch, or fabric.topology direct for a single Spark")
+        if topology == "ring" and n != 3:
+            other = ("direct for two Sparks (one cable)" if n < 3 else
+                     "switch for four or more Sparks (a ring of four or more needs NCCL_ALGO=Ring and tensor "
+                     "parallelism only; NVIDIA's setup refuses it, twinspark does not build it)")
+            raise CrossFieldError("fabric.topology", f"ring with {n} nodes",
+                                   f"exactly 3 nodes in a ring (three cables, every Spark cabled to both others), or "
+                                   f"fabric.topology {other}")
+        if topology == "ring":
+            self._ring_rails_name_their_peers()
+            self._ring_links_apart()
+        else:
+            for i, node in enumerate(self.nodes):
+                for r, rail in enumerate(node.rails):
+                    if rail.peer is not None:
+                        raise CrossFieldError(
+                            f"nodes[{i}].rails[{r}].peer", rail.peer,
+                            f"no peer with fabric.topology {topology} (rail N of every node shares one subnet and "
+                            "reaches every node); peer is for fabric.topology ring")
+            self._rail_n_shares_a_subnet()
+        self._rail_addresses_apart_from_each_other_and_the_lan()
+
+    def _ring_rails_name_their_peers(self) -> None:
+        """Every rail names another node, and every node has as many rails toward each."""
+        names = [n.name for n in self.nodes]
+        for i, node in enumerate(self.nodes):
+            others = [m for m in names if m != node.name]
+            for r, rail in enumerate(node.rails):
+                path, choice = f"nodes[{i}].rails[{r}].peer", " or ".join(others)
+                if rail.peer is None:
+                    raise CrossFieldError(path, "unset", f"the node this rail's cable goes to, {choice} "
+                                           "(fabric.topology ring: every rail names its peer)")
+                if rail.peer == node.name:
+                    raise CrossFieldError(path, rail.peer, f"another node than {node.name} itself: {choice}")
+                if rail.peer not in names:
+                    raise CrossFieldError(path, rail.peer, f"the name of another node: {choice}")
+            counts = {m: sum(r.peer == m for r in node.rails) for m in others}
+            if len(set(counts.values())) != 1:
+                shown = ", ".join(f"{c} toward {m}" for m, c in counts.items())
+                raise CrossFieldError(f"nodes[{i}].rails", shown,
+                                       "as many rails toward each other node (in a ring every Spark has one cable to "
+                                       "each other, two rails per cable)")
+
+    def _ring_links_apart(self) -> None:
+        """Rail k of node A toward B and rail k of B toward A: one subnet, that no other rail overlaps
+        (two rails of a cable never share one: NVIDIA's connect-three-sparks README warns of routing
+        ambiguity and NCCL failures)."""
+        slots: dict[tuple[frozenset, int], tuple[str, ipaddress.IPv4Network]] = {}
+        for i, node in enumerate(self.nodes):
+            toward: dict[str, int] = {}
+            for r, rail in enumerate(node.rails):
+                k = toward[rail.peer] = toward.get(rail.peer, -1) + 1
+                slot, path = (frozenset((node.name, rail.peer)), k), f"nodes[{i}].rails[{r}]"
+                if slot in slots:
+                    twin, network = slots[slot]
+                    if rail.network != network:
+                        raise CrossFieldError(
+                            f"{path}.address", rail.address,
+                            f"an address in {network}, the subnet of {twin} (rail {k + 1} between {node.name} and "
+                            f"{rail.peer}: the two ends of a link share one subnet)")
+                    continue
+                for other, network in slots.values():
+                    if rail.network.overlaps(network):
+                        raise CrossFieldError(
+                            f"{path}.address", rail.address,
+                            f"a subnet that does not overlap {other}'s {network} (another link: each rail of each "
+                            "cable its own subnet)")
+                slots[slot] = (path, rail.network)
+
+    def _rail_n_shares_a_subnet(self) -> None:
+        """Direct and switch: rail N of every node in one subnet of its own, apart from every other rail."""
         first = self.nodes[0].rails
         for r, rail in enumerate(first):  # node 0's first: every other node must match it
             for q in range(r):
@@ -224,6 +300,17 @@ class StackConfig(Contract):
                         f"nodes[0].rails[{r}].address", rail.address,
                         f"a subnet that does not overlap nodes[0].rails[{q}]'s {first[q].network} (each rail is "
                         "its own cable)")
+        for i, node in enumerate(self.nodes):
+            for r, rail in enumerate(node.rails):
+                if rail.network != first[r].network:
+                    raise CrossFieldError(
+                        f"nodes[{i}].rails[{r}].address",
+                        rail.address,
+                        f"an address in {first[r].network} (rail {r} of every node shares one subnet, "
+                        f"as nodes[0].rails[{r}] does)",
+                    )
+
+    def _rail_addresses_apart_from_each_other_and_the_lan(self) -> None:
         hosts = {}
         for j, node in enumerate(self.nodes):
             try:
@@ -237,13 +324,6 @@ class StackConfig(Contract):
                 if rail.ip in seen:
                     raise CrossFieldError(path, rail.address, f"a rail address not already used by {seen[rail.ip]}")
                 seen[rail.ip] = path
-                if rail.network != first[r].network:
-                    raise CrossFieldError(
-                        path,
-                        rail.address,
-                        f"an address in {first[r].network} (rail {r} of every node shares one subnet, "
-                        f"as nodes[0].rails[{r}] does)",
-                    )
                 for j, host in hosts.items():
                     if host in rail.network:
                         raise CrossFieldError(

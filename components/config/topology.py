@@ -1,0 +1,123 @@
+"""What fabric.topology decides, in one place: every component asks this module, none re-derives it.
+
+- the rail peers: each rail's far ends (FabricCheck pings them);
+- the address Ray, vLLM (VLLM_HOST_IP, its TCP store), GLOO and NcclCheck's rendezvous know each
+  node by: direct and switch, the first rail (it reaches every node); ring, the node's LAN address
+  (`host` as resolve_node_addresses resolves it), because no one rail of a ring reaches every node
+  (NVIDIA's connect-three-sparks and eugr/spark-vllm-docker put a ring's OOB traffic on the
+  management interface). NCCL's data runs over every rail (NCCL_IB_HCA) in every topology;
+- the NCCL environment a ring adds (NCCL_IB_MERGE_NICS=0, NCCL_NET_PLUGIN=none,
+  NCCL_IB_SUBNET_AWARE_ROUTING=1: NVIDIA/dgx-spark-playbooks
+  nvidia/multi-sparks-through-switch/assets/spark_cluster_setup/spark_cluster_setup.py and
+  eugr/spark-vllm-docker autodiscover.sh set exactly these for the three-node mesh);
+- the rails the weight copy (and the image shipped with it) crosses from the head to a worker:
+  direct and switch every rail; ring the rails of the worker's cable to the head (in a ring of
+  three the head is every worker's neighbour).
+The rules a topology's rails must follow are StackConfig's (schema.py); this module assumes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from .blocks import Node, Rail
+from .errors import NAMESPACE, config_error
+from .schema import StackConfig
+
+RING_NCCL_ENV = (("NCCL_IB_MERGE_NICS", "0"), ("NCCL_NET_PLUGIN", "none"), ("NCCL_IB_SUBNET_AWARE_ROUTING", "1"))
+
+
+@dataclass(frozen=True)
+class CopyRail:
+    """One rail of the weight copy: the worker's end and the head's, on one subnet."""
+
+    worker_ip: str
+    head_ip: str
+
+
+@dataclass(frozen=True)
+class NodeFabric:
+    """What one node's environment file takes from the topology (launch_bundle.render_env_file)."""
+
+    ray_ip: str  # this node's
+    head_ray_ip: str
+    node_ray_ips: tuple[str, ...]  # every node's, in config order
+    ray_ip_origin: str  # in words, for the env file's comment
+    bootstrap_iface: str  # NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME
+    nccl_env: tuple[tuple[str, Optional[str]], ...]  # what the topology adds (a None value: a comment line)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """`lan`: every node's LAN addresses by name, as resolve_node_addresses gives them."""
+
+    cfg: StackConfig
+    lan: Mapping[str, Sequence[str]]
+
+    def __post_init__(self) -> None:
+        if not self.is_ring:
+            return
+        problems = [
+            f"{NAMESPACE}:nodes[{i}].host: {n.host!r} resolves to {', '.join(self.lan[n.name])} on this machine — "
+            "expected one address in a ring (fabric.topology ring: Ray, vLLM and NCCL's bootstrap reach the node at "
+            "its LAN address), or the address itself"
+            for i, n in enumerate(self.cfg.nodes) if len(self.lan[n.name]) != 1
+        ]
+        if problems:
+            raise config_error(problems)
+
+    @property
+    def is_ring(self) -> bool:
+        return self.cfg.fabric.topology == "ring"
+
+    def rails_toward(self, node: Node, peer: Node) -> list[Rail]:
+        """Ring: the node's rails of its cable to `peer`, in config order (the k-th pairs with the peer's k-th)."""
+        return [r for r in node.rails if r.peer == peer.name]
+
+    def _node(self, name: str) -> Node:
+        return next(n for n in self.cfg.nodes if n.name == name)
+
+    def peers_on_rail(self, node: Node, rail_index: int) -> list[str]:
+        """The addresses rail `rail_index` of `node` reaches: every other node's rail N, or in a ring
+        the one address of the peer's twin rail (same subnet)."""
+        if not self.is_ring:
+            return [n.rails[rail_index].ip for n in self.cfg.nodes if n.name != node.name]
+        rail = node.rails[rail_index]
+        peer = self._node(rail.peer)
+        k = self.rails_toward(node, peer).index(rail)
+        return [self.rails_toward(peer, node)[k].ip]
+
+    def ray_ip(self, node: Node) -> str:
+        return self.lan[node.name][0] if self.is_ring else node.rails[0].ip
+
+    @property
+    def head_ray_ip(self) -> str:
+        """Ray's head, vLLM's master and NcclCheck's rendezvous."""
+        return self.ray_ip(self.cfg.head)
+
+    @property
+    def node_ray_ips(self) -> tuple[str, ...]:
+        return tuple(self.ray_ip(n) for n in self.cfg.nodes)
+
+    @property
+    def nccl_env(self) -> tuple[tuple[str, Optional[str]], ...]:
+        if not self.is_ring:
+            return ()  # direct and switch: the recipe's environment as it is
+        return (("# fabric.topology ring: each rail reaches one neighbour (NVIDIA's and eugr's ring settings)", None),
+                *RING_NCCL_ENV)
+
+    def node_fabric(self, node: Node) -> NodeFabric:
+        origin = ("its LAN address: no rail of a ring reaches every node" if self.is_ring else "the first rail")
+        return NodeFabric(self.ray_ip(node), self.head_ray_ip, self.node_ray_ips, origin,
+                          self.cfg.fabric.bootstrap_iface, self.nccl_env)
+
+    def copy_rails(self, worker: Node) -> list[CopyRail]:
+        """The rails the head copies the weights (and ships the image) to `worker` over; the first
+        carries the copy's control connection."""
+        head = self.cfg.head
+        if self.is_ring:
+            pairs = zip(self.rails_toward(worker, head), self.rails_toward(head, worker))
+        else:
+            pairs = zip(worker.rails, head.rails)
+        return [CopyRail(w.ip, h.ip) for w, h in pairs]

@@ -1,0 +1,53 @@
+"""What fabric.topology decides, as the program renders it for Pulumi.spark.yaml (a direct stack):
+every node's twinspark.env, netplan and firewall, the fabric, NCCL, weight-copy and image-ship
+steps' arguments, the exporters' commands and the `nodes` output. tests/test_topology.py holds
+the current program to the snapshot the code before fabric.topology rendered (f02176e): a
+direct stack's nodes must see no change, or a no-op `pulumi up` would restart serving.
+
+Written from a checkout of f02176e (the older code; this file and program_harness only):
+    git archive f02176e | tar -x -C /tmp/old && cp tests/direct_snapshot.py /tmp/old/tests/ &&
+    ln -s "$PWD/.venv" /tmp/old/.venv && (cd /tmp/old && .venv/bin/python tests/direct_snapshot.py) \
+        > tests/direct_snapshot.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+from program_harness import run_program, runner_call, stack_config, unwrap  # noqa: E402
+from ssh_fixtures import new_key, pinned  # noqa: E402
+
+SNAPSHOT = Path(__file__).resolve().parent / "direct_snapshot.json"
+# steps whose arguments (or file) follow from the topology: their launch/ scripts are not compared
+ARGS_OF = ("-fabric-check", "-nccl-check", "-weights-sync", "-weights-host-key", "-weights-shape-check",
+           "-image-ship")
+PAYLOAD_OF = ("-bundle-twinspark-env", "-hostprep-netplan", "-hostprep-firewall", "-weights-authorize")
+
+
+def topology_surface(run) -> dict:
+    surface = {}
+    for r in run.resources:
+        if r.type == "command:remote:Command" and r.name.endswith(ARGS_OF + PAYLOAD_OF):
+            call = runner_call(r)
+            surface[r.name] = call.payload if r.name.endswith(PAYLOAD_OF) else call.args
+        elif r.type == "docker:index/container:Container" and "exporter" in r.name:
+            surface[r.name] = unwrap(r.inputs.get("command"))
+    surface["output nodes"] = run.outputs["nodes"]["value"]
+    return surface
+
+
+def run_stack_file(config=None) -> dict:
+    with tempfile.TemporaryDirectory() as home:
+        new_key(Path(home) / ".ssh" / "id_ed25519")
+        run = run_program(pinned(config or stack_config()), extra_env={"HOME": home, "SSH_AUTH_SOCK": ""})
+    assert run.error is None, run.error
+    return topology_surface(run)
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_stack_file(), indent=1, sort_keys=True))
