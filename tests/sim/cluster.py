@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import sim_images  # noqa: E402  (the sim stack's file, its registry and the registry's CA)
 import sim_model  # noqa: E402
-from components.config import Node, StackConfig, parse_stack_config  # noqa: E402
+from components.config import Node, StackConfig, parse_stack_config, resolve_node_addresses  # noqa: E402
+from components.config.topology import Topology  # noqa: E402
 from components.config.schema import shape_rules  # noqa: E402
 
 SIM_DIR = Path(__file__).resolve().parent
@@ -114,6 +115,11 @@ class SimCluster:
         # the stack's hub (Pulumi.sim.yaml model.hubEndpoint), as host:port: the name each node resolves
         hub = urlsplit(self.cfg.model.hub_endpoint)
         self.hub = f"{hub.hostname}:{hub.port or (443 if hub.scheme == 'https' else 80)}"
+
+    @property
+    def topology(self) -> Topology:
+        """What the stack's fabric.topology decides (each node's Ray address, its rails' peers), as the program has it."""
+        return Topology(self.cfg, resolve_node_addresses(self.cfg.nodes))
 
     @classmethod
     def from_stack_file(cls, workdir: Path, path: Path = SIM_STACK, prefix: str = "ts", nodes: int = 0,

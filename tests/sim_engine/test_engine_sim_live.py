@@ -151,7 +151,7 @@ except Exception as err:
 
 def test_ray_refuses_a_client_without_the_clusters_token(cluster, serving):
     """Past the firewall (on the head itself), Ray's API still wants the cluster's token."""
-    code = RAY_CLIENT.format(head=cluster.cfg.head.ray_ip, port=contract.RAY_DASHBOARD_PORT)
+    code = RAY_CLIENT.format(head=cluster.topology.head_ray_ip, port=contract.RAY_DASHBOARD_PORT)
     token_path = f"{contract.BUNDLE_DIR}/{contract.RAY_TOKEN_FILE}"
     without = cluster.node_exec(HEAD, "env", "-u", "RAY_AUTH_MODE", sys.executable, "-c", code)
     with_token = cluster.node_exec(HEAD, "env", "RAY_AUTH_MODE=token", f"RAY_AUTH_TOKEN_PATH={token_path}",
