@@ -1,0 +1,109 @@
+"""A node renamed in place (`nodes[i].formerName`, components/renames.py): under mocks, every
+resource of the renamed node is registered with an alias to the URN it had under the former
+name, and nothing else is; the config refuses a formerName that could claim the wrong resources."""
+
+import copy
+
+import pulumi
+import pytest
+from program_harness import stack_config
+from ssh_fixtures import pinned
+
+from components.config import parse_stack_config
+from components.config.blocks import Node
+from components.renames import former_resource_name
+
+RAILS = [{"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.1/24"}]
+
+
+def renamed(config, index: int, name: str, former: str):
+    config = copy.deepcopy(config)
+    config["twinspark:nodes"][index].update(name=name, formerName=former)
+    return config
+
+
+def alias_urns(resource) -> set[str]:
+    """The URNs the engine matches the resource's name aliases to: a spec with a name only keeps
+    the resource's type and parent (RegisterResource in the engine, create_alias_spec in the SDK),
+    so its URN is the resource's own with the last part the alias's name."""
+    prefix = resource.urn.rsplit("::", 1)[0]
+    return {f"{prefix}::{a['spec']['name']}" for a in resource.aliases if a.get("spec", {}).get("name")}
+
+
+@pytest.fixture(scope="module")
+def before_and_after(program):
+    """The recipe stack, and the same with its worker renamed spark2 -> spark2b (same host, same key)."""
+    config = pinned(stack_config())
+    before = program(config)
+    after = program(renamed(config, 1, "spark2b", "spark2"))
+    assert before.error is None and after.error is None, (before.error, after.error)
+    return before, after
+
+
+def test_every_resource_of_the_renamed_node_is_aliased_to_its_urn_under_the_former_name(before_and_after):
+    before, after = before_and_after
+    old = {r.urn for r in before.resources if r.name.startswith("spark2-")}
+    new = [r for r in after.resources if r.name.startswith("spark2b-")]
+    assert len(new) == len(old) > 30  # components and their children, custom and provider resources
+    for r in new:
+        assert alias_urns(r) == {before.named("spark2-" + r.name.removeprefix("spark2b-")).urn}, r.name
+    assert set().union(*map(alias_urns, new)) == old
+    # a child's URN holds its parent's type chain, not the parent's name: the alias is a state URN
+    assert any("$" in urn for urn in old)
+
+
+def test_the_other_nodes_resources_and_the_clusters_get_no_alias(before_and_after):
+    before, after = before_and_after
+    others = [r for r in after.resources if not r.name.startswith("spark2b-")]
+    assert others and not [r.name for r in others if alias_urns(r)]
+    # what they had (the image's alias to its former type) is kept, on the renamed node's too
+    kept = {r.name: r.aliases for r in before.resources if r.aliases}
+    assert kept, "the recipe stack has aliases of its own"
+    for name, aliases in kept.items():
+        now = after.named(name.replace("spark2-", "spark2b-", 1))
+        assert [a for a in now.aliases if a.get("spec", {}).get("name") is None] == aliases, name
+
+
+def test_without_a_former_name_no_resource_has_a_name_alias(recipe_run):
+    assert [r.name for r in recipe_run.resources if alias_urns(r)] == []
+
+
+def test_a_resource_belongs_to_the_node_with_the_longest_name_it_starts_with():
+    host = {"role": "worker", "host": "192.168.1.20", "rails": RAILS}
+    nodes = [Node(name="sim2", formerName="old", **host), Node(name="sim2-b", **host)]
+    assert former_resource_name("sim2-hostprep-netplan", nodes) == "old-hostprep-netplan"
+    assert former_resource_name("sim2-b-hostprep-netplan", nodes) is None
+    assert former_resource_name("sim2", nodes) is None  # no `{node}-` prefix
+    assert former_resource_name("weights", nodes) is None
+
+
+BASE = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+
+
+@pytest.mark.parametrize("former, fragments", [
+    ("spark2", ["twinspark:nodes[1].formerName: spark2", "not its name now", "remove formerName"]),
+    ("spark1", ["twinspark:nodes[1].formerName: spark1", "a name no node has now, not nodes[0].name"]),
+    ("Spark 2", ["twinspark:nodes[1].formerName", "lowercase letters, digits or '-'"]),
+])
+def test_a_former_name_that_is_a_current_name_is_refused(former, fragments):
+    cfg = copy.deepcopy(BASE)
+    cfg["nodes"][1]["formerName"] = former
+    with pytest.raises(pulumi.RunError) as err:
+        parse_stack_config(cfg)
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+
+
+def test_a_former_name_given_to_two_nodes_is_refused():
+    cfg = copy.deepcopy(BASE)
+    cfg["nodes"][0]["formerName"] = cfg["nodes"][1]["formerName"] = "spark0"
+    with pytest.raises(pulumi.RunError) as err:
+        parse_stack_config(cfg)
+    assert "twinspark:nodes[1].formerName: spark0 — expected a formerName different from nodes[0].formerName" \
+        in str(err.value), str(err.value)
+
+
+def test_a_former_name_no_node_has_passes():
+    cfg = copy.deepcopy(BASE)
+    cfg["nodes"][1].update(name="spark2b", formerName="spark2")
+    assert parse_stack_config(cfg).nodes[1].former_name == "spark2"
