@@ -31,37 +31,44 @@ def alias_urns(resource) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def before_and_after(program):
-    """The recipe stack, and the same with its worker renamed spark2 -> spark2b (same host, same key)."""
-    config = pinned(stack_config())
-    before = program(config)
-    after = program(renamed(config, 1, "spark2b", "spark2"))
-    assert before.error is None and after.error is None, (before.error, after.error)
-    return before, after
+def before(program):
+    run = program(pinned(stack_config()))
+    assert run.error is None, run.error
+    return run
 
 
-def test_every_resource_of_the_renamed_node_is_aliased_to_its_urn_under_the_former_name(before_and_after):
-    before, after = before_and_after
-    old = {r.urn for r in before.resources if r.name.startswith("spark2-")}
-    new = [r for r in after.resources if r.name.startswith("spark2b-")]
+@pytest.fixture(scope="module", params=[(1, "spark2"), (0, "spark1")], ids=["worker", "head"])
+def rename(request, program, before):
+    """The recipe stack with one node renamed `{name}b` in place (same host, same key): the run, the
+    former name, the new."""
+    index, former = request.param
+    after = program(renamed(pinned(stack_config()), index, f"{former}b", former))
+    assert after.error is None, after.error
+    return after, former, f"{former}b"
+
+
+def test_every_resource_of_the_renamed_node_is_aliased_to_its_urn_under_the_former_name(before, rename):
+    after, former, name = rename
+    old = {r.urn for r in before.resources if r.name.startswith(f"{former}-")}
+    new = [r for r in after.resources if r.name.startswith(f"{name}-")]
     assert len(new) == len(old) > 30  # components and their children, custom and provider resources
     for r in new:
-        assert alias_urns(r) == {before.named("spark2-" + r.name.removeprefix("spark2b-")).urn}, r.name
+        assert alias_urns(r) == {before.named(f"{former}-" + r.name.removeprefix(f"{name}-")).urn}, r.name
     assert set().union(*map(alias_urns, new)) == old
     # a child's URN holds its parent's type chain, not the parent's name: the alias is a state URN
     assert any("$" in urn for urn in old)
 
 
-def test_the_other_nodes_resources_and_the_clusters_get_no_alias(before_and_after):
-    before, after = before_and_after
-    others = [r for r in after.resources if not r.name.startswith("spark2b-")]
+def test_no_other_resource_gets_an_alias_and_what_they_had_is_kept(before, rename):
+    after, former, name = rename
+    others = [r for r in after.resources if not r.name.startswith(f"{name}-")]
     assert others and not [r.name for r in others if alias_urns(r)]
-    # what they had (the image's alias to its former type) is kept, on the renamed node's too
+    # the aliases the program gives (the head's image build: to its former type) stay, renamed or not
     kept = {r.name: r.aliases for r in before.resources if r.aliases}
-    assert kept, "the recipe stack has aliases of its own"
-    for name, aliases in kept.items():
-        now = after.named(name.replace("spark2-", "spark2b-", 1))
-        assert [a for a in now.aliases if a.get("spec", {}).get("name") is None] == aliases, name
+    assert "spark1-image-build" in kept, "the recipe stack has aliases of its own"
+    for old_name, aliases in kept.items():
+        now = after.named(old_name.replace(f"{former}-", f"{name}-", 1))
+        assert [a for a in now.aliases if a.get("spec", {}).get("name") is None] == aliases, old_name
 
 
 def test_without_a_former_name_no_resource_has_a_name_alias(recipe_run):
