@@ -114,3 +114,20 @@ def test_a_former_name_no_node_has_passes():
     cfg = copy.deepcopy(BASE)
     cfg["nodes"][1].update(name="spark2b", formerName="spark2")
     assert parse_stack_config(cfg).nodes[1].former_name == "spark2"
+
+
+def test_with_the_former_name_removed_every_resource_is_as_it_was_registered_with_it(program, rename):
+    """The second `up` of the rename, `formerName` removed, finds nothing to change: the key is in
+    no resource's inputs or options, only in the aliases."""
+    after, former, name = rename
+    config = pinned(stack_config())
+    index = [n["name"] for n in config["twinspark:nodes"]].index(former)
+    config["twinspark:nodes"][index]["name"] = name
+    done = program(config)
+    assert done.error is None, done.error
+    assert sorted(done.by_name) == sorted(after.by_name)
+    for now in done.resources:
+        then = after.named(now.name)
+        assert (now.urn, now.compared, sorted(now.dependencies), now.parent, now.provider) == \
+            (then.urn, then.compared, sorted(then.dependencies), then.parent, then.provider), now.name
+        assert not alias_urns(now), now.name
