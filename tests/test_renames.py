@@ -55,8 +55,13 @@ def test_every_resource_of_the_renamed_node_is_aliased_to_its_urn_under_the_form
     for r in new:
         assert alias_urns(r) == {before.named(f"{former}-" + r.name.removeprefix(f"{name}-")).urn}, r.name
     assert set().union(*map(alias_urns, new)) == old
-    # a child's URN holds its parent's type chain, not the parent's name: the alias is a state URN
-    assert any("$" in urn for urn in old)
+    # a child's URN holds its parent's type chain, not the parent's name: renaming the parent
+    # leaves the rest of a child's alias as it was
+    by_urn = {r.urn: r for r in after.resources}
+    children = [r for r in new if r.parent in by_urn and by_urn[r.parent].name.startswith(f"{name}-")]
+    assert children
+    for r in children:
+        assert by_urn[r.parent].name not in r.urn.rsplit("::", 1)[0], r.urn
 
 
 def test_no_other_resource_gets_an_alias_and_what_they_had_is_kept(before, rename):
