@@ -1,8 +1,9 @@
 """The whole stack config, StackConfig: the blocks (blocks.py) and the rules that span them.
 
-One head; names, machines and rails distinct; a former name free; rail N of every node in one subnet of its own,
-apart from the LAN; the configured ports apart from each other and the monitoring's; as many
-nodes as the recipe supports; TP × PP spanning the nodes, in a layout the model splits over.
+One head; names, machines and rails distinct; a former name no node has now; rail N of every
+node in one subnet of its own, apart from the LAN; the configured ports apart from each other and
+the monitoring's; as many nodes as the recipe supports; TP × PP spanning the nodes, in a layout
+the model splits over.
 """
 
 from __future__ import annotations
