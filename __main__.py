@@ -19,6 +19,7 @@ from components.observability_files import plan_from_config
 from components.platform_facts import NodeFacts, PlatformFacts, PlatformFactsArgs
 from components.readiness import Readiness, ReadinessArgs
 from components.remote import node_installation
+from components.renames import alias_renamed_nodes
 from components.serving_guard import ServingGuard, ServingGuardArgs
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
 from components.serving_image import BaseImagePin, BaseImagePinArgs, ServingImage, ServingImageArgs, ShipFrom
@@ -29,6 +30,7 @@ cfg = load_stack_config()
 for warning in (cfg.recipe_repo_warning, cfg.parallelism_warning):  # allowed, said out loud
     if warning:
         pulumi.log.warn(warning)
+pulumi.runtime.register_stack_transformation(alias_renamed_nodes(cfg.nodes))  # nodes[i].formerName
 addresses = resolve_node_addresses(cfg.nodes)  # names, for the firewall: resolved before any resource
 topology = Topology(cfg, addresses)  # rail peers, Ray's addresses, NCCL's ring env, the copy's rails
 ssh = resolve_ssh_access(cfg)  # key, agent, host keys: checked before any resource exists

@@ -129,6 +129,7 @@ class RecordingMonitor(pm.MockMonitor):
                 "replaceWith": list(request.replace_with),
                 "ignoreChanges": list(request.ignoreChanges), "replaceOnChanges": list(request.replaceOnChanges),
                 "inputs": inputs,
+                "aliases": [json_format.MessageToDict(a) for a in request.aliases],
             })
         return response
 
@@ -192,6 +193,7 @@ class Resource:
     ignore_changes: list[str]
     replace_on_changes: list[str]
     compared: dict[str, Any] = field(default_factory=dict)  # the inputs the engine diffs
+    aliases: list[dict[str, Any]] = field(default_factory=list)  # as sent: {"urn": ...} or {"spec": {...}}
     outputs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -287,7 +289,7 @@ def run_program(
             type=r["type"], name=r["name"], urn=r["urn"], inputs=r["inputs"], parent=r["parent"],
             dependencies=r["dependencies"], provider=r["provider"], delete_before_replace=r["deleteBeforeReplace"],
             replace_with=r["replaceWith"], ignore_changes=r["ignoreChanges"], replace_on_changes=r["replaceOnChanges"],
-            compared=r["compared"], outputs=r["outputs"],
+            compared=r["compared"], outputs=r["outputs"], aliases=r["aliases"],
         )
         for r in data["resources"]
     ]

@@ -69,6 +69,10 @@ class Rail(Contract):
 
 class Node(Contract):
     name: NodeName = Field(description="short name used in resource names (`{node}-{capability}-{step}`)")
+    former_name: Optional[NodeName] = Field(
+        default=None, description="the name this node had in the stack until now; set it for the `pulumi up` "
+        "that renames the node, then remove it (its resources keep their state under the new name: see "
+        "Operating and recovering)")
     role: Literal["head", "worker"] = Field(description="exactly one `head` (Ray head, API); the rest `worker`")
     host: HostName = Field(description="LAN address or name for SSH and the API")
     host_key: Optional[PinnedHostKey] = Field(

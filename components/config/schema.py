@@ -1,9 +1,10 @@
 """The whole stack config, StackConfig: the blocks (blocks.py) and the rules that span them.
 
-One head; names, machines and rails distinct; the rails cabled as fabric.topology says (direct,
-switch: rail N of every node in one subnet of its own; ring: each link's two ends in one subnet of
-its own), apart from the LAN; the configured ports apart from each other and the monitoring's; as many
-nodes as the recipe supports; TP × PP spanning the nodes, in a layout the model splits over.
+One head; names, machines and rails distinct; a former name no node has now; the rails cabled as
+fabric.topology says (direct, switch: rail N of every node in one subnet of its own; ring: each
+link's two ends in one subnet of its own), apart from the LAN; the configured ports apart from each
+other and the monitoring's; as many nodes as the recipe supports; TP × PP spanning the nodes, in a
+layout the model splits over.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class StackConfig(Contract):
                 "nodes", f"{len(heads)} nodes have role head", "exactly one node with role: head"
             )
         _require_distinct(self.nodes, "nodes", "name")
+        self._former_names_are_free()
         self._one_node_per_machine()
         rail_counts = {len(n.rails) for n in self.nodes}
         if len(rail_counts) != 1:
@@ -179,6 +181,27 @@ class StackConfig(Contract):
         return (f"model.repo {self.model.repo} is not {recipe.repo}, the repository of serving.recipe {recipe.name}: "
                 f"the recipe's flags, environment and parsers are applied to {self.model.repo} as they are; choose "
                 "the recipe made for it if there is one (see Models in the README)")
+
+    def _former_names_are_free(self) -> None:
+        """A formerName becomes aliases to the resources of that name (components/renames.py): one
+        node's, and none that a node of the stack still declares under its own name."""
+        names = {n.name: i for i, n in enumerate(self.nodes)}
+        former: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            old = node.former_name
+            if old is None:
+                continue
+            path = f"nodes[{i}].formerName"
+            if old == node.name:
+                raise CrossFieldError(path, old, "the name this node had until now, not its name now (remove "
+                                       "formerName once the rename's `pulumi up` is done)")
+            if old in names:
+                raise CrossFieldError(path, old, f"a name no node has now, not nodes[{names[old]}].name (its "
+                                       "resources would be claimed by both)")
+            if old in former:
+                raise CrossFieldError(path, old, f"a formerName different from nodes[{former[old]}].formerName "
+                                       "(one node had that name)")
+            former[old] = i
 
     def _one_node_per_machine(self) -> None:
         """DNS names ignore case (an address has one spelling: HostName), so SPARK-A.local is spark-a.local."""
