@@ -225,6 +225,7 @@ def test_a_node_count_the_recipe_does_not_support_stops_the_program_before_any_r
     config["twinspark:nodes"].append({"name": "spark3", "role": "worker", "host": "192.168.1.12", "rails": [
         {"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.3/24"},
         {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.3/24"}]})
+    config["twinspark:fabric"] = {**config["twinspark:fabric"], "topology": "switch"}  # three Sparks need one
     run = program(config)
     assert run.resources == [] and run.error["kind"] == "RunError"
     assert "twinspark:nodes: 3 nodes — expected 2 nodes, what serving.recipe GLM-5.3-Flash-NVFP4 supports" in \
