@@ -38,8 +38,10 @@ secrets = load_secrets()
 api_key = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
 hf_token = secrets["hfToken"]
 # Generated once and kept in the state (secret): Ray's cluster token, and the key that makes
-# the containers' bundle labels say nothing about the secrets in the bundle.
-ray_token = random.RandomPassword("ray-token", length=48, special=False).result
+# the containers' bundle labels say nothing about the secrets in the bundle. The token is new
+# for every new set of machines: a node taken out keeps serving until the engine deletes its
+# containers, after the rest restarted, and would rejoin them (and take a rank) with the old one.
+ray_token = random.RandomPassword("ray-token", length=48, special=False, keepers={"members": cfg.members}).result
 label_key = random.RandomPassword("bundle-label-key", length=32, special=False).result
 # and the secret of the weight copy's rsync daemons on the workers (only the head gets in)
 weights_sync_secret = random.RandomPassword("weights-sync-secret", length=48, special=False).result

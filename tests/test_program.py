@@ -187,6 +187,25 @@ def test_a_role_change_stops_each_nodes_old_container_before_its_new_one_starts(
     assert {created[n]["name"] for n in ("spark1-serving-container", "spark2-serving-container")} == {"twinspark-serving"}
 
 
+def ray_token_keepers(run) -> dict:
+    return unwrap(run.named("ray-token").inputs)["keepers"]
+
+
+def test_rays_token_is_new_for_a_new_set_of_machines_only(program, recipe_config, recipe_run):
+    """The engine deletes a removed node's containers last, after the rest restarted with the new
+    layout: with the old token that node's raylet would rejoin them and take a rank. A role swap
+    or a profile change keeps the token (and restarts nothing for it)."""
+    kept = ray_token_keepers(recipe_run)
+    swapped = json.loads(json.dumps(recipe_config))
+    for node in swapped["twinspark:nodes"]:
+        node["role"] = "worker" if node["role"] == "head" else "head"
+    swapped["twinspark:serving"]["profile"] = "multiagent"
+    assert ray_token_keepers(program(swapped)) == kept
+    grown = three_node_config(json.loads(json.dumps(recipe_config)))
+    grown["twinspark:serving"]["pipelineParallel"] = 3
+    assert ray_token_keepers(program(grown)) != kept
+
+
 def test_a_replaced_worker_replaces_the_head(recipe_run):
     head, worker = recipe_run.named("spark1-serving-container"), recipe_run.named("spark2-serving-container")
     # and each follows its own node's installation (tests/test_nccl_ranks.py: a reinstalled node)

@@ -49,6 +49,12 @@ class StackConfig(Contract):
         return len(self.nodes)  # one GB10 GPU per Spark: one rank each
 
     @property
+    def members(self) -> str:
+        """The cluster's machines (their LAN hosts, sorted): what a role swap or a rename keeps, and
+        a node added or taken out changes."""
+        return ",".join(sorted(n.host for n in self.nodes))
+
+    @property
     def pipeline_parallel_size(self) -> int:
         return self.serving.pipeline_parallel
 

@@ -13,6 +13,7 @@ from conftest import HEAD, containers, flag, serving_answers, vllm_argv
 from test_engine_sim import changes, name_of
 
 THIRD = "sim3"
+REPLACED = {"replace", "create-replacement", "delete-replaced"}  # the last op the engine reports for a replacement
 
 
 def write_nodes(stack, nodes: list[dict]) -> None:
@@ -58,6 +59,7 @@ def test_a_third_node_added_serves_in_three_stages_and_taken_out_leaves_nothing_
 
     added = stack.up()
     report["third_node_added_up_s"] = added.seconds
+    assert changes(added).get("ray-token") in REPLACED, changes(added)  # a new cluster
     assert serving_answers(stack) == 200
     argv = vllm_argv(cluster)
     assert flag(argv, "--pipeline-parallel-size") == "3" and flag(argv, "--tensor-parallel-size") == "1", argv
@@ -76,6 +78,8 @@ def test_a_third_node_added_serves_in_three_stages_and_taken_out_leaves_nothing_
     report["third_node_removed_up_s"] = removed.seconds
     done = changes(removed)
     report["third_node_removed_changes"] = done
+    # a new token, before sim3's containers go (the engine deletes them last): they cannot rejoin
+    assert done.get("ray-token") in REPLACED, done
     gone = {name for name, op in done.items() if name.startswith(f"{THIRD}-")}
     assert gone and all(done[name] == "delete" for name in gone), done
     assert not [r["urn"] for r in stack.export()["resources"] if name_of(r["urn"]).startswith(f"{THIRD}-")]
