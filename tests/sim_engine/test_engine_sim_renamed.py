@@ -22,7 +22,7 @@ from conftest import WORKER, serving_answers
 from test_engine_sim import changes, name_of
 
 RENAMED = "sim2b"
-SECRETS_PATH = f"{contract.BUNDLE_DIR}/{contract.SECRETS_FILE}"
+RAY_TOKEN_PATH = f"{contract.BUNDLE_DIR}/{contract.RAY_TOKEN_FILE}"  # the worker's bundle secret (the API key is the head's)
 # what an in-place change of a resource is; a plain create or delete is a resource made anew
 IN_PLACE_OPS = {"update", "replace", "create-replacement", "delete-replaced"}
 # inputs that name the node: the netplan's header, the env file's TWINSPARK_NODE_NAME
@@ -44,9 +44,9 @@ def resources_named(stack, node: str) -> set[str]:
 
 def worker_files(cluster) -> dict[str, str]:
     """What the worker's undoing steps keep there: the netplan's first line (it names the node),
-    whether the bundle's secrets are there, whether the head's sync key is authorized."""
+    whether the bundle's Ray token is there, whether the head's sync key is authorized."""
     netplan = cluster.node_exec(WORKER, "head", "-n1", host_prep.NETPLAN_PATH, check=False)
-    secrets = cluster.node_exec(WORKER, "test", "-s", SECRETS_PATH, check=False)
+    secrets = cluster.node_exec(WORKER, "test", "-s", RAY_TOKEN_PATH, check=False)
     keys = cluster.node_exec(WORKER, "cat", f"/home/{cluster.cfg.ssh.user}/.ssh/authorized_keys", check=False).stdout
     return {"netplan": netplan.stdout.strip() if netplan.returncode == 0 else "missing",
             "secrets": "present" if secrets.returncode == 0 else "missing",
