@@ -2,16 +2,19 @@
 # scripts/sim.sh — twinspark on simulated Sparks on this Linux box, through the real engine.
 #
 #   sudo -i                                 # as root: the nodes are namespaces and mounts
-#   scripts/sim.sh up [--nodes N]           # N simulated nodes (default: Pulumi.sim.yaml's 2), then
+#   scripts/sim.sh up [--nodes N] [--topology switch|ring]
+#                                           # N simulated nodes (default: Pulumi.sim.yaml's 2) cabled as
+#                                           # a switch (the stack's) or a ring (--nodes 3), then
 #                                           # `pulumi up --stack sim` of this program onto them
 #   eval "$(scripts/sim.sh env)"            # this shell: the engine, the sim stack's backend and passphrase
 #   pulumi stack output --stack sim         # then curl, `python -m ops status`, `python -m ops bench`
 #   scripts/sim.sh down                     # the nodes go, with everything on them; nothing is left
 #
 # Each node is a network namespace with its own sshd and dockerd (tests/sim/cluster.py), the
-# cable a bridge per rail; the images come from a registry on this machine, built from Debian's
-# packages (scripts/sim_images.py). What the box cannot be — a GPU, RDMA, unlimited memlock —
-# is stood in for at the seam where the real part sits (README: "Try it without Sparks").
+# cables a bridge per rail subnet, the LAN a bridge of the nodes' management links and this box;
+# the images come from a registry on this machine, built from Debian's packages
+# (scripts/sim_images.py). What the box cannot be — a GPU, RDMA, unlimited memlock — is stood
+# in for at the seam where the real part sits (README: "Try it without Sparks").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -73,16 +76,22 @@ stop_hub() {
 }
 
 cmd_up() {
-  local nodes=0
+  local nodes=0 topology=""
   while [ $# -gt 0 ]; do
     case $1 in
       --nodes) [ $# -ge 2 ] || die "--nodes needs a number"; nodes=$2; shift 2 ;;
-      *) die "unknown argument: $1 (expected: up [--nodes N])" ;;
+      --topology) [ $# -ge 2 ] || die "--topology needs switch or ring"; topology=$2; shift 2 ;;
+      *) die "unknown argument: $1 (expected: up [--nodes N] [--topology switch|ring])" ;;
     esac
   done
   if ! [[ $nodes =~ ^[0-9]$ ]] || [ "$nodes" -eq 1 ]; then
     die "--nodes $nodes: expected a number of nodes from 2 to 9 (the sim's address plan)"
   fi
+  case $topology in
+    ""|switch) ;;
+    ring) [ "$nodes" -eq 3 ] || die "--topology ring needs --nodes 3: a ring is three Sparks" ;;
+    *) die "--topology $topology: expected switch or ring" ;;
+  esac
   [ "$(id -u)" -eq 0 ] || die "run as root: the simulated nodes are network namespaces, mounts and daemons"
   setup_machine
   "$ROOT/scripts/engine.sh" build || die "the engine is not complete (scripts/engine.sh status says what is missing)"
@@ -91,13 +100,16 @@ cmd_up() {
   images build
   start_registry
   start_hub
-  local config_args=() config_out=()
+  local config_args=() config_out=() shape=(--nodes "$nodes")
+  [ -z "$topology" ] || shape+=(--topology "$topology")
   if [ "$nodes" -ne 0 ]; then
-    config_out=(--config-out "$SIM_HOME/Pulumi.sim-$nodes.yaml")
-    config_args=(--config-file "$SIM_HOME/Pulumi.sim-$nodes.yaml")
+    config_out=(--config-out "$SIM_HOME/Pulumi.sim-$nodes${topology:+-$topology}.yaml")
+    config_args=(--config-file "$SIM_HOME/Pulumi.sim-$nodes${topology:+-$topology}.yaml")
   fi
+  # down takes the same nodes down (a third node is not in the stack file)
+  echo "${shape[*]}" >"$SIM_HOME/shape"
   log "booting the simulated nodes"
-  .venv/bin/python tests/sim/cluster.py up --workdir "$SIM_HOME" --nodes "$nodes" "${config_out[@]}"
+  .venv/bin/python tests/sim/cluster.py up --workdir "$SIM_HOME" "${shape[@]}" "${config_out[@]}"
   eval "$(print_env)"
   pulumi stack select --create "$STACK" --non-interactive
   log "pulumi up --stack $STACK"
@@ -110,7 +122,10 @@ cmd_up() {
 
 cmd_down() {
   [ "$(id -u)" -eq 0 ] || die "run as root"
-  .venv/bin/python tests/sim/cluster.py down --workdir "$SIM_HOME"
+  local shape=()
+  [ ! -f "$SIM_HOME/shape" ] || read -r -a shape <"$SIM_HOME/shape"
+  .venv/bin/python tests/sim/cluster.py down --workdir "$SIM_HOME" "${shape[@]}"
+  rm -f "$SIM_HOME/shape"
   # the stack described nodes that are gone with everything on them: its state goes too
   if [ -d "$SIM_HOME/state" ]; then
     (eval "$(print_env)"; pulumi stack rm --yes --force --preserve-config "$STACK" --non-interactive >/dev/null 2>&1 || true)
@@ -124,5 +139,5 @@ case ${1:-} in
   up) shift; cmd_up "$@" ;;
   down) cmd_down ;;
   env) print_env ;;
-  *) die "usage: $0 up [--nodes N] | env | down" ;;
+  *) die "usage: $0 up [--nodes N] [--topology switch|ring] | env | down" ;;
 esac

@@ -5,9 +5,12 @@
     cluster.ssh("sim1", "uname -n")
     cluster.down()          # nothing left: processes, mounts, namespaces, links
 
-Layout, for each node of the stack config: a netns `<prefix>-<node>`, a management veth to
-this machine (this side gets .1 of the node's /24), one veth per rail into a bridge per
-rail in the netns `<prefix>-fabric` (the "cable", MTU from the stack), and a PID 1
+Layout, for each node of the stack config: a netns `<prefix>-<node>`, a management veth into
+the LAN (a bridge in the netns `<prefix>-lan`, the LAN switch: the nodes reach each other's
+`host`, and this machine, on that bridge by one veth, holds .1 of each node's /24), one veth
+per rail into the bridge of its subnet in the netns `<prefix>-fabric` (the "cable", MTU from
+the stack: a switch's rail N is one bridge of every node, a ring's cable twin a bridge of
+its two ends), and a PID 1
 (node-root.sh -> node_init.py) in new pid/mount/uts namespaces with an overlay root whose
 changes live in a tmpfs. Killing that PID 1 ends every process of the node, and the mounts
 go with its mount namespace.
@@ -42,6 +45,9 @@ from components.config.schema import shape_rules  # noqa: E402
 SIM_DIR = Path(__file__).resolve().parent
 SIM_STACK = sim_images.SIM_STACK
 STATE_ROOT = Path("/var/lib/twinspark-sim")
+# the sim's management addresses (RFC 2544's benchmark range, Pulumi.sim.yaml): each node's /24 is on the LAN
+SIM_LAN = ipaddress.ip_network("198.18.0.0/15")
+TOPOLOGIES = ("switch", "ring")
 
 
 def sh(*argv, check=True, **kw) -> subprocess.CompletedProcess:
@@ -57,13 +63,21 @@ def can_raise_memlock() -> bool:
     return False
 
 
-def load_sim_config(private_key: Path, path: Path = SIM_STACK, nodes: int = 0) -> dict:
-    """The sim stack as `twinspark:key -> value`, with the harness's SSH key filled in, and
-    `nodes` simulated nodes when asked for more than the stack's own."""
+def load_sim_config(private_key: Path, path: Path = SIM_STACK, nodes: int = 0, topology: str = "") -> dict:
+    """The sim stack as `twinspark:key -> value`, with the harness's SSH key filled in, `nodes`
+    simulated nodes when asked for more than the stack's own, cabled as `topology` says (empty:
+    the stack's fabric.topology; `ring` takes exactly 3 nodes)."""
     config = dict(yaml.safe_load(path.read_text())["config"])
     config["twinspark:ssh"] = {**config["twinspark:ssh"], "privateKeyPath": str(private_key)}
+    topology = topology or config["twinspark:fabric"]["topology"]
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"--topology {topology}: expected one of {', '.join(TOPOLOGIES)} (what the sim cables)")
+    if topology == "ring" and nodes != 3:
+        raise ValueError(f"--topology ring with --nodes {nodes or len(config['twinspark:nodes'])}: "
+                         "a ring is three Sparks, expected --nodes 3")
     if nodes:
-        config["twinspark:nodes"] = sim_nodes(config["twinspark:nodes"], nodes)
+        config["twinspark:nodes"] = sim_nodes(config["twinspark:nodes"], nodes, topology)
+        config["twinspark:fabric"] = {**config["twinspark:fabric"], "topology": topology}
         # the layout with the largest TP that the sim's model splits over (3 nodes: PP 3, TP 1)
         layouts = shape_rules().workable_layouts(sim_model.SIM_MODEL_CONFIG, nodes)
         if not layouts:
@@ -73,9 +87,10 @@ def load_sim_config(private_key: Path, path: Path = SIM_STACK, nodes: int = 0) -
     return config
 
 
-def sim_nodes(stack_nodes: list[dict], count: int) -> list[dict]:
-    """`count` nodes in the pattern of the stack's: simN, management 198.18.N.1N, rail k at
-    10.0.k.N/24 (the cable is a bridge per rail, so any number of nodes shares it)."""
+def sim_nodes(stack_nodes: list[dict], count: int, topology: str = "switch") -> list[dict]:
+    """`count` nodes in the pattern of the stack's: simN, management 198.18.N.1N, and rails as
+    `topology` cables them: switch, rail k at 10.0.k.N/24 (rail k of every node on one bridge,
+    so any number of nodes shares it); ring, ring_rails."""
     if count < 2:
         raise ValueError(f"--nodes {count}: a cluster has a head and at least one worker (2 or more)")
     if count > 9:
@@ -85,7 +100,43 @@ def sim_nodes(stack_nodes: list[dict], count: int) -> list[dict]:
     for i in range(len(nodes) + 1, count + 1):
         rails = [{**r, "address": f"10.0.{k}.{i}/24"} for k, r in enumerate(template["rails"])]
         nodes.append({**template, "name": f"sim{i}", "role": "worker", "host": f"198.18.{i}.1{i}", "rails": rails})
+    if topology == "ring":
+        nodes = [{**n, "rails": ring_rails(i, nodes)} for i, n in enumerate(nodes)]
     return nodes
+
+
+def ring_rails(index: int, nodes: list[dict]) -> list[dict]:
+    """Node `index`'s four rails in a ring, cabled as a Spark's (NVIDIA's connect-three-sparks):
+    port 0 (rails 0-1) to the next node's port 1 (its rails 2-3). Link L is the cable from node
+    L's port 0; its twin t is 10.0.{2L+t}.0/24, each end's host octet its node number (as
+    NVIDIA's ip_for_3node_ring_link numbers them): six /24s for three nodes."""
+    following, previous = (index + 1) % len(nodes), (index - 1) % len(nodes)
+    # each rail's (link, peer): port 0 is this node's link to the following node, port 1 the previous node's link
+    cables = [(index, following)] * 2 + [(previous, previous)] * 2
+    return [{"iface": f"rail{k}", "hca": f"simroce{k}", "address": f"10.0.{2 * link + k % 2}.{index + 1}/24",
+             "peer": nodes[peer]["name"]} for k, (link, peer) in enumerate(cables)]
+
+
+def rail_bridges(nodes: list[Node], known: Optional[dict] = None) -> dict[ipaddress.IPv4Network, str]:
+    """The fabric's bridges: one per distinct rail subnet, each what one cable joins (a switch's
+    rail N, or a ring's cable twin), named br0, br1, ... in the order the nodes' rails first name
+    them; `known` (the running fabric's) keep their names and new ones follow them."""
+    bridges = dict(known or {})
+    for node in nodes:
+        for rail in node.rails:
+            bridges.setdefault(rail.network, f"br{len(bridges)}")
+    return bridges
+
+
+def on_the_lan(node: Node) -> Node:
+    """The node, if its host is an address on the sim's LAN (its management link's /24 in SIM_LAN)."""
+    try:
+        mgmt = ipaddress.ip_interface(f"{node.host}/24")
+    except ValueError:
+        mgmt = None
+    if mgmt is None or not mgmt.network.subnet_of(SIM_LAN):
+        raise ValueError(f"{node.name}: host {node.host!r} — expected an IPv4 address in the sim's LAN {SIM_LAN}")
+    return node
 
 
 @dataclass
@@ -110,8 +161,13 @@ class SimCluster:
         self.workdir = workdir
         self.prefix = prefix
         self.key = Path(config["twinspark:ssh"]["privateKeyPath"])
+        for node in self.cfg.nodes:
+            on_the_lan(node)
         self.nodes = {n.name: SimNode(n, f"{prefix}-{n.name}") for n in self.cfg.nodes}
         self.fabric_ns = f"{prefix}-fabric"
+        self.bridges: dict[ipaddress.IPv4Network, str] = {}  # the fabric's, by rail subnet (rail_bridges)
+        self.lan_ns = f"{prefix}-lan"  # the LAN switch
+        self.lan_iface = f"{prefix}m-lan"[:15]  # this machine's port on it (it holds every node's gateway)
         # the stack's hub (Pulumi.sim.yaml model.hubEndpoint), as host:port: the name each node resolves
         hub = urlsplit(self.cfg.model.hub_endpoint)
         self.hub = f"{hub.hostname}:{hub.port or (443 if hub.scheme == 'https' else 80)}"
@@ -123,12 +179,12 @@ class SimCluster:
 
     @classmethod
     def from_stack_file(cls, workdir: Path, path: Path = SIM_STACK, prefix: str = "ts", nodes: int = 0,
-                        **kw) -> "SimCluster":
+                        topology: str = "", **kw) -> "SimCluster":
         key = workdir / "id_ed25519"
         if not key.exists():
             workdir.mkdir(parents=True, exist_ok=True)
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "twinspark-sim-operator", "-f", key)
-        return cls(load_sim_config(key, path, nodes), workdir, prefix, **kw)
+        return cls(load_sim_config(key, path, nodes, topology), workdir, prefix, **kw)
 
     def state_dir(self, node: SimNode) -> Path:
         """The node's disk (node-root.sh): kept across its reboots, wiped when it is made anew."""
@@ -138,9 +194,8 @@ class SimCluster:
     def up(self) -> None:
         self.down()  # leftovers of an earlier, killed run
         sh("ip", "netns", "add", self.fabric_ns)
-        for i in range(len(self.cfg.head.rails)):
-            self._in_fabric("link", "add", f"br{i}", "mtu", self.cfg.fabric.mtu, "type", "bridge")
-            self._in_fabric("link", "set", f"br{i}", "up")
+        self._cable([n.spec for n in self.nodes.values()])
+        self._lan()
         for index, node in enumerate(self.nodes.values()):
             self._network(index, node)
             self._boot(node)
@@ -163,11 +218,14 @@ class SimCluster:
                 except subprocess.TimeoutExpired:
                     node.launcher.kill()
             node.init_pid, node.launcher = 0, None
-        for ns in [n.netns for n in self.nodes.values()] + [self.fabric_ns]:
+        for ns in [n.netns for n in self.nodes.values()] + [self.fabric_ns, self.lan_ns]:
             if ns in self.netns_list():
                 sh("ip", "netns", "del", ns, check=False)
-        for node in self.nodes.values():  # host side of management links (gone with the netns)
-            sh("ip", "link", "del", self._mgmt_host_iface(node), check=False)
+        self.bridges = {}
+        # this machine's LAN port, and a management link of a run from before the LAN (gone with the netns)
+        for iface in [self.lan_iface] + [self._mgmt_host_iface(n) for n in self.nodes.values()]:
+            if self._link_exists(iface):
+                sh("ip", "link", "del", iface, check=False)
         for node in self.nodes.values():
             sh("rm", "-rf", "--one-file-system", self.state_dir(node), check=False)
 
@@ -175,8 +233,9 @@ class SimCluster:
         """Another Spark cabled to the running cluster (a node of the stack's config, as a dict):
         its namespace, rails on the fabric's bridges, and a fresh boot; the stack does not know it
         until its config names it."""
-        node = SimNode(Node.model_validate(spec), f"{self.prefix}-{spec['name']}")
+        node = SimNode(on_the_lan(Node.model_validate(spec)), f"{self.prefix}-{spec['name']}")
         self.nodes[node.name] = node
+        self._cable([node.spec])
         self._network(len(self.nodes) - 1, node)
         self._power_on(node)
         self._install(node)
@@ -186,8 +245,9 @@ class SimCluster:
         """The node unplugged and gone: its processes, namespace, links and disk."""
         node = self.nodes.pop(name)
         self._power_off(node)
-        sh("ip", "netns", "del", node.netns, check=False)
-        sh("ip", "link", "del", self._mgmt_host_iface(node), check=False)
+        sh("ip", "netns", "del", node.netns, check=False)  # its LAN and rail veths go with it
+        if all(self.gateway(n) != self.gateway(node) for n in self.nodes.values()):
+            sh("ip", "addr", "del", f"{self.gateway(node)}/24", "dev", self.lan_iface, check=False)
         sh("rm", "-rf", "--one-file-system", self.state_dir(node), check=False)
 
     def reboot(self, *nodes: str) -> None:
@@ -238,10 +298,10 @@ class SimCluster:
                 "node-root.sh" in cmd and any(f" {n} " in cmd for n in self.nodes)
             ):
                 procs.append(f"{pid}: {cmd[:120]}")
-        links = sh("ip", "-o", "link").stdout
         return {
             "netns": [ns for ns in self.netns_list() if ns.startswith(f"{self.prefix}-")],
-            "links": [self._mgmt_host_iface(n) for n in self.nodes.values() if f" {self._mgmt_host_iface(n)}@" in links],
+            "links": [iface for iface in [self.lan_iface] + [self._mgmt_host_iface(n) for n in self.nodes.values()]
+                      if self._link_exists(iface)],
             "mounts": [l for l in Path("/proc/self/mountinfo").read_text().splitlines() if marker in l],
             "processes": procs,
             "disks": [str(self.state_dir(n)) for n in self.nodes.values() if self.state_dir(n).exists()],
@@ -285,7 +345,35 @@ class SimCluster:
 
     @staticmethod
     def _mgmt_host_iface(node: SimNode) -> str:
+        """The LAN switch's port of the node's management link."""
         return f"tsm-{node.name}"[:15]
+
+    @staticmethod
+    def _link_exists(iface: str) -> bool:
+        return sh("ip", "link", "show", "dev", iface, check=False).returncode == 0
+
+    def _in_lan(self, *argv):
+        return sh("ip", "-n", self.lan_ns, *argv)
+
+    def _lan(self) -> None:
+        """The LAN switch (a bridge in its own netns: no firewall of this machine's filters what it
+        bridges) and this machine's port on it; no route leads on from there."""
+        sh("ip", "netns", "add", self.lan_ns)
+        self._in_lan("link", "add", "lan", "type", "bridge")
+        self._in_lan("link", "set", "lan", "up")
+        sh("ip", "link", "add", self.lan_iface, "type", "veth", "peer", "name", "uplink", "netns", self.lan_ns)
+        self._in_lan("link", "set", "uplink", "master", "lan", "up")
+        sh("ip", "link", "set", self.lan_iface, "up")
+
+    def _cable(self, nodes: list[Node]) -> None:
+        """The bridges these nodes' rails need that the fabric lacks (rail_bridges)."""
+        bridges = rail_bridges(nodes, self.bridges)
+        for network, bridge in bridges.items():
+            if network not in self.bridges:
+                self._in_fabric("link", "add", bridge, "mtu", self.cfg.fabric.mtu, "type", "bridge")
+                self._in_fabric("link", "set", bridge, "alias", str(network))  # `ip -n ts-fabric link` says which cable
+                self._in_fabric("link", "set", bridge, "up")
+        self.bridges = bridges
 
     @staticmethod
     def gateway(node: SimNode) -> ipaddress.IPv4Address:
@@ -296,13 +384,15 @@ class SimCluster:
         ns, mtu = node.netns, self.cfg.fabric.mtu
         sh("ip", "netns", "add", ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
-        mgmt = ipaddress.ip_interface(f"{node.spec.host}/24")
-        host_iface = self._mgmt_host_iface(node)
-        sh("ip", "link", "add", host_iface, "type", "veth", "peer", "name", self.cfg.fabric.bootstrap_iface, "netns", ns)
-        sh("ip", "addr", "add", f"{self.gateway(node)}/24", "dev", host_iface)
-        sh("ip", "link", "set", host_iface, "up")
-        sh("ip", "-n", ns, "addr", "add", str(mgmt), "dev", self.cfg.fabric.bootstrap_iface)
-        sh("ip", "-n", ns, "link", "set", self.cfg.fabric.bootstrap_iface, "up")
+        mgmt, mgmt_iface = ipaddress.ip_interface(f"{node.spec.host}/24"), self.cfg.fabric.bootstrap_iface
+        switch_port = self._mgmt_host_iface(node)
+        sh("ip", "-n", ns, "link", "add", mgmt_iface, "type", "veth", "peer", "name", switch_port, "netns", self.lan_ns)
+        self._in_lan("link", "set", switch_port, "master", "lan", "up")
+        sh("ip", "addr", "replace", f"{self.gateway(node)}/24", "dev", self.lan_iface)  # this machine, on the node's /24
+        sh("ip", "-n", ns, "addr", "add", str(mgmt), "dev", mgmt_iface)
+        sh("ip", "-n", ns, "link", "set", mgmt_iface, "up")
+        # the other nodes' /24s are on the same LAN (as a Spark's LAN is one subnet): on-link, no gateway
+        sh("ip", "-n", ns, "route", "add", str(SIM_LAN), "dev", mgmt_iface, "scope", "link")
         for i, rail in enumerate(node.spec.rails):
             inner, outer = f"tsr{index}x{i}a", f"tsr{index}x{i}b"
             sh("ip", "link", "add", inner, "mtu", mtu, "type", "veth", "peer", "name", outer, "mtu", mtu)
@@ -311,7 +401,7 @@ class SimCluster:
             sh("ip", "-n", ns, "link", "set", inner, "name", rail.iface)
             sh("ip", "-n", ns, "addr", "add", rail.address, "dev", rail.iface)
             sh("ip", "-n", ns, "link", "set", rail.iface, "up")
-            self._in_fabric("link", "set", outer, "master", f"br{i}", "up")
+            self._in_fabric("link", "set", outer, "master", self.bridges[rail.network], "up")
 
     def _boot(self, node: SimNode) -> None:
         pubkey = self.key.with_suffix(".pub")
@@ -378,10 +468,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("action", choices=("up", "down", "leftovers"))
     parser.add_argument("--workdir", type=Path, required=True, help="the operator's key and the nodes' boot logs")
     parser.add_argument("--nodes", type=int, default=0, help="how many nodes (default: the sim stack's)")
+    parser.add_argument("--topology", choices=TOPOLOGIES, default="",
+                        help="how the rails are cabled (default: the sim stack's fabric.topology; ring: --nodes 3)")
     parser.add_argument("--config-out", type=Path, help="write the stack's config for these nodes here (YAML)")
     args = parser.parse_args(argv)
     try:
-        cluster = SimCluster.from_stack_file(args.workdir, nodes=args.nodes)
+        cluster = SimCluster.from_stack_file(args.workdir, nodes=args.nodes, topology=args.topology)
     except ValueError as e:
         print(f"cluster.py: {e}", file=sys.stderr)
         return 2
