@@ -269,6 +269,8 @@ class SimCluster:
         self._install(sim_node)
 
     def _power_off(self, node: SimNode) -> None:
+        if not node.init_pid:  # os.kill(0, ...) would kill this process's whole group
+            raise RuntimeError(f"sim node {node.name} is not running")
         os.kill(node.init_pid, signal.SIGKILL)
         node.launcher.wait(timeout=30)
         node.init_pid, node.launcher = 0, None
