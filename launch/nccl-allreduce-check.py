@@ -104,6 +104,9 @@ def host_roll_call(host, port, nodes, timeout_s):
                     conn.close()
                     continue
                 joined[rank] = conn
+            # no more listening before the go: a rank quick to its store connect is refused (and
+            # retries) rather than queued in this backlog, which closes under it
+            server.close()
             for conn in joined.values():
                 conn.sendall(b"go\n")
             for conn in joined.values():  # each peer closes first: the port is free for torch's store

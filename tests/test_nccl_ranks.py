@@ -323,3 +323,17 @@ def test_the_head_checks_a_worker_against_its_pinned_key_even_after_a_reinstall(
         assert copy_connects().returncode != 0
     finally:
         sshd.stop()
+
+
+def test_once_every_rank_is_there_the_roll_calls_port_refuses_until_torchs_store_listens():
+    """A rank that goes on at once (the sim's torch stand-in imports in no time) must not land in
+    the roll call's backlog, which closes under it (the engine sim's rank 1 died so, rank 0 then
+    waited out NCCL's 900 s): rank 0 stops listening before it says go, so an early connect is
+    refused and retried until torch's store listens."""
+    ranks = Ranks(["spark1", "spark2"])
+    ranks.start(0, 10)
+    time.sleep(0.3)
+    ranks.check.roll_call(1, ranks.nodes, f"127.0.0.1:{ranks.port}", 10)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", ranks.port), timeout=2).close()
+    assert ranks.wait()[0] == "go"
