@@ -36,7 +36,7 @@ main() {
   log "running pytest: everything but the simulator (4 processes)"
   run_pytest tests --ignore=tests/sim_engine -n 4 --dist loadfile "$@"
   log "running pytest: the simulator under the real engine (pulumi up --stack sim)"
-  run_pytest tests/sim_engine "$@"
+  run_pytest tests/sim_engine --durations=20 "$@"  # the slowest scenarios, for the CI time
 }
 
 # pytest, where "no test selected" (exit 5: a -k that only matches in the other run) is no failure
