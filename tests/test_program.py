@@ -146,47 +146,6 @@ def test_dependencies(recipe_run, resource, must_wait_for):
         assert recipe_run.depends_on(recipe_run.named(resource), target), f"{resource} does not wait for {target}"
 
 
-def container_replacements(before, after):
-    """The engine's container steps for `pulumi up` from `before` to `after`: a resource whose
-    docker inputs changed is replaced, delete-first where the program asks for it, in the new
-    program's registration order (pulumi/pulumi pkg/resource/deploy/step_generator.go,
-    continueStepsFromDiff: deleteBeforeReplace -> delete the old, then create the new)."""
-    steps = []
-    for r in after.of_type(CONTAINER):
-        old = before.by_name.get(r.name)
-        if old is None:
-            steps.append(("create", r.name, unwrap(r.inputs)))
-        elif unwrap(old.inputs) != unwrap(r.inputs):
-            assert r.delete_before_replace, r.name
-            steps += [("delete", r.name, unwrap(old.inputs)), ("create", r.name, unwrap(r.inputs))]
-    # resources the new program no longer has go after it (GenerateDeletes)
-    steps += [("delete", r.name, unwrap(r.inputs)) for r in before.of_type(CONTAINER) if r.name not in after.by_name]
-    return steps
-
-
-def test_a_role_change_stops_each_nodes_old_container_before_its_new_one_starts(program, recipe_config, recipe_run):
-    """Issue 8 item 2: making spark2 the head. Each node's container keeps its resource and its
-    docker name, so it is replaced in place: on every node the old one (holding the GPU and,
-    on the old head, the port) is gone before that node's new one starts, and no container is
-    left for a late delete. The new head starts after every new worker."""
-    for node in recipe_config["twinspark:nodes"]:
-        node["role"] = "worker" if node["role"] == "head" else "head"
-    swapped = program(recipe_config)
-    assert swapped.error is None, swapped.error
-    steps = container_replacements(recipe_run, swapped)
-    order = [(verb, name) for verb, name, _ in steps]
-    for node in ("spark1", "spark2"):  # replaced in place, the old one first
-        name = f"{node}-serving-container"
-        assert order.index(("delete", name)) < order.index(("create", name)), order
-    assert order.index(("create", "spark1-serving-container")) < order.index(("create", "spark2-serving-container"))
-    # the gateway moves with the head: a new resource on spark2, the old one's late delete on spark1
-    assert order.index(("delete", "spark1-serving-gateway")) == len(order) - 1
-    created = {name: inputs for verb, name, inputs in steps if verb == "create"}
-    assert created["spark2-serving-container"]["entrypoints"][-1].endswith("boot-head.sh")
-    assert created["spark1-serving-container"]["entrypoints"][-1].endswith("boot-worker.sh")
-    assert {created[n]["name"] for n in ("spark1-serving-container", "spark2-serving-container")} == {"twinspark-serving"}
-
-
 def ray_token_keepers(run) -> dict:
     return unwrap(run.named("ray-token").inputs)["keepers"]
 

@@ -191,7 +191,17 @@ def test_head_and_worker_swap_roles_and_back(cluster, stack, deployed, report):
         stack.set_config("nodes[1].role", "head" if head == "sim2" else "worker")
         run = stack.up()
         report[f"role_swap_to_{head}_up_s"] = run.seconds
-        report[f"role_swap_to_{head}_steps"] = [(name_of(m["urn"]), m["op"]) for m in run.steps() if m["op"] != "same"]
+        steps = [(name_of(m["urn"]), m["op"]) for m in run.steps() if m["op"] != "same"]
+        report[f"role_swap_to_{head}_steps"] = steps
+        # each node's container is replaced in place (one docker name a node): the old one, holding
+        # the GPU (and on the old head the port), is gone before the new one starts; the new head
+        # starts after the new worker; the old head's gateway goes after both
+        for node in (head, worker):
+            name = f"{node}-serving-container"
+            assert steps.index((name, "delete-replaced")) < steps.index((name, "create-replacement")), steps
+        assert (steps.index((f"{worker}-serving-container", "create-replacement"))
+                < steps.index((f"{head}-serving-container", "create-replacement"))
+                < steps.index((f"{worker}-serving-gateway", "delete"))), steps
         assert node_roles(stack) == {head: "head", worker: "worker"}
         assert serving_answers(stack) == 200, head
         assert cluster.nodes[head].spec.host in stack.outputs()["endpoint"]
