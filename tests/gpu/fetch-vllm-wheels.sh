@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# fetch-vllm-wheels.sh — download tests/gpu/vllm-wheels.txt for the device (x86-64, Python 3.12)
+# into .whl/wheels, then pack them into carry folders of at most 60 MiB each (.whl/part1, ...):
+# one `run` carries 64 MiB at most. A wheel over 60 MiB is cut with `split -b` into
+# NAME.whl.split-aa, -ab, ... (in consecutive parts); the device side rebuilds it with
+# `cat NAME.whl.split-* > NAME.whl` (vllm-single-gpu.sh does). Parts are hard links: no copy.
+# .whl/ must be ignored (.git/info/exclude: /.whl/), as the device README says.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+limit=$((60 * 1024 * 1024))
+wheels=.whl/wheels
+mkdir -p "$wheels"
+grep -E '^[A-Za-z0-9_.-]+==' tests/gpu/vllm-wheels.txt > .whl/requirements.txt
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_35_x86_64 \
+  -d "$wheels" -r .whl/requirements.txt
+
+rm -rf .whl/part* .whl/pieces && mkdir -p .whl/pieces
+for whl in "$wheels"/*.whl; do
+  if [ "$(stat -c %s "$whl")" -gt "$limit" ]; then
+    split -b "$limit" "$whl" ".whl/pieces/$(basename "$whl").split-"
+  else
+    ln "$whl" .whl/pieces/
+  fi
+done
+# first fit, largest first: the fewest parts
+part=0
+declare -A used=()
+while read -r size piece; do
+  placed=
+  for ((p = 1; p <= part; p++)); do
+    if [ $((used[$p] + size)) -le "$limit" ]; then placed=$p; break; fi
+  done
+  if [ -z "$placed" ]; then part=$((part + 1)); placed=$part; used[$placed]=0; mkdir -p ".whl/part$placed"; fi
+  ln ".whl/pieces/$piece" ".whl/part$placed/"
+  used[$placed]=$((used[$placed] + size))
+done < <(cd .whl/pieces && stat -c '%s %n' -- * | sort -rn)
+rm -rf .whl/pieces
+for ((p = 1; p <= part; p++)); do
+  printf '.whl/part%s\t%s MiB\t%s files\n' "$p" "$((used[$p] / 1024 / 1024))" "$(find ".whl/part$p" -type f | wc -l)"
+done
+echo "total: $(du -sm --apparent-size "$wheels" | cut -f1) MiB in $(find "$wheels" -name '*.whl' | wc -l) wheels, $part parts"
