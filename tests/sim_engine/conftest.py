@@ -303,6 +303,12 @@ def serving_answers(stack) -> int:
     return completion(outputs, outputs["apiKey"]).status_code
 
 
+def file_state(cluster, node: str, path: str):
+    """[mode, owner, group, mtime (nanoseconds, as stat prints it)] of a file on the node; None where it is absent."""
+    out = cluster.node_exec(node, "stat", "-c", "%a %U %G %y", path, check=False)
+    return out.stdout.split() if out.returncode == 0 else None
+
+
 def state_value(value):
     """A value of `pulumi stack export --show-secrets` with its secrets unwrapped (each is
     {SECRET_SIG: ..., "plaintext": JSON}), at any depth."""

@@ -17,7 +17,7 @@ import node_contract as contract
 from cluster import can_raise_memlock
 from components import host_prep
 from components.launch_bundle import VllmServe, vllm_argv
-from conftest import HEAD, WORKER, completion_status, guard_verdict, ops_access, readiness_s, run_ops, wait_for
+from conftest import HEAD, WORKER, completion_status, file_state, guard_verdict, ops_access, readiness_s, run_ops, wait_for
 
 SERVING = contract.SERVING_CONTAINER
 VLLM_ARGV = f"{contract.LOG_DIR}/vllm-argv.json"  # the vLLM stand-in's record of its start
@@ -32,11 +32,6 @@ def serving(cluster, stack, deployed) -> dict:
     return outputs
 
 
-def file_state(cluster, node: str, path: str):
-    out = cluster.node_exec(node, "stat", "-c", "%a %U %G", path, check=False)
-    return out.stdout.split() if out.returncode == 0 else None
-
-
 # ---- what `pulumi up` left on the hosts ------------------------------------------------------------
 def test_the_host_files_are_the_programs_render_and_a_fresh_login_gets_them(cluster, serving, report):
     cfg = cluster.cfg
@@ -45,7 +40,7 @@ def test_the_host_files_are_the_programs_render_and_a_fresh_login_gets_them(clus
         for f in host_prep.managed_files(node.spec, cfg.fabric.mtu, firewall, cfg.serving.gpu_clock_cap_mhz,
                                          cfg.serving.cotenant_memory_percent):
             assert cluster.node_exec(node.name, "cat", f.path).stdout == f.content, (node.name, f.path)
-            assert file_state(cluster, node.name, f.path) == [f"{int(f.mode, 8):o}", "root", "root"], f.path
+            assert (file_state(cluster, node.name, f.path) or [])[:3] == [f"{int(f.mode, 8):o}", "root", "root"], f.path
         tables = cluster.node_exec(node.name, "nft", "list", "tables").stdout.splitlines()
         assert tables == [f"table inet {contract.FIREWALL_TABLE}"], tables
     generated = cluster.node_exec(HEAD, "netplan", "generate", check=False)

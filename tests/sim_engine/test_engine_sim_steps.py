@@ -24,7 +24,7 @@ import pytest
 import node_contract as contract
 import sim_model
 from components import host_prep
-from conftest import HEAD, WORKER, completion_status, readiness_s, shim_calls, stored_step, wait_for
+from conftest import HEAD, WORKER, completion_status, file_state, readiness_s, shim_calls, stored_step, wait_for
 from test_engine_sim_weights import (each_rail_rx_bytes, manifest, model_dir, rails_rx_bytes, replace, step_output,
                                      worker_matches_head)
 
@@ -59,12 +59,6 @@ def rerun(cluster, step: dict) -> subprocess.CompletedProcess:
 def create_flag(step: dict, name: str) -> str:
     argv = shlex.split(step["inputs"]["create"])
     return argv[argv.index(name) + 1]
-
-
-def file_state(cluster, node: str, path: str):
-    """Mode, owner, group and mtime (nanoseconds) of a file on the node; None where it is absent."""
-    out = cluster.node_exec(node, "stat", "-c", "%a %U %G %y", path, check=False)
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 # ---- 1. host prep ---------------------------------------------------------------------------------
