@@ -52,6 +52,7 @@ DATASOURCE_UID = "twinspark-prometheus"
 DASHBOARD_FOLDER = "twinspark"
 HOME_DASHBOARD = "twinspark-overview.json"
 ALERTMANAGER_GROUP_WAIT = "30s"
+HEARTBEAT_INTERVAL_AND_REPEAT = ("1m", "5m")  # the README's dead man's switch counts on the 5 min
 
 # Prometheus jobs (the `job` label).
 JOB_VLLM, JOB_NODE, JOB_GPU, JOB_PROMETHEUS = "vllm", "node", "gpu", "prometheus"
@@ -414,14 +415,17 @@ def render_alert_rules(plan: ObservabilityPlan) -> str:
     )
 
 
-def render_alertmanager_config(webhook_url: str, group_wait: str = ALERTMANAGER_GROUP_WAIT) -> str:
-    """Every alert to one webhook (Alertmanager's JSON POST), resolved ones too. Holds a secret."""
+def render_alertmanager_config(webhook_url: str, group_wait: str = ALERTMANAGER_GROUP_WAIT,
+                               heartbeat: tuple[str, str] = HEARTBEAT_INTERVAL_AND_REPEAT) -> str:
+    """Every alert to one webhook (Alertmanager's JSON POST), resolved ones too. Holds a secret.
+    `heartbeat`: how often the watchdog's group is looked at and re-sent (shorter in tests)."""
+    interval, repeat = heartbeat
     return "# alertmanager.yml — rendered by twinspark: alerts go to twinspark:alertWebhookUrl\n" + _dump({
         "route": {"receiver": "webhook", "group_by": ["alertname", "node"], "group_wait": group_wait,
                   "group_interval": "5m", "repeat_interval": "4h",
                   # the heartbeat, re-sent often enough that its absence is news within minutes
                   "routes": [{"receiver": "webhook", "matchers": [f'alertname="{WATCHDOG}"'], "group_wait": "0s",
-                              "group_interval": "1m", "repeat_interval": "5m"}]},
+                              "group_interval": interval, "repeat_interval": repeat}]},
         "receivers": [{"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
     })
 

@@ -7,7 +7,10 @@ a stand-in serving nvidia_gpu_exporter's names (it needs nvidia-smi, which is no
 - every target is up and the rail labels land on the real exporter's series;
 - every dashboard panel's query and every alert rule's signal returns data;
 - staged faults fire: spark2's rail 1 at MTU 1500 (pending), rails idle while decoding
-  (pending), and a kernel OOM kill on spark2, which reaches the webhook through Alertmanager.
+  (pending), and a kernel OOM kill on spark2, which reaches the webhook through Alertmanager;
+- the heartbeat (TwinsparkWatchdog) reaches the webhook over and over, and stops once Prometheus
+  dies: the receiver's dead man's switch sees the silence (its own Prometheus and Alertmanager,
+  with the heartbeat's route at seconds instead of minutes).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from components.observability_files import (
     render_alert_rules,
     render_alertmanager_config,
     render_prometheus_config,
+    WATCHDOG,
 )
 
 
@@ -155,13 +159,16 @@ class Webhook:
     def __init__(self):
         owner = self
         self.bodies: list[dict] = []
+        self.received: list[tuple[float, dict]] = []  # (when, body)
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
             def do_POST(self):
-                owner.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                owner.bodies.append(body)
+                owner.received.append((time.time(), body))
                 self.send_response(200)
                 self.end_headers()
 
@@ -373,3 +380,52 @@ def test_a_staged_oom_kill_reaches_the_webhook_through_alertmanager(live):
     assert status == "firing"
     assert (labels["node"], labels["severity"], labels["job"]) == ("spark2", "critical", "node")
     assert webhook.bodies[0]["receiver"] == "webhook"
+
+
+@pytest.fixture
+def heartbeat(tmp_path):
+    """The rendered rules and route on a Prometheus and an Alertmanager of their own (this test
+    kills the Prometheus), the heartbeat re-sent every 2 s and Prometheus re-sending every 1 s,
+    so an alert it stops sending ends 4 s later (Prometheus' 4 x resend delay)."""
+    webhook = Webhook()
+    plan = replace(recipe_plan(alertmanager=True, scrapeIntervalSeconds=1), prometheus_port=free_port(),
+                   alertmanager_port=free_port())
+    (tmp_path / "alertmanager.yml").write_text(render_alertmanager_config(webhook.url, "1s", heartbeat=("1s", "2s")))
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / RULES_FILE).write_text(render_alert_rules(plan))
+    (tmp_path / "prometheus.yml").write_text(render_prometheus_config(plan, rules_dir=str(tmp_path / "rules")))
+    procs = {name: subprocess.Popen(argv, stdout=(tmp_path / f"{name}.log").open("w"), stderr=subprocess.STDOUT)
+             for name, argv in {
+                 "alertmanager": [ALERTMANAGER, f"--config.file={tmp_path / 'alertmanager.yml'}",
+                                  f"--storage.path={tmp_path / 'am-data'}", "--cluster.listen-address=",
+                                  f"--web.listen-address=127.0.0.1:{plan.alertmanager_port}"],
+                 "prometheus": ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                                f"--storage.tsdb.path={tmp_path / 'data'}", "--rules.alert.resend-delay=1s",
+                                f"--web.listen-address=127.0.0.1:{plan.prometheus_port}"]}.items()}
+    try:
+        yield procs, webhook
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait(timeout=20)
+        webhook.server.shutdown()
+
+
+def test_the_heartbeat_reaches_the_webhook_until_prometheus_dies_then_stops(heartbeat):
+    procs, webhook = heartbeat
+
+    def beats(status: str) -> list[float]:
+        return [at for at, body in webhook.received for a in body["alerts"]
+                if a["labels"]["alertname"] == WATCHDOG and body["status"] == status]
+
+    firing = wait_for(lambda: len(beats("firing")) >= 3 and beats("firing"), 60, "three heartbeats at the webhook")
+    assert max(b - a for a, b in zip(firing, firing[1:])) < 10  # 2 s asked: re-sent, not sent once
+    procs["prometheus"].kill()  # the head's Prometheus gone (a dead head takes Alertmanager too: silence at once)
+    died = time.time()
+    resolved = wait_for(lambda: beats("resolved"), 60, "Alertmanager resolving the heartbeat nobody sends")
+    print(f"heartbeat gaps {[round(b - a, 1) for a, b in zip(firing, firing[1:])]} s; "
+          f"resolved {resolved[0] - died:.1f} s after Prometheus died")
+    quiet_from = time.time()
+    time.sleep(10)  # five heartbeat periods
+    assert [at for at in beats("firing") if at > quiet_from] == [], "a heartbeat after Prometheus died"
+    assert [at for at in beats("firing") if at > resolved[0]] == []

@@ -1,7 +1,8 @@
 """Faults on a cluster the real engine deployed (conftest.py's `deployed`): what the containers'
 restart policies, the boot scripts, Ray's membership watchdog and the serving guard do about a
 killed head, a dead raylet, a stopped worker, a frozen dashboard, an engine gone wrong, a busy
-engine and a crash loop — on the nodes' real dockerd, with the program's own settings.
+engine, a crash loop and a co-tenant holding memory — on the nodes' real dockerd, with the
+program's own settings.
 
 What is asserted is what an owner sees (serving answered again, the guard's restart or hold and
 its reason), never which of two legitimate paths the cluster took; a wait is bounded by the stack's
@@ -12,8 +13,13 @@ knobs (tests/sim/bin/vllm), written inside the head's serving container."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -28,6 +34,10 @@ GUARD_LOG = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
 KNOBS = "/run/twinspark-sim"  # the stand-in's (tests/sim/bin/vllm), inside the container
 DASHBOARD_PROCESSES = ("ray/dashboard/dashboard.py", "ray-dashboard-")
 HEAD_GRACE_S = 6  # the worker's default wait for a silent head (launch/ray-membership.py HEAD_GRACE_S)
+# how long the dashboard stays killed: five graces in CI, the issue's 20 min in the measurement
+# run (docs/testing.md: TWINSPARK_SIM_DASHBOARD_KILLED_S=1200)
+DASHBOARD_KILLED_S = float(os.environ.get("TWINSPARK_SIM_DASHBOARD_KILLED_S", 5 * HEAD_GRACE_S))
+GIB = 1024**3
 
 
 # ---- the stack's own settings bound every wait ---------------------------------------------------
@@ -159,23 +169,44 @@ def test_a_sigterm_to_the_worker_leaves_ray_at_once_and_it_comes_back(cluster, s
     report["worker_sigterm_to_serving_s"] = round(time.time() - since, 1)
 
 
-def test_a_frozen_dashboard_is_no_reason_to_leave(cluster, stack, fresh_guard, report):
+def served_throughout(outputs, seconds: float) -> int:
+    """Requests through the gateway every 2 s for `seconds`: how many failed."""
+    until, failed = time.time() + seconds, 0
+    while time.time() < until:
+        failed += not serves(outputs)
+        time.sleep(2)
+    return failed
+
+
+def test_a_frozen_or_killed_dashboard_is_no_reason_to_leave(cluster, stack, fresh_guard, report):
     """Issue 21 item 3: the head's state API frozen (SIGSTOP) for five times the worker's grace,
-    its GCS alive: nobody leaves and every request is answered."""
-    since, failed = time.time(), 0
+    then killed for DASHBOARD_KILLED_S (five graces; the measurement run takes the issue's 20 min),
+    its GCS alive: nobody leaves and every request is answered. A restart of the head's engine
+    brings the dashboard back for the scenarios after."""
+    since = time.time()
     for pattern in DASHBOARD_PROCESSES:
         cluster.node_exec(HEAD, "pkill", "-STOP", "-f", pattern)
     try:
-        while time.time() - since < 5 * HEAD_GRACE_S:
-            failed += not serves(fresh_guard)
-            time.sleep(2)
+        failed_frozen = served_throughout(fresh_guard, 5 * HEAD_GRACE_S)
     finally:
         for pattern in DASHBOARD_PROCESSES:
             cluster.node_exec(HEAD, "pkill", "-CONT", "-f", pattern)
-    exits = {node: serving_events(cluster, node, since, "die") for node in cluster.nodes}
-    report["dashboard_freeze_interrupted_serving"] = bool(failed or any(exits.values()))
-    assert not any(exits.values()), (exits, worker_leave_reasons(cluster))
-    assert failed == 0
+    killed = time.time()
+    for pattern in DASHBOARD_PROCESSES:
+        cluster.node_exec(HEAD, "pkill", "-KILL", "-f", pattern)
+    try:
+        failed_killed = served_throughout(fresh_guard, DASHBOARD_KILLED_S)
+        # did Ray start the dashboard again? (0: it stayed down the whole time)
+        report["dashboard_processes_after_kill"] = sum(
+            len(cluster.node_exec(HEAD, "pgrep", "-f", p, check=False).stdout.split()) for p in DASHBOARD_PROCESSES)
+        exits = {node: serving_events(cluster, node, since, "die") for node in cluster.nodes}
+        report["dashboard_frozen_s"], report["dashboard_killed_s"] = 5 * HEAD_GRACE_S, round(time.time() - killed)
+        report["dashboard_down_failed_requests"] = failed_frozen + failed_killed
+        report["dashboard_down_serving_exits"] = sum(map(len, exits.values()))
+        assert not any(exits.values()), (exits, worker_leave_reasons(cluster))
+        assert (failed_frozen, failed_killed) == (0, 0)
+    finally:
+        restart_head_engine(cluster, stack, fresh_guard)
 
 
 # ---- the serving guard: wrong answers, a wedge, a busy engine, a crash loop ----------------------
@@ -257,10 +288,11 @@ def test_a_saturated_engine_serves_its_streams_to_the_end_with_the_guard_on(clus
         restart_head_engine(cluster, stack, fresh_guard)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def wide_restart_window(stack):
-    """The guard counting over 10 minutes, long enough for a crash loop's restarts on a loaded
-    machine (each one a head start and a worker rejoin): a guard setting's `pulumi up`."""
+    """The guard counting over 10 minutes, long enough for a crash loop's restarts or a panic
+    loop's reboots on a loaded machine (each one a head start and a worker rejoin): a guard
+    setting's `pulumi up`, kept for the rest of this module's scenarios."""
     window = serving_settings(stack)["guard"]["restartWindowMinutes"]
     stack.set_config("serving.guard.restartWindowMinutes", "10")
     stack.up()
@@ -305,3 +337,127 @@ def test_a_crash_loop_is_held_until_cleared(cluster, stack, wide_restart_window,
     assert left == "0", left
     stack.up()  # the readiness wait the held up could not finish
     assert set(stack.up().summary) == {"same"}
+
+
+def head_serving_state(cluster) -> tuple[bool, str, float]:
+    """The head's serving container: running, its restart policy, when it last started."""
+    out = cluster.ssh(HEAD, f"docker inspect --format '{{{{.State.Running}}}} {{{{.HostConfig.RestartPolicy.Name}}}} "
+                            f"{{{{.State.StartedAt}}}}' {SERVING}").stdout.split()
+    started = subprocess.run(["date", "-d", out[2], "+%s.%N"], capture_output=True, text=True).stdout
+    return out[0] == "true", out[1], float(started)
+
+
+def reboots_counted(cluster, since: float) -> int:
+    out = cluster.node_exec(HEAD, "cat", contract.SERVING_GUARD_RESTARTS, check=False)
+    restarts = json.loads(out.stdout)["restarts"] if out.returncode == 0 else []
+    return sum(r["reason"] == "the head rebooted" and r["at"] > since for r in restarts)
+
+
+def test_a_panic_loop_through_head_reboots_is_held_and_the_reboot_it_asks_for_cures_it(
+        cluster, stack, wide_restart_window, fresh_guard, report):
+    """Issue 21 item 5: the engine takes the head's kernel down each time it loads (the head
+    powered off once serving has started and the guard has seen the boot, as a panic would).
+    The count is on disk and each reboot is one more restart: after the limit docker starts
+    serving no more and the guard holds; the reboot of both nodes the hold asks for brings
+    serving back with no other step."""
+    limit = serving_settings(stack)["guard"]["restartLimit"]
+    since, reboots = time.time(), 0
+    while True:
+        cut = time.time()
+        cluster.reboot(HEAD)
+        reboots += 1
+
+        def loaded_or_held():
+            if guard_verdict(cluster).get("hold"):
+                return "held"
+            running, _, started = head_serving_state(cluster)
+            return running and started > cut and reboots_counted(cluster, since) == reboots and "loaded"
+
+        if wait_for(loaded_or_held, readiness_s(stack), f"serving started or held after reboot {reboots}") == "held":
+            break
+        assert reboots <= limit, f"still no hold after {reboots} reboots (limit {limit})"
+    report["panic_loop_reboots_before_hold"] = reboots
+    report["panic_loop_to_hold_s"] = round(time.time() - since, 1)
+    hold = guard_verdict(cluster)["hold"]
+    assert reboots == limit + 1 and "restart loop" in hold["reason"] and "reboot sim1 and sim2" in hold["reason"], hold
+    running, policy, _ = head_serving_state(cluster)
+    assert (running, policy) == (False, "no")  # the next "panic" cannot come: nothing loads
+    cured = time.time()
+    cluster.reboot(WORKER, HEAD)
+    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the reboot the hold asked for")
+    report["panic_loop_cure_reboot_to_serving_s"] = round(time.time() - cured, 1)
+    assert "the head rebooted after a hold: the restart count starts again" in tail(cluster, HEAD, GUARD_LOG)
+    assert guard_verdict(cluster).get("hold") is None and reboots_counted(cluster, cured) == 0
+
+
+# ---- memory: a co-tenant inside its cap, and one beyond it -------------------------------------
+# The nodes share this machine's memory and its cgroup tree (cgroup v1 here), which the memory
+# check reads through the container's /host/sys/fs/cgroup: a process put in the tree's
+# user.slice is a co-tenant of both nodes, charged by the real kernel.
+COTENANT_CGROUP = Path("/sys/fs/cgroup/memory") / contract.COTENANT_SLICES[0]
+HOLDER = ("import os, signal, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
+          "held = bytearray(b'\\1') * int(sys.argv[2]); print('holding', flush=True); signal.pause()")
+
+
+@contextmanager
+def cotenant(gib: float):
+    """A process in user.slice holding `gib` of anonymous memory (every page written)."""
+    COTENANT_CGROUP.mkdir(exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(COTENANT_CGROUP / "cgroup.procs"), str(int(gib * GIB))],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "holding\n", "the co-tenant could not take its memory"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def meminfo_gib(cluster) -> dict[str, float]:
+    lines = cluster.node_exec(HEAD, "cat", "/proc/meminfo").stdout.splitlines()
+    return {name: int(rest.split()[0]) / 1024**2 for name, _, rest in (line.partition(":") for line in lines)}
+
+
+def head_env(cluster) -> dict[str, str]:
+    text = cluster.node_exec(HEAD, "cat", f"{contract.BUNDLE_DIR}/{contract.ENV_FILE}").stdout
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+
+
+def memory_verdict(cluster, since: float) -> dict:
+    """The head's memory check's last verdict, if written since `since`."""
+    out = cluster.node_exec(HEAD, "cat", contract.MEMORY_CHECK_STATUS, check=False)
+    verdict = json.loads(out.stdout) if out.returncode == 0 else {}
+    return verdict if verdict.get("checked_at", 0) > since else {}
+
+
+def test_a_cotenant_beyond_its_cap_is_named_and_one_at_its_cap_lets_serving_load(cluster, stack, fresh_guard,
+                                                                                 operator_home, report):
+    """Issue 21 item 4, on the real kernel's accounting: an agent in user.slice at the cap the
+    budget gives it, and a second one that takes the slice past it. The check before load waits,
+    naming user.slice (no reboot asked for); the second agent stopped, the first still at its
+    cap, the model loads at the next check."""
+    env, mem = head_env(cluster), meminfo_gib(cluster)
+    need, cap = float(env["TWINSPARK_GPU_MEMORY_UTILIZATION"]) * mem["MemTotal"], \
+        int(env["TWINSPARK_COTENANT_MEMORY_PERCENT"]) / 100 * mem["MemTotal"]
+    assert mem["MemAvailable"] - cap > need + 1, (mem, need, cap)  # the machine can stage it at all
+    with cotenant(0.98 * cap):
+        beyond = meminfo_gib(cluster)["MemAvailable"] - need + 3  # leaves the model 3 GiB short
+        with cotenant(beyond) as second:
+            since = time.time()
+            cluster.ssh(HEAD, f"docker restart {SERVING}")
+            waiting = wait_for(lambda: memory_verdict(cluster, since).get("ok") is False and memory_verdict(cluster, since),
+                               readiness_s(stack), "the memory check waiting for the co-tenant")
+            report["cotenant_beyond_cap_verdict_s"] = round(waiting["checked_at"] - since, 1)
+            assert waiting["cause"] == COTENANT_CGROUP.name, waiting
+            assert f"{COTENANT_CGROUP.name} holds it: a co-tenant there" in waiting["message"], waiting
+            assert "no reboot needed" in waiting["message"] and "leak" not in waiting["message"], waiting
+            assert waiting["held_gib"][COTENANT_CGROUP.name] > 0.98 * cap + beyond - 1, waiting
+            problems = json.loads(run_ops("status", "--json", *ops_access(cluster, fresh_guard, operator_home)).stdout)
+            assert any(p.startswith(f"{HEAD}: memory check before load: not enough memory") and
+                       f"{COTENANT_CGROUP.name} holds it" in p for p in problems["problems"]), problems
+            second.kill()
+            stopped = time.time()
+        wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving with the co-tenant back at its cap")
+        report["cotenant_stopped_to_serving_s"] = round(time.time() - stopped, 1)
+        assert memory_verdict(cluster, since)["ok"] is True
+    assert guard_verdict(cluster).get("hold") is None
