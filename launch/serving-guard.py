@@ -587,14 +587,14 @@ class Guard:
         if self.last:  # no canary yet: its series stay absent (TwinsparkCanaryStale watches for that)
             values.update({
                 # the engine serves: a passing round, or a busy engine's late one
-            "twinspark_guard_canary_success": int(self.last.get("ok") is True or self.last.get("not_counted") == "busy"),
+                "twinspark_guard_canary_success": int(self.last.get("ok") is True
+                                                      or self.last.get("not_counted") == "busy"),
                 "twinspark_guard_canary_last_run_timestamp_seconds": round(self.last["checked_at"], 3),
                 "twinspark_guard_canary_duration_seconds": self.last.get("duration_s", 0),
             })
         kinds = {name: "counter" if name.endswith("_total") else "gauge" for name in values}
         text = "".join(f"# TYPE {name} {kinds[name]}\n{name} {value}\n" for name, value in values.items())
         write_atomically(Path(self.args.textfile), text)
-
 
     def withdraw_metrics(self) -> None:
         """A stopped guard's series would claim a canary nobody runs (after a role swap, on a

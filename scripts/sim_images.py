@@ -217,6 +217,47 @@ class Registry:
         except OSError:
             return False
 
+    # what a registry's owner does between two deploys: push another image under a tag
+    MANIFEST_TYPES = ("application/vnd.docker.distribution.manifest.v2+json",
+                      "application/vnd.oci.image.manifest.v1+json")
+
+    def _call(self, method: str, url: str, data: Optional[bytes] = None, headers: Optional[dict] = None):
+        request = urllib.request.Request(url if "://" in url else self.url + url, data=data, method=method,
+                                         headers=headers or {})
+        with self._open(request, timeout=60) as response:
+            return response.read(), response.headers
+
+    def manifest(self, path: str, reference: str) -> tuple[bytes, str]:
+        """A single-platform image's manifest (its bytes, its media type), by tag or digest."""
+        body, headers = self._call("GET", f"/v2/{path}/manifests/{reference}",
+                                   headers={"Accept": ", ".join(self.MANIFEST_TYPES)})
+        kind = headers.get("Content-Type", "")
+        if kind not in self.MANIFEST_TYPES:
+            raise SystemExit(f"sim_images: {path}:{reference} is a {kind}, not one image's manifest")
+        return body, kind
+
+    def tag(self, path: str, tag: str, manifest: bytes, kind: str) -> str:
+        """PATH:TAG names `manifest` from now on; returns its digest."""
+        self._call("PUT", f"/v2/{path}/manifests/{tag}", data=manifest, headers={"Content-Type": kind})
+        return "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+    def push_variant(self, path: str, tag: str, label: str, value: str, tags: list[str]) -> str:
+        """Another image from PATH:TAG (its layers, one more label in its config) pushed under
+        each of `tags`; returns its manifest digest."""
+        body, kind = self.manifest(path, tag)
+        manifest = json.loads(body)
+        config = json.loads(self._call("GET", f"/v2/{path}/blobs/{manifest['config']['digest']}")[0])
+        config.setdefault("config", {}).setdefault("Labels", {})[label] = value
+        blob = json.dumps(config).encode()
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        _, upload = self._call("POST", f"/v2/{path}/blobs/uploads/")
+        location = upload["Location"]
+        self._call("PUT", f"{location}{'&' if '?' in location else '?'}digest={digest}", data=blob,
+                   headers={"Content-Type": "application/octet-stream"})
+        manifest["config"].update(digest=digest, size=len(blob))
+        variant = json.dumps(manifest).encode()
+        return [self.tag(path, t, variant, kind) for t in tags][0]
+
 
 @contextlib.contextmanager
 def push_registry() -> Iterator[Registry]:

@@ -4,9 +4,11 @@ asks it for launch/weights.py (model_info, snapshot_download), served from a loc
     python tests/hub_standin.py --root DIR --listen ADDR:PORT [--cdn-listen ADDR:PORT]
 
 The client is pointed here with HF_ENDPOINT=http://ADDR:PORT. DIR holds one folder per repo
-id (DIR/org/model/...). A repo publishes one commit: DIR/org/model/.revision where the test
-writes one, else a sha1 over the files' names and blob ids (as git's would change with the
-content). Files whose path has a part starting with '.' are not published.
+id (DIR/org/model/...). A repo's head (`main`) is one commit: DIR/org/model/.revision where the
+test writes one, else a sha1 over the files' names and blob ids (as git's would change with the
+content). Files whose path has a part starting with '.' are not published. Every commit the
+head has been is kept and still answers by its id (its listing as it was; a file's content is
+read from DIR as it is now, so a test that moves the head adds or removes files and changes none).
 
 What is served, as huggingface.co serves it (huggingface_hub 2.4.0: hf_api.py model_info,
 list_repo_tree; file_download.py get_hf_file_metadata, http_get; utils/_http.py
@@ -77,6 +79,7 @@ class Hub:
         self.root = root
         self._digests: dict[tuple, tuple[str, str]] = {}
         self._blobs: dict[str, Path] = {}  # sha256 -> file, for the CDN
+        self._history: dict[tuple[str, str], dict[str, Entry]] = {}  # (repo, commit) -> its files
         self._lock = threading.Lock()
 
     def _digest(self, path: Path) -> tuple[str, str]:
@@ -117,7 +120,14 @@ class Hub:
             commit = published.read_text().strip()
         else:
             commit = hashlib.sha1("".join(f"{p} {e.blob_id}\n" for p, e in files.items()).encode()).hexdigest()
+        with self._lock:
+            self._history[(repo_id, commit)] = files
         return commit, files
+
+    def earlier(self, repo_id: str, commit: str) -> Optional[dict[str, Entry]]:
+        """The files of a commit the head was once (None: never seen)."""
+        with self._lock:
+            return self._history.get((repo_id, commit))
 
     def blob(self, sha256: str) -> Optional[Path]:
         with self._lock:
@@ -181,9 +191,12 @@ class Handler(BaseHTTPRequestHandler):
             status = 404 if "authorization" in {k.lower() for k in self.headers} else 401
             raise HubError(status, "RepoNotFound", "Repository not found")
         commit, files = self.hub.listing(repo_id)
-        if revision not in (None, DEFAULT_BRANCH, commit):
+        if revision in (None, DEFAULT_BRANCH, commit):
+            return commit, files
+        earlier = self.hub.earlier(repo_id, revision)
+        if earlier is None:
             raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-        return commit, files
+        return revision, earlier
 
     def _model_info(self, repo_id: str, revision: Optional[str], blobs: bool, head: bool):
         commit, files = self._published(repo_id, revision)

@@ -194,6 +194,21 @@ def test_fetch_pins_the_revision_and_checks_every_file_against_the_hub(tmp_path,
     assert "huggingface_hub.errors.RevisionNotFoundError" in absent.stderr, absent.stderr
 
 
+def test_a_commit_the_head_has_moved_past_still_fetches_as_it_was(tmp_path, home, hub):
+    """The rollback's premise (ops upgrade writes back the commit that served): the hub's main
+    moved on, and the earlier commit, asked for by id, is what it was: its files and no others."""
+    head, first = fetched_head(tmp_path, home, hub, shards=2)
+    (head.hub / REPO / "notes.md").write_text("a later commit\n")
+    head.run("fetch-weights.sh", ["forget", "--owner", "spark1-weights-revision"], secrets=["hf_token"])
+    second = model_weights.parse_revision(resolve(head).stdout)  # the head as it is now
+    assert second != first
+    moved = fetch(head, second)
+    assert moved.returncode == 0 and manifest(head)["revision"] == second and (head.dir / "notes.md").exists()
+    back = fetch(head, first)
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert manifest(head)["revision"] == first and "notes.md" not in manifest(head)["files"]
+
+
 def test_fetch_of_a_revision_the_hub_lacks_fails_with_the_clients_error_and_keeps_the_files(tmp_path, home, hub):
     head, revision = fetched_head(tmp_path, home, hub, shards=2)
     before = {p.name: sha256(p) for p in head.dir.glob("*.json")} | {

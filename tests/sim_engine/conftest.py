@@ -331,6 +331,14 @@ def stored_step(state: dict, name: str) -> dict:
     return {"inputs": state_value(resource.get("inputs", {})), "outputs": state_value(resource.get("outputs", {}))}
 
 
+def hub_commit(stack, repo: str) -> str:
+    """The commit the hub stand-in (conftest.py `hub`, on this machine) publishes for the repo, as a client reads it."""
+    port = urlsplit(stack.stack_file()["config"]["twinspark:model"]["hubEndpoint"]).port
+    answer = httpx.get(f"http://127.0.0.1:{port}/api/models/{repo}", timeout=30)
+    answer.raise_for_status()
+    return answer.json()["sha"]
+
+
 def urn_of(stack, name: str) -> str:
     (urn,) = [r["urn"] for r in stack.export()["resources"] if r["urn"].endswith(f"::{name}")]
     return urn

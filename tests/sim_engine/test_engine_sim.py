@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import node_contract as contract
-from conftest import (HEAD, ROOT, STACK, completion, completion_status, containers, flag, guard_verdict,
+import sim_images
+from conftest import (HEAD, ROOT, STACK, completion, completion_status, containers, flag, guard_verdict, hub_commit,
                       serving_answers, urn_of, vllm_argv, wait_for)
 
 def test_a_fresh_up_with_the_defaults_serves_through_the_gateway(cluster, stack, deployed, report):
@@ -211,20 +212,49 @@ def test_head_and_worker_swap_roles_and_back(cluster, stack, deployed, report):
         swap("sim1", "sim2")
 
 
-def test_an_upgrade_whose_canary_fails_is_rolled_back_through_the_automation_api_to_what_served(
-        cluster, stack, deployed, report, monkeypatch, tmp_path):
-    """`ops upgrade` as a user runs it (the real Automation API over the CLI): the vLLM stand-in
-    answers garbage under --max-model-len 4242, the guard's canary says so, the upgrade writes the
-    previous settings back, deploys them, and the cluster serves the image digest, model commit
-    and launch bundles it served before."""
+@pytest.fixture
+def moved_on(cluster, stack, operator_home):
+    """Between the deploy and the upgrade, the world moved: the serving image's tag names another
+    image (its layers with one more label, pushed under the old tag and a new one, `next`), and
+    the hub's main is a later commit (one more file). Yields (the `next` reference, the later
+    commit); afterwards the tag, the hub and the stack's config are as before, and one `up`
+    brings the stack back to them."""
+    config = stack.stack_file()["config"]
+    image, repo = config["twinspark:serving"]["image"], config["twinspark:model"]["repo"]
+    path, tag = sim_images.split_reference(image)
+    config_text = stack.config_file.read_text()
+    notes = operator_home / "hub" / repo / "notes.md"  # the hub fixture's root
+    with sim_images.push_registry() as registry:
+        served, kind = registry.manifest(path, tag)
+        registry.push_variant(path, tag, "twinspark.sim.variant", "moved", [tag, "next"])
+        notes.write_text("a later commit of the model's repo\n")
+        try:
+            yield f"{image.rsplit(':', 1)[0]}:next", hub_commit(stack, repo)
+        finally:
+            registry.tag(path, tag, served, kind)
+            notes.unlink()
+            stack.config_file.write_text(config_text)
+            stack.up()
+
+
+def test_an_upgrade_whose_canary_fails_is_rolled_back_by_digest_and_commit_though_the_tag_and_the_branch_moved(
+        cluster, stack, deployed, moved_on, report, monkeypatch):
+    """`ops upgrade` as a user runs it (the real Automation API over the CLI) to the image the old
+    tag now names too (`next`), the hub's later commit and --max-model-len 4242, under which the
+    vLLM stand-in answers garbage: the guard's canary says so and the upgrade writes back what
+    served — the image by the digest that served (the old tag would resolve to the new image), the
+    model by the commit that served (unset, the revision would resolve to the later one) — deploys
+    it, and the cluster serves the digest, commit and launch bundles it served before."""
     from rich.console import Console
 
     from ops import upgrade
     from ops.__main__ import build_parser
     from ops.upgrade import run as run_upgrade_tool
 
+    next_image, later_commit = moved_on
     outputs, before = stack.outputs(), stack.stack_file()
     assert "revision" not in before["config"]["twinspark:model"]
+    assert later_commit != outputs["modelRevision"]
     baseline = upgrade.baseline_path(stack.project, STACK)
     baseline.parent.mkdir(parents=True, exist_ok=True)
     measured = subprocess.run(
@@ -236,9 +266,9 @@ def test_an_upgrade_whose_canary_fails_is_rolled_back_through_the_automation_api
     for name, value in stack.env.items():  # the Automation API runs the CLI with this process's environment
         monkeypatch.setenv(name, value)
     args = build_parser().parse_args([
-        "upgrade", "--stack", STACK, "--set", "serving.maxModelLen=4242", "--tolerance", "3",
-        "--poll-seconds", "2", "--canary-timeout-min", "3", "--readiness-timeout-min", "3",
-        "--ssh-key", str(cluster.key)])
+        "upgrade", "--stack", STACK, "--set", f"serving.image={next_image}", "--set", f"model.revision={later_commit}",
+        "--set", "serving.maxModelLen=4242", "--tolerance", "3", "--poll-seconds", "2", "--canary-timeout-min", "3",
+        "--readiness-timeout-min", "3", "--ssh-key", str(cluster.key)])
     console = Console(record=True, width=200)
     started = time.monotonic()
     code = run_upgrade_tool(args, console, work_dir=stack.project)
@@ -248,9 +278,17 @@ def test_an_upgrade_whose_canary_fails_is_rolled_back_through_the_automation_api
     assert code == upgrade.EXIT_ROLLED_BACK, shown
     assert "canary" in shown, shown
     after = stack.outputs()
-    for key in ("servingImage", "modelRevision", "launchBundles"):
+    for key in ("modelRevision", "launchBundles"):
         assert after[key] == outputs[key], key
-    assert stack.stack_file() == before  # the settings written back
+    for key in ("reference", "digest"):  # its `tag` now says the digest the config names
+        assert after["servingImage"][key] == outputs["servingImage"][key], key
+    written = stack.stack_file()["config"]
+    served_image = outputs["servingImage"]["reference"]
+    assert "@sha256:" in served_image and written["twinspark:serving"]["image"] == served_image
+    assert written["twinspark:model"]["revision"] == outputs["modelRevision"]
+    for block in ("twinspark:serving", "twinspark:model"):  # and every other setting as it was
+        assert {k: v for k, v in written[block].items() if k not in ("image", "revision")} == \
+            {k: v for k, v in before["config"][block].items() if k not in ("image", "revision")}
     served_len = before["config"]["twinspark:serving"]["maxModelLen"]
     assert flag(vllm_argv(cluster), "--max-model-len") == str(served_len)
     assert serving_answers(stack) == 200
