@@ -52,7 +52,7 @@ DATASOURCE_UID = "twinspark-prometheus"
 DASHBOARD_FOLDER = "twinspark"
 HOME_DASHBOARD = "twinspark-overview.json"
 ALERTMANAGER_GROUP_WAIT = "30s"
-HEARTBEAT_INTERVAL_AND_REPEAT = ("1m", "5m")  # the README's dead man's switch counts on the 5 min
+HEARTBEAT_INTERVAL_AND_REPEAT = ("1m", "5m")  # docs/observability.md's dead man's switch counts on the 5 min
 
 # Prometheus jobs (the `job` label).
 JOB_VLLM, JOB_NODE, JOB_GPU, JOB_PROMETHEUS = "vllm", "node", "gpu", "prometheus"
@@ -306,7 +306,7 @@ def alert_groups(plan: ObservabilityPlan) -> dict[str, list[AlertRule]]:
         ],
         "twinspark-heartbeat": [
             # always firing: the webhook's receiver notices a dead head (Prometheus and
-            # Alertmanager run there) by this alert's absence (README: a dead man's switch)
+            # Alertmanager run there) by this alert's absence (docs/observability.md: a dead man's switch)
             AlertRule(WATCHDOG, ("vector(1)",), "vector(1)", "0m", "none", "twinspark's monitoring is alive",
                       "Always firing, by design: it is re-sent every 5 minutes; its absence means the head, "
                       "Prometheus or Alertmanager is down."),

@@ -218,7 +218,7 @@ def resolve_host_keys(
             f"{NAMESPACE}:nodes[{i}].hostKey: not pinned — run `python -m ops pin-host-keys --stack-file "
             f"{stack_file}`, compare each fingerprint with the node's own (`ssh-keygen -lf {host_keys.NODE_KEY_FILE}` "
             "on its console) and run the `pulumi config set` lines it prints; or accept keys unseen at first "
-            "contact: `pulumi config set --path ssh.trustOnFirstUse true` (README: Security)"
+            "contact: `pulumi config set --path ssh.trustOnFirstUse true` (docs/security.md)"
             for i in unpinned))
     return keys
 

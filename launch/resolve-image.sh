@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # resolve-image.sh — resolve an image tag to the digest the registry serves now, once: the
 # `image-pin-resolve` step, whose output the stack keeps until serving.image changes or the
-# step is replaced on purpose (README: "Pinned image").
+# step is replaced on purpose (docs/operating.md: "Pinned image").
 #
 #   resolve-image.sh --image ghcr.io/owner/image:1.2.3 --platform linux/arm64
 #

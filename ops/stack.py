@@ -4,8 +4,8 @@ Automation API, and how the Pulumi CLI writes a config value at a path.
 `UpgradeStack` is all the upgrade needs of a stack; tests inject a fake that behaves like the
 Automation API (its errors included: `pulumi.automation.CommandError` and its subclasses, made
 by the API's own `create_command_error` from the CLI's output). `AutomationStack` is the real one
-over `pulumi.automation` and the Pulumi CLI; it has never run here (no CLI in the test
-environment), which the README says.
+over `pulumi.automation` and the Pulumi CLI; the unit tests have no CLI, so it runs for real
+only in the simulator under the real engine (tests/sim_engine; docs/testing.md says so).
 """
 
 from __future__ import annotations

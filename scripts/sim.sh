@@ -14,7 +14,7 @@
 # cables a bridge per rail subnet, the LAN a bridge of the nodes' management links and this box;
 # the images come from a registry on this machine, built from Debian's packages
 # (scripts/sim_images.py). What the box cannot be — a GPU, RDMA, unlimited memlock — is stood
-# in for at the seam where the real part sits (README: "Try it without Sparks").
+# in for at the seam where the real part sits (docs/testing.md: "Try it without Sparks").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"

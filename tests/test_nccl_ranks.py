@@ -251,7 +251,7 @@ def on_node(run, resource, node) -> bool:
 @pytest.mark.parametrize("node, index", [("spark2", 1), ("spark1", 0)], ids=["worker", "head"])
 def test_pinning_a_reinstalled_nodes_new_key_makes_everything_on_it_again(program, recipe_config, recipe_run,
                                                                           node, index):
-    """README, Operations: a reinstalled node. Its own steps run again (host prep, bundle, fabric
+    """docs/operating.md, Operating and recovering: a reinstalled node. Its own steps run again (host prep, bundle, fabric
     check, its exporters' directories, ...); its image is built (the head) or shipped to it (a
     worker) and its containers created again; its weights are downloaded (the head) or copied to it (a worker); every NCCL rank runs."""
     new_host_key(recipe_config, index)

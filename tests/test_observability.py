@@ -769,7 +769,7 @@ def test_grafana_password_reaches_grafana_cli_on_stdin_only(tmp_path):
     assert empty.returncode == 2 and "GRAFANA_ADMIN_PASSWORD is empty" in empty.stderr
 
 
-def test_readme_panel_list_is_the_dashboards():
+def test_observability_page_panel_list_is_the_dashboards():
     from components.observability_files import HOME_DASHBOARD
 
     lines = []
@@ -778,7 +778,7 @@ def test_readme_panel_list_is_the_dashboards():
         titles = [p["title"] for top in model["panels"] for p in [top, *top.get("panels", [])] if p["type"] != "row"]
         home = " (Grafana's home page)" if name == HOME_DASHBOARD else ""
         lines.append(f"- *{model['title']}*{home}: " + " · ".join(titles))
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("<!-- panels:")
-    listed = readme[readme.index("\n", start) + 1:readme.index("<!-- /panels -->")]
-    assert listed == "\n".join(lines) + "\n", "README panel list drifted from render_dashboards()"
+    page = (ROOT / "docs" / "observability.md").read_text()
+    start = page.index("<!-- panels:")
+    listed = page[page.index("\n", start) + 1:page.index("<!-- /panels -->")]
+    assert listed == "\n".join(lines) + "\n", "docs/observability.md panel list drifted from render_dashboards()"

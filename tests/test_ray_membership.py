@@ -210,7 +210,7 @@ def test_the_grace_is_what_the_readme_says_measured_from_the_head_going_silent(c
     SIGSTOP, so its port still accepts connections) is left within the grace of its last
     answer — not 8-16 s, not never."""
     grace, interval = membership_module().HEAD_GRACE_S, 1.0  # the script's defaults
-    assert grace == 6.0  # README, Self-healing: "answered nothing for 6 s"
+    assert grace == 6.0  # docs/architecture.md, Self-healing: "answered nothing for 6 s"
     watcher = cluster.watch(cluster.worker_id)
     (gcs,) = cluster.head_pids("gcs_server")
     try:

@@ -44,7 +44,7 @@ class SshConfig(Contract):
         "ssh.privateKeyPassphrase ...`): the remote commands decrypt the key with it instead of asking ssh-agent")
     trust_on_first_use: bool = Field(
         default=False, description="accept a node without a pinned `hostKey`: its key is read at first contact "
-        "and trusted from then on (see Security); off, `pulumi up` refuses such a node")
+        "and trusted from then on (see docs/security.md); off, `pulumi up` refuses such a node")
 
 
 class Rail(Contract):
@@ -72,7 +72,7 @@ class Node(Contract):
     former_name: Optional[NodeName] = Field(
         default=None, description="the name this node had in the stack until now; set it for the `pulumi up` "
         "that renames the node, then remove it (its resources keep their state under the new name: see "
-        "Operating and recovering)")
+        "docs/operating.md, Operating and recovering)")
     role: Literal["head", "worker"] = Field(description="exactly one `head` (Ray head, API); the rest `worker`")
     host: HostName = Field(description="LAN address or name for SSH and the API")
     host_key: Optional[PinnedHostKey] = Field(
@@ -80,7 +80,7 @@ class Node(Contract):
         "(`ssh-ed25519 AAAA...`, as `ssh-keyscan` prints it without the host)")
     rails: list[Rail] = Field(
         min_length=1, description="the QSFP rails; direct and switch: the first carries Ray and the weight copy's "
-        "control connection (ring: see Three or more Sparks)")
+        "control connection (ring: see docs/operating.md, Three or more Sparks)")
 
 
 class Fabric(Contract):

@@ -116,7 +116,7 @@ def test_a_reinstalled_worker_is_refused_until_its_new_key_is_pinned_then_gets_e
     # the program's one line, before anything is created (not OpenSSH's advice to edit a known_hosts file)
     assert "sim2 (198.18.2.12): refused: its SSH host key is not the one `pulumi up` holds it to" in message, message
     assert "nothing ran there" in message and "known_hosts" not in message, message
-    # README "Recovering": read the new key with ops pin-host-keys and pin it
+    # docs/operating.md, recovering: read the new key with ops pin-host-keys and pin it
     pins = subprocess.run([sys.executable, "-m", "ops", "pin-host-keys", "--stack-file", str(stack.config_file),
                            "--stack", "sim"], cwd=stack.project, env={**os.environ, **stack.env}, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL)
@@ -155,7 +155,7 @@ def test_a_rank_replaced_alone_fails_fast_naming_the_run_that_replaces_every_ran
 def test_an_up_interrupted_during_the_weight_copy_stops_cleanly_and_the_next_up_finishes(
         cluster, stack, deployed, report):
     model_dir = stack_model_dir(stack)
-    cluster.ssh("sim2", f"rm -rf {model_dir}")  # README "Recovering": weights deleted on a worker
+    cluster.ssh("sim2", f"rm -rf {model_dir}")  # docs/operating.md, recovering: weights deleted on a worker
     run, status = stack.up_interrupted("sim2-weights-sync", "--replace", urn_of(stack, "sim2-weights-sync"))
     signal_at = next(i for i, e in enumerate(run.events) if "interrupted" in e)
     started_before = event_urns("resourcePreEvent", run.events[:signal_at])

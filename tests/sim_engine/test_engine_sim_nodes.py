@@ -1,4 +1,4 @@
-"""A third Spark added to a serving pair, then taken out again, through `pulumi up` (README
+"""A third Spark added to a serving pair, then taken out again, through `pulumi up` (docs/operating.md,
 "Three or more Sparks"): one more entry under `twinspark:nodes`, a layout the model splits over,
 and the engine does the rest. Runs alone (`-k third`); needs the first up (`deployed`)."""
 

@@ -1,5 +1,5 @@
 """The worker renamed in the stack (same host) and renamed back, through the real engine, as the
-README's "Operating and recovering" says: the new name and `formerName`, `up`; `formerName`
+"Operating and recovering" in docs/operating.md says: the new name and `formerName`, `up`; `formerName`
 removed, `up`. The former name aliases every `{node}-...` resource to its state (components/
 renames.py), so the engine creates and deletes nothing: it updates (or replaces) only what names
 the node in its inputs, and the second `up` finds nothing to do. Without it the docker provider
@@ -65,7 +65,7 @@ def assert_in_place(cluster, node: str) -> None:
 
 
 def rename(cluster, stack, old: str, new: str, report) -> None:
-    """The README's procedure, each `up` checked: the rename changes in place, the second is a no-op."""
+    """docs/operating.md's procedure, each `up` checked: the rename changes in place, the second is a no-op."""
     old_names = resources_named(stack, old)
     set_name(stack, new, former=old)
     run = stack.up()

@@ -304,7 +304,7 @@ def test_an_interrupted_copy_resumes_through_a_replaced_sync_and_sends_only_what
     assert there < total, "the copy finished before it could be interrupted"
     missing = total - there
     rx_before = rails_rx_bytes(cluster)
-    run = replace(stack, f"{WORKER}-weights-sync")  # README "Recovering": the copy replaced
+    run = replace(stack, f"{WORKER}-weights-sync")  # docs/operating.md, recovering: the copy replaced
     crossed = rails_rx_bytes(cluster) - rx_before
     report["resume_up_s"] = run.seconds
     report["resume_bytes"] = {"model": total, "there_after_interrupt": there, "missing": missing, "crossed": crossed}

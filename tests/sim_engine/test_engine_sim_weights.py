@@ -1,6 +1,6 @@
-"""The README's recovery steps for the weights and the fabric ("Recovering"), as an owner runs
+"""docs/operating.md's recovery steps for the weights and the fabric ("Recovering"), as an owner runs
 them: a copy damaged on the worker or on the head, a copy tool that lies, a rail gone wrong —
-each followed by the `pulumi up --replace` the README names, through the real engine, onto the
+each followed by the `pulumi up --replace` that page names, through the real engine, onto the
 deployed cluster. Serving is never restarted by a weights step."""
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_a_bit_flipped_on_the_head_is_refused_before_it_spreads_and_a_replaced_f
     assert "sim2-weights-sync" in message and f"FAIL sim1: {needed}: sha256 " in message, message
     assert "nothing sent to sim2" in message and "--replace of both the sim1-weights-fetch and the sim2-weights-sync step" in message, message
     assert rails_rx_bytes(cluster) - rx_before < 1_000_000
-    # the README's step: the fetch replaced finds the file changed since its download and gets it anew,
+    # the recovery step: the fetch replaced finds the file changed since its download and gets it anew,
     # the copy after it sends it on
     run = replace(stack, "sim1-weights-fetch", "sim2-weights-sync")
     report["head_bit_flip_repair_up_s"] = run.seconds
