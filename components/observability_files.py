@@ -9,14 +9,15 @@
 - `prometheus_files` / `grafana_files`  the above as (step, path, content) for managed files
 
 Metric names, by source:
-- vLLM: vllm-project/vllm `vllm/v1/metrics/loggers.py` (PrometheusStatLogger: num_requests_running
-  and _waiting, kv_cache_usage_perc, prompt_tokens, generation_tokens, num_preemptions,
-  prefix_cache_queries and _hits, time_to_first_token_seconds, inter_token_latency_seconds —
-  "Deprecated in 0.11 - Renamed" from time_per_output_token_seconds, so both are queried) and
-  `vllm/v1/spec_decode/metrics.py` (spec_decode_num_drafts, _num_draft_tokens,
-  _num_accepted_tokens, _num_accepted_tokens_per_pos with a `position` label); counters gain
-  `_total`, every series carries `model_name` and `engine`. The version inside
-  serving.image could not be read here: the queries accept both the 0.10 and the 0.11+ names.
+- vLLM: every name below is one real vLLM 0.24.0 exports, as recorded on an H200
+  (docs/measurements/vllm-0.24-h200-2026-12-02/metrics.txt; vllm-project/vllm
+  `vllm/v1/metrics/loggers.py`): num_requests_running and _waiting, kv_cache_usage_perc,
+  prompt_tokens, generation_tokens, num_preemptions, prefix_cache_queries and _hits,
+  time_to_first_token_seconds, inter_token_latency_seconds; counters gain `_total`, every series
+  carries `model_name` and `engine`. The older names (gpu_cache_usage_perc,
+  time_per_output_token_seconds) are gone upstream and not queried. `vllm/v1/spec_decode/metrics.py`
+  (spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens, _num_accepted_tokens_per_pos
+  with a `position` label) exports only with a speculative config, which the recorded run had not.
 - node_exporter: `collector/infiniband_linux.go`, `netclass_linux.go`, `meminfo.go`,
   `vmstat_linux.go`, `filesystem_common.go`, `cpu_linux.go`, `textfile.go` (tests/test_observability.py
   runs Debian's real node exporter on a staged sysfs and procfs).
@@ -528,10 +529,7 @@ UP_DOWN = {"1": ("UP", "green"), "0": ("DOWN", "red")}
 
 def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
     vllm = f'job="{JOB_VLLM}"'
-    itl = (
-        "histogram_quantile({q}, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{%s}}[5m])) "
-        "or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{{%s}}[5m])))" % (vllm, vllm)
-    )
+    itl = "histogram_quantile({q}, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{%s}}[5m])))" % vllm
     ttft = "histogram_quantile({q}, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{%s}}[5m])))" % vllm
     guard = (
         gdash.Row("Guard: canary, restarts, hold (filled once the guard writes its metrics)")
@@ -573,9 +571,9 @@ def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
                           thresholds=[(None, "green"), (1, "orange")]))
         .with_panel(_stat("Output tok/s", "Generated tokens per second over the last minute.", "none",
                           [(f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[1m]))", "tok/s")]))
-        .with_panel(_stat("KV cache used", "vllm:kv_cache_usage_perc (older vLLM: gpu_cache_usage_perc).",
+        .with_panel(_stat("KV cache used", "vllm:kv_cache_usage_perc.",
                           "percentunit",
-                          [(f"max(vllm:kv_cache_usage_perc{{{vllm}}} or vllm:gpu_cache_usage_perc{{{vllm}}})", "KV")],
+                          [(f"max(vllm:kv_cache_usage_perc{{{vllm}}})", "KV")],
                           thresholds=[(None, "green"), (0.9, "orange"), (0.97, "red")]))
         .with_panel(_stat("Alerts firing", "Alert rules firing now (the list is below).", "none",
                           [('count(ALERTS{alertstate="firing"}) or vector(0)', "firing")],
@@ -592,7 +590,7 @@ def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
         .with_panel(_timeseries("Inter-token latency", "p50 and p95 over 5 min.", "s",
                                 [(itl.format(q="0.5"), "p50"), (itl.format(q="0.95"), "p95")]))
         .with_panel(_timeseries("KV cache used", "Fraction of KV-cache blocks in use.", "percentunit",
-                                [(f"max(vllm:kv_cache_usage_perc{{{vllm}}} or vllm:gpu_cache_usage_perc{{{vllm}}})",
+                                [(f"max(vllm:kv_cache_usage_perc{{{vllm}}})",
                                   "KV cache")], span=8, min=0, max=1))
         .with_panel(_timeseries("Preemptions", "Requests evicted for lack of KV cache, per 5 min.", "short",
                                 [(f"sum(increase(vllm:num_preemptions_total{{{vllm}}}[5m]))", "preemptions")],

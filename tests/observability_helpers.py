@@ -10,6 +10,7 @@ import re
 import subprocess
 
 from program_harness import stack_config
+from vllm_recording import recorded_metrics, sample_names
 
 from components.config import parse_stack_config
 from components.observability_files import (
@@ -36,20 +37,13 @@ def run(argv, **kw) -> subprocess.CompletedProcess:
 
 
 # ---- what the exporters really export: the only names dashboards and rules may use ----------
-VLLM_METRICS = {
-    # vllm-project/vllm vllm/v1/metrics/loggers.py (PrometheusStatLogger; counters gain _total,
-    # histograms _bucket); time_per_output_token_seconds is the pre-0.11 name of
-    # inter_token_latency_seconds, gpu_cache_usage_perc the older kv_cache_usage_perc
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
-    "vllm:prompt_tokens_total", "vllm:time_to_first_token_seconds_bucket",
-    "vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
-    "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total",
-    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-    # vllm/v1/spec_decode/metrics.py (SpecDecodingProm)
+VLLM_METRICS = sample_names(recorded_metrics()) | {
+    # every series real vLLM 0.24.0 exported on an H200 (docs/measurements/vllm-0.24-h200-2026-12-02/
+    # metrics.txt, its process_* from prometheus_client in the one API server), and the speculative
+    # decoding counters, which export only with a speculative config (the recorded run had none):
+    # vllm-project/vllm vllm/v1/spec_decode/metrics.py (SpecDecodingProm)
     "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total",
-    # prometheus_client's process collector in the API server process
-    "process_start_time_seconds",
 }
 PROMETHEUS_METRICS = {"up", "ALERTS"}
 NODE_EXPORTER_METRICS = {

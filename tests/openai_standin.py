@@ -5,11 +5,14 @@ and the simulator's `vllm` (tests/sim/bin/vllm), which runs it inside the simula
 under their python3: so the standard library only, nothing else.
 
 It serves what vLLM serves and the tests touch: /health, /metrics, /v1/models,
-/v1/completions and /v1/chat/completions, streamed in vLLM's format (`id`, `object`,
-`created`, `model`, `choices`, a last chunk with `usage` when `stream_options.include_usage`
-asks for it, then `data: [DONE]`) or as one JSON body. The API key, when set, is enforced
-on /v1 only, as vLLM does. Every POST lands in `Behaviour.requests` with whether it was
-authorized.
+/v1/completions, /v1/chat/completions and /v1/responses (not streamed), streamed in vLLM's
+format (a chat stream opens with a role-only chunk, then content deltas, a last chunk with
+`usage` when `stream_options.include_usage` asks for it, then `data: [DONE]`) or as one JSON
+body. The answers' shapes, /metrics' families (names, types, HELP, labels, buckets) and the
+behaviour while loading and after an engine death are real vLLM 0.24.0's, as recorded in
+docs/measurements/vllm-0.24-h200-2026-12-02/ (tests/test_standin_matches_vllm.py holds the
+stand-in to that recording). The API key, when set, is enforced on /v1 only, as vLLM does.
+Every POST lands in `Behaviour.requests` with whether it was authorized.
 
 Prompt tokens are len(text) // 4. A reply waits base_latency + uncached prompt / prefill_tok_s
 before its first token, then emits tokens at decode_tok_s, on a schedule kept against the
@@ -26,7 +29,9 @@ Off by default, so the plain stand-in stays simple:
   reasoning and answer together stop at max_tokens with finish_reason "length";
 - `chat_error`: (status, message) returned for every completion request;
 - `accept_cache_salt` False: `cache_salt` is refused with 400, as vLLM's V0 engine does;
-- `healthy_after`: /health answers 503 that many times before 200, as a loading server;
+- `load_s`: the server refuses connections for that long after `serve()`, as vLLM, which opens
+  its socket only once the engine is up (no 503 while loading: vllm.log logs no request before
+  "Application startup complete");
 - `raw_stream` / `raw_models`: bytes sent as they are (status 200) instead of a completion
   stream / the model list: garbage for the clients' error paths;
 - `fault()`: asked per completion request, the engine gone wrong while /health stays 200:
@@ -35,18 +40,24 @@ Off by default, so the plain stand-in stays simple:
   "auto" the call comes back as text in the model's markup: a tool parser that fails);
 - `max_running`: at most that many requests decode at once (vLLM's max_num_seqs); the rest
   wait, counted in `vllm:num_requests_waiting`.
+`engine_died(server, behaviour, exit)` plays what the recording shows after the EngineCore is
+killed (kill.txt): /health 503 for ~3 s, then the connection refused, then the server exits 0.
 Known answers, as a healthy model gives them: "What is A + B?" is answered with the sum, and a
 request naming a tool in `tool_choice`, or with tool_choice "auto" mentioning a tool's name,
-gets a call of it (streamed as vLLM streams tool calls). /metrics counts generated tokens as
-vLLM does (`vllm:generation_tokens_total`).
+gets a call of it (streamed as vLLM streams tool calls). /metrics counts what the stand-in
+serves as vLLM counts it: tokens, requests by finished_reason, latency histograms, HTTP calls.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
+import os
+import platform
 import random
 import re
+import resource
 import socketserver
 import sys
 import threading
@@ -56,7 +67,289 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
-COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
+COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+# after the EngineCore dies, as kill.txt recorded it: /health 503, then refused, then exit 0
+DEAD_SERVING_503_S = 3.0
+DEAD_EXIT_S = 5.0
+
+
+SYSTEM_FINGERPRINT = "vllm-0.24.0-standin"  # the recording's: vllm-0.24.0-0c9140c8
+
+
+def random_id() -> str:
+    return uuid.uuid4().hex[:16]  # vLLM's random_uuid(): chatcmpl-b3383d8208cfa1d4, resp_911c849d73fe34d2
+
+
+# ---- /metrics: vLLM 0.24.0's exposition, family for family ----------------------------------
+# As recorded in docs/measurements/vllm-0.24-h200-2026-12-02/metrics.txt: prometheus_client's
+# text format (HELP and TYPE lines, a `_created` gauge after every counter and histogram), the
+# engine's series labelled engine and model_name, the buckets vLLM's loggers.py declares.
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+N_BUCKETS = (1, 2, 5, 10, 20)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                         20.0, 40.0, 80.0)
+PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                 480.0, 960.0, 1920.0, 7680.0)
+HTTP_HIGHR_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0,
+                      7.5, 10.0, 30.0, 60.0)
+HTTP_BUCKETS = (0.1, 0.5, 1.0)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+TOOL_PARSER_CASES = [(mode, outcome, kind) for mode in ("streaming", "non_streaming")
+                     for outcome in ("tool_call", "no_tool_call") for kind in ("chat_completions", "responses", "other")]
+HTTP_HANDLERS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses")  # /health, /metrics: not counted
+CACHE_CONFIG = {  # vllm:cache_config_info's labels, the recorded run's values
+    "_block_size_resolved": "True", "block_size": "16", "cache_dtype": "auto", "calculate_kv_scales": "False",
+    "enable_prefix_caching": "True", "gpu_memory_utilization": "0.5", "hash_block_size": "None",
+    "is_attention_free": "False", "kv_cache_dtype_skip_layers": "[]", "kv_cache_max_concurrency": "8895.3671875",
+    "kv_cache_memory_bytes": "None", "kv_cache_size_tokens": "36435424", "kv_offloading_backend": "native",
+    "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False", "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto", "mamba_cache_mode": "none", "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "auto", "num_cpu_blocks": "None", "num_gpu_blocks": "2277214",
+    "num_gpu_blocks_override": "None", "prefix_caching_hash_algo": "sha256", "sliding_window": "None",
+    "user_specified_block_size": "False", "user_specified_mamba_block_size": "False",
+}
+ENGINE_COUNTERS = {  # name: HELP, in the recorded order; the ones the stand-in never moves stay 0
+    "vllm:estimated_flops_per_gpu_total": "Estimated number of floating point operations per GPU (for Model Flops "
+                                          "Utilization calculations).",
+    "vllm:estimated_read_bytes_per_gpu_total": "Estimated number of bytes read from memory per GPU (for Model Flops "
+                                               "Utilization calculations).",
+    "vllm:estimated_write_bytes_per_gpu_total": "Estimated number of bytes written to memory per GPU (for Model Flops "
+                                                "Utilization calculations).",
+    "vllm:prefix_cache_queries_total": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits_total": "Prefix cache hits, in terms of number of cached tokens.",
+    "vllm:external_prefix_cache_queries_total": "External prefix cache queries from KV connector cross-instance cache "
+                                                "sharing, in terms of number of queried tokens.",
+    "vllm:external_prefix_cache_hits_total": "External prefix cache hits from KV connector cross-instance cache "
+                                             "sharing, in terms of number of cached tokens.",
+    "vllm:mm_cache_queries_total": "Multi-modal cache queries, in terms of number of queried items.",
+    "vllm:mm_cache_hits_total": "Multi-modal cache hits, in terms of number of cached items.",
+    "vllm:num_preemptions_total": "Cumulative number of preemption from the engine.",
+    "vllm:prompt_tokens_total": "Number of prefill tokens processed.",
+}
+ENGINE_HISTOGRAMS = {  # name: (HELP, buckets)
+    "vllm:request_prompt_tokens": ("Number of prefill tokens processed.", TOKEN_BUCKETS),
+    "vllm:request_generation_tokens": ("Number of generation tokens processed.", TOKEN_BUCKETS),
+    "vllm:iteration_tokens_total": ("Histogram of number of tokens per engine_step.", ITERATION_BUCKETS),
+    "vllm:request_max_num_generation_tokens": ("Histogram of maximum number of requested generation tokens.",
+                                               TOKEN_BUCKETS),
+    "vllm:request_params_n": ("Histogram of the n request parameter.", N_BUCKETS),
+    "vllm:request_params_max_tokens": ("Histogram of the max_tokens request parameter.", TOKEN_BUCKETS),
+    "vllm:time_to_first_token_seconds": ("Histogram of time to first token in seconds.", TTFT_BUCKETS),
+    "vllm:inter_token_latency_seconds": ("Histogram of inter-token latency in seconds.", TOKEN_LATENCY_BUCKETS),
+    "vllm:request_time_per_output_token_seconds": ("Histogram of time_per_output_token_seconds per request.",
+                                                   TOKEN_LATENCY_BUCKETS),
+    "vllm:e2e_request_latency_seconds": ("Histogram of e2e request latency in seconds.", PHASE_BUCKETS),
+    "vllm:request_queue_time_seconds": ("Histogram of time spent in WAITING phase for request.", PHASE_BUCKETS),
+    "vllm:request_inference_time_seconds": ("Histogram of time spent in RUNNING phase for request.", PHASE_BUCKETS),
+    "vllm:request_prefill_time_seconds": ("Histogram of time spent in PREFILL phase for request.", PHASE_BUCKETS),
+    "vllm:request_decode_time_seconds": ("Histogram of time spent in DECODE phase for request.", PHASE_BUCKETS),
+    "vllm:request_prefill_kv_computed_tokens": ("Histogram of new KV tokens computed during prefill (excluding cached "
+                                                "tokens).", TOKEN_BUCKETS),
+}
+HTTP_SIZE_HELP = "Content length of {} by handler. Only value of header is respected. Otherwise ignored. No percentile calculated. "
+
+
+def number(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(float(value))
+
+
+def label_text(labels: dict) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+class Histogram:
+    def __init__(self, bounds):
+        self.bounds, self.buckets, self.count, self.sum = bounds, [0] * len(bounds), 0, 0.0
+
+    def observe(self, value: float) -> None:
+        self.count, self.sum = self.count + 1, self.sum + value
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.buckets[i] += 1
+
+    def samples(self, name: str, labels: dict) -> list:
+        out = [(f"{name}_bucket", {**labels, "le": number(b)}, n) for b, n in zip(self.bounds, self.buckets)]
+        return out + [(f"{name}_bucket", {**labels, "le": "+Inf"}, self.count), (f"{name}_count", labels, self.count),
+                      (f"{name}_sum", labels, self.sum)]
+
+
+class Exposition:
+    """prometheus_client's text format, as vLLM's /metrics writes it."""
+
+    def __init__(self, created: float):
+        self.lines, self.created = [], created
+
+    def family(self, name, kind, help_text, samples, created=True):
+        """samples: (sample name, labels, value); counters, histograms and summaries are followed
+        by their `_created` gauge (one series per label set), as the recording has them — but for
+        the python_gc and process collectors' (`created` False)."""
+        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        self.lines += [f"{sample}{label_text(labels)} {number(value)}" for sample, labels, value in samples]
+        if created and kind in ("counter", "histogram", "summary"):
+            created = (name[:-len("_total")] if kind == "counter" and name.endswith("_total") else name) + "_created"
+            self.lines += [f"# HELP {created} {help_text}", f"# TYPE {created} gauge"]
+            seen = []
+            for _, labels, _ in samples:
+                labels = {k: v for k, v in labels.items() if k not in ("le", "quantile")}
+                if labels not in seen:
+                    seen.append(labels)
+            self.lines += [f"{created}{label_text(labels)} {number(self.created)}" for labels in seen]
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def process_samples(started: float) -> list:
+    """prometheus_client's process collector, from /proc (the simulated nodes and CI run Linux)."""
+    try:
+        stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+        ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+        vmem, rss, cpu = float(stat[20]), float(stat[21]) * page, (float(stat[11]) + float(stat[12])) / ticks
+        fds = len(os.listdir("/proc/self/fd"))
+    except (OSError, IndexError, ValueError):
+        vmem = rss = cpu = fds = 0
+    return [("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", vmem),
+            ("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", rss),
+            ("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.", started),
+            ("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", cpu),
+            ("process_open_fds", "gauge", "Number of open file descriptors.", fds),
+            ("process_max_fds", "gauge", "Maximum number of open file descriptors.",
+             resource.getrlimit(resource.RLIMIT_NOFILE)[0])]
+
+
+@dataclass
+class VllmStats:
+    """What vLLM counts, counted for the stand-in's own traffic (under Behaviour's lock)."""
+
+    started: float = field(default_factory=time.time)  # one Behaviour stands for one vLLM process
+    counters: dict = field(default_factory=lambda: dict.fromkeys(ENGINE_COUNTERS, 0.0))
+    generated: float = 0.0
+    finished: dict = field(default_factory=lambda: dict.fromkeys(FINISHED_REASONS, 0))
+    prompt_by_source: dict = field(default_factory=lambda: dict.fromkeys(PROMPT_SOURCES, 0))
+    histograms: dict = field(default_factory=lambda: {n: Histogram(b) for n, (_, b) in ENGINE_HISTOGRAMS.items()})
+    tool_parser: dict = field(default_factory=lambda: dict.fromkeys(TOOL_PARSER_CASES, 0))
+    http: dict = field(default_factory=dict)  # (handler, method, status class) -> count
+    http_sizes: dict = field(default_factory=dict)  # handler -> [requests, request bytes, response bytes]
+    http_durations: dict = field(default_factory=dict)  # (handler, method) -> Histogram
+    http_all: Histogram = field(default_factory=lambda: Histogram(HTTP_HIGHR_BUCKETS))
+
+    def request_done(self, reason, prompt, cached, generated, max_tokens, arrived, scheduled, first, done):
+        c, h = self.counters, self.histograms
+        c["vllm:prompt_tokens_total"] += prompt
+        c["vllm:prefix_cache_queries_total"] += prompt
+        c["vllm:prefix_cache_hits_total"] += cached
+        self.prompt_by_source["local_compute"] += prompt - cached
+        self.prompt_by_source["local_cache_hit"] += cached
+        self.finished[reason] += 1
+        for name, value in (("vllm:request_prompt_tokens", prompt), ("vllm:request_generation_tokens", generated),
+                            ("vllm:request_max_num_generation_tokens", max_tokens), ("vllm:request_params_n", 1),
+                            ("vllm:request_params_max_tokens", max_tokens),
+                            ("vllm:time_to_first_token_seconds", first - arrived),
+                            ("vllm:e2e_request_latency_seconds", done - arrived),
+                            ("vllm:request_queue_time_seconds", scheduled - arrived),
+                            ("vllm:request_inference_time_seconds", done - scheduled),
+                            ("vllm:request_prefill_time_seconds", first - scheduled),
+                            ("vllm:request_decode_time_seconds", done - first),
+                            ("vllm:request_prefill_kv_computed_tokens", prompt - cached),
+                            ("vllm:iteration_tokens_total", prompt - cached + 1)):
+            h[name].observe(value)
+        for _ in range(generated - 1):  # the tokens after the first, evenly spaced
+            h["vllm:inter_token_latency_seconds"].observe((done - first) / (generated - 1))
+            h["vllm:iteration_tokens_total"].observe(1)
+        if generated > 1:
+            h["vllm:request_time_per_output_token_seconds"].observe((done - first) / (generated - 1))
+
+    def http_done(self, handler, method, status, request_bytes, response_bytes, seconds):
+        key = (handler, method, f"{status // 100}xx")
+        self.http[key] = self.http.get(key, 0) + 1
+        sizes = self.http_sizes.setdefault(handler, [0, 0, 0])
+        sizes[0], sizes[1], sizes[2] = sizes[0] + 1, sizes[1] + request_bytes, sizes[2] + response_bytes
+        self.http_durations.setdefault((handler, method), Histogram(HTTP_BUCKETS)).observe(seconds)
+        self.http_all.observe(seconds)
+
+    def exposition(self, model: str, running: int, waiting: int) -> str:
+        out, engine = Exposition(self.started), {"engine": "0", "model_name": model}
+        gc_stats = gc.get_stats()
+        for name, key, help_text in (
+                ("python_gc_objects_collected_total", "collected", "Objects collected during gc"),
+                ("python_gc_objects_uncollectable_total", "uncollectable", "Uncollectable objects found during GC"),
+                ("python_gc_collections_total", "collections", "Number of times this generation was collected")):
+            out.family(name, "counter", help_text,
+                       [(name, {"generation": str(g)}, s[key]) for g, s in enumerate(gc_stats)], created=False)
+        version = sys.version_info
+        out.family("python_info", "gauge", "Python platform information", [("python_info", {
+            "implementation": platform.python_implementation(), "major": str(version.major),
+            "minor": str(version.minor), "patchlevel": str(version.micro),
+            "version": platform.python_version()}, 1)])
+        for name, kind, help_text, value in process_samples(self.started):
+            out.family(name, kind, help_text, [(name, {}, value)], created=False)
+        counters = list(ENGINE_COUNTERS.items())
+        for name, help_text in counters[:3]:
+            out.family(name, "counter", help_text, [(name, engine, self.counters[name])])
+        out.family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+                   [("vllm:num_requests_running", engine, running)])
+        out.family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                   [("vllm:num_requests_waiting", engine, waiting)])
+        out.family("vllm:num_requests_waiting_by_reason", "gauge",
+                   "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
+                   "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked "
+                   "status). Sum of all reasons equals vllm:num_requests_waiting.",
+                   [("vllm:num_requests_waiting_by_reason", {**engine, "reason": "capacity"}, waiting),
+                    ("vllm:num_requests_waiting_by_reason", {**engine, "reason": "deferred"}, 0)])
+        out.family("vllm:engine_sleep_state", "gauge",
+                   "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+                   "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+                   [("vllm:engine_sleep_state", {**engine, "sleep_state": state}, value)
+                    for state, value in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0))])
+        out.family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+                   [("vllm:kv_cache_usage_perc", engine, min(1.0, running / 64))])
+        for name, help_text in counters[3:]:
+            out.family(name, "counter", help_text, [(name, engine, self.counters[name])])
+        out.family("vllm:prompt_tokens_by_source_total", "counter", "Number of prompt tokens by source.",
+                   [("vllm:prompt_tokens_by_source_total", {**engine, "source": s}, n)
+                    for s, n in self.prompt_by_source.items()])
+        out.family("vllm:prompt_tokens_cached_total", "counter", "Number of cached prompt tokens (local + external).",
+                   [("vllm:prompt_tokens_cached_total", engine, self.counters["vllm:prefix_cache_hits_total"])])
+        out.family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                   [("vllm:generation_tokens_total", engine, self.generated)])
+        out.family("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+                   [("vllm:request_success_total", {"engine": "0", "finished_reason": r, "model_name": model}, n)
+                    for r, n in self.finished.items()])
+        for name, (help_text, _) in ENGINE_HISTOGRAMS.items():
+            out.family(name, "histogram", help_text, self.histograms[name].samples(name, engine))
+        out.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
+                   [("vllm:cache_config_info", {**CACHE_CONFIG, "engine": "0"}, 1)])
+        out.family("http_requests_total", "counter", "Total number of requests by method, status and handler.",
+                   [("http_requests_total", {"handler": h, "method": m, "status": s}, n)
+                    for (h, m, s), n in self.http.items()])
+        for name, what, index in (("http_request_size_bytes", "incoming requests", 1),
+                                  ("http_response_size_bytes", "outgoing responses", 2)):
+            out.family(name, "summary", HTTP_SIZE_HELP.format(what), [
+                sample for h, sizes in self.http_sizes.items()
+                for sample in ((f"{name}_count", {"handler": h}, sizes[0]), (f"{name}_sum", {"handler": h}, sizes[index]))])
+        out.family("http_request_duration_highr_seconds", "histogram",
+                   "Latency with many buckets but no API specific labels. Made for more accurate percentile "
+                   "calculations. ", self.http_all.samples("http_request_duration_highr_seconds", {}))
+        out.family("http_request_duration_seconds", "histogram",
+                   "Latency with only few buckets by handler. Made to be only used if aggregation by handler is "
+                   "important. ", [sample for (h, m), hist in self.http_durations.items()
+                                   for sample in hist.samples("http_request_duration_seconds",
+                                                              {"handler": h, "method": m})])
+        out.family("vllm:tool_call_parser_invocations_total", "counter",
+                   "Total number of ToolParser invocations. Non-streaming increments once per choice; streaming "
+                   "increments once per delta.",
+                   [("vllm:tool_call_parser_invocations_total",
+                     {"mode": mode, "model_name": model, "outcome": outcome, "request_type": kind}, n)
+                    for (mode, outcome, kind), n in self.tool_parser.items()])
+        return out.text()
+
+
 
 
 def default_engine(tokens: int) -> list:
@@ -81,8 +374,10 @@ class Behaviour:
     decode_tok_s: float = 100.0  # float("inf"): every token at once
     engine: Callable[[int], list] = default_engine  # max_tokens -> token pieces
     on_engine_error: Optional[Callable[[BaseException], None]] = None  # after the 500 is sent
-    healthy_after: int = 0
-    metrics_text: Optional[str] = None  # None: the stand-in's own request counters, in vLLM's names
+    load_s: float = 0.0
+    max_model_len: int = 4096
+    root: Optional[str] = None  # /v1/models' root: the model's path (None: the model's name)
+    metrics_text: Optional[str] = None  # None: the stand-in's own counters, as vLLM 0.24 exposes them
     needle_behaviors: list = field(default_factory=list)
     requests: list = field(default_factory=list)  # Request, one per POST, in arrival order
     prefix_cache: bool = False
@@ -100,8 +395,8 @@ class Behaviour:
     health_calls: int = 0
     running: int = 0
     waiting: int = 0
-    finished: int = 0
-    generated: int = 0  # tokens sent, every request together
+    dead: bool = False  # the engine died: /health answers 503 until the server stops
+    stats: VllmStats = field(default_factory=VllmStats)
     _cache: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     slots: threading.Semaphore = field(init=False, repr=False)  # one per request decoding at once
@@ -125,22 +420,22 @@ class Behaviour:
     def metrics(self) -> str:
         if self.metrics_text is not None:
             return self.metrics_text
-        label = f'{{model_name="{self.model}"}}'
         with self._lock:
-            return (f"vllm:num_requests_running{label} {self.running}\n"
-                    f"vllm:num_requests_waiting{label} {self.waiting}\n"
-                    f"vllm:request_success_total{label} {self.finished}\n"
-                    f"vllm:generation_tokens_total{label} {self.generated}\n")
+            return self.stats.exposition(self.model, self.running, self.waiting)
 
     def count_generated(self, tokens: int) -> None:
         with self._lock:
-            self.generated += tokens
-
+            self.stats.generated += tokens
 
 
 def prompt_text(body: dict) -> str:
     if "messages" in body:
         return "".join(m.get("content", "") for m in body["messages"])
+    if "input" in body:  # /v1/responses: a string, or input items whose content is a string or text parts
+        items = body["input"] if isinstance(body["input"], list) else [{"content": body["input"]}]
+        contents = [item.get("content", "") for item in items if isinstance(item, dict)]
+        return "".join(c if isinstance(c, str) else "".join(p.get("text", "") for p in c if isinstance(p, dict))
+                       for c in contents)
     return str(body.get("prompt", ""))
 
 
@@ -185,14 +480,17 @@ def hang_forever() -> None:
 def make_handler(behaviour: Behaviour):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        status, sent_bytes, outcome = 0, 0, None
 
         def log_message(self, *args):
             pass
 
         def reply(self, code, body, content_type="application/json"):
             data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(body)).encode()
+            self.status, self.sent_bytes = code, len(data)
             self.send_response(code)
-            self.send_header("Content-Type", content_type)
+            if content_type:
+                self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -200,12 +498,25 @@ def make_handler(behaviour: Behaviour):
         def authorized(self) -> bool:
             return not behaviour.api_key or self.headers.get("Authorization") == f"Bearer {behaviour.api_key}"
 
+        def counted(self, handle, request_bytes: int = 0):
+            """Runs handle(); a /v1 call lands in the http_* series, as vLLM's instrumentator counts them."""
+            began = time.perf_counter()
+            try:
+                handle()
+            finally:
+                if self.path in HTTP_HANDLERS and self.status:
+                    with behaviour._lock:
+                        behaviour.stats.http_done(self.path, self.command, self.status, request_bytes,
+                                                  self.sent_bytes, time.perf_counter() - began)
+
         def do_GET(self):
+            self.counted(self.get)
+
+        def get(self):
             if self.path == "/health":
                 with behaviour._lock:
                     behaviour.health_calls += 1
-                    loading = behaviour.health_calls <= behaviour.healthy_after
-                return self.reply(503 if loading else 200, "", "text/plain")
+                return self.reply(503 if behaviour.dead else 200, b"", None)  # vLLM: no body, no content type
             if self.path == "/metrics":
                 return self.reply(200, behaviour.metrics(), "text/plain")
             if self.path == "/v1/models":
@@ -213,11 +524,26 @@ def make_handler(behaviour: Behaviour):
                     return self.reply(401, {"error": "Unauthorized"})
                 if behaviour.raw_models is not None:
                     return self.reply(200, behaviour.raw_models)
-                return self.reply(200, {"object": "list", "data": [{"id": behaviour.model, "object": "model"}]})
+                return self.reply(200, {"object": "list", "data": [self.model_card()]})
             self.reply(404, {"error": "not found"})
+
+        def model_card(self) -> dict:
+            created = int(behaviour.stats.started)
+            return {"id": behaviour.model, "object": "model", "created": created, "owned_by": "vllm",
+                    "root": behaviour.root or behaviour.model, "parent": None,
+                    "max_model_len": behaviour.max_model_len,
+                    "permission": [{"id": f"modelperm-{random_id()}", "object": "model_permission",
+                                    "created": created, "allow_create_engine": False, "allow_sampling": True,
+                                    "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                                    "allow_fine_tuning": False, "organization": "*", "group": None,
+                                    "is_blocking": False}]}
 
         def do_POST(self):
             raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.counted(lambda: self.post(raw), len(raw))
+
+        def post(self, raw: bytes):
+            arrived = time.perf_counter()
             if self.path not in COMPLETION_PATHS:
                 return self.reply(404, {"error": "not found"})
             try:
@@ -235,29 +561,39 @@ def make_handler(behaviour: Behaviour):
                 return self.reply(behaviour.chat_error[0], {"error": {"message": behaviour.chat_error[1]}})
             if "cache_salt" in body and not behaviour.accept_cache_salt:
                 return self.reply(400, {"error": {"message": "Parameter 'cache_salt' is not supported"}})
+            if self.path == "/v1/responses" and body.get("stream"):  # not recorded: refused rather than guessed
+                return self.reply(400, {"error": {"message": "the stand-in does not stream /v1/responses"}})
             with behaviour._lock:
                 behaviour.waiting += 1
             behaviour.slots.acquire()
             with behaviour._lock:
                 behaviour.waiting -= 1
                 behaviour.running += 1
+            scheduled = time.perf_counter()
             try:
                 self.complete(request)
+            except (BrokenPipeError, ConnectionResetError):
+                self.outcome = self.outcome and {**self.outcome, "reason": "abort"}
+                raise
             finally:
                 with behaviour._lock:
                     behaviour.running -= 1
-                    behaviour.finished += 1
+                    if self.outcome:
+                        behaviour.stats.request_done(arrived=arrived, scheduled=scheduled, done=time.perf_counter(),
+                                                     **self.outcome)
                 behaviour.slots.release()
 
         def complete(self, request: Request):
             start = time.perf_counter()
-            body, chat = request.body, request.path.endswith("chat/completions")
+            body, chat, responses = request.body, request.path.endswith("chat/completions"), request.path.endswith("responses")
             prompt = prompt_text(body)
             n_prompt = len(prompt) // 4
             if behaviour.prefix_cache:
                 cached = behaviour.lookup_and_fill_cache(prompt, body.get("cache_salt", "")) // 4
                 request.cached_prompt_tokens = min(n_prompt, cached)
-            max_tokens = max(1, int(body.get("max_tokens") or 16))
+            max_tokens = max(1, int(body.get("max_output_tokens" if responses else "max_tokens") or 16))
+            self.outcome = {"reason": "error", "prompt": n_prompt, "cached": request.cached_prompt_tokens,
+                            "generated": 0, "max_tokens": max_tokens, "first": start}
             try:
                 pieces = behaviour.engine(max_tokens)  # every request runs the engine, needle or not
             except Exception as err:  # the simulator's engine: a Ray worker died
@@ -266,16 +602,19 @@ def make_handler(behaviour: Behaviour):
                     behaviour.on_engine_error(err)
                 return
             if behaviour.raw_stream is not None:
+                self.outcome = None
                 return self.stream_raw(behaviour.raw_stream)
             fault = behaviour.fault()
             if fault == "hang" and not body.get("stream"):
                 return hang_forever()
-            header = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-                      "model": behaviour.model}
+            header = {"id": f"{'resp_' if responses else 'chatcmpl-' if chat else 'cmpl-'}{random_id()}",
+                      "created": int(time.time()), "model": behaviour.model}
             tool = called_tool(body, prompt) if chat else None
+            parsing = chat and bool(body.get("tools")) and body.get("tool_choice", "auto") == "auto"  # the tool parser runs
             if tool and not (fault == "unparsed-tool-call" and body.get("tool_choice", "auto") == "auto"):
                 arguments = '{"city": "Par\u00bf<unk>' if fault == "garbage" else '{"city": "Paris"}'
-                return self.tool_call(header, tool, arguments, bool(body.get("stream")), fault == "hang")
+                self.outcome.update(reason="stop", generated=len(arguments) // 4 + 1)
+                return self.tool_call(header, tool, arguments, bool(body.get("stream")), fault == "hang", parsing)
             if tool:  # the tool parser missed the model's markup: the call arrives as text
                 pieces = [f"<|tool_call|>{tool}", '{"city": "Paris"}', "<|end|>"]
             if arithmetic_answer(prompt):
@@ -286,7 +625,7 @@ def make_handler(behaviour: Behaviour):
                 with behaviour._lock:
                     kind = behaviour.needle_behaviors.pop(0) if behaviour.needle_behaviors else "correct"
                 pieces = [w + " " for w in needle_answer(prompt, kind).replace("\n", " \n").split(" ") if w]
-            answer_field = "content" if chat else "text"
+            answer_field = "text" if not chat and not responses else "content"
             tokens = [(behaviour.reasoning_field, f"r{i} ") for i in range(behaviour.reasoning_tokens if chat else 0)]
             tokens += [(answer_field, piece) for piece in pieces]
             finish = "length" if len(tokens) >= max_tokens else "stop"
@@ -296,6 +635,10 @@ def make_handler(behaviour: Behaviour):
             if behaviour.prefix_cache:  # what vLLM adds with --enable-prompt-tokens-details
                 usage["prompt_tokens_details"] = {"cached_tokens": request.cached_prompt_tokens}
             first_at = start + behaviour.base_latency_s + random.uniform(0, behaviour.ttft_jitter_s) + (n_prompt - request.cached_prompt_tokens) / behaviour.prefill_tok_s
+            self.outcome.update(reason=finish, generated=len(tokens), first=first_at)
+            if parsing:
+                self.count_tool_parser("streaming" if body.get("stream") else "non_streaming", "no_tool_call",
+                                       len(tokens) if body.get("stream") else 1)
             if body.get("stream"):
                 return self.stream(header, chat, tokens, finish, first_at,
                                    usage if (body.get("stream_options") or {}).get("include_usage") else None,
@@ -303,13 +646,21 @@ def make_handler(behaviour: Behaviour):
             pause_until(first_at + len(tokens) / behaviour.decode_tok_s)
             behaviour.count_generated(len(tokens))
             text = "".join(piece for key, piece in tokens if key == answer_field)
+            if responses:
+                return self.reply(200, response_body(header, body, text, finish, usage, request.cached_prompt_tokens))
             choice = {"index": 0, "finish_reason": finish}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
             self.reply(200, {**header, "object": "chat.completion" if chat else "text_completion",
                              "choices": [choice], "usage": usage})
 
-        def tool_call(self, header, name, arguments, stream, hang):
-            call = {"index": 0, "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function"}
+        def count_tool_parser(self, mode, outcome, times):
+            with behaviour._lock:
+                behaviour.stats.tool_parser[(mode, outcome, "chat_completions")] += times
+
+        def tool_call(self, header, name, arguments, stream, hang, parsing):
+            call = {"index": 0, "id": f"chatcmpl-tool-{random_id()}", "type": "function"}
+            if parsing:
+                self.count_tool_parser("streaming" if stream else "non_streaming", "tool_call", 1)
             if not stream:
                 message = {"role": "assistant", "content": None,
                            "tool_calls": [{**call, "function": {"name": name, "arguments": arguments}}]}
@@ -317,16 +668,27 @@ def make_handler(behaviour: Behaviour):
                                         "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]})
             self.start_stream()
             header = {**header, "object": "chat.completion.chunk"}
-            first = {"role": "assistant", "tool_calls": [{**call, "function": {"name": name, "arguments": ""}}]}
-            self.event({**header, "choices": [{"index": 0, "delta": first, "finish_reason": None}]})
+            self.role_chunk(header)
+            first = {"tool_calls": [{**call, "function": {"name": name, "arguments": ""}}]}
+            self.event({**header, "choices": [{"index": 0, "delta": first, "logprobs": None, "finish_reason": None,
+                                               "token_ids": None}]})
             if hang:
                 return hang_forever()
             for start in range(0, len(arguments), 6):  # arguments arrive in pieces, as vLLM streams them
                 delta = {"tool_calls": [{"index": 0, "function": {"arguments": arguments[start:start + 6]}}]}
-                self.event({**header, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-            self.event({**header, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+                self.event({**header, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                   "finish_reason": None, "token_ids": None}]})
+            self.event({**header, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls",
+                                               "stop_reason": None, "token_ids": None}],
+                        "system_fingerprint": SYSTEM_FINGERPRINT})
             self.chunk(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
+
+        def role_chunk(self, header):
+            """vLLM's chat stream opens with the role alone, when the first token is there (api.txt)."""
+            self.event({**header, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                               "logprobs": None, "finish_reason": None}],
+                        "prompt_token_ids": None, "prompt_text": None})
 
         def stream(self, header, chat, tokens, finish, first_at, usage, hang=False):
             self.start_stream()
@@ -335,12 +697,18 @@ def make_handler(behaviour: Behaviour):
             header = {**header, "object": "chat.completion.chunk" if chat else "text_completion"}
             for i, chunk in enumerate(chunks):
                 pause_until(first_at + i * per_chunk / behaviour.decode_tok_s)
+                if chat and i == 0:
+                    self.role_chunk(header)
                 parts = {}
                 for key, text in chunk:
                     parts[key] = parts.get(key, "") + text
+                last = i == len(chunks) - 1
                 choice = {"index": 0, **({"delta": parts} if chat else parts), "logprobs": None,
-                          "finish_reason": finish if i == len(chunks) - 1 else None}
-                self.event({**header, "choices": [choice]})
+                          "finish_reason": finish if last else None}
+                if chat:  # the keys vLLM's chat chunks carry (api.txt): the last one names its stop_reason
+                    choice.update({"stop_reason": None, "token_ids": None} if last else {"token_ids": None})
+                event = {**header, "choices": [choice]}
+                self.event({**event, "system_fingerprint": SYSTEM_FINGERPRINT} if chat and last else event)
                 behaviour.count_generated(len(chunk))
                 if hang:
                     return hang_forever()
@@ -355,8 +723,9 @@ def make_handler(behaviour: Behaviour):
             self.wfile.write(b"0\r\n\r\n")
 
         def start_stream(self):
+            self.status = 200  # no Content-Length: vLLM's instrumentator counts a stream's size as 0
             self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
 
@@ -368,6 +737,35 @@ def make_handler(behaviour: Behaviour):
             self.wfile.flush()
 
     return Handler
+
+
+def response_body(header: dict, body: dict, text: str, finish: str, usage: dict, cached: int) -> dict:
+    """/v1/responses' answer, key for key as vLLM 0.24 gave it (api.txt)."""
+    incomplete = finish == "length"
+    return {
+        "id": header["id"], "created_at": header["created"],
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": body.get("instructions"), "metadata": body.get("metadata"), "model": header["model"],
+        "object": "response",
+        "output": [{"id": f"msg_{random_id()}", "content": [{"annotations": [], "text": text, "type": "output_text",
+                                                             "logprobs": None}],
+                    "role": "assistant", "status": "completed", "type": "message", "phase": None}],
+        "parallel_tool_calls": True, "temperature": float(body.get("temperature", 1.0)),
+        "tool_choice": body.get("tool_choice", "auto" if body.get("tools") else "none"), "tools": body.get("tools", []),
+        "top_p": float(body.get("top_p", 1.0)), "background": False,
+        "max_output_tokens": body.get("max_output_tokens"), "max_tool_calls": None, "previous_response_id": None,
+        "prompt": None, "reasoning": None, "service_tier": "auto", "status": "incomplete" if incomplete else "completed",
+        "text": None, "top_logprobs": None, "truncation": "disabled",
+        "usage": {"input_tokens": usage["prompt_tokens"],
+                  "input_tokens_details": {"cached_tokens": cached, "input_tokens_per_turn": [],
+                                           "cached_tokens_per_turn": []},
+                  "output_tokens": usage["completion_tokens"],
+                  "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
+                                            "output_tokens_per_turn": [], "tool_output_tokens_per_turn": []},
+                  "total_tokens": usage["total_tokens"]},
+        "user": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "kv_transfer_params": None,
+        "input_messages": None, "output_messages": None,
+    }
 
 
 def pause_until(moment: float) -> None:
@@ -385,6 +783,36 @@ class QuietAboutGoneClients:
 
 class Server(QuietAboutGoneClients, ThreadingHTTPServer):
     daemon_threads = True
+    _cancel: Optional[threading.Event] = None
+    _listening: Optional[threading.Event] = None
+
+    def listen_after(self, load_s: float) -> None:
+        """Bound now (the port is known), listening once loaded: a connection before that is
+        refused, as vLLM's is while its engine loads (it opens the socket last)."""
+        self._cancel, self._listening = threading.Event(), threading.Event()
+
+        def listen():
+            self.server_activate()
+            self._listening.set()
+
+        def run():
+            if load_s > 0:
+                if self._cancel.wait(load_s):
+                    return
+                listen()
+            self.serve_forever()
+
+        if load_s <= 0:
+            listen()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def shutdown(self):
+        if self._cancel is None:
+            return super().shutdown()
+        self._cancel.set()
+        if self._listening.is_set():
+            super().shutdown()
 
 
 class UnixServer(QuietAboutGoneClients, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -397,14 +825,32 @@ class UnixServer(QuietAboutGoneClients, socketserver.ThreadingMixIn, socketserve
         return request, ("uds", 0)  # the handler's log lines read client_address[0]
 
 
-def make_server(behaviour: Behaviour, host: str = "127.0.0.1", port: int = 0, uds: Optional[str] = None):
+def make_server(behaviour: Behaviour, host: str = "127.0.0.1", port: int = 0, uds: Optional[str] = None,
+                bind_and_activate: bool = True):
     if uds:
         return UnixServer(uds, make_handler(behaviour))
-    return Server((host, port), make_handler(behaviour))
+    return Server((host, port), make_handler(behaviour), bind_and_activate=bind_and_activate)
 
 
 def serve(behaviour: Behaviour, host: str = "127.0.0.1", port: int = 0) -> Server:
-    """Started on a daemon thread; `server.server_address[1]` is the port, `server.shutdown()` stops it."""
-    server = make_server(behaviour, host, port)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    """Started on a daemon thread; `server.server_address[1]` is the port, `server.shutdown()` stops it.
+    With `behaviour.load_s`, connections are refused for that long first."""
+    server = make_server(behaviour, host, port, bind_and_activate=False)
+    server.server_bind()
+    server.listen_after(behaviour.load_s)
     return server
+
+
+def engine_died(server, behaviour: Behaviour, exit: Callable[[int], None] = os._exit) -> None:
+    """What vLLM 0.24's API server did once its EngineCore was killed (kill.txt): /health 503,
+    then after ~3 s the connection refused, then after ~5 s the process gone with status 0."""
+    behaviour.dead = True
+
+    def wind_down():
+        time.sleep(DEAD_SERVING_503_S)
+        server.shutdown()
+        server.server_close()  # a socket file stays behind: connecting to it is refused
+        time.sleep(DEAD_EXIT_S - DEAD_SERVING_503_S)
+        exit(0)
+
+    threading.Thread(target=wind_down, daemon=True).start()

@@ -270,8 +270,8 @@ def test_scripts_refuse_a_flag_without_its_value(tmp_path):
 
 @pytest.fixture
 def fake_endpoint():
-    """vLLM still loading for two /health calls, then serving CFG's model with its key."""
-    behaviour = Behaviour(api_key="sk-ready-test", model=CFG.model.served_name, healthy_after=2)
+    """vLLM still loading for 3 s (connections refused, as real vLLM's are), then serving CFG's model with its key."""
+    behaviour = Behaviour(api_key="sk-ready-test", model=CFG.model.served_name, load_s=3)
     server = serve(behaviour)
     yield server.server_address[1], behaviour
     server.shutdown()
@@ -313,7 +313,8 @@ def test_readiness_waits_for_health_then_an_authorized_completion(fake_endpoint)
     proc = run_remote(line, stdin=encode_secret(behaviour.api_key) + script_text(WAIT_READY))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "serving: a 1-token completion succeeded" in proc.stdout
-    assert behaviour.health_calls == 3  # two 503s while loading, then 200
+    assert "/health answers after 5 s" in proc.stdout  # the first poll refused, the next (5 s on) answered
+    assert behaviour.health_calls == 1
     last = behaviour.requests[-1]
     assert last.authorized and last.body["model"] == "ds-0731" and last.body["max_tokens"] == 1
     assert behaviour.api_key not in line

@@ -1,0 +1,164 @@
+"""The stand-in (tests/openai_standin.py) answers as real vLLM 0.24.0 did on an H200
+(tests/vllm_recording.py reads that recording): /metrics family for family, the JSON shapes
+of /v1/models, /v1/responses and a streamed chat completion, the refused connection while
+loading and the wind-down after an engine death. Values may differ; names, types, labels and
+keys may not."""
+
+import http.client
+import json
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from openai_standin import DEAD_EXIT_S, DEAD_SERVING_503_S, Behaviour, engine_died, serve  # noqa: E402
+from vllm_recording import (  # noqa: E402
+    RECORDING,
+    families,
+    recorded_exchanges,
+    recorded_metrics,
+    shape,
+    shape_differences,
+    stream_events,
+)
+
+RECORDED = recorded_exchanges()
+MODEL = RECORDED["/v1/responses"].request["model"]  # the requests name the recorded model: "tiny"
+
+
+def call(port, method, path, body=None):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request(method, path, json.dumps(body) if body is not None else None,
+                       {"Content-Type": "application/json"} if body is not None else {})
+    reply = connection.getresponse()
+    answer = reply.status, {k.lower(): v for k, v in reply.getheaders()}, reply.read().decode()
+    connection.close()
+    return answer
+
+
+@pytest.fixture
+def standin():
+    """The stand-in as the simulator starts it (no key in front: the recording went through a
+    gateway stand-in that checks none), after the recorded calls, in the recorded order."""
+    behaviour = Behaviour(api_key=None, model=MODEL, decode_tok_s=float("inf"))
+    server = serve(behaviour)
+    port = server.server_address[1]
+    answers = {}
+    for path, exchange in RECORDED.items():
+        answers[path] = call(port, "POST" if exchange.request else "GET", path, exchange.request or None)
+    yield port, answers
+    server.shutdown()
+
+
+def test_the_recording_parses_into_the_families_and_calls_it_holds():
+    recorded = families(recorded_metrics())
+    assert len(recorded) >= 80 and recorded["vllm:request_success"].labels == {"engine", "finished_reason",
+                                                                             "model_name"}
+    assert [e.status for e in RECORDED.values()] == [200, 200, 200, 200]
+
+
+def test_metrics_have_every_recorded_family_with_its_type_help_labels_and_buckets(standin):
+    port, _ = standin
+    status, headers, text = call(port, "GET", "/metrics")
+    assert status == 200
+    recorded, served = families(recorded_metrics()), families(text)
+    missing = sorted(recorded.keys() - served.keys())
+    extra = sorted(served.keys() - recorded.keys())
+    different = {name: (recorded[name], served[name]) for name in recorded.keys() & served.keys()
+                 if recorded[name] != served[name]}
+    assert (missing, extra, different) == ([], [], {})
+    assert "# TYPE vllm:generation_tokens_total counter" in text.splitlines()
+
+
+def test_metrics_count_the_served_traffic(standin):
+    """Values may differ from the recording's, but they move as vLLM's do."""
+    port, _ = standin
+    text = call(port, "GET", "/metrics")[2]
+    value = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+             if line and not line.startswith("#")}
+    engine = f'engine="0",model_name="{MODEL}"'
+    # the responses call ("What is 2 + 3?": one token, "5") stopped; the stream ran to its max_tokens
+    assert value[f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{MODEL}"}}'] == 1
+    assert value[f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{MODEL}"}}'] == 1
+    assert value[f"vllm:generation_tokens_total{{{engine}}}"] == 1 + RECORDED["/v1/chat/completions"].request["max_tokens"]
+    assert value[f"vllm:time_to_first_token_seconds_count{{{engine}}}"] == 2
+    assert value['http_requests_total{handler="/v1/models",method="GET",status="2xx"}'] == 1
+    assert value[f'vllm:tool_call_parser_invocations_total{{mode="streaming",model_name="{MODEL}",'
+                 'outcome="no_tool_call",request_type="chat_completions"}'] == 32  # once per delta, as recorded
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/responses"])
+def test_json_answers_have_the_recorded_shape(standin, path):
+    _, answers = standin
+    status, headers, body = answers[path]
+    recorded = RECORDED[path]
+    assert status == recorded.status
+    assert headers["content-type"] == recorded.headers["content-type"]
+    assert shape_differences(shape(json.loads(recorded.body)), shape(json.loads(body))) == []
+
+
+def test_health_answers_as_recorded(standin):
+    _, answers = standin
+    status, headers, body = answers["/health"]
+    recorded = RECORDED["/health"]
+    assert (status, body, "content-type" in headers) == (recorded.status, recorded.body, "content-type" in recorded.headers)
+
+
+def test_a_streamed_chat_completion_has_the_recorded_chunk_sequence(standin):
+    """Role-only chunk first, then content deltas, a last chunk naming finish and stop reasons,
+    then [DONE] — the same request as recorded (tools, tool_choice auto, no call made)."""
+    _, answers = standin
+    status, headers, body = answers["/v1/chat/completions"]
+    recorded = RECORDED["/v1/chat/completions"]
+    assert (status, headers["content-type"]) == (recorded.status, recorded.headers["content-type"])
+    want, got = stream_events(recorded.body), stream_events(body)
+    assert got[-1] == want[-1] == "[DONE]"
+    assert want[0]["choices"][0]["delta"] == got[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    for name, (a, b) in {"first": (want[0], got[0]), "middle": (want[1], got[1]), "last": (want[-2], got[-2])}.items():
+        assert shape_differences(shape(a), shape(b)) == [], name
+    assert len({e["id"] for e in got[:-1]}) == 1 and re.fullmatch(r"chatcmpl-[0-9a-f]{16}", got[0]["id"])
+
+
+def test_a_loading_server_refuses_the_connection_as_vllm_does():
+    """vllm.log: polled every second from the start, vLLM logged no request before its
+    "Application startup complete" (it binds the socket last); the stand-in refuses too."""
+    log = (RECORDING / "vllm.log").read_text().splitlines()
+    ready = next(i for i, line in enumerate(log) if "Application startup complete" in line)
+    assert not any('"GET /health' in line for line in log[:ready])
+    assert any('"GET /health HTTP/1.1" 200' in line for line in log[ready:ready + 3])
+    behaviour = Behaviour(load_s=1.5)
+    server = serve(behaviour)
+    port = server.server_address[1]
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+        time.sleep(2.0)
+        assert call(port, "GET", "/health")[0] == 200
+        assert behaviour.health_calls == 1
+    finally:
+        server.shutdown()
+
+
+def test_after_an_engine_death_health_is_503_then_refused_then_the_server_exits_0():
+    """kill.txt: the EngineCore killed, /health 200 -> 503 for 3 s -> refused, exit 0 after 5 s."""
+    lines = (RECORDING / "kill.txt").read_text().splitlines()
+    seconds = [(int(m[1]), m[2]) for m in (re.match(r"(\d+) s health (\d+)$", line) for line in lines) if m]
+    assert [code for _, code in seconds] == ["200", "503", "503", "503", "000"]
+    assert "engine exit 0 after 5 s" in lines
+    behaviour, exits = Behaviour(), []
+    server = serve(behaviour)
+    port = server.server_address[1]
+    time.sleep(0.1)
+    died = time.monotonic()
+    engine_died(server, behaviour, exit=exits.append)
+    assert call(port, "GET", "/health")[0] == 503
+    time.sleep(DEAD_SERVING_503_S + 0.5)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+    while not exits and time.monotonic() - died < DEAD_EXIT_S + 3:
+        time.sleep(0.1)
+    assert exits == [0] and time.monotonic() - died >= DEAD_EXIT_S
