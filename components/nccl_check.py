@@ -88,12 +88,12 @@ def nccl_pairs(topology: Topology) -> list[NcclPair]:
                 {"NCCL_IB_HCA": ",".join(rb.hca for _, rb in link.rails)})
         for env in ends:
             env["NCCL_SOCKET_IFNAME"] = topology.cfg.fabric.bootstrap_iface
-        cabling = (f"the cable between {a} and {b}" if topology.is_ring
-                   else f"{a}'s and {b}'s cables to the switch and their switch ports")
+        cabling = (f"the cable between {a} and {b}: reseat or replace it" if topology.is_ring
+                   else f"{a}'s and {b}'s cables to the switch and their switch ports: reseat or replace them")
         pairs.append(NcclPair(
             nodes=(a, b), master_ip=topology.ray_ip(link.a), nccl_env=ends,
             rails=tuple(f"{a} {ra.hca} {ra.ip} <-> {b} {rb.hca} {rb.ip}" for ra, rb in link.rails),
-            fix=f"{cabling}: reseat or replace them until `python -m ops status` shows these rails up (link, "
+            fix=f"{cabling} until `python -m ops status` shows these rails up (link, "
                 "speed, RoCE ACTIVE) on both nodes"))
     return pairs
 
