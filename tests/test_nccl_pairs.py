@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 from program_harness import ROOT, flag_value, flag_values, runner_call, unwrap
@@ -29,11 +28,6 @@ SWITCH_IPS = {"spark1": "10.0.0.1", "spark2": "10.0.0.2", "spark3": "10.0.0.3"} 
 
 def four_on_a_switch():  # the seed's recipe stops at three nodes; Qwen3.8-Flash-Next takes four
     return switch_of(4) | {"serving": {**BASE["serving"], "recipe": "Qwen3.8-Flash-Next"}}
-
-
-def two_on_a_switch():
-    cfg = switch_of(2)
-    return cfg
 
 
 def switch_pair(a, b):
@@ -62,7 +56,7 @@ RING_PAIRS = [
 ]
 STACKS = {
     "2 direct (Pulumi.spark.yaml)": (lambda: dict(BASE), []),
-    "2 switch": (two_on_a_switch, []),
+    "2 switch": (lambda: switch_of(2), []),
     "3 switch": (lambda: switch_of(3), [{("spark1", "spark2"): switch_pair("spark1", "spark2")},
                                         {("spark1", "spark3"): switch_pair("spark1", "spark3")},
                                         {("spark2", "spark3"): switch_pair("spark2", "spark3")}]),
