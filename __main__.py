@@ -13,7 +13,7 @@ from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
 from components.host_prep import HostPrep, HostPrepArgs, firewall_policy
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
-from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank
+from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, nccl_pairs
 from components.observability import Observability, ObservabilityArgs, ObservedAccess
 from components.observability_files import plan_from_config
 from components.platform_facts import NodeFacts, PlatformFacts, PlatformFactsArgs
@@ -168,6 +168,7 @@ nccl = NcclCheck(
         ],
         master_ip=topology.head_ray_ip,
         min_bus_bandwidth_gbps=cfg.fabric.min_bus_bandwidth_gbps,
+        pairs=nccl_pairs(topology),  # three nodes or more: each link first
     ),
     opts=pulumi.ResourceOptions(depends_on=[*images.values(), *bundles.values()]),
 )

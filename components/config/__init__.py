@@ -26,7 +26,7 @@ from .loading import load_stack_config, parse_stack_config, stack_config_keys
 from .node_addresses import resolve_node_addresses
 from .readme_table import parameter_table
 from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig, shape_rules
-from .topology import CopyRail, NodeFabric, Topology
+from .topology import CopyRail, Link, NodeFabric, Topology
 from .secret_keys import _checked_secrets, load_secrets
 from .values import DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK
 

@@ -10,9 +10,10 @@
   NCCL_IB_SUBNET_AWARE_ROUTING=1: NVIDIA/dgx-spark-playbooks
   nvidia/multi-sparks-through-switch/assets/spark_cluster_setup/spark_cluster_setup.py and
   eugr/spark-vllm-docker autodiscover.sh set exactly these for the three-node mesh);
-- the rails the weight copy (and the image shipped with it) crosses from the head to a worker:
-  direct and switch every rail; ring the rails of the worker's cable to the head (in a ring of
-  three the head is every worker's neighbour).
+- the rails between two nodes (`link_rails`, `links`): direct and switch rail N of each with rail
+  N of the other; ring the rails of their cable. The weight copy (and the image shipped with it)
+  crosses a worker's link to the head (in a ring of three the head is every worker's neighbour);
+  NcclCheck's pair runs cross each link.
 The rules a topology's rails must follow are StackConfig's (schema.py); this module assumes them.
 """
 
@@ -34,6 +35,15 @@ class CopyRail:
 
     worker_ip: str
     head_ip: str
+
+
+@dataclass(frozen=True)
+class Link:
+    """Two nodes and the rails between them: `rails[k]` is (a's end, b's end) of one subnet."""
+
+    a: Node
+    b: Node
+    rails: tuple[tuple[Rail, Rail], ...]
 
 
 @dataclass(frozen=True)
@@ -112,12 +122,22 @@ class Topology:
         return NodeFabric(self.ray_ip(node), self.head_ray_ip, self.node_ray_ips, origin,
                           self.cfg.fabric.bootstrap_iface, self.nccl_env)
 
+    def link_rails(self, node: Node, peer: Node) -> list[tuple[Rail, Rail]]:
+        """(node's end, peer's end) of each rail between them: direct and switch rail N with rail N
+        (a switch of nodes with unequal rails: the rails both have); ring their cable's rails."""
+        if self.is_ring:
+            return list(zip(self.rails_toward(node, peer), self.rails_toward(peer, node)))
+        return list(zip(node.rails, peer.rails))
+
+    @property
+    def links(self) -> list[Link]:
+        """Every two nodes the rails join, the head first and then the workers in config order
+        (NcclCheck's rank order): on a switch every pair, in a ring of three each cable."""
+        order = [self.cfg.head, *self.cfg.workers]
+        return [Link(a, b, tuple(self.link_rails(a, b)))
+                for i, a in enumerate(order) for b in order[i + 1:] if self.link_rails(a, b)]
+
     def copy_rails(self, worker: Node) -> list[CopyRail]:
         """The rails the head copies the weights (and ships the image) to `worker` over; the first
         carries the copy's control connection."""
-        head = self.cfg.head
-        if self.is_ring:
-            pairs = zip(self.rails_toward(worker, head), self.rails_toward(head, worker))
-        else:
-            pairs = zip(worker.rails, head.rails)
-        return [CopyRail(w.ip, h.ip) for w, h in pairs]
+        return [CopyRail(w.ip, h.ip) for w, h in self.link_rails(worker, self.cfg.head)]
