@@ -101,15 +101,35 @@ rsyncd_stop() {
 }
 
 # ---- here ----------------------------------------------------------------------------------------
-peer_weights() {  # peer_weights SUBCOMMAND ARGS...: weights.py on the peer
-  on_peer "python3 $STATE/weights.py $* --dir $(q "$dir") --manifest $(q "$dir/$manifest") --record $(q "$dir/$record") --node $(q "$peer")"
+weights_command() {  # weights_command SUBCOMMAND ARGS...: the line that runs weights.py on the peer
+  echo "python3 $STATE/weights.py $* --dir $(q "$dir") --manifest $(q "$dir/$manifest") --record $(q "$dir/$record") --node $(q "$peer")"
 }
+peer_weights() { on_peer "$(weights_command "$@")"; }
 
+daemons_up=0
 start_daemons() {
-  on_exit stop_daemons
+  daemons_up=1
   printf '%s\n' "$WEIGHTS_SYNC_SECRET" | on_peer "$(declare -f rsyncd_start rsyncd_stop); rsyncd_start $STATE $(q "$dir") $port $DAEMON_HOURS $MODULE $RSYNC_USER ${rails[*]}"
 }
-stop_daemons() { on_peer "$(declare -f rsyncd_stop); rsyncd_stop $STATE" || true; }
+# (the exit hook's, after a failure; a finished copy stops them beside the peer's verification)
+stop_daemons() {
+  [ "$daemons_up" -eq 1 ] || return 0
+  on_peer "$(declare -f rsyncd_stop); rsyncd_stop $STATE" || true
+  daemons_up=0
+}
+
+# verify_and_stop_daemons: the peer hashes what it received while its daemons stop (each takes
+# about a second; one round trip for both); the page cache the copy filled here is released meanwhile
+verify_and_stop_daemons() {
+  local need=$1 release status=0
+  python3 "$program" release-cache --dir "$dir" --files "$need" &
+  release=$!
+  on_peer "$(declare -f rsyncd_stop); rsyncd_stop $STATE & $(weights_command verify) >/dev/null; status=\$?; wait; exit \$status" ||
+    status=$?
+  daemons_up=0
+  wait "$release"
+  return "$status"
+}
 
 # send_stream LIST ADDRESS: the files in LIST to the daemon on ADDRESS
 send_stream() {
@@ -149,8 +169,6 @@ send() {  # send NEED_FILE: every file listed, over every rail, in parallel stre
   [ "$failed" -eq 0 ] || die "$failed of ${#pids[@]} copy streams to $peer failed (see rsync's errors above); run again to resume"
   log "copied $((bytes / 1000000)) MB to $peer in $(awk -v s="$started" -v b="$bytes" -v e="$(date +%s.%N)" \
     'BEGIN { t = e - s; printf "%.2f s (%.0f MB/s)", t, b / 1e6 / t }')"
-  stop_daemons
-  python3 "$program" release-cache --dir "$dir" --files "$need"
 }
 
 main() {
@@ -171,6 +189,7 @@ main() {
     die "$node's copy of $dir no longer matches what was downloaded: nothing sent to $peer. Download it again and send it on: pulumi up with --replace of both the ${node}-weights-fetch and the ${peer}-weights-sync step"
   fi
   set_ssh_transport
+  on_exit stop_daemons  # the hooks run in this order: the daemons stop over the connection before it closes
   on_exit close_connection
   on_peer "mkdir -p $STATE $(q "$dir") && cat > $STATE/weights.py" <"$program"
   # shellcheck disable=SC2094  # read here, written on the peer
@@ -183,7 +202,7 @@ main() {
     return 0
   fi
   send "$need"
-  peer_weights verify >/dev/null || die "verification failed for $peer ($to:$dir): see the FAIL lines"
+  verify_and_stop_daemons "$need" || die "verification failed for $peer ($to:$dir): see the FAIL lines"
   log "complete on $peer: $(grep -c '"sha256"' "$dir/$manifest") files verified"
 }
 

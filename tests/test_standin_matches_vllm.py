@@ -77,10 +77,19 @@ def test_metrics_have_every_recorded_family_with_its_type_help_labels_and_bucket
 def test_metrics_count_the_served_traffic(standin):
     """Values may differ from the recording's, but they move as vLLM's do."""
     port, _ = standin
-    text = call(port, "GET", "/metrics")[2]
-    value = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-             if line and not line.startswith("#")}
     engine = f'engine="0",model_name="{MODEL}"'
+
+    def values() -> dict[str, float]:
+        text = call(port, "GET", "/metrics")[2]
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    # a request is counted once its handler is done, a moment after the client read its last
+    # byte (vLLM's stats are as late: its logger records each engine step): wait for both
+    deadline = time.monotonic() + 5
+    while (value := values()).get(f"vllm:time_to_first_token_seconds_count{{{engine}}}", 0) < 2 \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
     # the responses call ("What is 2 + 3?": one token, "5") stopped; the stream ran to its max_tokens
     assert value[f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{MODEL}"}}'] == 1
     assert value[f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{MODEL}"}}'] == 1
