@@ -180,6 +180,13 @@ def dashboard_pids(cluster) -> dict[str, str]:
     return listed
 
 
+def state_api_answers(cluster) -> bool:
+    """The head's dashboard port answers HTTP (on the head's first rail, where Ray binds it)."""
+    head_ip = cluster.nodes[HEAD].spec.rails[0].address.split("/")[0]
+    return cluster.node_exec(HEAD, "curl", "-s", "-o", "/dev/null", "-m", "5",
+                             f"http://{head_ip}:{contract.RAY_DASHBOARD_PORT}/api/v0/nodes", check=False).returncode == 0
+
+
 def served_throughout(outputs, seconds: float) -> int:
     """Requests through the gateway every 2 s for `seconds`: how many failed."""
     until, failed = time.time() + seconds, 0
@@ -195,6 +202,7 @@ def test_a_frozen_or_killed_dashboard_is_no_reason_to_leave(cluster, stack, fres
     its GCS alive: nobody leaves and every request is answered. A restart of the head's engine
     brings the dashboard back for the scenarios after."""
     since = time.time()
+    assert state_api_answers(cluster), "no state API to freeze"
     for pattern in DASHBOARD_PROCESSES:
         cluster.node_exec(HEAD, "pkill", "-STOP", "-f", pattern)
     try:
@@ -209,6 +217,8 @@ def test_a_frozen_or_killed_dashboard_is_no_reason_to_leave(cluster, stack, fres
         failed_killed = served_throughout(fresh_guard, DASHBOARD_KILLED_S)
         # did Ray start them again? (new PIDs: the time they were down is shorter than the scenario)
         report["dashboard_pids_killed_then_after"] = [sorted(before), sorted(dashboard_pids(cluster))]
+        # the state API (the dashboard's HTTP server) was down the whole time, not restarted
+        assert not state_api_answers(cluster), "the dashboard's state API answers again: the scenario killed nothing"
         exits = {node: serving_events(cluster, node, since, "die") for node in cluster.nodes}
         report["dashboard_frozen_s"], report["dashboard_killed_s"] = 5 * HEAD_GRACE_S, round(time.time() - killed)
         report["dashboard_down_failed_requests"] = failed_frozen + failed_killed

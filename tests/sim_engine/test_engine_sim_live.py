@@ -102,7 +102,10 @@ def test_the_gateway_wants_the_key_everywhere_but_health_and_streams_through(ser
                           json={"model": serving["model"], "stream": True, "max_tokens": 3,
                                 "messages": [{"role": "user", "content": "hi"}]})
     assert streamed.status_code == 200, streamed.text
-    assert streamed.text.count("data: ") == 4 and streamed.text.rstrip().endswith("[DONE]"), streamed.text
+    # as vLLM streams: a role-only chunk, one chunk per token, [DONE]
+    events = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert len(events) == 5 and events[-1] == "[DONE]", streamed.text
+    assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": ""}, events[0]
 
 
 # every path vLLM 0.25 serves that runs the model or tells something about it
