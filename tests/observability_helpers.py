@@ -9,7 +9,7 @@ import json
 import re
 import subprocess
 
-from program_harness import stack_config
+from program_harness import config_blocks
 from vllm_recording import recorded_metrics, sample_names
 
 from components.config import parse_stack_config
@@ -21,7 +21,7 @@ from components.observability_files import (
     render_dashboards,
 )
 
-BASE = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+BASE = config_blocks()
 
 
 def recipe_plan(alertmanager: bool = False, **settings):

@@ -246,6 +246,12 @@ def stack_config(path: Path = STACK_FILE) -> dict[str, Any]:
     return dict(yaml.safe_load(path.read_text())["config"])
 
 
+def config_blocks(config: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """A stack's config (`twinspark:key -> value`; the stack file's when none is given) as
+    parse_stack_config takes it: `key -> value`."""
+    return {k.split(":", 1)[1]: v for k, v in (stack_config() if config is None else config).items()}
+
+
 def run_program(
     config: dict[str, Any], preview: bool = False, extra_env: Optional[dict] = None,
     secret_keys: Sequence[str] = (),

@@ -4,11 +4,11 @@ import copy
 
 import pulumi
 import pytest
-from program_harness import stack_config
+from program_harness import config_blocks
 
 from components.config import Topology, format_key_path, parse_stack_config, resolve_node_addresses
 
-BASE = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+BASE = config_blocks()
 
 
 def set_path(cfg, path, value):

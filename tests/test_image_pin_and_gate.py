@@ -9,7 +9,7 @@ compared inputs are unchanged keeps its outputs, so a step that is not re-run pr
 import copy
 
 import pytest
-from program_harness import flag_value, runner_call, unwrap
+from program_harness import config_blocks, flag_value, runner_call, unwrap
 
 import platform_gate
 from components.config import parse_stack_config
@@ -173,7 +173,7 @@ def test_a_node_on_another_build_is_refused_naming_the_node_and_the_fact(program
     assert "spark1 has '" in message and f"spark2 has '{other}'" in message
     assert "cannot be acknowledged" in message
     # and nothing lets it pass
-    raw = {k.split(":", 1)[1]: v for k, v in recipe_config.items()}
+    raw = config_blocks(recipe_config)
     raw["platform"] = {"acknowledge": [f"mismatch:{fact}"]}
     with pytest.raises(Exception) as err:
         parse_stack_config(raw)
@@ -217,7 +217,7 @@ def test_a_new_acknowledgement_re_runs_no_step(program, recipe_config, day_one):
     ("driver-590-cudagraph-deadlock", "Input should be a valid list"),
 ])
 def test_platform_acknowledge_is_validated(recipe_config, acknowledge, expected):
-    raw = {k.split(":", 1)[1]: v for k, v in recipe_config.items()}
+    raw = config_blocks(recipe_config)
     raw["platform"] = {"acknowledge": acknowledge}
     with pytest.raises(Exception) as err:
         parse_stack_config(raw)
@@ -226,7 +226,7 @@ def test_platform_acknowledge_is_validated(recipe_config, acknowledge, expected)
 
 @pytest.mark.parametrize("image", ["ghcr.io/a/b@sha256:abc", "ghcr.io/a/b@md5:" + "0" * 64, "ghcr.io/a/b@"])
 def test_serving_image_digest_form_is_validated(recipe_config, image):
-    raw = {k.split(":", 1)[1]: v for k, v in recipe_config.items()}
+    raw = config_blocks(recipe_config)
     raw["serving"]["image"] = image
     with pytest.raises(Exception) as err:
         parse_stack_config(raw)

@@ -17,7 +17,7 @@ import node_contract as contract
 from components import launch_bundle
 from components.config import Serving, Topology, parse_stack_config, resolve_node_addresses
 from components.host_prep import FirewallPolicy, cotenant_slice_path, managed_files, render_cotenant_slice
-from program_harness import stack_config
+from program_harness import config_blocks
 
 LAUNCH = Path(__file__).resolve().parent.parent / "launch"
 GIB_KB = 1024 * 1024
@@ -108,7 +108,7 @@ VALID_BUDGETS = [(0.85, "auto"), (0.7, "auto"), (0.89, "auto"), (0.8, "auto"), (
 
 def drop_in_caps(serving) -> dict[str, int]:
     """MemoryMax (percent) of each co-tenant slice, from the drop-ins HostPrep would write."""
-    cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+    cfg = parse_stack_config(config_blocks())
     files = managed_files(cfg.nodes[0], 9000, FirewallPolicy((22,), ()), None, serving.cotenant_memory_percent)
     caps = {}
     for name in contract.COTENANT_SLICES:
@@ -140,7 +140,7 @@ def test_model_caps_and_headroom_fit_in_a_sparks_memory(total_gib, utilization, 
 
 
 def test_the_env_file_carries_the_budget_the_boot_script_passes_to_the_check():
-    cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+    cfg = parse_stack_config(config_blocks())
     vllm = launch_bundle.VllmServe(cfg.serving, cfg.model, len(cfg.nodes))
     fabric = Topology(cfg, resolve_node_addresses(cfg.nodes)).node_fabric(cfg.nodes[1])
     args = launch_bundle.LaunchBundleArgs(cfg.nodes[1], None, vllm, fabric, "token", "label-key", "sk-key")

@@ -13,7 +13,7 @@ import pytest
 
 import node_contract as contract
 from openai_standin import Behaviour, serve
-from program_harness import unwrap
+from program_harness import ROOT, config_blocks, unwrap
 
 from components import host_prep, launch_bundle, model_weights
 from components.config import CopyRail, parse_stack_config
@@ -21,9 +21,8 @@ from components.client_outputs import render_codex_config, render_codex_model_ca
 from components.readiness import SCRIPT as WAIT_READY, ReadinessArgs, wait_ready_args
 from components.remote import (LAUNCH_DIR, MANAGED_FILE_SCRIPT, ManagedFile, encode_secret, launch_file,
                                managed_file_script, runner_stdin, script_command, script_text)
-from program_harness import ROOT, stack_config
 
-CFG = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+CFG = parse_stack_config(config_blocks())
 
 
 def vllm_of(cfg):

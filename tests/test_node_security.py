@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from program_harness import ROOT, stack_config
+from program_harness import ROOT, config_blocks
 from test_node_artifacts import managed_file_lines, private_node  # noqa: F401 (fixture)
 
 import node_contract as contract
@@ -23,7 +23,7 @@ from components import host_prep, launch_bundle
 from components.config import Topology, parse_stack_config, resolve_node_addresses
 from components.remote import LAUNCH_DIR
 
-CFG = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+CFG = parse_stack_config(config_blocks())
 HEAD, WORKER = CFG.nodes
 API_KEY = "sk-gateway-test-0123456789"
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # the upstream uses the stand-in's Unix server
@@ -135,7 +135,7 @@ def render_with_hosts_file(tmp_path, hosts, node_hosts):
     `host` is `node_hosts`."""
     table = tmp_path / "operator-hosts"
     table.write_text("127.0.0.1 localhost\n" + "".join(f"{ip} {name}\n" for name, ip in hosts))
-    raw = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+    raw = config_blocks()
     for node, host in zip(raw["nodes"], node_hosts):
         node["host"] = host
     (tmp_path / "config.json").write_text(json.dumps(raw))

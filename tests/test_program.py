@@ -5,7 +5,7 @@ import re
 import shlex
 
 import pytest
-from program_harness import flag_value, flag_values, plain_occurrences, runner_call, stack_config, unwrap
+from program_harness import config_blocks, flag_value, flag_values, plain_occurrences, runner_call, stack_config, unwrap
 
 import node_contract as contract
 from components.config import parse_stack_config
@@ -570,9 +570,8 @@ def test_claude_code_env_cannot_run_code_when_sourced(tmp_path, api_key):
     import subprocess
 
     from components.client_outputs import render_claude_code_env
-    from program_harness import stack_config
 
-    cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+    cfg = parse_stack_config(config_blocks())
     env_file = tmp_path / "claude-code.env"
     env_file.write_text(render_claude_code_env(cfg, api_key))
     proc = subprocess.run(["bash", "-c", f'source {shlex.quote(str(env_file))} && printf %s "$ANTHROPIC_AUTH_TOKEN"'],
@@ -697,9 +696,7 @@ def test_config_errors_stop_the_program_before_any_resource(program, recipe_conf
 
 
 def test_recipe_stack_file_is_valid():
-    from program_harness import stack_config
-
-    cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+    cfg = parse_stack_config(config_blocks())
     assert [n.name for n in cfg.nodes] == ["spark1", "spark2"]
 
 

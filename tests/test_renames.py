@@ -6,7 +6,7 @@ import copy
 
 import pulumi
 import pytest
-from program_harness import stack_config
+from program_harness import config_blocks, stack_config
 from ssh_fixtures import pinned
 
 from components.config import parse_stack_config
@@ -89,7 +89,7 @@ def test_a_resource_belongs_to_the_node_with_the_longest_name_it_starts_with():
     assert former_resource_name("weights", nodes) is None
 
 
-BASE = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+BASE = config_blocks()
 
 
 @pytest.mark.parametrize("former, fragments", [

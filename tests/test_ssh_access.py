@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from ssh_fixtures import OTHER_HOST_KEY, TEST_HOST_KEYS, new_key, pinned
-from program_harness import compared_inputs, plain_occurrences, stack_config, unwrap
+from program_harness import compared_inputs, config_blocks, plain_occurrences, stack_config, unwrap
 from ssh_fixtures import DEAD_AGENT_KINDS, Agent, DeadAgent, sshd_argv
 
 import host_keys
@@ -192,7 +192,7 @@ def test_an_agent_socket_that_does_not_answer_stops_before_any_resource(program,
 def test_a_misspelt_passphrase_key_does_not_show_its_value():
     import pulumi
 
-    raw = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+    raw = config_blocks()
     raw["ssh"] = {"user": "nvidia", "privateKeyPasphrase": "hunter2-secret"}
     with pytest.raises(pulumi.RunError) as err:
         parse_stack_config(raw)
@@ -308,7 +308,7 @@ def test_trust_on_first_use_that_cannot_reach_a_node_names_it(program, tmp_path)
 def test_a_malformed_host_key_is_named(key, fragment):
     import pulumi
 
-    raw = {k.split(":", 1)[1]: v for k, v in pinned(stack_config()).items()}
+    raw = config_blocks(pinned(stack_config()))
     raw["nodes"][1]["hostKey"] = key
     with pytest.raises(pulumi.RunError) as err:
         parse_stack_config(raw)
@@ -336,7 +336,7 @@ def test_docker_ssh_options_hold_a_real_ssh_to_the_pinned_key(tmp_path, monkeypa
         agent.add(login, PASSPHRASE)
     argv = sshd_argv(tmp_path, 22, Path(f"{login}.pub"))
     node_key = " ".join((tmp_path / "ssh_host_ed25519_key.pub").read_text().split()[:2])
-    raw = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+    raw = config_blocks()
     raw["ssh"] = {"user": "root", "privateKeyPath": str(login)}
     raw["nodes"] = raw["nodes"][:1]
     raw["serving"] = {**raw["serving"], "recipe": "gpt-oss-120b"}  # one node: a model that fits one Spark

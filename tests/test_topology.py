@@ -12,13 +12,13 @@ import pulumi
 import pytest
 import yaml
 from direct_snapshot import SNAPSHOT, run_stack_file
-from program_harness import flag_value, flag_values, runner_call, stack_config, unwrap
+from program_harness import config_blocks, flag_value, flag_values, runner_call, unwrap
 
 import node_contract as contract
 from components import host_prep
 from components.config import Topology, parse_stack_config, resolve_node_addresses
 
-BASE = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+BASE = config_blocks()
 LAN = {"spark1": "192.168.100.11", "spark2": "192.168.100.12", "spark3": "192.168.100.13"}
 
 

@@ -21,7 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from components import launch_bundle, serving_guard  # noqa: E402
 from components.config import ServingGuard, parse_stack_config  # noqa: E402
-from program_harness import stack_config  # noqa: E402
+from program_harness import config_blocks  # noqa: E402
 
 TINY_MODEL_DIR = "/tmp/tiny-model"  # model.dir; vLLM reads it as model.container_dir (/models/tiny-model)
 # gpt-oss-120b's lines that name its weights or its own parsers -> what the tiny Qwen2 needs
@@ -36,7 +36,7 @@ LEFT_OUT = {
 
 
 def main(out: Path) -> None:
-    raw = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+    raw = config_blocks()
     raw["serving"] = {**raw["serving"], "recipe": "gpt-oss-120b", "profile": "default", "maxModelLen": 4096,
                       "gpuMemoryUtilization": 0.5, "kvCacheDtype": "auto", "extraArgs": ["--load-format", "dummy"]}
     raw["model"] = {**raw["model"], "dir": TINY_MODEL_DIR, "servedName": "tiny", "repo": "openai/gpt-oss-120b"}

@@ -21,7 +21,7 @@ from ops.client_setup import merge_codex_config, setup_clients
 from ops.nodes import NODE_PROBE
 from ops.stream import StreamResult
 from ops.target import Target
-from program_harness import ROOT
+from program_harness import ROOT, config_blocks
 
 LAUNCH = ROOT / "launch"
 
@@ -814,9 +814,8 @@ def test_status_survives_an_unreachable_node(endpoint):
 def stack_outputs_for_tests():
     from components.client_outputs import render_claude_code_env, render_codex_config, render_codex_model_catalog
     from components.config import parse_stack_config
-    from program_harness import stack_config
 
-    cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+    cfg = parse_stack_config(config_blocks())
     return {"codexConfig": render_codex_config(cfg), "codexModelCatalog": render_codex_model_catalog(cfg),
             "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"), "model": "ds-0731",
             "endpoint": "http://192.168.1.10:8000/v1"}

@@ -28,7 +28,7 @@ from ops import bench, upgrade
 from ops.__main__ import build_parser, main as ops_main
 from ops.inputs import ToolError
 from ops.stack import PreviewReport, Writes, apply_writes, cli_value
-from program_harness import ROOT, flag_value, runner_call, stack_config
+from program_harness import ROOT, config_blocks, flag_value, runner_call
 
 GOOD = "ghcr.io/anemll/dspark-vllm-gx10:0.1.1"
 HUB_HEAD = "c" * 40  # the commit an unset model.revision serves, in the fake World
@@ -192,7 +192,7 @@ class ProgramStack(FakeStack):
 
 
 def original_blocks():
-    return {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+    return config_blocks()
 
 
 def pinned_blocks():

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -337,6 +338,21 @@ def hub_commit(stack, repo: str) -> str:
     answer = httpx.get(f"http://127.0.0.1:{port}/api/models/{repo}", timeout=30)
     answer.raise_for_status()
     return answer.json()["sha"]
+
+
+@contextmanager
+def rails_throttled(cluster, node: str, rate: str):
+    """The node's egress on every rail held to `rate` (tc's token bucket): a copy from it is slow
+    enough to be caught in flight."""
+    rails = [rail.iface for rail in cluster.nodes[node].spec.rails]
+    for rail in rails:
+        cluster.in_netns(node, "tc", "qdisc", "add", "dev", rail, "root", "tbf", "rate", rate,
+                         "burst", "256kb", "latency", "400ms")
+    try:
+        yield
+    finally:
+        for rail in rails:
+            cluster.in_netns(node, "tc", "qdisc", "del", "dev", rail, "root", check=False)
 
 
 def urn_of(stack, name: str) -> str:

@@ -18,7 +18,10 @@ import pytest
 import node_contract as contract
 import sim_images
 from conftest import (HEAD, ROOT, STACK, completion, completion_status, containers, flag, guard_verdict, hub_commit,
-                      serving_answers, urn_of, vllm_argv, wait_for)
+                      rails_throttled, serving_answers, urn_of, vllm_argv, wait_for)
+
+INTERRUPTED_COPY_RATE = "50mbit"  # the head's egress on each rail while an up is interrupted mid-copy
+
 
 def test_a_fresh_up_with_the_defaults_serves_through_the_gateway(cluster, stack, deployed, report):
     assert set(deployed.summary) == {"create"}, deployed.summary
@@ -156,7 +159,10 @@ def test_an_up_interrupted_during_the_weight_copy_stops_cleanly_and_the_next_up_
         cluster, stack, deployed, report):
     model_dir = stack_model_dir(stack)
     cluster.ssh("sim2", f"rm -rf {model_dir}")  # docs/operating.md, recovering: weights deleted on a worker
-    run, status = stack.up_interrupted("sim2-weights-sync", "--replace", urn_of(stack, "sim2-weights-sync"))
+    # the copy held to about 5 s (the stack's 64 MiB over two rails at 50 Mbit/s each), so the
+    # signal lands while it runs, not after it finished and the engine started what follows
+    with rails_throttled(cluster, HEAD, INTERRUPTED_COPY_RATE):
+        run, status = stack.up_interrupted("sim2-weights-sync", "--replace", urn_of(stack, "sim2-weights-sync"))
     signal_at = next(i for i, e in enumerate(run.events) if "interrupted" in e)
     started_before = event_urns("resourcePreEvent", run.events[:signal_at])
     report["interrupted_up_s"], report["interrupted_up_exit"] = run.seconds, status

@@ -22,8 +22,8 @@ import pytest
 import node_contract as contract
 import sim_model
 from components import host_prep
-from conftest import (HEAD, WORKER, completion_status, file_state, hub_commit, readiness_s, shim_calls, stored_step,
-                      wait_for)
+from conftest import (HEAD, WORKER, completion_status, file_state, hub_commit, rails_throttled, readiness_s, shim_calls,
+                      stored_step, wait_for)
 from test_engine_sim_weights import (each_rail_rx_bytes, manifest, model_dir, rails_rx_bytes, replace, step_output,
                                      worker_matches_head)
 
@@ -276,11 +276,7 @@ def test_an_interrupted_copy_resumes_through_a_replaced_sync_and_sends_only_what
     total = sum(sizes.values())
     cluster.node_exec(WORKER, "bash", "-c", 'cd "$0" && rm -f -- "$@"', d, *sizes)
     sync = stored_step(stack.export(show_secrets=True), f"{WORKER}-weights-sync")
-    rails = [rail.iface for rail in cluster.nodes[HEAD].spec.rails]
-    for rail in rails:  # the head's egress on each rail: the copy's direction
-        cluster.in_netns(HEAD, "tc", "qdisc", "add", "dev", rail, "root", "tbf", "rate", RESUME_THROTTLE,
-                         "burst", "256kb", "latency", "400ms")
-    try:
+    with rails_throttled(cluster, HEAD, RESUME_THROTTLE):  # the head's egress: the copy's direction
         with open(tmp_path / "said", "w") as said:
             copy = subprocess.Popen(
                 ["ssh", "-i", str(cluster.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
@@ -297,9 +293,6 @@ def test_an_interrupted_copy_resumes_through_a_replaced_sync_and_sends_only_what
             copy.wait()
             cluster.node_exec(HEAD, "pkill", "-KILL", "-u", cluster.cfg.ssh.user, "-x", "rsync", check=False)
             wait_for(lambda: not sync_running_on_head(cluster), 60, "the interrupted copy's end on the head")
-    finally:
-        for rail in rails:
-            cluster.in_netns(HEAD, "tc", "qdisc", "del", "dev", rail, "root", check=False)
     there = shard_bytes(cluster, WORKER, d, list(sizes))
     assert there < total, "the copy finished before it could be interrupted"
     missing = total - there
