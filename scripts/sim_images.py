@@ -256,7 +256,9 @@ class Registry:
                    headers={"Content-Type": "application/octet-stream"})
         manifest["config"].update(digest=digest, size=len(blob))
         variant = json.dumps(manifest).encode()
-        return [self.tag(path, t, variant, kind) for t in tags][0]
+        for name in tags:
+            pushed = self.tag(path, name, variant, kind)
+        return pushed
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
 
 import pulumi
 import pytest
@@ -207,6 +208,20 @@ def serving(output_per_min: str, prompt_per_min: str = "0", running: str = "1"):
             series("vllm:num_requests_running", VLLM, f"{running}x60")]
 
 
+GPU_SPARK2, NODE_SPARK1 = {"job": "gpu", "node": "spark2"}, {"job": "node", "node": "spark1"}
+
+
+def gpu_exporter(collected: str):
+    """spark2's GPU exporter answering, nvidia-smi inside it succeeding (1) or not (0)."""
+    return [series("up", GPU_SPARK2, "1x10"), series("nvidia_smi_last_collect_success", GPU_SPARK2, f"{collected}x10")]
+
+
+def unified_memory(available: str):
+    """spark1's MemAvailable (bytes) of a 128 GB MemTotal."""
+    return [series("node_memory_MemAvailable_bytes", NODE_SPARK1, f"{available}x10"),
+            series("node_memory_MemTotal_bytes", NODE_SPARK1, "128e9x10")]
+
+
 # 75 tok/s is the recipe's single stream (4500 a minute); a 10x drop is 450 a minute
 COLLAPSED = serving("450")
 # (case, alert, input series, eval time, expected alert labels or None for quiet, $value as rendered)
@@ -330,26 +345,17 @@ ALERT_CASES = [
     ("KV cache full: preempting", "TwinsparkPreemptions",
      [series("vllm:num_preemptions_total", VLLM, "0+2x30")], "20m", {"node": "spark1"}, "20"),
     ("no preemption", "TwinsparkPreemptions", [series("vllm:num_preemptions_total", VLLM, "4x30")], "20m", None, ""),
-    ("GPU exporter down", "TwinsparkGpuMetricsMissing",
-     [series("up", {"job": "gpu", "node": "spark2"}, "0x10")], "10m", {"job": "gpu", "node": "spark2"}, ""),
-    ("nvidia-smi failing in the exporter", "TwinsparkGpuMetricsMissing",
-     [series("up", {"job": "gpu", "node": "spark2"}, "1x10"),
-      series("nvidia_smi_last_collect_success", {"job": "gpu", "node": "spark2"}, "0x10")], "10m",
-     {"job": "gpu", "node": "spark2"}, ""),
-    ("GPU metrics flowing", "TwinsparkGpuMetricsMissing",
-     [series("up", {"job": "gpu", "node": "spark2"}, "1x10"),
-      series("nvidia_smi_last_collect_success", {"job": "gpu", "node": "spark2"}, "1x10")], "10m", None, ""),
-    ("unified memory nearly gone", "TwinsparkMemoryLow",
-     [series("node_memory_MemAvailable_bytes", {"job": "node", "node": "spark1"}, "4e9x10"),
-      series("node_memory_MemTotal_bytes", {"job": "node", "node": "spark1"}, "128e9x10")], "10m",
-     {"job": "node", "node": "spark1"}, "3.125%"),
-    ("the model loaded, the rest free", "TwinsparkMemoryLow",
-     [series("node_memory_MemAvailable_bytes", {"job": "node", "node": "spark1"}, "18e9x10"),
-      series("node_memory_MemTotal_bytes", {"job": "node", "node": "spark1"}, "128e9x10")], "10m", None, ""),
+    ("GPU exporter down", "TwinsparkGpuMetricsMissing", [series("up", GPU_SPARK2, "0x10")], "10m", GPU_SPARK2, ""),
+    ("nvidia-smi failing in the exporter", "TwinsparkGpuMetricsMissing", gpu_exporter(collected="0"), "10m",
+     GPU_SPARK2, ""),
+    ("GPU metrics flowing", "TwinsparkGpuMetricsMissing", gpu_exporter(collected="1"), "10m", None, ""),
+    ("unified memory nearly gone", "TwinsparkMemoryLow", unified_memory(available="4e9"), "10m", NODE_SPARK1,
+     "3.125%"),
+    ("the model loaded, the rest free", "TwinsparkMemoryLow", unified_memory(available="18e9"), "10m", None, ""),
 ]
 
 
-def promtool_test(tmp_path, plan, tests) -> "subprocess.CompletedProcess":  # noqa: F821
+def promtool_test(tmp_path, plan, tests) -> subprocess.CompletedProcess:
     (tmp_path / RULES_FILE).write_text(render_alert_rules(plan))
     (tmp_path / "test.yml").write_text(
         yaml.safe_dump({"rule_files": [RULES_FILE], "evaluation_interval": "1m", "tests": tests}, sort_keys=False))

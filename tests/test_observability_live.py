@@ -158,7 +158,6 @@ class Webhook:
 
     def __init__(self):
         owner = self
-        self.bodies: list[dict] = []
         self.received: list[tuple[float, dict]] = []  # (when, body)
 
         class Handler(BaseHTTPRequestHandler):
@@ -166,15 +165,17 @@ class Webhook:
                 pass
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                owner.bodies.append(body)
-                owner.received.append((time.time(), body))
+                owner.received.append((time.time(), json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
                 self.send_response(200)
                 self.end_headers()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook/T0KEN"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def bodies(self) -> list[dict]:
+        return [body for _, body in self.received]
 
 
 GPU_TEXT = "\n".join([  # nvidia_gpu_exporter 1.14's names for what nvidia-smi reports on GB10
@@ -232,6 +233,21 @@ def alerts_named(port: int, name: str) -> list[dict]:
     return [a for a in api(port, "/api/v1/alerts")["data"]["alerts"] if a["labels"]["alertname"] == name]
 
 
+def monitoring_commands(tmp: Path, plan, alertmanager_config: str, *prometheus_flags: str) -> dict[str, list[str]]:
+    """The rendered rules, prometheus.yml and alertmanager.yml written under `tmp`, and the
+    commands that run Debian's Alertmanager and Prometheus on them (loopback, the plan's ports)."""
+    (tmp / "alertmanager.yml").write_text(alertmanager_config)
+    (tmp / "rules").mkdir()
+    (tmp / "rules" / RULES_FILE).write_text(render_alert_rules(plan))
+    (tmp / "prometheus.yml").write_text(render_prometheus_config(plan, rules_dir=str(tmp / "rules")))
+    return {
+        "alertmanager": [ALERTMANAGER, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'am-data'}",
+                         f"--web.listen-address=127.0.0.1:{plan.alertmanager_port}", "--cluster.listen-address="],
+        "prometheus": ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+                       f"--web.listen-address=127.0.0.1:{plan.prometheus_port}", *prometheus_flags],
+    }
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     for tool in ("prometheus", NODE_EXPORTER, ALERTMANAGER):
@@ -259,14 +275,8 @@ def live(tmp_path_factory):
         stage_node(tmp / node.name, mtu_rail1, head=node.role == "head")
         start(staged_node_exporter(node, plan.node_exporter_port, tmp / node.name), f"node-exporter-{node.name}")
     gpus = [StaticExporter(n.rail_ip, plan.gpu_exporter_port, GPU_TEXT) for n in plan.nodes]
-    (tmp / "alertmanager.yml").write_text(render_alertmanager_config(webhook.url, group_wait="1s"))
-    start([ALERTMANAGER, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'am-data'}",
-           f"--web.listen-address=127.0.0.1:{plan.alertmanager_port}", "--cluster.listen-address="], "alertmanager")
-    (tmp / "rules").mkdir()
-    (tmp / "rules" / RULES_FILE).write_text(render_alert_rules(plan))
-    (tmp / "prometheus.yml").write_text(render_prometheus_config(plan, rules_dir=str(tmp / "rules")))
-    start(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-           f"--web.listen-address=127.0.0.1:{plan.prometheus_port}"], "prometheus")
+    for name, argv in monitoring_commands(tmp, plan, render_alertmanager_config(webhook.url, group_wait="1s")).items():
+        start(argv, name)
     stop = threading.Event()
 
     def advance():  # vLLM's counters move, as under load
@@ -390,24 +400,17 @@ def heartbeat(tmp_path):
     webhook = Webhook()
     plan = replace(recipe_plan(alertmanager=True, scrapeIntervalSeconds=1), prometheus_port=free_port(),
                    alertmanager_port=free_port())
-    (tmp_path / "alertmanager.yml").write_text(render_alertmanager_config(webhook.url, "1s", heartbeat=("1s", "2s")))
-    (tmp_path / "rules").mkdir()
-    (tmp_path / "rules" / RULES_FILE).write_text(render_alert_rules(plan))
-    (tmp_path / "prometheus.yml").write_text(render_prometheus_config(plan, rules_dir=str(tmp_path / "rules")))
-    procs = {name: subprocess.Popen(argv, stdout=(tmp_path / f"{name}.log").open("w"), stderr=subprocess.STDOUT)
-             for name, argv in {
-                 "alertmanager": [ALERTMANAGER, f"--config.file={tmp_path / 'alertmanager.yml'}",
-                                  f"--storage.path={tmp_path / 'am-data'}", "--cluster.listen-address=",
-                                  f"--web.listen-address=127.0.0.1:{plan.alertmanager_port}"],
-                 "prometheus": ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                                f"--storage.tsdb.path={tmp_path / 'data'}", "--rules.alert.resend-delay=1s",
-                                f"--web.listen-address=127.0.0.1:{plan.prometheus_port}"]}.items()}
+    commands = monitoring_commands(tmp_path, plan, render_alertmanager_config(webhook.url, "1s", heartbeat=("1s", "2s")),
+                                   "--rules.alert.resend-delay=1s")
+    logs = {name: (tmp_path / f"{name}.log").open("w") for name in commands}
+    procs = {name: subprocess.Popen(argv, stdout=logs[name], stderr=subprocess.STDOUT) for name, argv in commands.items()}
     try:
         yield procs, webhook
     finally:
-        for proc in procs.values():
+        for name, proc in procs.items():
             proc.kill()
             proc.wait(timeout=20)
+            logs[name].close()
         webhook.server.shutdown()
 
 
