@@ -488,8 +488,14 @@ def pin(args) -> int:
 def verify(args) -> int:
     """Exit 0 with the files still to send on stdout (none: complete), or 1 naming each
     mismatch. --repair (a worker before the copy): a wrong file is removed, to be sent again,
-    and a shorter one kept (an interrupted copy, to be appended to and checked whole)."""
+    and a shorter one kept (an interrupted copy, to be appended to and checked whole).
+    --full (ops verify-weights): every file hashed, the record trusted for none — a bit that
+    rots below the filesystem leaves size, mtime, ctime and inode as they were. A file that
+    fails leaves the record, so the next weights step on this node hashes it and repairs it."""
     root, node = Path(args.dir), args.node
+    if not Path(args.manifest).is_file():
+        log(f"FAIL {node}: no manifest at {args.manifest}: no weights step has completed in {root} on this node")
+        return 1
     manifest = json.loads(Path(args.manifest).read_text())
     expected, revision = manifest["files"], manifest["revision"]
     record = read_json(Path(args.record), {"files": {}})
@@ -508,7 +514,7 @@ def verify(args) -> int:
         entry = record["files"].get(rel)
         if not path.is_file():
             need.append(rel)
-        elif unchanged(root, rel, entry) and entry["sha256"] == want["sha256"]:
+        elif not args.full and unchanged(root, rel, entry) and entry["sha256"] == want["sha256"]:
             continue
         elif path.stat().st_size < want["size"] and args.repair:
             need.append(rel)  # partial: the copy appends and checks it whole
@@ -517,8 +523,8 @@ def verify(args) -> int:
         else:
             stale.append(rel)
     digests, total, seconds = hash_all(root, stale, args.jobs)
-    files = {rel: e for rel, e in record["files"].items() if rel in expected and unchanged(root, rel, e)
-             and e["sha256"] == expected[rel]["sha256"]}
+    files = {rel: e for rel, e in record["files"].items() if rel in expected and rel not in digests
+             and unchanged(root, rel, e) and e["sha256"] == expected[rel]["sha256"]}
     for rel, digest in digests.items():
         if digest["sha256"] == expected[rel]["sha256"]:
             files[rel] = {**stat_key(root / rel), "sha256": digest["sha256"]}
@@ -526,7 +532,7 @@ def verify(args) -> int:
             problems.append(f"{node}: {rel}: sha256 {digest['sha256']}, expected {expected[rel]['sha256']} "
                             f"(revision {revision})")
     if stale:
-        log(f"{node}: hashed {len(stale)} changed files: {rate(total, seconds)}")
+        log(f"{node}: hashed {len(stale)} {'files' if args.full else 'changed files'}: {rate(total, seconds)}")
     if args.repair:
         for p in problems:
             rel = p.split(": ", 2)[1]
@@ -534,7 +540,7 @@ def verify(args) -> int:
             (root / rel).unlink()
             need.append(rel)
         problems = []
-    if not args.repair and not problems:
+    if not args.repair:
         problems += [f"{node}: {rel}: missing" for rel in need]
         problems += [f"{node}: {rel}: not in revision {revision}" for rel in extraneous]
     complete = not need and not problems and not extraneous
@@ -615,6 +621,7 @@ def main(argv=None) -> int:
         p.set_defaults(run=run)
     sub.choices["pin"].add_argument("--hub-listing", required=True)
     sub.choices["verify"].add_argument("--repair", action="store_true")
+    sub.choices["verify"].add_argument("--full", action="store_true", help="hash every file, trusting no record")
     p = sub.add_parser("plan")
     for flag in ("--manifest", "--need", "--out-prefix"):
         p.add_argument(flag, required=True)

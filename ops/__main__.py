@@ -1,4 +1,4 @@
-"""python -m ops {status,clear-hold,bench,needle,client-setup,pin-host-keys,upgrade} — see each one's --help."""
+"""python -m ops {status,clear-hold,bench,needle,client-setup,pin-host-keys,upgrade,verify-weights} — see each one's --help."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from types import ModuleType
 from typing import NamedTuple
 
-from . import bench, client_setup, hold, needle, pin_host_keys, status, upgrade
+from . import bench, client_setup, hold, needle, pin_host_keys, status, upgrade, verify_weights
 from .inputs import ToolError
 
 class Tool(NamedTuple):
@@ -24,6 +24,7 @@ TOOLS = {
     "client-setup": Tool(client_setup, "write Codex and Claude Code configs from the stack outputs"),
     "pin-host-keys": Tool(pin_host_keys, "read each node's SSH host key once and pin it in the stack config"),
     "upgrade": Tool(upgrade, "change settings, deploy, gate (readiness, canary, bench), roll back on failure"),
+    "verify-weights": Tool(verify_weights, "hash every weights file on every node again: bit rot named, and its repair"),
 }
 
 

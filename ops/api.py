@@ -90,6 +90,7 @@ class StackOutputs(Lenient):
     endpoint: Optional[str] = None
     apiKey: Optional[str] = None
     model: Optional[str] = None
+    modelDir: Optional[str] = None  # model.dir, the same on every node
     recipe: Optional[str] = None  # serving.recipe, by name (components/recipes.py)
     nodes: Optional[list[Node]] = None
     sshUser: Optional[str] = None

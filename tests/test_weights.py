@@ -242,6 +242,42 @@ def test_fetch_repairs_a_damaged_file_on_the_head(tmp_path, home, hub):
     assert sha256(shard) == manifest(head)["files"][shard.name]["sha256"]
 
 
+def rot_below_the_filesystem(root: Path, rel: str, offset: int) -> None:
+    """A bit flipped with the record made to agree with the file's stat again: what the disk does
+    when a bit rots under the filesystem (size, mtime, ctime and inode all as they were)."""
+    flip_bit(root / rel, offset)
+    record_path = root / contract.WEIGHTS_RECORD
+    record = json.loads(record_path.read_text())
+    st = (root / rel).stat()
+    record["files"][rel].update(size=st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns, ino=st.st_ino)
+    record_path.write_text(json.dumps(record))
+
+
+def weights_verify(head: Head, *flags: str) -> subprocess.CompletedProcess:
+    return sh(sys.executable, ROOT / "launch" / "weights.py", "verify", *flags, "--dir", head.dir,
+              "--manifest", head.dir / contract.WEIGHTS_MANIFEST, "--record", head.dir / contract.WEIGHTS_RECORD,
+              "--node", "spark1", check=False)
+
+
+def test_a_bit_rotten_below_the_filesystem_is_found_only_by_a_full_verify_and_the_next_fetch_repairs_it(
+        tmp_path, home, hub):
+    head, revision = fetched_head(tmp_path, home, hub)
+    rotten = "model-00003-of-00006.safetensors"
+    rot_below_the_filesystem(head.dir, rotten, 777)
+    trusting = weights_verify(head)
+    assert trusting.returncode == 0 and trusting.stdout == "", trusting  # the record vouches for it
+    full = weights_verify(head, "--full")
+    assert full.returncode == 1, full
+    assert f"FAIL spark1: {rotten}: sha256 {sha256(head.dir / rotten)}, expected " in full.stderr, full.stderr
+    assert "spark1: hashed 8 files: " in full.stderr, full.stderr
+    assert rotten not in json.loads((head.dir / contract.WEIGHTS_RECORD).read_text())["files"]
+    # the head's weights step run again (its --replace) hashes what the record no longer vouches for
+    out = fetch(head, revision)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sha256(head.dir / rotten) == manifest(head)["files"][rotten]["sha256"]
+    assert weights_verify(head, "--full").returncode == 0
+
+
 def test_pin_refuses_a_file_the_hub_published_otherwise(tmp_path, home, hub):
     head, revision = fetched_head(tmp_path, home, hub, shards=2)
     listing = json.loads((head.dir / ".twinspark-hub.json").read_text())
@@ -360,7 +396,7 @@ class Pair:
         os.makedirs("/run/sshd", exist_ok=True)
         self.sshd = subprocess.Popen(
             ["ip", "netns", "exec", self.worker_ns, "unshare", "--mount", "--propagation", "private", "sh", "-c",
-             f'mount --bind "$0" "$1" && mount --bind "$2" /root && exec /usr/sbin/sshd -D -e -f "$3"',
+             'mount --bind "$0" "$1" && mount --bind "$2" /root && exec /usr/sbin/sshd -D -e -f "$3"',
              self.worker_dir, head.dir, self.worker_home, tmp / "sshd_config"],
             stdout=open(tmp / "sshd.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 10

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import node_contract as contract
-from conftest import HEAD, WORKER, completion_status, containers, readiness_s, serving_answers, urn_of, wait_for
+from conftest import (HEAD, WORKER, completion_status, containers, ops_access, readiness_s, run_ops, serving_answers,
+                      urn_of, wait_for)
 
 RSYNC_FAULTY = Path(__file__).resolve().parents[1] / "sim" / "faults" / "rsync-faulty"
 
@@ -121,6 +122,38 @@ def test_a_bit_flipped_on_the_head_is_refused_before_it_spreads_and_a_replaced_f
     assert f"FAIL sim1: {needed}: sha256 " in fetched and "match the hub" in fetched, fetched
     assert worker_matches_head(cluster, stack)
     assert serving_answers(stack) == 200
+
+
+def rot_below_the_filesystem(cluster, node: str, model_dir_: str, name: str) -> None:
+    """A bit flipped and the node's record made to agree with the file's stat again: what a disk
+    does when a bit rots under the filesystem (no size, mtime, ctime or inode moves)."""
+    flip_bit(cluster, node, f"{model_dir_}/{name}", 8192)
+    cluster.node_exec(node, "python3", "-c", "import json, os, sys; d, name, rec = sys.argv[1:]; p = f'{d}/{rec}'; "
+                      "r = json.load(open(p)); st = os.stat(f'{d}/{name}'); r['files'][name].update(size=st.st_size, "
+                      "mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns, ino=st.st_ino); json.dump(r, open(p, 'w'))",
+                      model_dir_, name, contract.WEIGHTS_RECORD)
+
+
+def test_a_bit_rotten_below_the_filesystem_is_named_by_verify_weights_and_the_replace_it_prints_repairs_it(
+        cluster, stack, deployed, operator_home, report):
+    d, (_, rotten, *_) = model_dir(stack), shards(cluster, stack)
+    rot_below_the_filesystem(cluster, WORKER, d, rotten)
+    serving, access = serving_containers(cluster), ops_access(cluster, stack.outputs(), operator_home)
+    assert changed(stack.up()) == set()  # no plain `up` reads a file whose stat did not move
+    started = time.monotonic()
+    found = run_ops("verify-weights", *access)
+    report["verify_weights_full_s"] = round(time.monotonic() - started, 2)
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert f"{HEAD}: intact: hashed " in found.stdout and f"{WORKER}: 1 damaged: hashed " in found.stdout, found.stdout
+    assert f"  {WORKER}: {rotten}: sha256 " in found.stdout, found.stdout
+    assert "--replace '<urn of sim2-weights-sync: pulumi stack --show-urns>'" in found.stdout, found.stdout
+    run = replace(stack, "sim2-weights-sync")
+    report["rotten_worker_file_repair_up_s"] = run.seconds
+    assert f"sim2: damaged, sending again: {rotten}: sha256 " in step_output(stack, "sim2-weights-sync")
+    assert worker_matches_head(cluster, stack)
+    again = run_ops("verify-weights", *access)
+    assert again.returncode == 0 and f"{WORKER}: intact" in again.stdout, again.stdout + again.stderr
+    assert serving_containers(cluster) == serving and serving_answers(stack) == 200
 
 
 @pytest.mark.parametrize("fault, message", [("missing", ": missing"), ("truncated", ": 1048576 bytes, expected ")])
