@@ -185,6 +185,7 @@ cluster = ServingCluster(
                 ready_after=[bundles[n.name], weights, nccl],
                 installation=installations[n.name],
                 gateway_hash=bundles[n.name].gateway_hash,
+                executor=cfg.serving.executor,
             )
             for n in cfg.nodes
         ],

@@ -37,6 +37,7 @@ SECRETS_FILE = "secrets.env"
 LAUNCH_VLLM = "launch-vllm.sh"
 PRELUDE = "prelude.sh"  # shared shell helpers: logging, die, flags, cleanup
 MEMBERSHIP_SCRIPT = "ray-membership.py"
+MP_MEMBERSHIP_SCRIPT = "mp-membership.py"  # serving.executor mp: the rank watch in place of Ray's
 BOOT_COMMON = "boot-common.sh"
 RAY_TOKEN_FILE = "ray-token"  # every node, mode 600: Ray's token authentication
 API_GATEWAY_SCRIPT = "api-gateway.sh"  # head: entrypoint of the API gateway container
@@ -83,8 +84,11 @@ CONTAINER_SLICE = "twinspark.slice"  # cgroup parent of the serving containers
 COTENANT_SLICES = ("user.slice", "system.slice")
 
 
-def boot_script(role: str) -> str:
-    return f"boot-{role}.sh"
+
+
+def boot_script(role: str, executor: str = "ray") -> str:
+    """The serving container's entrypoint: Ray's boot scripts, or mp's (no Ray at all)."""
+    return f"boot-{role}.sh" if executor == "ray" else f"boot-{role}-{executor}.sh"
 
 
 # ---- logs (one file per stream, under LOG_DIR) ---------------------------------------------
@@ -104,6 +108,9 @@ SSH_PORT = 22
 RAY_PORT = 6379
 RAY_DASHBOARD_PORT = 8265
 NCCL_RENDEZVOUS_PORT = 29555
+# serving.executor mp: torch.distributed's TCPStore on the head's rank 0, which every node rank
+# joins (`--master-port`; vLLM's own default, vllm/config/parallel.py ParallelConfig.master_port)
+MP_MASTER_PORT = 29501
 # The API gateway (nginx) listens on serving.port on every interface and checks the key on
 # every path but /health. On the head's loopback it also serves vLLM's /metrics alone, on this
 # port, for Prometheus (which itself answers every local process without a key).

@@ -2,11 +2,14 @@
 
 Creates, per node, one idempotent remote command per file under BUNDLE_DIR (managed files):
 - launch-vllm.sh   the single source of truth for vLLM parameters, rendered with literal
-                   values in the recipe's layout (profile + serving.extraArgs)
+                   values in the recipe's layout (profile + serving.extraArgs); with
+                   serving.executor mp, this node's rank among vLLM's nodes (workers: --headless)
 - prelude.sh, boot-common.sh, boot-head.sh, boot-worker.sh, ray-membership.py,
-  memory-check.py   from launch/
+  memory-check.py   from launch/ (serving.executor mp: boot-head-mp.sh, boot-worker-mp.sh and
+                   mp-membership.py in place of the Ray ones)
 - twinspark.env    the recipe's environment list, this node's identity and the on-node contract
-- ray-token        mode 600: Ray's token authentication (every ray process and client reads it)
+- ray-token        mode 600: Ray's token authentication (every ray process and client reads it);
+                   not with serving.executor mp, which runs no Ray
 - secrets.env      head only, mode 600: VLLM_API_KEY, which the API gateway checks
 - api-gateway.sh, api-gateway.conf   head only: nginx in front of vLLM, the key on every path
 Exposes `content_hash` and `gateway_hash`: the containers carry them in a label, so a
@@ -29,8 +32,14 @@ from .config import ModelConfig, Node, NodeFabric, Serving
 from .recipes import serve_lines
 from .remote import ManagedFile, files_hash, launch_file, managed_file_commands
 
-STATIC_FILES = (contract.PRELUDE, contract.BOOT_COMMON, contract.boot_script("head"), contract.boot_script("worker"),
-                contract.MEMBERSHIP_SCRIPT, contract.MEMORY_CHECK_SCRIPT)
+
+def static_files(executor: str) -> tuple[str, ...]:
+    """The launch/ files a node's bundle holds: the boot scripts and membership watch of its executor."""
+    membership = contract.MEMBERSHIP_SCRIPT if executor == "ray" else contract.MP_MEMBERSHIP_SCRIPT
+    return (contract.PRELUDE, contract.BOOT_COMMON, contract.boot_script("head", executor),
+            contract.boot_script("worker", executor), membership, contract.MEMORY_CHECK_SCRIPT)
+
+
 # Ray spawns its workers with oom_score_adj 1000: first in line for the kernel OOM killer,
 # and one dead TP rank kills the engine (recipe gotcha 13). 0 = an ordinary process.
 WORKER_OOM_SCORE_ADJUSTMENT = 0
@@ -47,6 +56,35 @@ class VllmServe:
 
 
 @dataclass(frozen=True)
+class MpRank:
+    """serving.executor mp: where this node stands among vLLM's nodes (one GPU, one global rank each)."""
+
+    node_rank: int  # the head is 0
+    nnodes: int
+    master_addr: str  # the head's address on the rails, where rank 0's TCPStore listens
+
+
+def mp_rank(fabric: NodeFabric) -> MpRank:
+    """The head first (rank 0, vLLM's API server), then the workers in config order."""
+    order = [fabric.head_ray_ip, *(ip for ip in fabric.node_ray_ips if ip != fabric.head_ray_ip)]
+    return MpRank(order.index(fabric.ray_ip), len(order), fabric.head_ray_ip)
+
+
+def executor_args(executor: str, rank: Optional[MpRank]) -> list[list[str]]:
+    """`--distributed-executor-backend` and, for mp, the node-rank flags (vllm/engine/arg_utils.py)."""
+    if executor == "ray":
+        return [["--distributed-executor-backend", "ray"]]
+    assert rank is not None, "serving.executor mp renders one launch file per node rank"
+    return [
+        ["--distributed-executor-backend", "mp"],
+        ["--nnodes", str(rank.nnodes), "--node-rank", str(rank.node_rank), "--master-addr", rank.master_addr,
+         "--master-port", str(contract.MP_MASTER_PORT)],
+        # every rank but 0 runs no API server: it joins rank 0's process group and serves its GPU
+        *([["--headless"]] if rank.node_rank else []),
+    ]
+
+
+@dataclass(frozen=True)
 class LaunchBundleArgs:
     node: Node
     connection: remote.ConnectionArgs
@@ -57,9 +95,10 @@ class LaunchBundleArgs:
     api_key: Optional[pulumi.Input[str]]  # the head's secrets.env; None on workers
 
 
-def vllm_serve_args(vllm: VllmServe) -> list[list[str]]:
+def vllm_serve_args(vllm: VllmServe, rank: Optional[MpRank] = None) -> list[list[str]]:
     """`vllm serve` arguments grouped as the recipe writes them, one group per line: what
-    twinspark owns first, then the recipe's (components/recipes.py), serving.extraArgs last."""
+    twinspark owns first, then the recipe's (components/recipes.py), serving.extraArgs last.
+    `rank`: this node's, with serving.executor mp (every rank gets the same engine flags)."""
     s, m = vllm.serving, vllm.model
     lines = [
         ["vllm", "serve", m.container_dir],
@@ -69,7 +108,7 @@ def vllm_serve_args(vllm: VllmServe) -> list[list[str]]:
         ["--tensor-parallel-size", str(vllm.tensor_parallel_size)],
         # only where PP is used: a stack without it keeps the recipe's argv (§4) and its launch file
         *([["--pipeline-parallel-size", str(vllm.pipeline_parallel_size)]] if vllm.pipeline_parallel_size > 1 else []),
-        ["--distributed-executor-backend", "ray"],
+        *executor_args(s.executor, rank),
         *serve_lines(s.recipe_spec, s.profile, kv_cache_dtype=s.kv_cache_dtype, max_model_len=s.max_model_len,
                      gpu_memory_utilization=s.gpu_memory_utilization),
     ]
@@ -78,13 +117,13 @@ def vllm_serve_args(vllm: VllmServe) -> list[list[str]]:
     return lines
 
 
-def vllm_argv(vllm: VllmServe) -> list[str]:
+def vllm_argv(vllm: VllmServe, rank: Optional[MpRank] = None) -> list[str]:
     """The exact argv vLLM must be started with (what a fake `vllm` on PATH records)."""
-    return [token for line in vllm_serve_args(vllm) for token in line][1:]
+    return [token for line in vllm_serve_args(vllm, rank) for token in line][1:]
 
 
-def render_launch_vllm(vllm: VllmServe) -> str:
-    command = " \\\n  ".join(" ".join(shlex.quote(t) for t in line) for line in vllm_serve_args(vllm))
+def render_launch_vllm(vllm: VllmServe, rank: Optional[MpRank] = None) -> str:
+    command = " \\\n  ".join(" ".join(shlex.quote(t) for t in line) for line in vllm_serve_args(vllm, rank))
     return f"""#!/usr/bin/env bash
 # {contract.LAUNCH_VLLM} — rendered by twinspark; profile: {vllm.serving.profile}.
 # The single source of truth for vLLM parameters. Change them in the stack config
@@ -99,6 +138,13 @@ exec {command}
 
 def render_env_file(args: LaunchBundleArgs) -> str:
     node, fabric = args.node, args.fabric
+    ray = args.vllm.serving.executor == "ray"
+    # serving.executor mp: the rank watch in place of Ray's membership, and no Ray at all
+    mp_entries = [] if ray else [
+        ("TWINSPARK_MP_MEMBERSHIP_SCRIPT", contract.MP_MEMBERSHIP_SCRIPT),
+        ("# vLLM's master port: rank 0's TCPStore on the head's rail address, which every node rank joins", None),
+        ("TWINSPARK_MP_MASTER_PORT", str(contract.MP_MASTER_PORT)),
+    ]
     entries = [
         ("# identity of this node in the cluster", None),
         ("TWINSPARK_NODE_NAME", node.name),
@@ -112,7 +158,7 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_BOOT_LOG", contract.boot_log(node.role)),
         ("TWINSPARK_VLLM_LOG", contract.VLLM_LOG),
         ("TWINSPARK_LAUNCH_VLLM", contract.LAUNCH_VLLM),
-        ("TWINSPARK_MEMBERSHIP_SCRIPT", contract.MEMBERSHIP_SCRIPT),
+        *([("TWINSPARK_MEMBERSHIP_SCRIPT", contract.MEMBERSHIP_SCRIPT)] if ray else mp_entries),
         ("# memory before load: the node's memory budget (what vLLM takes, the co-tenant slices' caps),", None),
         ("# where the model is, where the verdict goes, where the host's cgroup tree is mounted", None),
         ("TWINSPARK_MEMORY_CHECK_SCRIPT", contract.MEMORY_CHECK_SCRIPT),
@@ -120,8 +166,7 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_MODEL_DIR", args.vllm.model.container_dir),
         *args.vllm.serving.memory_budget.env_entries(),
         ("TWINSPARK_HOST_CGROUP_DIR", contract.HOST_CGROUP_DIR),
-        ("RAY_PORT", str(contract.RAY_PORT)),
-        ("RAY_DASHBOARD_PORT", str(contract.RAY_DASHBOARD_PORT)),
+        *([("RAY_PORT", str(contract.RAY_PORT)), ("RAY_DASHBOARD_PORT", str(contract.RAY_DASHBOARD_PORT))] if ray else []),
         ("TWINSPARK_API_GATEWAY_CONF", contract.API_GATEWAY_CONF),
         ("TWINSPARK_API_GATEWAY_LOG", contract.API_GATEWAY_LOG),
         ("TWINSPARK_API_GATEWAY_RUN_DIR", contract.API_GATEWAY_RUN_DIR),
@@ -129,9 +174,10 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_VLLM_SOCKET_DIR", contract.VLLM_SOCKET_DIR),
         ("TWINSPARK_VLLM_SOCKET", contract.VLLM_SOCKET),
         ("TWINSPARK_API_SOCKET_GROUP", contract.API_SOCKET_GROUP),
-        ("# Ray's token authentication: every ray start, driver and client (docker exec too)", None),
-        *contract.ray_auth_env().items(),
-        (f"# vLLM must see the address Ray knows this node by ({fabric.ray_ip_origin})", None),
+        *([("# Ray's token authentication: every ray start, driver and client (docker exec too)", None),
+           *contract.ray_auth_env().items()] if ray else []),
+        (f"# vLLM must see the address Ray knows this node by ({fabric.ray_ip_origin})" if ray else
+         f"# the address vLLM's message queues announce to the other ranks ({fabric.ray_ip_origin})", None),
         ("VLLM_HOST_IP", fabric.ray_ip),
         ("# the recipe's environment (§1, §4)", None),
         ("NCCL_IB_HCA", ",".join(r.hca for r in node.rails)),
@@ -139,14 +185,14 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("NCCL_SOCKET_IFNAME", fabric.bootstrap_iface),
         ("GLOO_SOCKET_IFNAME", fabric.bootstrap_iface),
         *fabric.nccl_env,
-        ("RAY_memory_monitor_refresh_ms", "0"),
-        ("RAY_DISABLE_MEMORY_MONITOR", "1"),
+        *([("RAY_memory_monitor_refresh_ms", "0"), ("RAY_DISABLE_MEMORY_MONITOR", "1")] if ray else []),
         *args.vllm.serving.recipe_spec.env.items(),  # the model recipe's (recipes/)
         ("HF_HUB_OFFLINE", "1"),
         ("# compile and kernel caches on the host: a replaced container starts warm", None),
         *contract.compile_cache_env().items(),
-        ("# Ray model workers are not the kernel OOM killer's first victims (gotcha 13)", None),
-        ("RAY_worker_oom_score_adjustment", str(WORKER_OOM_SCORE_ADJUSTMENT)),
+        # (mp's workers are the engine's own children: they inherit its oom_score_adj, 0)
+        *([("# Ray model workers are not the kernel OOM killer's first victims (gotcha 13)", None),
+           ("RAY_worker_oom_score_adjustment", str(WORKER_OOM_SCORE_ADJUSTMENT))] if ray else []),
     ]
     lines = [f"# {contract.ENV_FILE} — {node.name} ({node.role}); rendered by twinspark"]
     lines += [key if value is None else f"{key}={value}" for key, value in entries]
@@ -235,10 +281,13 @@ def bundle_file(name: str, content: pulumi.Input[str], mode: str) -> ManagedFile
 
 def bundle_files(args: LaunchBundleArgs) -> list[ManagedFile]:
     """Every bundle file of the node; the secret ones last."""
-    files = [bundle_file(contract.LAUNCH_VLLM, render_launch_vllm(args.vllm), "0755")]
-    files += [bundle_file(name, launch_file(name), "0755") for name in STATIC_FILES]
+    executor = args.vllm.serving.executor
+    rank = mp_rank(args.fabric) if executor == "mp" else None
+    files = [bundle_file(contract.LAUNCH_VLLM, render_launch_vllm(args.vllm, rank), "0755")]
+    files += [bundle_file(name, launch_file(name), "0755") for name in static_files(executor)]
     files.append(bundle_file(contract.ENV_FILE, render_env_file(args), "0644"))
-    files.append(bundle_file(contract.RAY_TOKEN_FILE, pulumi.Output.secret(args.ray_token), "0600"))
+    if executor == "ray":
+        files.append(bundle_file(contract.RAY_TOKEN_FILE, pulumi.Output.secret(args.ray_token), "0600"))
     return files
 
 

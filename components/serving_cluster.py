@@ -56,6 +56,7 @@ class NodeServingArgs:
     ready_after: Sequence[pulumi.Resource]  # bundle files, weights, NCCL check
     installation: pulumi.Resource  # the node as installed (remote.node_installation): a reinstall recreates
     gateway_hash: Optional[pulumi.Input[str]] = None  # head: the API gateway's files and key
+    executor: str = "ray"  # serving.executor: which boot scripts are the entrypoint
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def common_args(node: NodeServingArgs, entrypoint: str, label: pulumi.Input[str]
 def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
     """Every docker option of the recipe (§4): host network and IPC, all GPUs, RDMA devices."""
     # SIGTERM: vLLM (PID 1 on the head) drains and exits; the boot scripts leave Ray at once
-    base = common_args(node, contract.boot_script(node.role), node.bundle_hash, "SIGTERM")
+    base = common_args(node, contract.boot_script(node.role, node.executor), node.bundle_hash, "SIGTERM")
     return dict(
         base,
         name=contract.SERVING_CONTAINER,
@@ -109,7 +110,8 @@ def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
         capabilities=docker.ContainerCapabilitiesArgs(adds=contract.CAPABILITIES),
         devices=[docker.ContainerDeviceArgs(host_path=dev, container_path=dev) for dev in contract.DEVICES],
         # `docker exec` (the day-2 tools) gets these too: Ray refuses clients without the token
-        envs=[f"{name}={value}" for name, value in contract.ray_auth_env().items()],
+        # (serving.executor mp runs no Ray)
+        envs=[f"{name}={value}" for name, value in contract.ray_auth_env().items()] if node.executor == "ray" else [],
         mounts=[
             docker.ContainerMountArgs(type="bind", source=args.model_dir, target=args.model_container_dir, read_only=True),
             *base["mounts"],

@@ -27,7 +27,14 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
     "--kv-cache-dtype": "set serving.kvCacheDtype",
     "--tensor-parallel-size": "set serving.tensorParallel (tensorParallel × pipelineParallel = the node count)",
     "--pipeline-parallel-size": "set serving.pipelineParallel (tensorParallel × pipelineParallel = the node count)",
-    "--distributed-executor-backend": "multi-node TP runs on Ray",
+    "--distributed-executor-backend": "set serving.executor (ray or mp)",
+    # serving.executor mp: the node ranks and the head's address are the node list's
+    "--nnodes": "the node count, with serving.executor mp",
+    "--node-rank": "each node's rank, from the node list (the head is 0), with serving.executor mp",
+    "--master-addr": "the head's rail address, with serving.executor mp",
+    "--master-port": "twinspark's (node_contract.MP_MASTER_PORT), with serving.executor mp",
+    "--headless": "every worker runs headless with serving.executor mp; the head serves the API",
+    "--data-parallel-backend": "data parallelism is not a supported setting: TP × PP spans every node",
     "--api-key": "set twinspark:apiKey, a secret; as a flag it would show in argv and state",
     "--config": "it reads more flags from a file, where twinspark cannot check them; list them in serving.extraArgs",
     # what would blind the monitoring and the guard, which read vLLM's /metrics
@@ -42,13 +49,23 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
 # '.key' into a JSON flag, an optional '=value'.
 _FLAG = re.compile(r"--(?P<name>[a-z0-9][a-z0-9_-]*)(?P<key>\.[A-Za-z0-9_.-]+)?(?P<value>=.*)?", re.S)
 # vLLM's single-dash aliases of refused flags (every other single-dash token is refused as no '--flag')
-SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size"}
+SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size",
+               "-n": "--nnodes", "-r": "--node-rank"}
 _SHORT_FLAG = re.compile(r"(?P<name>-[a-z]+)(?P<value>=.*)?", re.S)
 
 
-def refused_flags(recipe: recipes.Recipe) -> dict[str, str]:
-    """What extraArgs may not set: what twinspark's keys own, and every flag `recipe` renders."""
-    refused = dict(FLAGS_NOT_IN_EXTRA_ARGS)
+# What vLLM refuses without Ray (vllm/config/parallel.py ParallelConfig._verify_args), refused in
+# extraArgs with serving.executor mp before any resource rather than by the engine on the nodes.
+RAY_ONLY_FLAGS = {
+    "--ray-workers-use-nsight": "vLLM refuses it unless the workers run on Ray ('Unable to use nsight profiling "
+    "unless workers run with Ray'); serving.executor is mp",
+}
+
+
+def refused_flags(recipe: recipes.Recipe, executor: str = "ray") -> dict[str, str]:
+    """What extraArgs may not set: what twinspark's keys own, every flag `recipe` renders, and
+    with serving.executor mp what vLLM takes only with Ray."""
+    refused = dict(FLAGS_NOT_IN_EXTRA_ARGS, **(RAY_ONLY_FLAGS if executor == "mp" else {}))
     profiles = " or ".join(repr(p) for p in recipe.profiles)
     for flag in recipes.rendered_flags(recipe):
         refused.setdefault(flag, f"set by serving.profile of recipe {recipe.name}, which is not meant to be "

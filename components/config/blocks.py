@@ -187,6 +187,11 @@ class Serving(Contract):
         description="`--pipeline-parallel-size`: stages the layers are split over (`--pipeline-parallel-size` is "
         "passed only above 1); what 3 nodes need for a model TP=3 cannot split (the config check lists the layouts "
         "that work)")
+    executor: Literal["ray", "mp"] = Field(
+        default="ray",
+        description="vLLM's executor across the nodes: `ray` (the recipe's: a Ray cluster whose membership the "
+        "workers watch) or `mp` (vLLM's multiprocessing executor, no Ray: the head serves with `--nnodes/--node-rank "
+        "0/--master-addr`, each worker runs `--headless`; see docs/architecture.md, The mp executor)")
     readiness_timeout_minutes: Integer = Field(
         default=20, ge=1, le=240, description="how long `pulumi up` waits for the endpoint to answer")
     gpu_clock_cap_mhz: Optional[Integer] = Field(
@@ -240,8 +245,9 @@ class Serving(Contract):
 
     @property
     def refused_flags(self) -> dict[str, str]:
-        """What extraArgs may not set: what twinspark's keys own, and every flag the recipe renders."""
-        return vllm_flags.refused_flags(self.recipe_spec)
+        """What extraArgs may not set: what twinspark's keys own, every flag the recipe renders, and
+        what vLLM's executor (serving.executor) refuses."""
+        return vllm_flags.refused_flags(self.recipe_spec, self.executor)
 
     @property
     def memory_budget(self) -> MemoryBudget:

@@ -235,6 +235,7 @@ PORTS_IN_USE = (
     ((contract.METRICS_LOOPBACK_PORT,) * 2, "the API gateway's, for vLLM's /metrics on loopback"),
     (contract.RAY_WORKER_PORTS, "one of Ray's worker ports"),
     ((contract.NCCL_RENDEZVOUS_PORT,) * 2, "NcclCheck's NCCL rendezvous"),
+    ((contract.MP_MASTER_PORT,) * 2, "vLLM's master port (serving.executor mp: the head's rank 0, on the rails)"),
     ((contract.WEIGHTS_SYNC_PORT,) * 2, "the weight copy's rsync daemons' (on the rail addresses)"),
     (contract.EPHEMERAL_PORTS, "in the kernel's ephemeral range, where Ray's raylet and agents, NCCL and vLLM pick "
      "random ports"),
