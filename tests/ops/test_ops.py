@@ -15,7 +15,7 @@ import node_contract as contract
 from rich.console import Console
 
 from openai_standin import Behaviour, serve
-from ops import bench, needle, status
+from ops import bench, bench_compare, bench_load, needle, status
 from ops.__main__ import build_parser, main as ops_main
 from ops.client_setup import merge_codex_config, setup_clients
 from ops.nodes import NODE_PROBE
@@ -49,10 +49,10 @@ def test_stream_result_figures_are_exact():
 
 def test_aggregate_and_percentiles_are_exact():
     results = [StreamResult(0.0, 0.1, 2.0, 100, None, ""), StreamResult(0.5, 0.6, 4.0, 100, None, "")]
-    assert bench.aggregate_tok_s(results) == 50.0  # 200 tokens over 4 s of wall time
-    assert bench.percentile([1, 2, 3, 4], 50) == 2.5
-    assert bench.percentile([1, 2, 3, 4], 99) == pytest.approx(3.97)
-    assert bench.percentile([], 50) is None
+    assert bench_load.aggregate_tok_s(results) == 50.0  # 200 tokens over 4 s of wall time
+    assert bench_load.percentile([1, 2, 3, 4], 50) == 2.5
+    assert bench_load.percentile([1, 2, 3, 4], 99) == pytest.approx(3.97)
+    assert bench_load.percentile([], 50) is None
 
 
 def test_compare_flags_a_tcp_fallback_as_a_regression():
@@ -60,12 +60,12 @@ def test_compare_flags_a_tcp_fallback_as_a_regression():
         return {"single_stream": {"decode_tok_s": decode}, "concurrent": {"aggregate_tok_s": 80.0},
                 "long_prompt": {"ttft_s": ttft, "prefill_tok_s": 1700.0}, "sweep": []}
 
-    rows = {r["metric"]: r for r in bench.compare(result(27.3, 4.3), result(74.8, 4.26))}
+    rows = {r["metric"]: r for r in bench_compare.compare(result(27.3, 4.3), result(74.8, 4.26))}
     assert rows["single_stream.decode_tok_s"]["regression"] is True
     assert rows["single_stream.decode_tok_s"]["change"] == pytest.approx(27.3 / 74.8 - 1)
     assert rows["long_prompt.ttft_s"]["regression"] is False  # +1% is inside 10%
     assert rows["concurrent.aggregate_tok_s"]["regression"] is False
-    worse_ttft = {r["metric"]: r for r in bench.compare(result(74.8, 6.0), result(74.8, 4.26))}
+    worse_ttft = {r["metric"]: r for r in bench_compare.compare(result(74.8, 6.0), result(74.8, 4.26))}
     # one request: shown with its change, never a gate
     assert worse_ttft["long_prompt.ttft_s"]["gated"] is False and worse_ttft["long_prompt.ttft_s"]["regression"] is False
     assert worse_ttft["long_prompt.ttft_s"]["change"] == pytest.approx(6.0 / 4.26 - 1)
@@ -83,21 +83,21 @@ def test_compare_allows_each_figure_the_spread_of_its_repeats_and_no_p99_of_few_
                 "sweep": [row]}
 
     # the case: TTFT +11% between two runs whose own repeats spread by 20%: noise, not a regression
-    rows = {r["metric"]: r for r in bench.compare(result([70, 71, 72], [0.08, 0.09, 0.096]),
+    rows = {r["metric"]: r for r in bench_compare.compare(result([70, 71, 72], [0.08, 0.09, 0.096]),
                                                   result([70, 71, 72], [0.072, 0.081, 0.088]))}
     assert rows["sweep[c=4].ttft_p50_s"]["change"] == pytest.approx(0.09 / 0.081 - 1)
     assert rows["sweep[c=4].ttft_p50_s"]["regression"] is False
     assert rows["sweep[c=4].ttft_p50_s"]["allowed"] == pytest.approx(2 * 0.016 / 0.081)
     assert rows["sweep[c=4].ttft_p99_s"]["gated"] is False and "p99 of 4 requests" in rows["sweep[c=4].ttft_p99_s"]["why_not"]
     # steady repeats: the tolerance is the bound, and a shift beyond it is a regression
-    rows = {r["metric"]: r for r in bench.compare(result([70, 71, 72], [0.100, 0.101, 0.102]),
+    rows = {r["metric"]: r for r in bench_compare.compare(result([70, 71, 72], [0.100, 0.101, 0.102]),
                                                   result([70, 71, 72], [0.080, 0.081, 0.082]))}
     assert rows["sweep[c=4].ttft_p50_s"]["allowed"] == pytest.approx(0.10) and rows["sweep[c=4].ttft_p50_s"]["regression"]
     # decode: the median of the runs, 4x slower is far beyond any spread
-    rows = {r["metric"]: r for r in bench.compare(result([17, 18, 18.5], [0.08] * 3), result([70, 71, 72], [0.08] * 3))}
+    rows = {r["metric"]: r for r in bench_compare.compare(result([17, 18, 18.5], [0.08] * 3), result([70, 71, 72], [0.08] * 3))}
     assert rows["single_stream.decode_tok_s"]["current"] == 18 and rows["single_stream.decode_tok_s"]["regression"]
     # enough requests per repeat: p99 is gated too
-    rows = {r["metric"]: r for r in bench.compare(result([70] * 3, [0.2] * 3, 20), result([70] * 3, [0.1] * 3, 20))}
+    rows = {r["metric"]: r for r in bench_compare.compare(result([70] * 3, [0.2] * 3, 20), result([70] * 3, [0.1] * 3, 20))}
     assert rows["sweep[c=4].ttft_p99_s"]["gated"] and rows["sweep[c=4].ttft_p99_s"]["regression"]
 
 
@@ -105,7 +105,7 @@ def test_compare_allows_each_figure_the_spread_of_its_repeats_and_no_p99_of_few_
 def test_bench_measures_the_known_rates(endpoint, tmp_path):
     behaviour, target = endpoint
     behaviour.decode_tok_s, behaviour.prefill_tok_s, behaviour.base_latency_s = 100.0, 20000.0, 0.05
-    plan = bench.BenchPlan(single_runs=3, single_max_tokens=41, concurrency=4, long_prompt_tokens=7000,
+    plan = bench_load.BenchPlan(single_runs=3, single_max_tokens=41, concurrency=4, long_prompt_tokens=7000,
                            sweep=(1, 3), sweep_requests_per_level=2, sweep_input_tokens=400, sweep_output_tokens=21)
     out = tmp_path / "result.json"
     assert bench.run_bench(target, plan, str(out), None, 0.1, quiet()) == 0
@@ -117,7 +117,7 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
     assert 4 * 60 * 0.6 <= result["concurrent"]["aggregate_tok_s"] <= 4 * 100 * 1.01
     lp = result["long_prompt"]
     long_request = next(r.body for r in behaviour.requests if r.body["max_tokens"] == 1)
-    assert long_request["messages"][0]["content"].endswith(bench.filler_text(7000) + "\nSummarize the code above.")
+    assert long_request["messages"][0]["content"].endswith(bench_load.filler_text(7000) + "\nSummarize the code above.")
     assert lp["prompt_tokens"] == len(long_request["messages"][0]["content"]) // 4
     expected_ttft = 0.05 + lp["prompt_tokens"] / 20000.0
     assert expected_ttft * 0.99 <= lp["ttft_s"] <= expected_ttft + 0.3
@@ -137,7 +137,7 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
 
 def test_bench_compare_exit_code(endpoint, tmp_path):
     behaviour, target = endpoint
-    plan = bench.BenchPlan(single_runs=1, single_max_tokens=11, concurrency=1, long_prompt_tokens=100, sweep=(1,),
+    plan = bench_load.BenchPlan(single_runs=1, single_max_tokens=11, concurrency=1, long_prompt_tokens=100, sweep=(1,),
                            sweep_requests_per_level=1, sweep_input_tokens=50, sweep_output_tokens=5)
     base = tmp_path / "baseline.json"
     bench.run_bench(target, plan, str(base), None, 0.1, quiet())
@@ -158,28 +158,28 @@ def test_compare_with_recipe_flags_only_a_shortfall_beyond_the_band():
     seed = recipes.recipe_named("DeepSeek-V4-Flash-0731")  # 74.8 tok/s, 82.6 tok/s at 4-way, TTFT 4.26 s
     # the seed's own figures, and a run 15% short on each: inside the 20% band
     for scale in (1.0, 0.85):
-        rows = bench.compare_with_recipe(recipe_result([74.8 * scale] * 3, 82.6 * scale, 4.26 / scale), seed)
+        rows = bench_compare.compare_with_recipe(recipe_result([74.8 * scale] * 3, 82.6 * scale, 4.26 / scale), seed)
         assert [r["metric"] for r in rows] == ["single_stream.decode_tok_s", "concurrent.aggregate_tok_s",
                                                "long_prompt.ttft_s"]
         assert not any(r["regression"] for r in rows) and all(r["gated"] for r in rows)
     # NCCL over TCP: decode at the no-spec floor; TTFT 30% late; the 4-way 25% short
-    rows = {r["metric"]: r for r in bench.compare_with_recipe(recipe_result([27.2, 27.3, 27.4], 62.0, 5.54), seed)}
+    rows = {r["metric"]: r for r in bench_compare.compare_with_recipe(recipe_result([27.2, 27.3, 27.4], 62.0, 5.54), seed)}
     assert rows["single_stream.decode_tok_s"]["regression"] and rows["single_stream.decode_tok_s"]["current"] == 27.3
     assert rows["long_prompt.ttft_s"]["regression"] and rows["concurrent.aggregate_tok_s"]["regression"]
-    assert rows["single_stream.decode_tok_s"]["allowed"] == pytest.approx(bench.RECIPE_TOLERANCE)
+    assert rows["single_stream.decode_tok_s"]["allowed"] == pytest.approx(bench_compare.RECIPE_TOLERANCE)
     assert "seed" in rows["single_stream.decode_tok_s"]["source"]
     # far faster than published, or sooner: never a regression
-    assert not any(r["regression"] for r in bench.compare_with_recipe(recipe_result([300.0] * 3, 900.0, 0.1), seed))
+    assert not any(r["regression"] for r in bench_compare.compare_with_recipe(recipe_result([300.0] * 3, 900.0, 0.1), seed))
     # a run whose own repeats spread widely is allowed twice its spread: 50-70 around 60 is -20%, noise
-    rows = {r["metric"]: r for r in bench.compare_with_recipe(recipe_result([50.0, 60.0, 70.0], 82.6, 4.26), seed)}
+    rows = {r["metric"]: r for r in bench_compare.compare_with_recipe(recipe_result([50.0, 60.0, 70.0], 82.6, 4.26), seed)}
     assert rows["single_stream.decode_tok_s"]["allowed"] == pytest.approx(2 * 20 / 74.8)
     assert not rows["single_stream.decode_tok_s"]["regression"]
     # a narrower band, asked for: the 15% shortfall is one
-    rows = bench.compare_with_recipe(recipe_result([74.8 * 0.85] * 3, 82.6, 4.26), seed, tolerance=0.10)
+    rows = bench_compare.compare_with_recipe(recipe_result([74.8 * 0.85] * 3, 82.6, 4.26), seed, tolerance=0.10)
     assert rows[0]["regression"]
     # a figure the recipe does not publish is not compared (GLM has no TTFT at 7k)
     glm = recipes.recipe_named("GLM-5.3-Flash-NVFP4")
-    assert [r["metric"] for r in bench.compare_with_recipe(recipe_result([40.0] * 3, 70.0, 9.0), glm)] == [
+    assert [r["metric"] for r in bench_compare.compare_with_recipe(recipe_result([40.0] * 3, 70.0, 9.0), glm)] == [
         "single_stream.decode_tok_s", "concurrent.aggregate_tok_s"]
 
 
@@ -253,7 +253,7 @@ def test_two_runs_of_an_unchanged_server_never_disagree_and_a_4x_slower_decode_a
     behaviour, target = endpoint
     behaviour.decode_tok_s = 400.0  # small and quick: about a second a run
     behaviour.ttft_jitter_s = 0.005  # up to +25% on a 21 ms TTFT, per request: the noise two real runs show
-    plan = bench.BenchPlan(single_runs=3, single_max_tokens=16, concurrency=2, long_prompt_tokens=200, sweep=(1, 2),
+    plan = bench_load.BenchPlan(single_runs=3, single_max_tokens=16, concurrency=2, long_prompt_tokens=200, sweep=(1, 2),
                            sweep_requests_per_level=2, sweep_input_tokens=100, sweep_output_tokens=8)
     plan.sweep_repeats = 3  # set after construction: the same test runs against code without repeats
     tolerance = build_parser().parse_args(["bench"]).tolerance  # the default the CLI gates at
@@ -265,7 +265,7 @@ def test_two_runs_of_an_unchanged_server_never_disagree_and_a_4x_slower_decode_a
         behaviour.decode_tok_s /= 4
         slow.append(bench.run_bench(target, plan, str(slower), str(base), tolerance, quiet()))
         behaviour.decode_tok_s *= 4
-        rows = {r["metric"]: r for r in bench.compare(json.loads(slower.read_text()), json.loads(base.read_text()),
+        rows = {r["metric"]: r for r in bench_compare.compare(json.loads(slower.read_text()), json.loads(base.read_text()),
                                                       tolerance)}
         assert rows["single_stream.decode_tok_s"]["regression"], rows["single_stream.decode_tok_s"]
     assert noise == [0] * 10, f"identical runs reported a regression {sum(noise)}/10 times"
@@ -292,9 +292,9 @@ def test_bench_measures_prefill_not_prefix_cache_hits(endpoint):
     behaviour, target = endpoint
     behaviour.prefix_cache, behaviour.prefill_tok_s, behaviour.base_latency_s = True, 20000.0, 0.01
     behaviour.decode_tok_s = 2000.0
-    plan = bench.BenchPlan(single_runs=2, single_max_tokens=4, concurrency=2, long_prompt_tokens=4000, sweep=(1, 2),
+    plan = bench_load.BenchPlan(single_runs=2, single_max_tokens=4, concurrency=2, long_prompt_tokens=4000, sweep=(1, 2),
                            sweep_requests_per_level=1, sweep_input_tokens=2000, sweep_output_tokens=3, sweep_repeats=1)
-    runs = [asyncio.run(bench.Bench(target.endpoint, target.api_key, target.model, plan).run()) for _ in range(2)]
+    runs = [asyncio.run(bench_load.Bench(target.endpoint, target.api_key, target.model, plan).run()) for _ in range(2)]
     assert all(r["errors"] == [] for r in runs)
     # the stand-in caches 4-token blocks, finer than vLLM's 16: not one block of any prompt was reused
     assert [r.cached_prompt_tokens for r in behaviour.requests] == [0] * 2 * (1 + 8)  # warm-up + 8 measured, per run
@@ -329,11 +329,11 @@ def test_bench_warms_up_outside_the_figures_and_reports_the_spread(endpoint, tmp
     behaviour.decode_tok_s = 1000.0
     console = Console(record=True, width=200, file=open(os.devnull, "w"))
     out = tmp_path / "r.json"
-    assert bench.run_bench(target, bench.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
+    assert bench.run_bench(target, bench_load.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
     result = json.loads(out.read_text())
     warmup = behaviour.requests[0].body
     assert first_user_content(warmup).startswith(f"[{result['run_id']}.warmup] ")
-    assert warmup["max_tokens"] == bench.WARMUP_MAX_TOKENS and result["warmup"]["error"] is None
+    assert warmup["max_tokens"] == bench_load.WARMUP_MAX_TOKENS and result["warmup"]["error"] is None
     assert len(behaviour.requests) == 1 + 8 and result["usage"]["server"] == 8  # the figures are the other 8
     single = result["single_stream"]
     runs = single["runs_tok_s"]
@@ -348,7 +348,7 @@ def test_server_error_with_markup_is_printed_literally_and_the_results_kept(endp
     behaviour.chat_error = (500, "template error near [/INST] and [bold]")
     console = Console(record=True, width=200, file=open(os.devnull, "w"))
     out = tmp_path / "r.json"
-    assert bench.run_bench(target, bench.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 1
+    assert bench.run_bench(target, bench_load.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 1
     assert len(json.loads(out.read_text())["errors"]) == 1 + 8  # the warm-up says so too
     text = console.export_text()
     assert "request failed: HTTP 500" in text and "near [/INST] and [bold]" in text
@@ -364,7 +364,7 @@ def test_compare_table_names_every_metric_literally():
                 "sweep": [row(1), row(2)], "errors": []}
 
     console = Console(record=True, width=200, file=open(os.devnull, "w"))
-    bench.render(result(30.0), console, bench.compare(result(30.0), result(40.0)))
+    bench.render(result(30.0), console, bench_compare.compare(result(30.0), result(40.0)))
     text = console.export_text()
     for metric in ("sweep[c=1].output_tok_s", "sweep[c=2].output_tok_s", "sweep[c=2].tpot_p99_ms"):
         assert text.count(metric) == 1, metric
@@ -383,9 +383,9 @@ def test_results_keep_the_plan_and_the_profile(endpoint, tmp_path):
                               "endpoint": target.endpoint, "profile": "multiagent"}
     # a results file from before the repeats measured each level once: the same plan as --sweep-repeats 1
     older = {**result, "plan": {k: v for k, v in result["plan"].items() if k != "sweep_repeats"}}
-    assert bench.plan_differences(result["plan"], older) == []
-    assert bench.plan_from_record(older["plan"]).sweep_repeats == 1
-    assert bench.plan_differences({**result["plan"], "sweep_repeats": 3}, older) == ["sweep_repeats 1→3"]
+    assert bench_compare.plan_differences(result["plan"], older) == []
+    assert bench_load.plan_from_record(older["plan"]).sweep_repeats == 1
+    assert bench_compare.plan_differences({**result["plan"], "sweep_repeats": 3}, older) == ["sweep_repeats 1→3"]
     assert result["usage"] == {"server": 8, "chunk_count_fallback": 0}
     assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "-o", str(out)]) == 0
     assert json.loads(out.read_text())["plan"]["profile"] is None  # not given: unknown, and said so
@@ -456,7 +456,7 @@ def test_bench_says_loudly_when_the_server_sends_no_usage(endpoint, tmp_path):
     behaviour.tokens_per_chunk, behaviour.send_usage = 3, False
     console = Console(record=True, width=300, file=open(os.devnull, "w"))
     out = tmp_path / "r.json"
-    assert bench.run_bench(target, bench.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
+    assert bench.run_bench(target, bench_load.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
     assert json.loads(out.read_text())["usage"] == {"server": 0, "chunk_count_fallback": 8}
     assert "WARNING: 8 of 8 requests came without usage from the server" in console.export_text()
 
