@@ -91,8 +91,7 @@ def show_changes(plan: Plan, console: Console) -> None:
 def predicted_plan_differences(plan: Plan, target: Target, baseline: dict) -> list[str]:
     """How the bench plan after the upgrade will differ from the baseline's (profile, endpoint)."""
     endpoint = target.endpoint.replace(f":{plan.before.serving.port}/", f":{plan.after.serving.port}/", 1)
-    record = plan_record(plan_from_record(baseline["plan"]), target.model, endpoint,
-                               plan.after.serving.profile)
+    record = plan_record(plan_from_record(baseline["plan"]), target.model, endpoint, plan.after.serving.profile)
     return plan_differences(record, baseline)
 
 

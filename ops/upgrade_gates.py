@@ -218,5 +218,5 @@ def check_recipe_gate(plan: Plan, rebaseline: bool) -> None:
     """--gate recipe: the recipe the new settings serve publishes a figure, and the bench will
     measure what its figures are of (the profile among them, unless --rebaseline); InputError."""
     check_recipe_reference(plan.after.serving.recipe_spec, FIRST_BASELINE_PLAN, plan.after.serving.profile,
-                                 allow_plan_mismatch=rebaseline, what="--gate recipe",
-                                 way_out="use the stored baseline (--gate baseline), or pass --rebaseline")
+                           allow_plan_mismatch=rebaseline, what="--gate recipe",
+                           way_out="use the stored baseline (--gate baseline), or pass --rebaseline")
