@@ -35,7 +35,7 @@ HUB_HEAD = "c" * 40  # the commit an unset model.revision serves, in the fake Wo
 NEW = "ghcr.io/anemll/dspark-vllm-gx10:0.1.2"
 RATES = dict(decode_tok_s=100.0, prefill_tok_s=200000.0, base_latency_s=0.05)
 SMALL_PLAN = bench_load.BenchPlan(single_runs=2, single_max_tokens=5, concurrency=2, long_prompt_tokens=300, sweep=(1, 2),
-                             sweep_requests_per_level=1, sweep_input_tokens=100, sweep_output_tokens=3)
+                                  sweep_requests_per_level=1, sweep_input_tokens=100, sweep_output_tokens=3)
 
 
 class World:
@@ -437,8 +437,8 @@ def test_a_rollback_that_does_not_show_what_served_fails_loudly(stack, world, tm
 
 # ---- --gate recipe: the recipe's published baseline judges -----------------------------------------
 RECIPE_PLAN = bench_load.BenchPlan(single_runs=3, single_max_tokens=16, concurrency=4, long_prompt_tokens=7000,
-                              sweep=(1,), sweep_requests_per_level=1, sweep_input_tokens=100, sweep_output_tokens=3,
-                              sweep_repeats=1)  # the default plan's concurrency and long prompt, small elsewhere
+                                   sweep=(1,), sweep_requests_per_level=1, sweep_input_tokens=100,
+                                   sweep_output_tokens=3, sweep_repeats=1)  # the default plan's concurrency and long prompt, small elsewhere
 
 
 @pytest.mark.parametrize("image, code, words", [
