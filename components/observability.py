@@ -13,7 +13,7 @@ Creates, through each node's own docker daemon (the ServingImage providers) and 
                              Not DCGM: on GB10 it leaves fields unregistered or at zero, while
                              nvidia-smi works (ops status reads it too). GB10's memory is unified:
                              memory comes from /proc/meminfo through the node exporter.
-- on the head: the rendered files (observability_files.py) as managed files, the Grafana admin
+- on the head: the rendered files (observability_files/) as managed files, the Grafana admin
   password among them (mode 0640 root:root; Grafana runs as uid 472 in group root and reads it
   through GF_SECURITY_ADMIN_PASSWORD__FILE, so it is in no argument, environment or label), and
     twinspark-prometheus     on 127.0.0.1 (no auth), retention by days and size

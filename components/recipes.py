@@ -25,6 +25,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+import node_contract as contract
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE_DIR = ROOT / "recipes"
 VLLM_NAMES_FILE = RECIPE_DIR / "vllm-names.toml"
@@ -190,7 +192,7 @@ class Recipe(_Data):
             raise ValueError("nodes.min is over nodes.max")
         owned = sorted(k for k in self.env if k.startswith(OWNED_ENV_PREFIXES) or k in OWNED_ENV)
         if owned:
-            raise ValueError(f"env: {', '.join(owned)} is twinspark's to set (twinspark.env), not a recipe's")
+            raise ValueError(f"env: {', '.join(owned)} is twinspark's to set ({contract.ENV_FILE}), not a recipe's")
         return self
 
 

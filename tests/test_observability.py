@@ -553,7 +553,7 @@ def test_dashboards_have_the_panels_the_issue_asks_for():
 
 
 def test_dashboards_are_built_with_the_sdk_and_it_is_pinned():
-    source = (ROOT / "components" / "observability_files.py").read_text()
+    source = (ROOT / "components" / "observability_files" / "dashboards.py").read_text()
     assert "from grafana_foundation_sdk.builders import dashboard" in source
     assert re.search(r"^grafana-foundation-sdk==\d+!11\.6\.0$", (ROOT / "requirements.txt").read_text(), re.M)
 

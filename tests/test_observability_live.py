@@ -189,7 +189,7 @@ GPU_TEXT = "\n".join([  # nvidia_gpu_exporter 1.14's names for what nvidia-smi r
 
 
 def vllm_text(t: int) -> str:
-    """vLLM's exposition (names: components/observability_files.py), counters advancing with t seconds."""
+    """vLLM's exposition (names: components/observability_files/), counters advancing with t seconds."""
     labels = 'engine="0",model_name="ds-0731"'
     lines = [f"vllm:num_requests_running{{{labels}}} 2", f"vllm:num_requests_waiting{{{labels}}} 1",
              f"vllm:kv_cache_usage_perc{{{labels}}} 0.4",

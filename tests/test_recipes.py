@@ -8,6 +8,7 @@ import shutil
 import pulumi
 import pytest
 
+import node_contract as contract
 from components import recipes
 from components.config import parse_stack_config
 from program_harness import ROOT, stack_config
@@ -128,10 +129,11 @@ def test_an_unknown_recipe_is_a_config_error_naming_the_catalog(program, recipe_
     assert "GLM-5.3-Flash-NVFP4" in result.error["message"]
 
 
-def test_a_recipe_may_not_set_what_twinspark_env_sets(tmp_path):
+def test_a_recipe_may_not_set_what_twinspark_env_sets(tmp_path, monkeypatch):
     text = (ROOT / "recipes" / "minimax-m2.7.yaml").read_text()
     (tmp_path / "m.yaml").write_text(text.replace("env:\n", "env:\n  NCCL_IB_HCA: mlx5_0\n"))
-    with pytest.raises(recipes.RecipeError, match="NCCL_IB_HCA is twinspark's"):
+    monkeypatch.setattr(contract, "ENV_FILE", "renamed.env")  # the message names the contract's file, not a copy
+    with pytest.raises(recipes.RecipeError, match=r"NCCL_IB_HCA is twinspark's to set \(renamed\.env\)"):
         recipes.load_catalog(tmp_path)
 
 

@@ -6,7 +6,7 @@
   TINY_MODEL_DIR, TP 1, and `--load-format dummy` through serving.extraArgs. The recipe's
   model-specific lines are then swapped for the tiny Qwen2's, each checked present first
   (LEFT_OUT below: a recipe change stops this script instead of rendering a wrong command).
-- metric-names.txt: every vllm:* and process_* series components/observability_files.py queries.
+- metric-names.txt: every vllm:* and process_* series components/observability_files/ queries.
 - guard-argv.json: components.serving_guard.guard_argv with the default serving guard config.
 Run with the project's .venv (pulumi, pydantic); nothing here needs the device.
 """
@@ -51,8 +51,8 @@ def main(out: Path) -> None:
     (out / "launch-vllm.sh").chmod(0o755)
     args = serving_guard.ServingGuardArgs("gpu0", None, cfg.serving.port, ["gpu0"], ServingGuard(), "hermes")
     (out / "guard-argv.json").write_text(json.dumps(serving_guard.guard_argv(args)) + "\n")
-    queried = sorted(set(re.findall(r"\b(vllm:[A-Za-z0-9_:]+|process_[a-z_]+)",
-                                    (ROOT / "components" / "observability_files.py").read_text())))
+    rendering = "".join(p.read_text() for p in sorted((ROOT / "components" / "observability_files").glob("*.py")))
+    queried = sorted(set(re.findall(r"\b(vllm:[A-Za-z0-9_:]+|process_[a-z_]+)", rendering)))
     (out / "metric-names.txt").write_text("\n".join(queried) + "\n")
     print(script)
 

@@ -24,7 +24,7 @@ from rich.console import Console
 from components.config import STRUCTURED_KEYS, parse_stack_config
 from components.serving_image import repository
 from openai_standin import Behaviour, serve
-from ops import bench, upgrade
+from ops import bench, bench_load, upgrade, upgrade_gates, upgrade_records
 from ops.__main__ import build_parser, main as ops_main
 from ops.inputs import ToolError
 from ops.stack import PreviewReport, Writes, apply_writes, cli_value
@@ -34,8 +34,8 @@ GOOD = "ghcr.io/anemll/dspark-vllm-gx10:0.1.1"
 HUB_HEAD = "c" * 40  # the commit an unset model.revision serves, in the fake World
 NEW = "ghcr.io/anemll/dspark-vllm-gx10:0.1.2"
 RATES = dict(decode_tok_s=100.0, prefill_tok_s=200000.0, base_latency_s=0.05)
-SMALL_PLAN = bench.BenchPlan(single_runs=2, single_max_tokens=5, concurrency=2, long_prompt_tokens=300, sweep=(1, 2),
-                             sweep_requests_per_level=1, sweep_input_tokens=100, sweep_output_tokens=3)
+SMALL_PLAN = bench_load.BenchPlan(single_runs=2, single_max_tokens=5, concurrency=2, long_prompt_tokens=300, sweep=(1, 2),
+                                  sweep_requests_per_level=1, sweep_input_tokens=100, sweep_output_tokens=3)
 
 
 class World:
@@ -218,7 +218,7 @@ def store_baseline(tmp_path, world, profile="default"):
     target = upgrade.target_from_outputs(world.outputs(), "test")
     result = bench.measure(target, SMALL_PLAN, quiet(), profile=profile)
     path = upgrade.baseline_path(tmp_path, "spark")
-    upgrade.record_baseline(path, result)
+    upgrade_records.record_baseline(path, result)
     return path, result
 
 
@@ -256,7 +256,7 @@ def test_success_deploys_and_records_the_new_baseline(stack, world, tmp_path):
 
 
 def test_without_a_baseline_the_deployment_is_measured_before_anything_changes(stack, world, tmp_path, monkeypatch):
-    monkeypatch.setattr(upgrade, "FIRST_BASELINE_PLAN", SMALL_PLAN)  # the default plan, at test size
+    monkeypatch.setattr(upgrade_gates, "FIRST_BASELINE_PLAN", SMALL_PLAN)  # the default plan, at test size
     calls_before_measuring = []
     measure = bench.measure
     monkeypatch.setattr(bench, "measure", lambda *a, **k: calls_before_measuring.append(list(stack.calls)) or measure(*a, **k))
@@ -372,7 +372,7 @@ def test_a_host_key_refused_at_the_canary_fails_it_at_once():
         raise HostKeyRefused("spark1 (127.0.0.1): refused")
 
     started = time.monotonic()
-    result = upgrade.wait_for_canary(probe, time.time(), timeout_s=30, poll_s=1)
+    result = upgrade_gates.wait_for_canary(probe, time.time(), timeout_s=30, poll_s=1)
     assert not result.ok and result.detail == "spark1 (127.0.0.1): refused" and time.monotonic() - started < 5
 
 
@@ -436,9 +436,9 @@ def test_a_rollback_that_does_not_show_what_served_fails_loudly(stack, world, tm
 
 
 # ---- --gate recipe: the recipe's published baseline judges -----------------------------------------
-RECIPE_PLAN = bench.BenchPlan(single_runs=3, single_max_tokens=16, concurrency=4, long_prompt_tokens=7000,
-                              sweep=(1,), sweep_requests_per_level=1, sweep_input_tokens=100, sweep_output_tokens=3,
-                              sweep_repeats=1)  # the default plan's concurrency and long prompt, small elsewhere
+RECIPE_PLAN = bench_load.BenchPlan(single_runs=3, single_max_tokens=16, concurrency=4, long_prompt_tokens=7000,
+                                   sweep=(1,), sweep_requests_per_level=1, sweep_input_tokens=100,
+                                   sweep_output_tokens=3, sweep_repeats=1)  # the default plan's concurrency and long prompt, small elsewhere
 
 
 @pytest.mark.parametrize("image, code, words", [
@@ -451,7 +451,7 @@ def test_the_recipe_gate_holds_the_new_settings_to_the_recipes_figures(stack, wo
                                                                        image, code, words):
     """No stored baseline is measured first: the stand-in at 100 tok/s clears the seed's 74.8, the
     same at a quarter of it does not."""
-    monkeypatch.setattr(upgrade, "FIRST_BASELINE_PLAN", RECIPE_PLAN)
+    monkeypatch.setattr(upgrade_gates, "FIRST_BASELINE_PLAN", RECIPE_PLAN)
     measured_before = []
     measure = bench.measure
     monkeypatch.setattr(bench, "measure", lambda *a, **k: measured_before.append(list(stack.calls)) or measure(*a, **k))
@@ -576,15 +576,15 @@ def test_the_guard_is_read_on_the_head_by_the_node_probe(tmp_path, monkeypatch):
     def local_runner(user, key, options):
         def run_probe(node, args):
             seen.append((user, node["name"], args))
-            args = [str(status_file) if a == upgrade.contract.SERVING_GUARD_STATUS else a for a in args]
+            args = [str(status_file) if a == upgrade_gates.contract.SERVING_GUARD_STATUS else a for a in args]
             return subprocess.run([sys.executable, str(ROOT / "launch" / "node-status.py"), *args],
                                   capture_output=True, text=True, check=True).stdout
         return run_probe
 
-    monkeypatch.setattr(upgrade, "ssh_runner", local_runner)
+    monkeypatch.setattr(upgrade_gates, "ssh_runner", local_runner)
     target = upgrade.target_from_outputs(stack_outputs("http://127.0.0.1:1/v1", "sk-test-key-0123456789", "ds-0731"), "test")
-    reading = upgrade.ssh_guard_probe(None, None, [])(target)()
+    reading = upgrade_gates.ssh_guard_probe(None, None, [])(target)()
     assert reading["status"] == verdict and abs(reading["now"] - time.time()) < 30
     assert seen[0][:2] == ("nvidia", "spark1") and "--guard-status" in seen[0][2]
     status_file.unlink()
-    assert "no such file" in upgrade.ssh_guard_probe(None, None, [])(target)()["error"]
+    assert "no such file" in upgrade_gates.ssh_guard_probe(None, None, [])(target)()["error"]

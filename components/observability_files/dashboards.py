@@ -1,0 +1,311 @@
+"""The three Grafana dashboards (overview, speculative decoding, nodes and fabric) as JSON, built with
+grafana-foundation-sdk."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable, Optional
+
+from grafana_foundation_sdk.builders import dashboard as gdash
+from grafana_foundation_sdk.builders import prometheus as gprom
+from grafana_foundation_sdk.builders import stat as gstat
+from grafana_foundation_sdk.builders import statetimeline as gstate
+from grafana_foundation_sdk.builders import table as gtable
+from grafana_foundation_sdk.builders import timeseries as gts
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as gmodel
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from .metrics import JOB_GPU, JOB_NODE, JOB_VLLM, REAL_FILESYSTEMS, THROTTLE_SELECTOR, roce_errors_increase
+from .plan import ObservabilityPlan
+
+DATASOURCE_UID = "twinspark-prometheus"  # the provisioned Prometheus datasource every panel queries
+_DS = gmodel.DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
+_REF_IDS = "ABCDEFGH"
+
+
+def _queries(panel, queries: Iterable[tuple[str, str]], instant: bool = False, table: bool = False):
+    for ref, (expr, legend) in zip(_REF_IDS, queries):
+        query = gprom.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(_DS)
+        if instant:
+            query = query.instant()
+        if table:
+            query = query.format(PromQueryFormat.TABLE)
+        panel = panel.with_target(query)
+    return panel
+
+
+def _timeseries(title: str, description: str, unit: str, queries, span: int = 12, height: int = 8, **limits):
+    panel = gts.Panel().title(title).description(description).unit(unit).datasource(_DS).span(span).height(height)
+    if "min" in limits:
+        panel = panel.min(limits["min"])
+    if "max" in limits:
+        panel = panel.max(limits["max"])
+    return _queries(panel, queries)
+
+
+def _thresholds(*steps: tuple[Optional[float], str]):
+    return (
+        gdash.ThresholdsConfig()
+        .mode(gmodel.ThresholdsMode.ABSOLUTE)
+        .steps([gmodel.Threshold(value=v, color=c) for v, c in steps])
+    )
+
+
+def _stat(title: str, description: str, unit: str, queries, span: int = 4, thresholds=None, mappings=None):
+    panel = gstat.Panel().title(title).description(description).unit(unit).datasource(_DS).span(span).height(4)
+    if thresholds:
+        panel = panel.thresholds(_thresholds(*thresholds))
+    if mappings:
+        panel = panel.mappings(mappings)
+    return _queries(panel, queries, instant=True)
+
+
+def _state(title: str, description: str, queries, mapping: dict[str, tuple[str, str]], span: int = 12):
+    value_map = gmodel.ValueMap(
+        options={k: gmodel.ValueMappingResult(text=text, color=color) for k, (text, color) in mapping.items()}
+    )
+    panel = gstate.Panel().title(title).description(description).datasource(_DS).span(span).height(6)
+    return _queries(panel.mappings([value_map]), queries)
+
+
+UP_DOWN = {"1": ("UP", "green"), "0": ("DOWN", "red")}
+
+
+def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
+    vllm = f'job="{JOB_VLLM}"'
+    itl = "histogram_quantile({q}, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{%s}}[5m])))" % vllm
+    ttft = "histogram_quantile({q}, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{%s}}[5m])))" % vllm
+    guard = (
+        gdash.Row("Guard: canary, restarts, hold (filled once the guard writes its metrics)")
+        .collapsed(True)
+        .with_panel(
+            _state("Canary", "Last canary result (twinspark_guard_canary_success).",
+                   [("twinspark_guard_canary_success", "{{node}}")], {"1": ("PASS", "green"), "0": ("FAIL", "red")})
+        )
+        .with_panel(
+            _state("Hold", "1 while the guard holds (restart cap reached).",
+                   [("twinspark_guard_hold", "{{node}}")], {"0": ("watching", "green"), "1": ("HOLD", "red")})
+        )
+        .with_panel(
+            _timeseries("Guard restarts per hour", "Serving restarts the guard performed.", "short",
+                        [("increase(twinspark_guard_restarts_total[1h])", "{{node}}")])
+        )
+        .with_panel(
+            _timeseries("Canary duration", "How long the last canary took.", "s",
+                        [("twinspark_guard_canary_duration_seconds", "{{node}}")])
+        )
+    )
+    return (
+        gdash.Dashboard("twinspark — overview")
+        .uid("twinspark-overview")
+        .tags(["twinspark"])
+        .description("Is it serving, how fast, and how full: vLLM's own metrics from the head.")
+        .refresh("30s")
+        .time("now-6h", "now")
+        .readonly()
+        .with_row(gdash.Row("Serving"))
+        .with_panel(_stat("Serving", "Prometheus reaches vLLM's /metrics on the head.", "none",
+                          [(f"up{{{vllm}}}", "{{node}}")], thresholds=[(None, "red"), (1, "green")],
+                          mappings=[gmodel.ValueMap(options={k: gmodel.ValueMappingResult(text=t, color=c)
+                                                             for k, (t, c) in UP_DOWN.items()})]))
+        .with_panel(_stat("Requests running", "vllm:num_requests_running", "none",
+                          [(f"sum(vllm:num_requests_running{{{vllm}}})", "running")]))
+        .with_panel(_stat("Requests waiting", "vllm:num_requests_waiting", "none",
+                          [(f"sum(vllm:num_requests_waiting{{{vllm}}})", "waiting")],
+                          thresholds=[(None, "green"), (1, "orange")]))
+        .with_panel(_stat("Output tok/s", "Generated tokens per second over the last minute.", "none",
+                          [(f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[1m]))", "tok/s")]))
+        .with_panel(_stat("KV cache used", "vllm:kv_cache_usage_perc.",
+                          "percentunit",
+                          [(f"max(vllm:kv_cache_usage_perc{{{vllm}}})", "KV")],
+                          thresholds=[(None, "green"), (0.9, "orange"), (0.97, "red")]))
+        .with_panel(_stat("Alerts firing", "Alert rules firing now (the list is below).", "none",
+                          [('count(ALERTS{alertstate="firing"}) or vector(0)', "firing")],
+                          thresholds=[(None, "green"), (1, "red")]))
+        .with_panel(_timeseries("Requests running / waiting", "Scheduler queue.", "none",
+                                [(f"sum(vllm:num_requests_running{{{vllm}}})", "running"),
+                                 (f"sum(vllm:num_requests_waiting{{{vllm}}})", "waiting")]))
+        .with_panel(_timeseries("Tokens per second", "Output (decode) and prompt (prefill) tokens per second.",
+                                "none",
+                                [(f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[1m]))", "output"),
+                                 (f"sum(rate(vllm:prompt_tokens_total{{{vllm}}}[1m]))", "prompt")]))
+        .with_panel(_timeseries("Time to first token", "p50 and p95 over 5 min.", "s",
+                                [(ttft.format(q="0.5"), "p50"), (ttft.format(q="0.95"), "p95")]))
+        .with_panel(_timeseries("Inter-token latency", "p50 and p95 over 5 min.", "s",
+                                [(itl.format(q="0.5"), "p50"), (itl.format(q="0.95"), "p95")]))
+        .with_panel(_timeseries("KV cache used", "Fraction of KV-cache blocks in use.", "percentunit",
+                                [(f"max(vllm:kv_cache_usage_perc{{{vllm}}})",
+                                  "KV cache")], span=8, min=0, max=1))
+        .with_panel(_timeseries("Preemptions", "Requests evicted for lack of KV cache, per 5 min.", "short",
+                                [(f"sum(increase(vllm:num_preemptions_total{{{vllm}}}[5m]))", "preemptions")],
+                                span=8))
+        .with_panel(_timeseries("Prefix-cache hit rate", "Cached tokens / queried tokens over 5 min.",
+                                "percentunit",
+                                [(f"sum(rate(vllm:prefix_cache_hits_total{{{vllm}}}[5m])) / "
+                                  f"sum(rate(vllm:prefix_cache_queries_total{{{vllm}}}[5m]))", "hit rate")],
+                                span=8, min=0, max=1))
+        .with_panel(_queries(
+            gtable.Panel().title("Alerts firing").description("ALERTS{alertstate=\"firing\"}").datasource(_DS)
+            .span(24).height(6),
+            [('ALERTS{alertstate="firing"}', "")], instant=True, table=True))
+        .with_row(guard)
+    )
+
+
+def _spec_decode(plan: ObservabilityPlan) -> gdash.Dashboard:
+    vllm = f'job="{JOB_VLLM}"'
+    acc, draft_tok, drafts = (
+        f"vllm:spec_decode_num_accepted_tokens_total{{{vllm}}}",
+        f"vllm:spec_decode_num_draft_tokens_total{{{vllm}}}",
+        f"vllm:spec_decode_num_drafts_total{{{vllm}}}",
+    )
+
+    def per_pos(window: str) -> str:
+        return (
+            f"sum by (position) (rate(vllm:spec_decode_num_accepted_tokens_per_pos_total{{{vllm}}}[{window}])) "
+            f"/ on () group_left () sum(rate({drafts}[{window}]))"
+        )
+
+    return (
+        gdash.Dashboard("twinspark — speculative decoding")
+        .uid("twinspark-spec-decode")
+        .tags(["twinspark"])
+        .description("How much the draft (DSpark/MTP) buys: acceptance overall and per draft position.")
+        .refresh("30s")
+        .time("now-6h", "now")
+        .readonly()
+        .with_panel(_stat("Acceptance rate (10 min)", "Accepted / drafted tokens.", "percentunit",
+                          [(f"sum(rate({acc}[10m])) / sum(rate({draft_tok}[10m]))", "acceptance")], span=6,
+                          thresholds=[(None, "red"), (plan.settings.spec_decode_min_acceptance, "orange"),
+                                      (0.5, "green")]))
+        .with_panel(_stat("Mean accepted length (10 min)",
+                          "1 + accepted tokens per draft (the bonus token counts, as vLLM logs it).", "none",
+                          [(f"1 + sum(rate({acc}[10m])) / sum(rate({drafts}[10m]))", "tokens per step")], span=6))
+        .with_panel(_stat("Drafted tok/s", "Draft tokens proposed per second (1 min).", "none",
+                          [(f"sum(rate({draft_tok}[1m]))", "drafted")], span=6))
+        .with_panel(_stat("Accepted tok/s", "Draft tokens accepted per second (1 min).", "none",
+                          [(f"sum(rate({acc}[1m]))", "accepted")], span=6))
+        .with_panel(_timeseries("Acceptance rate", "Accepted / drafted tokens, 5 min windows.", "percentunit",
+                                [(f"sum(rate({acc}[5m])) / sum(rate({draft_tok}[5m]))", "acceptance")],
+                                min=0, max=1))
+        .with_panel(_timeseries("Mean accepted length", "1 + accepted tokens per draft, 5 min windows.", "none",
+                                [(f"1 + sum(rate({acc}[5m])) / sum(rate({drafts}[5m]))", "mean length")]))
+        .with_panel(_timeseries("Acceptance per draft position",
+                                "Share of drafts whose token at this position was accepted (position 0 first).",
+                                "percentunit", [(per_pos("5m"), "position {{position}}")], span=24,
+                                min=0, max=1))
+        .with_panel(_timeseries("Drafted vs accepted tok/s", "Draft tokens proposed and accepted per second.",
+                                "none",
+                                [(f"sum(rate({draft_tok}[1m]))", "drafted"), (f"sum(rate({acc}[1m]))", "accepted"),
+                                 (f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[1m]))", "output tok/s")]))
+        .with_panel(_timeseries("Drafts per second", "Speculative steps per second.", "none",
+                                [(f"sum(rate({drafts}[1m]))", "drafts/s")]))
+    )
+
+
+def _nodes(plan: ObservabilityPlan) -> gdash.Dashboard:
+    node, gpu = f'job="{JOB_NODE}", node=~"$node"', f'job="{JOB_GPU}", node=~"$node"'
+    rails = f'{node}, rail!=""'
+    throttle = THROTTLE_SELECTOR.replace(f'job="{JOB_GPU}"', gpu).replace(
+        "hw_power_brake_slowdown)", "hw_power_brake_slowdown|sw_power_cap)"
+    )
+    node_variable = (
+        gdash.QueryVariable("node").label("node").datasource(_DS)
+        .query(f'label_values(up{{job="{JOB_NODE}"}}, node)')
+        .multi(True).include_all(True).all_value(".*")
+        .refresh(gmodel.VariableRefresh.ON_DASHBOARD_LOAD)
+    )
+    return (
+        gdash.Dashboard("twinspark — nodes and fabric")
+        .uid("twinspark-nodes")
+        .tags(["twinspark"])
+        .description("GPU (nvidia-smi via nvidia_gpu_exporter), unified memory, disks, and the RoCE rails.")
+        .refresh("30s")
+        .time("now-6h", "now")
+        .readonly()
+        .with_variable(node_variable)
+        .with_row(gdash.Row("GPU"))
+        .with_panel(_timeseries("GPU temperature", "nvidia-smi temperature.gpu.", "celsius",
+                                [(f"nvidia_smi_temperature_gpu{{{gpu}}}", "{{node}}")], span=8))
+        .with_panel(_timeseries("GPU power", "nvidia-smi power.draw.", "watt",
+                                [(f"nvidia_smi_power_draw_watts{{{gpu}}}", "{{node}}")], span=8))
+        .with_panel(_timeseries("GPU utilization", "nvidia-smi utilization.gpu.", "percentunit",
+                                [(f"nvidia_smi_utilization_gpu_ratio{{{gpu}}}", "{{node}}")], span=8, min=0, max=1))
+        .with_panel(_timeseries("GPU clocks", "Graphics and SM clocks.", "hertz",
+                                [(f"nvidia_smi_clocks_current_graphics_clock_hz{{{gpu}}}", "{{node}} graphics"),
+                                 (f"nvidia_smi_clocks_current_sm_clock_hz{{{gpu}}}", "{{node}} SM")]))
+        .with_panel(_state("Clock event (throttle) reasons",
+                           "1 while nvidia-smi reports the reason (thermal, hardware slowdown, power brake, "
+                           "software power cap).",
+                           [(throttle, "{{node}} {{__name__}}")], {"0": ("no", "green"), "1": ("YES", "red")}))
+        .with_row(gdash.Row("Memory and disk"))
+        .with_panel(_timeseries("Unified memory in use",
+                                "GB10 shares one memory between CPU and GPU (nvidia-smi reports no GPU memory): "
+                                "MemTotal - MemAvailable.", "bytes",
+                                [(f"node_memory_MemTotal_bytes{{{node}}} - node_memory_MemAvailable_bytes{{{node}}}",
+                                  "{{node}} used"),
+                                 (f"node_memory_MemTotal_bytes{{{node}}}", "{{node}} total")], span=8))
+        .with_panel(_timeseries("OOM kills per hour", "Kernel OOM killer events (recipe gotcha 13).", "short",
+                                [(f"increase(node_vmstat_oom_kill{{{node}}}[1h])", "{{node}}")], span=8))
+        .with_panel(_timeseries("Disk free", "Free share of each real filesystem.", "percentunit",
+                                [(f"node_filesystem_avail_bytes{{{REAL_FILESYSTEMS}, node=~\"$node\"}} / "
+                                  f"node_filesystem_size_bytes{{{REAL_FILESYSTEMS}, node=~\"$node\"}}",
+                                  "{{node}} {{mountpoint}}")], span=8, min=0, max=1))
+        .with_panel(_timeseries("CPU busy", "Share of CPU time not idle.", "percentunit",
+                                [(f'1 - avg by (node) (rate(node_cpu_seconds_total{{{node}, mode="idle"}}[1m]))',
+                                  "{{node}}")], span=24, min=0, max=1))
+        .with_row(gdash.Row("Fabric: RoCE rails"))
+        .with_panel(_timeseries("RoCE throughput per rail (transmit)", "RDMA port data sent, bits/s.", "bps",
+                                [(f"rate(node_infiniband_port_data_transmitted_bytes_total{{{rails}}}[1m]) * 8",
+                                  "{{node}} rail {{rail}} {{device}}")]))
+        .with_panel(_timeseries("RoCE throughput per rail (receive)", "RDMA port data received, bits/s.", "bps",
+                                [(f"rate(node_infiniband_port_data_received_bytes_total{{{rails}}}[1m]) * 8",
+                                  "{{node}} rail {{rail}} {{device}}")]))
+        .with_panel(_timeseries("RoCE errors per 5 min", "Sum of the RDMA error counters per port.", "short",
+                                [(roce_errors_increase("5m", rails), "{{node}} rail {{rail}} {{device}}")]))
+        .with_panel(_timeseries("LAN traffic (NCCL's TCP fallback would show here)",
+                                f"{plan.bootstrap_iface} (fabric.bootstrapIface) bits/s.", "bps",
+                                [(f'rate(node_network_transmit_bytes_total{{{node}, device="{plan.bootstrap_iface}"}}'
+                                  "[1m]) * 8", "{{node}} tx"),
+                                 (f'rate(node_network_receive_bytes_total{{{node}, device="{plan.bootstrap_iface}"}}'
+                                  "[1m]) * 8", "{{node}} rx")]))
+        .with_panel(_state("Rail link", "Netdev operstate of each rail.",
+                           [(f"node_network_up{{{rails}}}", "{{node}} rail {{rail}} {{device}}")], UP_DOWN))
+        .with_panel(_state("RoCE port state", "4 = ACTIVE.",
+                           [(f"node_infiniband_state_id{{{rails}}}", "{{node}} rail {{rail}} {{device}}")],
+                           {"4": ("ACTIVE", "green"), "1": ("DOWN", "red"), "2": ("INIT", "orange"),
+                            "3": ("ARMED", "orange")}))
+        .with_panel(_stat("Rail MTU", f"Expected {plan.expected_mtu} (fabric.mtu).", "none",
+                          [(f"node_network_mtu_bytes{{{rails}}}", "{{node}} rail {{rail}}")], span=12,
+                          thresholds=[(None, "red"), (plan.expected_mtu, "green"), (plan.expected_mtu + 1, "red")]))
+        .with_panel(_stat("Rail speed (Mb/s)", f"Expected {plan.expected_link_speed_mbps} (fabric.linkSpeedMbps).",
+                          "none", [(f"node_network_speed_bytes{{{rails}}} * 8 / 1e6", "{{node}} rail {{rail}}")],
+                          span=12,
+                          thresholds=[(None, "red"), (plan.expected_link_speed_mbps, "green")]))
+    )
+
+
+def _number_panels(model: gmodel.Dashboard) -> gmodel.Dashboard:
+    """Stable, unique panel ids (rows and the panels inside collapsed rows too)."""
+    next_id = 1
+    for panel in model.panels or []:
+        panel.id_val = next_id
+        next_id += 1
+        for inner in getattr(panel, "panels", None) or []:
+            inner.id_val = next_id
+            next_id += 1
+    return model
+
+
+DASHBOARDS = {"twinspark-overview.json": _overview, "twinspark-spec-decode.json": _spec_decode,
+              "twinspark-nodes.json": _nodes}
+
+
+def render_dashboards(plan: ObservabilityPlan) -> dict[str, str]:
+    """file name -> dashboard JSON (Grafana's classic dashboard model, deterministic)."""
+    return {
+        name: json.dumps(_number_panels(build(plan).build()), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+        for name, build in DASHBOARDS.items()
+        if name.removeprefix("twinspark-").removesuffix(".json") in plan.panels
+    }

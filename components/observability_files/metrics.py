@@ -1,0 +1,65 @@
+"""What the alert rules and the dashboards query: the Prometheus jobs, the guard's metrics and the
+selectors both use.
+
+Metric names, by source:
+- vLLM: every name below is one real vLLM 0.24.0 exports, as recorded on an H200
+  (docs/measurements/vllm-0.24-h200-2026-12-02/metrics.txt; vllm-project/vllm
+  `vllm/v1/metrics/loggers.py`): num_requests_running and _waiting, kv_cache_usage_perc,
+  prompt_tokens, generation_tokens, num_preemptions, prefix_cache_queries and _hits,
+  time_to_first_token_seconds, inter_token_latency_seconds; counters gain `_total`, every series
+  carries `model_name` and `engine`. The older names (gpu_cache_usage_perc,
+  time_per_output_token_seconds) are gone upstream and not queried. `vllm/v1/spec_decode/metrics.py`
+  (spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens, _num_accepted_tokens_per_pos
+  with a `position` label) exports only with a speculative config, which the recorded run had not.
+- node_exporter: `collector/infiniband_linux.go`, `netclass_linux.go`, `meminfo.go`,
+  `vmstat_linux.go`, `filesystem_common.go`, `cpu_linux.go`, `textfile.go` (tests/test_observability.py
+  runs Debian's real node exporter on a staged sysfs and procfs).
+- nvidia_gpu_exporter 1.14: nvidia-smi's query fields, `nvidia_smi_<field>` with dots as
+  underscores (clocks_event_reasons since driver 535, clocks_throttle_reasons before).
+- the guard's metrics (GUARD_METRICS, a contract: the guard writes them as a textfile).
+"""
+
+from __future__ import annotations
+
+# Prometheus jobs (the `job` label).
+JOB_VLLM, JOB_NODE, JOB_GPU, JOB_PROMETHEUS = "vllm", "node", "gpu", "prometheus"
+
+# The guard (launch/serving-guard.py) reports through node-exporter's textfile collector, in
+# contract.SERVING_GUARD_TEXTFILE on the head.
+GUARD_METRICS = {
+    "twinspark_guard_canary_success": "gauge: 1 when the last canary (a known-answer completion) passed, else 0",
+    "twinspark_guard_canary_last_run_timestamp_seconds": "gauge: unix time of the last canary",
+    "twinspark_guard_canary_duration_seconds": "gauge: how long the last canary took",
+    "twinspark_guard_restarts_total": "counter: serving restarts the guard performed",
+    "twinspark_guard_hold": "gauge: 1 while the guard holds (restart cap reached, waiting for a person)",
+    "twinspark_guard_gateway_up": "gauge: 1 when the API gateway answers /health at all (a 502 too), else 0",
+}
+
+# RoCE/InfiniBand error counters (node_exporter infiniband collector); any increase is news.
+ROCE_ERROR_COUNTERS = (
+    "port_errors_received", "port_discards_received", "port_discards_transmitted", "link_downed",
+    "link_error_recovery", "symbol_error", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
+    "out_of_sequence_packets_received", "packet_sequence_errors", "local_ack_timeout_errors",
+    "rx_icrc_encapsulated_errors", "out_of_buffer_drops", "req_cqes_errors", "resp_cqes_errors",
+)
+
+
+def roce_errors_increase(window: str, matchers: str = f'job="{JOB_NODE}", rail!=""') -> str:
+    """Errors per rail port over `window`, all counters summed.
+
+    One increase() per counter, each tagged with its name: increase() drops metric names, so
+    a single `{__name__=~...}` selector would give several series the same labels (an error).
+    """
+    parts = [
+        f'label_replace(increase(node_infiniband_{c}_total{{{matchers}}}[{window}]), "counter", "{c}", "", "")'
+        for c in ROCE_ERROR_COUNTERS
+    ]
+    return "sum by (node, device, rail) (" + " or ".join(parts) + ")"
+
+
+# nvidia-smi's clock event ("throttle") reasons that mean the GPU is slowed against its will.
+THROTTLE_SELECTOR = (
+    f'{{job="{JOB_GPU}", __name__=~"nvidia_smi_clocks_(event|throttle)_reasons_'
+    '(hw_slowdown|hw_thermal_slowdown|sw_thermal_slowdown|hw_power_brake_slowdown)"}'
+)
+REAL_FILESYSTEMS = f'job="{JOB_NODE}", fstype=~"ext4|xfs|btrfs|zfs", mountpoint!~"/boot.*"'

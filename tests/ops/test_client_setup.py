@@ -1,0 +1,197 @@
+"""ops client-setup: the Codex and Claude Code configs merged from the stack outputs, backed up,
+private, idempotent."""
+
+import json
+import os
+import stat
+import subprocess
+import time
+
+import pytest
+
+from ops.__main__ import main as ops_main
+from ops.client_setup import merge_codex_config, setup_clients
+from ops_helpers import one_clear_line, run_ops
+from program_harness import ROOT, config_blocks
+
+
+def stack_outputs_for_tests():
+    from components.client_outputs import render_claude_code_env, render_codex_config, render_codex_model_catalog
+    from components.config import parse_stack_config
+
+    cfg = parse_stack_config(config_blocks())
+    return {"codexConfig": render_codex_config(cfg), "codexModelCatalog": render_codex_model_catalog(cfg),
+            "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"), "model": "ds-0731",
+            "endpoint": "http://192.168.1.10:8000/v1"}
+
+
+EXISTING_CONFIG = """# my codex settings
+model = "gpt-5.5"          # the cloud default
+approval_policy = "on-request"
+
+[model_providers.openrouter]
+name = "OpenRouter"
+base_url = "https://openrouter.ai/api/v1"
+env_key = "OPENROUTER_API_KEY"
+
+[profiles.cloud]
+model = "gpt-5.5"
+model_provider = "openai"
+"""
+
+
+def test_codex_merge_keeps_everything_else():
+    merged = merge_codex_config(EXISTING_CONFIG, stack_outputs_for_tests()["codexConfig"])
+    import tomllib
+
+    doc = tomllib.loads(merged)
+    assert doc["model"] == "ds-0731" and doc["model_provider"] == "twinspark"
+    assert doc["model_auto_compact_token_limit"] == 150000
+    assert doc["approval_policy"] == "on-request"
+    assert doc["model_providers"]["openrouter"]["env_key"] == "OPENROUTER_API_KEY"
+    assert doc["model_providers"]["twinspark"]["wire_api"] == "responses"
+    assert doc["profiles"]["cloud"]["model"] == "gpt-5.5"
+    assert "# my codex settings" in merged
+
+
+def test_client_setup_writes_backs_up_and_is_idempotent(tmp_path):
+    codex_home, env_file = tmp_path / "codex", tmp_path / "cfg" / "claude-code.env"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(EXISTING_CONFIG)
+    outputs_file = tmp_path / "outputs.json"
+    outputs_file.write_text(json.dumps(stack_outputs_for_tests()))
+    args = ["client-setup", "--outputs-file", str(outputs_file), "--endpoint", "http://h:8000/v1",
+            "--codex-home", str(codex_home), "--claude-env-file", str(env_file)]
+    assert ops_main(args) == 0
+    backups = list(codex_home.glob("config.toml.bak-*"))
+    assert len(backups) == 1 and backups[0].read_text() == EXISTING_CONFIG
+    catalog = codex_home / "ds-0731-model-catalog.json"
+    assert json.loads(catalog.read_text())["models"][0]["context_window"] == 1048576
+    assert f'model_catalog_json = "{catalog}"' in (codex_home / "config.toml").read_text()
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert "ANTHROPIC_AUTH_TOKEN=sk-outputs-key" in env_file.read_text()
+    before = {p.name: p.read_text() for p in codex_home.iterdir()}
+    assert ops_main(args) == 0  # a second run changes nothing and keeps no second backup
+    assert {p.name: p.read_text() for p in codex_home.iterdir()} == before
+
+
+def test_codex_accepts_the_merged_config(tmp_path):
+    codex = ROOT / "build/codex/node_modules/.bin/codex"
+    assert codex.exists(), "scripts/test.sh installs the Codex CLI into build/codex"
+    codex_home = tmp_path / "codex"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(EXISTING_CONFIG)
+    setup_clients(stack_outputs_for_tests(), codex_home, tmp_path / "claude.env")
+    proc = subprocess.run([str(codex), "debug", "models"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CODEX_HOME": str(codex_home)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    models = json.loads(proc.stdout)["models"]
+    assert [m["slug"] for m in models] == ["ds-0731"] and models[0]["context_window"] == 1048576
+
+
+def test_missing_outputs_are_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="stack output 'codexConfig' is missing"):
+        setup_clients({}, tmp_path, tmp_path / "env")
+
+
+# The user's providers in each way TOML allows, without and with an older twinspark provider of theirs.
+PROVIDER_STYLES = {
+    "inline table": ('model_providers = { openrouter = { name = "OR", base_url = "https://or/v1" }{} }\n',
+                     ', twinspark = { name = "old", x = 1 }'),
+    "dotted keys": ('model_providers.openrouter.name = "OR"\nmodel_providers.openrouter.base_url = "https://or/v1"\n{}',
+                    'model_providers.twinspark.name = "old"\nmodel_providers.twinspark.x = 1\n'),
+    "dotted inline": ('model_providers.openrouter = { name = "OR", base_url = "https://or/v1" }\n{}',
+                      'model_providers.twinspark = { name = "old", x = 1 }\n'),
+    "inline in a table": ('[model_providers]\nopenrouter = { name = "OR", base_url = "https://or/v1" }\n{}',
+                          'twinspark = { name = "old", x = 1 }\n'),
+    "dotted in a table": ('[model_providers]\nopenrouter.name = "OR"\nopenrouter.base_url = "https://or/v1"\n{}',
+                          'twinspark.name = "old"\ntwinspark.x = 1\n'),
+    "split tables": ('[model_providers.openrouter]\nname = "OR"\n[profiles.a]\nmodel = "m"\n'
+                     '[model_providers.other]\nname = "O"\n{}', '[model_providers.twinspark]\nname = "old"\nx = 1\n'),
+}
+
+
+@pytest.mark.parametrize("style", PROVIDER_STYLES)
+@pytest.mark.parametrize("with_old_twinspark", [False, True])
+def test_codex_merge_keeps_providers_in_any_toml_style(style, with_old_twinspark):
+    """Whatever way the user wrote their providers, they are all still there, and ours replaces only ours."""
+    import tomllib
+
+    template, old_twinspark = PROVIDER_STYLES[style]
+    existing = template.replace("{}", old_twinspark if with_old_twinspark else "")
+    user = tomllib.loads(existing)
+    assert ("twinspark" in user["model_providers"]) == with_old_twinspark
+    generated = stack_outputs_for_tests()["codexConfig"]
+    merged = tomllib.loads(merge_codex_config(existing, generated))
+    ours = tomllib.loads(generated)
+    assert merged["model_providers"] == {**user["model_providers"], "twinspark": ours["model_providers"]["twinspark"]}
+    assert merged["model"] == "ds-0731" and merged["model_provider"] == "twinspark"
+    assert merged.get("profiles") == user.get("profiles")
+
+
+def client_setup_args(tmp_path, outputs):
+    codex_home, env_file = tmp_path / "codex", tmp_path / "cfg" / "claude-code.env"
+    codex_home.mkdir(exist_ok=True)
+    outputs_file = tmp_path / "outputs.json"
+    outputs_file.write_text(json.dumps(outputs))
+    return codex_home, env_file, ["client-setup", "--outputs-file", str(outputs_file), "--codex-home", str(codex_home),
+                                  "--claude-env-file", str(env_file)]
+
+
+def test_client_setup_twice_in_one_second_keeps_every_backup(tmp_path, monkeypatch):
+    import ops.client_setup
+
+    moment = time.gmtime(1_800_000_000)
+    monkeypatch.setattr(ops.client_setup.time, "gmtime", lambda *_: moment)  # both runs in one second
+    outputs = stack_outputs_for_tests()
+    codex_home, _, args = client_setup_args(tmp_path, outputs)
+    (codex_home / "config.toml").write_text(EXISTING_CONFIG)
+    assert ops_main(args) == 0
+    first = (codex_home / "config.toml").read_text()
+    outputs["codexConfig"] = outputs["codexConfig"].replace("150000", "140000")  # the stack changed meanwhile
+    _, _, args = client_setup_args(tmp_path, outputs)
+    assert ops_main(args) == 0
+    backups = sorted(codex_home.glob("config.toml.bak-*"))
+    assert [b.name for b in backups] == ["config.toml.bak-20270115T080000Z", "config.toml.bak-20270115T080000Z-1"]
+    assert [b.read_text() for b in backups] == [EXISTING_CONFIG, first]  # the user's own file is still there
+
+
+@pytest.mark.parametrize("broken", ["config.toml is a directory", "config.toml is not TOML", "catalog is a directory"])
+def test_client_setup_refuses_what_it_cannot_merge_and_writes_nothing(tmp_path, capsys, broken):
+    codex_home, env_file, args = client_setup_args(tmp_path, stack_outputs_for_tests())
+    if broken == "config.toml is a directory":
+        (codex_home / "config.toml").mkdir()
+    elif broken == "config.toml is not TOML":
+        (codex_home / "config.toml").write_text("model = [unclosed\n")
+    else:
+        (codex_home / "ds-0731-model-catalog.json").mkdir()
+    before = sorted(p.name for p in codex_home.iterdir())
+    code, err, _ = run_ops(capsys, *args)
+    assert code == 2
+    one_clear_line(err, "ops client-setup: ", "nothing was written")
+    assert sorted(p.name for p in codex_home.iterdir()) == before and not env_file.exists()
+    if broken == "config.toml is not TOML":
+        assert (codex_home / "config.toml").read_text() == "model = [unclosed\n"
+
+
+def test_claude_env_file_is_private_from_its_creation(tmp_path, monkeypatch):
+    """With a permissive umask and every chmod a no-op, the key's file and its backup are still 0600:
+    they were created that way, never written under a wider mode and narrowed afterwards."""
+    import pathlib
+
+    for module, name in ((os, "chmod"), (os, "fchmod"), (pathlib.Path, "chmod")):
+        monkeypatch.setattr(module, name, lambda *a, **k: None)
+    old_umask = os.umask(0)
+    try:
+        outputs = stack_outputs_for_tests()
+        _, env_file, args = client_setup_args(tmp_path, outputs)
+        assert ops_main(args) == 0
+        assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+        outputs["claudeCodeEnv"] = outputs["claudeCodeEnv"].replace("sk-outputs-key", "sk-rotated")
+        _, _, args = client_setup_args(tmp_path, outputs)
+        assert ops_main(args) == 0
+        for path in env_file.parent.iterdir():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+        assert len(list(env_file.parent.iterdir())) == 2  # the file and its backup, no temporary left
+    finally:
+        os.umask(old_umask)
