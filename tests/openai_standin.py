@@ -6,12 +6,13 @@ under their python3: so the standard library only, nothing else.
 
 It serves what vLLM serves and the tests touch: /health, /metrics, /v1/models,
 /v1/completions, /v1/chat/completions and /v1/responses (not streamed), streamed in vLLM's
-format (a chat stream opens with a role-only chunk, then content deltas, a last chunk with
-`usage` when `stream_options.include_usage` asks for it, then `data: [DONE]`) or as one JSON
-body. The answers' shapes, /metrics' families (names, types, HELP, labels, buckets) and the
-behaviour while loading and after an engine death are real vLLM 0.24.0's, as recorded in
-docs/measurements/vllm-0.24-h200-2026-12-02/ (tests/test_standin_matches_vllm.py holds the
-stand-in to that recording). The API key, when set, is enforced on /v1 only, as vLLM does.
+format (a chat stream opens with a role-only chunk, then content deltas — or a tool call: its
+name alone with the call's id, then its arguments in pieces — a finish chunk, a `usage` chunk
+when `stream_options.include_usage` asks for it, then `data: [DONE]`) or as one JSON body. The
+answers' shapes, /metrics' families (names, types, HELP, labels, buckets) and the behaviour
+while loading and after an engine death are real vLLM 0.24.0's, as recorded in
+docs/measurements/vllm-0.24-h200-2026-12-02/ and, for tool calls through a real parser, its
+-run2/ (tests/test_standin_matches_vllm.py holds the stand-in to both). The API key, when set, is enforced on /v1 only, as vLLM does.
 Every POST lands in `Behaviour.requests` with whether it was authorized.
 
 Prompt tokens are len(text) // 4. A reply waits base_latency + uncached prompt / prefill_tok_s
@@ -464,13 +465,29 @@ def arithmetic_answer(prompt: str) -> Optional[str]:
 
 def called_tool(body: dict, prompt: str) -> Optional[str]:
     """The tool a healthy model calls: the one named in tool_choice, or with tool_choice "auto"
-    (the default) one of the tools whose name the prompt mentions — the model writes the call in
-    its own markup and the server's tool parser turns it into `tool_calls`."""
+    (the default) one of the tools whose name the prompt mentions, or that the request's
+    structured outputs force the model to write (as the GPU run forced its call) — the model
+    writes the call in its own markup and the server's tool parser turns it into `tool_calls`."""
     tools = [((t.get("function") or {}).get("name") or "") for t in body.get("tools") or []]
     choice = body.get("tool_choice", "auto")
     if isinstance(choice, dict):
         return ((choice.get("function") or {}).get("name")) if tools else None
-    return next((name for name in tools if name and choice == "auto" and name in prompt), None)
+    forced = json.dumps(body.get("structured_outputs") or {})
+    return next((name for name in tools if name and choice == "auto" and (name in prompt or name in forced)), None)
+
+
+def chat_completion_body(header: dict, message: dict, finish: str, usage: dict) -> dict:
+    """A chat completion not streamed, key for key as vLLM 0.24 gave it (the second run's api.txt:
+    a tool call; the same ChatCompletionResponse carries plain answers, their message without
+    `tool_calls`)."""
+    message = {"role": "assistant", "content": None, "refusal": None, "annotations": None, "audio": None,
+               "function_call": None, **message, "reasoning": None}
+    return {**header, "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+                         "stop_reason": None, "token_ids": None, "routed_experts": None}],
+            "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT,
+            "usage": {"prompt_tokens_details": None, **usage},
+            "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None}
 
 
 def hang_forever() -> None:
@@ -613,8 +630,14 @@ def make_handler(behaviour: Behaviour):
             parsing = chat and bool(body.get("tools")) and body.get("tool_choice", "auto") == "auto"  # the tool parser runs
             if tool and not (fault == "unparsed-tool-call" and body.get("tool_choice", "auto") == "auto"):
                 arguments = '{"city": "Par\u00bf<unk>' if fault == "garbage" else '{"city": "Paris"}'
-                self.outcome.update(reason="stop", generated=len(arguments) // 4 + 1)
-                return self.tool_call(header, tool, arguments, bool(body.get("stream")), fault == "hang", parsing)
+                generated = len(arguments) // 4 + 1
+                self.outcome.update(reason="stop", generated=generated)
+                usage = {"prompt_tokens": n_prompt, "total_tokens": n_prompt + generated, "completion_tokens": generated}
+                # vLLM ends a call it parsed with "tool_calls", one it made for a named tool_choice with "stop"
+                finish = "stop" if isinstance(body.get("tool_choice"), dict) else "tool_calls"
+                stream = bool(body.get("stream"))
+                return self.tool_call(header, tool, arguments, finish, usage if wants_usage(body) or not stream else None,
+                                      stream, fault == "hang", parsing)
             if tool:  # the tool parser missed the model's markup: the call arrives as text
                 pieces = [f"<|tool_call|>{tool}", '{"city": "Paris"}', "<|end|>"]
             if arithmetic_answer(prompt):
@@ -630,8 +653,7 @@ def make_handler(behaviour: Behaviour):
             tokens += [(answer_field, piece) for piece in pieces]
             finish = "length" if len(tokens) >= max_tokens else "stop"
             tokens = tokens[:max_tokens]
-            usage = {"prompt_tokens": n_prompt, "completion_tokens": len(tokens),
-                     "total_tokens": n_prompt + len(tokens)}
+            usage = {"prompt_tokens": n_prompt, "total_tokens": n_prompt + len(tokens), "completion_tokens": len(tokens)}
             if behaviour.prefix_cache:  # what vLLM adds with --enable-prompt-tokens-details
                 usage["prompt_tokens_details"] = {"cached_tokens": request.cached_prompt_tokens}
             first_at = start + behaviour.base_latency_s + random.uniform(0, behaviour.ttft_jitter_s) + (n_prompt - request.cached_prompt_tokens) / behaviour.prefill_tok_s
@@ -640,49 +662,48 @@ def make_handler(behaviour: Behaviour):
                 self.count_tool_parser("streaming" if body.get("stream") else "non_streaming", "no_tool_call",
                                        len(tokens) if body.get("stream") else 1)
             if body.get("stream"):
-                return self.stream(header, chat, tokens, finish, first_at,
-                                   usage if (body.get("stream_options") or {}).get("include_usage") else None,
+                return self.stream(header, chat, tokens, finish, first_at, usage if wants_usage(body) else None,
                                    hang=fault == "hang")
             pause_until(first_at + len(tokens) / behaviour.decode_tok_s)
             behaviour.count_generated(len(tokens))
             text = "".join(piece for key, piece in tokens if key == answer_field)
             if responses:
                 return self.reply(200, response_body(header, body, text, finish, usage, request.cached_prompt_tokens))
-            choice = {"index": 0, "finish_reason": finish}
-            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-            self.reply(200, {**header, "object": "chat.completion" if chat else "text_completion",
-                             "choices": [choice], "usage": usage})
+            if chat:
+                return self.reply(200, chat_completion_body(header, {"content": text}, finish, usage))
+            self.reply(200, {**header, "object": "text_completion",
+                             "choices": [{"index": 0, "finish_reason": finish, "text": text}], "usage": usage})
 
         def count_tool_parser(self, mode, outcome, times):
             with behaviour._lock:
                 behaviour.stats.tool_parser[(mode, outcome, "chat_completions")] += times
 
-        def tool_call(self, header, name, arguments, stream, hang, parsing):
-            call = {"index": 0, "id": f"chatcmpl-tool-{random_id()}", "type": "function"}
+        def tool_call(self, header, name, arguments, finish, usage, stream, hang, parsing):
+            """As vLLM's hermes parser gave it (the second run's api.txt): not streamed, one message;
+            streamed, the role chunk, the name alone with the call's id, the arguments in pieces
+            (`content: null` beside each), an empty finish delta, then usage when asked for."""
+            call_id = f"chatcmpl-tool-{random_id()}"
             if parsing:
                 self.count_tool_parser("streaming" if stream else "non_streaming", "tool_call", 1)
             if not stream:
-                message = {"role": "assistant", "content": None,
-                           "tool_calls": [{**call, "function": {"name": name, "arguments": arguments}}]}
-                return self.reply(200, {**header, "object": "chat.completion",
-                                        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]})
+                message = {"tool_calls": [{"id": call_id, "type": "function",
+                                           "function": {"name": name, "arguments": arguments}}]}
+                return self.reply(200, chat_completion_body(header, message, finish, usage))
             self.start_stream()
             header = {**header, "object": "chat.completion.chunk"}
             self.role_chunk(header)
-            first = {"tool_calls": [{**call, "function": {"name": name, "arguments": ""}}]}
+            first = {"content": None, "tool_calls": [{"id": call_id, "type": "function", "index": 0,
+                                                      "function": {"name": name}}]}
             self.event({**header, "choices": [{"index": 0, "delta": first, "logprobs": None, "finish_reason": None,
                                                "token_ids": None}]})
             if hang:
                 return hang_forever()
             for start in range(0, len(arguments), 6):  # arguments arrive in pieces, as vLLM streams them
-                delta = {"tool_calls": [{"index": 0, "function": {"arguments": arguments[start:start + 6]}}]}
+                delta = {"content": None, "tool_calls": [{"index": 0, "function": {"arguments": arguments[start:start + 6]}}]}
                 self.event({**header, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                                    "finish_reason": None, "token_ids": None}]})
-            self.event({**header, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls",
-                                               "stop_reason": None, "token_ids": None}],
-                        "system_fingerprint": SYSTEM_FINGERPRINT})
-            self.chunk(b"data: [DONE]\n\n")
-            self.wfile.write(b"0\r\n\r\n")
+            self.finish_stream(header, {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish,
+                                        "stop_reason": None, "token_ids": None}, usage)
 
         def role_chunk(self, header):
             """vLLM's chat stream opens with the role alone, when the first token is there (api.txt)."""
@@ -707,13 +728,21 @@ def make_handler(behaviour: Behaviour):
                           "finish_reason": finish if last else None}
                 if chat:  # the keys vLLM's chat chunks carry (api.txt): the last one names its stop_reason
                     choice.update({"stop_reason": None, "token_ids": None} if last else {"token_ids": None})
-                event = {**header, "choices": [choice]}
-                self.event({**event, "system_fingerprint": SYSTEM_FINGERPRINT} if chat and last else event)
                 behaviour.count_generated(len(chunk))
+                if last and not hang:
+                    return self.finish_stream(header, choice, usage, fingerprint=chat)
+                self.event({**header, "choices": [choice]})
                 if hang:
                     return hang_forever()
-            if usage is not None and behaviour.send_usage:
-                self.event({**header, "choices": [], "usage": usage})
+
+        def finish_stream(self, header, choice, usage, fingerprint=True):
+            """The last choice chunk, the usage chunk when asked for, [DONE]. The fingerprint goes on
+            the stream's last JSON chunk: the usage one when sent, else the finish one (api.txt)."""
+            usage = usage if behaviour.send_usage else None
+            mark = {"system_fingerprint": SYSTEM_FINGERPRINT} if fingerprint else {}
+            self.event({**header, "choices": [choice], **({} if usage is not None else mark)})
+            if usage is not None:
+                self.event({**header, "choices": [], "usage": usage, **mark})
             self.chunk(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
 
@@ -737,6 +766,10 @@ def make_handler(behaviour: Behaviour):
             self.wfile.flush()
 
     return Handler
+
+
+def wants_usage(body: dict) -> bool:
+    return bool((body.get("stream_options") or {}).get("include_usage"))
 
 
 def response_body(header: dict, body: dict, text: str, finish: str, usage: dict, cached: int) -> dict:

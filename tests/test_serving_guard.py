@@ -4,8 +4,10 @@ The simulator runs the same guard as a systemd service on the head (tests/sim_en
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from components import launch_bundle
 from components.config import ServingGuard as GuardConfig
 from components.serving_guard import ServingGuardArgs, guard_argv, render_guard_unit
 from openai_standin import Behaviour, serve
+from vllm_recording import recorded_exchanges, recorded_tool_calls
 
 LAUNCH = Path(__file__).resolve().parent.parent / "launch"
 KEY = "sk-guard-test-0123456789abcdef"
@@ -224,6 +227,36 @@ def test_without_a_tool_parser_the_canary_makes_no_tool_call_and_a_healthy_engin
     wait_for(lambda: head.status["ok"] is True, "a passing canary round", head)
     assert head.calls() == [] and not any(r.body.get("tools") for r in head.behaviour.requests)
     assert "(no tool parser: no tool call)" in head.guard_log()
+
+
+def load_guard():
+    spec = importlib.util.spec_from_file_location("serving_guard", LAUNCH / contract.SERVING_GUARD_SCRIPT)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("recorded, verdict", [
+    # the second GPU run: hermes turned the model's (forced) <tool_call> text into a streamed call
+    (lambda: recorded_tool_calls()["auto-stream"], None),
+    # the first: the dummy model wrote no call, hermes passed the text through
+    (lambda: recorded_exchanges()["/v1/chat/completions"], "the tool parser (hermes) did not recognise"),
+])
+def test_the_tool_call_check_reads_real_vllm_streams(recorded, verdict):
+    """The guard's own check against real vLLM 0.24's streams, replayed byte for byte: the name
+    alone in the first tool delta (no `arguments` key), `content: null` beside each piece, the
+    usage chunk with no choices — a real call passes, a real no-call fails as designed."""
+    guard = load_guard()
+    server = serve(Behaviour(api_key=KEY, model="tiny", raw_stream=recorded().body.encode() + b"\n\n"))
+    try:
+        api = guard.Api(f"http://127.0.0.1:{server.server_address[1]}", "", 30.0, key=KEY)
+        if verdict is None:
+            guard.streamed_tool_call(api, "tiny", "hermes")
+        else:
+            with pytest.raises(guard.CanaryFailure, match=re.escape(verdict)):
+                guard.streamed_tool_call(api, "tiny", "hermes")
+    finally:
+        server.shutdown()
 
 
 def test_the_unit_names_the_recipes_tool_parser_or_none():

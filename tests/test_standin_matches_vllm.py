@@ -1,8 +1,9 @@
 """The stand-in (tests/openai_standin.py) answers as real vLLM 0.24.0 did on an H200
 (tests/vllm_recording.py reads that recording): /metrics family for family, the JSON shapes
-of /v1/models, /v1/responses and a streamed chat completion, the refused connection while
-loading and the wind-down after an engine death. Values may differ; names, types, labels and
-keys may not."""
+of /v1/models, /v1/responses and a streamed chat completion, tool calls through the hermes
+parser (streamed and not, tool_choice auto and named: the second run), the refused connection
+while loading and the wind-down after an engine death. Values may differ; names, types, labels,
+keys, chunk order and finish reasons may not."""
 
 import http.client
 import json
@@ -18,15 +19,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openai_standin import DEAD_EXIT_S, DEAD_SERVING_503_S, Behaviour, engine_died, serve  # noqa: E402
 from vllm_recording import (  # noqa: E402
     RECORDING,
+    chunk_kind,
+    chunk_sequence,
     families,
     recorded_exchanges,
     recorded_metrics,
+    recorded_tool_calls,
     shape,
     shape_differences,
     stream_events,
+    streamed_call,
 )
 
 RECORDED = recorded_exchanges()
+TOOL_CALLS = recorded_tool_calls()
+TOOL_CALL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")
 MODEL = RECORDED["/v1/responses"].request["model"]  # the requests name the recorded model: "tiny"
 
 
@@ -130,6 +137,60 @@ def test_a_streamed_chat_completion_has_the_recorded_chunk_sequence(standin):
     for name, (a, b) in {"first": (want[0], got[0]), "middle": (want[1], got[1]), "last": (want[-2], got[-2])}.items():
         assert shape_differences(shape(a), shape(b)) == [], name
     assert len({e["id"] for e in got[:-1]}) == 1 and re.fullmatch(r"chatcmpl-[0-9a-f]{16}", got[0]["id"])
+
+
+def test_the_second_recording_holds_tool_calls_made_by_the_parser():
+    """The forced text came back as calls, not text: the parser found them (auto), and vLLM's
+    own named path made one; "tool_calls" ends an auto call, "stop" a named one."""
+    finish = {kind: (stream_events(e.body)[-3] if kind.endswith("stream") else json.loads(e.body))["choices"][0]["finish_reason"]
+              for kind, e in TOOL_CALLS.items()}
+    assert finish == {"auto-stream": "tool_calls", "auto": "tool_calls", "named-stream": "stop"}
+    assert streamed_call(stream_events(TOOL_CALLS["auto-stream"].body)) == ("get_weather", '{"city": "Paris"}')
+    message = json.loads(TOOL_CALLS["auto"].body)["choices"][0]["message"]
+    assert message["content"] is None and [c["function"] for c in message["tool_calls"]] == [
+        {"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    name, arguments = streamed_call(stream_events(TOOL_CALLS["named-stream"].body))
+    assert name == "get_weather" and isinstance(json.loads(arguments)["city"], str)
+
+
+@pytest.fixture(scope="module")
+def standin_tool_calls():
+    """The stand-in's answers to the second run's tool-call requests, sent as recorded."""
+    server = serve(Behaviour(api_key=None, model=MODEL, decode_tok_s=float("inf")))
+    port = server.server_address[1]
+    yield {kind: call(port, "POST", "/v1/chat/completions", e.request) for kind, e in TOOL_CALLS.items()}
+    server.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["auto-stream", "named-stream"])
+def test_a_streamed_tool_call_has_the_recorded_chunks(standin_tool_calls, kind):
+    """Role chunk, the name (with the call's id) alone, the arguments in pieces, a finish chunk
+    with an empty delta, the usage chunk (asked for) carrying the fingerprint, [DONE]: each kind
+    of chunk in the recorded shape, and the call put together as a client does."""
+    status, headers, body = standin_tool_calls[kind]
+    want, got = stream_events(TOOL_CALLS[kind].body), stream_events(body)
+    assert (status, headers["content-type"]) == (200, TOOL_CALLS[kind].headers["content-type"])
+    assert chunk_sequence(got) == chunk_sequence(want)
+    for recorded in want[:-1]:  # the first chunk of each kind, shape for shape
+        served = next(e for e in got if chunk_kind(e) == chunk_kind(recorded))
+        assert shape_differences(shape(recorded), shape(served)) == [], chunk_kind(recorded)
+    assert [chunk_kind(e) for e in got if e != "[DONE]" and "system_fingerprint" in e] == ["usage"]
+    assert got[-3]["choices"][0]["finish_reason"] == want[-3]["choices"][0]["finish_reason"]
+    ids = [c["id"] for e in got[:-1] for ch in e["choices"] for c in ch["delta"].get("tool_calls") or [] if "id" in c]
+    assert len(ids) == 1 and TOOL_CALL_ID.fullmatch(ids[0])
+    name, arguments = streamed_call(got)
+    assert name == "get_weather" and isinstance(json.loads(arguments)["city"], str)
+    assert len([e for e in got if chunk_kind(e) == "tool_arguments"]) > 1  # in pieces, as recorded
+
+
+def test_a_tool_call_not_streamed_has_the_recorded_shape(standin_tool_calls):
+    status, headers, body = standin_tool_calls["auto"]
+    recorded, served = json.loads(TOOL_CALLS["auto"].body), json.loads(body)
+    assert (status, headers["content-type"]) == (200, TOOL_CALLS["auto"].headers["content-type"])
+    assert shape_differences(shape(recorded), shape(served)) == []
+    choice = served["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and TOOL_CALL_ID.fullmatch(choice["message"]["tool_calls"][0]["id"])
+    assert choice["message"]["tool_calls"][0]["function"] == recorded["choices"][0]["message"]["tool_calls"][0]["function"]
 
 
 def test_a_loading_server_refuses_the_connection_as_vllm_does():

@@ -3,26 +3,39 @@
 # real vLLM 0.24.0 behind a one-node Ray head with token auth, started by the program's own
 # launch-vllm.sh (build/gpu-bundle, from tests/gpu/render-single-gpu.py), on the tiny model with
 # dummy weights. Records raw into $OUT (8 files at most):
-#   memory.txt  nvidia-smi before start / after a clean stop / after the worker is killed
-#   api.txt     /health, /v1/models, /v1/responses, a streamed chat completion with tools (auto)
+#   memory.txt  nvidia-smi before start / while serving (at /health 200, after the requests) /
+#               after a clean stop / while serving again / after the worker is killed / after ray stop
+#   api.txt     /health, /v1/models, /v1/responses, a streamed chat completion with tools (auto),
+#               then tool calls through the real parser, the text forced by structured outputs
+#               (tool-call-requests.py): auto streamed with usage, auto not streamed, named streamed
 #   metrics.txt /metrics raw, then each name the dashboards and alerts query: present or absent
-#   guard.log   launch/serving-guard.py as its unit runs it (guard-argv.json; paths under /tmp,
-#               docker a recording stand-in), its status file appended
+#   guard.log   the guard's own tool-call check against this server, as sent and forced
+#               (guard-tool-call.py); then, unless CANARY=0, launch/serving-guard.py as its unit
+#               runs it (guard-argv.json; paths under /tmp, docker a recording stand-in), its status file
 #   vllm.log    the engine's log, both starts; kill.txt the worker kill: exit code, log tail
+# BUNDLE: the rendered files (default build/gpu-bundle); GUARD: the guard script (default
+# launch/serving-guard.py); the helper scripts are read beside this one.
 # Before it: every .whl/partN copied into /tmp/wheels by earlier calls (docs: the run sequence).
 set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 1
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/../.." || exit 1
 OUT=${OUT:-build/gpu}; mkdir -p "$OUT"
-bundle=$PWD/build/gpu-bundle
+bundle=${BUNDLE:-$PWD/build/gpu-bundle} guard=${GUARD:-$PWD/launch/serving-guard.py}
 sock=$(sed -n 's/.*--uds \([^ ]*\) .*/\1/p' "$bundle/launch-vllm.sh")
 model=$(sed -n 's/^exec vllm serve \([^ ]*\) .*/\1/p' "$bundle/launch-vllm.sh")
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the device's rule
 export HF_HUB_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0 RAY_memory_monitor_refresh_ms=0 RAY_DISABLE_MEMORY_MONITOR=1
-mem() { echo "== $1 ($(date +%T))"; nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader;
-        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; } >> "$OUT/memory.txt"
+# memory.used and the processes using the GPU; while serving also nvidia-smi's own table and
+# CUDA's count (torch.cuda.mem_get_info, from a process of its own), to see whether the query sees usage
+mem() { echo "== $1 ($(date +%T))"; nvidia-smi --query-gpu=memory.used,memory.total,mig.mode.current --format=csv,noheader
+        echo "compute apps (pid, process_name, used_memory):"
+        nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+        if [ "${2:-}" = serving ]; then nvidia-smi
+          python3 -c 'import torch; free, total = torch.cuda.mem_get_info(); print(f"torch.cuda.mem_get_info: {(total - free) >> 20} MiB used of {total >> 20} MiB")'
+        fi; } >> "$OUT/memory.txt" 2>&1
 
 # 1. the wheels: pieces rebuilt with cat, installed beside the device's packages
-mkdir -p /tmp/wheels && cp .whl/part*/* /tmp/wheels/ 2>/dev/null
+mkdir -p /tmp/wheels && cp .whl/*/* /tmp/wheels/ 2>/dev/null  # part8 and extra, carried with this call
 (cd /tmp/wheels && for first in *.whl.split-aa; do [ -e "$first" ] || continue
    w=${first%.split-aa}; cat "$w".split-* > "$w" && rm -f "$w".split-*; done)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -39,7 +52,7 @@ for r in map(Requirement, requires("vllm")):
 EOF
 
 # 2. the tiny model where launch-vllm.sh reads it; Ray's token; the socket's group
-python3 tests/gpu/tiny-model.py "$model"
+python3 "$here/tiny-model.py" "$model"
 getent group twinspark-api >/dev/null || groupadd -g 64180 twinspark-api
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=/tmp/ray-token VLLM_HOST_IP=127.0.0.1
 (umask 077; python3 -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH")
@@ -55,6 +68,7 @@ start_engine() {  # as boot-head.sh's prepare_vllm_socket, then exec launch-vllm
 }
 started=$SECONDS; start_engine || { echo "engine did not come up"; tail -50 "$OUT/vllm.log"; exit 1; }
 echo "health after $((SECONDS - started)) s" >> "$OUT/api.txt"
+mem "while serving: /health 200" serving
 # the API gateway's stand-in: TCP 8000 (API) and 8100 (metrics) to vLLM's socket, no key check
 python3 -c '
 import asyncio, sys
@@ -68,19 +82,24 @@ async def main():
     await asyncio.gather(*(s.serve_forever() for s in servers))
 asyncio.run(main())' "$sock" & forwarder=$!
 sleep 1
-api() { echo "== $*"; curl -sS -i -N --max-time 60 "$@" http://127.0.0.1:8000"${URL}"; echo; } >> "$OUT/api.txt" 2>&1
+api() { echo "== ${URL} $*"; curl -sS -i -N --max-time 60 "$@" http://127.0.0.1:8000"${URL}"; echo; } >> "$OUT/api.txt" 2>&1
 URL=/health api; URL=/v1/models api
 URL=/v1/responses api -H 'Content-Type: application/json' -d '{"model":"tiny","input":"What is 2 + 3?","max_output_tokens":16}'
 URL=/v1/chat/completions api -H 'Content-Type: application/json' -d '{"model":"tiny","stream":true,"max_tokens":32,
  "messages":[{"role":"user","content":"What is the weather in Paris? Use the tool."}],"tool_choice":"auto",
  "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
  "properties":{"city":{"type":"string"}},"required":["city"]}}}]}'
+mapfile -t tool_bodies < <(python3 "$here/tool-call-requests.py")
+for body in "${tool_bodies[@]}"; do URL=/v1/chat/completions api -H 'Content-Type: application/json' -d "$body"; done
+python3 "$here/guard-tool-call.py" "$guard" http://127.0.0.1:8000 > "$OUT/guard.log" 2>&1
+mem "while serving: after the requests" serving
 curl -sS http://127.0.0.1:8100/metrics > "$OUT/metrics.txt"
 { echo "== queried by the dashboards and alerts"; while read -r name; do
     grep -q "^${name}[{ ]" "$OUT/metrics.txt" && echo "present $name" || echo "ABSENT $name"
   done < "$bundle/metric-names.txt"; } >> "$OUT/metrics.txt"
 
 # 3. the guard's canary, its unit's argv with host paths moved under /tmp and docker recorded
+if [ "${CANARY:-1}" != 0 ]; then
 mkdir -p /tmp/guard/bin && echo "VLLM_API_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(16))')" > /tmp/guard/secrets.env
 cat > /tmp/guard/bin/docker <<'EOF'
 #!/usr/bin/env bash
@@ -91,20 +110,22 @@ EOF
 chmod +x /tmp/guard/bin/docker
 mapfile -t argv < <(python3 -c 'import json,sys; [print(a) for a in json.load(open(sys.argv[1]))]' "$bundle/guard-argv.json")
 for i in "${!argv[@]}"; do a=${argv[$i]}
-  case $a in /usr/local/lib/twinspark/serving-guard.py) argv[$i]=launch/serving-guard.py ;;
+  case $a in /usr/local/lib/twinspark/serving-guard.py) argv[$i]=$guard ;;
     /opt/twinspark/secrets.env) argv[$i]=/tmp/guard/secrets.env ;; /usr/bin/python3) argv[$i]=python3 ;;
     /*) argv[$i]=/tmp/guard${a} ;; esac; done
 mkdir -p /tmp/guard/run/twinspark/serving-guard /tmp/guard/var/lib/twinspark/serving-guard \
   /tmp/guard/var/lib/twinspark/observability/textfile /tmp/guard/var/log/twinspark
-echo "argv: ${argv[*]}" > "$OUT/guard.log"
+echo "argv: ${argv[*]}" >> "$OUT/guard.log"
 PATH=/tmp/guard/bin:$PATH timeout 100 "${argv[@]}" >> "$OUT/guard.log" 2>&1
 { echo "== status"; cat /tmp/guard/run/twinspark/serving-guard/status.json; echo "== docker calls"
   cat /tmp/guard/docker-calls 2>/dev/null; } >> "$OUT/guard.log"
+fi
 
 # 4. a clean stop (SIGTERM to the engine), then a start and its Ray worker killed
 kill $forwarder; kill -TERM $engine; wait $engine; echo "clean stop: exit $?" >> "$OUT/kill.txt"; sleep 5
 mem "after clean stop"
 start_engine || { echo "second start failed" >> "$OUT/kill.txt"; }
+mem "while serving again (second start)"
 worker=$(pgrep -f 'ray::RayWorkerWrapper' | head -1); worker=${worker:-$(pgrep -f 'VLLM::EngineCore' | head -1)}  # TP 1 may run no Ray worker
 echo "killing Ray worker pid ${worker:-none} ($(ps -o args= -p "${worker:-1}"))" >> "$OUT/kill.txt"
 killed=$SECONDS; kill -9 "$worker"
