@@ -244,6 +244,7 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
 pulumi.export("endpoint", client.endpoint_url(cfg))
 pulumi.export("model", cfg.model.served_name)
 pulumi.export("recipe", cfg.serving.recipe)
+pulumi.export("executor", cfg.serving.executor)  # ops status: Ray's membership or mp's node ranks
 pulumi.export("memoryFit", weights.memory_fit)  # the estimate before the load (weights.py shape-check)
 pulumi.export("modelRevision", weights.revision)  # the commit every node holds (model.revision or resolved once)
 pulumi.export("modelDir", cfg.model.dir)  # where every node holds it (ops verify-weights)

@@ -5,6 +5,8 @@
       (head) wait until every worker rank holds a connection to rank 0's TCPStore on port P,
       then, once one has none for --grace seconds, SIGTERM PID (vLLM, PID 1 after the boot
       script's exec) and print why: its process group lost a rank and cannot take it back.
+  alive --head IP --port P --workers IP[,IP...]
+      (head, for ops status) the node ranks joined to rank 0, as JSON.
   worker --head IP --port P --pid PID [--grace S]
       (worker) return (print the reason, exit 0) when this node's headless vLLM must be restarted:
       PID has exited, its connection to the head's TCPStore is no longer established (rank 0
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 import signal
 import socket
@@ -36,7 +39,7 @@ POLL_S = 1.0
 # torch's own 600 s init timeout (vllm/config/parallel.py distributed_timeout_seconds).
 GRACE_S = 6.0
 PROBE_TIMEOUT_S = 2.0
-ESTABLISHED = "01"  # include/net/tcp_states.h
+ESTABLISHED, LISTEN = "01", "0A"  # include/net/tcp_states.h
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 
 
@@ -79,6 +82,27 @@ def workers_connected(port: int, workers: list[str], tables=TCP_TABLES) -> set[s
 def joined_head(head: str, port: int, tables=TCP_TABLES) -> bool:
     """Whether this node holds a connection to the head's TCPStore."""
     return any(remote == (head, port) for _, remote in established(tables))
+
+
+def listening(port: int, tables=TCP_TABLES) -> bool:
+    """Whether something on this node listens on `port` (rank 0's store: the head's vLLM is up)."""
+    for table in tables:
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        if any(len(row.split()) > 3 and row.split()[3] == LISTEN and _address(row.split()[1])[1] == port for row in rows):
+            return True
+    return False
+
+
+def ranks_joined(head: str, port: int, workers: list[str], tables=TCP_TABLES) -> list[dict]:
+    """(head, for ops status) node rank 0 while it listens, then each worker rank joined to it,
+    in the shape of ray-membership.py's `alive` (one GPU per rank: one GB10 per Spark)."""
+    joined = workers_connected(port, workers, tables)
+    ranks = [head] if listening(port, tables) else []
+    return [{"node_ip": ip, "gpus": 1} for ip in ranks + [w for w in workers if w in joined]]
 
 
 def alive(pid: int) -> bool:
@@ -157,7 +181,14 @@ def main(argv=None) -> int:
     worker.add_argument("--port", type=int, required=True)
     worker.add_argument("--pid", type=int, required=True)
     worker.add_argument("--grace", type=float, default=GRACE_S)
+    ranks = sub.add_parser("alive", help="the node ranks joined to rank 0, as JSON (ops status)")
+    ranks.add_argument("--head", required=True)
+    ranks.add_argument("--port", type=int, required=True)
+    ranks.add_argument("--workers", default="")
     args = parser.parse_args(argv)
+    if args.command == "alive":
+        print(json.dumps(ranks_joined(args.head, args.port, [w for w in args.workers.split(",") if w])))
+        return 0
     if args.command == "head":
         workers = [w for w in args.workers.split(",") if w]
         if not workers:  # one node: no rank to lose

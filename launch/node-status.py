@@ -4,6 +4,7 @@
   python3 node-status.py --name spark1 --container twinspark-serving \
       --rail enp1s0f0np0:rocep1s0f0 --rail enP2p1s0f0np0:roceP2p1s0f0 \
       [--ray-head 10.0.0.1 --membership /twinspark/ray-membership.py --gcs-port 6379] \
+      [--mp-head 10.0.0.1 --mp-membership /twinspark/mp-membership.py --master-port 29501 --workers 10.0.0.2] \
       [--memory-status /run/twinspark/memory-check.json] \
       [--guard-status /run/twinspark/serving-guard/status.json --hold /run/twinspark/serving-hold] \
       [--firewall-unit twinspark-firewall.service --firewall-table twinspark]
@@ -12,7 +13,8 @@ Reports the serving container (state, restart count), each rail (link, speed, MT
 port state and active MTU), the GPU's temperature, power, clocks and throttle reasons, the
 memory check before load, the host firewall (its boot unit's state, and whether its nftables
 table is loaded now: `sudo -n nft`, as the SSH user has passwordless sudo), and on the head
-(--ray-head) the Ray nodes alive with their GPUs and the serving guard's verdict and hold; and
+(--ray-head) the Ray nodes alive with their GPUs (--mp-head: with serving.executor mp, the node
+ranks joined to rank 0) and the serving guard's verdict and hold; and
 this node's clock. Only reads; needs docker access, nvidia-smi, ibv_devinfo.
 """
 
@@ -136,6 +138,13 @@ def ray_nodes(container, head_ip, membership, gcs_port):
     return {"error": err} if out is None else {"nodes": json.loads(out)}
 
 
+def mp_ranks(container, membership, head_ip, port, workers):
+    """serving.executor mp: node rank 0 (listening on the master port) and each worker rank joined to it."""
+    out, err = run("docker", "exec", container, "python3", membership, "alive", "--head", head_ip, "--port", str(port),
+                   "--workers", workers)
+    return {"error": err} if out is None else {"nodes": json.loads(out)}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", required=True)
@@ -144,6 +153,10 @@ def main():
     parser.add_argument("--ray-head", help="this node is the head: list Ray nodes from its GCS")
     parser.add_argument("--membership", help="ray-membership.py inside the container (with --ray-head)")
     parser.add_argument("--gcs-port", type=int, help="the head's Ray GCS port (with --ray-head)")
+    parser.add_argument("--mp-head", help="this node is rank 0 of serving.executor mp: list the ranks joined to it")
+    parser.add_argument("--mp-membership", help="mp-membership.py inside the container (with --mp-head)")
+    parser.add_argument("--master-port", type=int, help="rank 0's store port (with --mp-head)")
+    parser.add_argument("--workers", default="", help="the worker ranks' addresses, comma-separated (with --mp-head)")
     parser.add_argument("--memory-status", help="the memory check's verdict (JSON)")
     parser.add_argument("--guard-status", help="head: the serving guard's verdict (JSON)")
     parser.add_argument("--hold", help="head: present while serving is held (JSON)")
@@ -152,6 +165,8 @@ def main():
     args = parser.parse_args()
     if args.ray_head and not (args.membership and args.gcs_port):
         parser.error("--ray-head needs --membership and --gcs-port")
+    if args.mp_head and not (args.mp_membership and args.master_port):
+        parser.error("--mp-head needs --mp-membership and --master-port")
     if bool(args.firewall_unit) != bool(args.firewall_table):
         parser.error("--firewall-unit and --firewall-table go together")
     status = {
@@ -169,6 +184,8 @@ def main():
         status["hold"] = state_file(args.hold)
     if args.ray_head:
         status["ray"] = ray_nodes(args.container, args.ray_head, args.membership, args.gcs_port)
+    if args.mp_head:
+        status["ranks"] = mp_ranks(args.container, args.mp_membership, args.mp_head, args.master_port, args.workers)
     print(json.dumps(status))
 
 

@@ -91,6 +91,7 @@ class StackOutputs(Lenient):
     apiKey: Optional[str] = None
     model: Optional[str] = None
     modelDir: Optional[str] = None  # model.dir, the same on every node
+    executor: Optional[str] = None  # serving.executor: ray or mp
     recipe: Optional[str] = None  # serving.recipe, by name (components/recipes.py)
     nodes: Optional[list[Node]] = None
     sshUser: Optional[str] = None

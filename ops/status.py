@@ -22,7 +22,7 @@ import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Optional, Sequence
 
 import httpx
 from rich.console import Console
@@ -37,6 +37,7 @@ from .nodes import FACTS_PROBE, NodeRunner, add_ssh_arguments, check_pinned, ssh
 from .target import add_target_arguments, resolve_target, status_expectations
 
 MEMBERSHIP_IN_CONTAINER = f"{contract.CONTAINER_BUNDLE_DIR}/{contract.MEMBERSHIP_SCRIPT}"
+MP_MEMBERSHIP_IN_CONTAINER = f"{contract.CONTAINER_BUNDLE_DIR}/{contract.MP_MEMBERSHIP_SCRIPT}"
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
 
@@ -56,16 +57,20 @@ def run(args: argparse.Namespace) -> int:
                       expect.speed_mbps, Console())
 
 
-def probe_args(node: dict) -> list[str]:
+def probe_args(node: dict, executor: str = "ray", worker_ips: Sequence[str] = ()) -> list[str]:
     args = ["--name", node["name"], "--container", contract.SERVING_CONTAINER,
             "--memory-status", contract.MEMORY_CHECK_STATUS,
             "--firewall-unit", contract.FIREWALL_UNIT, "--firewall-table", contract.FIREWALL_TABLE]
     for rail in node.get("rails", []):
         args += ["--rail", f"{rail['iface']}:{rail['hca']}"]
-    if node["role"] == "head":
+    if node["role"] == "head" and executor == "mp":
+        args += ["--mp-head", node["rayIp"], "--mp-membership", MP_MEMBERSHIP_IN_CONTAINER,
+                 "--master-port", str(contract.MP_MASTER_PORT), "--workers", ",".join(worker_ips)]
+    elif node["role"] == "head":
         args += ["--ray-head", node["rayIp"], "--membership", MEMBERSHIP_IN_CONTAINER,
-                 "--gcs-port", str(contract.RAY_PORT),
-                 "--guard-status", contract.SERVING_GUARD_STATUS, "--hold", contract.SERVING_HOLD]
+                 "--gcs-port", str(contract.RAY_PORT)]
+    if node["role"] == "head":
+        args += ["--guard-status", contract.SERVING_GUARD_STATUS, "--hold", contract.SERVING_HOLD]
     return args
 
 
@@ -200,6 +205,10 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
             alive = [n for n in ray.get("nodes", []) if n["gpus"] >= 1]
             if "error" in ray or len(alive) < gpu_nodes:
                 found.append(f"{name}: Ray has {len(alive)} of {gpu_nodes} GPU nodes alive {ray.get('error', '')}".rstrip())
+        ranks = node.get("ranks")
+        if ranks is not None and ("error" in ranks or len(ranks.get("nodes", [])) < gpu_nodes):
+            found.append(f"{name}: {len(ranks.get('nodes', []))} of {gpu_nodes} node ranks joined rank 0 "
+                         f"{ranks.get('error', '')}".rstrip())
     return found
 
 
@@ -290,10 +299,12 @@ def guard_text(node: dict) -> str:
 
 def collect(target, runner: NodeRunner) -> dict:
     base_image, acknowledged = stack_platform(target.outputs)
+    executor = target.outputs.get("executor") or "ray"  # stacks deployed before the output: Ray's
+    worker_ips = [n["rayIp"] for n in target.nodes if n["role"] != "head"]
 
     def one(node):
         try:
-            status = json.loads(runner(node, probe_args(node)))
+            status = json.loads(runner(node, probe_args(node, executor, worker_ips)))
         except Exception as err:  # one unreachable node must not hide the others
             return {"node": node["name"], "error": str(err)}
         try:
@@ -313,7 +324,7 @@ def collect(target, runner: NodeRunner) -> dict:
 def render(report: dict, found: list[str], console: Console) -> None:
     """Every cell is a Text: what nodes and servers say is printed as it is, never read as markup."""
     nodes = Table(title="nodes")
-    for col in ("node", "container", "rails (link speed MTU RoCE)", "GPU", "Ray", "memory, guard", "firewall"):
+    for col in ("node", "container", "rails (link speed MTU RoCE)", "GPU", "Ray (mp: ranks)", "memory, guard", "firewall"):
         nodes.add_column(col)
     red = "red"
     for node in report["nodes"]:
@@ -325,7 +336,7 @@ def render(report: dict, found: list[str], console: Console) -> None:
                      if c.get("present") else Text("missing", style=red))
         rails = "\n".join(f"{r['iface']}: {r['operstate']} {r['speed_mbps']} {r['mtu']} {r['roce_state']}"
                           for r in node["rails"])
-        ray = node.get("ray")
+        ray = node.get("ray", node.get("ranks"))
         ray_text = "" if ray is None else (ray.get("error") or ", ".join(
             f"{n['node_ip']} ({n['gpus']:g} GPU)" for n in ray.get("nodes", [])))
         nodes.add_row(Text(node["node"]), container, Text(rails), Text(gpu_text(node.get("gpu") or {})), Text(ray_text),

@@ -256,6 +256,9 @@ def test_the_standin_head_serves_only_with_every_rank_and_dies_with_a_worker(tmp
         worker = standin(tmp_path, port, 1, "--headless")
         assert wait_for(sock.exists, 20), "the API never opened with every rank in"
         assert wait_for(lambda: completion(sock) == 200, 10)
+        assert [completion(sock) for _ in range(10)] == [200] * 10
+        time.sleep(11)  # past the 10 s the head gives a joining rank to say hello: a served rank is not "dead"
+        assert head.poll() is None and completion(sock) == 200, "the engine ended with every rank alive"
         worker.kill()  # a node rank dies: the head's engine winds down and exits
         assert head.wait(timeout=20) == 0
         assert "node rank 1 died" in head.stdout.read()

@@ -528,8 +528,9 @@ def test_outputs_contract(recipe_run):
         "endpoint", "model", "modelRevision", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
         "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser", "servingImage", "platform",
         "launchBundles", "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel", "recipe",
-        "memoryFit", "modelDir",
+        "memoryFit", "modelDir", "executor",
     }
+    assert out["executor"]["value"] == "ray"
     assert out["modelDir"]["value"] == "/home/nvidia/models/DeepSeek-V4-Flash-0731"
     assert out["recipe"]["value"] == "DeepSeek-V4-Flash-0731"
     # what `ops upgrade` checks a rollback against: each node's bundle hash, as its containers' label

@@ -3,6 +3,7 @@ for SSH), the guard, the hold, the memory check and the firewall."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,9 @@ def test_endpoint_status_reads_spec_decode_and_queue(endpoint):
     assert status.endpoint_status(target.base_url, "wrong")["models_status"] == 401
 
 
+MP_MEMBERSHIP = Path(__file__).resolve().parents[2] / "launch" / contract.MP_MEMBERSHIP_SCRIPT
+
+
 def shim_bin(tmp_path, restarting="false", restart_count=0, ray_gpus=(1, 1), driver="580.173.02",
              firewall_unit="active", firewall_loaded=True):
     """docker, nvidia-smi, ibv_devinfo, systemctl, sudo and nft as a Spark would answer them."""
@@ -53,7 +57,10 @@ case "$1 $3" in
   inspect*) echo '{{"Status":"running","Restarting":{restarting},"StartedAt":"2026-11-29T10:00:00Z","ExitCode":0}}|{restart_count}' ;;
   image*) echo sha256:served ;;
   run*) cat >/dev/null; echo '{{"vllm": "0.25.2", "nccl": "2.30.7", "nccl_pip": null}}' ;;
-  exec*) case "$*" in *"/twinspark/ray-membership.py alive --head 10.0.0.1 --gcs-port 6379") echo '{nodes}' ;; *) exit 1 ;; esac ;;
+  exec*) case "$*" in *"/twinspark/ray-membership.py alive --head 10.0.0.1 --gcs-port 6379") echo '{nodes}' ;;
+    # the real rank watch, on this machine's TCP table (the container shares the host's network)
+    *"/twinspark/{contract.MP_MEMBERSHIP_SCRIPT} alive "*) shift 4; exec python3 {MP_MEMBERSHIP} "$@" ;;
+    *) exit 1 ;; esac ;;
 esac""",
         "nvidia-smi": f"""#!/bin/sh
 case "$1" in
@@ -284,3 +291,30 @@ def test_status_survives_an_unreachable_node(endpoint):
     assert [n["error"] for n in report["nodes"]] == ["ssh nvidia@h1 failed: Connection timed out",
                                                     "ssh nvidia@h2 failed: Connection timed out"]
     assert len(status.problems(report, 9000, 200000)) == 2
+
+
+def test_status_with_mp_reads_the_node_ranks_joined_to_rank_0_in_place_of_ray(endpoint, tmp_path, monkeypatch):
+    """serving.executor mp (the `executor` output): rank 0 listening on the master port, each worker
+    rank by its connection to it — real sockets on loopback, read by the real mp-membership.py."""
+    behaviour, target = endpoint
+    behaviour.metrics_text = METRICS
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(contract, "MP_MASTER_PORT", port)
+    target.nodes = [{**NODES[0], "rayIp": "127.0.0.1"}, {**NODES[1], "rayIp": "127.0.0.2"}]
+    target.outputs = {"executor": "mp"}
+    runner = local_runner(shim_bin(tmp_path))
+    with socket.create_server(("127.0.0.1", port)) as store:
+        alone = status.collect(target, runner)
+        assert "ray" not in alone["nodes"][0] and "ranks" not in alone["nodes"][1]
+        assert alone["nodes"][0]["ranks"] == {"nodes": [{"node_ip": "127.0.0.1", "gpus": 1}]}
+        assert "spark1: 1 of 2 node ranks joined rank 0" in status.problems(alone, 9000, 200000)
+        with socket.socket() as rank1:
+            rank1.bind(("127.0.0.2", 0))
+            rank1.connect(("127.0.0.1", port))
+            accepted, _ = store.accept()
+            joined = status.collect(target, runner)
+            accepted.close()
+    assert [n["node_ip"] for n in joined["nodes"][0]["ranks"]["nodes"]] == ["127.0.0.1", "127.0.0.2"]
+    assert not [p for p in status.problems(joined, 9000, 200000) if "node ranks" in p or "Ray" in p]

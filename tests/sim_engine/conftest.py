@@ -360,6 +360,19 @@ def urn_of(stack, name: str) -> str:
     return urn
 
 
+def serving_events(cluster, node: str, since: float, action: str) -> list[float]:
+    """When the node's serving container had `action` (die, start, restart) since `since`, from
+    dockerd's own event log (a `docker restart` is the guard's; a start without one, the policy's)."""
+    out = cluster.ssh(node, f"docker events --since {since:.3f} --until \"$(date +%s.%N)\" --filter type=container "
+                            f"--filter container={contract.SERVING_CONTAINER} --filter event={action} --format '{{{{.TimeNano}}}}'")
+    assert out.returncode == 0, out.stderr
+    return [int(t) / 1e9 for t in out.stdout.split()]
+
+
+def serving_pid(cluster, node: str) -> str:
+    return cluster.ssh(node, f"docker inspect --format '{{{{.State.Pid}}}}' {contract.SERVING_CONTAINER}").stdout.strip()
+
+
 def guard_verdict(cluster) -> dict:
     out = cluster.node_exec(HEAD, "cat", contract.SERVING_GUARD_STATUS, check=False).stdout
     return json.loads(out) if out.strip() else {}

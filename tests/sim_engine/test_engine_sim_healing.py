@@ -26,6 +26,7 @@ import pytest
 
 import node_contract as contract
 from conftest import (HEAD, WORKER, completion_status, flag, guard_verdict, ops_access, readiness_s, run_ops,
+                      serving_events, serving_pid,
                       urn_of, vllm_argv, wait_for)
 
 SERVING = contract.SERVING_CONTAINER
@@ -53,19 +54,6 @@ def guard_round_s(stack) -> float:
 
 
 # ---- what the nodes' dockerd and logs say --------------------------------------------------------
-def serving_events(cluster, node: str, since: float, action: str) -> list[float]:
-    """When the node's serving container had `action` (die, start, restart) since `since`, from
-    dockerd's own event log (a `docker restart` is the guard's; a start without one, the policy's)."""
-    out = cluster.ssh(node, f"docker events --since {since:.3f} --until \"$(date +%s.%N)\" --filter type=container "
-                            f"--filter container={SERVING} --filter event={action} --format '{{{{.TimeNano}}}}'")
-    assert out.returncode == 0, out.stderr
-    return [int(t) / 1e9 for t in out.stdout.split()]
-
-
-def serving_pid(cluster, node: str) -> str:
-    return cluster.ssh(node, f"docker inspect --format '{{{{.State.Pid}}}}' {SERVING}").stdout.strip()
-
-
 def tail(cluster, node: str, path: str, lines: int = 60) -> str:
     return cluster.node_exec(node, "tail", "-n", str(lines), path, check=False).stdout
 

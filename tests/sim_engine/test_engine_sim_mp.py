@@ -14,22 +14,28 @@ import time
 import pytest
 
 import node_contract as contract
-from conftest import HEAD, WORKER, completion_status, flag, readiness_s, vllm_argv, wait_for
+from conftest import (HEAD, WORKER, completion_status, flag, ops_access, readiness_s, run_ops, serving_events,
+                      serving_pid, vllm_argv, wait_for)
 
 SERVING = contract.SERVING_CONTAINER
 BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
 
 
-def serving_events(cluster, node: str, since: float, action: str) -> list[float]:
-    out = cluster.ssh(node, f"docker events --since {since:.3f} --until \"$(date +%s.%N)\" --filter type=container "
-                            f"--filter container={SERVING} --filter event={action} --format '{{{{.TimeNano}}}}'")
-    assert out.returncode == 0, out.stderr
-    return [int(t) / 1e9 for t in out.stdout.split()]
-
-
 def serves(stack) -> bool:
     outputs = stack.outputs()
     return completion_status(outputs, outputs["apiKey"]) == 200
+
+
+def boot_logs(cluster) -> str:
+    """Each node's serving container state and the tail of its boot log: what a failure shows."""
+    text = []
+    for node, role in ((HEAD, "head"), (WORKER, "worker")):
+        state = cluster.ssh(node, f"docker inspect --format '{{{{.State.Status}}}} restarts={{{{.RestartCount}}}} "
+                                  f"exit={{{{.State.ExitCode}}}}' {SERVING}").stdout.strip()
+        log = cluster.node_exec(node, "tail", "-n", "25", f"{contract.LOG_DIR}/{contract.boot_log(role)}",
+                                check=False).stdout
+        text.append(f"== {node}: {state}\n{log}")
+    return "\n".join(text)
 
 
 def worker_argv(cluster) -> list[str]:
@@ -51,30 +57,36 @@ def mp_deployed(cluster, stack, deployed, report):
         report["mp_back_to_ray_up_s"] = back.seconds
 
 
-def test_mp_deploys_and_serves_with_no_ray(cluster, stack, mp_deployed, report):
+def test_mp_deploys_and_serves_with_no_ray(cluster, stack, mp_deployed, operator_home, report):
     head, worker = vllm_argv(cluster), worker_argv(cluster)
     assert flag(head, "--distributed-executor-backend") == "mp" and flag(head, "--node-rank") == "0"
     assert flag(worker, "--node-rank") == "1" and "--headless" in worker and "--headless" not in head
-    assert serves(stack)
+    assert serves(stack), boot_logs(cluster)
     for node in (HEAD, WORKER):  # no Ray process anywhere
         assert cluster.node_exec(node, "pgrep", "-f", "raylet|gcs_server", check=False).stdout.strip() == ""
+    # ops status reads the node ranks joined to rank 0 in place of Ray's membership
+    status = run_ops("status", "--json", *ops_access(cluster, stack.outputs(), operator_home))
+    assert status.returncode == 0, status.stdout + status.stderr
+    head_status = next(n for n in json.loads(status.stdout)["nodes"] if n["node"] == HEAD)
+    assert "ray" not in head_status and [n["node_ip"] for n in head_status["ranks"]["nodes"]] == [
+        "10.0.0.1", "10.0.0.2"], head_status
     again = stack.up()  # a no-op up restarts nothing with mp either
     assert [m for m in again.steps() if m["op"] != "same"] == []
 
 
-def test_mp_a_restarted_worker_restarts_the_head_and_serving_resumes(cluster, stack, mp_deployed, report):
+def test_mp_a_sigterm_to_the_worker_restarts_the_head_and_serving_resumes(cluster, stack, mp_deployed, report):
+    """As Ray's test_a_sigterm_to_the_worker_leaves_ray_at_once_and_it_comes_back: PID 1 signalled."""
     since = time.time()
-    cluster.ssh(WORKER, f"docker restart {SERVING}")
+    cluster.node_exec(WORKER, "kill", "-TERM", serving_pid(cluster, WORKER))
     wait_for(lambda: serving_events(cluster, HEAD, since, "die"), readiness_s(stack),
              "the head's engine ending with node rank 1 gone")
     wait_for(lambda: serves(stack), readiness_s(stack), "serving after the worker's restart")
-    report["mp_worker_restart_to_serving_s"] = round(time.time() - since, 1)  # beside worker_restart_to_serving_s
+    report["mp_worker_sigterm_to_serving_s"] = round(time.time() - since, 1)  # beside worker_sigterm_to_serving_s
 
 
 def test_mp_a_killed_head_makes_the_worker_leave_and_rejoin(cluster, stack, mp_deployed, report):
     since = time.time()
-    pid = cluster.ssh(HEAD, f"docker inspect --format '{{{{.State.Pid}}}}' {SERVING}").stdout.strip()
-    cluster.node_exec(HEAD, "kill", "-9", pid)
+    cluster.node_exec(HEAD, "kill", "-9", serving_pid(cluster, HEAD))  # as Ray's test_the_head_killed_...
     left = wait_for(lambda: serving_events(cluster, WORKER, since, "die"), readiness_s(stack),
                     "the worker leaving the dead head's process group")
     report["mp_worker_detects_head_restart_s"] = round(left[0] - since, 1)

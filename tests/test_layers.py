@@ -1,0 +1,92 @@
+"""docs/architecture.md's layers, held by what each module imports (read with ast, nothing run):
+a component (a module defining a ComponentResource) imports no other component; the leaves
+import no Pulumi; the contract, the host keys and the platform gate import nothing of the project."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+from program_harness import ROOT
+
+PROJECT = {"components", "ops", "node_contract", "host_keys", "platform_gate"}
+# nothing of the project (the host keys: the contract's SSH port only), no Pulumi
+FOUNDATIONS = {"node_contract.py": set(), "host_keys.py": {"node_contract"}, "platform_gate.py": set()}
+# no Pulumi: the flag rules, the recipes, the memory budget, the pure renders, the day-2 tools
+# (but ops upgrade's stack, which drives pulumi.automation)
+NO_PULUMI = ("components/vllm_flags.py", "components/recipes.py", "components/memory_budget.py",
+             "components/observability_files/*.py", "ops/*.py")
+AUTOMATION = ("ops/stack.py", "ops/upgrade*.py")  # pulumi.automation, and the schema's RunError
+
+
+def imports(path: Path, root: Path) -> set[str]:
+    """Every module `path` imports, dotted and absolute (a relative import resolved from its package)."""
+    package = path.relative_to(root).parent.parts
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = list(package[:len(package) - node.level + 1]) if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def outermost(modules: set[str]) -> list[str]:
+    """`from a.b import c` records a.b and a.b.c: name a.b alone."""
+    return sorted(m for m in modules if not any(m.startswith(f"{other}.") for other in modules))
+
+
+def component_modules(root: Path) -> dict[str, Path]:
+    """components.X for every module of components/ that defines a ComponentResource subclass."""
+    found = {}
+    for path in sorted((root / "components").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        if any(isinstance(node, ast.ClassDef) and any(ast.unparse(base).endswith("ComponentResource")
+                                                       for base in node.bases) for node in ast.walk(tree)):
+            found[f"components.{path.stem}"] = path
+    return found
+
+
+def violations(root: Path) -> list[str]:
+    found = []
+    components = component_modules(root)
+    for name, path in components.items():
+        for other in sorted(imports(path, root) & set(components) - {name}):
+            found.append(f"{path.relative_to(root)}: a component imports another component, {other}")
+    for rel, allowed in FOUNDATIONS.items():
+        for module in outermost(imports(root / rel, root)):
+            top = module.split(".")[0]
+            if (top in PROJECT or top.startswith("pulumi")) and top not in allowed:
+                found.append(f"{rel}: imports {module} (it may import nothing of the project, and no Pulumi)")
+    automation = {p for pattern in AUTOMATION for p in root.glob(pattern)}
+    for pattern in NO_PULUMI:
+        for path in sorted(root.glob(pattern)):
+            pulumi = {m for m in imports(path, root) if m.split(".")[0].startswith("pulumi")}
+            if path in automation:
+                pulumi = {m for m in pulumi if m not in ("pulumi", "pulumi.RunError") and not m.startswith("pulumi.automation")}
+            found += [f"{path.relative_to(root)}: imports {m} (a leaf: no Pulumi)" for m in outermost(pulumi)]
+    return found
+
+
+def test_the_layers_hold():
+    assert len(component_modules(ROOT)) >= 10  # the rule is about something
+    assert violations(ROOT) == []
+
+
+def test_a_component_importing_another_and_a_leaf_importing_pulumi_are_both_named(tmp_path):
+    for rel in ("components", "ops", *FOUNDATIONS):
+        (shutil.copytree if (ROOT / rel).is_dir() else shutil.copy)(ROOT / rel, tmp_path / rel)
+    readiness = tmp_path / "components" / "readiness.py"
+    readiness.write_text("from .serving_guard import ServingGuard\n" + readiness.read_text())
+    flags = tmp_path / "components" / "vllm_flags.py"
+    flags.write_text("import pulumi\n" + flags.read_text())
+    contract = tmp_path / "node_contract.py"
+    contract.write_text("from components import recipes\n" + contract.read_text())
+    assert violations(tmp_path) == [
+        "components/readiness.py: a component imports another component, components.serving_guard",
+        "node_contract.py: imports components (it may import nothing of the project, and no Pulumi)",
+        "components/vllm_flags.py: imports pulumi (a leaf: no Pulumi)",
+    ]
