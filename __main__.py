@@ -169,6 +169,7 @@ nccl = NcclCheck(
         master_ip=topology.head_ray_ip,
         min_bus_bandwidth_gbps=cfg.fabric.min_bus_bandwidth_gbps,
         pairs=nccl_pairs(topology),  # three nodes or more: each link first
+        join_timeout_s=cfg.fabric.nccl_join_timeout_seconds,
     ),
     opts=pulumi.ResourceOptions(depends_on=[*images.values(), *bundles.values()]),
 )

@@ -73,6 +73,7 @@ class NcclCheckArgs:
     master_ip: str  # Topology.head_ray_ip: the head's first rail (ring: its LAN address)
     min_bus_bandwidth_gbps: float  # 0 switches the check off
     pairs: Sequence[NcclPair] = ()  # nccl_pairs: none for two nodes
+    join_timeout_s: Optional[int] = None  # fabric.ncclJoinTimeoutSeconds; None: the check's own (180 s)
 
 
 def nccl_pairs(topology: Topology) -> list[NcclPair]:
@@ -111,7 +112,7 @@ def pair_rounds(pairs: Sequence[NcclPair]) -> list[list[NcclPair]]:
 
 
 def check_args(nodes: Sequence[str], rank: int, master_ip: str, min_bus_bandwidth_gbps: float,
-               rerun_all: str) -> list[str]:
+               rerun_all: str, join_timeout_s: Optional[int] = None) -> list[str]:
     return [
         "--node", nodes[rank],
         "--rank", str(rank),
@@ -121,7 +122,7 @@ def check_args(nodes: Sequence[str], rank: int, master_ip: str, min_bus_bandwidt
         "--min-busbw-gbps", f"{min_bus_bandwidth_gbps:g}",
         "--require-network", "IB",
         "--rerun-all", rerun_all,
-    ]
+    ] + (["--join-timeout-s", str(join_timeout_s)] if join_timeout_s is not None else [])
 
 
 def nccl_check_flags(node_name: str, image_id: str, check: Sequence[str],
@@ -140,13 +141,14 @@ def nccl_check_flags(node_name: str, image_id: str, check: Sequence[str],
 def rank_script_args(args: NcclCheckArgs, rank: int, image_id: str, rerun_all: str) -> list[str]:
     nodes = [r.node_name for r in args.ranks]
     return nccl_check_flags(nodes[rank], image_id,
-                            check_args(nodes, rank, args.master_ip, args.min_bus_bandwidth_gbps, rerun_all))
+                            check_args(nodes, rank, args.master_ip, args.min_bus_bandwidth_gbps, rerun_all,
+                                       args.join_timeout_s))
 
 
 def pair_script_args(args: NcclCheckArgs, pair: NcclPair, rank: int, image_id: str, rerun_all: str) -> list[str]:
     """nccl-pair-check.sh's flags for the pair's rank `rank`: its link in words, then nccl-check.sh's."""
     node = pair.nodes[rank]
-    check = check_args(pair.nodes, rank, pair.master_ip, args.min_bus_bandwidth_gbps, rerun_all)
+    check = check_args(pair.nodes, rank, pair.master_ip, args.min_bus_bandwidth_gbps, rerun_all, args.join_timeout_s)
     flags = ["--node", node, "--pair", "-".join(pair.nodes), *(a for r in pair.rails for a in ("--rail", r)),
              "--fix", pair.fix, "--rerun-all", rerun_all]
     return flags + [a for f in nccl_check_flags(node, image_id, check, pair.nccl_env[rank]) for a in ("--rank-arg", f)]

@@ -177,6 +177,22 @@ def test_a_rank_replaced_alone_fails_fast_saying_how_to_run_every_rank(recipe_ru
     assert "--join-timeout-s" not in check_args and load_check().JOIN_TIMEOUT_S <= 180
 
 
+def test_the_join_timeout_set_in_the_stack_reaches_every_rank_and_a_rank_alone_fails_within_it(program,
+                                                                                                 recipe_config):
+    config = copy.deepcopy(recipe_config)
+    config["twinspark:fabric"]["ncclJoinTimeoutSeconds"] = 10
+    run = program(config)
+    assert run.error is None, run.error
+    for name in RANKS:
+        assert flag_value(flag_values(runner_call(run.named(name)).args, "--check-arg"), "--join-timeout-s") == "10"
+    check_args = flag_values(runner_call(run.named("spark1-nccl-check")).args, "--check-arg")
+    check_args[check_args.index("--master") + 1] = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(CHECK_PROGRAM), *check_args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "spark2 (rank 1) did not join within 10 s" in proc.stdout, proc.stdout + proc.stderr
+    assert 10 <= time.monotonic() - started < 30
+
+
 class Ranks:
     """Ranks of one roll call on loopback, each in a thread: outcome "go" or why not."""
 

@@ -96,6 +96,10 @@ class Fabric(Contract):
         default=10.0, ge=0, alias="minBusBandwidthGBps",
         description="NcclCheck's floor for all_reduce bus bandwidth in GB/s; `0` skips NcclCheck "
         "(and must, on a single node)")
+    nccl_join_timeout_seconds: Optional[Integer] = Field(
+        default=None, ge=10, le=3600, alias="ncclJoinTimeoutSeconds",
+        description="how long NcclCheck's ranks wait for each other before one alone fails, naming the run that "
+        "replaces every rank (unset: 180 s; one `pulumi up` starts them within seconds of each other)")
 
 
 class ModelConfig(Contract):
