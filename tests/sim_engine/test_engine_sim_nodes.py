@@ -1,15 +1,20 @@
 """A third Spark added to a serving pair, then taken out again, through `pulumi up` (docs/operating.md,
 "Three or more Sparks"): one more entry under `twinspark:nodes`, a layout the model splits over,
-and the engine does the rest. Runs alone (`-k third`); needs the first up (`deployed`)."""
+and the engine does the rest; at three nodes (PP 3) and at four (TP 2 x PP 2, a switch of four) the
+cluster heals as a pair does: the head's engine killed, a worker powered off and on. Runs alone
+(`-k third` or `-k four`); needs the first up (`deployed`)."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import yaml
 
 import node_contract as contract
 from cluster import sim_nodes
-from conftest import HEAD, containers, flag, serving_answers, vllm_argv
+from conftest import (HEAD, completion_status, containers, flag, readiness_s, serving_answers, serving_events,
+                      serving_pid, vllm_argv, wait_for)
 from test_engine_sim import changes, name_of
 
 THIRD = "sim3"
@@ -21,6 +26,25 @@ def write_nodes(stack, nodes: list[dict]) -> None:
     document = stack.stack_file()
     document["config"]["twinspark:nodes"] = nodes
     stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def serves(stack) -> bool:
+    outputs = stack.outputs()
+    return completion_status(outputs, outputs["apiKey"]) == 200
+
+
+def heals(cluster, stack, worker: str, report, prefix: str) -> None:
+    """What the pair's healing scenarios do, at this size: the head's engine killed (every worker
+    leaves the dead cluster and joins the next), then one worker powered off and on."""
+    since = time.time()
+    cluster.node_exec(HEAD, "kill", "-9", serving_pid(cluster, HEAD))
+    wait_for(lambda: serving_events(cluster, worker, since, "die"), readiness_s(stack), f"{worker} leaving the dead head")
+    wait_for(lambda: serves(stack), readiness_s(stack), "serving after the head's engine was killed")
+    report[f"{prefix}_head_killed_to_serving_s"] = round(time.time() - since, 1)
+    since = time.time()
+    cluster.reboot(worker)
+    wait_for(lambda: serves(stack), readiness_s(stack), f"serving after {worker} rebooted")
+    report[f"{prefix}_worker_rebooted_to_serving_s"] = round(time.time() - since, 1)
 
 
 @pytest.fixture
@@ -71,6 +95,7 @@ def test_a_third_node_added_serves_in_three_stages_and_taken_out_leaves_nothing_
     for node in (HEAD, "sim2"):
         serving = containers(cluster, node)[contract.SERVING_CONTAINER]
         assert serving[0] != pair_containers[node][contract.SERVING_CONTAINER][0], node
+    heals(cluster, stack, THIRD, report, "three_nodes")
 
     write_nodes(stack, pair)
     stack.cli("config", "rm", "--path", "twinspark:serving.pipelineParallel")
@@ -90,3 +115,53 @@ def test_a_third_node_added_serves_in_three_stages_and_taken_out_leaves_nothing_
     assert records == "", records
     assert serving_answers(stack) == 200
     assert "--pipeline-parallel-size" not in vllm_argv(cluster)
+
+
+@pytest.fixture
+def four_nodes(cluster, stack):
+    """sim3 and sim4 cabled to the rails' bridges (a switch of four) and booted; afterwards the
+    stack has its pair again and both are gone."""
+    pair = stack.stack_file()["config"]["twinspark:nodes"]
+    extra = sim_nodes(pair, 4)[2:]
+    for spec in extra:
+        cluster.add_node(spec)
+    try:
+        yield pair, extra
+    finally:
+        if len(stack.stack_file()["config"]["twinspark:nodes"]) != len(pair):
+            write_nodes(stack, pair)
+            for key in ("pipelineParallel", "tensorParallel"):
+                stack.cli("config", "rm", "--path", f"twinspark:serving.{key}", check=False)
+            stack.up()
+        for spec in extra:
+            cluster.remove_node(spec["name"])
+
+
+def test_four_nodes_on_a_switch_serve_at_tp_2_by_pp_2_heal_and_go_back_to_two(
+        cluster, stack, deployed, four_nodes, report):
+    pair, extra = four_nodes
+    write_nodes(stack, pair + extra)
+    stack.set_config("serving.tensorParallel", "2")
+    stack.set_config("serving.pipelineParallel", "2")
+    added = stack.up()
+    report["four_nodes_added_up_s"] = added.seconds
+    assert serving_answers(stack) == 200
+    argv = vllm_argv(cluster)
+    assert flag(argv, "--tensor-parallel-size") == "2" and flag(argv, "--pipeline-parallel-size") == "2", argv
+    for spec in extra:
+        assert contract.SERVING_CONTAINER in containers(cluster, spec["name"]), spec["name"]
+    # NcclCheck: every pair of the switch's four, in rounds of disjoint pairs, then the four together
+    pair_checks = sorted(name for name in changes(added) if "-nccl-pair-" in name)
+    report["four_nodes_nccl_pair_checks"] = pair_checks
+    assert len(pair_checks) == 12, pair_checks  # 6 pairs, each end its own step
+    assert set(stack.up().summary) == {"same"}
+    heals(cluster, stack, extra[-1]["name"], report, "four_nodes")
+
+    write_nodes(stack, pair)
+    for key in ("pipelineParallel", "tensorParallel"):
+        stack.cli("config", "rm", "--path", f"twinspark:serving.{key}")
+    removed = stack.up()
+    report["four_nodes_removed_up_s"] = removed.seconds
+    gone = {name for name, op in changes(removed).items() if name.startswith(("sim3-", "sim4-"))}
+    assert gone and all(changes(removed)[name] == "delete" for name in gone), changes(removed)
+    assert serving_answers(stack) == 200
