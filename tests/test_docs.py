@@ -49,3 +49,15 @@ def test_the_check_sees_a_broken_link_and_a_broken_anchor(tmp_path):
     page.write_text("# A heading, with punctuation!\n[ok](#a-heading-with-punctuation) [gone](missing.md) [bad](#nope)\n")
     assert anchors(page) == {"a-heading-with-punctuation"}
     assert links(page) == ["#a-heading-with-punctuation", "missing.md", "#nope"]
+
+
+def test_every_launch_file_has_its_role_in_the_architecture_page():
+    """docs/architecture.md's `launch/` by role names every file (or folder) of launch/, once."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page.split("### `launch/` by role", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("| ") and "`" in line.split("|")[2]]
+    named = [name.rstrip("/") for line in table for name in re.findall(r"`([^`]+)`", line.split("|")[2])]
+    on_disk = sorted(p.name for p in (ROOT / "launch").iterdir() if not p.name.startswith((".", "__")))
+    rendered = {"launch-vllm.sh", "twinspark.env", "Dockerfile", "locked-install.sh"}
+    assert sorted(set(named) - rendered) == on_disk
+    assert len(named) == len(set(named)), "a file named twice"
