@@ -129,18 +129,32 @@ def four_nodes(cluster, stack):
         yield pair, extra
     finally:
         if len(stack.stack_file()["config"]["twinspark:nodes"]) != len(pair):
-            write_nodes(stack, pair)
-            for key in ("pipelineParallel", "tensorParallel"):
-                stack.cli("config", "rm", "--path", f"twinspark:serving.{key}", check=False)
+            back_to_the_pair(stack, pair)
             stack.up()
         for spec in extra:
             cluster.remove_node(spec["name"])
+
+
+FOUR_NODE_RECIPE = "Qwen3.8-Flash-Next"  # DeepSeek's recipe stops at three nodes; this one is made for 2 to 4
+
+
+def back_to_the_pair(stack, pair) -> None:
+    """The stack as the pair's: its nodes, the default recipe and its KV dtype, no layout set."""
+    from components import recipes
+
+    write_nodes(stack, pair)
+    for key in ("pipelineParallel", "tensorParallel"):
+        stack.cli("config", "rm", "--path", f"twinspark:serving.{key}", check=False)
+    stack.set_config("serving.recipe", recipes.DEFAULT_RECIPE)
+    stack.set_config("serving.kvCacheDtype", "fp8_ds_mla")
 
 
 def test_four_nodes_on_a_switch_serve_at_tp_2_by_pp_2_heal_and_go_back_to_two(
         cluster, stack, deployed, four_nodes, report):
     pair, extra = four_nodes
     write_nodes(stack, pair + extra)
+    stack.cli("config", "rm", "--path", "twinspark:serving.kvCacheDtype")  # the recipe's own
+    stack.set_config("serving.recipe", FOUR_NODE_RECIPE)
     stack.set_config("serving.tensorParallel", "2")
     stack.set_config("serving.pipelineParallel", "2")
     added = stack.up()
@@ -157,9 +171,7 @@ def test_four_nodes_on_a_switch_serve_at_tp_2_by_pp_2_heal_and_go_back_to_two(
     assert set(stack.up().summary) == {"same"}
     heals(cluster, stack, extra[-1]["name"], report, "four_nodes")
 
-    write_nodes(stack, pair)
-    for key in ("pipelineParallel", "tensorParallel"):
-        stack.cli("config", "rm", "--path", f"twinspark:serving.{key}")
+    back_to_the_pair(stack, pair)
     removed = stack.up()
     report["four_nodes_removed_up_s"] = removed.seconds
     gone = {name for name, op in changes(removed).items() if name.startswith(("sim3-", "sim4-"))}
