@@ -58,20 +58,20 @@ def _address(hex_address: str) -> tuple[str, int]:
     return str(ip), int(port, 16)
 
 
-def established(tables=TCP_TABLES) -> list[tuple[tuple[str, int], tuple[str, int]]]:
-    """Every established TCP connection of this network namespace: (local, remote) address pairs."""
-    connections = []
+def tcp_rows(tables=TCP_TABLES):
+    """Each socket row of the kernel's TCP tables, split: [sl, local, remote, state, ...]."""
     for table in tables:
         try:
             with open(table) as f:
                 rows = f.read().splitlines()[1:]
         except OSError:
             continue
-        for row in rows:
-            fields = row.split()
-            if len(fields) > 3 and fields[3] == ESTABLISHED:
-                connections.append((_address(fields[1]), _address(fields[2])))
-    return connections
+        yield from (row.split() for row in rows if len(row.split()) > 3)
+
+
+def established(tables=TCP_TABLES) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """Every established TCP connection of this network namespace: (local, remote) address pairs."""
+    return [(_address(f[1]), _address(f[2])) for f in tcp_rows(tables) if f[3] == ESTABLISHED]
 
 
 def workers_connected(port: int, workers: list[str], tables=TCP_TABLES) -> set[str]:
@@ -86,15 +86,7 @@ def joined_head(head: str, port: int, tables=TCP_TABLES) -> bool:
 
 def listening(port: int, tables=TCP_TABLES) -> bool:
     """Whether something on this node listens on `port` (rank 0's store: the head's vLLM is up)."""
-    for table in tables:
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        if any(len(row.split()) > 3 and row.split()[3] == LISTEN and _address(row.split()[1])[1] == port for row in rows):
-            return True
-    return False
+    return any(f[3] == LISTEN and _address(f[1])[1] == port for f in tcp_rows(tables))
 
 
 def ranks_joined(head: str, port: int, workers: list[str], tables=TCP_TABLES) -> list[dict]:
