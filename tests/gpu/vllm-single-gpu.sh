@@ -126,8 +126,13 @@ kill $forwarder; kill -TERM $engine; wait $engine; echo "clean stop: exit $?" >>
 mem "after clean stop"
 start_engine || { echo "second start failed" >> "$OUT/kill.txt"; }
 mem "while serving again (second start)"
-worker=$(pgrep -f 'ray::RayWorkerWrapper' | head -1); worker=${worker:-$(pgrep -f 'VLLM::EngineCore' | head -1)}  # TP 1 may run no Ray worker
-echo "killing Ray worker pid ${worker:-none} ($(ps -o args= -p "${worker:-1}"))" >> "$OUT/kill.txt"
+# the process that holds the GPU: vLLM 0.24's Ray worker is ray::RayWorkerProc (runs 1 and 2 looked
+# for ray::RayWorkerWrapper, found none and killed the EngineCore); KILL=engine kills the EngineCore
+case ${KILL:-worker} in
+  worker) worker=$(pgrep -f 'ray::RayWorkerProc' | head -1); worker=${worker:-$(pgrep -f 'ray::RayWorkerWrapper' | head -1)} ;;
+  engine) worker=$(pgrep -f 'VLLM::EngineCore' | head -1) ;;
+esac
+echo "killing pid ${worker:-none} ($(ps -o args= -p "${worker:-1}"))" >> "$OUT/kill.txt"
 killed=$SECONDS; kill -9 "$worker"
 for _ in $(seq 120); do kill -0 $engine 2>/dev/null || break; echo "$((SECONDS - killed)) s health $(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$sock" http://x/health)" >> "$OUT/kill.txt"; sleep 1; done
 wait $engine; echo "engine exit $? after $((SECONDS - killed)) s" >> "$OUT/kill.txt"
