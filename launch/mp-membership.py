@@ -39,7 +39,7 @@ POLL_S = 1.0
 # torch's own 600 s init timeout (vllm/config/parallel.py distributed_timeout_seconds).
 GRACE_S = 6.0
 PROBE_TIMEOUT_S = 2.0
-ESTABLISHED, LISTEN = "01", "0A"  # include/net/tcp_states.h
+ESTABLISHED, CLOSE_WAIT, LISTEN = "01", "08", "0A"  # include/net/tcp_states.h
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 
 
@@ -79,9 +79,15 @@ def workers_connected(port: int, workers: list[str], tables=TCP_TABLES) -> set[s
     return {remote[0] for local, remote in established(tables) if local[1] == port and remote[0] in workers}
 
 
+def head_connection_states(head: str, port: int, tables=TCP_TABLES) -> set[str]:
+    """The states of this node's connections to the head's TCPStore: ESTABLISHED while joined,
+    CLOSE_WAIT once the head closed one that this node's vLLM still holds."""
+    return {f[3] for f in tcp_rows(tables) if _address(f[2]) == (head, port)}
+
+
 def joined_head(head: str, port: int, tables=TCP_TABLES) -> bool:
     """Whether this node holds a connection to the head's TCPStore."""
-    return any(remote == (head, port) for _, remote in established(tables))
+    return ESTABLISHED in head_connection_states(head, port, tables)
 
 
 def listening(port: int, tables=TCP_TABLES) -> bool:
@@ -142,9 +148,14 @@ def watch_head_side(port: int, workers: list[str], grace: float, tables=TCP_TABL
 
 def watch_worker_side(head: str, port: int, pid: int, grace: float, tables=TCP_TABLES) -> str:
     """(worker) Block until this node's headless vLLM must be restarted; say why."""
+    closed = f"the head's store at {head}:{port} closed this rank's connection (the head restarted)"
     while not joined_head(head, port, tables):
         if not alive(pid):
             return f"vLLM (pid {pid}) exited before it joined the head's store at {head}:{port}"
+        # joined and dropped between two polls (a head that died within a second of the join, or
+        # a store that was already winding down): the headless worker would wait on it forever
+        if CLOSE_WAIT in head_connection_states(head, port, tables):
+            return closed
         time.sleep(POLL_S)
     log(f"joined the head's store at {head}:{port}; watching it")
     last_answer = time.monotonic()
@@ -152,7 +163,7 @@ def watch_worker_side(head: str, port: int, pid: int, grace: float, tables=TCP_T
         if not alive(pid):
             return f"vLLM (pid {pid}) exited"
         if not joined_head(head, port, tables):
-            return f"the head's store at {head}:{port} closed this rank's connection (the head restarted)"
+            return closed
         if accepts(head, port):
             last_answer = time.monotonic()
         elif time.monotonic() - last_answer >= grace:

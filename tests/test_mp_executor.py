@@ -186,6 +186,23 @@ def test_a_worker_leaves_when_the_head_closes_its_store_connection():
         watcher.kill(), vllm.kill(), client.close(), listener.close()
 
 
+def test_a_worker_leaves_when_the_head_closed_its_connection_before_the_watch_first_looked():
+    """The head died within a second of this rank's join (CI's kill right after serving resumed):
+    the watch never saw the connection established, only the CLOSE_WAIT the headless worker holds."""
+    port = free_port()
+    listener = socket.create_server(("127.0.0.1", port))
+    client = socket.create_connection(("127.0.0.1", port))
+    server_side, _ = listener.accept()
+    server_side.close()
+    vllm = subprocess.Popen(["sleep", "60"])
+    watcher = watch("worker", "--head", "127.0.0.1", "--port", str(port), "--pid", str(vllm.pid), "--grace", "30")
+    try:
+        out, _ = watcher.communicate(timeout=10)
+        assert "closed this rank's connection" in out
+    finally:
+        watcher.kill(), vllm.kill(), client.close(), listener.close()
+
+
 def test_a_worker_leaves_when_its_vllm_exits():
     port = free_port()
     vllm = subprocess.Popen(["sleep", "0.5"])

@@ -38,6 +38,14 @@ def boot_logs(cluster) -> str:
     return "\n".join(text)
 
 
+def waits(cluster, check, timeout_s: float, what: str):
+    """wait_for, and on a timeout each node's serving state and boot log: why it did not happen."""
+    try:
+        return wait_for(check, timeout_s, what)
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}\n{boot_logs(cluster)}") from None
+
+
 def worker_argv(cluster) -> list[str]:
     out = cluster.node_exec(WORKER, "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout
     return json.loads(out)["argv"]
@@ -78,19 +86,19 @@ def test_mp_a_sigterm_to_the_worker_restarts_the_head_and_serving_resumes(cluste
     """As Ray's test_a_sigterm_to_the_worker_leaves_ray_at_once_and_it_comes_back: PID 1 signalled."""
     since = time.time()
     cluster.node_exec(WORKER, "kill", "-TERM", serving_pid(cluster, WORKER))
-    wait_for(lambda: serving_events(cluster, HEAD, since, "die"), readiness_s(stack),
+    waits(cluster, lambda: serving_events(cluster, HEAD, since, "die"), readiness_s(stack),
              "the head's engine ending with node rank 1 gone")
-    wait_for(lambda: serves(stack), readiness_s(stack), "serving after the worker's restart")
+    waits(cluster, lambda: serves(stack), readiness_s(stack), "serving after the worker's restart")
     report["mp_worker_sigterm_to_serving_s"] = round(time.time() - since, 1)  # beside worker_sigterm_to_serving_s
 
 
 def test_mp_a_killed_head_makes_the_worker_leave_and_rejoin(cluster, stack, mp_deployed, report):
     since = time.time()
     cluster.node_exec(HEAD, "kill", "-9", serving_pid(cluster, HEAD))  # as Ray's test_the_head_killed_...
-    left = wait_for(lambda: serving_events(cluster, WORKER, since, "die"), readiness_s(stack),
+    left = waits(cluster, lambda: serving_events(cluster, WORKER, since, "die"), readiness_s(stack),
                     "the worker leaving the dead head's process group")
     report["mp_worker_detects_head_restart_s"] = round(left[0] - since, 1)
     log = cluster.node_exec(WORKER, "tail", "-n", "40", BOOT_WORKER_LOG, check=False).stdout
     assert "closed this rank's connection" in log or "accepted nothing" in log, log
-    wait_for(lambda: serves(stack), readiness_s(stack), "serving after the head's restart")
+    waits(cluster, lambda: serves(stack), readiness_s(stack), "serving after the head's restart")
     report["mp_head_restart_to_serving_s"] = round(time.time() - since, 1)  # beside head_restart_to_serving_s

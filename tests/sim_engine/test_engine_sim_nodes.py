@@ -7,6 +7,7 @@ cluster heals as a pair does: the head's engine killed, a worker powered off and
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -47,6 +48,13 @@ def heals(cluster, stack, worker: str, report, prefix: str) -> None:
     report[f"{prefix}_worker_rebooted_to_serving_s"] = round(time.time() - since, 1)
 
 
+def retire(cluster, stack, name: str) -> None:
+    """The machine goes, and with it the host key first contact recorded for it: a node added
+    later under the same name is another machine (another key), as a reinstalled box would be."""
+    cluster.remove_node(name)
+    (Path(stack.env["TWINSPARK_KNOWN_HOSTS_DIR"]) / name).unlink(missing_ok=True)
+
+
 @pytest.fixture
 def third_node(cluster, stack):
     """sim3 cabled to the rails' bridges and booted, as the stack's node list would write it; the
@@ -61,7 +69,7 @@ def third_node(cluster, stack):
             write_nodes(stack, pair)
             stack.cli("config", "rm", "--path", "twinspark:serving.pipelineParallel", check=False)
             stack.up()
-        cluster.remove_node(THIRD)
+        retire(cluster, stack, THIRD)
 
 
 def test_a_third_node_added_serves_in_three_stages_and_taken_out_leaves_nothing_on_it(
@@ -132,7 +140,7 @@ def four_nodes(cluster, stack):
             back_to_the_pair(stack, pair)
             stack.up()
         for spec in extra:
-            cluster.remove_node(spec["name"])
+            retire(cluster, stack, spec["name"])
 
 
 FOUR_NODE_RECIPE = "Qwen3.8-Flash-Next"  # DeepSeek's recipe stops at three nodes; this one is made for 2 to 4
