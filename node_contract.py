@@ -36,6 +36,7 @@ ENV_FILE = "twinspark.env"
 SECRETS_FILE = "secrets.env"
 LAUNCH_VLLM = "launch-vllm.sh"
 PRELUDE = "prelude.sh"  # shared shell helpers: logging, die, flags, cleanup
+STEP_PRELUDE = "step-prelude.sh"  # for the steps that reach a peer or keep owner records; sent where sourced
 MEMBERSHIP_SCRIPT = "ray-membership.py"
 MP_MEMBERSHIP_SCRIPT = "mp-membership.py"  # serving.executor mp: the rank watch in place of Ray's
 BOOT_COMMON = "boot-common.sh"

@@ -31,7 +31,7 @@ import pulumi_random as random
 from pulumi._types import input_type_to_dict
 from pulumi_command import remote
 
-from node_contract import APPLIED_STATE_DIR, PRELUDE
+from node_contract import APPLIED_STATE_DIR, PRELUDE, STEP_PRELUDE
 
 LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch"
 MANAGED_FILE_SCRIPT = "managed-file.sh"
@@ -70,7 +70,10 @@ def script_text(name: str) -> str:
     text as payload, and the `exit` inside it ends the run before bash would read the
     payload that follows as commands.
     """
-    return "{\n" + launch_file(PRELUDE) + "\n" + launch_file(name) + "\nexit\n}\n"
+    script = launch_file(name)
+    # the step prelude goes where the script sources it (as it does when run by hand)
+    preludes = [PRELUDE] + ([STEP_PRELUDE] if f"source={STEP_PRELUDE}" in script else [])
+    return "{\n" + "".join(launch_file(p) + "\n" for p in preludes) + script + "\nexit\n}\n"
 
 
 def encode_secret(value: str) -> str:

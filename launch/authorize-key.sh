@@ -9,6 +9,8 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
+# shellcheck source-path=SCRIPTDIR source=step-prelude.sh
+[ -n "${TWINSPARK_STEP_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/step-prelude.sh"
 
 comment="" owner=""
 keys_file="$HOME/.ssh/authorized_keys"

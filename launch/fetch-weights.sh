@@ -35,6 +35,8 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
+# shellcheck source-path=SCRIPTDIR source=step-prelude.sh
+[ -n "${TWINSPARK_STEP_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/step-prelude.sh"
 
 repo="" revision="" dir="" image="" manifest="" record="" node="" owner="" timeout_h=8
 program="" cgroup_parent="" hub_endpoint=""

@@ -16,6 +16,8 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
+# shellcheck source-path=SCRIPTDIR source=step-prelude.sh
+[ -n "${TWINSPARK_STEP_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/step-prelude.sh"
 
 node="" dir="" manifest="" tp="" pp=1 utilization="" key="" known_hosts="" program=""
 kv_dtype="" max_len="" kv_bytes="" overhead=""  # the memory fit's: passed on, empty where not set

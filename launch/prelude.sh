@@ -79,25 +79,3 @@ require_flags() {
     fi
   done
 }
-
-# ---- the peers, over the rail with the weight-sync key ----------------------------------------
-# sync_key_ssh_options VAR KEY KNOWN_HOSTS: ssh options for a peer that authorized the sync key
-# (only from this node's rail address, authorize-key.sh); its host key is learnt at first use.
-sync_key_ssh_options() {
-  local -n options=$1
-  options=(-i "$2" -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new
-    -o "UserKnownHostsFile=$3")
-}
-
-# ---- ownership of what a step leaves in the user's home (the sync key, its authorization) ---
-# A renamed resource's old delete runs after the new create (the engine creates first); it
-# must leave alone what the new resource now owns. No record: installed before records
-# existed, so the caller owns it.
-owner_record() { printf '%s/.local/state/twinspark/owners/%s' "$HOME" "$1"; }
-claim_owner() {  # claim_owner THING OWNER
-  install -d -m 700 "$(dirname "$(owner_record "$1")")"
-  printf '%s\n' "$2" >"$(owner_record "$1")"
-}
-owner_of() { cat "$(owner_record "$1")" 2>/dev/null || true; }
-owned_by() { [ -z "$(owner_of "$1")" ] || [ "$(owner_of "$1")" = "$2" ]; }  # owned_by THING OWNER
-release_owner() { rm -f "$(owner_record "$1")"; }

@@ -10,6 +10,8 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
+# shellcheck source-path=SCRIPTDIR source=step-prelude.sh
+[ -n "${TWINSPARK_STEP_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/step-prelude.sh"
 
 key="" comment="" owner=""
 

@@ -26,6 +26,8 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
+# shellcheck source-path=SCRIPTDIR source=step-prelude.sh
+[ -n "${TWINSPARK_STEP_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/step-prelude.sh"
 
 node="" peer="" dir="" manifest="" record="" revision="" to="" port="" max_streams_per_rail="" key="" known_hosts=""
 rails=()

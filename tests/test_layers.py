@@ -5,9 +5,13 @@ import no Pulumi; the contract, the host keys and the platform gate import nothi
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 from pathlib import Path
 
+import node_contract as contract
+from components import launch_bundle
+from components.remote import LAUNCH_DIR
 from program_harness import ROOT
 
 PROJECT = {"components", "ops", "node_contract", "host_keys", "platform_gate"}
@@ -90,3 +94,45 @@ def test_a_component_importing_another_and_a_leaf_importing_pulumi_are_both_name
         "node_contract.py: imports components (it may import nothing of the project, and no Pulumi)",
         "components/vllm_flags.py: imports pulumi (a leaf: no Pulumi)",
     ]
+
+
+# ---- the shell preludes: prelude.sh for every script, step-prelude.sh only where sourced --------
+
+SHELL_FUNCTION = re.compile(r"^(\w+)\(\) \{", re.M)
+
+
+def prelude_misuse(launch: Path) -> list[str]:
+    """Each launch script that calls a step-prelude function without sourcing step-prelude.sh (the
+    runner would not send it: `command not found` on the node), and each step-prelude function the
+    prelude defines as well (the containers would carry it again)."""
+    step_functions = set(SHELL_FUNCTION.findall((launch / contract.STEP_PRELUDE).read_text()))
+    found = [f"{contract.PRELUDE} defines {name}, a step-prelude function"
+             for name in sorted(step_functions & set(SHELL_FUNCTION.findall((launch / contract.PRELUDE).read_text())))]
+    for script in sorted(launch.glob("*.sh")):
+        if script.name in (contract.PRELUDE, contract.STEP_PRELUDE):
+            continue
+        text = script.read_text()
+        called = sorted(name for name in step_functions if re.search(rf"\b{name}\b", text))
+        if called and f"source={contract.STEP_PRELUDE}" not in text:
+            found.append(f"{script.name} calls {', '.join(called)} without sourcing {contract.STEP_PRELUDE}")
+    return found
+
+
+def test_the_step_prelude_goes_only_where_it_is_sourced_and_the_prelude_does_not_repeat_it():
+    assert prelude_misuse(LAUNCH_DIR) == []
+    # what the serving containers carry: no step-prelude function is called there
+    bundled = {*launch_bundle.static_files("ray"), *launch_bundle.static_files("mp"), contract.API_GATEWAY_SCRIPT}
+    bundle_texts = "".join((LAUNCH_DIR / name).read_text() for name in sorted(bundled) if name != contract.PRELUDE)
+    assert not [n for n in SHELL_FUNCTION.findall((LAUNCH_DIR / contract.STEP_PRELUDE).read_text())
+                if re.search(rf"\b{n}\b", bundle_texts)]
+
+
+def test_a_script_calling_a_step_function_unsourced_and_a_prelude_repeating_one_are_both_named(tmp_path):
+    for name in (contract.PRELUDE, contract.STEP_PRELUDE, "sync-weights.sh"):
+        shutil.copy(LAUNCH_DIR / name, tmp_path / name)
+    (tmp_path / "ship-it.sh").write_text('sync_key_ssh_options o "$key" "$hosts"\n')
+    with (tmp_path / contract.PRELUDE).open("a") as prelude:
+        prelude.write('claim_owner() { :; }\n')
+    assert prelude_misuse(tmp_path) == [
+        f"{contract.PRELUDE} defines claim_owner, a step-prelude function",
+        f"ship-it.sh calls sync_key_ssh_options without sourcing {contract.STEP_PRELUDE}"]

@@ -298,7 +298,7 @@ def test_pinning_a_reinstalled_nodes_new_key_makes_everything_on_it_again(progra
 
 def test_the_head_checks_a_worker_against_its_pinned_key_even_after_a_reinstall(tmp_path, recipe_run):
     """spark2-weights-host-key, run for real: the head had learnt the old installation's key; the
-    copy's ssh (the options of launch/prelude.sh) takes the pinned key instead, and only it."""
+    copy's ssh (the options of launch/step-prelude.sh) takes the pinned key instead, and only it."""
     pinned = recipe_run.named("spark2-weights-host-key")
     call = runner_call(pinned)
     assert call.script == "peer-host-key.sh"
@@ -315,8 +315,8 @@ def test_the_head_checks_a_worker_against_its_pinned_key_even_after_a_reinstall(
     known_hosts.write_text(f"{address} {OTHER_HOST_KEY}\n")  # learnt from the node before its reinstall
 
     def copy_connects():
-        script = (f'. {LAUNCH_DIR}/prelude.sh; sync_key_ssh_options o {key} {known_hosts}; '
-                  f'ssh "${{o[@]}}" -p {sshd.port} 127.0.0.1 true')
+        script = (f'. {LAUNCH_DIR}/prelude.sh; . {LAUNCH_DIR}/step-prelude.sh; '
+                  f'sync_key_ssh_options o {key} {known_hosts}; ssh "${{o[@]}}" -p {sshd.port} 127.0.0.1 true')
         return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
 
     def pin(host_key):
