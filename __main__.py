@@ -12,7 +12,7 @@ from components.config import Topology, load_secrets, load_stack_config, resolve
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
 from components.host_prep import HostPrep, HostPrepArgs, firewall_policy
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
-from components.model_weights import ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
+from components.model_weights import CopySource, ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, nccl_pairs
 from components.observability import Observability, ObservabilityArgs, ObservedAccess
 from components.observability_files import plan_from_config
@@ -82,6 +82,7 @@ after_fabric = pulumi.ResourceOptions(depends_on=fabric_checks)
 access = {n.name: NodeAccess(n.name, conns[n.name], topology.copy_rails(n) if n.role == "worker" else (),
                              installations[n.name])
           for n in cfg.nodes}
+relays = {name: CopySource(access[source], rails) for name, (source, rails) in topology.weight_relays().items()}
 weights = ModelWeights(
     "weights",
     ModelWeightsArgs(
@@ -99,6 +100,8 @@ weights = ModelWeights(
         sync_secret=weights_sync_secret,
         hub_endpoint=cfg.model.hub_endpoint,
         memory_fit=memory_fit_args(cfg.serving),
+        relays=relays,
+        copy_after=topology.weight_copy_queue(),
     ),
     opts=after_fabric,
 )

@@ -16,10 +16,14 @@ Creates:
   must split over TP, its layers over PP, and the weights and one sequence of maxModelLen fit
   gpuMemoryUtilization x each node's MemTotal, read over the rail), so a model that cannot
   load stops `pulumi up` before the copy;
-- per worker: `{worker}-weights-sync` (launch/sync-weights.sh on the head: rsync daemons on
-  the worker's rail addresses for the copy only, many streams over every rail, the per-stack
-  copy secret on stdin; then every file's sha256 checked on the worker, naming any mismatch),
-  made again when the worker is reinstalled (it follows `{worker}-installation`).
+- per worker: `{worker}-weights-sync` (launch/sync-weights.sh on the worker's source: rsync
+  daemons on the worker's rail addresses for the copy only, many streams over every rail, the
+  per-stack copy secret on stdin; then every file's sha256 checked on the worker, naming any
+  mismatch), made again when the worker is reinstalled (it follows `{worker}-installation`).
+  The source is the head, or where Topology.weight_copies fans out (a switch of four) a worker
+  whose own copy is complete: that worker's `{source}-weights-sync-key`, and per relayed worker
+  `{worker}-weights-relay-host-key` (on the source) and `{worker}-weights-relay-authorize`, as
+  the head's; a copy queued behind another through the same port waits for it.
 launch/weights.py (hashing, records, the stream plan, the hub calls, the shape check) rides on
 each step's stdin. No step does anything when its part is already complete; unchanged files are not
 hashed again.
@@ -29,8 +33,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
 
 import pulumi
 from pulumi_command import remote
@@ -68,10 +72,15 @@ class NodeAccess:
         """The worker's end of the control connection (ssh with the sync key; the image ship too)."""
         return self.copy_rails[0].worker_ip
 
-    @property
-    def head_copy_ip(self) -> str:
-        """The head's end of it: the only address the worker's authorized key admits."""
-        return self.copy_rails[0].head_ip
+
+
+@dataclass(frozen=True)
+class CopySource:
+    """A worker another copies the weights from in place of the head (Topology.weight_sources),
+    and the rails between the two (Topology.copy_rails, the receiver's end first)."""
+
+    node: NodeAccess
+    rails: Sequence[CopyRail]
 
 
 @dataclass(frozen=True)
@@ -86,10 +95,16 @@ class ModelWeightsArgs:
     hf_token: Optional[pulumi.Input[str]]
     tensor_parallel_size: int
     gpu_memory_utilization: float
-    sync_secret: pulumi.Input[str]  # per stack: the workers' rsync daemons admit only the head
+    sync_secret: pulumi.Input[str]  # per stack: the workers' rsync daemons admit only their copy's source
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT  # model.hubEndpoint
     memory_fit: Sequence[str] = ()  # the shape check's memory-fit flags (memory_fit_args)
     pipeline_parallel_size: int = 1
+    # by worker name, where its copy leaves from a worker that holds the weights (a switch of four);
+    # every other worker copies from the head (Topology.weight_relays)
+    relays: Mapping[str, CopySource] = field(default_factory=dict)
+    # by worker name, the worker whose copy from the same source over the same rails goes first
+    # (Topology.weight_copy_queue: one copy at a time through a port)
+    copy_after: Mapping[str, str] = field(default_factory=dict)
 
 
 def hub_args(args: ModelWeightsArgs) -> list[str]:
@@ -118,21 +133,28 @@ def fetch_args(args: ModelWeightsArgs, revision: str) -> list[str]:
             "--node", args.head.name, "--cgroup-parent", CONTAINER_SLICE, *hub_args(args), *shape_args(args)]
 
 
+def copy_source(args: ModelWeightsArgs, worker: NodeAccess) -> CopySource:
+    """Where `worker`'s copy leaves from: its relay, or the head over the worker's rails to it."""
+    return args.relays.get(worker.name) or CopySource(args.head, worker.copy_rails)
+
+
 def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
               max_streams_per_rail: int = MAX_STREAMS_PER_RAIL) -> list[str]:
     """The revision is there for the trigger: a new one copies again."""
-    rails = [a for rail in worker.copy_rails for a in ("--rail", f"{rail.worker_ip}={rail.head_ip}")]
-    return ["--node", args.head.name, "--peer", worker.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
-            "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{worker.copy_ip}", *rails,
+    source = copy_source(args, worker)
+    rails = [a for rail in source.rails for a in ("--rail", f"{rail.worker_ip}={rail.source_ip}")]
+    return ["--node", source.node.name, "--peer", worker.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
+            "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{source.rails[0].worker_ip}",
+            *rails,
             "--port", str(WEIGHTS_SYNC_PORT), "--max-streams-per-rail", str(max_streams_per_rail),
             "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
 
 
-def peer_host_key_args(args: ModelWeightsArgs, worker: NodeAccess) -> list[str]:
-    """The worker's key as the stack pins it, for every address the head reaches it at over the
-    cable: the head's ssh checks the worker against the same key as `pulumi up`."""
-    return ["--node", args.head.name, "--peer", worker.name, "--known-hosts", SYNC_KNOWN_HOSTS,
-            *(a for rail in worker.copy_rails for a in ("--address", rail.worker_ip)), "--host-key", worker.connection.host_key]
+def peer_host_key_args(source: CopySource, worker: NodeAccess) -> list[str]:
+    """The worker's key as the stack pins it, for every address `source` reaches it at over the
+    cable: the source's ssh checks the worker against the same key as `pulumi up`."""
+    return ["--node", source.node.name, "--peer", worker.name, "--known-hosts", SYNC_KNOWN_HOSTS,
+            *(a for rail in source.rails for a in ("--address", rail.worker_ip)), "--host-key", worker.connection.host_key]
 
 
 def parse_revision(stdout: str) -> str:
@@ -166,9 +188,9 @@ def parse_memory_fit(stdout: str) -> dict:
     return {}
 
 
-def render_authorized_key_line(head_copy_ip: str, public_key: str) -> str:
-    """Only from the head's rail address, and nothing but commands (no pty, no forwarding)."""
-    return f'from="{head_copy_ip}",restrict {public_key.strip()}\n'
+def render_authorized_key_line(source_ip: str, public_key: str) -> str:
+    """Only from the source's rail address, and nothing but commands (no pty, no forwarding)."""
+    return f'from="{source_ip}",restrict {public_key.strip()}\n'
 
 
 KEY_FLAGS = ["--key", SYNC_KEY, "--comment", SYNC_KEY_COMMENT]
@@ -196,35 +218,16 @@ class ModelWeights(pulumi.ComponentResource):
                        payload=program),
             parent=self,
         )
-        # per worker, what lets the head in: the worker's pinned key on the head, the sync key on the worker
+        # each node a copy leaves from has its own sync key: the head, and any relay (a switch of four)
+        senders = [head, *{r.node.name: r.node for r in args.relays.values()}.values()] if args.workers else []
+        sync_keys = {sender.name: self._sync_key(sender, relay=sender is not head) for sender in senders}
+        # per worker, what lets the head in (the shape check's read, the image ship, the copy):
+        # the worker's pinned key on the head, the head's sync key on the worker
         ways_in: dict[str, list[remote.Command]] = {}
-        if args.workers:
-            # --owner: a renamed resource's old delete (run after the new create) keeps the key
-            key_name = f"{head.name}-weights-sync-key"
-            key_flags = [*KEY_FLAGS, "--owner", key_name]
-            sync_key = node_command(
-                key_name, head.connection,
-                NodeScript(SYNC_KEY_SCRIPT, ["create", *key_flags], delete_args=["remove", *key_flags]),
-                parent=self,
-            )
         for worker in args.workers:
-            # runs on the head: a new pinned key for the worker (a reinstall) is pinned there too
-            host_key = node_command(
-                f"{worker.name}-weights-host-key", head.connection,
-                NodeScript(PEER_HOST_KEY_SCRIPT, peer_host_key_args(args, worker)), parent=self,
-            )
-            authorize_name = f"{worker.name}-weights-authorize"
-            flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
-            authorize = node_command(
-                authorize_name, worker.connection,
-                NodeScript(AUTHORIZE_SCRIPT, ["add", *flags], delete_args=["remove", *flags],
-                           payload=sync_key.stdout.apply(
-                               lambda key, w=worker: render_authorized_key_line(w.head_copy_ip, key))),
-                parent=self,
-            )
-            ways_in[worker.name] = [host_key, authorize]
+            ways_in[worker.name] = self._way_in(worker, CopySource(head, worker.copy_rails), sync_keys[head.name])
         # the same ways in carry the serving image to the workers (serving_image.ShipFrom)
-        self.peer_trust: dict[str, list[remote.Command]] = ways_in
+        self.peer_trust: dict[str, list[remote.Command]] = dict(ways_in)
         # the workers' memory is read with the sync key, so after the authorizations
         self.shape_check = node_command(
             f"{head.name}-weights-shape-check", head.connection,
@@ -232,16 +235,59 @@ class ModelWeights(pulumi.ComponentResource):
             parent=self, triggers=[args.repo], depends_on=[self.fetch, *(c for w in ways_in.values() for c in w)],
         )
         self.memory_fit: pulumi.Output[dict] = self.shape_check.stdout.apply(parse_memory_fit)
-        # A copy runs on the head: a reinstalled worker's new key re-runs none of it, so the copy
-        # follows the worker's installation and is made again when that is.
-        self.syncs = [
-            node_command(
-                f"{worker.name}-weights-sync", head.connection,
+        # A copy runs on its source: a reinstalled worker's new key re-runs none of it, so the copy
+        # follows the worker's installation and is made again when that is. A relayed copy starts
+        # once its source's own copy is complete and verified, a queued one once the copy ahead
+        # of it through the same port is (config order: both come first).
+        syncs: dict[str, remote.Command] = {}
+        for worker in args.workers:
+            source = copy_source(args, worker)
+            after = [self.fetch, *ways_in[worker.name], self.shape_check]
+            if worker.name in args.copy_after:
+                after.append(syncs[args.copy_after[worker.name]])
+            if source.node is not head:
+                after += [syncs[source.node.name],
+                          *self._way_in(worker, source, sync_keys[source.node.name], relay=True)]
+            syncs[worker.name] = node_command(
+                f"{worker.name}-weights-sync", source.node.connection,
                 NodeScript(SYNC_SCRIPT, self.revision.apply(lambda rev, w=worker: sync_args(args, w, rev)),
                            secrets={"WEIGHTS_SYNC_SECRET": pulumi.Output.secret(args.sync_secret)}, payload=program),
-                parent=self, triggers=[args.repo], depends_on=[self.fetch, *ways_in[worker.name], self.shape_check],
+                parent=self, triggers=[args.repo], depends_on=after,
                 replace_with=[worker.installation] if worker.installation else (),
             )
-            for worker in args.workers
-        ]
+        self.syncs = list(syncs.values())
         self.register_outputs({"revision": self.revision})
+
+    def _sync_key(self, sender: NodeAccess, relay: bool) -> remote.Command:
+        """`sender`'s dedicated key for the copies it sends (its stdout: the public half); a relay's
+        is made again with its installation (a reinstall took it).
+        --owner: a renamed resource's old delete (run after the new create) keeps the key."""
+        key_name = f"{sender.name}-weights-sync-key"
+        key_flags = [*KEY_FLAGS, "--owner", key_name]
+        return node_command(
+            key_name, sender.connection,
+            NodeScript(SYNC_KEY_SCRIPT, ["create", *key_flags], delete_args=["remove", *key_flags]),
+            parent=self, replace_with=[sender.installation] if relay and sender.installation else (),
+        )
+
+    def _way_in(self, worker: NodeAccess, source: CopySource, sync_key: remote.Command,
+                relay: bool = False) -> list[remote.Command]:
+        """What lets `source` in to `worker`: the worker's pinned key in the source's known_hosts
+        (on the source: a reinstalled worker's new key is pinned there too; a reinstalled relay's
+        known_hosts is written again) and the source's sync key in the worker's authorized_keys,
+        admitted only from the source's rail address."""
+        kind = "relay-" if relay else ""
+        host_key = node_command(
+            f"{worker.name}-weights-{kind}host-key", source.node.connection,
+            NodeScript(PEER_HOST_KEY_SCRIPT, peer_host_key_args(source, worker)), parent=self,
+            replace_with=[source.node.installation] if relay and source.node.installation else (),
+        )
+        authorize_name = f"{worker.name}-weights-{kind}authorize"
+        flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
+        authorize = node_command(
+            authorize_name, worker.connection,
+            NodeScript(AUTHORIZE_SCRIPT, ["add", *flags], delete_args=["remove", *flags],
+                       payload=sync_key.stdout.apply(lambda key: render_authorized_key_line(source.rails[0].source_ip, key))),
+            parent=self,
+        )
+        return [host_key, authorize]

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# authorize-key.sh — let the head's sync key in to this node, and nothing more.
+# authorize-key.sh — let one node's sync key in to this node, from its rail address, and nothing more.
 #
-#   authorize-key.sh add --comment twinspark-weights < 'from="10.0.0.1",restrict ssh-ed25519 AAAA... twinspark-weights@spark1'
-#   authorize-key.sh remove --comment twinspark-weights
+#   authorize-key.sh add --comment twinspark-weights --owner O < 'from="10.0.0.1",restrict ssh-ed25519 AAAA... twinspark-weights@spark1'
+#   authorize-key.sh remove --comment twinspark-weights --owner O < (the same line)
 #
-# add appends the line from stdin to ~/.ssh/authorized_keys unless it is there already;
-# remove deletes every line carrying the sync key's comment and no other line.
+# A worker admits the head's key and, where its copy leaves from another worker (a switch of
+# four), that worker's too: one authorization per source address, each its own step. add
+# appends the line from stdin unless it is there already, dropping the line it replaces (the
+# same source's earlier key: a rotated or reinstalled source); remove deletes that source's
+# lines carrying the sync key's comment and no other line. Both read the line (a delete runs
+# with its create's stdin).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
@@ -16,34 +20,46 @@ comment="" owner=""
 keys_file="$HOME/.ssh/authorized_keys"
 
 main() {
-  local verb="${1:-}" line kept
+  local verb="${1:-}" line address thing kept
   [ $# -gt 0 ] && shift
   parse_flags --comment=comment --owner=owner -- "$@"
   require_flags --comment --owner
+  [[ $verb == add || $verb == remove ]] || usage_error "expected 'add' or 'remove' first, got '$verb'"
+  IFS= read -r line || true
+  [[ $line =~ ^from=\"([^\"]+)\",restrict\ .*\ $comment@ ]] ||
+    usage_error "stdin must be one authorized_keys line from=\"ADDRESS\",restrict ... with comment $comment@HOST"
+  address=${BASH_REMATCH[1]}
+  thing="sync-key-authorization@$address"
   case "$verb" in
     add)
-      IFS= read -r line || true
-      [[ $line == *" $comment@"* ]] || usage_error "stdin must be one authorized_keys line with comment $comment@HOST"
       install -d -m 700 "$(dirname "$keys_file")"
       touch "$keys_file" && chmod 600 "$keys_file"
-      claim_owner sync-key-authorization "$owner"
-      if grep -qxF "$line" "$keys_file"; then echo "unchanged: sync key authorized"; return 0; fi
-      echo "$line" >>"$keys_file"
-      echo "authorized: sync key"
+      claim_owner "$thing" "$owner"
+      if grep -qxF "$line" "$keys_file"; then echo "unchanged: sync key from $address authorized"; return 0; fi
+      make_temp kept
+      others_than "$address" <"$keys_file" >"$kept"
+      printf '%s\n' "$line" >>"$kept"
+      cat "$kept" >"$keys_file"
+      echo "authorized: sync key from $address"
       ;;
     remove)
-      if ! owned_by sync-key-authorization "$owner"; then
-        echo "kept: sync key authorization (now managed by $(owner_of sync-key-authorization))"
+      if ! owned_by "$thing" "$owner"; then
+        echo "kept: sync key authorization from $address (now managed by $(owner_of "$thing"))"
         return 0
       fi
-      release_owner sync-key-authorization
+      release_owner "$thing"
       [ -f "$keys_file" ] || return 0
       make_temp kept
-      grep -v " $comment@" "$keys_file" >"$kept" || true
+      others_than "$address" <"$keys_file" >"$kept"
       cat "$kept" >"$keys_file"
       ;;
-    *) usage_error "expected 'add' or 'remove' first, got '$verb'" ;;
   esac
+}
+
+# others_than ADDRESS: the lines of stdin but the sync key's from ADDRESS
+others_than() {
+  local prefix="from=\"$1\","
+  awk -v prefix="$prefix" -v comment=" $comment@" 'index($0, prefix) != 1 || index($0, comment) == 0'
 }
 
 main "$@"

@@ -533,3 +533,32 @@ def test_shape_check_fails_without_config_json(tmp_path):
     proc, _ = run_shape_check(tmp_path, None, SHARDS, tp=1)
     assert proc.returncode == 1
     assert "FAIL config.json: missing" in proc.stdout, proc.stdout
+
+
+def test_each_source_of_a_copy_has_its_own_authorization_which_a_new_key_replaces_and_remove_takes_alone(tmp_path):
+    """A worker on a switch of four admits the head's sync key and its relay's, each from its rail
+    address: a reinstalled relay's new key replaces only the relay's line; removing the relay's
+    authorization leaves the head's (and the user's own keys) in place."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    keys = home / ".ssh" / "authorized_keys"
+    keys.write_text("ssh-ed25519 AAAAuser me@laptop\n")
+
+    def authorize(verb, source_ip, key, owner):
+        line = model_weights.render_authorized_key_line(source_ip, f"ssh-ed25519 {key} {contract.SYNC_KEY_COMMENT}@node")
+        proc = subprocess.run(["bash", str(LAUNCH_DIR / "authorize-key.sh"), verb, "--comment", contract.SYNC_KEY_COMMENT,
+                               "--owner", owner], input=line, env={**os.environ, "HOME": str(home)},
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        return [row.split()[-2] for row in keys.read_text().splitlines()]
+
+    assert authorize("add", "10.0.0.1", "AAAAhead", "spark4-weights-authorize") == ["AAAAuser", "AAAAhead"]
+    assert authorize("add", "10.0.0.2", "AAAArelay", "spark4-weights-relay-authorize") == [
+        "AAAAuser", "AAAAhead", "AAAArelay"]
+    assert authorize("add", "10.0.0.2", "AAAArelay", "spark4-weights-relay-authorize") == [
+        "AAAAuser", "AAAAhead", "AAAArelay"]  # twice: unchanged
+    assert authorize("add", "10.0.0.2", "AAAAreinstalled", "spark4-weights-relay-authorize") == [
+        "AAAAuser", "AAAAhead", "AAAAreinstalled"]
+    assert authorize("remove", "10.0.0.2", "AAAAreinstalled", "spark4-weights-relay-authorize") == [
+        "AAAAuser", "AAAAhead"]
+    assert authorize("remove", "10.0.0.1", "AAAAhead", "spark4-weights-authorize") == ["AAAAuser"]

@@ -69,6 +69,13 @@ def switch_of(count):
     return cfg
 
 
+def switch_of_four():
+    cfg = switch_of(4)  # DeepSeek's recipe stops at three nodes; Qwen's is made for 2 to 4
+    cfg["serving"].update(recipe="Qwen3.8-Flash-Next", tensorParallel=2, pipelineParallel=2)
+    cfg["serving"].pop("kvCacheDtype", None)
+    return cfg
+
+
 def refusal(cfg) -> str:
     with pytest.raises(pulumi.RunError) as err:
         parse_stack_config(cfg)
@@ -181,8 +188,34 @@ def test_a_switch_of_three_is_todays_rail_n_rule():
     assert topology.peers_on_rail(cfg.nodes[0], 1) == ["10.0.1.2", "10.0.1.3"]
     assert topology.node_ray_ips == ("10.0.0.1", "10.0.0.2", "10.0.0.3")
     assert topology.nccl_env == ()
-    assert [(r.worker_ip, r.head_ip) for r in topology.copy_rails(cfg.nodes[2])] == [
+    assert [(r.worker_ip, r.source_ip) for r in topology.copy_rails(cfg.nodes[2])] == [
         ("10.0.0.3", "10.0.0.1"), ("10.0.1.3", "10.0.1.1")]
+
+
+@pytest.mark.parametrize("count, plan", [
+    (2, [("spark2", "spark1", None)]),
+    # one port, one copy at a time: the second waits for the first
+    (3, [("spark2", "spark1", None), ("spark3", "spark1", "spark2")]),
+    # two rounds: spark2 from the head; then spark3 from the head beside spark4 from spark2
+    (4, [("spark2", "spark1", None), ("spark3", "spark1", "spark2"), ("spark4", "spark2", None)]),
+])
+def test_on_a_switch_each_round_of_the_weight_copy_leaves_from_every_node_that_holds_them(count, plan):
+    cfg = parse_stack_config(switch_of_four() if count == 4 else switch_of(count))
+    topology = Topology(cfg, resolve_node_addresses(cfg.nodes))
+    assert [(c.worker, c.source, c.after) for c in topology.weight_copies()] == plan
+    if count == 4:  # the rails between the two workers, the source's end second
+        assert [(r.worker_ip, r.source_ip) for r in topology.copy_rails(cfg.nodes[3], cfg.nodes[1])] == [
+            ("10.0.0.4", "10.0.0.2"), ("10.0.1.4", "10.0.1.2")]
+        assert topology.weight_relays() == {"spark4": ("spark2", topology.copy_rails(cfg.nodes[3], cfg.nodes[1]))}
+        assert topology.weight_copy_queue() == {"spark3": "spark2"}
+
+
+def test_in_a_ring_of_three_the_head_copies_to_both_at_once_one_over_each_cable():
+    cfg = parse_stack_config(ring())
+    topology = Topology(cfg, {name: (address,) for name, address in LAN.items()})
+    assert [(c.worker, c.source, c.after) for c in topology.weight_copies()] == [
+        ("spark2", "spark1", None), ("spark3", "spark1", None)]
+    assert topology.weight_relays() == {} and topology.weight_copy_queue() == {}
 
 
 def test_the_ring_firewall_admits_rays_traffic_from_the_peers_lan_addresses_only():
@@ -268,6 +301,11 @@ def test_ring_weight_copy_runs_over_the_workers_cable_to_the_head(ring_run, work
         runner_call(ring_run.named("spark1-weights-shape-check")).args, "--peer")
 
 
+def test_in_a_ring_the_heads_two_copies_run_at_once_one_over_each_cable(ring_run):
+    assert not ring_run.depends_on(ring_run.named("spark3-weights-sync"), "spark2-weights-sync")
+    assert not ring_run.depends_on(ring_run.named("spark2-weights-sync"), "spark3-weights-sync")
+
+
 def test_ring_nccl_check_meets_at_the_heads_lan_address(ring_run):
     for name in LAN:
         args = flag_values(runner_call(ring_run.named(f"{name}-nccl-check")).args, "--check-arg")
@@ -290,6 +328,40 @@ def test_a_switch_of_three_renders_every_rail_toward_every_node(switch_run):
     assert "NCCL_NET_PLUGIN" not in env and "NCCL_IB_MERGE_NICS" not in env
     assert flag_values(runner_call(switch_run.named("spark3-weights-sync")).args, "--rail") == [
         "10.0.0.3=10.0.0.1", "10.0.1.3=10.0.1.1"]
+
+
+def test_on_a_switch_of_four_the_fourth_worker_copies_from_the_second_once_it_holds_the_weights(program):
+    run = program(namespaced(switch_of_four()))
+    assert run.error is None, run.error
+    host_of = {n: unwrap(run.named(f"{n}-platform-facts").inputs["connection"])["host"]
+               for n in ("spark1", "spark2", "spark4")}
+    relayed = run.named("spark4-weights-sync")
+    assert unwrap(relayed.inputs["connection"])["host"] == host_of["spark2"]  # runs on its source
+    sync = runner_call(relayed).args
+    assert flag_value(sync, "--node") == "spark2" and flag_value(sync, "--peer") == "spark4"
+    assert flag_value(sync, "--to") == "nvidia@10.0.0.4"
+    assert flag_values(sync, "--rail") == ["10.0.0.4=10.0.0.2", "10.0.1.4=10.0.1.2"]
+    # only once spark2's own copy is complete, and with spark2's way in to spark4
+    for step in ("spark2-weights-sync", "spark4-weights-relay-host-key", "spark4-weights-relay-authorize",
+                 "spark1-weights-shape-check"):
+        assert run.depends_on(relayed, step), step
+    relay_key = run.named("spark2-weights-sync-key")
+    assert unwrap(relay_key.inputs["connection"])["host"] == host_of["spark2"]
+    pin = run.named("spark4-weights-relay-host-key")
+    assert unwrap(pin.inputs["connection"])["host"] == host_of["spark2"]
+    assert flag_values(runner_call(pin).args, "--address") == ["10.0.0.4", "10.0.1.4"]
+    authorized = run.named("spark4-weights-relay-authorize")
+    assert unwrap(authorized.inputs["connection"])["host"] == host_of["spark4"]
+    assert runner_call(authorized).payload.startswith('from="10.0.0.2",restrict ')
+    # the head still reaches spark4 (the shape check's read, the image) and copies to spark2 and spark3
+    assert runner_call(run.named("spark4-weights-authorize")).payload.startswith('from="10.0.0.1",restrict ')
+    for worker in ("spark2", "spark3"):
+        assert unwrap(run.named(f"{worker}-weights-sync").inputs["connection"])["host"] == host_of["spark1"]
+        assert f"{worker}-weights-relay-authorize" not in run.by_name
+    assert flag_value(runner_call(run.named("spark4-image-ship")).args, "--to") == "nvidia@10.0.0.4"
+    # the head's port carries one copy at a time: spark3's waits for spark2's; spark4's, from spark2, not for spark3's
+    assert run.depends_on(run.named("spark3-weights-sync"), "spark2-weights-sync")
+    assert not run.depends_on(relayed, "spark3-weights-sync")
 
 
 def test_a_direct_stack_renders_as_before_fabric_topology_byte_for_byte():

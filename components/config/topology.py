@@ -11,9 +11,9 @@
   nvidia/multi-sparks-through-switch/assets/spark_cluster_setup/spark_cluster_setup.py and
   eugr/spark-vllm-docker autodiscover.sh set exactly these for the three-node mesh);
 - the rails between two nodes (`link_rails`, `links`): direct and switch rail N of each with rail
-  N of the other; ring the rails of their cable. The weight copy (and the image shipped with it)
-  crosses a worker's link to the head (in a ring of three the head is every worker's neighbour);
-  NcclCheck's pair runs cross each link.
+  N of the other; ring the rails of their cable. The image crosses a worker's link to the head;
+  the weight copy a worker's link to its source (`weight_copies`: the head, or on a switch of
+  four a worker that already holds them); NcclCheck's pair runs cross each link.
 The rules a topology's rails must follow are StackConfig's (schema.py); this module assumes them.
 """
 
@@ -31,10 +31,22 @@ RING_NCCL_ENV = (("NCCL_IB_MERGE_NICS", "0"), ("NCCL_NET_PLUGIN", "none"), ("NCC
 
 @dataclass(frozen=True)
 class CopyRail:
-    """One rail of the weight copy: the worker's end and the head's, on one subnet."""
+    """One rail of the weight copy: the receiving worker's end and its source's (the head, or a
+    worker that already holds the weights), on one subnet."""
 
     worker_ip: str
-    head_ip: str
+    source_ip: str
+
+
+@dataclass(frozen=True)
+class WeightCopy:
+    """One worker's copy of the weights: from `source` (the head or a worker that holds them),
+    leaving over the source's rail addresses `ends`, once `after`'s copy from it (same rails) is done."""
+
+    worker: str
+    source: str
+    ends: frozenset[str]
+    after: Optional[str]
 
 
 @dataclass(frozen=True)
@@ -137,7 +149,45 @@ class Topology:
         return [Link(a, b, tuple(self.link_rails(a, b)))
                 for i, a in enumerate(order) for b in order[i + 1:] if self.link_rails(a, b)]
 
-    def copy_rails(self, worker: Node) -> list[CopyRail]:
-        """The rails the head copies the weights (and ships the image) to `worker` over; the first
-        carries the copy's control connection."""
-        return [CopyRail(w.ip, h.ip) for w, h in self.link_rails(worker, self.cfg.head)]
+    def copy_rails(self, worker: Node, source: Optional[Node] = None) -> list[CopyRail]:
+        """The rails `source` (the head unless named) copies the weights to `worker` over (the head
+        ships the image over its own); the first carries the copy's control connection."""
+        return [CopyRail(w.ip, s.ip) for w, s in self.link_rails(worker, source or self.cfg.head)]
+
+    def weight_copies(self) -> list[WeightCopy]:
+        """The weight copy's plan, in rounds: every node that holds the weights sends them to the
+        first workers still without them that it has a link to — one per round over the same
+        rails (a switch port carries one copy at a time), one per cable in a ring — the head
+        first, then the workers in the order they received them. Two nodes: the head to the
+        worker. A ring of three: the head to both at once, one over each cable. A switch of four:
+        the head to the second, then the head to the third beside the second to the fourth (two
+        copies' time where all from the head would send three through the head's port)."""
+        holders, copies, waiting = [self.cfg.head], [], list(self.cfg.workers)
+        while waiting:
+            served = []
+            for holder in holders:
+                busy: set[str] = set()  # the holder's rail addresses this round's copies use
+                for worker in list(waiting):
+                    ends = {mine.ip for _, mine in self.link_rails(worker, holder)}
+                    if not ends or ends & busy:
+                        continue
+                    earlier = [c for c in copies if c.source == holder.name and c.ends & ends]
+                    copies.append(WeightCopy(worker.name, holder.name, frozenset(ends),
+                                             earlier[-1].worker if earlier else None))
+                    busy |= ends
+                    waiting.remove(worker)
+                    served.append(worker)
+            if not served:  # the schema's rules cable every worker to the head: never on a valid config
+                raise ValueError(f"no rail reaches {', '.join(w.name for w in waiting)} from a node with the weights")
+            holders += served
+        return copies
+
+    def weight_relays(self) -> dict[str, tuple[str, list[CopyRail]]]:
+        """The workers whose copy leaves from another worker (weight_copies), each with that
+        worker's name and the rails between them."""
+        return {c.worker: (c.source, self.copy_rails(self._node(c.worker), self._node(c.source)))
+                for c in self.weight_copies() if c.source != self.cfg.head.name}
+
+    def weight_copy_queue(self) -> dict[str, str]:
+        """By worker, the worker whose copy goes first from the same source over the same rails."""
+        return {c.worker: c.after for c in self.weight_copies() if c.after}

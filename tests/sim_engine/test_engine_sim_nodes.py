@@ -6,7 +6,10 @@ cluster heals as a pair does: the head's engine killed, a worker powered off and
 
 from __future__ import annotations
 
+import shlex
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -14,8 +17,10 @@ import yaml
 
 import node_contract as contract
 from cluster import sim_nodes
-from conftest import (HEAD, completion_status, containers, flag, readiness_s, serving_answers, serving_events,
-                      serving_pid, vllm_argv, wait_for)
+from components.remote import encode_secret, launch_file, script_text
+from program_harness import flag_values
+from conftest import (HEAD, completion_status, containers, flag, rails_throttled, readiness_s, serving_answers,
+                      serving_events, serving_pid, stored_step, vllm_argv, wait_for)
 from test_engine_sim import changes, name_of
 
 THIRD = "sim3"
@@ -157,6 +162,90 @@ def back_to_the_pair(stack, pair) -> None:
     stack.set_config("serving.kvCacheDtype", "fp8_ds_mla")
 
 
+# The fan-out against all from the head, each node's egress held to this per rail for the
+# comparison only: the sim's rails are otherwise as fast as its two cores copy, where a Spark's
+# switch port is what a copy from the head shares (the figures are the sim's, not a Spark's).
+FAN_OUT_RAIL_RATE = "40mbit"
+BENCH_SECRET = "fan-out-bench-secret"  # the bench's own daemons' (sync-weights.sh starts them with it)
+
+
+def source_of(cluster, state: dict, worker: str) -> str:
+    """The node `worker`'s copy step ran on, as the engine kept the step's connection."""
+    host = stored_step(state, f"{worker}-weights-sync")["inputs"]["connection"]["host"]
+    return next(name for name, node in cluster.nodes.items() if node.spec.host == host)
+
+
+def with_flags(line: str, **values) -> str:
+    """The runner line with each --flag's value replaced (a list: a repeated flag's, in order)."""
+    argv = shlex.split(line)
+    for name, value in values.items():
+        at = [i for i, a in enumerate(argv) if a == "--" + name.replace("_", "-")]
+        for i, v in zip(at, value if isinstance(value, list) else [value], strict=True):
+            argv[i + 1] = v
+    return shlex.join(argv)
+
+
+def timed_rounds(cluster, rounds: list[list[tuple[str, str]]]) -> float:
+    """Run each round's (node, runner line) copies at once, the rounds one after another, as
+    the engine would run the steps; the seconds the whole took."""
+    stdin = encode_secret(BENCH_SECRET) + script_text("sync-weights.sh") + launch_file("weights.py")
+    started = time.monotonic()
+    for copies in rounds:
+        with ThreadPoolExecutor(len(copies)) as pool:
+            runs = list(pool.map(lambda c: cluster.ssh(c[0], c[1], stdin=stdin, timeout=600), copies))
+        for (node, line), run in zip(copies, runs):
+            assert run.returncode == 0, (node, line, run.stdout[-2000:], run.stderr[-2000:])
+    return round(time.monotonic() - started, 1)
+
+
+def fan_out_against_from_head(cluster, state: dict, workers: list[str]) -> dict:
+    """The program's weight copy plan (the steps' own command lines, from the engine's state)
+    against every worker's copy from the head, into a fresh directory beside the model's, the
+    same sync-weights.sh, rails and throttle for both (whole steps: ssh, daemons, copy, verify)."""
+    lines = {w: stored_step(state, f"{w}-weights-sync")["inputs"]["create"] for w in workers}
+    model_dir = flag(shlex.split(lines[workers[0]]), "--dir")
+    bench = f"{model_dir}-fan-out-bench"
+    head_rails = [r.ip for r in cluster.nodes[HEAD].spec.rails]
+
+    def from_head(worker: str) -> str:
+        rails = [f"{pair.split('=')[0]}={ip}" for pair, ip in
+                 zip(flag_values(shlex.split(lines[worker]), "--rail"), head_rails)]
+        return with_flags(lines[worker], dir=bench, node=HEAD, rail=rails)
+
+    source = {w: source_of(cluster, state, w) for w in workers}
+    # the engine's order on a switch: a relay after its source's copy, a source's copies one at a time
+    plan, done, waiting = [], {HEAD}, list(workers)
+    while waiting:
+        ready = []
+        for w in list(waiting):
+            if source[w] in done and source[w] not in {source[r] for r in ready}:
+                ready.append(w)
+                waiting.remove(w)
+        plan.append(ready)
+        done |= set(ready)
+    prepare = (f"rm -rf {shlex.quote(bench)} && cp -a {shlex.quote(model_dir)} {shlex.quote(bench)} && "
+               f"python3 - verify --dir {shlex.quote(bench)} --manifest {shlex.quote(bench)}/{contract.WEIGHTS_MANIFEST} "
+               f"--record {shlex.quote(bench)}/{contract.WEIGHTS_RECORD} --node {HEAD}")
+    figures = {"rail_rate": FAN_OUT_RAIL_RATE, "rounds": [[f"{source[w]}->{w}" for w in ready] for ready in plan]}
+    try:
+        with ExitStack() as throttled:
+            for node in [HEAD, *workers]:
+                throttled.enter_context(rails_throttled(cluster, node, FAN_OUT_RAIL_RATE))
+            for name, rounds in (("from_head_s", [[(HEAD, from_head(w)) for w in workers]]),
+                                 ("fan_out_s", [[(source[w], with_flags(lines[w], dir=bench)) for w in ready]
+                                                for ready in plan])):
+                for node in workers:
+                    cluster.ssh(node, f"rm -rf {shlex.quote(bench)}")
+                ready = cluster.ssh(HEAD, prepare, stdin=launch_file("weights.py"))
+                assert ready.returncode == 0 and ready.stdout.strip() == "", ready.stdout + ready.stderr
+                figures[name] = timed_rounds(cluster, rounds)
+    finally:
+        for node in [HEAD, *workers]:
+            cluster.ssh(node, f"rm -rf {shlex.quote(bench)}")
+    figures["fan_out_speedup"] = round(figures["from_head_s"] / figures["fan_out_s"], 2)
+    return figures
+
+
 def test_four_nodes_on_a_switch_serve_at_tp_2_by_pp_2_heal_and_go_back_to_two(
         cluster, stack, deployed, four_nodes, report):
     pair, extra = four_nodes
@@ -176,6 +265,12 @@ def test_four_nodes_on_a_switch_serve_at_tp_2_by_pp_2_heal_and_go_back_to_two(
     pair_checks = sorted(name for name in changes(added) if "-nccl-pair-" in name)
     report["four_nodes_nccl_pair_checks"] = pair_checks
     assert len(pair_checks) == 12, pair_checks  # 6 pairs, each end its own step
+    # the weight copy fans out: sim4's left from sim2 (its own way in), sim3's from the head after sim2's
+    state = stack.export(show_secrets=True)
+    assert {w: source_of(cluster, state, w) for w in ("sim2", "sim3", "sim4")} == {
+        "sim2": HEAD, "sim3": HEAD, "sim4": "sim2"}
+    assert {"sim4-weights-relay-host-key", "sim4-weights-relay-authorize", "sim2-weights-sync-key"} <= set(changes(added))
+    report["four_nodes_weight_copy"] = fan_out_against_from_head(cluster, state, ["sim2", "sim3", "sim4"])
     assert set(stack.up().summary) == {"same"}
     heals(cluster, stack, extra[-1]["name"], report, "four_nodes")
 
