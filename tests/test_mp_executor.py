@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from program_harness import ROOT, config_blocks, runner_call, stack_config
@@ -283,6 +282,28 @@ def test_the_standin_head_serves_only_with_every_rank_and_dies_with_a_worker(tmp
         head.kill()
         if worker:
             worker.kill()
+
+
+def test_the_standin_worker_tries_again_when_a_winding_down_store_closes_its_hello_unanswered(tmp_path):
+    """The old head's store still accepts while its engine winds down, and closes what comes:
+    that is no join (torch's client would fail and try again), so the worker must not settle
+    into waiting on it as on a head it had joined — it connects again and joins the next."""
+    port = free_port()
+    listener = socket.create_server(("127.0.0.1", port))
+    listener.settimeout(20)
+    worker = standin(tmp_path, port, 1, "--headless")
+    try:
+        refused, _ = listener.accept()  # the winding-down store: closed unanswered
+        refused.close()
+        joined, _ = listener.accept()  # the next engine's store
+        joined.settimeout(10)
+        stream = joined.makefile("rw")
+        assert stream.readline() == "rank 1\n"
+        stream.write("joined\nforward 2\n")
+        stream.flush()
+        assert stream.readline() == "ok\n"  # in the group: it answers a forward pass
+    finally:
+        worker.kill(), listener.close()
 
 
 def test_the_standin_worker_outlives_its_head_as_vllm_s_headless_worker_does(tmp_path):

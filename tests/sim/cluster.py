@@ -172,6 +172,11 @@ class SimCluster:
         hub = urlsplit(self.cfg.model.hub_endpoint)
         self.hub = f"{hub.hostname}:{hub.port or (443 if hub.scheme == 'https' else 80)}"
 
+    def stack_file_text(self) -> str:
+        """A Pulumi.sim.yaml for these nodes: the sim stack's salt (its secrets stay readable) and this config."""
+        salt = yaml.safe_load(SIM_STACK.read_text())["encryptionsalt"]
+        return yaml.safe_dump({"encryptionsalt": salt, "config": self.config}, sort_keys=False)
+
     @property
     def topology(self) -> Topology:
         """What the stack's fabric.topology decides (each node's Ray address, its rails' peers), as the program has it."""
@@ -482,8 +487,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.action == "up":
         cluster.up()
         if args.config_out:
-            salt = yaml.safe_load(SIM_STACK.read_text())["encryptionsalt"]  # its secrets stay readable
-            args.config_out.write_text(yaml.safe_dump({"encryptionsalt": salt, "config": cluster.config}, sort_keys=False))
+            args.config_out.write_text(cluster.stack_file_text())
         print(json.dumps({n.name: n.spec.host for n in cluster.nodes.values()}))
     elif args.action == "down":
         cluster.down()

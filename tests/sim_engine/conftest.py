@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -222,22 +221,27 @@ def cluster(operator_home, registry, hub, report):
         report["leftovers_after_teardown"] = sim.leftovers()
 
 
-@pytest.fixture(scope="session")
-def stack(engine_env, cluster, operator_home) -> EngineStack:
-    project = operator_home / "project"
+def engine_stack(engine_env: dict[str, str], operator_home: Path, stack_file_text: str, name: str = "") -> EngineStack:
+    """A project of the program's files (linked) with its own Pulumi.sim.yaml, state and
+    first-contact host key records under operator_home (`name` tells a second one's apart)."""
+    project, state, records = (operator_home / f"{name}{part}" for part in ("project", "state", "known_hosts.d"))
     project.mkdir()
     for entry in ROOT.iterdir():
         if entry.name not in (SIM_STACK.name, ".twinspark", ".git", "build"):
             (project / entry.name).symlink_to(entry)
-    shutil.copy(SIM_STACK, project / SIM_STACK.name)
-    (operator_home / "state").mkdir(exist_ok=True)
+    (project / SIM_STACK.name).write_text(stack_file_text)
+    state.mkdir(exist_ok=True)
     # the first-contact host key records too: this session's nodes are new, with keys of their own
     env = {**engine_env, "HOME": str(operator_home), "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
-           "PULUMI_BACKEND_URL": f"file://{operator_home}/state",
-           "TWINSPARK_KNOWN_HOSTS_DIR": str(operator_home / "known_hosts.d")}
+           "PULUMI_BACKEND_URL": f"file://{state}", "TWINSPARK_KNOWN_HOSTS_DIR": str(records)}
     engine = EngineStack(env, project)
     engine.cli("stack", "select", "--create")
     return engine
+
+
+@pytest.fixture(scope="session")
+def stack(engine_env, cluster, operator_home) -> EngineStack:
+    return engine_stack(engine_env, operator_home, SIM_STACK.read_text())
 
 
 SHIMS_LOG = "/var/log/twinspark-sim/shims.log"  # the recording shims' (tests/sim/shims): systemctl, sysctl, ...

@@ -18,9 +18,9 @@ import yaml
 import node_contract as contract
 from cluster import sim_nodes
 from components.remote import encode_secret, launch_file, script_text
-from program_harness import flag_values
 from conftest import (HEAD, completion_status, containers, flag, rails_throttled, readiness_s, serving_answers,
                       serving_events, serving_pid, stored_step, vllm_argv, wait_for)
+from program_harness import flag_values
 from test_engine_sim import changes, name_of
 
 THIRD = "sim3"
