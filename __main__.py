@@ -232,7 +232,7 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
         "observability",
         ObservabilityArgs(
             plan=plan_from_config(cfg, alertmanager=alert_webhook_url is not None, topology=topology),
-            access={n.name: ObservedAccess(conns[n.name], images[n.name].provider, installations[n.name])
+            access={n.name: ObservedAccess(n.name, conns[n.name], images[n.name].provider, installations[n.name])
                     for n in cfg.nodes},
             grafana_admin_password=grafana_password,
             alert_webhook_url=alert_webhook_url,

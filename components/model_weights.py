@@ -43,7 +43,7 @@ from node_contract import (CONTAINER_SLICE, SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNO
                            WEIGHTS_SYNC_PORT)
 
 from .config import DEFAULT_HUB_ENDPOINT, CopyRail
-from .remote import NodeScript, launch_file, node_command
+from .remote import NodeHandle, NodeScript, launch_file, node_command
 
 FETCH_SCRIPT = "fetch-weights.sh"
 SYNC_SCRIPT = "sync-weights.sh"
@@ -59,9 +59,7 @@ MAX_STREAMS_PER_RAIL = 4
 
 
 @dataclass(frozen=True)
-class NodeAccess:
-    name: str
-    connection: remote.ConnectionArgs
+class NodeAccess(NodeHandle):
     # a worker's: the rails the head copies to it over (Topology.copy_rails: every rail, or in a
     # ring those of its cable to the head), the first carrying the control connection; the head's: none
     copy_rails: Sequence[CopyRail] = ()

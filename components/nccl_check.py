@@ -40,7 +40,7 @@ from pulumi_command import remote
 import node_contract as contract
 
 from .config import Topology
-from .remote import NodeScript, compared_connection, launch_file, node_command, script_text, sha256_text
+from .remote import NodeHandle, NodeScript, compared_connection, launch_file, node_command, script_text, sha256_text
 
 SCRIPT = "nccl-check.sh"
 PAIR_SCRIPT = "nccl-pair-check.sh"
@@ -49,9 +49,7 @@ TIMEOUT_S = 1200
 
 
 @dataclass(frozen=True)
-class NcclRank:
-    node_name: str
-    connection: remote.ConnectionArgs
+class NcclRank(NodeHandle):
     image_id: pulumi.Input[str]
     env_hash: pulumi.Input[str]  # the node's twinspark.env, which the check runs with
 
@@ -139,7 +137,7 @@ def nccl_check_flags(node_name: str, image_id: str, check: Sequence[str],
 
 
 def rank_script_args(args: NcclCheckArgs, rank: int, image_id: str, rerun_all: str) -> list[str]:
-    nodes = [r.node_name for r in args.ranks]
+    nodes = [r.name for r in args.ranks]
     return nccl_check_flags(nodes[rank], image_id,
                             check_args(nodes, rank, args.master_ip, args.min_bus_bandwidth_gbps, rerun_all,
                                        args.join_timeout_s))
@@ -162,9 +160,9 @@ def run_keepers(args: NcclCheckArgs) -> dict[str, pulumi.Input[str]]:
     if args.pairs:  # (two nodes: none, and the keepers as before) the pair script and every link
         keepers["pairs"] = sha256_text(script_text(PAIR_SCRIPT), json.dumps([asdict(p) for p in args.pairs]))
     for r in args.ranks:
-        keepers[f"{r.node_name}.connection"] = compared_connection(r.connection)
-        keepers[f"{r.node_name}.image"] = r.image_id
-        keepers[f"{r.node_name}.env"] = r.env_hash
+        keepers[f"{r.name}.connection"] = compared_connection(r.connection)
+        keepers[f"{r.name}.image"] = r.image_id
+        keepers[f"{r.name}.env"] = r.env_hash
     return keepers
 
 
@@ -185,7 +183,7 @@ class NcclCheck(pulumi.ComponentResource):
         self.run = random.RandomId(f"{name}-run", byte_length=8, keepers=run_keepers(args),
                                    opts=pulumi.ResourceOptions(parent=self))
         rerun_all = self.run.urn.apply(lambda urn: f"pulumi up --replace '{urn}'")
-        rank_of = {r.node_name: r for r in args.ranks}
+        rank_of = {r.name: r for r in args.ranks}
         before: list[remote.Command] = []  # the round before: this one waits for all of it
         for round_ in pair_rounds(args.pairs):
             ran = []
@@ -205,7 +203,7 @@ class NcclCheck(pulumi.ComponentResource):
                 lambda v, r=rank: rank_script_args(args, r, v[0], v[1]))
             self.commands.append(
                 node_command(
-                    f"{node.node_name}-nccl-check", node.connection,
+                    f"{node.name}-nccl-check", node.connection,
                     NodeScript(SCRIPT, script_args, payload=launch_file(CHECK_PROGRAM)),
                     parent=self, depends_on=before, replace_with=[self.run],
                 )

@@ -34,7 +34,6 @@ from typing import Optional, Sequence
 
 import pulumi
 import pulumi_docker as docker
-from pulumi_command import remote
 
 import node_contract as contract
 
@@ -51,7 +50,7 @@ from .observability_files import (
     prometheus_files,
     render_alertmanager_config,
 )
-from .remote import ManagedFile, NodeScript, files_hash, managed_file_commands, node_command
+from .remote import ManagedFile, NodeHandle, NodeScript, files_hash, managed_file_commands, node_command
 
 CAPABILITY = "observability"
 DIRS_SCRIPT = "observability-dirs.sh"
@@ -62,10 +61,9 @@ STOP_GRACE_SECONDS = 30  # Prometheus flushes its head block, Grafana closes its
 
 
 @dataclass(frozen=True)
-class ObservedAccess:
+class ObservedAccess(NodeHandle):
     """How the component reaches one node."""
 
-    connection: remote.ConnectionArgs
     docker_provider: pulumi.ProviderResource  # that node's own docker daemon
     installation: pulumi.Resource  # the node as installed (remote.node_installation): a reinstall pulls again
 

@@ -26,16 +26,14 @@ from pulumi_command import remote
 
 import platform_gate
 
-from .remote import NodeScript, launch_file, node_command
+from .remote import NodeHandle, NodeScript, launch_file, node_command
 
 SCRIPT = "platform-facts.sh"
 PROGRAM = "platform-facts.py"
 
 
 @dataclass(frozen=True)
-class NodeFacts:
-    node_name: str
-    connection: remote.ConnectionArgs
+class NodeFacts(NodeHandle):
     image_id: pulumi.Input[str]  # the node's serving image
     built_here: bool = False  # the head: its image is checked against the pinned base
 
@@ -74,9 +72,9 @@ class PlatformFacts(pulumi.ComponentResource):
         self.commands: dict[str, remote.Command] = {}
         for node in args.nodes:
             script_args = pulumi.Output.all(node.image_id, args.base_image).apply(
-                lambda v, n=node: facts_args(n.node_name, v[0], v[1] if n.built_here else None))
-            self.commands[node.node_name] = node_command(
-                f"{node.node_name}-platform-facts", node.connection,
+                lambda v, n=node: facts_args(n.name, v[0], v[1] if n.built_here else None))
+            self.commands[node.name] = node_command(
+                f"{node.name}-platform-facts", node.connection,
                 NodeScript(SCRIPT, script_args, payload=launch_file(PROGRAM)), parent=self,
             )
         names = list(self.commands)

@@ -101,6 +101,15 @@ def runner_stdin(secret_values: Sequence[str], text: str, payload: str = "") -> 
 
 
 @dataclass(frozen=True)
+class NodeHandle:
+    """One node as a component reaches it: its name (the `{node}-` of its steps) and the SSH
+    connection its steps run over. The per-component node types extend it with what they add."""
+
+    name: str
+    connection: remote.ConnectionArgs
+
+
+@dataclass(frozen=True)
 class NodeScript:
     """A launch/ script to run on a node: create args, and delete args when it undoes itself."""
 

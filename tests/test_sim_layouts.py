@@ -16,19 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
 
 import cluster  # noqa: E402
 import sim_model  # noqa: E402
-from components.config import Node, parse_stack_config, resolve_node_addresses  # noqa: E402
+from components.config import Node, resolve_node_addresses  # noqa: E402
 from components.config.schema import shape_rules  # noqa: E402
 from components.config.topology import Topology  # noqa: E402
 
 
-def parsed(config: dict):
-    return parse_stack_config({k.split(":", 1)[1]: v for k, v in config.items()
-                               if k.split(":", 1)[1] in ("ssh", "nodes", "fabric", "model", "serving")})
-
-
 @pytest.mark.parametrize("count, topology, tp, pp", [(2, "", 2, 1), (3, "", 1, 3), (3, "ring", 1, 3)])
 def test_n_sim_nodes_get_a_layout_the_sim_model_splits_over(tmp_path, count, topology, tp, pp):
-    cfg = parsed(cluster.load_sim_config(tmp_path / "id_ed25519", nodes=count, topology=topology))
+    cfg = cluster.parse_sim_config(cluster.load_sim_config(tmp_path / "id_ed25519", nodes=count, topology=topology))
     assert [n.name for n in cfg.nodes] == [f"sim{i}" for i in range(1, count + 1)]
     assert cfg.fabric.topology == (topology or "switch")
     assert (cfg.tensor_parallel_size, cfg.pipeline_parallel_size) == (tp, pp)
@@ -54,7 +49,7 @@ def bridge_members(nodes) -> dict[str, set[tuple[str, str]]]:
 
 
 def ring_config(tmp_path):
-    return parsed(cluster.load_sim_config(tmp_path / "id_ed25519", nodes=3, topology="ring"))
+    return cluster.parse_sim_config(cluster.load_sim_config(tmp_path / "id_ed25519", nodes=3, topology="ring"))
 
 
 def test_the_ring_plan_is_cabled_as_three_sparks_and_the_programs_topology_reads_it(tmp_path):
@@ -91,7 +86,7 @@ def test_each_ring_bridge_joins_the_two_ends_of_one_cable(tmp_path):
 def test_a_switch_plan_gets_a_bridge_per_rail_index_and_a_node_added_finds_them(tmp_path, count):
     """A switch: today's cabling, br0 every node's rail0 and br1 every rail1; the engine sim's
     third node (add_node) finds those two and makes none."""
-    cfg = parsed(cluster.load_sim_config(tmp_path / "id_ed25519", nodes=count))
+    cfg = cluster.parse_sim_config(cluster.load_sim_config(tmp_path / "id_ed25519", nodes=count))
     names = [n.name for n in cfg.nodes]
     assert bridge_members(cfg.nodes) == {"br0": {(n, "rail0") for n in names}, "br1": {(n, "rail1") for n in names}}
     pair = cluster.rail_bridges(cfg.nodes[:2])

@@ -87,6 +87,13 @@ def load_sim_config(private_key: Path, path: Path = SIM_STACK, nodes: int = 0, t
     return config
 
 
+def parse_sim_config(config: dict) -> StackConfig:
+    """The blocks of a sim stack's config the sim itself reads (`twinspark:key -> value`; its
+    secrets stay encrypted and unread), parsed as the program parses them."""
+    blocks = ("ssh", "nodes", "fabric", "model", "serving")
+    return parse_stack_config({key: v for k, v in config.items() if (key := k.split(":", 1)[1]) in blocks})
+
+
 def sim_nodes(stack_nodes: list[dict], count: int, topology: str = "switch") -> list[dict]:
     """`count` nodes in the pattern of the stack's: simN, management 198.18.N.1N, and rails as
     `topology` cables them: switch, rail k at 10.0.k.N/24 (rail k of every node on one bridge,
@@ -156,8 +163,7 @@ class SimCluster:
         self.config = config
         # what each node's dockerd pulls from: the sim's registry (scripts/sim_images.py) and the CA of its TLS certificate
         self.registry, self.registry_ca = registry or sim_images.REGISTRY, sim_images.REGISTRY_CA
-        self.cfg: StackConfig = parse_stack_config({k.split(":", 1)[1]: v for k, v in config.items()
-                                                     if k.split(":", 1)[1] in ("ssh", "nodes", "fabric", "model", "serving")})
+        self.cfg: StackConfig = parse_sim_config(config)
         self.workdir = workdir
         self.prefix = prefix
         self.key = Path(config["twinspark:ssh"]["privateKeyPath"])
@@ -294,7 +300,7 @@ class SimCluster:
 
     def leftovers(self) -> dict[str, list[str]]:
         """What down() must not leave: namespaces, links, mounts, processes of this prefix."""
-        marker = f"twinspark-sim-root-"
+        marker = "twinspark-sim-root-"
         procs = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
