@@ -60,8 +60,9 @@ MAX_STREAMS_PER_RAIL = 4
 
 @dataclass(frozen=True)
 class NodeAccess(NodeHandle):
-    # a worker's: the rails the head copies to it over (Topology.copy_rails: every rail, or in a
-    # ring those of its cable to the head), the first carrying the control connection; the head's: none
+    # a worker's: the rails of its link to the head (Topology.copy_rails: every rail, or in a ring
+    # those of its cable to the head), the first carrying the control connection — the image, the
+    # shape check's read and, unless it has a relay, the weight copy cross them; the head's: none
     copy_rails: Sequence[CopyRail] = ()
     installation: Optional[pulumi.Resource] = None  # a worker as installed: a reinstall copies again
 
@@ -71,10 +72,9 @@ class NodeAccess(NodeHandle):
         return self.copy_rails[0].worker_ip
 
 
-
 @dataclass(frozen=True)
 class CopySource:
-    """A worker another copies the weights from in place of the head (Topology.weight_sources),
+    """A worker another copies the weights from in place of the head (Topology.weight_relays),
     and the rails between the two (Topology.copy_rails, the receiver's end first)."""
 
     node: NodeAccess
@@ -142,17 +142,17 @@ def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
     source = copy_source(args, worker)
     rails = [a for rail in source.rails for a in ("--rail", f"{rail.worker_ip}={rail.source_ip}")]
     return ["--node", source.node.name, "--peer", worker.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
-            "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{source.rails[0].worker_ip}",
-            *rails,
-            "--port", str(WEIGHTS_SYNC_PORT), "--max-streams-per-rail", str(max_streams_per_rail),
-            "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
+            "--record", WEIGHTS_RECORD, "--revision", revision,
+            "--to", f"{args.ssh_user}@{source.rails[0].worker_ip}", *rails, "--port", str(WEIGHTS_SYNC_PORT),
+            "--max-streams-per-rail", str(max_streams_per_rail), "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
 
 
 def peer_host_key_args(source: CopySource, worker: NodeAccess) -> list[str]:
     """The worker's key as the stack pins it, for every address `source` reaches it at over the
     cable: the source's ssh checks the worker against the same key as `pulumi up`."""
     return ["--node", source.node.name, "--peer", worker.name, "--known-hosts", SYNC_KNOWN_HOSTS,
-            *(a for rail in source.rails for a in ("--address", rail.worker_ip)), "--host-key", worker.connection.host_key]
+            *(a for rail in source.rails for a in ("--address", rail.worker_ip)),
+            "--host-key", worker.connection.host_key]
 
 
 def parse_revision(stdout: str) -> str:
@@ -225,7 +225,7 @@ class ModelWeights(pulumi.ComponentResource):
         for worker in args.workers:
             ways_in[worker.name] = self._way_in(worker, CopySource(head, worker.copy_rails), sync_keys[head.name])
         # the same ways in carry the serving image to the workers (serving_image.ShipFrom)
-        self.peer_trust: dict[str, list[remote.Command]] = dict(ways_in)
+        self.peer_trust: dict[str, list[remote.Command]] = ways_in
         # the workers' memory is read with the sync key, so after the authorizations
         self.shape_check = node_command(
             f"{head.name}-weights-shape-check", head.connection,
@@ -282,10 +282,10 @@ class ModelWeights(pulumi.ComponentResource):
         )
         authorize_name = f"{worker.name}-weights-{kind}authorize"
         flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
+        line = sync_key.stdout.apply(lambda key: render_authorized_key_line(source.rails[0].source_ip, key))
         authorize = node_command(
             authorize_name, worker.connection,
-            NodeScript(AUTHORIZE_SCRIPT, ["add", *flags], delete_args=["remove", *flags],
-                       payload=sync_key.stdout.apply(lambda key: render_authorized_key_line(source.rails[0].source_ip, key))),
+            NodeScript(AUTHORIZE_SCRIPT, ["add", *flags], delete_args=["remove", *flags], payload=line),
             parent=self,
         )
         return [host_key, authorize]

@@ -223,9 +223,9 @@ def fan_out_against_from_head(cluster, state: dict, workers: list[str]) -> dict:
                 waiting.remove(w)
         plan.append(ready)
         done |= set(ready)
-    prepare = (f"rm -rf {shlex.quote(bench)} && cp -a {shlex.quote(model_dir)} {shlex.quote(bench)} && "
-               f"python3 - verify --dir {shlex.quote(bench)} --manifest {shlex.quote(bench)}/{contract.WEIGHTS_MANIFEST} "
-               f"--record {shlex.quote(bench)}/{contract.WEIGHTS_RECORD} --node {HEAD}")
+    at = shlex.quote(bench)
+    prepare = (f"rm -rf {at} && cp -a {shlex.quote(model_dir)} {at} && python3 - verify --dir {at} "
+               f"--manifest {at}/{contract.WEIGHTS_MANIFEST} --record {at}/{contract.WEIGHTS_RECORD} --node {HEAD}")
     figures = {"rail_rate": FAN_OUT_RAIL_RATE, "rounds": [[f"{source[w]}->{w}" for w in ready] for ready in plan]}
     try:
         with ExitStack() as throttled:
@@ -235,13 +235,13 @@ def fan_out_against_from_head(cluster, state: dict, workers: list[str]) -> dict:
                                  ("fan_out_s", [[(source[w], with_flags(lines[w], dir=bench)) for w in ready]
                                                 for ready in plan])):
                 for node in workers:
-                    cluster.ssh(node, f"rm -rf {shlex.quote(bench)}")
-                ready = cluster.ssh(HEAD, prepare, stdin=launch_file("weights.py"))
-                assert ready.returncode == 0 and ready.stdout.strip() == "", ready.stdout + ready.stderr
+                    cluster.ssh(node, f"rm -rf {at}")
+                prepared = cluster.ssh(HEAD, prepare, stdin=launch_file("weights.py"))
+                assert prepared.returncode == 0 and prepared.stdout.strip() == "", prepared.stdout + prepared.stderr
                 figures[name] = timed_rounds(cluster, rounds)
     finally:
         for node in [HEAD, *workers]:
-            cluster.ssh(node, f"rm -rf {shlex.quote(bench)}")
+            cluster.ssh(node, f"rm -rf {at}")
     figures["fan_out_speedup"] = round(figures["from_head_s"] / figures["fan_out_s"], 2)
     return figures
 
@@ -269,7 +269,8 @@ def test_four_nodes_on_a_switch_serve_at_tp_2_by_pp_2_heal_and_go_back_to_two(
     state = stack.export(show_secrets=True)
     assert {w: source_of(cluster, state, w) for w in ("sim2", "sim3", "sim4")} == {
         "sim2": HEAD, "sim3": HEAD, "sim4": "sim2"}
-    assert {"sim4-weights-relay-host-key", "sim4-weights-relay-authorize", "sim2-weights-sync-key"} <= set(changes(added))
+    relay_steps = {"sim4-weights-relay-host-key", "sim4-weights-relay-authorize", "sim2-weights-sync-key"}
+    assert relay_steps <= set(changes(added)), changes(added)
     report["four_nodes_weight_copy"] = fan_out_against_from_head(cluster, state, ["sim2", "sim3", "sim4"])
     assert set(stack.up().summary) == {"same"}
     heals(cluster, stack, extra[-1]["name"], report, "four_nodes")
