@@ -18,6 +18,7 @@ go with its mount namespace.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import signal
@@ -122,6 +123,14 @@ def ring_rails(index: int, nodes: list[dict]) -> list[dict]:
     cables = [(index, following)] * 2 + [(previous, previous)] * 2
     return [{"iface": f"rail{k}", "hca": f"simroce{k}", "address": f"10.0.{2 * link + k % 2}.{index + 1}/24",
              "peer": nodes[peer]["name"]} for k, (link, peer) in enumerate(cables)]
+
+
+def rail_mac(node: str, iface: str) -> str:
+    """A rail's MAC address, fixed by the node's name and the rail, as a Spark's NIC's is by its
+    hardware: a node taken out and cabled again (a reinstall) answers at the MAC its peers'
+    neighbour tables still hold (a new random one goes unanswered until those entries expire)."""
+    digest = hashlib.sha256(f"{node}/{iface}".encode()).digest()
+    return ":".join(f"{b:02x}" for b in (0x02, *digest[:5]))  # locally administered, unicast
 
 
 def rail_bridges(nodes: list[Node], known: Optional[dict] = None) -> dict[ipaddress.IPv4Network, str]:
@@ -408,7 +417,8 @@ class SimCluster:
         sh("ip", "-n", ns, "route", "add", str(SIM_LAN), "dev", mgmt_iface, "scope", "link")
         for i, rail in enumerate(node.spec.rails):
             inner, outer = f"tsr{index}x{i}a", f"tsr{index}x{i}b"
-            sh("ip", "link", "add", inner, "mtu", mtu, "type", "veth", "peer", "name", outer, "mtu", mtu)
+            sh("ip", "link", "add", inner, "address", rail_mac(node.name, rail.iface), "mtu", mtu,
+               "type", "veth", "peer", "name", outer, "mtu", mtu)
             sh("ip", "link", "set", inner, "netns", ns)
             sh("ip", "link", "set", outer, "netns", self.fabric_ns)
             sh("ip", "-n", ns, "link", "set", inner, "name", rail.iface)

@@ -401,6 +401,28 @@ def flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
+def serving_settings(stack) -> dict:
+    return stack.stack_file()["config"]["twinspark:serving"]
+
+
+def guard_round_s(stack) -> float:
+    """The longest a guard round can take, its retries included (interval, then each failing
+    attempt's deadline and retry pause, up to failuresBeforeRestart)."""
+    g = serving_settings(stack)["guard"]
+    return g["intervalSeconds"] + g["failuresBeforeRestart"] * (g["deadlineSeconds"] + g["retrySeconds"])
+
+
+def with_an_empty_restart_count(cluster, stack) -> None:
+    """Serving answers and the guard has passed a round with an empty restart count: the faults
+    before restarted the head on purpose, not in a loop (two faults within the guard's restart
+    window would count together and rightly hold serving)."""
+    wait_for(lambda: serving_answers(stack) == 200, readiness_s(stack), "serving before the fault")
+    cluster.node_exec(HEAD, "bash", "-c", f"systemctl stop {contract.SERVING_GUARD_UNIT}; rm -f {contract.SERVING_HOLD} "
+                      f"{contract.SERVING_GUARD_RESTARTS} {contract.SERVING_GUARD_STATUS}; "
+                      f"systemctl start {contract.SERVING_GUARD_UNIT}")
+    wait_for(lambda: guard_verdict(cluster).get("ok") is True, 2 * guard_round_s(stack), "a passing guard round")
+
+
 def readiness_s(stack) -> float:
     """What `pulumi up` waits for serving (serving.readinessTimeoutMinutes): a recovery is due within it."""
     return stack.stack_file()["config"]["twinspark:serving"]["readinessTimeoutMinutes"] * 60

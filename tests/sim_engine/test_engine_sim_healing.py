@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 import node_contract as contract
-from conftest import (HEAD, WORKER, completion_status, flag, guard_verdict, ops_access, readiness_s, run_ops,
-                      serving_events, serving_pid,
-                      urn_of, vllm_argv, wait_for)
+from conftest import (HEAD, WORKER, completion_status, flag, guard_round_s, guard_verdict, ops_access, readiness_s,
+                      run_ops, serving_events, serving_pid, serving_settings, urn_of, vllm_argv, wait_for,
+                      with_an_empty_restart_count)
 
 SERVING = contract.SERVING_CONTAINER
 BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
@@ -42,17 +42,6 @@ GIB = 1024**3
 
 
 # ---- the stack's own settings bound every wait ---------------------------------------------------
-def serving_settings(stack) -> dict:
-    return stack.stack_file()["config"]["twinspark:serving"]
-
-
-def guard_round_s(stack) -> float:
-    """The longest a guard round can take, its retries included (interval, then each failing
-    attempt's deadline and retry pause, up to failuresBeforeRestart)."""
-    g = serving_settings(stack)["guard"]
-    return g["intervalSeconds"] + g["failuresBeforeRestart"] * (g["deadlineSeconds"] + g["retrySeconds"])
-
-
 # ---- what the nodes' dockerd and logs say --------------------------------------------------------
 def tail(cluster, node: str, path: str, lines: int = 60) -> str:
     return cluster.node_exec(node, "tail", "-n", str(lines), path, check=False).stdout
@@ -105,11 +94,7 @@ def serves(outputs) -> bool:
 def fresh_guard(cluster, stack, deployed, outputs):
     """Serving answers and the guard has passed a round with an empty restart count: the faults
     before (these and test_engine_sim's) restarted the head on purpose, not in a loop."""
-    wait_for(lambda: serves(outputs), readiness_s(stack), "serving before the scenario")
-    cluster.node_exec(HEAD, "bash", "-c", f"systemctl stop {contract.SERVING_GUARD_UNIT}; rm -f {contract.SERVING_HOLD} "
-                      f"{contract.SERVING_GUARD_RESTARTS} {contract.SERVING_GUARD_STATUS}; "
-                      f"systemctl start {contract.SERVING_GUARD_UNIT}")
-    wait_for(lambda: guard_verdict(cluster).get("ok") is True, 2 * guard_round_s(stack), "a passing guard round")
+    with_an_empty_restart_count(cluster, stack)
     return outputs
 
 
