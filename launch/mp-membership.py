@@ -149,12 +149,12 @@ def watch_head_side(port: int, workers: list[str], grace: float, tables=TCP_TABL
 def watch_worker_side(head: str, port: int, pid: int, grace: float, tables=TCP_TABLES) -> str:
     """(worker) Block until this node's headless vLLM must be restarted; say why."""
     closed = f"the head's store at {head}:{port} closed this rank's connection (the head restarted)"
-    while not joined_head(head, port, tables):
+    while ESTABLISHED not in (states := head_connection_states(head, port, tables)):
         if not alive(pid):
             return f"vLLM (pid {pid}) exited before it joined the head's store at {head}:{port}"
         # joined and dropped between two polls (a head that died within a second of the join, or
         # a store that was already winding down): the headless worker would wait on it forever
-        if CLOSE_WAIT in head_connection_states(head, port, tables):
+        if CLOSE_WAIT in states:
             return closed
         time.sleep(POLL_S)
     log(f"joined the head's store at {head}:{port}; watching it")
