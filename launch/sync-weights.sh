@@ -19,9 +19,10 @@
 # Before: this node's copy must still match its record (a changed file is hashed again, and
 # a damaged one refused here, before it spreads); the peer's copy is checked the same way
 # (--repair): a damaged file is removed and sent again, a short one (an interrupted copy)
-# appended to (rsync --append-verify checks it whole). After: the peer hashes what it
-# received and must match, or the step fails naming each file and the node. The page cache
-# the copy filled is released on both sides. A peer already complete is left untouched.
+# appended to (rsync --append-verify checks it whole). During: the peer hashes each file as
+# soon as rsync has finished it, beside the rest of the copy. After: every file must match,
+# or the step fails naming each file and the node. The page cache the copy filled is released
+# on both sides (weights.py release_cache). A peer already complete is left untouched.
 # WEIGHTS_SYNC_SECRET comes from the environment (the runner's stdin), never from argv.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
@@ -91,13 +92,18 @@ EOF
     return 1
   done
 }
+# SIGKILL: a daemon whose copy ended holds nothing to flush, and a TERM costs it 0.4 s to exit
 rsyncd_stop() {
-  local state=$1 pid_file pid
+  local state=$1 pid_file pid pids=()
   for pid_file in "$state"/rsyncd-*.pid; do
     [ -f "$pid_file" ] || continue
     pid=$(cat "$pid_file")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    # only the daemon that wrote it: the pid in a file a killed run left may have been reused since
+    grep -qaF -- "--config=$state/rsyncd-" "/proc/$pid/cmdline" 2>/dev/null || continue
+    kill -KILL "$pid" 2>/dev/null && pids+=("$pid")
+  done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.01; done
   done
   rm -f "$state"/rsyncd-*.pid "$state"/rsyncd-*.conf "$state/rsyncd.secrets"
 }
@@ -120,15 +126,31 @@ stop_daemons() {
   daemons_up=0
 }
 
-# verify_and_stop_daemons: the peer hashes what it received while its daemons stop (each takes
-# about a second; one round trip for both); the page cache the copy filled here is released meanwhile
+# start_follower ARRIVALS: the peer hashes each file as soon as rsync has finished it, beside the rest
+# of the copy (weights.py verify --follow), until this side closes the follower's stdin: the copy's end.
+# Then the peer's page cache of the copy goes as its disk takes it, detached: the step does not wait
+# on the disk.
+follower_pid="" follower_stdin=""
+start_follower() {
+  local release
+  release="python3 $STATE/weights.py release-cache --dir $(q "$dir") --manifest $(q "$dir/$manifest") --wait-for-disk"
+  coproc follower { on_peer "$(weights_command verify --follow) >/dev/null; status=\$?; setsid -f $release </dev/null >/dev/null 2>&1; exit \$status"; }
+  # shellcheck disable=SC2154  # follower_PID: set by coproc
+  follower_pid=$follower_PID follower_stdin=${follower[1]}
+  cat "$1" >&"$follower_stdin"
+}
+# verify_and_stop_daemons: the copy ended: the follower hashes what is left and verifies every file
+# while the peer's daemons stop (each takes about a second); the page cache the copy filled here is
+# released meanwhile
 verify_and_stop_daemons() {
-  local need=$1 release status=0
+  local need=$1 release stop status=0 stdin=$follower_stdin
   python3 "$program" release-cache --dir "$dir" --files "$need" &
   release=$!
-  on_peer "$(declare -f rsyncd_stop); rsyncd_stop $STATE & $(weights_command verify) >/dev/null; status=\$?; wait; exit \$status" ||
-    status=$?
-  daemons_up=0
+  on_peer "$(declare -f rsyncd_stop); rsyncd_stop $STATE" &
+  stop=$!
+  exec {stdin}>&-
+  wait "$follower_pid" || status=$?
+  wait "$stop" && daemons_up=0
   wait "$release"
   return "$status"
 }
@@ -153,12 +175,15 @@ streams_per_rail() {
 }
 
 send() {  # send NEED_FILE: every file listed, over every rail, in parallel streams
-  local need=$1 streams lists bytes started i pids=() failed=0
+  local need=$1 streams lists arrivals bytes started i pids=() failed=0
   streams=$(( ${#rails[@]} * $(streams_per_rail) ))
   make_temp lists
-  bytes=$(python3 "$program" plan --manifest "$dir/$manifest" --need "$need" --buckets "$streams" --out-prefix "$lists.")
+  make_temp arrivals
+  bytes=$(python3 "$program" plan --manifest "$dir/$manifest" --need "$need" --buckets "$streams" --out-prefix "$lists." \
+    --dir "$dir" --arrivals "$arrivals")
   for ((i = 0; i < streams; i++)); do cleanup_paths+=("$lists.$i"); done
   start_daemons
+  start_follower "$arrivals"
   log "copying $(wc -l <"$need") files ($((bytes / 1000000)) MB) to $peer: $streams streams over ${#rails[@]} rails"
   started=$(date +%s.%N)
   for ((i = 0; i < streams; i++)); do

@@ -6,9 +6,9 @@ integrity, and whether the model can run over the nodes at the stack's TP × PP 
     python3 weights.py hub-download  --repo R --revision SHA --dir D --hub-listing OUT
     python3 weights.py shape-check --config D/config.json --manifest D/M SHAPE-FLAGS
     python3 weights.py pin    --dir D --hub-listing H --manifest M --record REC --node N
-    python3 weights.py verify --dir D --manifest M --record REC --node N [--repair]
-    python3 weights.py plan   --manifest M --need FILE --buckets N --out-prefix P
-    python3 weights.py release-cache --dir D --files FILE
+    python3 weights.py verify --dir D --manifest M --record REC --node N [--repair | --full | --follow]
+    python3 weights.py plan   --manifest M --need FILE --buckets N --out-prefix P [--dir D --arrivals OUT]
+    python3 weights.py release-cache --dir D (--files FILE | --manifest M) [--wait-for-disk]
 
 The hub-* commands run inside the serving base image, which has huggingface_hub; the
 others on the host's python3. SHAPE-FLAGS: --tensor-parallel-size N [--pipeline-parallel-size P]
@@ -25,7 +25,8 @@ The manifest (head, written by `pin`; sent to each worker): {repo, revision, fil
 ctime_ns, ino, sha256}, and the revision once every file verified. A file whose stat still
 equals its record is not read again: a second run with everything intact hashes nothing.
 Files are hashed in parallel (hashlib releases the GIL), largest first; each file's page
-cache is released once it is verified, so the check leaves memory as it found it.
+cache is released once it is verified (see release_cache). On a worker receiving a copy, the
+files are hashed as each arrives (verify --follow), beside the rest of the copy.
 """
 
 from __future__ import annotations
@@ -387,13 +388,18 @@ def stat_key(path: Path) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
 
 
-def release_cache(path: Path) -> None:
-    """Drop the file's pages from the page cache: written ones are flushed first (DONTNEED
-    leaves dirty pages), then the kernel may drop them. Unprivileged, per file: unlike
-    /proc/sys/vm/drop_caches, which needs root and empties every cache of the machine."""
+def release_cache(path: Path, wait_for_disk: bool = False) -> None:
+    """Drop the file's pages from the page cache. DONTNEED drops the clean ones and starts
+    writing the dirty ones back, without waiting: a step that has just written the file does not
+    wait on the disk (rsync does not either). wait_for_disk (release-cache --wait-for-disk, which a
+    worker runs detached after its copy verified): the file is flushed first, so every page goes.
+    The boot's memory check flushes and drops what is left before the model loads
+    (launch/memory-check.py). Unprivileged, per file: unlike /proc/sys/vm/drop_caches, which
+    needs root and empties every cache of the machine."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fdatasync(fd)
+        if wait_for_disk:
+            os.fdatasync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
@@ -484,6 +490,58 @@ def pin(args) -> int:
     return 0
 
 
+# ---- follow: hash the files a copy writes as each is finished -----------------------------------
+def settled(st: os.stat_result, size: int, mtime_ns: int) -> bool:
+    """rsync has finished the file: all its bytes, and the sender's mtime, which rsync -t sets last."""
+    return st.st_size == size and st.st_mtime_ns == mtime_ns
+
+
+def follow(args, expected: dict) -> None:
+    """While the copy runs (--follow, on the receiving node): stdin's first line is
+    {path: the sender's mtime_ns} of the files being sent; each is hashed as soon as it has
+    settled, in parallel with the rest of the copy, and goes into the record with the stat it
+    had when its hashing began. stdin's end says the copy ended: the files still hashing are
+    waited for, the others left to the verification after it. A file rsync writes again after
+    its hash began (a retried transfer) no longer matches its stat in the record, and is hashed
+    again by that verification: the record only ever vouches for the bytes that were hashed."""
+    import threading
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    root = Path(args.dir)
+    pending = {rel: mtime for rel, mtime in json.loads(sys.stdin.readline() or "{}").items() if rel in expected}
+    copy_ended = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), copy_ended.set()), daemon=True).start()
+    record = read_json(Path(args.record), {"files": {}})
+    hashing, hashed, started = {}, [], time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        while True:
+            ended = copy_ended.is_set()  # read before the scan: a file finished with the copy is still seen
+            for rel, mtime_ns in list(pending.items()):
+                try:
+                    st = (root / rel).stat()
+                except FileNotFoundError:
+                    continue
+                if settled(st, expected[rel]["size"], mtime_ns):
+                    del pending[rel]
+                    key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+                           "ino": st.st_ino}
+                    hashing[pool.submit(digest_file, root / rel)] = (rel, key)
+            for future in [f for f in hashing if f.done()]:
+                rel, key = hashing.pop(future)
+                hashed.append(key["size"])
+                if future.result()["sha256"] == expected[rel]["sha256"]:
+                    record["files"][rel] = {**key, "sha256": expected[rel]["sha256"]}
+                # a mismatch stays out of the record: the verification after the copy names it
+            if not hashing and (ended or not pending):
+                break
+            if hashing:
+                wait(hashing, timeout=0.05, return_when=FIRST_COMPLETED)
+            else:
+                copy_ended.wait(0.05)
+    write_json(Path(args.record), record)
+    log(f"{args.node}: hashed {len(hashed)} files as they arrived: {rate(sum(hashed), time.monotonic() - started)}")
+
+
 # ---- verify: a node's copy against the manifest ------------------------------------------------
 def verify(args) -> int:
     """Exit 0 with the files still to send on stdout (none: complete), or 1 naming each
@@ -491,13 +549,16 @@ def verify(args) -> int:
     and a shorter one kept (an interrupted copy, to be appended to and checked whole).
     --full (ops verify-weights): every file hashed, the record trusted for none — a bit that
     rots below the filesystem leaves size, mtime, ctime and inode as they were. A file that
-    fails leaves the record, so the next weights step on this node hashes it and repairs it."""
+    fails leaves the record, so the next weights step on this node hashes it and repairs it.
+    --follow (a worker during the copy): see follow; what it hashed is then trusted as recorded."""
     root, node = Path(args.dir), args.node
     if not Path(args.manifest).is_file():
         log(f"FAIL {node}: no manifest at {args.manifest}: no weights step has completed in {root} on this node")
         return 1
     manifest = json.loads(Path(args.manifest).read_text())
     expected, revision = manifest["files"], manifest["revision"]
+    if args.follow:
+        follow(args, expected)
     record = read_json(Path(args.record), {"files": {}})
     if record.get("revision") not in (None, revision):
         log(f"{node} holds revision {record['revision']}; this stack pins {revision}: "
@@ -564,15 +625,19 @@ def plan(args) -> int:
         bucket[2].append(rel)
     for load, i, files in loads:
         Path(f"{args.out_prefix}{i}").write_text("".join(f"{rel}\n" for rel in files))
+    if args.arrivals:  # what the receiver's follow waits for: each file's mtime here, which rsync -t sets there
+        Path(args.arrivals).write_text(json.dumps({rel: (Path(args.dir) / rel).stat().st_mtime_ns for rel in need}) + "\n")
     print(sum(load for load, _, _ in loads))
     return 0
 
 
 def release(args) -> int:
     root = Path(args.dir)
-    for rel in Path(args.files).read_text().splitlines():
+    listed = (Path(args.files).read_text().splitlines() if args.files
+              else json.loads(Path(args.manifest).read_text())["files"])
+    for rel in listed:
         if rel and (root / rel).is_file():
-            release_cache(root / rel)
+            release_cache(root / rel, args.wait_for_disk)
     return 0
 
 
@@ -622,14 +687,21 @@ def main(argv=None) -> int:
     sub.choices["pin"].add_argument("--hub-listing", required=True)
     sub.choices["verify"].add_argument("--repair", action="store_true")
     sub.choices["verify"].add_argument("--full", action="store_true", help="hash every file, trusting no record")
+    sub.choices["verify"].add_argument("--follow", action="store_true",
+                                       help="first hash the files a copy writes as each settles (stdin: see follow)")
     p = sub.add_parser("plan")
     for flag in ("--manifest", "--need", "--out-prefix"):
         p.add_argument(flag, required=True)
     p.add_argument("--buckets", type=int, required=True)
+    p.add_argument("--dir", help="with --arrivals: where the files are")
+    p.add_argument("--arrivals", help="write {path: mtime_ns} of the files to send here, for the receiver's --follow")
     p.set_defaults(run=plan)
     p = sub.add_parser("release-cache")
     p.add_argument("--dir", required=True)
-    p.add_argument("--files", required=True)
+    listed = p.add_mutually_exclusive_group(required=True)
+    listed.add_argument("--files", help="a file listing the paths, one a line")
+    listed.add_argument("--manifest", help="every file of the manifest")
+    p.add_argument("--wait-for-disk", action="store_true", help="flush each file first: every page goes")
     p.set_defaults(run=release)
     args = parser.parse_args(argv)
     return args.run(args) or 0
