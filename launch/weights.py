@@ -37,8 +37,9 @@ import json
 import math
 import os
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 CHUNK = 8 << 20
@@ -383,8 +384,9 @@ def weight_files(root: Path) -> list[str]:
     return sorted(found)
 
 
-def stat_key(path: Path) -> dict:
-    st = path.stat()
+def stat_key(path: Path, st: os.stat_result | None = None) -> dict:
+    """What the record keeps of a file's stat (st: one already taken)."""
+    st = st or path.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
 
 
@@ -504,9 +506,6 @@ def follow(args, expected: dict) -> None:
     waited for, the others left to the verification after it. A file rsync writes again after
     its hash began (a retried transfer) no longer matches its stat in the record, and is hashed
     again by that verification: the record only ever vouches for the bytes that were hashed."""
-    import threading
-    from concurrent.futures import FIRST_COMPLETED, wait
-
     root = Path(args.dir)
     pending = {rel: mtime for rel, mtime in json.loads(sys.stdin.readline() or "{}").items() if rel in expected}
     copy_ended = threading.Event()
@@ -523,21 +522,19 @@ def follow(args, expected: dict) -> None:
                     continue
                 if settled(st, expected[rel]["size"], mtime_ns):
                     del pending[rel]
-                    key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
-                           "ino": st.st_ino}
-                    hashing[pool.submit(digest_file, root / rel)] = (rel, key)
+                    hashing[pool.submit(digest_file, root / rel)] = (rel, stat_key(root / rel, st))
             for future in [f for f in hashing if f.done()]:
                 rel, key = hashing.pop(future)
                 hashed.append(key["size"])
                 if future.result()["sha256"] == expected[rel]["sha256"]:
                     record["files"][rel] = {**key, "sha256": expected[rel]["sha256"]}
                 # a mismatch stays out of the record: the verification after the copy names it
-            if not hashing and (ended or not pending):
+            if ended and not hashing:  # the verification after it must see whatever the copy did last
                 break
             if hashing:
                 wait(hashing, timeout=0.05, return_when=FIRST_COMPLETED)
             else:
-                copy_ended.wait(0.05)
+                copy_ended.wait(0.05 if pending else None)
     write_json(Path(args.record), record)
     log(f"{args.node}: hashed {len(hashed)} files as they arrived: {rate(sum(hashed), time.monotonic() - started)}")
 

@@ -578,7 +578,7 @@ def test_faulty_copy_fails_naming_the_file_and_the_node(pair):
     (pair.head.bin / "rsync").chmod(0o755)
     out = pair.sync(pair.revision)
     text = out.stdout + out.stderr
-    assert out.returncode == 1
+    assert out.returncode == 1, text
     assert f"FAIL spark2: {shard}: sha256 " in text and "verification failed for spark2" in text, text
     (pair.head.bin / "rsync").unlink()
     assert pair.sync(pair.revision).returncode == 0  # the next run sends it again
