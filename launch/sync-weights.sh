@@ -140,8 +140,7 @@ start_follower() {
   cat "$1" >&"$follower_stdin"
 }
 # verify_and_stop_daemons: the copy ended: the follower hashes what is left and verifies every file
-# while the peer's daemons stop (each takes about a second); the page cache the copy filled here is
-# released meanwhile
+# while the peer's daemons are stopped; the page cache the copy filled here is released meanwhile
 verify_and_stop_daemons() {
   local need=$1 release stop status=0 stdin=$follower_stdin
   python3 "$program" release-cache --dir "$dir" --files "$need" &
