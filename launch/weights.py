@@ -498,8 +498,9 @@ def settled(st: os.stat_result, size: int, mtime_ns: int) -> bool:
     return st.st_size == size and st.st_mtime_ns == mtime_ns
 
 
-def follow(args, expected: dict) -> None:
-    """While the copy runs (--follow, on the receiving node): stdin's first line is
+def follow(args, expected: dict) -> dict:
+    """The record, with what was hashed while the copy ran (--follow, on the receiving node), for
+    the verification after it to trust or hash again and write. stdin's first line is
     {path: the sender's mtime_ns} of the files being sent; each is hashed as soon as it has
     settled, in parallel with the rest of the copy, and goes into the record with the stat it
     had when its hashing began. stdin's end says the copy ended: the files still hashing are
@@ -535,8 +536,8 @@ def follow(args, expected: dict) -> None:
                 wait(hashing, timeout=0.05, return_when=FIRST_COMPLETED)
             else:
                 copy_ended.wait(0.05 if pending else None)
-    write_json(Path(args.record), record)
     log(f"{args.node}: hashed {len(hashed)} files as they arrived: {rate(sum(hashed), time.monotonic() - started)}")
+    return record
 
 
 # ---- verify: a node's copy against the manifest ------------------------------------------------
@@ -554,9 +555,7 @@ def verify(args) -> int:
         return 1
     manifest = json.loads(Path(args.manifest).read_text())
     expected, revision = manifest["files"], manifest["revision"]
-    if args.follow:
-        follow(args, expected)
-    record = read_json(Path(args.record), {"files": {}})
+    record = follow(args, expected) if args.follow else read_json(Path(args.record), {"files": {}})
     if record.get("revision") not in (None, revision):
         log(f"{node} holds revision {record['revision']}; this stack pins {revision}: "
             + ("replacing the files that differ" if args.repair else "refused"))

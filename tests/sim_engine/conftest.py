@@ -425,7 +425,7 @@ def with_an_empty_restart_count(cluster, stack) -> None:
 
 def readiness_s(stack) -> float:
     """What `pulumi up` waits for serving (serving.readinessTimeoutMinutes): a recovery is due within it."""
-    return stack.stack_file()["config"]["twinspark:serving"]["readinessTimeoutMinutes"] * 60
+    return serving_settings(stack)["readinessTimeoutMinutes"] * 60
 
 
 def run_ops(*args: str) -> subprocess.CompletedProcess:
