@@ -41,10 +41,12 @@ import node_contract as contract  # noqa: E402
 from cluster import SIM_STACK, SimCluster  # noqa: E402
 from hub_standin import HubStandin  # noqa: E402
 from program_harness import SECRET_SIG  # noqa: E402
+from timeline import TIMELINE  # noqa: E402
 
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
 STACK = "sim"
 REPORT = ROOT / "build" / "sim-engine-report.json"
+TIMELINE_FILE = ROOT / "build" / "sim-engine-timeline.json"  # where the time went (timeline.py)
 HEAD, WORKER = "sim1", "sim2"
 
 
@@ -100,12 +102,14 @@ class EngineStack:
         return ["pulumi", *args, "--stack", STACK, "--non-interactive"]
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(self._argv(*args), cwd=self.project, env={**os.environ, **self.env},
-                              capture_output=True, text=True, check=check)
+        with TIMELINE.span("cli", " ".join(args[:2])):
+            return subprocess.run(self._argv(*args), cwd=self.project, env={**os.environ, **self.env},
+                                  capture_output=True, text=True, check=check)
 
     def _run(self, *args: str) -> EngineRun:
         started = time.monotonic()
-        proc = self.cli(*args, "--json", check=False)
+        with TIMELINE.span("pulumi", " ".join(a.rsplit("::", 1)[-1] for a in args if a not in ("--yes", "--skip-preview"))):
+            proc = self.cli(*args, "--json", check=False)
         seconds = round(time.monotonic() - started, 1)
         events = []
         for line in proc.stdout.splitlines() if args[0] != "preview" else [proc.stdout]:
@@ -122,20 +126,21 @@ class EngineStack:
         """`pulumi up` with SIGINT (a ^C) once the engine has started `step`: the run's events and
         the CLI's exit status."""
         started = time.monotonic()
-        proc = subprocess.Popen(self._argv("up", "--yes", "--skip-preview", *args, "--json"), cwd=self.project,
-                                env={**os.environ, **self.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        events = []
-        for line in proc.stdout:
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-            pre = events[-1].get("resourcePreEvent", {}).get("metadata", {})
-            if pre.get("urn", "").endswith(f"::{step}") and proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                events.append({"interrupted": step})
-        proc.wait(timeout=600)
+        with TIMELINE.span("pulumi", f"up interrupted at {step}"):
+            proc = subprocess.Popen(self._argv("up", "--yes", "--skip-preview", *args, "--json"), cwd=self.project,
+                                    env={**os.environ, **self.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            events = []
+            for line in proc.stdout:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    continue
+                pre = events[-1].get("resourcePreEvent", {}).get("metadata", {})
+                if pre.get("urn", "").endswith(f"::{step}") and proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+                    events.append({"interrupted": step})
+            proc.wait(timeout=600)
         return EngineRun(events, round(time.monotonic() - started, 1), proc.stderr.read()[-4000:]), proc.returncode
 
     def up(self, *args: str) -> EngineRun:
@@ -184,7 +189,8 @@ def engine_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def registry() -> str:
     """The sim's images, built where their inputs changed, served while the session lasts."""
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "sim_images.py"), "build"], check=True)
+    with TIMELINE.span("images", "sim_images.py build"):
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "sim_images.py"), "build"], check=True)
     server = sim_images.serve_registry()
     yield sim_images.REGISTRY
     server.terminate()
@@ -213,12 +219,51 @@ def cluster(operator_home, registry, hub, report):
     if os.geteuid() != 0:
         pytest.fail("the simulator needs root (namespaces, mounts): run scripts/test.sh as root")
     sim = SimCluster.from_stack_file(operator_home / ".cache" / "twinspark-sim", registry=registry)
+    timed_cluster(sim)
     try:
         sim.up()
         yield sim
     finally:
         sim.down()
         report["leftovers_after_teardown"] = sim.leftovers()
+
+
+def timed_cluster(sim: SimCluster) -> None:
+    """The cluster's power operations and logins on the session's timeline."""
+    for method in ("up", "down", "add_node", "remove_node", "reboot", "reinstall"):
+        TIMELINE.wrap(sim, method, "node", lambda *a, **k: " ".join(str(x) for x in a if isinstance(x, str)))
+    TIMELINE.wrap(sim, "ssh", "ssh", lambda node, command, *a, **k: f"{node}: {command[:80]}")
+    TIMELINE.wrap(sim, "node_exec", "ssh", lambda node, *argv, **k: f"{node}: {' '.join(map(str, argv))[:80]}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    TIMELINE.phase = f"{item.nodeid}::setup"
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    TIMELINE.phase = f"{item.nodeid}::call"
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    TIMELINE.phase = f"{item.nodeid}::teardown"
+    yield
+
+
+SCENARIO_SECONDS: dict[str, dict[str, float]] = {}  # pytest's own: scenario -> {setup, call, teardown}
+
+
+def pytest_runtest_logreport(report):
+    SCENARIO_SECONDS.setdefault(report.nodeid.split("::", 1)[-1], {})[report.when] = round(report.duration, 2)
+
+
+def pytest_sessionfinish(session):
+    if SCENARIO_SECONDS:
+        TIMELINE.write(TIMELINE_FILE, SCENARIO_SECONDS)
 
 
 def engine_stack(engine_env: dict[str, str], operator_home: Path, stack_file_text: str, name: str = "") -> EngineStack:
@@ -383,12 +428,19 @@ def guard_verdict(cluster) -> dict:
 
 
 def wait_for(check, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(1)
-    raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+    with TIMELINE.span("wait", what, bound=timeout_s):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if value := check():
+                return value
+            time.sleep(1)
+        raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+
+
+def pause(seconds: float, why: str) -> None:
+    """A fixed wait, on the timeline (prefer wait_for on the event itself)."""
+    with TIMELINE.span("pause", why, bound=seconds):
+        time.sleep(seconds)
 
 
 def vllm_argv(cluster) -> list[str]:
@@ -429,7 +481,8 @@ def readiness_s(stack) -> float:
 
 
 def run_ops(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ops", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    with TIMELINE.span("ops", args[0]):
+        return subprocess.run([sys.executable, "-m", "ops", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def ops_access(cluster, outputs: dict, operator_home: Path) -> list[str]:

@@ -26,7 +26,7 @@ import pytest
 
 import node_contract as contract
 from conftest import (HEAD, WORKER, completion_status, flag, guard_round_s, guard_verdict, ops_access, readiness_s,
-                      run_ops, serving_events, serving_pid, serving_settings, urn_of, vllm_argv, wait_for,
+                      pause, run_ops, serving_events, serving_pid, serving_settings, urn_of, vllm_argv, wait_for,
                       with_an_empty_restart_count)
 
 SERVING = contract.SERVING_CONTAINER
@@ -310,7 +310,7 @@ def test_a_crash_loop_is_held_until_cleared(cluster, stack, wide_restart_window,
     wait_for(lambda: alert_firing(cluster, "TwinsparkGuardHolding"), 4 * scrape_s(stack) + 30,
              "TwinsparkGuardHolding firing on the head's Prometheus")
     report["hold_to_alert_firing_s"] = round(time.monotonic() - held_at, 1)
-    time.sleep(2 * serving_settings(stack)["guard"]["intervalSeconds"])  # held: docker restarts it no more
+    pause(2 * serving_settings(stack)["guard"]["intervalSeconds"], "held: docker restarts it no more")
     assert len(serving_events(cluster, HEAD, since, "start")) - 1 == policy_starts
     # the next readiness wait fails at once with the reason
     started = time.monotonic()

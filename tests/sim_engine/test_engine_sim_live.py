@@ -17,7 +17,8 @@ import node_contract as contract
 from cluster import can_raise_memlock
 from components import host_prep
 from components.launch_bundle import VllmServe, vllm_argv
-from conftest import HEAD, WORKER, completion_status, file_state, guard_verdict, ops_access, readiness_s, run_ops, wait_for
+from conftest import (HEAD, WORKER, completion_status, file_state, guard_verdict, ops_access, pause, readiness_s,
+                      run_ops, wait_for)
 
 SERVING = contract.SERVING_CONTAINER
 VLLM_ARGV = f"{contract.LOG_DIR}/vllm-argv.json"  # the vLLM stand-in's record of its start
@@ -67,7 +68,7 @@ def test_the_head_serves_only_with_every_gpu_and_vllm_never_sees_the_key(cluster
         boot_log = f"{contract.LOG_DIR}/{contract.boot_log('head')}"
         wait_for(lambda: "1/2 nodes with a GPU; waiting for 10.0.0.2" in
                  cluster.node_exec(HEAD, "tail", "-n", "20", boot_log).stdout, 120, "the head waiting for the worker's GPU")
-        time.sleep(5)
+        pause(5, "the head holding vLLM back while one GPU is missing")
         assert cluster.node_exec(HEAD, "test", "-e", VLLM_ARGV, check=False).returncode != 0, "vLLM started with one GPU"
     finally:
         started = time.monotonic()

@@ -1,0 +1,110 @@
+"""Where the simulator's time goes (issue 35): every pulumi command, wait, pause, node power
+operation, ssh login and day-2 tool a scenario runs, with its seconds (and a wait's bound), kept
+in build/sim-engine-timeline.json by the sim's conftest. Nested spans (the ssh logins a wait polls
+with) carry their depth; a scenario's figures count only the outermost, so nothing counts twice.
+
+    python tests/sim_engine/timeline.py build/sim-engine-timeline.json   # the table per scenario
+    python tests/sim_engine/timeline.py FILE --spans NAME-PART           # one scenario's spans in order
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+KINDS = ("pulumi", "cli", "wait", "pause", "node", "ssh", "ops", "images")
+
+
+class Timeline:
+    """The session's spans, in the order they ended; `phase` is the pytest phase running now."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.phase = "session"
+        self.depth = 0
+        self.spans: list[dict] = []
+
+    @contextmanager
+    def span(self, kind: str, what: str, bound: float | None = None):
+        start, depth = time.monotonic(), self.depth
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth = depth
+            entry = {"phase": self.phase, "kind": kind, "what": what[:160], "depth": depth,
+                     "at": round(start - self.started, 2), "s": round(time.monotonic() - start, 2)}
+            if bound is not None:
+                entry["bound"] = round(bound, 1)
+            self.spans.append(entry)
+
+    def wrap(self, obj, method: str, kind: str, describe=lambda *a, **k: "") -> None:
+        """obj.method timed as `kind` on this instance only (what: describe(*args))."""
+        original = getattr(obj, method)
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            with self.span(kind, f"{method} {describe(*args, **kwargs)}".strip()):
+                return original(*args, **kwargs)
+        setattr(obj, method, timed)
+
+    def write(self, path: Path, scenarios: dict[str, dict[str, float]]) -> None:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({"scenarios": scenarios, "spans": self.spans}, indent=1) + "\n")
+
+
+TIMELINE = Timeline()  # one pytest session, one process
+
+
+def scenario_of(phase: str) -> str:
+    return phase.rsplit("::", 1)[0].split("::", 1)[-1] if "::" in phase else phase
+
+
+def table(document: dict) -> str:
+    """Per scenario: pytest's own seconds (setup + call + teardown), then the outermost spans' seconds
+    by kind (with their count), and what is left (Python, asserts, small reads)."""
+    spent: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for span in document["spans"]:
+        if span["depth"] == 0:
+            spent[scenario_of(span["phase"])][span["kind"]].append(span["s"])
+    rows = ["| scenario | total s | " + " | ".join(KINDS) + " | rest |", "|---" * (len(KINDS) + 3) + "|"]
+    total_all = 0.0
+    for name, phases in document["scenarios"].items():
+        total = sum(phases.values())
+        total_all += total
+        kinds = spent.get(name, {})
+        cells = [f"{sum(kinds[k]):.0f} ({len(kinds[k])})" if kinds.get(k) else "" for k in KINDS]
+        rest = total - sum(sum(v) for v in kinds.values())
+        rows.append(f"| {name} | {total:.0f} | " + " | ".join(cells) + f" | {rest:.0f} |")
+    rows.append(f"| **all** | **{total_all:.0f}** |" + " |" * (len(KINDS) + 1))
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the simulator's timeline, as a table per scenario")
+    parser.add_argument("file", type=Path, help="build/sim-engine-timeline.json")
+    parser.add_argument("--spans", metavar="NAME-PART", help="list this scenario's spans in order instead")
+    args = parser.parse_args(argv)
+    try:
+        document = json.loads(args.file.read_text())
+    except (OSError, ValueError) as e:
+        print(f"timeline.py: cannot read {args.file}: {e}", file=sys.stderr)
+        return 2
+    if args.spans:
+        for span in sorted(document["spans"], key=lambda s: s["at"]):
+            if args.spans in span["phase"]:
+                bound = f" (bound {span['bound']:.0f})" if "bound" in span else ""
+                print(f"{span['at']:8.1f} {'  ' * span['depth']}{span['kind']:6} {span['s']:7.1f}{bound} {span['what']}")
+        return 0
+    print(table(document))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
