@@ -41,7 +41,7 @@ import node_contract as contract  # noqa: E402
 from cluster import SIM_STACK, SimCluster  # noqa: E402
 from hub_standin import HubStandin  # noqa: E402
 from program_harness import SECRET_SIG  # noqa: E402
-from timeline import TIMELINE  # noqa: E402
+from timeline import TIMELINE, scenario_of, slowest_steps  # noqa: E402
 
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
 STACK = "sim"
@@ -108,15 +108,17 @@ class EngineStack:
 
     def _run(self, *args: str) -> EngineRun:
         started = time.monotonic()
-        with TIMELINE.span("pulumi", " ".join(a.rsplit("::", 1)[-1] for a in args if a not in ("--yes", "--skip-preview"))):
+        with TIMELINE.span("pulumi", " ".join(a.rsplit("::", 1)[-1] for a in args
+                                              if a not in ("--yes", "--skip-preview"))) as details:
             proc = self.cli(*args, "--json", check=False)
-        seconds = round(time.monotonic() - started, 1)
-        events = []
-        for line in proc.stdout.splitlines() if args[0] != "preview" else [proc.stdout]:
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                pass
+            seconds = round(time.monotonic() - started, 1)
+            events = []
+            for line in proc.stdout.splitlines() if args[0] != "preview" else [proc.stdout]:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    pass
+            details["steps"] = slowest_steps(events)
         run = EngineRun(events, seconds, proc.stdout[-4000:] + proc.stderr[-4000:])
         if proc.returncode != 0:
             raise AssertionError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{run.errors() or run.text}")
@@ -126,7 +128,7 @@ class EngineStack:
         """`pulumi up` with SIGINT (a ^C) once the engine has started `step`: the run's events and
         the CLI's exit status."""
         started = time.monotonic()
-        with TIMELINE.span("pulumi", f"up interrupted at {step}"):
+        with TIMELINE.span("pulumi", f"up interrupted at {step}") as details:
             proc = subprocess.Popen(self._argv("up", "--yes", "--skip-preview", *args, "--json"), cwd=self.project,
                                     env={**os.environ, **self.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
@@ -141,6 +143,7 @@ class EngineStack:
                     proc.send_signal(signal.SIGINT)
                     events.append({"interrupted": step})
             proc.wait(timeout=600)
+            details["steps"] = slowest_steps(events)
         return EngineRun(events, round(time.monotonic() - started, 1), proc.stderr.read()[-4000:]), proc.returncode
 
     def up(self, *args: str) -> EngineRun:
@@ -258,7 +261,7 @@ SCENARIO_SECONDS: dict[str, dict[str, float]] = {}  # pytest's own: scenario -> 
 
 
 def pytest_runtest_logreport(report):
-    SCENARIO_SECONDS.setdefault(report.nodeid.split("::", 1)[-1], {})[report.when] = round(report.duration, 2)
+    SCENARIO_SECONDS.setdefault(scenario_of(report.nodeid), {})[report.when] = round(report.duration, 2)
 
 
 def pytest_sessionfinish(session):

@@ -32,14 +32,15 @@ class Timeline:
 
     @contextmanager
     def span(self, kind: str, what: str, bound: float | None = None):
-        start, depth = time.monotonic(), self.depth
+        """Yields a dict the caller may fill with details (a pulumi run's slowest steps)."""
+        start, depth, details = time.monotonic(), self.depth, {}
         self.depth += 1
         try:
-            yield
+            yield details
         finally:
             self.depth = depth
             entry = {"phase": self.phase, "kind": kind, "what": what[:160], "depth": depth,
-                     "at": round(start - self.started, 2), "s": round(time.monotonic() - start, 2)}
+                     "at": round(start - self.started, 2), "s": round(time.monotonic() - start, 2), **details}
             if bound is not None:
                 entry["bound"] = round(bound, 1)
             self.spans.append(entry)
@@ -62,8 +63,27 @@ class Timeline:
 TIMELINE = Timeline()  # one pytest session, one process
 
 
-def scenario_of(phase: str) -> str:
-    return phase.rsplit("::", 1)[0].split("::", 1)[-1] if "::" in phase else phase
+def slowest_steps(events: list[dict], count: int = 6) -> dict[str, int]:
+    """The engine's own step times in a run's events (resourcePreEvent to resOutputsEvent, whole
+    seconds, as the engine stamps them): the `count` slowest, by resource name."""
+    began, took = {}, {}
+    for event in events:
+        for kind in ("resourcePreEvent", "resOutputsEvent"):
+            if kind in event and "timestamp" in event:
+                urn = event[kind]["metadata"]["urn"]
+                name = f"{urn.rsplit('::', 1)[-1]} {event[kind]['metadata'].get('op', '')}".strip()
+                if kind == "resourcePreEvent":
+                    began[urn] = event["timestamp"]
+                elif urn in began:
+                    took[name] = event["timestamp"] - began[urn]
+    return dict(sorted(took.items(), key=lambda kv: -kv[1])[:count])
+
+
+def scenario_of(nodeid: str) -> str:
+    """FILE::NAME of a pytest node id or of a phase (NODEID::setup|call|teardown); "session" stays."""
+    if nodeid.rsplit("::", 1)[-1] in ("setup", "call", "teardown"):
+        nodeid = nodeid.rsplit("::", 1)[0]
+    return nodeid.rsplit("/", 1)[-1]
 
 
 def table(document: dict) -> str:
@@ -100,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         for span in sorted(document["spans"], key=lambda s: s["at"]):
             if args.spans in span["phase"]:
                 bound = f" (bound {span['bound']:.0f})" if "bound" in span else ""
-                print(f"{span['at']:8.1f} {'  ' * span['depth']}{span['kind']:6} {span['s']:7.1f}{bound} {span['what']}")
+                steps = f" slowest: {span['steps']}" if span.get("steps") else ""
+                print(f"{span['at']:8.1f} {'  ' * span['depth']}{span['kind']:6} {span['s']:7.1f}{bound} {span['what']}{steps}")
         return 0
     print(table(document))
     return 0

@@ -1,0 +1,55 @@
+"""The simulator's timeline (tests/sim_engine/timeline.py): nested spans count once, a run's
+slowest steps come from the engine's own event stamps, and the table adds up per scenario."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "sim_engine"))
+
+import timeline  # noqa: E402
+
+
+def test_nested_spans_count_once_and_the_rest_is_what_no_span_covers():
+    line = timeline.Timeline()
+    line.phase = "tests/sim_engine/test_x.py::test_a::call"
+    with line.span("wait", "serving", bound=180):
+        with line.span("ssh", "sim1: curl"):
+            pass
+    with line.span("pulumi", "up"):
+        pass
+    document = {"scenarios": {"test_x.py::test_a": {"setup": 1.0, "call": 9.0, "teardown": 0.0}},
+                "spans": line.spans}
+    document["spans"][0]["s"], document["spans"][1]["s"], document["spans"][2]["s"] = 0.5, 3.0, 4.0
+    row = next(r for r in timeline.table(document).splitlines() if r.startswith("| test_x.py::test_a "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    by_kind = dict(zip(("scenario", "total s", *timeline.KINDS, "rest"), cells))
+    assert by_kind["total s"] == "10"
+    assert by_kind["wait"] == "3 (1)" and by_kind["ssh"] == ""  # the login inside the wait is the wait's
+    assert by_kind["pulumi"] == "4 (1)" and by_kind["rest"] == "3"
+    assert [s["depth"] for s in line.spans] == [1, 0, 0] and line.spans[1]["bound"] == 180
+
+
+def test_a_runs_slowest_steps_are_its_engine_stamps():
+    def event(kind, name, at, op="create"):
+        return {"timestamp": at, kind: {"metadata": {"urn": f"urn:pulumi:sim::twinspark::t::{name}", "op": op}}}
+    events = [event("resourcePreEvent", "sim1-readiness-wait", 100), event("resourcePreEvent", "sim1-docker", 100),
+              event("resOutputsEvent", "sim1-docker", 101), event("resOutputsEvent", "sim1-readiness-wait", 130),
+              {"summaryEvent": {}}]
+    assert timeline.slowest_steps(events) == {"sim1-readiness-wait create": 30, "sim1-docker create": 1}
+
+
+def test_the_command_reads_a_written_timeline_and_refuses_a_missing_one(tmp_path, capsys):
+    line = timeline.Timeline()
+    line.phase = "tests/sim_engine/test_x.py::test_a::call"
+    with line.span("node", "reboot sim2"):
+        pass
+    path = tmp_path / "build" / "timeline.json"
+    line.write(path, {"test_x.py::test_a": {"call": 2.0}})
+    assert json.loads(path.read_text())["spans"][0]["what"] == "reboot sim2"
+    assert timeline.main([str(path)]) == 0 and "| test_x.py::test_a | 2 |" in capsys.readouterr().out
+    assert timeline.main([str(path), "--spans", "test_a"]) == 0 and "reboot sim2" in capsys.readouterr().out
+    assert timeline.main([str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
