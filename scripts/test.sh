@@ -1,42 +1,49 @@
 #!/usr/bin/env bash
 # scripts/test.sh — install what the tests need (Debian/Ubuntu, as root) and run them.
 #
-#   sudo ./scripts/test.sh                   # everything: the rest in 4 processes, then the simulator
-#   sudo ./scripts/test.sh -k fabric         # extra arguments go to pytest (both runs)
+#   sudo ./scripts/test.sh                   # everything (what CI runs): stages below, a time table at the end
+#   sudo ./scripts/test.sh -k fabric         # extra arguments go to pytest (every run)
 #   sudo ./scripts/test.sh tests/sim_engine -k renamed # a path: just that, in one process
+#   ./scripts/test.sh --quick                # a contributor's loop: no root, no namespaces, no engine
 #
-# Installs only what is missing (scripts/setup.sh).
+# The stages of a whole run (docs/testing.md, "CI"):
+#   engine     the Pulumi engine from Go modules (scripts/engine.sh; tens of minutes cold, seconds
+#              cached), started first, in the background, niced: it needs only Go
+#   setup      Debian packages, .venv, the Codex CLI (scripts/setup.sh), beside the engine
+#   unit       every test that needs neither the engine nor the simulator, 4 processes, beside the engine
+#   engine-tests  the engine's own tests (tests/test_engine_*.py), once it is built
+#   simulator  tests/sim_engine alone: one simulator on a machine, and its timings are figures
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # shellcheck source=scripts/setup.sh
 . scripts/setup.sh
 
-main() {
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "run as root (sudo): the tests install Debian packages and build network namespaces" >&2
-    exit 2
-  fi
-  setup_machine
-  # the Pulumi engine the engine tests and the engine-driven simulator run (scripts/engine.sh:
-  # built once into a cache outside the repository, tens of minutes cold, seconds warm)
-  log "building the Pulumi engine where missing (scripts/engine.sh)"
-  ./scripts/engine.sh build >/dev/null
-  local arg
-  for arg in "$@"; do  # a path given: run just that, as asked
-    if [ -e "${arg%%::*}" ]; then
-      log "running pytest $*"
-      exec .venv/bin/python -m pytest "$@"
-    fi
+ENGINE_TESTS=(tests/test_engine_providers.py tests/test_engine_docker_provider.py)
+ENGINE_LOG=build/engine-build.log
+ENGINE_DONE=build/engine-build.done
+STAGES=()  # "name seconds" per stage, printed at the end
+
+# name command...: run a stage, timed
+stage() {
+  local name=$1 start rc=0
+  shift
+  start=$(date +%s)
+  "$@" || rc=$?
+  STAGES+=("$name $(($(date +%s) - start))")
+  return "$rc"
+}
+
+# the stages' seconds, one line each, and the whole run's: the figures docs/testing.md's CI table keeps
+stage_table() {
+  local line name seconds
+  [ "${#STAGES[@]}" -gt 0 ] || return 0
+  printf '\n%-14s %8s\n' stage seconds
+  for line in "${STAGES[@]}"; do
+    read -r name seconds <<<"$line"
+    printf '%-14s %8s\n' "$name" "$seconds"
   done
-  # Everything: the tests outside the simulator in 4 processes (they mostly wait on
-  # subprocesses; a file's tests stay in one process, so a file's fixed ports and namespaces
-  # never meet their own twins), then the simulator alone — one at a time on a machine, and
-  # its timings are figures.
-  log "running pytest: everything but the simulator (4 processes)"
-  run_pytest tests --ignore=tests/sim_engine -n 4 --dist loadfile "$@"
-  log "running pytest: the simulator under the real engine (pulumi up --stack sim)"
-  run_pytest tests/sim_engine --durations=20 "$@"  # the slowest scenarios, for the CI time
+  printf '%-14s %8s\n' total $(($(date +%s) - RUN_STARTED))
 }
 
 # pytest, where "no test selected" (exit 5: a -k that only matches in the other run) is no failure
@@ -45,6 +52,90 @@ run_pytest() {
   .venv/bin/python -m pytest "$@" || rc=$?
   [ "$rc" -eq 5 ] && rc=0
   return "$rc"
+}
+
+# the engine's build in the background; wait_for_engine reaps it and shows its log's tail on failure
+ENGINE_PID=
+start_engine_build() {
+  mkdir -p build
+  log "building the Pulumi engine where missing (scripts/engine.sh, log: $ENGINE_LOG)"
+  # its own process group (setsid), so that a run that stops early stops its go builds too
+  # its end time in a file: the stage's own seconds, not the time the run waited for it
+  rm -f "$ENGINE_DONE"
+  # shellcheck disable=SC2016 # $1 and $rc are the inner shell's
+  setsid bash -c './scripts/engine.sh build; rc=$?; date +%s >"$1"; exit "$rc"' engine "$ENGINE_DONE" \
+    >"$ENGINE_LOG" 2>&1 &
+  ENGINE_PID=$!
+  ENGINE_STARTED=$(date +%s)
+}
+
+wait_for_engine() {
+  local rc=0
+  wait "$ENGINE_PID" || rc=$?
+  STAGES+=("engine $(($(cat "$ENGINE_DONE" 2>/dev/null || date +%s) - ENGINE_STARTED))")
+  ENGINE_PID=
+  if [ "$rc" -ne 0 ]; then
+    log "the engine's build failed (rc=$rc); the end of $ENGINE_LOG:"
+    tail -40 "$ENGINE_LOG" >&2
+    return "$rc"
+  fi
+}
+
+quick() {
+  # everything that needs no root, no network namespace, no engine and no simulator; the
+  # markers are tests/conftest.py's (a file that needs root is listed there)
+  install_python_env  # and the Codex CLI, which two tests run: neither needs root
+  install_codex
+  log "running pytest: the quick loop (no root, no namespaces, no engine), 2 processes"
+  stage quick run_pytest tests -m "not root and not engine and not simulator" -n 2 --dist loadfile "$@"
+}
+
+# on any exit: an engine build still running goes with the run (a failed stage stops everything)
+on_exit() {
+  if [ -n "$ENGINE_PID" ] && kill -0 "$ENGINE_PID" 2>/dev/null; then
+    kill -- "-$ENGINE_PID" 2>/dev/null || true
+  fi
+  stage_table
+}
+
+main() {
+  RUN_STARTED=$(date +%s)
+  trap on_exit EXIT
+  if [ "${1:-}" = --quick ]; then
+    shift
+    quick "$@"
+    return
+  fi
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "run as root (sudo): the tests install Debian packages and build network namespaces" >&2
+    echo "(./scripts/test.sh --quick runs the tests that need neither, as any user)" >&2
+    exit 2
+  fi
+  start_engine_build
+  stage setup setup_machine
+  local arg
+  for arg in "$@"; do  # a path given: run just that, as asked
+    if [ -e "${arg%%::*}" ]; then
+      wait_for_engine
+      log "running pytest $*"
+      stage pytest run_pytest "$@"
+      return
+    fi
+  done
+  # Beside the engine's build: the tests outside the simulator that do not need the engine, in 4
+  # processes (they mostly wait on subprocesses; a file's tests stay in one process, so a file's
+  # fixed ports and namespaces never meet their own twins).
+  log "running pytest: everything but the engine's tests and the simulator (4 processes), beside the engine's build"
+  local rc=0
+  stage unit run_pytest tests --ignore=tests/sim_engine "${ENGINE_TESTS[@]/#/--ignore=}" -n 4 --dist loadfile "$@" ||
+    rc=$?
+  wait_for_engine
+  [ "$rc" -eq 0 ] || return "$rc"
+  log "running pytest: the engine's own tests"
+  stage engine-tests run_pytest "${ENGINE_TESTS[@]}" -n 2 --dist loadfile "$@"
+  # then the simulator alone: one at a time on a machine, and its timings are figures
+  log "running pytest: the simulator under the real engine (pulumi up --stack sim)"
+  stage simulator run_pytest tests/sim_engine --durations=20 "$@"  # the slowest scenarios, for the CI time
 }
 
 main "$@"

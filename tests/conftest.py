@@ -8,6 +8,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from program_harness import run_program, stack_config  # noqa: E402
 from ssh_fixtures import new_key, pinned  # noqa: E402
 
+# What a test needs beyond a checkout and its .venv, as markers (`scripts/test.sh --quick` runs the
+# tests with none of them, as any user): `engine`, the Pulumi engine scripts/engine.sh builds;
+# `simulator`, the simulated Sparks; `root`, network namespaces, mounts, nft or a system daemon
+# (dockerd, sshd on port 22). By file, or by a fixture that sets such a machine up.
+# The root lists are what failed when the rest ran as an unprivileged user (docs/testing.md, "A
+# fast loop"); tests/test_layers.py holds every file that makes a namespace to them.
+NEEDS_ENGINE = {"test_engine_providers.py", "test_engine_docker_provider.py"}
+NEEDS_ROOT_FILES = {"test_node_security.py", "test_sim_images.py", "test_node_access.py", "test_pin_host_keys.py"}
+NEEDS_ROOT_FIXTURES = {"private_node", "pair"}  # a mount namespace; two network namespaces cabled
+NEEDS_ROOT_TESTS = {  # FILE::NAME (without parameters)
+    "test_weights.py::test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link",  # network namespaces
+    "test_nccl_ranks.py::test_the_head_checks_a_worker_against_its_pinned_key_even_after_a_reinstall",  # sshd as root
+    "test_observability.py::test_dirs_script_creates_owns_and_is_idempotent",  # chown to the services' users
+    "test_ssh_access.py::test_docker_ssh_options_hold_a_real_ssh_to_the_pinned_key",  # sshd in a network namespace
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = Path(str(item.fspath))
+        if "sim_engine" in path.parts:
+            item.add_marker("simulator")
+        if path.name in NEEDS_ENGINE:
+            item.add_marker("engine")
+        if (path.name in NEEDS_ROOT_FILES or NEEDS_ROOT_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or f"{path.name}::{item.name.split('[')[0]}" in NEEDS_ROOT_TESTS):
+            item.add_marker("root")
+
 @pytest.fixture(scope="session")
 def operator_home(tmp_path_factory):
     """A HOME holding the private key Pulumi.spark.yaml names (~/.ssh/id_ed25519), no passphrase."""

@@ -22,7 +22,8 @@ def test_nested_spans_count_once_and_the_rest_is_what_no_span_covers():
         pass
     document = {"scenarios": {"test_x.py::test_a": {"setup": 1.0, "call": 9.0, "teardown": 0.0}},
                 "spans": line.spans}
-    document["spans"][0]["s"], document["spans"][1]["s"], document["spans"][2]["s"] = 0.5, 3.0, 4.0
+    for span, at, seconds in zip(document["spans"], (1.0, 0.5, 4.0), (0.5, 3.0, 4.0)):  # ssh, wait, pulumi
+        span["at"], span["s"] = at, seconds
     row = next(r for r in timeline.table(document).splitlines() if r.startswith("| test_x.py::test_a "))
     cells = [c.strip() for c in row.strip("|").split("|")]
     by_kind = dict(zip(("scenario", "total s", *timeline.KINDS, "rest"), cells))
@@ -30,6 +31,27 @@ def test_nested_spans_count_once_and_the_rest_is_what_no_span_covers():
     assert by_kind["wait"] == "3 (1)" and by_kind["ssh"] == ""  # the login inside the wait is the wait's
     assert by_kind["pulumi"] == "4 (1)" and by_kind["rest"] == "3"
     assert [s["depth"] for s in line.spans] == [1, 0, 0] and line.spans[1]["bound"] == 180
+
+
+def test_logins_in_threads_nest_apart_and_leave_the_depth_as_it_was():
+    import threading
+    line = timeline.Timeline()
+    inside = threading.Barrier(2)
+
+    def login():
+        with line.span("ssh", "a copy's login"):
+            inside.wait(timeout=5)  # both open at once
+    threads = [threading.Thread(target=login) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with line.span("pulumi", "up"):
+        pass
+    assert [s["depth"] for s in line.spans] == [0, 0, 0]
+    for span, at in zip(line.spans, (1.0, 1.1, 5.0)):  # two logins side by side, then the up
+        span["at"], span["s"] = at, 2.0
+    assert len(timeline.outermost(line.spans)) == 3  # side by side, each counts
 
 
 def test_a_runs_slowest_steps_are_its_engine_stamps():
@@ -51,5 +73,6 @@ def test_the_command_reads_a_written_timeline_and_refuses_a_missing_one(tmp_path
     assert json.loads(path.read_text())["spans"][0]["what"] == "reboot sim2"
     assert timeline.main([str(path)]) == 0 and "| test_x.py::test_a | 2 |" in capsys.readouterr().out
     assert timeline.main([str(path), "--spans", "test_a"]) == 0 and "reboot sim2" in capsys.readouterr().out
+    assert timeline.main([str(path), "--by-file"]) == 0 and "| test_x.py | 1 | 2 |" in capsys.readouterr().out
     assert timeline.main([str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err

@@ -64,25 +64,35 @@ def retire(cluster, stack, name: str) -> None:
 
 
 @pytest.fixture
-def third_node(cluster, stack):
-    """sim3 cabled to the rails' bridges and booted, as the stack's node list would write it; the
-    scenario adds it to the stack. Afterwards the stack has its two nodes again and sim3 is gone."""
+def grown(cluster, stack):
+    """sim3 and sim4 cabled to the rails' bridges (a switch of four) and booted, as the stack's node
+    list would write them; the scenario adds them to the stack, one, then the other. Afterwards
+    the stack has its pair again and both machines are gone."""
     pair = stack.stack_file()["config"]["twinspark:nodes"]
-    spec = sim_nodes(pair, 3)[2]
-    cluster.add_node(spec)
+    extra = sim_nodes(pair, 4)[2:]
+    for spec in extra:
+        cluster.add_node(spec)
     try:
-        yield pair, spec
+        yield pair, extra
     finally:
         if len(stack.stack_file()["config"]["twinspark:nodes"]) != len(pair):  # a failed scenario's leftover
-            write_nodes(stack, pair)
-            stack.cli("config", "rm", "--path", "twinspark:serving.pipelineParallel", check=False)
+            back_to_the_pair(stack, pair)
             stack.up()
-        retire(cluster, stack, THIRD)
+        for spec in extra:
+            retire(cluster, stack, spec["name"])
 
 
-def test_a_third_node_added_serves_in_three_stages_and_taken_out_leaves_nothing_on_it(
-        cluster, stack, deployed, third_node, report):
-    pair, spec = third_node
+def left_bare(cluster, node: str) -> None:
+    """The node as before it was added: no containers, no firewall table, no managed file."""
+    assert containers(cluster, node) == {}, node
+    assert f"table inet {contract.FIREWALL_TABLE}" not in cluster.node_exec(node, "nft", "list", "tables").stdout
+    records = cluster.node_exec(node, "bash", "-c", "ls -A /var/lib/twinspark/applied 2>/dev/null", check=False).stdout
+    assert records == "", (node, records)
+
+
+def add_a_third_node(cluster, stack, pair, spec, report) -> None:
+    """A third node added to the serving pair: its own creates, every NCCL rank and a new Ray
+    token previewed; it serves in three pipeline stages and the pair keeps its image and weights."""
     pair_containers = {node: containers(cluster, node) for node in (HEAD, "sim2")}
     # the sim's model (64 heads, 8 KV heads, 4 layers) does not split over TP 3: 3 pipeline stages
     write_nodes(stack, pair + [spec])
@@ -111,44 +121,6 @@ def test_a_third_node_added_serves_in_three_stages_and_taken_out_leaves_nothing_
     for node in (HEAD, "sim2"):
         serving = containers(cluster, node)[contract.SERVING_CONTAINER]
         assert serving[0] != pair_containers[node][contract.SERVING_CONTAINER][0], node
-    heals(cluster, stack, THIRD, report, "three_nodes")
-
-    write_nodes(stack, pair)
-    stack.cli("config", "rm", "--path", "twinspark:serving.pipelineParallel")
-    removed = stack.up()
-    report["third_node_removed_up_s"] = removed.seconds
-    done = changes(removed)
-    report["third_node_removed_changes"] = done
-    # a new token, before sim3's containers go (the engine deletes them last): they cannot rejoin
-    assert done.get("ray-token") in REPLACED, done
-    gone = {name for name, op in done.items() if name.startswith(f"{THIRD}-")}
-    assert gone and all(done[name] == "delete" for name in gone), done
-    assert not [r["urn"] for r in stack.export()["resources"] if name_of(r["urn"]).startswith(f"{THIRD}-")]
-    # sim3 as before it was added: no containers, no firewall table, no managed file
-    assert containers(cluster, THIRD) == {}
-    assert f"table inet {contract.FIREWALL_TABLE}" not in cluster.node_exec(THIRD, "nft", "list", "tables").stdout
-    records = cluster.node_exec(THIRD, "bash", "-c", "ls -A /var/lib/twinspark/applied 2>/dev/null", check=False).stdout
-    assert records == "", records
-    assert serving_answers(stack) == 200
-    assert "--pipeline-parallel-size" not in vllm_argv(cluster)
-
-
-@pytest.fixture
-def four_nodes(cluster, stack):
-    """sim3 and sim4 cabled to the rails' bridges (a switch of four) and booted; afterwards the
-    stack has its pair again and both are gone."""
-    pair = stack.stack_file()["config"]["twinspark:nodes"]
-    extra = sim_nodes(pair, 4)[2:]
-    for spec in extra:
-        cluster.add_node(spec)
-    try:
-        yield pair, extra
-    finally:
-        if len(stack.stack_file()["config"]["twinspark:nodes"]) != len(pair):
-            back_to_the_pair(stack, pair)
-            stack.up()
-        for spec in extra:
-            retire(cluster, stack, spec["name"])
 
 
 FOUR_NODE_RECIPE = "Qwen3.8-Flash-Next"  # DeepSeek's recipe stops at three nodes; this one is made for 2 to 4
@@ -249,9 +221,15 @@ def fan_out_against_from_head(cluster, state: dict, workers: list[str]) -> dict:
     return figures
 
 
-def test_four_nodes_on_a_switch_serve_at_tp_2_by_pp_2_heal_and_go_back_to_two(
-        cluster, stack, deployed, four_nodes, report):
-    pair, extra = four_nodes
+def test_a_third_then_a_fourth_node_serve_and_heal_and_taken_out_leave_nothing_on_them(
+        cluster, stack, deployed, grown, report):
+    """One cluster grown twice (issue 35: the third node and the four on a switch were two
+    scenarios, each growing the pair and shrinking it back): the pair, three nodes at PP 3, four at
+    TP 2 x PP 2, the pair again; both added nodes taken out at once, as one owner's edit."""
+    pair, extra = grown
+    add_a_third_node(cluster, stack, pair, extra[0], report)
+    heals(cluster, stack, THIRD, report, "three_nodes")
+
     write_nodes(stack, pair + extra)
     stack.cli("config", "rm", "--path", "twinspark:serving.kvCacheDtype")  # the recipe's own
     stack.set_config("serving.recipe", FOUR_NODE_RECIPE)
@@ -281,6 +259,14 @@ def test_four_nodes_on_a_switch_serve_at_tp_2_by_pp_2_heal_and_go_back_to_two(
     back_to_the_pair(stack, pair)
     removed = stack.up()
     report["four_nodes_removed_up_s"] = removed.seconds
-    gone = {name for name, op in changes(removed).items() if name.startswith(("sim3-", "sim4-"))}
-    assert gone and all(changes(removed)[name] == "delete" for name in gone), changes(removed)
+    done = changes(removed)
+    report["four_nodes_removed_changes"] = done
+    # a new token, before the added nodes' containers go (the engine deletes them last): they cannot rejoin
+    assert done.get("ray-token") in REPLACED, done
+    gone = {name for name, op in done.items() if name.startswith(("sim3-", "sim4-"))}
+    assert gone and all(done[name] == "delete" for name in gone), done
+    assert not [r["urn"] for r in stack.export()["resources"] if name_of(r["urn"]).startswith(("sim3-", "sim4-"))]
+    for spec in extra:
+        left_bare(cluster, spec["name"])
     assert serving_answers(stack) == 200
+    assert "--pipeline-parallel-size" not in vllm_argv(cluster)

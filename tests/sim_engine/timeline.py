@@ -1,10 +1,12 @@
 """Where the simulator's time goes (issue 35): every pulumi command, wait, pause, node power
 operation, ssh login and day-2 tool a scenario runs, with its seconds (and a wait's bound), kept
 in build/sim-engine-timeline.json by the sim's conftest. Nested spans (the ssh logins a wait polls
-with) carry their depth; a scenario's figures count only the outermost, so nothing counts twice.
+with) carry their depth; a scenario's figures count only the outermost (by time), so nothing
+counts twice, but spans run side by side (a copy in rounds, one login per node) each count.
 
     python tests/sim_engine/timeline.py build/sim-engine-timeline.json   # the table per scenario
     python tests/sim_engine/timeline.py FILE --spans NAME-PART           # one scenario's spans in order
+    python tests/sim_engine/timeline.py FILE --by-file                   # seconds per test file
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import functools
 import json
 import sys
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -27,18 +30,18 @@ class Timeline:
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.phase = "session"
-        self.depth = 0
+        self.local = threading.local()  # each thread's depth: a scenario's parallel logins nest apart
         self.spans: list[dict] = []
 
     @contextmanager
     def span(self, kind: str, what: str, bound: float | None = None):
         """Yields a dict the caller may fill with details (a pulumi run's slowest steps)."""
-        start, depth, details = time.monotonic(), self.depth, {}
-        self.depth += 1
+        start, depth, details = time.monotonic(), getattr(self.local, "depth", 0), {}
+        self.local.depth = depth + 1
         try:
             yield details
         finally:
-            self.depth = depth
+            self.local.depth = depth
             entry = {"phase": self.phase, "kind": kind, "what": what[:160], "depth": depth,
                      "at": round(start - self.started, 2), "s": round(time.monotonic() - start, 2), **details}
             if bound is not None:
@@ -86,13 +89,24 @@ def scenario_of(nodeid: str) -> str:
     return nodeid.rsplit("/", 1)[-1]
 
 
+def outermost(spans: list[dict]) -> list[dict]:
+    """The spans no other span contains (by their times, not their recorded depth: a file written
+    before the depth was kept per thread has parallel logins that left it one too deep)."""
+    kept, reach = [], float("-inf")
+    for span in sorted(spans, key=lambda s: (s["at"], -s["s"])):
+        end = span["at"] + span["s"]
+        if end > reach + 0.01:  # not inside one that started earlier and ends later
+            kept.append(span)
+        reach = max(reach, end)
+    return kept
+
+
 def table(document: dict) -> str:
     """Per scenario: pytest's own seconds (setup + call + teardown), then the outermost spans' seconds
     by kind (with their count), and what is left (Python, asserts, small reads)."""
     spent: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for span in document["spans"]:
-        if span["depth"] == 0:
-            spent[scenario_of(span["phase"])][span["kind"]].append(span["s"])
+    for span in outermost(document["spans"]):
+        spent[scenario_of(span["phase"])][span["kind"]].append(span["s"])
     rows = ["| scenario | total s | " + " | ".join(KINDS) + " | rest |", "|---" * (len(KINDS) + 3) + "|"]
     total_all = 0.0
     for name, phases in document["scenarios"].items():
@@ -106,10 +120,25 @@ def table(document: dict) -> str:
     return "\n".join(rows)
 
 
+def by_file(document: dict) -> str:
+    """Seconds per test file (pytest's own, setup + call + teardown), slowest first."""
+    files: dict[str, float] = defaultdict(float)
+    for name, phases in document["scenarios"].items():
+        files[name.split("::", 1)[0]] += sum(phases.values())
+    rows = ["| file | scenarios | s |", "|---|---|---|"]
+    count = defaultdict(int)
+    for name in document["scenarios"]:
+        count[name.split("::", 1)[0]] += 1
+    for name, seconds in sorted(files.items(), key=lambda kv: -kv[1]):
+        rows.append(f"| {name} | {count[name]} | {seconds:.0f} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the simulator's timeline, as a table per scenario")
     parser.add_argument("file", type=Path, help="build/sim-engine-timeline.json")
     parser.add_argument("--spans", metavar="NAME-PART", help="list this scenario's spans in order instead")
+    parser.add_argument("--by-file", action="store_true", help="seconds per test file instead")
     args = parser.parse_args(argv)
     try:
         document = json.loads(args.file.read_text())
@@ -123,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 steps = f" slowest: {span['steps']}" if span.get("steps") else ""
                 print(f"{span['at']:8.1f} {'  ' * span['depth']}{span['kind']:6} {span['s']:7.1f}{bound} {span['what']}{steps}")
         return 0
-    print(table(document))
+    print(by_file(document) if args.by_file else table(document))
     return 0
 
 

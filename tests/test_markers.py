@@ -1,0 +1,27 @@
+"""The markers scripts/test.sh --quick selects by (tests/conftest.py): a test file that builds a
+network or mount namespace, or starts a private dockerd, has its tests that do so marked `root`,
+so the quick loop, run as any user, never meets one."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+NAMESPACE_USE = re.compile(r'"netns"|\bunshare\b|\bnsenter\b|private_dockerd\(|sshd_argv\(')
+
+
+def marked_root_files() -> set[str]:
+    listing = subprocess.run([sys.executable, "-m", "pytest", str(TESTS), "-m", "root", "--collect-only", "-q",
+                              "-p", "no:cacheprovider"], cwd=TESTS.parent, capture_output=True, text=True).stdout
+    return {Path(line.split("::")[0]).name for line in listing.splitlines() if "::" in line}
+
+
+def test_every_file_that_builds_a_namespace_has_root_tests():
+    using = {path.name for path in TESTS.rglob("test_*.py")
+             if "sim_engine" not in path.parts and NAMESPACE_USE.search(path.read_text())}
+    assert using, "the pattern finds nothing: it no longer matches how the tests build namespaces"
+    unmarked = using - marked_root_files() - {"test_engine_docker_provider.py", "test_markers.py"}  # engine: not quick
+    assert not unmarked, f"these build namespaces but no test of theirs is marked root (tests/conftest.py): {unmarked}"
