@@ -1,8 +1,10 @@
-"""A third Spark added to a serving pair, then taken out again, through `pulumi up` (docs/operating.md,
-"Three or more Sparks"): one more entry under `twinspark:nodes`, a layout the model splits over,
-and the engine does the rest; at three nodes (PP 3) and at four (TP 2 x PP 2, a switch of four) the
-cluster heals as a pair does: the head's engine killed, a worker powered off and on. Runs alone
-(`-k third` or `-k four`); needs the first up (`deployed`)."""
+"""A third Spark added to a serving pair, then a fourth, then both taken out again, through `pulumi
+up` (docs/operating.md, "Three or more Sparks"): more entries under `twinspark:nodes`, a layout the
+model splits over, and the engine does the rest; at three nodes (PP 3) and at four (TP 2 x PP 2, a
+switch of four) the cluster heals as a pair does: the head's engine killed, a worker powered off and
+on. One cluster grown twice, not two grown once each (issue 35: one shrink back to the pair, the third
+node's image and weights kept for the fourth's layout). Runs alone (`-k third`); needs the first up
+(`deployed`)."""
 
 from __future__ import annotations
 
