@@ -129,8 +129,8 @@ main() {
   local rc=0
   stage unit run_pytest tests --ignore=tests/sim_engine "${ENGINE_TESTS[@]/#/--ignore=}" -n 4 --dist loadfile "$@" ||
     rc=$?
+  [ "$rc" -eq 0 ] || return "$rc"  # at once: the engine's build goes with the run (on_exit)
   wait_for_engine
-  [ "$rc" -eq 0 ] || return "$rc"
   log "running pytest: the engine's own tests"
   stage engine-tests run_pytest "${ENGINE_TESTS[@]}" -n 2 --dist loadfile "$@"
   # then the simulator alone: one at a time on a machine, and its timings are figures

@@ -214,6 +214,14 @@ def stack(world):
     return FakeStack(world, original_blocks())
 
 
+# The success path's gate, wide: SMALL_PLAN measures one request a sweep level, which an unchanged
+# fake server on a loaded CI machine moved 20% between two runs (sweep[c=2].output_tok_s, the CI
+# rehearsal of 8c04aac beside the engine's build). These tests are about the upgrade's flow; the
+# gate's noise floor at its default tolerance is tests/ops/test_bench.py's, and a slow decode still
+# fails here (test_a_failing_gate_rolls_back, at the default).
+FLOW_TOLERANCE = "0.5"
+
+
 def store_baseline(tmp_path, world, profile="default"):
     target = upgrade.target_from_outputs(world.outputs(), "test")
     result = bench.measure(target, SMALL_PLAN, quiet(), profile=profile)
@@ -243,7 +251,8 @@ def run(stack, world, tmp_path, *flags, tolerance="0.10", hold_release_for=None)
 # ---- success ---------------------------------------------------------------------------------------
 def test_success_deploys_and_records_the_new_baseline(stack, world, tmp_path):
     path, before = store_baseline(tmp_path, world)
-    code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}", "--set", "serving.maxModelLen=65536")
+    code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}", "--set", "serving.maxModelLen=65536",
+                    tolerance=FLOW_TOLERANCE)
     assert code == 0, out
     assert stack.blocks["serving"]["image"] == NEW and stack.blocks["serving"]["maxModelLen"] == 65536  # an int
     assert world.deployed == [NEW] and stack.ups() == [NEW]
@@ -260,7 +269,7 @@ def test_without_a_baseline_the_deployment_is_measured_before_anything_changes(s
     calls_before_measuring = []
     measure = bench.measure
     monkeypatch.setattr(bench, "measure", lambda *a, **k: calls_before_measuring.append(list(stack.calls)) or measure(*a, **k))
-    code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}")
+    code, out = run(stack, world, tmp_path, "--set", f"serving.image={NEW}", tolerance=FLOW_TOLERANCE)
     assert code == 0, out
     assert calls_before_measuring[0] == []  # the first measurement: the stack untouched
     path = upgrade.baseline_path(tmp_path, "spark")
