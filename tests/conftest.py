@@ -13,7 +13,7 @@ from ssh_fixtures import new_key, pinned  # noqa: E402
 # `simulator`, the simulated Sparks; `root`, network namespaces, mounts, nft or a system daemon
 # (dockerd, sshd on port 22). By file, or by a fixture that sets such a machine up.
 # The root lists are what failed when the rest ran as an unprivileged user (docs/testing.md, "A
-# fast loop"); tests/test_layers.py holds every file that makes a namespace to them.
+# fast loop"); tests/test_markers.py holds every file that makes a namespace to them.
 NEEDS_ENGINE = {"test_engine_providers.py", "test_engine_docker_provider.py"}
 NEEDS_ROOT_FILES = {"test_node_security.py", "test_sim_images.py", "test_node_access.py", "test_pin_host_keys.py"}
 NEEDS_ROOT_FIXTURES = {"private_node", "pair"}  # a mount namespace; two network namespaces cabled

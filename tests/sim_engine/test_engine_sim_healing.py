@@ -36,7 +36,7 @@ KNOBS = "/run/twinspark-sim"  # the stand-in's (tests/sim/bin/vllm), inside the 
 DASHBOARD_PROCESSES = ("ray/dashboard/dashboard.py", "ray-dashboard-")
 HEAD_GRACE_S = 6  # the worker's default wait for a silent head (launch/ray-membership.py HEAD_GRACE_S)
 # how long the dashboard stays frozen, then killed: three graces each in CI (a worker that left on
-# a silent dashboard would have left twice over), the 20 min killed in the measurement run
+# a silent dashboard leaves after one), the 20 min killed in the measurement run
 # (docs/testing.md: TWINSPARK_SIM_DASHBOARD_KILLED_S=1200)
 DASHBOARD_FROZEN_S = 3 * HEAD_GRACE_S
 DASHBOARD_KILLED_S = float(os.environ.get("TWINSPARK_SIM_DASHBOARD_KILLED_S", 3 * HEAD_GRACE_S))
