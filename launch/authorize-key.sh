@@ -20,7 +20,7 @@ comment="" owner=""
 keys_file="$HOME/.ssh/authorized_keys"
 
 main() {
-  local verb="${1:-}" line address thing kept
+  local verb="${1:-}" line address thing
   [ $# -gt 0 ] && shift
   parse_flags --comment=comment --owner=owner -- "$@"
   require_flags --comment --owner
@@ -36,10 +36,7 @@ main() {
       touch "$keys_file" && chmod 600 "$keys_file"
       claim_owner "$thing" "$owner"
       if grep -qxF "$line" "$keys_file"; then echo "unchanged: sync key from $address authorized"; return 0; fi
-      make_temp kept
-      others_than "$address" <"$keys_file" >"$kept"
-      printf '%s\n' "$line" >>"$kept"
-      cat "$kept" >"$keys_file"
+      replace_keys_file "$address" "$line"
       echo "authorized: sync key from $address"
       ;;
     remove)
@@ -49,11 +46,22 @@ main() {
       fi
       release_owner "$thing"
       [ -f "$keys_file" ] || return 0
-      make_temp kept
-      others_than "$address" <"$keys_file" >"$kept"
-      cat "$kept" >"$keys_file"
+      replace_keys_file "$address" ""
       ;;
   esac
+}
+
+# replace_keys_file ADDRESS [LINE]: the file without ADDRESS's sync key, plus LINE, put in place
+# by a rename: sshd reads the file at every login (the operator's, the docker provider's), and a
+# file rewritten in place is empty for a moment (a login then fails: Permission denied).
+replace_keys_file() {
+  local next
+  next=$(mktemp "$keys_file.XXXXXX")
+  cleanup_paths+=("$next")
+  chmod 600 "$next"
+  others_than "$1" <"$keys_file" >"$next"
+  if [ -n "$2" ]; then printf '%s\n' "$2" >>"$next"; fi
+  mv -f "$next" "$keys_file"
 }
 
 # others_than ADDRESS: the lines of stdin but the sync key's from ADDRESS
