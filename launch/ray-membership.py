@@ -199,7 +199,9 @@ def main() -> int:
     head.add_argument("--gcs-port", type=int, default=port, required=port is None, help="the head's GCS port")
     p = sub.add_parser("wait-cluster", parents=[head])
     p.add_argument("--expect-ips", required=True)
-    p.add_argument("--interval", type=float, default=2.0)
+    # vLLM starts the moment the last node is seen: a GCS node-table read every half second on
+    # the head, for the few seconds the workers take to join, is nothing
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between two node-table requests")
     p.add_argument("--report-every", type=float, default=30.0)
     p.set_defaults(run=wait_cluster)
     p = sub.add_parser("node-id", parents=[head])

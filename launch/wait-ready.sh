@@ -17,6 +17,9 @@ set -euo pipefail
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
 url="" model="" timeout_s="" hold="" memory_status=""
+# a poll a second: serving is seen the second it answers (every `up` that restarts it waits on
+# this), and a local /health call a second costs the head nothing
+poll_s=1
 containers=() log_files=()
 
 curl_config=""
@@ -80,7 +83,7 @@ main() {
       memory_waiting || true
       last_report=$SECONDS
     fi
-    sleep 5
+    sleep "$poll_s"
   done
   show_failure
   exit 1
