@@ -57,11 +57,21 @@ class Agent:
         self.sock = self.dir / "s"
         self.proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(self.sock)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(self.sock.exists, "ssh-agent socket")
+        # listening, not just bound: the socket file appears at bind(), before listen(), and an
+        # ssh-add in that window cannot connect (exit 2: CI of 1439229)
+        wait_for(self.accepts, "ssh-agent listening")
         askpass = self.dir / "askpass"
         askpass.write_text(ASKPASS)
         askpass.chmod(0o700)
         self.askpass = askpass
+
+    def accepts(self) -> bool:
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(str(self.sock))
+                return True
+            except OSError:
+                return False
 
     @property
     def env(self) -> dict[str, str]:
@@ -153,6 +163,14 @@ class DeadAgent:
             except OSError:
                 return
             conn.close()
+
+    def accepts(self) -> bool:
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(str(self.sock))
+                return True
+            except OSError:
+                return False
 
     @property
     def env(self) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """A third Spark added to a serving pair, then a fourth, then both taken out again, through `pulumi
 up` (docs/operating.md, "Three or more Sparks"): more entries under `twinspark:nodes`, a layout the
-model splits over, and the engine does the rest; at three nodes (PP 3) and at four (TP 2 x PP 2, a
-switch of four) the cluster heals as a pair does: the head's engine killed, a worker powered off and
-on. One cluster grown twice, not two grown once each (issue 35: one shrink back to the pair, the third
+model splits over, and the engine does the rest; at four (TP 2 x PP 2, a switch of four) the
+cluster heals as a pair does: the head's engine killed, a worker powered off and on (at three, PP 3:
+the ring's scenario, test_engine_topology_ring.py). One cluster grown twice, not two grown once each (issue 35: one shrink back to the pair, the third
 node's image and weights kept for the fourth's layout). Runs alone (`-k third`); needs the first up
 (`deployed`)."""
 
@@ -231,7 +231,7 @@ def test_a_third_then_a_fourth_node_serve_and_heal_and_taken_out_leave_nothing_o
     about 407 s (31a94af, idle box; the two were 191 + 322 s)."""
     pair, extra = grown
     add_a_third_node(cluster, stack, pair, extra[0], report)
-    heals(cluster, stack, THIRD, report, "three_nodes")
+    # healing at three nodes (PP 3) is the ring's (test_engine_topology_ring.py: the same `heals`)
 
     write_nodes(stack, pair + extra)
     stack.cli("config", "rm", "--path", "twinspark:serving.kvCacheDtype")  # the recipe's own
