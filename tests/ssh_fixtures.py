@@ -49,7 +49,25 @@ def wait_for(predicate, what: str, timeout_s: float = 10) -> None:
         time.sleep(0.05)
 
 
-class Agent:
+class AgentSocket:
+    """An SSH_AUTH_SOCK at `self.sock`."""
+
+    sock: Path
+
+    def accepts(self) -> bool:
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(str(self.sock))
+                return True
+            except OSError:
+                return False
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SSH_AUTH_SOCK": str(self.sock)}
+
+
+class Agent(AgentSocket):
     """ssh-agent on a socket of its own (a short path: unix sockets allow ~100 bytes)."""
 
     def __init__(self):
@@ -64,18 +82,6 @@ class Agent:
         askpass.write_text(ASKPASS)
         askpass.chmod(0o700)
         self.askpass = askpass
-
-    def accepts(self) -> bool:
-        with socket.socket(socket.AF_UNIX) as probe:
-            try:
-                probe.connect(str(self.sock))
-                return True
-            except OSError:
-                return False
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {"SSH_AUTH_SOCK": str(self.sock)}
 
     def add(self, key: Path, passphrase: str = "") -> None:
         env = {**os.environ, **self.env, "SSH_ASKPASS": str(self.askpass), "SSH_ASKPASS_REQUIRE": "force",
@@ -140,7 +146,7 @@ class Sshd:
 DEAD_AGENT_KINDS = ("nobody listens", "closes at once")
 
 
-class DeadAgent:
+class DeadAgent(AgentSocket):
     """An SSH_AUTH_SOCK where no agent answers: a socket file nobody listens on (an agent that
     died), or a listener that closes every connection at once."""
 
@@ -163,18 +169,6 @@ class DeadAgent:
             except OSError:
                 return
             conn.close()
-
-    def accepts(self) -> bool:
-        with socket.socket(socket.AF_UNIX) as probe:
-            try:
-                probe.connect(str(self.sock))
-                return True
-            except OSError:
-                return False
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {"SSH_AUTH_SOCK": str(self.sock)}
 
     def stop(self) -> None:
         try:
