@@ -103,8 +103,11 @@ def wait_cluster(args: argparse.Namespace) -> int:
 
 
 def node_id(args: argparse.Namespace) -> int:
+    """Called once `ray start` has returned, which it does only after the GCS it joined listed
+    the new raylet: a GCS that answers without it for --unlisted-s is another head (the one it
+    joined died meanwhile, as in a crash loop), and waiting out --timeout cannot bring it back."""
     deadline = time.monotonic() + args.timeout
-    client, mine, alive_here = None, [], []
+    client, mine, alive_here, unlisted_since = None, [], [], None
     while time.monotonic() < deadline:
         mine = [nid for nid, ip in local_raylets().items() if ip == args.ip]
         try:
@@ -112,6 +115,14 @@ def node_id(args: argparse.Namespace) -> int:
             alive_here = [n["node_id"] for n in alive_nodes(client) if n["node_ip"] == args.ip]
         except Exception:
             client, alive_here = None, []
+        else:
+            listed = any(nid in alive_here for nid in mine)
+            unlisted_since = None if listed else (unlisted_since or time.monotonic())
+            if unlisted_since is not None and time.monotonic() - unlisted_since >= args.unlisted_s:
+                log(f"the head's GCS has not listed a raylet here for {args.unlisted_s:.0f} s (raylets here with "
+                    f"IP {args.ip}: {mine or 'none'}; alive at that IP: {alive_here or 'none'}): the head it "
+                    "joined is gone")
+                return 1
         # one raylet here (an old one is still exiting when there are two), and the GCS knows it
         if len(mine) == 1 and mine[0] in alive_here:
             print(mine[0])
@@ -206,7 +217,9 @@ def main() -> int:
     p.set_defaults(run=wait_cluster)
     p = sub.add_parser("node-id", parents=[head])
     p.add_argument("--ip", required=True)
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a GCS that answers nothing")
+    p.add_argument("--unlisted-s", type=float, default=5.0,
+                   help="seconds an answering GCS may leave this node's raylet out before it is another head's")
     p.set_defaults(run=node_id)
     p = sub.add_parser("watch", parents=[head])
     p.add_argument("--node-id", required=True)

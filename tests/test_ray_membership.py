@@ -247,3 +247,15 @@ def test_a_head_back_within_the_grace_is_caught_by_the_node_id(cluster):
         watcher.wait()
     reason = watcher.stdout.read()
     assert reason.startswith(f"node {cluster.worker_id[:12]} is not alive in the head's GCS"), reason
+
+
+def test_a_node_id_asked_of_a_head_that_never_knew_this_raylet_gives_up_long_before_its_timeout(cluster):
+    """A crash loop on the head: the worker's `ray start` joined a head that died before the
+    worker asked for its NodeID, and the head answering now is another (the previous test's
+    head2, started after this worker's raylet joined the first). Its GCS answers without this
+    raylet, so the worker leaves to rejoin at once; it waited its whole timeout (60 s in each
+    of the crash loop's cycles in the sim) before."""
+    assert cluster.worker_id not in cluster.alive_at(WORKER_IP)  # the scenario: a raylet head2 never knew
+    answer = cluster.membership("node-id", "--ip", WORKER_IP, "--timeout", "600", timeout=60)
+    assert answer.returncode == 1, answer.stdout + answer.stderr
+    assert "the head's GCS has not listed a raylet here for 5 s" in answer.stderr, answer.stderr
