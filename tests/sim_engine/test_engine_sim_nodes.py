@@ -228,7 +228,7 @@ def test_a_third_then_a_fourth_node_serve_and_heal_and_taken_out_leave_nothing_o
     """One cluster grown twice (issue 35: the third node and the four on a switch were two
     scenarios, each growing the pair and shrinking it back): the pair, three nodes at PP 3, four at
     TP 2 x PP 2, the pair again; both added nodes taken out at once, as one owner's edit. Costs
-    about 407 s (31a94af, idle box; the two were 191 + 322 s)."""
+    about 314 s (ecc366b, idle box: its heal at three is the ring's; the two were 191 + 322 s)."""
     pair, extra = grown
     add_a_third_node(cluster, stack, pair, extra[0], report)
     # healing at three nodes (PP 3) is the ring's (test_engine_topology_ring.py: the same `heals`)
