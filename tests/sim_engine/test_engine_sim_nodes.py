@@ -2,8 +2,9 @@
 up` (docs/operating.md, "Three or more Sparks"): more entries under `twinspark:nodes`, a layout the
 model splits over, and the engine does the rest; at four (TP 2 x PP 2, a switch of four) the
 cluster heals as a pair does: the head's engine killed, a worker powered off and on (at three, PP 3:
-the ring's scenario, test_engine_topology_ring.py). One cluster grown twice, not two grown once each (issue 35: one shrink back to the pair, the third
-node's image and weights kept for the fourth's layout). Runs alone (`-k third`); needs the first up
+the ring's scenario, test_engine_topology_ring.py). One cluster grown twice, not two grown once each
+(issue 35: one shrink back to the pair, the third node's image and weights kept for the fourth's
+layout). Runs alone (`-k third`); needs the first up
 (`deployed`)."""
 
 from __future__ import annotations
