@@ -107,6 +107,8 @@ DOCKER_LOG_OPTIONS = {"max-size": "20m", "max-file": "3"}
 # ---- ports -------------------------------------------------------------------------------
 SSH_PORT = 22
 RAY_PORT = 6379
+# the head starts no dashboard (launch/boot-head.sh); its port stays reserved, as Ray's default
+# for one an owner starts by hand
 RAY_DASHBOARD_PORT = 8265
 NCCL_RENDEZVOUS_PORT = 29555
 # serving.executor mp: torch.distributed's TCPStore on the head's rank 0, which every node rank

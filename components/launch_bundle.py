@@ -166,7 +166,7 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_MODEL_DIR", args.vllm.model.container_dir),
         *args.vllm.serving.memory_budget.env_entries(),
         ("TWINSPARK_HOST_CGROUP_DIR", contract.HOST_CGROUP_DIR),
-        *([("RAY_PORT", str(contract.RAY_PORT)), ("RAY_DASHBOARD_PORT", str(contract.RAY_DASHBOARD_PORT))] if ray else []),
+        *([("RAY_PORT", str(contract.RAY_PORT))] if ray else []),
         ("TWINSPARK_API_GATEWAY_CONF", contract.API_GATEWAY_CONF),
         ("TWINSPARK_API_GATEWAY_LOG", contract.API_GATEWAY_LOG),
         ("TWINSPARK_API_GATEWAY_RUN_DIR", contract.API_GATEWAY_RUN_DIR),

@@ -13,8 +13,10 @@ main() {
   memory_check
   log "starting Ray head on $TWINSPARK_NODE_IP:$RAY_PORT"
   stop_ray
-  interruptible ray_start --head --port="$RAY_PORT" --dashboard-host="$TWINSPARK_NODE_IP" \
-    --dashboard-port="$RAY_DASHBOARD_PORT"
+  # No dashboard: nothing here asks it (membership goes to the GCS), its nine module processes
+  # hold ~1 GB of the unified memory vLLM's KV cache could have, its HTTP job API runs code for
+  # whoever reaches it, and ray start waits for all of them before the raylet (3-4 s a start)
+  interruptible ray_start --head --port="$RAY_PORT" --include-dashboard=false
   log "waiting for ${TWINSPARK_NODE_COUNT} nodes with a GPU: $TWINSPARK_NODE_IPS"
   interruptible membership wait-cluster --head "$TWINSPARK_NODE_IP" --expect-ips "$TWINSPARK_NODE_IPS"
   prepare_vllm_socket

@@ -8,6 +8,8 @@ Written from a checkout of f02176e (the older code; this file and program_harnes
     git archive f02176e | tar -x -C /tmp/old && cp tests/direct_snapshot.py /tmp/old/tests/ &&
     ln -s "$PWD/.venv" /tmp/old/.venv && (cd /tmp/old && .venv/bin/python tests/direct_snapshot.py) \
         > tests/direct_snapshot.json
+and since then edited where the program changed on purpose: twinspark.env without RAY_DASHBOARD_PORT
+(the head starts no dashboard).
 """
 
 from __future__ import annotations

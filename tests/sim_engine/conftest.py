@@ -351,6 +351,12 @@ def completion_status(outputs: dict, key: str):
         return None
 
 
+def serves(outputs: dict) -> bool:
+    """The gateway answers a completion with the outputs' key. The outputs are read once by the
+    caller: a wait that ran the CLI each poll took a core from the recovery it waits on."""
+    return completion_status(outputs, outputs["apiKey"]) == 200
+
+
 def serving_answers(stack) -> int:
     outputs = stack.outputs()
     return completion(outputs, outputs["apiKey"]).status_code

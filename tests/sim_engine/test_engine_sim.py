@@ -343,7 +343,7 @@ def test_a_key_rotation_through_up_changes_nothing_but_the_key(cluster, stack, d
         assert {node: containers(cluster, node)[contract.SERVING_CONTAINER] for node in cluster.nodes} == serving
         outputs = stack.outputs()
         assert completion(outputs, new_key).status_code == 200 and completion(outputs, old_key).status_code == 401
-        # the guard's interval is 10 s in the sim stack: three rounds after the rotation, all passing
+        # three guard rounds after the rotation, all passing
         interval = stack.stack_file()["config"]["twinspark:serving"]["guard"]["intervalSeconds"]
         wait_for(lambda: guard_verdict(cluster).get("checked_at", 0) > rotated_at + 3 * interval, 6 * interval + 60,
                  "three guard rounds after the rotation")

@@ -142,25 +142,33 @@ def test_the_lan_reaches_ssh_and_the_head_ports_only(cluster, serving, report):
 
 
 RAY_CLIENT = """
-from ray.util.state import list_nodes
+from ray._raylet import GcsClient
+from ray.core.generated.gcs_pb2 import GcsNodeInfo
 try:
-    nodes = list_nodes(address="http://{head}:{port}", timeout=10, raise_on_missing_output=False)
-    print("listed", len(nodes))
+    infos = GcsClient(address="{head}:{port}").get_all_node_info(timeout=10)
+    print("listed", sum(info.state == GcsNodeInfo.GcsNodeState.ALIVE for info in infos.values()))
 except Exception as err:
     print("refused", type(err).__name__, str(err).splitlines()[0][:120])
 """
 
 
 def test_ray_refuses_a_client_without_the_clusters_token(cluster, serving):
-    """Past the firewall (on the head itself), Ray's API still wants the cluster's token."""
-    code = RAY_CLIENT.format(head=cluster.topology.head_ray_ip, port=contract.RAY_DASHBOARD_PORT)
+    """Past the firewall (on the head itself), Ray's GCS still wants the cluster's token; and the
+    head serves no dashboard (no HTTP API on its port, none of its module processes)."""
+    head_ip = cluster.topology.head_ray_ip
+    code = RAY_CLIENT.format(head=head_ip, port=contract.RAY_PORT)
     token_path = f"{contract.BUNDLE_DIR}/{contract.RAY_TOKEN_FILE}"
     without = cluster.node_exec(HEAD, "env", "-u", "RAY_AUTH_MODE", sys.executable, "-c", code)
     with_token = cluster.node_exec(HEAD, "env", "RAY_AUTH_MODE=token", f"RAY_AUTH_TOKEN_PATH={token_path}",
                                    sys.executable, "-c", code)
-    assert without.stdout.startswith("refused"), without.stdout + without.stderr
+    assert without.stdout.startswith("refused AuthenticationError"), without.stdout + without.stderr
     assert with_token.stdout.strip() == "listed 2", with_token.stdout + with_token.stderr
     assert file_state(cluster, WORKER, token_path)[0] == "600"
+    dashboard = cluster.node_exec(HEAD, "curl", "-s", "-o", "/dev/null", "-m", "5",
+                                  f"http://{head_ip}:{contract.RAY_DASHBOARD_PORT}/api/v0/nodes", check=False)
+    assert dashboard.returncode == 7, f"the head's dashboard port answers (curl exit {dashboard.returncode})"
+    modules = cluster.node_exec(HEAD, "pgrep", "-af", "ray-dashboard-", check=False).stdout
+    assert not [line for line in modules.splitlines() if "pgrep" not in line and "nsenter" not in line], modules
 
 
 # ---- the day-2 tools against the live cluster --------------------------------------------------------

@@ -14,16 +14,11 @@ import time
 import pytest
 
 import node_contract as contract
-from conftest import (HEAD, WORKER, completion_status, flag, ops_access, readiness_s, run_ops, serving_events,
+from conftest import (HEAD, WORKER, flag, ops_access, readiness_s, run_ops, serves, serving_events,
                       serving_pid, vllm_argv, wait_for)
 
 SERVING = contract.SERVING_CONTAINER
 BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
-
-
-def serves(stack) -> bool:
-    outputs = stack.outputs()
-    return completion_status(outputs, outputs["apiKey"]) == 200
 
 
 def boot_logs(cluster) -> str:
@@ -69,7 +64,7 @@ def test_mp_deploys_and_serves_with_no_ray(cluster, stack, mp_deployed, operator
     head, worker = vllm_argv(cluster), worker_argv(cluster)
     assert flag(head, "--distributed-executor-backend") == "mp" and flag(head, "--node-rank") == "0"
     assert flag(worker, "--node-rank") == "1" and "--headless" in worker and "--headless" not in head
-    assert serves(stack), boot_logs(cluster)
+    assert serves(stack.outputs()), boot_logs(cluster)
     for node in (HEAD, WORKER):  # no Ray process anywhere
         assert cluster.node_exec(node, "pgrep", "-f", "raylet|gcs_server", check=False).stdout.strip() == ""
     # ops status reads the node ranks joined to rank 0 in place of Ray's membership
@@ -84,21 +79,21 @@ def test_mp_deploys_and_serves_with_no_ray(cluster, stack, mp_deployed, operator
 
 def test_mp_a_sigterm_to_the_worker_restarts_the_head_and_serving_resumes(cluster, stack, mp_deployed, report):
     """As Ray's test_a_sigterm_to_the_worker_leaves_ray_at_once_and_it_comes_back: PID 1 signalled."""
-    since = time.time()
+    outputs, since = stack.outputs(), time.time()
     cluster.node_exec(WORKER, "kill", "-TERM", serving_pid(cluster, WORKER))
     waits(cluster, lambda: serving_events(cluster, HEAD, since, "die"), readiness_s(stack),
              "the head's engine ending with node rank 1 gone")
-    waits(cluster, lambda: serves(stack), readiness_s(stack), "serving after the worker's restart")
+    waits(cluster, lambda: serves(outputs), readiness_s(stack), "serving after the worker's restart")
     report["mp_worker_sigterm_to_serving_s"] = round(time.time() - since, 1)  # beside worker_sigterm_to_serving_s
 
 
 def test_mp_a_killed_head_makes_the_worker_leave_and_rejoin(cluster, stack, mp_deployed, report):
-    since = time.time()
+    outputs, since = stack.outputs(), time.time()
     cluster.node_exec(HEAD, "kill", "-9", serving_pid(cluster, HEAD))  # as Ray's test_the_head_killed_...
     left = waits(cluster, lambda: serving_events(cluster, WORKER, since, "die"), readiness_s(stack),
                     "the worker leaving the dead head's process group")
     report["mp_worker_detects_head_restart_s"] = round(left[0] - since, 1)
     log = cluster.node_exec(WORKER, "tail", "-n", "40", BOOT_WORKER_LOG, check=False).stdout
     assert "closed this rank's connection" in log or "accepted nothing" in log, log
-    waits(cluster, lambda: serves(stack), readiness_s(stack), "serving after the head's restart")
+    waits(cluster, lambda: serves(outputs), readiness_s(stack), "serving after the head's restart")
     report["mp_head_restart_to_serving_s"] = round(time.time() - since, 1)  # beside head_restart_to_serving_s

@@ -21,7 +21,7 @@ import yaml
 import node_contract as contract
 from cluster import sim_nodes
 from components.remote import encode_secret, launch_file, script_text
-from conftest import (HEAD, completion_status, containers, flag, rails_throttled, readiness_s, serving_answers,
+from conftest import (HEAD, containers, flag, rails_throttled, readiness_s, serves, serving_answers,
                       serving_events, serving_pid, stored_step, vllm_argv, wait_for, with_an_empty_restart_count)
 from program_harness import flag_values
 from test_engine_sim import changes, name_of
@@ -37,25 +37,21 @@ def write_nodes(stack, nodes: list[dict]) -> None:
     stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
 
 
-def serves(stack) -> bool:
-    outputs = stack.outputs()
-    return completion_status(outputs, outputs["apiKey"]) == 200
-
-
 def heals(cluster, stack, worker: str, report, prefix: str) -> None:
     """What the pair's healing scenarios do, at this size: the head's engine killed (every worker
     leaves the dead cluster and joins the next), then one worker powered off and on, each from an
     empty restart count as the pair's are."""
+    outputs = stack.outputs()
     with_an_empty_restart_count(cluster, stack)
     since = time.time()
     cluster.node_exec(HEAD, "kill", "-9", serving_pid(cluster, HEAD))
     wait_for(lambda: serving_events(cluster, worker, since, "die"), readiness_s(stack), f"{worker} leaving the dead head")
-    wait_for(lambda: serves(stack), readiness_s(stack), "serving after the head's engine was killed")
+    wait_for(lambda: serves(outputs), readiness_s(stack), "serving after the head's engine was killed")
     report[f"{prefix}_head_killed_to_serving_s"] = round(time.time() - since, 1)
     with_an_empty_restart_count(cluster, stack)
     since = time.time()
     cluster.reboot(worker)
-    wait_for(lambda: serves(stack), readiness_s(stack), f"serving after {worker} rebooted")
+    wait_for(lambda: serves(outputs), readiness_s(stack), f"serving after {worker} rebooted")
     report[f"{prefix}_worker_rebooted_to_serving_s"] = round(time.time() - since, 1)
 
 
