@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import threading
 import time
@@ -193,9 +194,22 @@ def watch(args: argparse.Namespace) -> int:
         time.sleep(max(0.02, min(next_raylet_check - now, args.grace - silent)))
 
 
+def gcs_accepts(args: argparse.Namespace) -> bool:
+    """Whether anything takes a connection at the GCS's port: a GcsClient waits tens of seconds
+    for one that does not, which `ops status` must not (the head waiting for memory, or down)."""
+    try:
+        socket.create_connection((args.head, args.gcs_port), timeout=REQUEST_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
+
+
 def alive(args: argparse.Namespace) -> int:
     import json
 
+    if not gcs_accepts(args):
+        log(f"nothing takes a connection at the head's GCS, {args.head}:{args.gcs_port}: Ray is not running there")
+        return 1
     print(json.dumps(alive_nodes(gcs_client(args))))
     return 0
 

@@ -259,3 +259,13 @@ def test_a_node_id_asked_of_a_head_that_never_knew_this_raylet_gives_up_long_bef
     answer = cluster.membership("node-id", "--ip", WORKER_IP, "--timeout", "600", timeout=60)
     assert answer.returncode == 1, answer.stdout + answer.stderr
     assert "the head's GCS has not listed a raylet here for 5 s" in answer.stderr, answer.stderr
+
+
+def test_alive_asked_of_a_head_where_ray_is_not_running_says_so_at_once():
+    """`ops status` while the head waits for memory (or is down): nothing listens at the GCS port.
+    A GcsClient waited ~20 s there, past node-status.py's timeout, and said nothing useful."""
+    port = free_port()
+    answer = subprocess.run([sys.executable, str(SCRIPT), "alive", "--head", HEAD_IP, "--gcs-port", str(port)],
+                            capture_output=True, text=True, timeout=10)
+    assert answer.returncode == 1 and answer.stdout == "", answer.stdout + answer.stderr
+    assert f"nothing takes a connection at the head's GCS, {HEAD_IP}:{port}: Ray is not running there" in answer.stderr
