@@ -377,13 +377,15 @@ def test_a_panic_loop_through_head_reboots_is_held_and_the_reboot_it_asks_for_cu
 # check reads through the container's /host/sys/fs/cgroup: a process put in the tree's
 # user.slice is a co-tenant of both nodes, charged by the real kernel.
 COTENANT_CGROUP = Path("/sys/fs/cgroup/memory") / contract.COTENANT_SLICES[0]
-HOLDER = ("import os, signal, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
-          "held = bytearray(b'\\1') * int(sys.argv[2]); print('holding', flush=True); signal.pause()")
+# MAP_POPULATE faults every page in, as writing each would, four times faster on this box
+HOLDER = ("import mmap, os, signal, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
+          "held = mmap.mmap(-1, int(sys.argv[2]), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE); "
+          "print('holding', flush=True); signal.pause()")
 
 
 @contextmanager
 def cotenant(gib: float):
-    """A process in user.slice holding `gib` of anonymous memory (every page written)."""
+    """A process in user.slice holding `gib` of anonymous memory (every page faulted in)."""
     COTENANT_CGROUP.mkdir(exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(COTENANT_CGROUP / "cgroup.procs"), str(int(gib * GIB))],
                             stdout=subprocess.PIPE, text=True)
