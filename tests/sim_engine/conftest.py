@@ -351,6 +351,14 @@ def completion_status(outputs: dict, key: str):
         return None
 
 
+def node_processes(cluster, node: str, pattern: str) -> dict[str, str]:
+    """The node's processes whose command line matches `pattern`: {pid: command}, as the node's
+    pgrep sees them (the pattern's own pgrep, and whatever runs it on the node, left out)."""
+    out = cluster.node_exec(node, "pgrep", "-af", pattern, check=False).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines()
+                if " " in line and "pgrep" not in line and "nsenter" not in line)
+
+
 def serves(outputs: dict) -> bool:
     """The gateway answers a completion with the outputs' key. The outputs are read once by the
     caller: a wait that ran the CLI each poll took a core from the recovery it waits on."""

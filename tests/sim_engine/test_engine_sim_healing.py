@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 import node_contract as contract
-from conftest import (HEAD, WORKER, flag, guard_round_s, guard_verdict, ops_access, readiness_s,
+from conftest import (HEAD, WORKER, flag, guard_round_s, guard_verdict, node_processes, ops_access, readiness_s,
                       pause, run_ops, serves, serving_events, serving_pid, serving_settings, urn_of, vllm_argv, wait_for,
                       with_an_empty_restart_count)
 
@@ -142,11 +142,8 @@ def test_a_sigterm_to_the_worker_leaves_ray_at_once_and_it_comes_back(cluster, s
 
 
 def dashboard_pids(cluster) -> dict[str, str]:
-    """The head's dashboard processes: {pid: command}, as the node's pgrep sees them (the
-    pattern's own pgrep, and whatever runs it on the node, left out)."""
-    out = cluster.node_exec(HEAD, "pgrep", "-af", DASHBOARD_PROCESS, check=False).stdout
-    return dict(line.split(" ", 1) for line in out.splitlines()
-                if " " in line and "pgrep" not in line and "nsenter" not in line)
+    """The head's dashboard processes: {pid: command}."""
+    return node_processes(cluster, HEAD, DASHBOARD_PROCESS)
 
 
 def served_throughout(outputs, seconds: float) -> int:

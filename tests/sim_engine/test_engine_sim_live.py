@@ -18,8 +18,8 @@ import node_contract as contract
 from cluster import can_raise_memlock
 from components import host_prep
 from components.launch_bundle import VllmServe, vllm_argv
-from conftest import (HEAD, WORKER, completion_status, file_state, guard_verdict, ops_access, pause, readiness_s,
-                      run_ops, wait_for)
+from conftest import (HEAD, WORKER, completion_status, file_state, guard_verdict, node_processes, ops_access, pause,
+                      readiness_s, run_ops, wait_for)
 
 SERVING = contract.SERVING_CONTAINER
 VLLM_ARGV = f"{contract.LOG_DIR}/vllm-argv.json"  # the vLLM stand-in's record of its start
@@ -167,8 +167,8 @@ def test_ray_refuses_a_client_without_the_clusters_token(cluster, serving):
     dashboard = cluster.node_exec(HEAD, "curl", "-s", "-o", "/dev/null", "-m", "5",
                                   f"http://{head_ip}:{contract.RAY_DASHBOARD_PORT}/api/v0/nodes", check=False)
     assert dashboard.returncode == 7, f"the head's dashboard port answers (curl exit {dashboard.returncode})"
-    modules = cluster.node_exec(HEAD, "pgrep", "-af", "ray-dashboard-", check=False).stdout
-    assert not [line for line in modules.splitlines() if "pgrep" not in line and "nsenter" not in line], modules
+    modules = node_processes(cluster, HEAD, "ray-dashboard-")
+    assert not modules, modules
 
 
 # ---- the day-2 tools against the live cluster --------------------------------------------------------
