@@ -12,7 +12,7 @@
 #   setup      Debian packages, .venv, the Codex CLI (scripts/setup.sh), beside the engine
 #   unit       every test that needs neither the engine nor the simulator, 4 processes, beside the engine
 #   engine-tests  the engine's own tests (tests/test_engine_*.py), once it is built
-#   simulator  tests/sim_engine alone: one simulator on a machine, and its timings are figures
+#   simulator  tests/sim_engine alone, two clusters side by side (two workers, each a site of its own)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -141,9 +141,10 @@ main() {
     log "running pytest: the engine's own tests"
     stage engine-tests run_pytest "${ENGINE_TESTS[@]}" -n 2 --dist loadfile "$@"
   fi
-  # then the simulator alone: one at a time on a machine, and its timings are figures
-  log "running pytest: the simulator under the real engine (pulumi up --stack sim)"
-  stage simulator run_pytest tests/sim_engine --durations=20 "$@"  # the slowest scenarios, for the CI time
+  # then the simulator alone, as two clusters side by side (tests/sim_engine/conftest.py: each
+  # worker its own site, the files split by cluster): nothing else beside them
+  log "running pytest: the simulator under the real engine (pulumi up --stack sim), two clusters"
+  stage simulator run_pytest tests/sim_engine -n 2 --dist loadscope --durations=20 "$@"  # the slowest, for the CI time
 }
 
 main "$@"

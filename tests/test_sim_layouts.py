@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
 
@@ -119,3 +120,32 @@ def test_a_node_off_the_sims_lan_is_refused_before_any_namespace(tmp_path):
             "rails": [{"iface": "rail0", "hca": "simroce0", "address": "10.0.0.4/24"}]}
     with pytest.raises(ValueError, match=r"sim4: host '192.168.1.14' — expected an IPv4 address in the sim's LAN 198.18.0.0/15"):
         cluster.on_the_lan(Node.model_validate(spec))
+
+
+@pytest.mark.parametrize("count, topology", [(2, ""), (3, ""), (3, "ring")])
+def test_a_second_site_is_the_same_cluster_on_a_lan_and_hub_of_its_own(tmp_path, count, topology):
+    """Two clusters side by side (the simulator's two workers): site 1 has every management address
+    in the LAN's other /16, host part kept, its hub on ports of its own; rails and everything else
+    as site 0's (each site's fabric is namespaces of its own)."""
+    key = tmp_path / "id_ed25519"
+    here, there = (cluster.load_sim_config(key, nodes=count, topology=topology, site=s) for s in (0, 1))
+    hosts = [[ipaddress.ip_address(n["host"]) for n in c["twinspark:nodes"]] for c in (here, there)]
+    lans = list(cluster.SIM_LAN.subnets(new_prefix=16))
+    assert all(h in lans[0] for h in hosts[0]) and all(h in lans[1] for h in hosts[1]), hosts
+    assert [int(h) - int(lans[1].network_address) for h in hosts[1]] == \
+        [int(h) - int(lans[0].network_address) for h in hosts[0]]
+    # the /24s of the two sites' nodes: this machine holds the .1 of each, so none may be shared
+    assert not {ipaddress.ip_interface(f"{h}/24").network for h in hosts[0]} & \
+        {ipaddress.ip_interface(f"{h}/24").network for h in hosts[1]}
+    ports = [urlsplit(c["twinspark:model"]["hubEndpoint"]).port for c in (here, there)]
+    assert ports[1] - ports[0] >= 2, ports  # the hub stand-in's API port and the next
+    strip = lambda c: {**c, "twinspark:nodes": [{k: v for k, v in n.items() if k != "host"} for n in c["twinspark:nodes"]],
+                       "twinspark:model": {k: v for k, v in c["twinspark:model"].items() if k != "hubEndpoint"}}
+    assert strip(there) == strip(here)
+    assert cluster.site_prefix(0) != cluster.site_prefix(1)
+    cluster.parse_sim_config(there)  # the program's own rules take it
+
+
+def test_a_site_past_the_sims_lan_is_refused_naming_the_sites_it_holds(tmp_path):
+    with pytest.raises(ValueError, match=r"site 2: the sim's LAN 198\.18\.0\.0/15 holds sites 0 to 1"):
+        cluster.load_sim_config(tmp_path / "id_ed25519", site=2)

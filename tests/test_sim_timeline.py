@@ -76,3 +76,39 @@ def test_the_command_reads_a_written_timeline_and_refuses_a_missing_one(tmp_path
     assert timeline.main([str(path), "--by-file"]) == 0 and "| test_x.py | 1 | 2 |" in capsys.readouterr().out
     assert timeline.main([str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_two_workers_scenarios_side_by_side_each_keep_their_spans():
+    """The simulator's two workers run at once: a long `up` of one worker's scenario spans the
+    other's whole wait, and each still counts in its own scenario."""
+    spans = [{"phase": "tests/sim_engine/test_a.py::test_up::call", "kind": "pulumi", "what": "up",
+              "depth": 0, "at": 0.0, "s": 60.0, "worker": "gw0"},
+             {"phase": "tests/sim_engine/test_b.py::test_wait::call", "kind": "wait", "what": "serving",
+              "depth": 0, "at": 10.0, "s": 20.0, "worker": "gw1"}]
+    document = {"scenarios": {"test_a.py::test_up": {"call": 61.0}, "test_b.py::test_wait": {"call": 21.0}},
+                "spans": spans}
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")]
+            for r in timeline.table(document).splitlines() if r.startswith("| test_")}
+    kinds = ("scenario", "total s", *timeline.KINDS, "rest")
+    assert dict(zip(kinds, rows["test_a.py::test_up"]))["pulumi"] == "60 (1)"
+    assert dict(zip(kinds, rows["test_b.py::test_wait"]))["wait"] == "20 (1)"
+
+
+def test_two_workers_files_merge_into_one_report_and_one_timeline_and_go(tmp_path):
+    """The simulator's two workers each write their copy; the controller merges them: a figure
+    both clusters made (each its fresh `up`) is kept per worker, one made once as it is."""
+    report = tmp_path / "sim-engine-report.json"
+    (tmp_path / "sim-engine-report.gw0.json").write_text(json.dumps({"fresh_up_s": 81.1, "ring_up_s": 40.0}))
+    (tmp_path / "sim-engine-report.gw1.json").write_text(json.dumps({"fresh_up_s": 84.4, "crash_loop_s": 90.0}))
+    timeline.merge_worker_files(report, timeline.merge_reports)
+    assert json.loads(report.read_text()) == {"fresh_up_s": {"gw0": 81.1, "gw1": 84.4}, "ring_up_s": 40.0,
+                                              "crash_loop_s": 90.0}
+    spans = tmp_path / "sim-engine-timeline.json"
+    for worker, name in (("gw0", "test_a.py::test_up"), ("gw1", "test_b.py::test_wait")):
+        (tmp_path / f"sim-engine-timeline.{worker}.json").write_text(json.dumps(
+            {"scenarios": {name: {"call": 1.0}}, "spans": [{"phase": f"tests/{name}::call", "at": 0.0}]}))
+    timeline.merge_worker_files(spans, timeline.merge_timelines)
+    merged = json.loads(spans.read_text())
+    assert set(merged["scenarios"]) == {"test_a.py::test_up", "test_b.py::test_wait"}
+    assert [s["worker"] for s in merged["spans"]] == ["gw0", "gw1"]
+    assert timeline.worker_files(report) == [] and timeline.worker_files(spans) == []

@@ -49,6 +49,11 @@ STATE_ROOT = Path("/var/lib/twinspark-sim")
 # the sim's management addresses (RFC 2544's benchmark range, Pulumi.sim.yaml): each node's /24 is on the LAN
 SIM_LAN = ipaddress.ip_network("198.18.0.0/15")
 TOPOLOGIES = ("switch", "ring")
+# Clusters side by side on one machine (the simulator's two pytest workers, docs/testing.md "CI"):
+# site k has SIM_LAN's k-th /16 for its management addresses, hub ports of its own and names of its
+# own (netns, links, disks); site 0 is the stack file's, and scripts/sim.sh's.
+SITES = len(list(SIM_LAN.subnets(new_prefix=16)))
+HUB_PORTS_PER_SITE = 10  # the hub stand-in takes its port and the next (its LFS redirects)
 
 
 def sh(*argv, check=True, **kw) -> subprocess.CompletedProcess:
@@ -64,10 +69,11 @@ def can_raise_memlock() -> bool:
     return False
 
 
-def load_sim_config(private_key: Path, path: Path = SIM_STACK, nodes: int = 0, topology: str = "") -> dict:
+def load_sim_config(private_key: Path, path: Path = SIM_STACK, nodes: int = 0, topology: str = "",
+                    site: int = 0) -> dict:
     """The sim stack as `twinspark:key -> value`, with the harness's SSH key filled in, `nodes`
     simulated nodes when asked for more than the stack's own, cabled as `topology` says (empty:
-    the stack's fabric.topology; `ring` takes exactly 3 nodes)."""
+    the stack's fabric.topology; `ring` takes exactly 3 nodes), at `site` (on_site)."""
     config = dict(yaml.safe_load(path.read_text())["config"])
     config["twinspark:ssh"] = {**config["twinspark:ssh"], "privateKeyPath": str(private_key)}
     topology = topology or config["twinspark:fabric"]["topology"]
@@ -85,7 +91,32 @@ def load_sim_config(private_key: Path, path: Path = SIM_STACK, nodes: int = 0, t
             raise ValueError(f"--nodes {nodes}: no TP × PP of {nodes} nodes splits the sim's model")
         if layouts[0][1] > 1:
             config["twinspark:serving"] = {**config["twinspark:serving"], "pipelineParallel": layouts[0][1]}
-    return config
+    return on_site(config, site)
+
+
+def site_prefix(site: int) -> str:
+    """The names of a site's namespaces, links and disks begin with this."""
+    return "ts" if site == 0 else f"ts{site}"
+
+
+def on_site(config: dict, site: int) -> dict:
+    """The config moved to `site`: each node's management address into SIM_LAN's /16 of that
+    number (site 1: 198.18.N.x -> 198.19.N.x), the hub stand-in to ports of its own. Rails stay
+    as they are: each site's fabric is namespaces of its own."""
+    if not 0 <= site < SITES:
+        raise ValueError(f"site {site}: the sim's LAN {SIM_LAN} holds sites 0 to {SITES - 1}")
+    if site == 0:
+        return config
+    lan = list(SIM_LAN.subnets(new_prefix=16))[site]
+
+    def moved(host: str) -> str:
+        offset = int(ipaddress.ip_address(host)) - int(SIM_LAN.network_address)
+        return str(lan.network_address + offset % lan.num_addresses)
+
+    hub = urlsplit(config["twinspark:model"]["hubEndpoint"])
+    hub_endpoint = hub._replace(netloc=f"{hub.hostname}:{hub.port + site * HUB_PORTS_PER_SITE}").geturl()
+    return {**config, "twinspark:nodes": [{**n, "host": moved(n["host"])} for n in config["twinspark:nodes"]],
+            "twinspark:model": {**config["twinspark:model"], "hubEndpoint": hub_endpoint}}
 
 
 def parse_sim_config(config: dict) -> StackConfig:
@@ -168,7 +199,7 @@ class SimNode:
 
 
 class SimCluster:
-    def __init__(self, config: dict, workdir: Path, prefix: str = "ts", registry: str = ""):
+    def __init__(self, config: dict, workdir: Path, prefix: str = site_prefix(0), registry: str = ""):
         self.config = config
         # what each node's dockerd pulls from: the sim's registry (scripts/sim_images.py) and the CA of its TLS certificate
         self.registry, self.registry_ca = registry or sim_images.REGISTRY, sim_images.REGISTRY_CA
@@ -198,13 +229,13 @@ class SimCluster:
         return Topology(self.cfg, resolve_node_addresses(self.cfg.nodes))
 
     @classmethod
-    def from_stack_file(cls, workdir: Path, path: Path = SIM_STACK, prefix: str = "ts", nodes: int = 0,
-                        topology: str = "", **kw) -> "SimCluster":
+    def from_stack_file(cls, workdir: Path, path: Path = SIM_STACK, nodes: int = 0, topology: str = "",
+                        site: int = 0, **kw) -> "SimCluster":
         key = workdir / "id_ed25519"
         if not key.exists():
             workdir.mkdir(parents=True, exist_ok=True)
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "twinspark-sim-operator", "-f", key)
-        return cls(load_sim_config(key, path, nodes, topology), workdir, prefix, **kw)
+        return cls(load_sim_config(key, path, nodes, topology, site), workdir, site_prefix(site), **kw)
 
     def state_dir(self, node: SimNode) -> Path:
         """The node's disk (node-root.sh): kept across its reboots, wiped when it is made anew."""
@@ -309,16 +340,15 @@ class SimCluster:
 
     def leftovers(self) -> dict[str, list[str]]:
         """What down() must not leave: namespaces, links, mounts, processes of this prefix."""
-        marker = "twinspark-sim-root-"
+        marker = f"twinspark-sim-root-{self.prefix}-"  # node-root.sh's overlay roots, by disk
         procs = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() + " "
             except OSError:
                 continue
-            if any(f"--name {n} " in cmd + " " and "node_init.py" in cmd for n in self.nodes) or (
-                "node-root.sh" in cmd and any(f" {n} " in cmd for n in self.nodes)
-            ):
+            if any(self._is_init(cmd.split(), n) or ("node-root.sh" in cmd and f" {self.state_dir(n)} " in cmd)
+                   for n in self.nodes.values()):
                 procs.append(f"{pid}: {cmd[:120]}")
         return {
             "netns": [ns for ns in self.netns_list() if ns.startswith(f"{self.prefix}-")],
@@ -365,10 +395,9 @@ class SimCluster:
     def _in_fabric(self, *argv):
         return sh("ip", "-n", self.fabric_ns, *argv)
 
-    @staticmethod
-    def _mgmt_host_iface(node: SimNode) -> str:
+    def _mgmt_host_iface(self, node: SimNode) -> str:
         """The LAN switch's port of the node's management link."""
-        return f"tsm-{node.name}"[:15]
+        return f"{self.prefix}m-{node.name}"[:15]
 
     @staticmethod
     def _link_exists(iface: str) -> bool:
@@ -416,7 +445,7 @@ class SimCluster:
         # the other nodes' /24s are on the same LAN (as a Spark's LAN is one subnet): on-link, no gateway
         sh("ip", "-n", ns, "route", "add", str(SIM_LAN), "dev", mgmt_iface, "scope", "link")
         for i, rail in enumerate(node.spec.rails):
-            inner, outer = f"tsr{index}x{i}a", f"tsr{index}x{i}b"
+            inner, outer = f"{self.prefix}r{index}x{i}a", f"{self.prefix}r{index}x{i}b"  # made here, then moved
             sh("ip", "link", "add", inner, "address", rail_mac(node.name, rail.iface), "mtu", mtu,
                "type", "veth", "peer", "name", outer, "mtu", mtu)
             sh("ip", "link", "set", inner, "netns", ns)
@@ -435,7 +464,7 @@ class SimCluster:
              "--propagation", "private", "bash", str(SIM_DIR / "node-root.sh"), node.name, str(SIM_DIR),
              self.cfg.ssh.user, str(pubkey), sys.executable, str(self.state_dir(node)),
              "--registry", self.registry, "--registry-address", str(self.gateway(node)),
-             "--registry-ca", str(self.registry_ca), "--hub", self.hub],
+             "--registry-ca", str(self.registry_ca), "--hub", self.hub, "--cluster", self.prefix],
             stdin=subprocess.DEVNULL, stdout=open(self.workdir / f"{node.name}-init.log", "ab"),
             stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -458,10 +487,15 @@ class SimCluster:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            # node-root.sh has exec'd node_init.py by now
-            if len(cmd) > 3 and cmd[1].endswith(b"node_init.py") and cmd[2:4] == [b"--name", node.name.encode()]:
+            if self._is_init([part.decode(errors="replace") for part in cmd], node):
                 return int(pid)
         return 0
+
+    def _is_init(self, argv: list[str], node: SimNode) -> bool:
+        """Whether a command line is this cluster's node's PID 1 (node-root.sh has exec'd node_init.py
+        by now; another site's nodes have the same names, not the same --cluster)."""
+        return (len(argv) > 3 and argv[1].endswith("node_init.py") and argv[2:4] == ["--name", node.name]
+                and "--cluster" in argv and argv[argv.index("--cluster") + 1:][:1] == [self.prefix])
 
     def _wait_for_login(self, node: SimNode, command: str, what: str, log, timeout: float = 60) -> None:
         """Until `command` succeeds as the login user over SSH; else the node's `log()` says why."""

@@ -12,7 +12,7 @@
 set -euo pipefail
 name="$1" sim_dir="$2" user="$3" pubkey_file="$4" python="$5" state="$6"
 shift 6
-root="/tmp/twinspark-sim-root-$name"
+root="/tmp/twinspark-sim-root-${state##*/}"  # by disk (PREFIX-NAME): another site's node has the same name
 mkdir -p "$root" "$state/upper" "$state/work" "$state/docker"
 mount -t overlay overlay -o "lowerdir=/,upperdir=$state/upper,workdir=$state/work" "$root"
 mount -t proc proc "$root/proc"

@@ -4,7 +4,10 @@ pulling from the sim's registry (scripts/sim-images.sh), through the Pulumi CLI,
 host and its providers as scripts/engine.sh built them; what is asserted is the engine's own
 JSON (`pulumi preview --json`, the events of `pulumi up --json`, `pulumi stack export`).
 
-One cluster per session, as scripts/sim.sh makes it. The CLI runs with HOME set to a temp
+One cluster per session, as scripts/sim.sh makes it; CI runs two sessions side by side (pytest-xdist,
+two workers: `-n 2 --dist loadscope`), each its own cluster at its own site (tests/sim/cluster.py
+`on_site`), the files split between them by FILES_OF_CLUSTER_B (ClusterScheduling), the sim's
+registry served once by the controller. The CLI runs with HOME set to a temp
 folder (the operator's key lies where Pulumi.sim.yaml names it, ~/.cache/twinspark-sim), a
 file backend in it, in a checkout of its own: links to this repository's files beside a copy
 of Pulumi.sim.yaml and a .twinspark/ of its own, so a scenario's `config set` (or `ops
@@ -38,16 +41,70 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import sim_images  # noqa: E402
 import sim_model  # noqa: E402
 import node_contract as contract  # noqa: E402
-from cluster import SIM_STACK, SimCluster  # noqa: E402
+from cluster import SIM_STACK, SimCluster, on_site  # noqa: E402
 from hub_standin import HubStandin  # noqa: E402
 from program_harness import SECRET_SIG  # noqa: E402
-from timeline import TIMELINE, scenario_of, slowest_steps  # noqa: E402
+from timeline import (TIMELINE, merge_reports, merge_timelines, merge_worker_files, scenario_of,  # noqa: E402
+                      slowest_steps, worker_files)
 
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
 STACK = "sim"
 REPORT = ROOT / "build" / "sim-engine-report.json"
 TIMELINE_FILE = ROOT / "build" / "sim-engine-timeline.json"  # where the time went (timeline.py)
 HEAD, WORKER = "sim1", "sim2"
+# pytest-xdist's worker (gw0, gw1), or none in a single process; its number is the site of its cluster
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+SITE = int(XDIST_WORKER.removeprefix("gw") or 0)
+# The files the second cluster runs when two run side by side (the rest are the first's), in file
+# order within each: the halves' seconds about equal (docs/testing.md "CI"); the ring, which takes
+# its cluster's pair down, last of its half.
+FILES_OF_CLUSTER_B = ("test_engine_sim_healing.py", "test_engine_sim_nodes.py", "test_engine_topology_ring.py")
+REGISTRY_SERVED = "TWINSPARK_SIM_REGISTRY_SERVED"  # set by the controller of two workers: they share its registry
+
+
+def worker_file(path: Path) -> Path:
+    """A worker's own copy of a session file (the controller merges them into `path`)."""
+    return path.with_name(f"{path.stem}.{XDIST_WORKER}{path.suffix}") if XDIST_WORKER else path
+
+
+def is_controller_of_workers(config) -> bool:
+    """This process runs no test but hands the simulator's files to workers by cluster (loadscope:
+    a run of other tests in several processes, --quick's loadfile, leaves the sim's registry alone)."""
+    return not hasattr(config, "workerinput") and config.getoption("dist", "no") == "loadscope"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """A simulator test's scope is its cluster: each worker runs one cluster's files, in file order.
+    (Not xdist_group: pytest-xdist 3.8 writes the group into `item._nodeid`, which pytest 9 no
+    longer reads, so the groups never reach its scheduler: every test went anywhere.)"""
+    if not is_controller_of_workers(config):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "cluster-b" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in FILES_OF_CLUSTER_B else "cluster-a"
+
+    return ClusterScheduling(config, log)
+
+
+REGISTRY_SERVER: list = []
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist starts the workers, which inherit the environment
+def pytest_sessionstart(session):
+    if is_controller_of_workers(session.config):
+        for stale in worker_files(REPORT) + worker_files(TIMELINE_FILE):  # a killed run's
+            stale.unlink()
+        REGISTRY_SERVER.append(serve_the_sims_images())
+        os.environ[REGISTRY_SERVED] = sim_images.REGISTRY
+
+
+def serve_the_sims_images() -> subprocess.Popen:
+    """The sim's images, built where their inputs changed, served until the server is stopped."""
+    with TIMELINE.span("images", "sim_images.py build"):
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "sim_images.py"), "build"], check=True)
+    return sim_images.serve_registry()
 
 
 def engine_environment() -> dict[str, str]:
@@ -178,7 +235,7 @@ def report():
     figures: dict = {}
     yield figures
     REPORT.parent.mkdir(exist_ok=True)
-    REPORT.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    worker_file(REPORT).write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
 
 
 @pytest.fixture(scope="session")
@@ -191,11 +248,16 @@ def engine_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def registry() -> str:
-    """The sim's images, built where their inputs changed, served while the session lasts."""
-    with TIMELINE.span("images", "sim_images.py build"):
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "sim_images.py"), "build"], check=True)
-    server = sim_images.serve_registry()
+    """The sim's images, served while the session lasts (or by the controller of two workers)."""
+    if served := os.environ.get(REGISTRY_SERVED):
+        yield served
+        return
+    server = serve_the_sims_images()
     yield sim_images.REGISTRY
+    stop(server)
+
+
+def stop(server: subprocess.Popen) -> None:
     server.terminate()
     server.wait(timeout=30)
 
@@ -209,7 +271,7 @@ def operator_home(tmp_path_factory) -> Path:
 def hub(operator_home):
     """The hub stand-in on the port of the stack's model.hubEndpoint, for every node at its
     gateway (tests/sim/cluster.py names it there), with the sim's model published."""
-    config = yaml.safe_load(SIM_STACK.read_text())["config"]
+    config = on_site(yaml.safe_load(SIM_STACK.read_text())["config"], SITE)
     endpoint = urlsplit(config["twinspark:model"]["hubEndpoint"])
     root = operator_home / "hub"
     sim_model.publish(root / config["twinspark:model"]["repo"])
@@ -221,7 +283,7 @@ def hub(operator_home):
 def cluster(operator_home, registry, hub, report):
     if os.geteuid() != 0:
         pytest.fail("the simulator needs root (namespaces, mounts): run scripts/test.sh as root")
-    sim = SimCluster.from_stack_file(operator_home / ".cache" / "twinspark-sim", registry=registry)
+    sim = SimCluster.from_stack_file(operator_home / ".cache" / "twinspark-sim", registry=registry, site=SITE)
     timed_cluster(sim)
     try:
         sim.up()
@@ -266,7 +328,12 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session):
     if SCENARIO_SECONDS:
-        TIMELINE.write(TIMELINE_FILE, SCENARIO_SECONDS)
+        TIMELINE.write(worker_file(TIMELINE_FILE), SCENARIO_SECONDS)
+    if is_controller_of_workers(session.config):
+        for server in REGISTRY_SERVER:
+            stop(server)
+        merge_worker_files(REPORT, merge_reports)
+        merge_worker_files(TIMELINE_FILE, merge_timelines)
 
 
 def engine_stack(engine_env: dict[str, str], operator_home: Path, stack_file_text: str, name: str = "") -> EngineStack:
@@ -289,7 +356,7 @@ def engine_stack(engine_env: dict[str, str], operator_home: Path, stack_file_tex
 
 @pytest.fixture(scope="session")
 def stack(engine_env, cluster, operator_home) -> EngineStack:
-    return engine_stack(engine_env, operator_home, SIM_STACK.read_text())
+    return engine_stack(engine_env, operator_home, cluster.stack_file_text())
 
 
 SHIMS_LOG = "/var/log/twinspark-sim/shims.log"  # the recording shims' (tests/sim/shims): systemctl, sysctl, ...

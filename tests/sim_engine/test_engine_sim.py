@@ -117,7 +117,8 @@ def test_a_reinstalled_worker_is_refused_until_its_new_key_is_pinned_then_gets_e
     message = str(refused.value)
     report["reinstalled_worker_refused"] = message[-600:]
     # the program's one line, before anything is created (not OpenSSH's advice to edit a known_hosts file)
-    assert "sim2 (198.18.2.12): refused: its SSH host key is not the one `pulumi up` holds it to" in message, message
+    assert f"sim2 ({cluster.nodes['sim2'].spec.host}): refused: its SSH host key is not the one `pulumi up` holds it to" \
+        in message, message
     assert "nothing ran there" in message and "known_hosts" not in message, message
     # docs/operating.md, recovering: read the new key with ops pin-host-keys and pin it
     pins = subprocess.run([sys.executable, "-m", "ops", "pin-host-keys", "--stack-file", str(stack.config_file),

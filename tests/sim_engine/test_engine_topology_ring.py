@@ -10,7 +10,7 @@ import pytest
 
 import node_contract as contract
 from cluster import SimCluster
-from conftest import HEAD, containers, engine_stack, flag, serving_answers, stored_step, timed_cluster, vllm_argv
+from conftest import HEAD, SITE, containers, engine_stack, flag, serving_answers, stored_step, timed_cluster, vllm_argv
 from test_engine_sim_nodes import heals
 
 WORKERS = ("sim2", "sim3")
@@ -21,7 +21,7 @@ def ring(cluster, registry, operator_home, engine_env, report):
     """The pair's nodes taken down, three nodes booted and cabled as a ring, and a stack of their own."""
     cluster.down()
     nodes = SimCluster.from_stack_file(operator_home / ".cache" / "twinspark-sim", registry=registry,
-                                       nodes=3, topology="ring")
+                                       nodes=3, topology="ring", site=SITE)
     timed_cluster(nodes)
     try:
         nodes.up()

@@ -105,8 +105,12 @@ def table(document: dict) -> str:
     """Per scenario: pytest's own seconds (setup + call + teardown), then the outermost spans' seconds
     by kind (with their count), and what is left (Python, asserts, small reads)."""
     spent: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for span in outermost(document["spans"]):
-        spent[scenario_of(span["phase"])][span["kind"]].append(span["s"])
+    by_scenario: dict[str, list[dict]] = defaultdict(list)  # apart: two workers' scenarios overlap in time
+    for span in document["spans"]:
+        by_scenario[scenario_of(span["phase"])].append(span)
+    for name, spans in by_scenario.items():
+        for span in outermost(spans):
+            spent[name][span["kind"]].append(span["s"])
     rows = ["| scenario | total s | " + " | ".join(KINDS) + " | rest |", "|---" * (len(KINDS) + 3) + "|"]
     total_all = 0.0
     for name, phases in document["scenarios"].items():
@@ -132,6 +136,41 @@ def by_file(document: dict) -> str:
     for name, seconds in sorted(files.items(), key=lambda kv: -kv[1]):
         rows.append(f"| {name} | {count[name]} | {seconds:.0f} |")
     return "\n".join(rows)
+
+
+# ---- the session files of two workers side by side (the simulator's two clusters) --------------
+def worker_files(path: Path) -> list[Path]:
+    """The workers' copies of a session file (PATH.gwN.SUFFIX), in worker order."""
+    return sorted(path.parent.glob(f"{path.stem}.gw*{path.suffix}"))
+
+
+def merge_worker_files(path: Path, merge) -> None:
+    """The workers' copies of a session file merged into it (merge: {worker: document} -> document), and removed."""
+    copies = {f.stem.rsplit(".", 1)[-1]: f for f in worker_files(path)}
+    if copies:
+        path.write_text(json.dumps(merge({w: json.loads(f.read_text()) for w, f in copies.items()}),
+                                   indent=1, sort_keys=True) + "\n")
+        for f in copies.values():
+            f.unlink()
+
+
+def merge_reports(reports: dict[str, dict]) -> dict:
+    """One report: a figure only one worker made as it is; one both made (each cluster's fresh
+    `up`, its teardown) by worker."""
+    merged: dict = {}
+    for worker, figures in reports.items():
+        for key, value in figures.items():
+            if any(key in other for w, other in reports.items() if w != worker):
+                merged.setdefault(key, {})[worker] = value
+            else:
+                merged[key] = value
+    return merged
+
+
+def merge_timelines(timelines: dict[str, dict]) -> dict:
+    """One timeline: every scenario (each ran on one worker), each span marked with its worker."""
+    return {"scenarios": {name: phases for t in timelines.values() for name, phases in t["scenarios"].items()},
+            "spans": [{**span, "worker": worker} for worker, t in timelines.items() for span in t["spans"]]}
 
 
 def main(argv: list[str] | None = None) -> int:
