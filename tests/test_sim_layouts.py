@@ -130,7 +130,7 @@ def test_a_second_site_is_the_same_cluster_on_a_lan_and_hub_of_its_own(tmp_path,
     key = tmp_path / "id_ed25519"
     here, there = (cluster.load_sim_config(key, nodes=count, topology=topology, site=s) for s in (0, 1))
     hosts = [[ipaddress.ip_address(n["host"]) for n in c["twinspark:nodes"]] for c in (here, there)]
-    lans = list(cluster.SIM_LAN.subnets(new_prefix=16))
+    lans = cluster.SITE_LANS
     assert all(h in lans[0] for h in hosts[0]) and all(h in lans[1] for h in hosts[1]), hosts
     assert [int(h) - int(lans[1].network_address) for h in hosts[1]] == \
         [int(h) - int(lans[0].network_address) for h in hosts[0]]

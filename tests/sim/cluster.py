@@ -52,7 +52,8 @@ TOPOLOGIES = ("switch", "ring")
 # Clusters side by side on one machine (the simulator's two pytest workers, docs/testing.md "CI"):
 # site k has SIM_LAN's k-th /16 for its management addresses, hub ports of its own and names of its
 # own (netns, links, disks); site 0 is the stack file's, and scripts/sim.sh's.
-SITES = len(list(SIM_LAN.subnets(new_prefix=16)))
+SITE_LANS = tuple(SIM_LAN.subnets(new_prefix=16))
+SITES = len(SITE_LANS)
 HUB_PORTS_PER_SITE = 10  # the hub stand-in takes its port and the next (its LFS redirects)
 
 
@@ -107,7 +108,7 @@ def on_site(config: dict, site: int) -> dict:
         raise ValueError(f"site {site}: the sim's LAN {SIM_LAN} holds sites 0 to {SITES - 1}")
     if site == 0:
         return config
-    lan = list(SIM_LAN.subnets(new_prefix=16))[site]
+    lan = SITE_LANS[site]
 
     def moved(host: str) -> str:
         offset = int(ipaddress.ip_address(host)) - int(SIM_LAN.network_address)

@@ -148,7 +148,7 @@ def main() -> int:
     parser.add_argument("--registry-ca", default="", help="the CA of the registry's TLS certificate")
     parser.add_argument("--hub", default="", help="host:port of the stack's model.hubEndpoint")
     # read by nothing here: it tells this node's PID 1 from another site's node of the same name (cluster.py)
-    parser.add_argument("--cluster", default="ts", help="the prefix of the cluster's names (cluster.site_prefix)")
+    parser.add_argument("--cluster", required=True, help="the prefix of the cluster's names (cluster.site_prefix)")
     args = parser.parse_args()
     prepare(args.name, args.user, args.sim_dir)
     name_hub(args.hub, args.registry_address)

@@ -45,7 +45,7 @@ from cluster import SIM_STACK, SimCluster, on_site  # noqa: E402
 from hub_standin import HubStandin  # noqa: E402
 from program_harness import SECRET_SIG  # noqa: E402
 from timeline import (TIMELINE, merge_reports, merge_timelines, merge_worker_files, scenario_of,  # noqa: E402
-                      slowest_steps, worker_files)
+                      slowest_steps, worker_file, worker_files)
 
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
 STACK = "sim"
@@ -60,11 +60,6 @@ SITE = int(XDIST_WORKER.removeprefix("gw") or 0)
 # its cluster's pair down, last of its half.
 FILES_OF_CLUSTER_B = ("test_engine_sim_healing.py", "test_engine_sim_nodes.py", "test_engine_topology_ring.py")
 REGISTRY_SERVED = "TWINSPARK_SIM_REGISTRY_SERVED"  # set by the controller of two workers: they share its registry
-
-
-def worker_file(path: Path) -> Path:
-    """A worker's own copy of a session file (the controller merges them into `path`)."""
-    return path.with_name(f"{path.stem}.{XDIST_WORKER}{path.suffix}") if XDIST_WORKER else path
 
 
 def is_controller_of_workers(config) -> bool:
@@ -235,7 +230,7 @@ def report():
     figures: dict = {}
     yield figures
     REPORT.parent.mkdir(exist_ok=True)
-    worker_file(REPORT).write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    worker_file(REPORT, XDIST_WORKER).write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
 
 
 @pytest.fixture(scope="session")
@@ -328,7 +323,7 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session):
     if SCENARIO_SECONDS:
-        TIMELINE.write(worker_file(TIMELINE_FILE), SCENARIO_SECONDS)
+        TIMELINE.write(worker_file(TIMELINE_FILE, XDIST_WORKER), SCENARIO_SECONDS)
     if is_controller_of_workers(session.config):
         for server in REGISTRY_SERVER:
             stop(server)

@@ -139,9 +139,14 @@ def by_file(document: dict) -> str:
 
 
 # ---- the session files of two workers side by side (the simulator's two clusters) --------------
+def worker_file(path: Path, worker: str) -> Path:
+    """A worker's own copy of a session file (PATH.gwN.SUFFIX); no worker (one process): the file itself."""
+    return path.with_name(f"{path.stem}.{worker}{path.suffix}") if worker else path
+
+
 def worker_files(path: Path) -> list[Path]:
     """The workers' copies of a session file (PATH.gwN.SUFFIX), in worker order."""
-    return sorted(path.parent.glob(f"{path.stem}.gw*{path.suffix}"))
+    return sorted(path.parent.glob(worker_file(path, "gw*").name))
 
 
 def merge_worker_files(path: Path, merge) -> None:
