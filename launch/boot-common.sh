@@ -29,8 +29,12 @@ memory_check() {
     --cgroup-root "$TWINSPARK_HOST_CGROUP_DIR" --status "$TWINSPARK_MEMORY_CHECK_STATUS"
 }
 
-# A restarted container must not inherit a stale raylet.
-stop_ray() { ray stop --force >/dev/null 2>&1 || true; }
+# A restarted container must not inherit a stale raylet. `ray stop` is asked only when one of
+# Ray's processes runs here (its daemons and workers run from its package, .../ray/..., or are
+# named ray::...; the bracket keeps grep from matching its own command line): it costs a CPU
+# second of imports with nothing to stop, which is every container start (its own PID namespace).
+ray_running() { grep -qsa -e '/ra[y]/' -e '^ra[y]::' /proc/[0-9]*/cmdline; }
+stop_ray() { ray_running || return 0; ray stop --force >/dev/null 2>&1 || true; }
 
 # `docker stop` sends SIGTERM to PID 1 — this bash — which ignores it unless trapped and
 # runs a trap only between commands: the long waits run in the background (`interruptible`)
