@@ -10,7 +10,7 @@
 #   engine     the Pulumi engine from Go modules (scripts/engine.sh; tens of minutes cold, seconds
 #              cached), started first, in the background, niced: it needs only Go
 #   setup      Debian packages, .venv, the Codex CLI (scripts/setup.sh), beside the engine
-#   unit       every test that needs neither the engine nor the simulator, 8 processes, beside the engine
+#   unit       every test that needs neither the engine nor the simulator, 4 processes, beside the engine
 #   engine-tests  the engine's own tests (tests/test_engine_*.py), once it is built
 #   simulator  tests/sim_engine alone, two clusters side by side (two workers, each a site of its own)
 set -euo pipefail
@@ -122,20 +122,21 @@ main() {
       return
     fi
   done
-  # Beside the engine's build: the tests outside the simulator that do not need the engine, in 8
-  # processes (they mostly wait on subprocesses: 4 kept 2 cores 56 % busy, 406 s; 8: 86 %, 282 s;
-  # a file's tests stay in one process, so a file's fixed ports and namespaces never meet their
-  # own twins). An engine already built when setup
-  # ends (a warm run: seconds) brings its own tests into that pool, rather than a stage after it.
+  # Beside the engine's build: the tests outside the simulator that do not need the engine, in 4
+  # processes (they mostly wait on subprocesses; a file's tests stay in one process, so a file's
+  # fixed ports and namespaces never meet their own twins). 8 were no faster on a fresh clone
+  # (330 and 407 s against 4's 334: the cores 98 % busy) and one Ray timing failed beside them.
+  # An engine already built when setup ends (a warm run: seconds) brings its own tests into that
+  # pool, rather than a stage after it.
   local rc=0 not_yet=("${ENGINE_TESTS[@]/#/--ignore=}")
   if [ -e "$ENGINE_DONE" ]; then
     wait_for_engine
     not_yet=()
-    log "running pytest: everything but the simulator (8 processes); the engine was built already"
+    log "running pytest: everything but the simulator (4 processes); the engine was built already"
   else
-    log "running pytest: everything but the engine's tests and the simulator (8 processes), beside the engine's build"
+    log "running pytest: everything but the engine's tests and the simulator (4 processes), beside the engine's build"
   fi
-  stage unit run_pytest tests --ignore=tests/sim_engine "${not_yet[@]}" -n 8 --dist loadfile "$@" || rc=$?
+  stage unit run_pytest tests --ignore=tests/sim_engine "${not_yet[@]}" -n 4 --dist loadfile --durations=20 "$@" || rc=$?
   [ "$rc" -eq 0 ] || return "$rc"  # at once: the engine's build goes with the run (on_exit)
   if [ "${#not_yet[@]}" -gt 0 ]; then
     wait_for_engine

@@ -89,8 +89,11 @@ class Cluster:
         self.token.write_text(secrets.token_hex(32))
         self.token.chmod(0o600)
         self.gcs_port = free_port()
+        # The GCS marks a silent raylet dead after 5 health checks 3 s apart: a crashed raylet's
+        # entry must outlive its replacement's `ray start`, which took 23 s on a loaded CI box
+        # (8 test processes on 2 cores), so here it is given 40 checks (2 min)
         self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token),
-                    "RAY_PORT": str(self.gcs_port)}
+                    "RAY_PORT": str(self.gcs_port), "RAY_health_check_failure_threshold": "40"}
         self.env.pop("RAY_OVERRIDE_NODE_ID_FOR_TESTING", None)
 
     def ray_start(self, *args: str, node_id: str | None = None) -> None:
