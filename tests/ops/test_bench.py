@@ -87,9 +87,13 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
     assert bench.run_bench(target, plan, str(out), None, 0.1, quiet()) == 0
     result = json.loads(out.read_text())
     assert result["errors"] == []
-    # the stand-in sleeps on a fixed schedule: a busy machine can only make us slower
     assert len(result["single_stream"]["runs_tok_s"]) == 3
-    assert 60 <= result["single_stream"]["decode_tok_s"] <= 101
+    # Above the pace only by a late first token: the stand-in keeps its schedule against the
+    # clock, so the tokens after a first one stalled (in it or in this client) come sooner; 9 ms
+    # of 0.4 s read 102.4 tok/s beside the engine's cold build (f3f01af). 110 allows a 36 ms
+    # stall; the decode figure's own arithmetic (n - 1 tokens after the first) is held exactly
+    # by test_stream_result_figures_are_exact
+    assert 60 <= result["single_stream"]["decode_tok_s"] <= 110
     assert 4 * 60 * 0.6 <= result["concurrent"]["aggregate_tok_s"] <= 4 * 100 * 1.01
     lp = result["long_prompt"]
     long_request = next(r.body for r in behaviour.requests if r.body["max_tokens"] == 1)
