@@ -378,6 +378,7 @@ def test_env_file_holds_the_recipe_environment(recipe_run):
         for key, value in RECIPE_ENV.items():
             assert env[key] == value, (node, key)
         assert env["RAY_worker_oom_score_adjustment"] == "0"
+        assert env["RAY_prestart_worker_first_driver"] == "0"  # no idle worker beside vLLM's actors
     head, worker = env_file(recipe_run, "spark1"), env_file(recipe_run, "spark2")
     assert (head["TWINSPARK_ROLE"], worker["TWINSPARK_ROLE"]) == ("head", "worker")
     assert head["TWINSPARK_NODE_IP"] == head["VLLM_HOST_IP"] == worker["TWINSPARK_HEAD_IP"] == "10.0.0.1"

@@ -37,6 +37,9 @@ def test_a_fresh_up_with_the_defaults_serves_through_the_gateway(cluster, stack,
               for node in cluster.nodes}
     report["serving_image_ids"] = images
     assert len(set(images.values())) == 1 and all(images.values()), images
+    # the head's raylet started no idle worker for the engine's driver (RAY_prestart_worker_first_driver)
+    idle = cluster.node_exec(HEAD, "pgrep", "-af", "ray::IDLE", check=False).stdout
+    assert idle.strip() == "", idle
 
 
 def test_a_second_up_changes_and_restarts_nothing(cluster, stack, deployed, report):
