@@ -125,7 +125,7 @@ main() {
   # Beside the engine's build: the tests outside the simulator that do not need the engine, in 4
   # processes (they mostly wait on subprocesses; a file's tests stay in one process, so a file's
   # fixed ports and namespaces never meet their own twins). More are no faster: 6 took 303 s
-  # against 4's 312, the cores 96 % busy (docs/testing.md, "Where the CPU goes").
+  # against 4's 312, the cores 96 % busy (docs/testing.md, "Session of 2026-12-04, evening").
   # An engine already built when setup ends (a warm run: seconds) brings its own tests into that
   # pool, rather than a stage after it.
   local rc=0 not_yet=("${ENGINE_TESTS[@]/#/--ignore=}")
