@@ -46,7 +46,8 @@ interruptible() { "$@" & wait $!; }
 
 # Every node declares one GPU: a GB10 Spark has exactly one, and TP spans the nodes.
 # Bounded: `ray start` can hang on an unreachable GCS.
-ray_start() { timeout 90 ray start --node-ip-address="$TWINSPARK_NODE_IP" --num-gpus=1 --disable-usage-stats "$@"; }
+RAY_START=(timeout 90 ray start --node-ip-address="$TWINSPARK_NODE_IP" --num-gpus=1 --disable-usage-stats)
+ray_start() { "${RAY_START[@]}" "$@"; }
 
 # Before vLLM starts on the head: its API socket's directory is root's and the API gateway's
 # group's (setgid, so the socket takes that group) and holds no socket of a previous engine

@@ -11,13 +11,20 @@ set -euo pipefail
 . "$(dirname "$0")/boot-common.sh"
 log_to "$TWINSPARK_BOOT_LOG"
 
+# `membership join` stops a `ray start` whose head restarted meanwhile (exit 75, as it says): the
+# new head is joined at once; any other failure (no head yet) is retried after 5 s.
 join_head() {
-  local attempt=1
-  until interruptible ray_start --address="$TWINSPARK_HEAD_IP:$RAY_PORT"; do
-    log "head $TWINSPARK_HEAD_IP:$RAY_PORT not joinable yet (attempt $attempt); retrying in 5 s"
+  local attempt=1 status
+  while true; do
+    interruptible membership join --head "$TWINSPARK_HEAD_IP" -- "${RAY_START[@]}" \
+      --address="$TWINSPARK_HEAD_IP:$RAY_PORT" && return 0
+    status=$?
     stop_ray
+    if [ "$status" -ne 75 ]; then
+      log "head $TWINSPARK_HEAD_IP:$RAY_PORT not joinable yet (attempt $attempt); retrying in 5 s"
+      interruptible sleep 5
+    fi
     attempt=$((attempt + 1))
-    interruptible sleep 5
   done
 }
 

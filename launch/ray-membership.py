@@ -3,6 +3,7 @@
 
   wait-cluster --head IP --expect-ips IP[,IP...]   (head) block until every node is alive with a GPU
   node-id --head IP --ip IP                         (worker) print this node's own alive Ray NodeID
+  join --head IP -- ray start ...                   (worker) run `ray start`, stopped if the head restarts meanwhile
   watch --head IP --node-id ID                      (worker) return when this node must rejoin
   alive --head IP                                   (status) alive nodes with their GPUs, as JSON
 
@@ -15,6 +16,12 @@ that is slow, frozen or dead says nothing about membership, and is no reason to 
 two nodes at this IP — a crashed raylet stays ALIVE until its health checks run out, ~15 s —
 and only the raylet's own identity tells which is this one.
 
+`join` runs the worker's `ray start` and kills it (exit JOINED_A_RESTARTED_HEAD) the moment the
+head's GCS answers with another cluster ID than the one it had when the join began: the head
+restarted meanwhile (a crash loop: vLLM fails right after the cluster forms). `ray start` itself
+would wait 30 s for its raylet's entry in the GCS that died (Ray's node.py, fixed) and fail; the
+worker then joins the new head at once instead of half a minute later.
+
 `watch` leaves (prints the reason, exits 0) only on evidence: this NodeID is missing from a node
 table the GCS returned (the head restarted: a new GCS session never knows the old raylet —
 recipe gotcha 11, where `ray status` keeps succeeding), the raylet with this NodeID is gone, or
@@ -26,7 +33,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -38,6 +47,9 @@ REQUEST_TIMEOUT_S = 2.0
 # overrides it): longer than a GC pause or a busy second, far shorter than Ray's own 60 s
 # reconnect limit, after which the raylet gives up anyway.
 HEAD_GRACE_S = 6.0
+# `join`'s exit status when it stopped a `ray start` whose head restarted: join again at once
+# (boot-worker.sh); EX_TEMPFAIL, which neither `ray start` nor `timeout` exits with
+JOINED_A_RESTARTED_HEAD = 75
 
 
 def log(message: str) -> None:
@@ -132,6 +144,52 @@ def node_id(args: argparse.Namespace) -> int:
     log(f"after {args.timeout:.0f} s: raylets here with IP {args.ip}: {mine or 'none'}; "
         f"alive at that IP in the head's GCS: {alive_here or 'none'}")
     return 1
+
+
+def cluster_id(args: argparse.Namespace) -> str:
+    """The cluster ID of the GCS answering at the head now (a new one each time a head starts)."""
+    return gcs_client(args).cluster_id.hex()
+
+
+def join(args: argparse.Namespace) -> int:
+    """Runs the command after `--` (the worker's `ray start`) in a session of its own; kills that
+    session when the head's GCS answers with another cluster ID than at the start."""
+    if not args.command or args.command[0] != "--" or len(args.command) < 2:
+        log("join: give the command to run after --")
+        return 2
+    deadline, joining = time.monotonic() + args.timeout, None
+    while joining is None:
+        try:
+            joining = cluster_id(args)
+        except Exception as err:  # the GCS still starting
+            if time.monotonic() > deadline:
+                log(f"the head's GCS at {args.head}:{args.gcs_port} answered nothing in {args.timeout:.0f} s "
+                    f"({type(err).__name__})")
+                return 1
+            time.sleep(args.interval)
+    start = subprocess.Popen(args.command[1:], start_new_session=True)
+    changed: list[str] = []
+
+    def ask() -> None:  # in the background: a client of a GCS that does not answer waits long
+        while start.poll() is None and not changed:
+            try:
+                now = cluster_id(args)
+            except Exception:
+                now = joining  # no answer is not another head; `ray start` keeps its own time
+            if now != joining:
+                changed.append(now)
+            time.sleep(args.interval)
+
+    threading.Thread(target=ask, daemon=True).start()
+    while start.poll() is None:
+        if changed:
+            log(f"the head restarted while this node joined (cluster {joining[:12]} is now {changed[0][:12]}): "
+                "stopping this `ray start` to join the new head")
+            os.killpg(start.pid, signal.SIGKILL)  # ray start and the daemons it spawned
+            start.wait()
+            return JOINED_A_RESTARTED_HEAD
+        time.sleep(0.1)
+    return start.returncode
 
 
 class NodeTable(threading.Thread):
@@ -235,6 +293,11 @@ def main() -> int:
     p.add_argument("--unlisted-s", type=float, default=5.0,
                    help="seconds an answering GCS may leave this node's raylet out before it is another head's")
     p.set_defaults(run=node_id)
+    p = sub.add_parser("join", parents=[head])
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between two cluster ID requests")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the head's GCS to answer")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- ray start ...")
+    p.set_defaults(run=join)
     p = sub.add_parser("watch", parents=[head])
     p.add_argument("--node-id", required=True)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between two node-table requests")

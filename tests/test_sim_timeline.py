@@ -61,6 +61,9 @@ def test_a_runs_slowest_steps_are_its_engine_stamps():
               event("resOutputsEvent", "sim1-docker", 101), event("resOutputsEvent", "sim1-readiness-wait", 130),
               {"summaryEvent": {}}]
     assert timeline.slowest_steps(events) == {"sim1-readiness-wait create": 30, "sim1-docker create": 1}
+    events[2:2] = [event("resourcePreEvent", "sim1-host", 101, op="same"), event("resOutputsEvent", "sim1-host", 101, op="same")]
+    # the trace: in start order, from the run's first stamp; a same step that took no second left out
+    assert timeline.step_trace(events) == [["sim1-readiness-wait create", 0, 30], ["sim1-docker create", 0, 1]]
 
 
 def test_the_command_reads_a_written_timeline_and_refuses_a_missing_one(tmp_path, capsys):

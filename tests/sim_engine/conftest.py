@@ -46,7 +46,7 @@ from cluster import SIM_STACK, SimCluster, on_site  # noqa: E402
 from hub_standin import HubStandin  # noqa: E402
 from program_harness import SECRET_SIG  # noqa: E402
 from timeline import (TIMELINE, merge_reports, merge_timelines, merge_worker_files, scenario_of,  # noqa: E402
-                      slowest_steps, worker_file, worker_files)
+                      slowest_steps, step_trace, worker_file, worker_files)
 
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
 STACK = "sim"
@@ -174,7 +174,7 @@ class EngineStack:
                     events.append(json.loads(line))
                 except ValueError:
                     pass
-            details["steps"] = slowest_steps(events)
+            details["steps"], details["trace"] = slowest_steps(events), step_trace(events)
         run = EngineRun(events, seconds, proc.stdout[-4000:] + proc.stderr[-4000:])
         if proc.returncode != 0:
             raise AssertionError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{run.errors() or run.text}")
@@ -199,7 +199,7 @@ class EngineStack:
                     proc.send_signal(signal.SIGINT)
                     events.append({"interrupted": step})
             proc.wait(timeout=600)
-            details["steps"] = slowest_steps(events)
+            details["steps"], details["trace"] = slowest_steps(events), step_trace(events)
         return EngineRun(events, round(time.monotonic() - started, 1), proc.stderr.read()[-4000:]), proc.returncode
 
     def up(self, *args: str) -> EngineRun:

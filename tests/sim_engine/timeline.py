@@ -82,6 +82,27 @@ def slowest_steps(events: list[dict], count: int = 6) -> dict[str, int]:
     return dict(sorted(took.items(), key=lambda kv: -kv[1])[:count])
 
 
+def step_trace(events: list[dict]) -> list[list]:
+    """Every step of a run that did something or took a second, in the order the engine began
+    them: [resource op, seconds after the run's first event it began, seconds it took] (the
+    engine's whole seconds): a restarting `up`'s critical path read off its events."""
+    stamps = [e["timestamp"] for e in events if "timestamp" in e]
+    began, trace = {}, []
+    for event in events:
+        for kind in ("resourcePreEvent", "resOutputsEvent"):
+            if kind in event and "timestamp" in event:
+                meta = event[kind]["metadata"]
+                if kind == "resourcePreEvent":
+                    began[meta["urn"]] = (event["timestamp"], len(began))
+                elif meta["urn"] in began:
+                    start, order = began[meta["urn"]]
+                    took = event["timestamp"] - start
+                    if meta.get("op", "same") != "same" or took >= 1:
+                        trace.append((order, [f"{meta['urn'].rsplit('::', 1)[-1]} {meta.get('op', '')}".strip(),
+                                              start - stamps[0], took]))
+    return [step for _, step in sorted(trace)]
+
+
 def scenario_of(nodeid: str) -> str:
     """FILE::NAME of a pytest node id or of a phase (NODEID::setup|call|teardown); "session" stays."""
     if nodeid.rsplit("::", 1)[-1] in ("setup", "call", "teardown"):
@@ -182,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the simulator's timeline, as a table per scenario")
     parser.add_argument("file", type=Path, help="build/sim-engine-timeline.json")
     parser.add_argument("--spans", metavar="NAME-PART", help="list this scenario's spans in order instead")
+    parser.add_argument("--trace", action="store_true", help="with --spans: every pulumi run's steps too")
     parser.add_argument("--by-file", action="store_true", help="seconds per test file instead")
     args = parser.parse_args(argv)
     try:
@@ -195,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                 bound = f" (bound {span['bound']:.0f})" if "bound" in span else ""
                 steps = f" slowest: {span['steps']}" if span.get("steps") else ""
                 print(f"{span['at']:8.1f} {'  ' * span['depth']}{span['kind']:6} {span['s']:7.1f}{bound} {span['what']}{steps}")
+                for name, start, took in span.get("trace", []) if args.trace else []:
+                    print(f"{'':17}+{start:4d} {took:4d}  {name}")
         return 0
     print(by_file(document) if args.by_file else table(document))
     return 0
