@@ -169,6 +169,22 @@ def exits_within(proc: subprocess.Popen, seconds: float) -> bool:
         return False
 
 
+def exits_after_a_head_restart(cluster, proc: subprocess.Popen, temp: str, running=lambda: True) -> bool:
+    """`proc` (and `running()`) still there 3 s in; then the head stopped and started again under
+    another temp dir (`ray start` takes the worker's raylet here, its --gcs-address, for a head
+    still running at the address its last start recorded): whether `proc` exits within 30 s.
+    It is killed either way."""
+    try:
+        assert not exits_within(proc, 3), proc.stdout.read() + proc.stderr.read()
+        assert running(), "what the process runs is not running"
+        cluster.stop("head")
+        cluster.start_head(temp)
+        return exits_within(proc, 30)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_node_id_is_the_local_raylets_own_when_a_crashed_one_at_the_same_ip_is_still_alive(cluster):
     """Issue 21 item 3: a crashed raylet stays ALIVE in the GCS until its health checks run
     out; the NodeID printed must be the raylet running here, whatever the table's order."""
@@ -238,16 +254,7 @@ def test_a_head_back_within_the_grace_is_caught_by_the_node_id(cluster):
     """Gotcha 11: a restarted head (new GCS session) answers again before the grace ends; its
     node table no longer holds this node's NodeID."""
     watcher = cluster.watch(cluster.worker_id, "--grace", "120")
-    try:
-        assert not exits_within(watcher, 2), watcher.stdout.read()
-        cluster.stop("head")
-        # another temp dir: `ray start` takes the worker's raylet here (its --gcs-address) for
-        # a head still running at the address its last start recorded
-        cluster.start_head("head2")
-        assert exits_within(watcher, 30), "the watch did not notice the new head"
-    finally:
-        watcher.kill()
-        watcher.wait()
+    assert exits_after_a_head_restart(cluster, watcher, "head2"), "the watch did not notice the new head"
     reason = watcher.stdout.read()
     assert reason.startswith(f"node {cluster.worker_id[:12]} is not alive in the head's GCS"), reason
 
@@ -277,15 +284,8 @@ def test_a_join_whose_head_restarts_is_stopped_at_once_and_one_whose_head_stays_
     assert unchanged.returncode == 3, unchanged.stderr  # the command's own status, head unchanged
     stalled = subprocess.Popen([*join, "sleep", "613"], env=cluster.env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    try:
-        assert not exits_within(stalled, 3), stalled.stderr.read()
-        assert pids_matching("sleep", "613"), "the joined command is not running"
-        cluster.stop("head")
-        cluster.start_head("head3")
-        assert exits_within(stalled, 30), "the join did not notice the restarted head"
-    finally:
-        stalled.kill()
-        stalled.wait()
+    assert exits_after_a_head_restart(cluster, stalled, "head3", running=lambda: pids_matching("sleep", "613")), \
+        "the join did not notice the restarted head"
     said = stalled.stderr.read()
     assert stalled.returncode == member.JOINED_A_RESTARTED_HEAD == 75, said
     assert "the head restarted while this node joined" in said, said
