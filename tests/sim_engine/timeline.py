@@ -66,28 +66,12 @@ class Timeline:
 TIMELINE = Timeline()  # one pytest session, one process
 
 
-def slowest_steps(events: list[dict], count: int = 6) -> dict[str, int]:
-    """The engine's own step times in a run's events (resourcePreEvent to resOutputsEvent, whole
-    seconds, as the engine stamps them): the `count` slowest, by resource name."""
-    began, took = {}, {}
-    for event in events:
-        for kind in ("resourcePreEvent", "resOutputsEvent"):
-            if kind in event and "timestamp" in event:
-                urn = event[kind]["metadata"]["urn"]
-                name = f"{urn.rsplit('::', 1)[-1]} {event[kind]['metadata'].get('op', '')}".strip()
-                if kind == "resourcePreEvent":
-                    began[urn] = event["timestamp"]
-                elif urn in began:
-                    took[name] = event["timestamp"] - began[urn]
-    return dict(sorted(took.items(), key=lambda kv: -kv[1])[:count])
-
-
-def step_trace(events: list[dict]) -> list[list]:
-    """Every step of a run that did something or took a second, in the order the engine began
-    them: [resource op, seconds after the run's first event it began, seconds it took] (the
-    engine's whole seconds): a restarting `up`'s critical path read off its events."""
+def engine_steps(events: list[dict]) -> list[tuple[int, str, int, int, str]]:
+    """A run's steps as the engine stamps them (resourcePreEvent to resOutputsEvent, whole
+    seconds), in the order they ended: (the order the engine began it, "resource op", seconds
+    after the run's first event it began, seconds it took, op: "same" where the event names none)."""
     stamps = [e["timestamp"] for e in events if "timestamp" in e]
-    began, trace = {}, []
+    began, steps = {}, []
     for event in events:
         for kind in ("resourcePreEvent", "resOutputsEvent"):
             if kind in event and "timestamp" in event:
@@ -96,11 +80,23 @@ def step_trace(events: list[dict]) -> list[list]:
                     began[meta["urn"]] = (event["timestamp"], len(began))
                 elif meta["urn"] in began:
                     start, order = began[meta["urn"]]
-                    took = event["timestamp"] - start
-                    if meta.get("op", "same") != "same" or took >= 1:
-                        trace.append((order, [f"{meta['urn'].rsplit('::', 1)[-1]} {meta.get('op', '')}".strip(),
-                                              start - stamps[0], took]))
-    return [step for _, step in sorted(trace)]
+                    label = f"{meta['urn'].rsplit('::', 1)[-1]} {meta.get('op', '')}".strip()
+                    steps.append((order, label, start - stamps[0], event["timestamp"] - start, meta.get("op", "same")))
+    return steps
+
+
+def slowest_steps(events: list[dict], count: int = 6) -> dict[str, int]:
+    """The engine's own step times in a run's events: the `count` slowest, by resource name."""
+    took = {label: seconds for _, label, _, seconds, _ in engine_steps(events)}
+    return dict(sorted(took.items(), key=lambda kv: -kv[1])[:count])
+
+
+def step_trace(events: list[dict]) -> list[list]:
+    """Every step of a run that did something or took a second, in the order the engine began
+    them: [resource op, seconds after the run's first event it began, seconds it took]: a
+    restarting `up`'s critical path read off its events."""
+    return [[label, start, seconds] for _, label, start, seconds, op in sorted(engine_steps(events))
+            if op != "same" or seconds >= 1]
 
 
 def scenario_of(nodeid: str) -> str:
