@@ -33,6 +33,13 @@ DOCKERD, DOCKER = "/usr/sbin/dockerd", "/usr/bin/docker"
 DEBIAN_MIRROR, SUITE = "http://deb.debian.org/debian", "bookworm"
 BASE_PACKAGES = ("python3", "python3-pip", "nginx")
 PYTHON_SITE = "/usr/local/lib/python3.11/dist-packages"  # bookworm's python3 is 3.11
+# Ray's libraries that neither the stand-ins nor Ray's core, dashboard or agents import (the
+# dashboard's Serve, Data and Train routes import theirs only when asked), its Java workers'
+# jars, then (make_rootfs) py-spy and the dashboard's source maps: ~90 MB of the base's ~490 that
+# every node's pull, every image ship and every load extracted and hashed for nothing (the real
+# serving image is NVIDIA's and keeps all of Ray)
+RAY_UNUSED_IN_THE_SIM = tuple(f"{PYTHON_SITE.lstrip('/')}/ray/{lib}"
+                              for lib in ("jars", "rllib", "tune", "train", "serve", "data", "llm"))
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOBODY = 65534
 
@@ -201,8 +208,11 @@ def make_rootfs(lock: Path, apt_packages: list[str], arch: str, wheels: Path, ou
         # no apt source, no package lists: `apt-get update` reads nothing and succeeds offline
         (root / "etc/apt/sources.list").write_text("")
         for junk in ("var/lib/apt/lists", "var/cache/apt", "usr/share/doc", "usr/share/man", "usr/share/info",
-                     "usr/share/locale", "var/log"):
+                     "usr/share/locale", "var/log", *RAY_UNUSED_IN_THE_SIM):
             shutil.rmtree(root / junk, ignore_errors=True)
+        for unused in (root / "usr/local/bin/py-spy", *(root / PYTHON_SITE.lstrip("/") / "ray/dashboard/client")
+                       .rglob("*.map")):
+            unused.unlink()
         (root / "var/lib/apt/lists/partial").mkdir(parents=True)
         (root / "var/cache/apt/archives/partial").mkdir(parents=True)
         (root / "var/log/apt").mkdir(parents=True)
@@ -217,7 +227,7 @@ def base_recipe(stack: StackConfig) -> Recipe:
     ray, arch = stack.serving.ray_version, arch_of(stack.serving.platform)
     apt_packages = list(stack.serving.apt_packages)
     rootfs_key = key_of(SUITE, DEBIAN_MIRROR, BASE_PACKAGES, SERVING_IMAGE_LOCK, apt_packages, arch, make_rootfs,
-                        download_wheels)
+                        download_wheels, RAY_UNUSED_IN_THE_SIM)
     hub = hub_requirement()
     standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", TORCH_STANDIN, hub, download_hub_wheels)
 
