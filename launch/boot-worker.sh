@@ -37,8 +37,7 @@ main() {
   make_temp answer
   if ! interruptible membership node-id --head "$TWINSPARK_HEAD_IP" --ip "$TWINSPARK_NODE_IP" >"$answer"; then
     log "joined, but the head does not list this node; restarting to rejoin"
-    stop_ray
-    exit 1
+    exit 1  # Ray goes with the container (boot-common.sh, on_stop)
   fi
   node_id=$(cat "$answer")
   log "joined as Ray node $node_id; watching membership"
@@ -49,7 +48,6 @@ main() {
     ${TWINSPARK_HEAD_GRACE_S:+--grace "$TWINSPARK_HEAD_GRACE_S"} >"$answer"
   reason=$(cat "$answer")
   log "leaving: $reason; docker restarts this container and it rejoins fresh"
-  stop_ray
   exit 1
 }
 
