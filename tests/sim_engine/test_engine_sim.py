@@ -86,31 +86,6 @@ def test_a_container_removed_by_hand_is_dropped_by_refresh_and_made_again_by_up(
     assert "twinspark-node-exporter" in containers(cluster, "sim2")
 
 
-def test_a_profile_change_up_restarts_vllm_with_the_new_flags_and_serves(cluster, stack, deployed, report):
-    assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"  # the default profile
-    stack.set_config("serving.profile", "multiagent")
-    try:
-        run = stack.up()
-        report["profile_change_up_s"] = run.seconds
-        order = [(name_of(m["urn"]), m["op"]) for m in run.steps() if m["op"] != "same"]
-        report["profile_change_up_steps"] = order
-        # README "Changing parameters": the head stops, the workers are replaced, the head starts
-        # last (each container deleted before its replacement: one name per node)
-        containers_order = [(name, op) for name, op in order
-                            if name.endswith("-serving-container") and op != "replace"]
-        assert containers_order == [
-            ("sim1-serving-container", "delete-replaced"), ("sim2-serving-container", "delete-replaced"),
-            ("sim2-serving-container", "create-replacement"), ("sim1-serving-container", "create-replacement"),
-        ], order
-        assert flag(vllm_argv(cluster), "--max-num-seqs") == "8"
-        outputs = stack.outputs()
-        assert completion(outputs, outputs["apiKey"]).status_code == 200
-    finally:
-        stack.set_config("serving.profile", "default")
-    stack.up()
-    assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"
-
-
 def test_a_reinstalled_worker_is_refused_until_its_new_key_is_pinned_then_gets_everything_again(
         cluster, stack, deployed, report):
     held = (Path(stack.env["TWINSPARK_KNOWN_HOSTS_DIR"]) / "sim2").read_text()  # first contact's record
@@ -310,14 +285,37 @@ def test_an_upgrade_whose_canary_fails_is_rolled_back_by_digest_and_commit_thoug
     assert set(stack.up().summary) == {"same"}
 
 
-def test_a_second_recipe_deploys_and_serves_with_its_own_flags_and_nothing_of_the_first(cluster, stack, deployed,
-                                                                                          report):
+def test_a_profile_change_then_a_second_recipe_restart_vllm_with_their_flags_and_serve(cluster, stack, deployed,
+                                                                                       report):
+    """Two changes a user makes, each its own `up` and restart: the default recipe's `multiagent`
+    profile, then another recipe (gpt-oss-120b, at its only profile, `default`); one `up` back to
+    the default recipe at its default profile ends both (each change once returned alone: docs/
+    testing.md, "Moves")."""
     from components import recipes
 
     second = recipes.recipe_named("gpt-oss-120b")
-    stack.cli("config", "rm", "--path", "twinspark:serving.kvCacheDtype")  # the recipe's own
-    stack.set_config("serving.recipe", second.name)
+    assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"  # the default profile
+    stack.set_config("serving.profile", "multiagent")
     try:
+        run = stack.up()
+        report["profile_change_up_s"] = run.seconds
+        order = [(name_of(m["urn"]), m["op"]) for m in run.steps() if m["op"] != "same"]
+        report["profile_change_up_steps"] = order
+        # README "Changing parameters": the head stops, the workers are replaced, the head starts
+        # last (each container deleted before its replacement: one name per node)
+        containers_order = [(name, op) for name, op in order
+                            if name.endswith("-serving-container") and op != "replace"]
+        assert containers_order == [
+            ("sim1-serving-container", "delete-replaced"), ("sim2-serving-container", "delete-replaced"),
+            ("sim2-serving-container", "create-replacement"), ("sim1-serving-container", "create-replacement"),
+        ], order
+        assert flag(vllm_argv(cluster), "--max-num-seqs") == "8"
+        outputs = stack.outputs()
+        assert completion(outputs, outputs["apiKey"]).status_code == 200
+
+        stack.cli("config", "rm", "--path", "twinspark:serving.kvCacheDtype")  # the recipe's own
+        stack.set_config("serving.profile", "default")  # the second recipe's only one
+        stack.set_config("serving.recipe", second.name)
         run = stack.up()
         report["second_recipe_up_s"] = run.seconds
         report["second_recipe_changes"] = changes(run)
@@ -330,8 +328,10 @@ def test_a_second_recipe_deploys_and_serves_with_its_own_flags_and_nothing_of_th
         assert serving_answers(stack) == 200
     finally:
         stack.set_config("serving.recipe", recipes.DEFAULT_RECIPE)
+        stack.set_config("serving.profile", "default")
         stack.set_config("serving.kvCacheDtype", "fp8_ds_mla")
         stack.up()
+    assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"
     assert serving_answers(stack) == 200
 
 
