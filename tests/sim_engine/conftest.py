@@ -153,6 +153,7 @@ class EngineStack:
         self.config_file = project / SIM_STACK.name
         self.state = Path(urlsplit(env["PULUMI_BACKEND_URL"]).path)
         self._outputs: tuple[tuple, dict[str, Any]] | None = None  # (the state's stamp, its outputs)
+        self._exports: dict[bool, tuple[tuple, dict]] = {}  # show_secrets: (the state's stamp, its deployment)
 
     def _argv(self, *args: str) -> list[str]:
         return ["pulumi", *args, "--stack", STACK, "--non-interactive"]
@@ -236,8 +237,13 @@ class EngineStack:
         return copy.deepcopy(self._outputs[1])
 
     def export(self, show_secrets: bool = False) -> dict:
-        """The stack's state; with show_secrets its secret values in the clear (state_value unwraps them)."""
-        return json.loads(self.cli("stack", "export", *(["--show-secrets"] if show_secrets else [])).stdout)["deployment"]
+        """The stack's state; with show_secrets its secret values in the clear (state_value unwraps
+        them). Asked of the CLI only when the state has changed since the last answer, as outputs."""
+        stamp = self.state_stamp()
+        if self._exports.get(show_secrets, (None,))[0] != stamp:
+            exported = self.cli("stack", "export", *(["--show-secrets"] if show_secrets else [])).stdout
+            self._exports[show_secrets] = (stamp, json.loads(exported)["deployment"])
+        return copy.deepcopy(self._exports[show_secrets][1])
 
 
 @pytest.fixture(scope="session")
