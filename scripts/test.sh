@@ -10,18 +10,20 @@
 #   engine     the Pulumi engine from Go modules (scripts/engine.sh; tens of minutes cold, seconds
 #              cached), started first, in the background, niced: it needs only Go
 #   setup      Debian packages, .venv, the Codex CLI (scripts/setup.sh), beside the engine
-#   unit       every test that needs neither the engine nor the simulator, 4 processes, beside the engine
-#   engine-tests  the engine's own tests (tests/test_engine_*.py), once it is built
-#   simulator  tests/sim_engine alone, two clusters side by side (two workers, each a site of its own)
+#   unit       cold: every test that needs neither the engine nor the simulator, 4 processes, beside the engine
+#   engine-tests  cold: the engine's own tests (tests/test_engine_*.py), once it is built
+#   unit-root  warm (the engine built when setup ends): what needs root or the engine, 4 processes
+#   simulator  tests/sim_engine, two clusters side by side (two workers, each a site of its own)
+#   unit-beside  warm: the rest of the unit tests, 2 processes, beside the simulator
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # shellcheck source=scripts/setup.sh
 . scripts/setup.sh
 
-ENGINE_TESTS=(tests/test_engine_providers.py tests/test_engine_docker_provider.py)
 ENGINE_LOG=build/engine-build.log
 ENGINE_DONE=build/engine-build.done
+UNIT_BESIDE_LOG=build/unit-beside-simulator.log
 STAGES=()  # "name seconds" per stage, printed at the end
 
 # name command...: run a stage, timed
@@ -126,25 +128,45 @@ main() {
   # processes (they mostly wait on subprocesses; a file's tests stay in one process, so a file's
   # fixed ports and namespaces never meet their own twins). More are no faster: 6 took 303 s
   # against 4's 312, the cores 96 % busy (docs/testing.md, "Session of 2026-12-04, evening").
-  # An engine already built when setup ends (a warm run: seconds) brings its own tests into that
-  # pool, rather than a stage after it.
-  local rc=0 not_yet=("${ENGINE_TESTS[@]/#/--ignore=}")
-  if [ -e "$ENGINE_DONE" ]; then
-    wait_for_engine
-    not_yet=()
-    log "running pytest: everything but the simulator (4 processes); the engine was built already"
-  else
+  local rc=0
+  if [ ! -e "$ENGINE_DONE" ]; then
     log "running pytest: everything but the engine's tests and the simulator (4 processes), beside the engine's build"
-  fi
-  stage unit run_pytest tests --ignore=tests/sim_engine "${not_yet[@]}" -n 4 --dist loadfile --durations=20 "$@" || rc=$?
-  [ "$rc" -eq 0 ] || return "$rc"  # at once: the engine's build goes with the run (on_exit)
-  if [ "${#not_yet[@]}" -gt 0 ]; then
+    stage unit run_pytest tests --ignore=tests/sim_engine -m "not engine" -n 4 --dist loadfile --durations=20 "$@" ||
+      return  # at once: the engine's build goes with the run (on_exit)
     wait_for_engine
     log "running pytest: the engine's own tests"
-    stage engine-tests run_pytest "${ENGINE_TESTS[@]}" -n 2 --dist loadfile "$@"
+    stage engine-tests run_pytest tests --ignore=tests/sim_engine -m engine -n 2 --dist loadfile "$@" || return
+    simulator "$@"
+    return
   fi
-  # then the simulator alone, as two clusters side by side (tests/sim_engine/conftest.py: each
-  # worker its own site, the files split by cluster): nothing else beside them
+  # An engine already built when setup ends (a warm run: seconds): nothing to hide the unit stage
+  # behind but the simulator, whose two clusters leave ~20 % of the cores idle (waits on boots,
+  # guard rounds, Ray). Before it, what may not run beside it (tests/conftest.py's `root`:
+  # namespaces, nft, daemons, the sim's images) and the engine's own tests; beside it, the rest,
+  # in 2 processes at normal priority (the load the timing tests are made to stand: 4 on 2 cores).
+  wait_for_engine
+  log "running pytest: what needs root or the engine (4 processes), before the simulator"
+  stage unit-root run_pytest tests --ignore=tests/sim_engine -m "root or engine" -n 4 --dist loadfile --durations=10 "$@" ||
+    return
+  log "running pytest: the rest outside the simulator (2 processes) beside it, log: $UNIT_BESIDE_LOG"
+  local unit_pid unit_started
+  unit_started=$(date +%s)
+  run_pytest tests --ignore=tests/sim_engine -m "not root and not engine" -n 2 --dist loadfile --durations=10 "$@" \
+    >"$UNIT_BESIDE_LOG" 2>&1 &
+  unit_pid=$!
+  simulator "$@" || rc=$?
+  local unit_rc=0
+  wait "$unit_pid" || unit_rc=$?
+  STAGES+=("unit-beside $(($(date +%s) - unit_started))")
+  log "the tests beside the simulator (rc=$unit_rc), the end of $UNIT_BESIDE_LOG:"
+  tail -25 "$UNIT_BESIDE_LOG"
+  [ "$rc" -eq 0 ] || return "$rc"
+  return "$unit_rc"
+}
+
+# the simulator as two clusters side by side (tests/sim_engine/conftest.py: each worker its own
+# site, the files split by cluster): nothing that builds namespaces or daemons beside them
+simulator() {
   log "running pytest: the simulator under the real engine (pulumi up --stack sim), two clusters"
   stage simulator run_pytest tests/sim_engine -n 2 --dist loadscope --durations=20 "$@"  # the slowest, for the CI time
 }
