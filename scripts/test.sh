@@ -12,7 +12,7 @@
 #   setup      Debian packages, .venv, the Codex CLI (scripts/setup.sh), beside the engine
 #   unit       cold: every test that needs neither the engine nor the simulator, 4 processes, beside the engine
 #   engine-tests  cold: the engine's own tests (tests/test_engine_*.py), once it is built
-#   unit-root  warm (the engine built when setup ends): what needs root or the engine, 4 processes
+#   unit-before  warm (the engine built when setup ends): what needs root, the engine or a quiet machine
 #   simulator  tests/sim_engine, two clusters side by side (two workers, each a site of its own)
 #   unit-beside  warm: the rest of the unit tests, 2 processes, beside the simulator
 set -euo pipefail
@@ -142,16 +142,16 @@ main() {
   # An engine already built when setup ends (a warm run: seconds): nothing to hide the unit stage
   # behind but the simulator, whose two clusters leave ~20 % of the cores idle (waits on boots,
   # guard rounds, Ray). Before it, what may not run beside it (tests/conftest.py's `root`:
-  # namespaces, nft, daemons, the sim's images) and the engine's own tests; beside it, the rest,
-  # in 2 processes at normal priority (the load the timing tests are made to stand: 4 on 2 cores).
+  # namespaces, nft, daemons, the sim's images; `quiet`: figures of the machine's pace) and the
+  # engine's own tests; beside it, the rest, in 2 processes at normal priority.
   wait_for_engine
-  log "running pytest: what needs root or the engine (4 processes), before the simulator"
-  stage unit-root run_pytest tests --ignore=tests/sim_engine -m "root or engine" -n 4 --dist loadfile --durations=10 "$@" ||
+  log "running pytest: what needs root, the engine or a quiet machine (4 processes), before the simulator"
+  stage unit-before run_pytest tests --ignore=tests/sim_engine -m "root or engine or quiet" -n 4 --dist loadfile --durations=10 "$@" ||
     return
   log "running pytest: the rest outside the simulator (2 processes) beside it, log: $UNIT_BESIDE_LOG"
   local unit_pid unit_started
   unit_started=$(date +%s)
-  run_pytest tests --ignore=tests/sim_engine -m "not root and not engine" -n 2 --dist loadfile --durations=10 "$@" \
+  run_pytest tests --ignore=tests/sim_engine -m "not root and not engine and not quiet" -n 2 --dist loadfile --durations=10 "$@" \
     >"$UNIT_BESIDE_LOG" 2>&1 &
   unit_pid=$!
   simulator "$@" || rc=$?
