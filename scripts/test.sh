@@ -10,8 +10,9 @@
 #   engine     the Pulumi engine from Go modules (scripts/engine.sh; tens of minutes cold, seconds
 #              cached), started first, in the background, niced: it needs only Go
 #   setup      Debian packages, .venv, the Codex CLI (scripts/setup.sh), beside the engine
-#   unit       cold: every test that needs neither the engine nor the simulator, 4 processes, beside the engine
-#   engine-tests  cold: the engine's own tests (tests/test_engine_*.py), once it is built
+#   unit       cold: every test that needs neither the engine, a quiet machine nor the simulator, 4
+#              processes, beside the engine
+#   engine-tests  cold: the engine's own tests (tests/test_engine_*.py) and the quiet ones, once it is built
 #   unit-before  warm (the engine built when setup ends): what needs root, the engine or a quiet machine
 #   simulator  tests/sim_engine, two clusters side by side (two workers, each a site of its own)
 #   unit-beside  warm: the rest of the unit tests, 2 processes, beside the simulator
@@ -130,12 +131,12 @@ main() {
   # against 4's 312, the cores 96 % busy (docs/testing.md, "Session of 2026-12-04, evening").
   local rc=0
   if [ ! -e "$ENGINE_DONE" ]; then
-    log "running pytest: everything but the engine's tests and the simulator (4 processes), beside the engine's build"
-    stage unit run_pytest tests --ignore=tests/sim_engine -m "not engine" -n 4 --dist loadfile --durations=20 "$@" ||
-      return  # at once: the engine's build goes with the run (on_exit)
+    log "running pytest: everything but the engine's tests, the quiet ones and the simulator (4 processes), beside the engine's build"
+    stage unit run_pytest tests --ignore=tests/sim_engine -m "not engine and not quiet" -n 4 --dist loadfile \
+      --durations=20 "$@" || return  # at once: the engine's build goes with the run (on_exit)
     wait_for_engine
-    log "running pytest: the engine's own tests"
-    stage engine-tests run_pytest tests --ignore=tests/sim_engine -m engine -n 2 --dist loadfile "$@" || return
+    log "running pytest: the engine's own tests and those that want a quiet machine (3 processes)"
+    stage engine-tests run_pytest tests --ignore=tests/sim_engine -m "engine or quiet" -n 3 --dist loadfile "$@" || return
     simulator "$@"
     return
   fi

@@ -17,9 +17,10 @@ from ssh_fixtures import new_key, pinned  # noqa: E402
 NEEDS_ENGINE = {"test_engine_providers.py", "test_engine_docker_provider.py"}
 NEEDS_ROOT_FILES = {"test_node_security.py", "test_sim_images.py", "test_node_access.py", "test_pin_host_keys.py"}
 NEEDS_ROOT_FIXTURES = {"private_node", "pair"}  # a mount namespace; two network namespaces cabled
-# `quiet`: a test whose figures are the machine's own pace, made to stand the unit stage's load but
-# not the simulator's bursts (scripts/test.sh runs it before the simulator on a warm run): the
-# bench gate's noise test missed a 4x slower decode beside it (docs/testing.md, "CI").
+# `quiet`: a test whose figures are the machine's own pace: scripts/test.sh runs it with the engine's
+# tests only, never beside the engine's Go build nor the simulator (the bench gate's noise test saw
+# an unchanged server regress beside the one and missed a 4x slower decode beside the other:
+# docs/testing.md, "CI").
 NEEDS_A_QUIET_MACHINE = {
     "test_bench.py::test_two_runs_of_an_unchanged_server_never_disagree_and_a_4x_slower_decode_always_does",
 }
