@@ -23,6 +23,8 @@ NEEDS_ROOT_FIXTURES = {"private_node", "pair"}  # a mount namespace; two network
 # docs/testing.md, "CI").
 NEEDS_A_QUIET_MACHINE = {
     "test_bench.py::test_two_runs_of_an_unchanged_server_never_disagree_and_a_4x_slower_decode_always_does",
+    # the worker leaves within half a second of the grace: beside the simulator it measured 6.1 s
+    "test_ray_membership.py::test_the_grace_is_what_the_readme_says_measured_from_the_head_going_silent",
 }
 NEEDS_ROOT_TESTS = {  # FILE::NAME (without parameters)
     "test_weights.py::test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link",  # network namespaces
