@@ -25,6 +25,10 @@ cd "$(dirname "$0")/.."
 ENGINE_LOG=build/engine-build.log
 ENGINE_DONE=build/engine-build.done
 UNIT_BESIDE_LOG=build/unit-beside-simulator.log
+# tests/conftest.py's markers: what a cold run holds back for the engine, what a warm run runs before
+# the simulator; everything else is run beside the one or the other
+AFTER_THE_ENGINE="engine or quiet"
+BEFORE_THE_SIMULATOR="root or engine or quiet"
 STAGES=()  # "name seconds" per stage, printed at the end
 
 # name command...: run a stage, timed
@@ -132,11 +136,11 @@ main() {
   local rc=0
   if [ ! -e "$ENGINE_DONE" ]; then
     log "running pytest: everything but the engine's tests, the quiet ones and the simulator (4 processes), beside the engine's build"
-    stage unit run_pytest tests --ignore=tests/sim_engine -m "not engine and not quiet" -n 4 --dist loadfile \
+    stage unit run_pytest tests --ignore=tests/sim_engine -m "not ($AFTER_THE_ENGINE)" -n 4 --dist loadfile \
       --durations=20 "$@" || return  # at once: the engine's build goes with the run (on_exit)
     wait_for_engine
     log "running pytest: the engine's own tests and those that want a quiet machine (3 processes)"
-    stage engine-tests run_pytest tests --ignore=tests/sim_engine -m "engine or quiet" -n 3 --dist loadfile "$@" || return
+    stage engine-tests run_pytest tests --ignore=tests/sim_engine -m "$AFTER_THE_ENGINE" -n 3 --dist loadfile "$@" || return
     simulator "$@"
     return
   fi
@@ -147,12 +151,12 @@ main() {
   # engine's own tests; beside it, the rest, in 2 processes at normal priority.
   wait_for_engine
   log "running pytest: what needs root, the engine or a quiet machine (4 processes), before the simulator"
-  stage unit-before run_pytest tests --ignore=tests/sim_engine -m "root or engine or quiet" -n 4 --dist loadfile --durations=10 "$@" ||
+  stage unit-before run_pytest tests --ignore=tests/sim_engine -m "$BEFORE_THE_SIMULATOR" -n 4 --dist loadfile --durations=10 "$@" ||
     return
   log "running pytest: the rest outside the simulator (2 processes) beside it, log: $UNIT_BESIDE_LOG"
   local unit_pid unit_started
   unit_started=$(date +%s)
-  run_pytest tests --ignore=tests/sim_engine -m "not root and not engine and not quiet" -n 2 --dist loadfile --durations=10 "$@" \
+  run_pytest tests --ignore=tests/sim_engine -m "not ($BEFORE_THE_SIMULATOR)" -n 2 --dist loadfile --durations=10 "$@" \
     >"$UNIT_BESIDE_LOG" 2>&1 &
   unit_pid=$!
   simulator "$@" || rc=$?

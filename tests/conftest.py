@@ -23,7 +23,7 @@ NEEDS_ROOT_FIXTURES = {"private_node", "pair"}  # a mount namespace; two network
 # docs/testing.md, "CI").
 NEEDS_A_QUIET_MACHINE = {
     "test_bench.py::test_two_runs_of_an_unchanged_server_never_disagree_and_a_4x_slower_decode_always_does",
-    # the worker leaves within half a second of the grace: beside the simulator it measured 6.1 s
+    # the worker's message names the grace's 6.0 s: beside the simulator it said 6.1
     "test_ray_membership.py::test_the_grace_is_what_the_readme_says_measured_from_the_head_going_silent",
 }
 NEEDS_ROOT_TESTS = {  # FILE::NAME (without parameters)
@@ -41,10 +41,11 @@ def pytest_collection_modifyitems(items):
             item.add_marker("simulator")
         if path.name in NEEDS_ENGINE:
             item.add_marker("engine")
-        if f"{path.name}::{item.name.split('[')[0]}" in NEEDS_A_QUIET_MACHINE:
+        test = f"{path.name}::{item.name.split('[')[0]}"  # FILE::NAME, as the lists above hold it
+        if test in NEEDS_A_QUIET_MACHINE:
             item.add_marker("quiet")
         if (path.name in NEEDS_ROOT_FILES or NEEDS_ROOT_FIXTURES & set(getattr(item, "fixturenames", ()))
-                or f"{path.name}::{item.name.split('[')[0]}" in NEEDS_ROOT_TESTS):
+                or test in NEEDS_ROOT_TESTS):
             item.add_marker("root")
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -248,8 +247,7 @@ def test_the_grace_is_what_the_readme_says_measured_from_the_head_going_silent(c
     assert left, f"still watching {took:.1f} s after the GCS froze"
     # silent since its last answer, at most one interval before the freeze
     assert grace - interval - 0.3 <= took <= grace + 0.5, took
-    said = re.match(rf"head {re.escape(HEAD_IP)} unreachable: its GCS answered nothing for (\d+\.\d) s", reason)
-    assert said and grace <= float(said[1]) <= grace + 0.5, reason  # the silence it measured, the grace at least
+    assert reason.startswith(f"head {HEAD_IP} unreachable: its GCS answered nothing for 6.0 s"), reason
 
 
 def test_a_head_back_within_the_grace_is_caught_by_the_node_id(cluster):

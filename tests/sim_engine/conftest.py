@@ -152,8 +152,7 @@ class EngineStack:
         self.env, self.project = env, project
         self.config_file = project / SIM_STACK.name
         self.state = Path(urlsplit(env["PULUMI_BACKEND_URL"]).path)
-        self._outputs: tuple[tuple, dict[str, Any]] | None = None  # (the state's stamp, its outputs)
-        self._exports: dict[bool, tuple[tuple, dict]] = {}  # show_secrets: (the state's stamp, its deployment)
+        self._answers: dict[tuple, tuple[tuple, Any]] = {}  # CLI arguments: (the state's stamp, the answer)
 
     def _argv(self, *args: str) -> list[str]:
         return ["pulumi", *args, "--stack", STACK, "--non-interactive"]
@@ -228,22 +227,22 @@ class EngineStack:
         return tuple(sorted((str(f), st.st_ino, st.st_size, st.st_mtime_ns) for f in self.state.glob(".pulumi/stacks/**/*")
                             if f.is_file() and (st := f.stat())))
 
-    def outputs(self) -> dict[str, Any]:
-        """`pulumi stack output --json --show-secrets`, asked of the CLI only when the state has
-        changed since the last answer (a call costs ~0.4 CPU-second of decrypting; ~80 a run)."""
+    def _as_of_the_state(self, *args: str) -> Any:
+        """The CLI's JSON answer to `args`, asked again only when the state has changed since the
+        last answer (a reading of the state costs a CLI start and a decrypt; ~80 a run)."""
         stamp = self.state_stamp()
-        if self._outputs is None or self._outputs[0] != stamp:
-            self._outputs = (stamp, json.loads(self.cli("stack", "output", "--json", "--show-secrets").stdout))
-        return copy.deepcopy(self._outputs[1])
+        if self._answers.get(args, (None,))[0] != stamp:
+            self._answers[args] = (stamp, json.loads(self.cli(*args).stdout))
+        return copy.deepcopy(self._answers[args][1])
+
+    def outputs(self) -> dict[str, Any]:
+        """`pulumi stack output --json --show-secrets`, as of the state."""
+        return self._as_of_the_state("stack", "output", "--json", "--show-secrets")
 
     def export(self, show_secrets: bool = False) -> dict:
         """The stack's state; with show_secrets its secret values in the clear (state_value unwraps
-        them). Asked of the CLI only when the state has changed since the last answer, as outputs."""
-        stamp = self.state_stamp()
-        if self._exports.get(show_secrets, (None,))[0] != stamp:
-            exported = self.cli("stack", "export", *(["--show-secrets"] if show_secrets else [])).stdout
-            self._exports[show_secrets] = (stamp, json.loads(exported)["deployment"])
-        return copy.deepcopy(self._exports[show_secrets][1])
+        them)."""
+        return self._as_of_the_state("stack", "export", *(["--show-secrets"] if show_secrets else []))["deployment"]
 
 
 @pytest.fixture(scope="session")
