@@ -270,16 +270,38 @@ class SimCluster:
                 except subprocess.TimeoutExpired:
                     node.launcher.kill()
             node.init_pid, node.launcher = 0, None
-        for ns in [n.netns for n in self.nodes.values()] + [self.fabric_ns, self.lan_ns]:
-            if ns in self.netns_list():
-                sh("ip", "netns", "del", ns, check=False)
+        # a killed run's nodes this cluster does not know (one add_node() gave it): their processes
+        # by namespace, their disks by name, so a later node of that name boots on a fresh disk
+        for ns in self._site_netns():
+            self._kill_all_in(ns)
+            sh("ip", "netns", "del", ns, check=False)
         self.bridges = {}
         # this machine's LAN port, and a management link of a run from before the LAN (gone with the netns)
         for iface in [self.lan_iface] + [self._mgmt_host_iface(n) for n in self.nodes.values()]:
             if self._link_exists(iface):
                 sh("ip", "link", "del", iface, check=False)
-        for node in self.nodes.values():
-            sh("rm", "-rf", "--one-file-system", self.state_dir(node), check=False)
+        for disk in self._site_disks():
+            sh("rm", "-rf", "--one-file-system", disk, check=False)
+
+    def _site_netns(self) -> list[str]:
+        return [ns for ns in self.netns_list() if ns.startswith(f"{self.prefix}-")]
+
+    def _site_disks(self) -> list[Path]:
+        return sorted(STATE_ROOT.glob(f"{self.prefix}-*"))
+
+    def _kill_all_in(self, netns: str) -> None:
+        """SIGKILL to every process in a namespace, and a wait until they are gone (their mounts
+        hold the disk)."""
+        for _ in range(50):
+            pids = [int(p) for p in sh("ip", "netns", "pids", netns, check=False).stdout.split()]
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
 
     def add_node(self, spec: dict) -> Node:
         """Another Spark cabled to the running cluster (a node of the stack's config, as a dict):
@@ -352,12 +374,12 @@ class SimCluster:
                    for n in self.nodes.values()):
                 procs.append(f"{pid}: {cmd[:120]}")
         return {
-            "netns": [ns for ns in self.netns_list() if ns.startswith(f"{self.prefix}-")],
+            "netns": self._site_netns(),
             "links": [iface for iface in [self.lan_iface] + [self._mgmt_host_iface(n) for n in self.nodes.values()]
                       if self._link_exists(iface)],
             "mounts": [l for l in Path("/proc/self/mountinfo").read_text().splitlines() if marker in l],
             "processes": procs,
-            "disks": [str(self.state_dir(n)) for n in self.nodes.values() if self.state_dir(n).exists()],
+            "disks": [str(d) for d in self._site_disks()],
         }
 
     @staticmethod
