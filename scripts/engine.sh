@@ -32,8 +32,11 @@
 #   (scripts/engine/providers/docker): kreuzwerker's provider (served) bridged with
 #   pulumi-terraform-bridge v3.120.0 (served), a native Image, one hybrid server; its schema is
 #   generated at build time by the bridge's tfgen. Keyed by version and source hash.
-# A provider binary had elsewhere can be installed with
-# `scripts/engine.sh install-provider NAME VERSION BIN`.
+# A provider had elsewhere wins over the stand-in: `scripts/engine.sh install-provider NAME
+# VERSION BIN` installs it and records its sha256 (in $CACHE/installed), and `build` adopts the
+# providers a user's own Pulumi has at these versions (its PULUMI_HOME, default ~/.pulumi) the
+# same way; `build` never replaces a recorded binary, and `status` and `versions` say per
+# component which one runs (installed, from where, or stand-in), with its sha256.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -234,23 +237,72 @@ build_docker() {
   install_plugin docker "$DOCKER_VERSION" "$out/pulumi-resource-docker"
 }
 
-# A provider is ready when PULUMI_HOME holds it at that version: built here, or installed with
-# install-provider from a binary had elsewhere (which then says so). A stand-in is ready only
-# when PULUMI_HOME holds the build of its current source (so `build` puts the stand-in back over
-# a command or random binary installed with install-provider).
+# A provider is ready when PULUMI_HOME holds, at that version, the binary install-provider
+# recorded, or else the build of its stand-in's current source (an older stand-in is rebuilt).
 provider_ready() {
   local name=$1 version=$2
+  installed_elsewhere "$name" "$version" && return 0
   case $name in
-    command | random)
-      cmp -s "$(standin_dir "$name" "$version")/pulumi-resource-$name" "$(installed_plugin "$name" "$version")"
-      return ;;
+    docker) docker_ready ;;
+    *) cmp -s "$(standin_dir "$name" "$version")/pulumi-resource-$name" "$(installed_plugin "$name" "$version")" ;;
   esac
-  [ -x "$(installed_plugin "$name" "$version")" ] || return 1
-  [ -x "$(provider_dir "$name" "$version")/pulumi-resource-$name" ] ||
-    log "$name v$version: installed in PULUMI_HOME from a binary not built here"
 }
 
 installed_plugin() { echo "$CACHE/home/plugins/resource-$1-v$2/pulumi-resource-$1"; }
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+# NAME VERSION: the record of a provider installed from elsewhere (its sha256, then where it came from)
+origin_record() { echo "$CACHE/installed/$1-v$2"; }
+# whether PULUMI_HOME holds, at that version, the very binary install-provider recorded
+installed_elsewhere() {
+  local record bin
+  record=$(origin_record "$1" "$2") bin=$(installed_plugin "$1" "$2")
+  [ -f "$record" ] && [ -x "$bin" ] && [ "$(head -1 "$record")" = "$(sha256_of "$bin")" ]
+}
+
+# NAME VERSION BIN: a provider had elsewhere (built from its own source, a user's Pulumi),
+# installed and recorded, so that `build` keeps it
+install_provider() {
+  local name=${1:-} version=${2:-} bin=${3:-} want
+  case $name in
+    command) want=$COMMAND_VERSION ;; random) want=$RANDOM_VERSION ;; docker) want=$DOCKER_VERSION ;;
+    *) die "install-provider NAME VERSION BIN: NAME is command, random or docker, not '$name'" ;;
+  esac
+  [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "install-provider $name: VERSION is like $want (no v), not '$version'"
+  [ -f "$bin" ] && [ -x "$bin" ] || die "install-provider $name $version: '$bin' is not an executable file"
+  [ -x "$(cli_dir)/pulumi" ] || die "install-provider: the CLI installs the plugin: scripts/engine.sh build cli first"
+  [ "$version" = "$want" ] || log "$name v$version: the Python SDK asks v$want, so the engine will not load this one"
+  install_plugin "$name" "$version" "$bin" || die "install-provider $name $version: pulumi plugin install failed"
+  mkdir -p "$CACHE/installed"
+  printf '%s\n%s\n' "$(sha256_of "$bin")" "$(realpath "$bin")" >"$(origin_record "$name" "$version")"
+  log "$name v$version: installed from $(realpath "$bin"); build keeps it"
+}
+
+# NAME VERSION: the provider a user's own Pulumi installed (`pulumi plugin install`, or its
+# automatic download) at that version, adopted as install-provider would (USER_PULUMI_HOME:
+# where that Pulumi keeps its plugins, default ~/.pulumi)
+adopt_users_provider() {
+  local name=$1 version=$2 home=${USER_PULUMI_HOME:-$HOME/.pulumi} bin
+  [ "$(realpath -m "$home")" != "$(realpath -m "$CACHE/home")" ] || return 0
+  bin=$home/plugins/resource-$name-v$version/pulumi-resource-$name
+  [ -x "$bin" ] || return 0
+  installed_elsewhere "$name" "$version" &&
+    [ "$(head -1 "$(origin_record "$name" "$version")")" = "$(sha256_of "$bin")" ] && return 0
+  install_provider "$name" "$version" "$bin"
+}
+
+# NAME VERSION: one line, which binary runs: installed (from where) or stand-in, and its sha256
+provider_line() {
+  local name=$1 version=$2 bin
+  bin=$(installed_plugin "$name" "$version")
+  if installed_elsewhere "$name" "$version"; then
+    echo "$name v$version: ready, installed from $(sed -n 2p "$(origin_record "$name" "$version")"), sha256 $(sha256_of "$bin" | cut -c1-16)"
+  elif provider_ready "$name" "$version"; then
+    echo "$name v$version: ready, stand-in (scripts/engine/providers/$name), sha256 $(sha256_of "$bin" | cut -c1-16)"
+  else
+    echo "$name v$version: missing"
+    return 3
+  fi
+}
 
 # PULUMI_HOME's plugin cache, filled from local binaries only; another binary at the same
 # version (a rebuilt stand-in) replaces the one installed.
@@ -297,14 +349,12 @@ EOF
 with_env() { ( eval "$(print_env)"; "$@" ); }
 
 versions() {
-  with_env pulumi version
-  with_env pulumi-language-python -version 2>&1 || true
-  with_env pulumi plugin ls
+  with_env "$(cli_dir)/pulumi" version || true
+  with_env "$(langhost_dir)/pulumi-language-python" -version 2>&1 || true
+  with_env "$(cli_dir)/pulumi" plugin ls || true
   local p
-  for p in command:$COMMAND_VERSION random:$RANDOM_VERSION; do
-    if provider_ready "${p%%:*}" "${p#*:}"; then
-      echo "${p%%:*} v${p#*:}: stand-in, $(basename "$(standin_dir "${p%%:*}" "${p#*:}")")"
-    fi
+  for p in command:$COMMAND_VERSION random:$RANDOM_VERSION docker:$DOCKER_VERSION; do
+    provider_line "${p%%:*}" "${p#*:}" || true
   done
 }
 
@@ -321,9 +371,11 @@ cmd_build() {
       command | random)
         [ -x "$(cli_dir)/pulumi" ] || { log "$c: the CLI installs the plugin: build cli first"; failed+=("$c"); continue; }
         v=$([ "$c" = command ] && echo "$COMMAND_VERSION" || echo "$RANDOM_VERSION")
+        adopt_users_provider "$c" "$v"
         provider_ready "$c" "$v" || timed "$c" "$v" "build_$c" || failed+=("$c") ;;
-      docker) docker_ready ||
-        timed docker "$DOCKER_VERSION" build_docker || failed+=(docker) ;;
+      docker)
+        [ ! -x "$(cli_dir)/pulumi" ] || adopt_users_provider docker "$DOCKER_VERSION"
+        provider_ready docker "$DOCKER_VERSION" || timed docker "$DOCKER_VERSION" build_docker || failed+=(docker) ;;
       *) die "unknown component: $c" ;;
     esac
   done
@@ -343,12 +395,9 @@ cmd_status() {
   if [ -x "$(cli_dir)/pulumi" ]; then echo "cli v$PULUMI_CLI_VERSION: ready"; else echo "cli v$PULUMI_CLI_VERSION: missing"; ok=3; fi
   if [ -x "$(langhost_dir)/pulumi-language-python" ]; then echo "langhost v$PULUMI_CLI_VERSION (stand-in): ready"
   else echo "langhost v$PULUMI_CLI_VERSION (stand-in): missing"; ok=3; fi
-  local p v
+  local p
   for p in command:$COMMAND_VERSION random:$RANDOM_VERSION docker:$DOCKER_VERSION; do
-    v=${p#*:}
-    if provider_ready "${p%%:*}" "$v" 2>/dev/null; then
-      case ${p%%:*} in command | random) echo "${p%%:*} v$v (stand-in): ready" ;; *) echo "${p%%:*} v$v: ready" ;; esac
-    else echo "${p%%:*} v$v: missing"; ok=3; fi
+    provider_line "${p%%:*}" "${p#*:}" || ok=3
   done
   return "$ok"
 }
@@ -455,6 +504,6 @@ case ${1:-build} in
   versions) versions ;;
   status) cmd_status ;;
   smoke) cmd_smoke ;;
-  install-provider) shift; install_plugin "$@" ;;
+  install-provider) shift; install_provider "$@" ;;
   *) die "usage: $0 build [cli langhost command random docker] | env | versions | status | smoke | install-provider NAME VERSION BIN" ;;
 esac

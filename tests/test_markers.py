@@ -25,3 +25,15 @@ def test_every_file_that_builds_a_namespace_has_root_tests():
     assert using, "the pattern finds nothing: it no longer matches how the tests build namespaces"
     unmarked = using - marked_root_files() - {"test_engine_docker_provider.py", "test_markers.py"}  # engine: not quick
     assert not unmarked, f"these build namespaces but no test of theirs is marked root (tests/conftest.py): {unmarked}"
+
+
+def test_every_test_the_marker_lists_name_exists():
+    """tests/conftest.py marks tests by FILE::NAME: a renamed or moved test would quietly lose its
+    marker (a quiet test beside the simulator, a root test in the quick loop)."""
+    import conftest
+
+    named = conftest.NEEDS_A_QUIET_MACHINE | conftest.NEEDS_ROOT_TESTS
+    assert named
+    defined = {f"{path.name}::{name}" for path in TESTS.rglob("test_*.py")
+               for name in re.findall(r"^def (test_\w+)", path.read_text(), re.M)}
+    assert named - defined == set(), "tests/conftest.py names tests that do not exist"
