@@ -239,12 +239,12 @@ build_docker() {
 
 # A provider is ready when PULUMI_HOME holds, at that version, the binary install-provider
 # recorded, or else the build of its stand-in's current source (an older stand-in is rebuilt).
-provider_ready() {
-  local name=$1 version=$2
-  installed_elsewhere "$name" "$version" && return 0
-  case $name in
+provider_ready() { installed_elsewhere "$1" "$2" || standin_installed "$1" "$2"; }
+# NAME VERSION: whether PULUMI_HOME holds the build of the stand-in's current source
+standin_installed() {
+  case $1 in
     docker) docker_ready ;;
-    *) cmp -s "$(standin_dir "$name" "$version")/pulumi-resource-$name" "$(installed_plugin "$name" "$version")" ;;
+    *) cmp -s "$(standin_dir "$1" "$2")/pulumi-resource-$1" "$(installed_plugin "$1" "$2")" ;;
   esac
 }
 
@@ -285,19 +285,19 @@ adopt_users_provider() {
   [ "$(realpath -m "$home")" != "$(realpath -m "$CACHE/home")" ] || return 0
   bin=$home/plugins/resource-$name-v$version/pulumi-resource-$name
   [ -x "$bin" ] || return 0
-  installed_elsewhere "$name" "$version" &&
-    [ "$(head -1 "$(origin_record "$name" "$version")")" = "$(sha256_of "$bin")" ] && return 0
+  installed_elsewhere "$name" "$version" && cmp -s "$bin" "$(installed_plugin "$name" "$version")" && return 0
   install_provider "$name" "$version" "$bin"
 }
 
 # NAME VERSION: one line, which binary runs: installed (from where) or stand-in, and its sha256
+# (an installed one's is its record's, which installed_elsewhere has just held to the binary)
 provider_line() {
-  local name=$1 version=$2 bin
-  bin=$(installed_plugin "$name" "$version")
+  local name=$1 version=$2 record
+  record=$(origin_record "$name" "$version")
   if installed_elsewhere "$name" "$version"; then
-    echo "$name v$version: ready, installed from $(sed -n 2p "$(origin_record "$name" "$version")"), sha256 $(sha256_of "$bin" | cut -c1-16)"
-  elif provider_ready "$name" "$version"; then
-    echo "$name v$version: ready, stand-in (scripts/engine/providers/$name), sha256 $(sha256_of "$bin" | cut -c1-16)"
+    echo "$name v$version: ready, installed from $(sed -n 2p "$record"), sha256 $(head -1 "$record" | cut -c1-16)"
+  elif standin_installed "$name" "$version"; then
+    echo "$name v$version: ready, stand-in (scripts/engine/providers/$name), sha256 $(sha256_of "$(installed_plugin "$name" "$version")" | cut -c1-16)"
   else
     echo "$name v$version: missing"
     return 3
