@@ -6,34 +6,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from program_harness import run_program, stack_config  # noqa: E402
+from marker_lists import (NEEDS_A_QUIET_MACHINE, NEEDS_ENGINE, NEEDS_ROOT_FILES,  # noqa: E402
+                          NEEDS_ROOT_FIXTURES, NEEDS_ROOT_TESTS)
 from ssh_fixtures import new_key, pinned  # noqa: E402
-
-# What a test needs beyond a checkout and its .venv, as markers (`scripts/test.sh --quick` runs the
-# tests with none of them, as any user): `engine`, the Pulumi engine scripts/engine.sh builds;
-# `simulator`, the simulated Sparks; `root`, network namespaces, mounts, nft or a system daemon
-# (dockerd, sshd on port 22). By file, or by a fixture that sets such a machine up.
-# The root lists are what failed when the rest ran as an unprivileged user (docs/testing.md, "A
-# fast loop"); tests/test_markers.py holds every file that makes a namespace to them.
-NEEDS_ENGINE = {"test_engine_providers.py", "test_engine_docker_provider.py", "test_engine_installed_plugins.py"}
-NEEDS_ROOT_FILES = {"test_node_security.py", "test_sim_images.py", "test_node_access.py", "test_pin_host_keys.py"}
-NEEDS_ROOT_FIXTURES = {"private_node", "pair"}  # a mount namespace; two network namespaces cabled
-# `quiet`: a test whose figures are the machine's own pace: scripts/test.sh runs it with the engine's
-# tests only, never beside the engine's Go build nor the simulator (the bench gate's noise test saw
-# an unchanged server regress beside the one and missed a 4x slower decode beside the other:
-# docs/testing.md, "CI").
-NEEDS_A_QUIET_MACHINE = {
-    # the bench gate at a Spark's pace: a 4x slower decode passed as noise beside the simulator
-    "test_bench_gate_half_1.py::test_five_runs_of_an_unchanged_server_never_disagree_and_three_4x_slower_decodes_always_do",
-    "test_bench_gate_half_2.py::test_five_more_runs_of_an_unchanged_server_never_disagree_and_two_4x_slower_decodes_always_do",
-    # the worker's message names the grace's 6.0 s: beside the simulator it said 6.1
-    "test_ray_membership.py::test_the_grace_is_what_the_readme_says_measured_from_the_head_going_silent",
-}
-NEEDS_ROOT_TESTS = {  # FILE::NAME (without parameters)
-    "test_weights.py::test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link",  # network namespaces
-    "test_nccl_ranks.py::test_the_head_checks_a_worker_against_its_pinned_key_even_after_a_reinstall",  # sshd as root
-    "test_observability.py::test_dirs_script_creates_owns_and_is_idempotent",  # chown to the services' users
-    "test_ssh_access.py::test_docker_ssh_options_hold_a_real_ssh_to_the_pinned_key",  # sshd in a network namespace
-}
 
 
 def pytest_collection_modifyitems(items):

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import marker_lists
+
 TESTS = Path(__file__).resolve().parent
 NAMESPACE_USE = re.compile(r'"netns"|\bunshare\b|\bnsenter\b|private_dockerd\(|sshd_argv\(')
 
@@ -28,12 +30,10 @@ def test_every_file_that_builds_a_namespace_has_root_tests():
 
 
 def test_every_test_the_marker_lists_name_exists():
-    """tests/conftest.py marks tests by FILE::NAME: a renamed or moved test would quietly lose its
+    """tests/marker_lists.py names tests by FILE::NAME: a renamed or moved test would quietly lose its
     marker (a quiet test beside the simulator, a root test in the quick loop)."""
-    import conftest
-
-    named = conftest.NEEDS_A_QUIET_MACHINE | conftest.NEEDS_ROOT_TESTS
+    named = marker_lists.NEEDS_A_QUIET_MACHINE | marker_lists.NEEDS_ROOT_TESTS
     assert named
     defined = {f"{path.name}::{name}" for path in TESTS.rglob("test_*.py")
                for name in re.findall(r"^def (test_\w+)", path.read_text(), re.M)}
-    assert named - defined == set(), "tests/conftest.py names tests that do not exist"
+    assert named - defined == set(), "tests/marker_lists.py names tests that do not exist"
