@@ -7,6 +7,8 @@
 #   scripts/engine.sh versions              # print what is built and installed
 #   scripts/engine.sh status                # ready/missing per component; exit 3 if any is missing
 #   scripts/engine.sh smoke                 # a tiny Pulumi Python project: up, then up again (no changes)
+#   scripts/engine.sh install-provider NAME VERSION BIN  # a provider had elsewhere, kept by build
+#   scripts/engine.sh install-engine DIR    # a Pulumi release's CLI and language host, kept by build
 #
 # Everything lands in $TWINSPARK_ENGINE_CACHE (default ~/.cache/twinspark-engine), one folder
 # per component and version, reused across runs; a component whose version (or recipe) changes
@@ -36,7 +38,10 @@
 # VERSION BIN` installs it and records its sha256 (in $CACHE/installed), and `build` adopts the
 # providers a user's own Pulumi has at these versions (its PULUMI_HOME, default ~/.pulumi) the
 # same way; `build` never replaces a recorded binary, and `status` and `versions` say per
-# component which one runs (installed, from where, or stand-in), with its sha256.
+# component which one runs (installed, from where, or stand-in), with its sha256. The CLI and the
+# language host likewise: `install-engine DIR` (a Pulumi release's folder: pulumi,
+# pulumi-language-python, pulumi-language-python-exec) copies and records them, and `build`
+# adopts the folder of a user's own `pulumi` on PATH; neither is then built.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,6 +50,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # not serve pkg/v3 v3.272.0 (nor v3.273.0) but serves v3.274.1, the nearest newer one. A CLI
 # newer than the SDK is supported.
 PULUMI_CLI_VERSION=3.274.1
+# the oldest CLI the Python SDK works with: the SDK's own version (requirements.txt)
+PULUMI_SDK_VERSION=$(sed -n 's/^pulumi==//p' "$ROOT/requirements.txt")
 # The providers at the versions the Python SDKs in requirements.txt request (their
 # pulumi-plugin.json); command and random are our stand-ins, reporting these versions.
 COMMAND_VERSION=1.2.1
@@ -269,7 +276,7 @@ install_provider() {
   esac
   [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "install-provider $name: VERSION is like $want (no v), not '$version'"
   [ -f "$bin" ] && [ -x "$bin" ] || die "install-provider $name $version: '$bin' is not an executable file"
-  [ -x "$(cli_dir)/pulumi" ] || die "install-provider: the CLI installs the plugin: scripts/engine.sh build cli first"
+  [ -x "$(cli_bin)" ] || die "install-provider: the CLI installs the plugin: scripts/engine.sh build cli first"
   [ "$version" = "$want" ] || log "$name v$version: the Python SDK asks v$want, so the engine will not load this one"
   install_plugin "$name" "$version" "$bin" || die "install-provider $name $version: pulumi plugin install failed"
   mkdir -p "$CACHE/installed"
@@ -310,16 +317,110 @@ install_plugin() {
   local name=$1 version=$2 bin=$3
   cmp -s "$bin" "$(installed_plugin "$name" "$version")" && return 0
   if [ -e "$(installed_plugin "$name" "$version")" ]; then
-    with_env "$(cli_dir)/pulumi" plugin rm resource "$name" "$version" --yes || return 1
+    with_env "$(cli_bin)" plugin rm resource "$name" "$version" --yes || return 1
   fi
-  with_env "$(cli_dir)/pulumi" plugin install resource "$name" "$version" --file "$bin"
+  with_env "$(cli_bin)" plugin install resource "$name" "$version" --file "$bin"
+}
+
+# The CLI and language host had elsewhere: a copy of the folder install-engine was given, and its
+# record (each part's sha256 and name, then the folder it came from)
+ENGINE_PARTS=(pulumi pulumi-language-python pulumi-language-python-exec)
+installed_engine_dir() { echo "$CACHE/engine-installed"; }
+engine_record() { echo "$CACHE/installed/engine"; }
+# whether the copy holds, part by part, the very binaries install-engine recorded
+engine_installed() {
+  local record part
+  record=$(engine_record)
+  [ -f "$record" ] || return 1
+  for part in "${ENGINE_PARTS[@]}"; do
+    [ -x "$(installed_engine_dir)/$part" ] &&
+      grep -qx "$(sha256_of "$(installed_engine_dir)/$part") $part" "$record" || return 1
+  done
+}
+# the CLI that runs: the installed one, or the one built from Go modules
+cli_bin() { if engine_installed; then echo "$(installed_engine_dir)/pulumi"; else echo "$(cli_dir)/pulumi"; fi; }
+langhost_bin() {
+  if engine_installed; then echo "$(installed_engine_dir)/pulumi-language-python"
+  else echo "$(langhost_dir)/pulumi-language-python"; fi
+}
+
+# DIR: why it cannot be the engine (one line), or nothing
+engine_refusal() {
+  local dir=$1 part version
+  [ -d "$dir" ] || { echo "'$dir' is not a folder"; return; }
+  for part in "${ENGINE_PARTS[@]}"; do
+    [ -f "$dir/$part" ] && [ -x "$dir/$part" ] || { echo "$dir has no executable $part"; return; }
+  done
+  version=$("$dir/pulumi" version 2>/dev/null | sed -n '1s/^v//p')
+  [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+ ]] || { echo "$dir/pulumi version said '$version', not vX.Y.Z"; return; }
+  [ "$(printf '%s\n' "$PULUMI_SDK_VERSION" "$version" | sort -V | head -1)" = "$PULUMI_SDK_VERSION" ] ||
+    echo "$dir/pulumi is v$version, older than the Python SDK's v$PULUMI_SDK_VERSION"
+}
+
+# DIR: a Pulumi release's folder (or a build from source laid out as one), copied and recorded,
+# so that `build` builds neither the CLI nor the language host and keeps these
+install_engine() {
+  local dir=${1:-} refusal out part
+  refusal=$(engine_refusal "$dir")
+  [ -z "$refusal" ] || die "install-engine DIR: DIR is a Pulumi release's folder (${ENGINE_PARTS[*]}, v$PULUMI_SDK_VERSION or newer): $refusal"
+  dir=$(realpath "$dir") out=$(installed_engine_dir)
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp" "$CACHE/installed"
+  for part in "${ENGINE_PARTS[@]}"; do cp "$(realpath "$dir/$part")" "$out.tmp/$part"; done
+  publish "$out" pulumi-language-python || die "install-engine $dir: the copy failed"
+  { for part in "${ENGINE_PARTS[@]}"; do echo "$(sha256_of "$out/$part") $part"; done
+    echo "version $("$out/pulumi" version | sed -n '1s/^v//p')"; echo "from $dir"; } >"$(engine_record)"
+  link_bin
+  log "engine: $("$out/pulumi" version) installed from $dir; build keeps it"
+}
+
+# The folder of a user's own `pulumi` on PATH (not this cache's), adopted as install-engine would
+# when it is a whole release's folder at a version the SDK works with
+adopt_users_engine() {
+  local found dir
+  found=$(command -v pulumi) || return 0
+  dir=$(dirname "$(realpath "$found")")
+  # this cache's engine, or another cache's (a shell that ran `eval "$(scripts/engine.sh env)"`)
+  case $(basename "$dir") in engine-v* | engine-installed) return 0 ;; esac
+  [ -z "$(engine_refusal "$dir")" ] || return 0
+  engine_installed && grep -qx "from $dir" "$(engine_record)" && return 0
+  install_engine "$dir"
+}
+
+# NAME PART WHAT BUILT: one line, which binary runs as the CLI (PART pulumi) or the language host
+# (pulumi-language-python): the installed one (from where, its release's version), or the one
+# built here (WHAT, at BUILT)
+engine_line() {
+  local name=$1 part=$2 built_as=$3 built=$4 record
+  record=$(engine_record)
+  if engine_installed; then
+    echo "$name v$(sed -n 's/^version //p' "$record"): ready, installed from $(sed -n 's/^from //p' "$record"), sha256 $(sha256_of "$(installed_engine_dir)/$part" | cut -c1-16)"
+  elif [ -x "$built" ]; then
+    echo "$name v$PULUMI_CLI_VERSION: ready, $built_as, sha256 $(sha256_of "$built" | cut -c1-16)"
+  else
+    echo "$name v$PULUMI_CLI_VERSION: missing"
+    return 3
+  fi
+}
+
+engine_lines() {
+  local ok=0
+  engine_line cli pulumi "built from Go modules" "$(cli_dir)/pulumi" || ok=3
+  engine_line langhost pulumi-language-python "stand-in (scripts/engine/pulumi-language-python)" \
+    "$(langhost_dir)/pulumi-language-python" || ok=3
+  return "$ok"
 }
 
 # One folder with the CLI, the language host and pulumi-language-python-exec side by side (hard
 # links): the CLI finds the language host beside itself, as in a release, and the host finds
-# pulumi-language-python-exec beside itself; $CACHE/bin points at the current one.
+# pulumi-language-python-exec beside itself; $CACHE/bin points at the current one (the installed
+# engine's folder, when there is one).
 link_bin() {
   local engine
+  if engine_installed; then
+    ln -sfn "$(basename "$(installed_engine_dir)")" "$CACHE/bin.tmp"
+    mv -T "$CACHE/bin.tmp" "$CACHE/bin"
+    return 0
+  fi
   engine=$CACHE/engine-v$PULUMI_CLI_VERSION-$(basename "$(langhost_dir)" | sed 's/.*-//')
   if [ ! -x "$engine/pulumi-language-python" ]; then
     rm -rf "$engine.tmp"
@@ -349,9 +450,10 @@ EOF
 with_env() { ( eval "$(print_env)"; "$@" ); }
 
 versions() {
-  with_env "$(cli_dir)/pulumi" version || true
-  with_env "$(langhost_dir)/pulumi-language-python" -version 2>&1 || true
-  with_env "$(cli_dir)/pulumi" plugin ls || true
+  with_env "$(cli_bin)" version || true
+  with_env "$(langhost_bin)" -version 2>&1 || true
+  with_env "$(cli_bin)" plugin ls || true
+  engine_lines || true
   local p
   for p in command:$COMMAND_VERSION random:$RANDOM_VERSION docker:$DOCKER_VERSION; do
     provider_line "${p%%:*}" "${p#*:}" || true
@@ -362,24 +464,25 @@ cmd_build() {
   local want=("$@") c v failed=()
   [ "${#want[@]}" -gt 0 ] || want=(cli langhost command random docker)
   mkdir -p "$CACHE"
-  command -v go >/dev/null || die "go is not installed"
+  adopt_users_engine
+  engine_installed || command -v go >/dev/null || die "go is not installed"
   for c in "${want[@]}"; do
     case $c in
-      cli) [ -x "$(cli_dir)/pulumi" ] || timed cli "$PULUMI_CLI_VERSION" build_cli || failed+=(cli) ;;
-      langhost) [ -x "$(langhost_dir)/pulumi-language-python" ] ||
+      cli) engine_installed || [ -x "$(cli_dir)/pulumi" ] || timed cli "$PULUMI_CLI_VERSION" build_cli || failed+=(cli) ;;
+      langhost) engine_installed || [ -x "$(langhost_dir)/pulumi-language-python" ] ||
         timed langhost "$PULUMI_CLI_VERSION" build_langhost || failed+=(langhost) ;;
       command | random)
-        [ -x "$(cli_dir)/pulumi" ] || { log "$c: the CLI installs the plugin: build cli first"; failed+=("$c"); continue; }
+        [ -x "$(cli_bin)" ] || { log "$c: the CLI installs the plugin: build cli first"; failed+=("$c"); continue; }
         v=$([ "$c" = command ] && echo "$COMMAND_VERSION" || echo "$RANDOM_VERSION")
         adopt_users_provider "$c" "$v"
         provider_ready "$c" "$v" || timed "$c" "$v" "build_$c" || failed+=("$c") ;;
       docker)
-        [ ! -x "$(cli_dir)/pulumi" ] || adopt_users_provider docker "$DOCKER_VERSION"
+        [ ! -x "$(cli_bin)" ] || adopt_users_provider docker "$DOCKER_VERSION"
         provider_ready docker "$DOCKER_VERSION" || timed docker "$DOCKER_VERSION" build_docker || failed+=(docker) ;;
       *) die "unknown component: $c" ;;
     esac
   done
-  if [ -x "$(cli_dir)/pulumi" ] && [ -x "$(langhost_dir)/pulumi-language-python" ]; then
+  if [ -x "$(cli_bin)" ] && [ -x "$(langhost_bin)" ]; then
     link_bin
     versions
   fi
@@ -391,11 +494,8 @@ cmd_build() {
 
 # What is ready, one line each; exit 0 when the CLI, the language host and every provider are.
 cmd_status() {
-  local ok=0
-  if [ -x "$(cli_dir)/pulumi" ]; then echo "cli v$PULUMI_CLI_VERSION: ready"; else echo "cli v$PULUMI_CLI_VERSION: missing"; ok=3; fi
-  if [ -x "$(langhost_dir)/pulumi-language-python" ]; then echo "langhost v$PULUMI_CLI_VERSION (stand-in): ready"
-  else echo "langhost v$PULUMI_CLI_VERSION (stand-in): missing"; ok=3; fi
-  local p
+  local ok=0 p
+  engine_lines || ok=3
   for p in command:$COMMAND_VERSION random:$RANDOM_VERSION docker:$DOCKER_VERSION; do
     provider_line "${p%%:*}" "${p#*:}" || ok=3
   done
@@ -505,5 +605,6 @@ case ${1:-build} in
   status) cmd_status ;;
   smoke) cmd_smoke ;;
   install-provider) shift; install_provider "$@" ;;
-  *) die "usage: $0 build [cli langhost command random docker] | env | versions | status | smoke | install-provider NAME VERSION BIN" ;;
+  install-engine) shift; install_engine "$@" ;;
+  *) die "usage: $0 build [cli langhost command random docker] | env | versions | status | smoke | install-provider NAME VERSION BIN | install-engine DIR" ;;
 esac

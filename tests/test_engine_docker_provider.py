@@ -374,25 +374,45 @@ def test_schema_matches_python_sdk(engine):
     assert not errors, "\n".join(errors)
 
 
-def test_unreachable_daemon_fails_configure(engine, tmp_path):
-    """As pulumi-docker's: a provider whose daemon does not answer fails, in preview already."""
+def test_an_unreachable_daemon_over_ssh_is_found_by_the_build_and_any_other_by_configure(engine, tmp_path):
+    """As pulumi-docker v5.1.0 (provider/image.go, configureDockerClient, lines 946-953): Configure
+    never asks an ssh:// daemon (kreuzwerker's issue 262: fewer connections to the remote host), so
+    a preview of an unreachable node passes and the first build fails naming where it tried; a
+    daemon at any other address that does not answer fails Configure, in preview already."""
     closed = free_port()  # nothing listens there
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "Pulumi.yaml").write_text(
-        "name: docker-unreachable\nruntime:\n  name: python\n  options:\n    toolchain: pip\n"
-        f"    virtualenv: {REPO / '.venv'}\n")
-    (project / "__main__.py").write_text(
-        "import pulumi, pulumi_docker as docker\n"
-        f"p = docker.Provider('node', host='ssh://root@127.0.0.1:{closed}', ssh_opts=['-o', 'BatchMode=yes'])\n"
-        "docker.Image('image', image_name='x:1', skip_push=True,\n"
-        "             build=docker.DockerBuildArgs(context='.', platform='linux/amd64'),\n"
-        "             opts=pulumi.ResourceOptions(provider=p))\n")
-    (project / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\n")
+
+    def project_for(host: str, name: str) -> Path:
+        project = tmp_path / name
+        project.mkdir()
+        (project / "Pulumi.yaml").write_text(
+            f"name: docker-{name}\nruntime:\n  name: python\n  options:\n    toolchain: pip\n"
+            f"    virtualenv: {REPO / '.venv'}\n")
+        (project / "__main__.py").write_text(
+            "import pulumi, pulumi_docker as docker\n"
+            f"p = docker.Provider('node', host='{host}', ssh_opts=['-o', 'BatchMode=yes'])\n"
+            "docker.Image('image', image_name='x:1', skip_push=True,\n"
+            "             build=docker.DockerBuildArgs(context='.', platform='linux/amd64'),\n"
+            "             opts=pulumi.ResourceOptions(provider=p))\n")
+        (project / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\n")
+        return project
+
     env = {**os.environ, **engine, "PULUMI_BACKEND_URL": f"file://{tmp_path}", "PULUMI_CONFIG_PASSPHRASE": "test"}
-    run = lambda *args: subprocess.run(["pulumi", *args, "--non-interactive"], cwd=project, env=env,  # noqa: E731
-                                       capture_output=True, text=True, timeout=120)
-    assert run("stack", "init", "unreachable").returncode == 0
-    out = run("preview")
-    assert out.returncode != 0
-    assert "failed to connect to the docker daemon" in out.stdout + out.stderr, out.stdout[-3000:]
+
+    def pulumi_in(project: Path, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["pulumi", *args, "--non-interactive"], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    over_ssh = project_for(f"ssh://root@127.0.0.1:{closed}", "over-ssh")
+    assert pulumi_in(over_ssh, "stack", "init", "over-ssh").returncode == 0
+    preview = pulumi_in(over_ssh, "preview")
+    assert preview.returncode == 0, preview.stdout[-3000:] + preview.stderr[-2000:]
+    assert "+ 3 to create" in preview.stdout, preview.stdout[-3000:]
+    up = pulumi_in(over_ssh, "up", "--yes")
+    assert up.returncode != 0, up.stdout[-3000:]
+    assert f"port {closed}: Connection refused" in up.stdout + up.stderr, up.stdout[-3000:]
+
+    over_tcp = project_for(f"tcp://127.0.0.1:{closed}", "over-tcp")
+    assert pulumi_in(over_tcp, "stack", "init", "over-tcp").returncode == 0
+    preview = pulumi_in(over_tcp, "preview")
+    assert preview.returncode != 0
+    assert "failed to connect to any docker daemon" in preview.stdout + preview.stderr, preview.stdout[-3000:]

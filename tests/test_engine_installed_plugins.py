@@ -98,3 +98,61 @@ def test_install_provider_refuses_bad_input_in_one_line_and_installs_nothing(cac
     assert refused.returncode == 1
     assert refused.stderr.count("\n") == 1 and words in refused.stderr, refused.stderr
     assert not (cache / "home").exists() and not (cache / "installed").exists()
+
+
+def release_folder(path: Path, cli_says: str = "") -> Path:
+    """A Pulumi release's folder as a user's install has it: the CLI (here the built one behind a
+    wrapper, or one that says `cli_says` as its version), the language host and its exec beside it."""
+    path.mkdir(parents=True)
+    built = Path(os.environ.get("TWINSPARK_ENGINE_CACHE", Path.home() / ".cache" / "twinspark-engine"))
+    built_cli = built / f"cli-v{VERSIONS['cli']}" / "pulumi"
+    cli = f"echo {cli_says}" if cli_says else f'exec {built_cli} "$@"'
+    for part, body in [("pulumi", cli), ("pulumi-language-python", "echo the release's language host"),
+                       ("pulumi-language-python-exec", "echo exec")]:
+        (path / part).write_text(f"#!/bin/sh\n{body}\n")
+        (path / part).chmod(0o755)
+    return path
+
+
+def test_an_installed_engine_is_kept_by_build_and_status_names_it(cache, tmp_path):
+    release = release_folder(tmp_path / "release")
+    added = engine_sh(cache, "install-engine", str(release))
+    assert added.returncode == 0, added.stderr
+    built = engine_sh(cache, "build", "cli", "langhost")
+    assert built.returncode == 0, built.stderr
+    assert not list(cache.glob("langhost-*")), "build built the stand-in language host anyway"
+    assert (cache / "bin").resolve() == (cache / "engine-installed").resolve()
+    assert (cache / "bin" / "pulumi-language-python").read_bytes() == (release / "pulumi-language-python").read_bytes()
+    status = engine_sh(cache, "status")
+    sha = hashlib.sha256((release / "pulumi-language-python").read_bytes()).hexdigest()[:16]
+    assert line_of(status, "langhost") == f"langhost v{VERSIONS['cli']}: ready, installed from {release}, sha256 {sha}"
+    assert line_of(status, "cli").startswith(f"cli v{VERSIONS['cli']}: ready, installed from {release}, sha256 ")
+    (cache / "engine-installed" / "pulumi-language-python").write_text("#!/bin/sh\necho changed\n")
+    assert line_of(engine_sh(cache, "status"), "langhost") == f"langhost v{VERSIONS['cli']}: missing"  # not the recorded one
+
+
+def test_build_adopts_the_folder_of_a_users_own_pulumi_on_path_when_the_sdk_works_with_it(cache, tmp_path):
+    old = release_folder(tmp_path / "old-release", cli_says="v3.100.0")
+    kept = engine_sh(cache, "build", "cli", PATH=f"{old}:{os.environ['PATH']}")
+    assert kept.returncode == 0, kept.stderr
+    assert not (cache / "installed").exists(), "an engine older than the Python SDK was adopted"
+    release = release_folder(tmp_path / "release")
+    adopted = engine_sh(cache, "build", "cli", PATH=f"{release}:{os.environ['PATH']}")
+    assert adopted.returncode == 0, adopted.stderr
+    assert f"installed from {release}" in adopted.stderr
+    assert line_of(engine_sh(cache, "status"), "cli").startswith(f"cli v{VERSIONS['cli']}: ready, installed from {release}")
+    again = engine_sh(cache, "build", "cli", PATH=f"{release}:{os.environ['PATH']}")
+    assert again.returncode == 0 and "installed from" not in again.stderr  # adopted once
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda tmp: tmp / "nowhere", "is not a folder"),
+    (lambda tmp: (release_folder(tmp / "r"), (tmp / "r" / "pulumi-language-python-exec").unlink())[0],
+     "has no executable pulumi-language-python-exec"),
+    (lambda tmp: release_folder(tmp / "r", cli_says="v3.100.0"), "is v3.100.0, older than the Python SDK's v"),
+])
+def test_install_engine_refuses_bad_input_in_one_line_and_installs_nothing(cache, tmp_path, make, words):
+    refused = engine_sh(cache, "install-engine", str(make(tmp_path)))
+    assert refused.returncode == 1
+    assert refused.stderr.count("\n") == 1 and words in refused.stderr, refused.stderr
+    assert not (cache / "installed").exists() and not (cache / "engine-installed").exists()

@@ -158,10 +158,12 @@ def main() -> int:
     # curve25519 alone: OpenSSH 9.2's default sntrup761x25519 cost each client ~120 ms of CPU to
     # connect (17 with curve25519), and a CI run's clients (the tests' polls, the docker provider's
     # ssh://, the nodes' image ships and weight copies) connect hundreds of times on 2 cores.
-    # Nothing of twinspark chooses or sees the key exchange (docs/testing.md, "Session of 2026-12-04, late")
+    # Nothing of twinspark chooses or sees the key exchange (docs/testing.md, "Session of 2026-12-04, late").
+    # Otherwise OpenSSH's defaults, as a DGX OS node's sshd has them (MaxStartups 10:30:100,
+    # MaxSessions 10, LoginGraceTime 120): every `up` meets the throttle a Spark would.
     sshd = subprocess.Popen(
         ["/usr/sbin/sshd", "-D", "-e", "-o", "PasswordAuthentication=no", "-o", "UsePAM=yes",
-         "-o", "MaxStartups=100", "-o", "MaxSessions=100", "-o", f"KexAlgorithms={SIM_KEX}"],
+         "-o", f"KexAlgorithms={SIM_KEX}"],
         stdout=sshd_log, stderr=subprocess.STDOUT,
     )
     dockerd = start_dockerd()

@@ -141,6 +141,30 @@ def test_the_lan_reaches_ssh_and_the_head_ports_only(cluster, serving, report):
     assert reachable == {HEAD: sorted({22, *cluster.cfg.head_public_ports}), WORKER: [22]}, reachable
 
 
+# OpenSSH's defaults, which a DGX OS node's sshd runs with (Ubuntu 24.04 sets none of them)
+STOCK_SSHD = {"maxstartups": "10:30:100", "maxsessions": "10", "logingracetime": "120"}
+
+
+def test_every_node_runs_a_stock_sshd(cluster, serving, report):
+    """The nodes' sshd takes what a Spark's takes (the real command provider keeps a connection per
+    command open to the end of an `up`; MaxStartups refuses the 11th unauthenticated one at random):
+    its effective settings, with the running listener's own -o options, are OpenSSH's defaults. The
+    lines where it throttled go to the report (the scenarios' `up`s passing is the proof they got through)."""
+    throttled = {}
+    for name in cluster.nodes:
+        # its title: "sshd: /usr/sbin/sshd -D -e -o ... [listener] 0 of 10-100 startups"
+        listener = [title for title in node_processes(cluster, name, "sshd -D").values() if "[listener]" in title]
+        assert len(listener) == 1, listener
+        argv = listener[0].split("/usr/sbin/sshd", 1)[1].split(" [listener]", 1)[0].split()
+        options = [arg for arg in argv if arg not in ("-D", "-e")]
+        effective = dict(line.split(" ", 1) for line in
+                         cluster.node_exec(name, "/usr/sbin/sshd", "-T", *options).stdout.splitlines() if " " in line)
+        assert {key: effective.get(key) for key in STOCK_SSHD} == STOCK_SSHD, (name, options)
+        log = cluster.node_exec(name, "cat", "/var/log/twinspark-sim/sshd.log").stdout
+        throttled[name] = sum("MaxStartups throttling" in line or "drop connection" in line for line in log.splitlines())
+    report["sshd_throttled_lines"] = throttled
+
+
 RAY_CLIENT = """
 from ray._raylet import GcsClient
 from ray.core.generated.gcs_pb2 import GcsNodeInfo

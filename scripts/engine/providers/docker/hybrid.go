@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/pulumi/pulumi-terraform-bridge/v3/pkg/tfbridge"
 	"github.com/pulumi/pulumi/pkg/v3/resource/provider"
@@ -77,12 +78,15 @@ func (h *hybrid) DiffConfig(ctx context.Context, req *rpc.DiffRequest) (*rpc.Dif
 
 // Configure: both sides read the config; the engine is told previews are supported (the bridge
 // says so; the native side answers previews without building, as pulumi-docker does). As in
-// pulumi-docker, a daemon that does not answer fails Configure, previews included (kreuzwerker's
-// own client connects only when a resource needs it).
+// pulumi-docker v5.1.0 (provider/image.go configureDockerClient, 946-953): an ssh:// daemon is not
+// asked at all here (a preview of an unreachable node passes; the first build fails), any other
+// daemon that does not answer fails Configure, previews included.
 func (h *hybrid) Configure(ctx context.Context, req *rpc.ConfigureRequest) (*rpc.ConfigureResponse, error) {
 	h.native.configure(req.GetVariables()) //nolint:staticcheck // the flat map: what the native side needs
-	if err := h.native.ping(ctx); err != nil {
-		return nil, err
+	if !strings.HasPrefix(h.native.dHost, "ssh://") {
+		if err := h.native.ping(ctx); err != nil {
+			return nil, err
+		}
 	}
 	resp, err := h.bridged.Configure(ctx, req)
 	if err != nil {

@@ -427,7 +427,8 @@ func (n *native) ping(ctx context.Context) error {
 		_, err = docker.Ping(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("failed to connect to the docker daemon at %q: %w", n.dHost, err)
+		// the real provider's words (provider/image.go configureDockerClient), then which daemon and why
+		return fmt.Errorf("failed to connect to any docker daemon: %q: %w", n.dHost, err)
 	}
 	return nil
 }

@@ -100,8 +100,9 @@ func (c *CommandOutputs) run(ctx context.Context, command string) error {
 	if err != nil {
 		return err
 	}
-	// the real provider leaves the client to the process's end; closing it changes nothing seen
-	defer client.Close()
+	// Left open to the process's end, as the real provider leaves it (pulumi-command v1.2.1,
+	// provider/pkg/provider/remote/commandOutputs.go:31-40): a node's sshd sees one connection per
+	// command of an `up` at once, and the simulator's stock sshd must take it.
 	session, err := client.NewSession()
 	if err != nil {
 		return err
