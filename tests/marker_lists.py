@@ -16,8 +16,7 @@ NEEDS_ROOT_FIXTURES = {"private_node", "pair"}  # a mount namespace; two network
 # docs/testing.md, "CI").
 NEEDS_A_QUIET_MACHINE = {
     # the bench gate at a Spark's pace: a 4x slower decode passed as noise beside the simulator
-    "test_bench_gate_half_1.py::test_five_runs_of_an_unchanged_server_never_disagree_and_three_4x_slower_decodes_always_do",
-    "test_bench_gate_half_2.py::test_five_more_runs_of_an_unchanged_server_never_disagree_and_two_4x_slower_decodes_always_do",
+    "test_bench_gate.py::test_runs_of_an_unchanged_server_never_disagree_and_4x_slower_decodes_always_do",
     # the worker's message names the grace's 6.0 s: beside the simulator it said 6.1
     "test_ray_membership.py::test_the_grace_is_what_the_readme_says_measured_from_the_head_going_silent",
 }
