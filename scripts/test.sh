@@ -15,7 +15,8 @@
 #   engine-tests  cold: the engine's own tests (tests/test_engine_*.py) and the quiet ones, once it is built
 #   unit-before  warm (the engine built when setup ends): what needs root, the engine or a quiet machine
 #   simulator  tests/sim_engine, two clusters side by side (two workers, each a site of its own)
-#   unit-beside  warm: the rest of the unit tests, 2 processes, beside the simulator
+#   unit-beside  warm: the rest of the unit tests beside the simulator: the paced ones in a process, the
+#              others in 2 yielding to it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +26,7 @@ cd "$(dirname "$0")/.."
 ENGINE_LOG=build/engine-build.log
 ENGINE_DONE=build/engine-build.done
 UNIT_BESIDE_LOG=build/unit-beside-simulator.log
+PACED_BESIDE_LOG=build/paced-beside-simulator.log
 QUIET_LOG=build/quiet-tests.log
 # tests/conftest.py's markers: what a cold run holds back for the engine, what a warm run runs before
 # the simulator (the quiet tests go with them, beside them: with_the_quiet_tests); everything else is
@@ -162,25 +164,32 @@ main() {
   # behind but the simulator, whose two clusters leave ~20 % of the cores idle (waits on boots,
   # guard rounds, Ray). Before it, what may not run beside it (tests/conftest.py's `root`:
   # namespaces, nft, daemons, the sim's images; `quiet`: figures of the machine's pace) and the
-  # engine's own tests; beside it, the rest, in 2 processes yielding to it: the simulator's two
-  # clusters are the run's critical path, and the tests' ~310 CPU-s fill the cores it leaves idle.
+  # engine's own tests; beside it, the rest: the `paced` ones (they wait on the clock) in a process
+  # at normal priority, the others (~220 CPU-s) in 2 yielding to it, filling the cores it leaves
+  # idle: the simulator's two clusters are the run's critical path.
   wait_for_engine
   log "running pytest: what needs root or the engine (3 processes), the quiet tests beside them, before the simulator"
   stage unit-before with_the_quiet_tests "$BEFORE_THE_SIMULATOR" 3 "$@" || return
-  log "running pytest: the rest outside the simulator (2 processes) beside it, log: $UNIT_BESIDE_LOG"
-  local unit_pid unit_started
+  log "running pytest: the rest outside the simulator beside it, logs: $PACED_BESIDE_LOG, $UNIT_BESIDE_LOG"
+  local paced_pid unit_pid unit_started
   unit_started=$(date +%s)
-  run_pytest --yielding tests --ignore=tests/sim_engine -m "not ($BEFORE_THE_SIMULATOR or quiet)" -n 2 --dist loadfile \
-    --durations=10 "$@" \
-    >"$UNIT_BESIDE_LOG" 2>&1 &
+  run_pytest tests --ignore=tests/sim_engine -m "paced and not ($BEFORE_THE_SIMULATOR or quiet)" --durations=10 "$@" \
+    >"$PACED_BESIDE_LOG" 2>&1 &
+  paced_pid=$!
+  run_pytest --yielding tests --ignore=tests/sim_engine -m "not ($BEFORE_THE_SIMULATOR or quiet or paced)" -n 2 \
+    --dist loadfile --durations=10 "$@" >"$UNIT_BESIDE_LOG" 2>&1 &
   unit_pid=$!
   simulator "$@" || rc=$?
-  local unit_rc=0
+  local paced_rc=0 unit_rc=0
+  wait "$paced_pid" || paced_rc=$?
   wait "$unit_pid" || unit_rc=$?
   STAGES+=("unit-beside $(($(date +%s) - unit_started))")
-  log "the tests beside the simulator (rc=$unit_rc), the end of $UNIT_BESIDE_LOG:"
-  tail -25 "$UNIT_BESIDE_LOG"
+  log "the paced tests beside the simulator (rc=$paced_rc), the end of $PACED_BESIDE_LOG:"
+  tail -15 "$PACED_BESIDE_LOG"
+  log "the tests yielding to it (rc=$unit_rc), the end of $UNIT_BESIDE_LOG:"
+  tail -15 "$UNIT_BESIDE_LOG"
   [ "$rc" -eq 0 ] || return "$rc"
+  [ "$paced_rc" -eq 0 ] || return "$paced_rc"
   return "$unit_rc"
 }
 

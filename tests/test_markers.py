@@ -37,3 +37,11 @@ def test_every_test_the_marker_lists_name_exists():
     defined = {f"{path.name}::{name}" for path in TESTS.rglob("test_*.py")
                for name in re.findall(r"^def (test_\w+)", path.read_text(), re.M)}
     assert named - defined == set(), "tests/marker_lists.py names tests that do not exist"
+
+
+def test_every_file_the_marker_lists_name_exists():
+    """A renamed file would quietly lose its marker (a paced test yielding beside the simulator, an
+    engine test in the quick loop)."""
+    named = marker_lists.NEEDS_ENGINE | marker_lists.NEEDS_ROOT_FILES | marker_lists.PACED_FILES
+    assert named - {path.name for path in TESTS.rglob("test_*.py")} == set(), \
+        "tests/marker_lists.py names files that do not exist"

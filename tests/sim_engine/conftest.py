@@ -441,6 +441,12 @@ def node_processes(cluster, node: str, pattern: str) -> dict[str, str]:
                 if " " in line and "pgrep" not in line and "nsenter" not in line)
 
 
+def sshd_throttled_lines(cluster, node: str) -> int:
+    """The lines where the node's sshd refused a login at MaxStartups (OpenSSH logs the throttling's
+    start and each connection it drops)."""
+    log = cluster.node_exec(node, "cat", "/var/log/twinspark-sim/sshd.log").stdout
+    return sum("MaxStartups throttling" in line or "drop connection" in line for line in log.splitlines())
+
 def serves(outputs: dict) -> bool:
     """The gateway answers a completion with the outputs' key. The outputs are read once by the
     caller: a wait that ran the CLI each poll took a core from the recovery it waits on."""

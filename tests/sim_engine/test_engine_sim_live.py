@@ -19,7 +19,7 @@ from cluster import can_raise_memlock
 from components import host_prep
 from components.launch_bundle import VllmServe, vllm_argv
 from conftest import (HEAD, WORKER, completion_status, file_state, guard_verdict, node_processes, ops_access, pause,
-                      readiness_s, run_ops, wait_for)
+                      readiness_s, run_ops, sshd_throttled_lines, wait_for)
 
 SERVING = contract.SERVING_CONTAINER
 VLLM_ARGV = f"{contract.LOG_DIR}/vllm-argv.json"  # the vLLM stand-in's record of its start
@@ -160,8 +160,7 @@ def test_every_node_runs_a_stock_sshd(cluster, serving, report):
         effective = dict(line.split(" ", 1) for line in
                          cluster.node_exec(name, "/usr/sbin/sshd", "-T", *options).stdout.splitlines() if " " in line)
         assert {key: effective.get(key) for key in STOCK_SSHD} == STOCK_SSHD, (name, options)
-        log = cluster.node_exec(name, "cat", "/var/log/twinspark-sim/sshd.log").stdout
-        throttled[name] = sum("MaxStartups throttling" in line or "drop connection" in line for line in log.splitlines())
+        throttled[name] = sshd_throttled_lines(cluster, name)
     report["sshd_throttled_lines"] = throttled
 
 

@@ -22,7 +22,8 @@ import node_contract as contract
 from cluster import sim_nodes
 from components.remote import encode_secret, launch_file, script_text
 from conftest import (HEAD, containers, flag, rails_throttled, readiness_s, serves, serving_answers,
-                      serving_events, serving_pid, stored_step, vllm_argv, wait_for, with_an_empty_restart_count)
+                      serving_events, serving_pid, sshd_throttled_lines, stored_step, vllm_argv, wait_for,
+                      with_an_empty_restart_count)
 from program_harness import flag_values
 from test_engine_sim import changes, name_of
 
@@ -237,6 +238,10 @@ def test_a_third_then_a_fourth_node_serve_and_heal_and_taken_out_leave_nothing_o
     stack.set_config("serving.pipelineParallel", "2")
     added = stack.up()
     report["four_nodes_added_up_s"] = added.seconds
+    # issue 36's worst case for a stock sshd (MaxStartups 10:30:100): two fresh nodes' every step and
+    # the pair's changed ones in one `up`, the command provider holding each step's login to its end
+    report["four_nodes_added_up_steps"] = len(changes(added))
+    report["four_nodes_sshd_throttled_lines"] = {node: sshd_throttled_lines(cluster, node) for node in cluster.nodes}
     assert serving_answers(stack) == 200
     argv = vllm_argv(cluster)
     assert flag(argv, "--tensor-parallel-size") == "2" and flag(argv, "--pipeline-parallel-size") == "2", argv
