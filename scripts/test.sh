@@ -168,8 +168,8 @@ main() {
   # at normal priority, the others (~220 CPU-s) in 2 yielding to it, filling the cores it leaves
   # idle: the simulator's two clusters are the run's critical path.
   wait_for_engine
-  log "running pytest: what needs root or the engine (3 processes), the quiet tests beside them, before the simulator"
-  stage unit-before with_the_quiet_tests "$BEFORE_THE_SIMULATOR" 3 "$@" || return
+  log "running pytest: what needs root or the engine (4 processes), the quiet tests beside them, before the simulator"
+  stage unit-before with_the_quiet_tests "$BEFORE_THE_SIMULATOR" 4 "$@" || return
   log "running pytest: the rest outside the simulator beside it, logs: $PACED_BESIDE_LOG, $UNIT_BESIDE_LOG"
   local paced_pid unit_pid unit_started
   unit_started=$(date +%s)
@@ -201,7 +201,7 @@ main() {
 with_the_quiet_tests() {
   local marks=$1 processes=$2 quiet_pid rc=0 quiet_rc=0
   shift 2
-  run_pytest tests --ignore=tests/sim_engine -m quiet -n 6 --dist load --durations=7 "$@" >"$QUIET_LOG" 2>&1 &
+  run_pytest tests --ignore=tests/sim_engine -m quiet -n 6 --dist load --durations=8 "$@" >"$QUIET_LOG" 2>&1 &
   quiet_pid=$!
   run_pytest tests --ignore=tests/sim_engine -m "($marks) and not quiet" -n "$processes" --dist loadfile --durations=10 "$@" ||
     rc=$?

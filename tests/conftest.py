@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from program_harness import run_program, stack_config  # noqa: E402
 from marker_lists import (NEEDS_A_QUIET_MACHINE, NEEDS_ENGINE, NEEDS_ROOT_FILES,  # noqa: E402
-                          NEEDS_ROOT_FIXTURES, NEEDS_ROOT_TESTS, PACED_FILES)
+                          NEEDS_ROOT_FIXTURES, NEEDS_ROOT_TESTS, PACED_FILES, QUIET_FILES)
 from ssh_fixtures import new_key, pinned  # noqa: E402
 
 
@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(items):
         if path.name in PACED_FILES:
             item.add_marker("paced")
         test = f"{path.name}::{item.name.split('[')[0]}"  # FILE::NAME, as the lists above hold it
-        if test in NEEDS_A_QUIET_MACHINE:
+        if test in NEEDS_A_QUIET_MACHINE or path.name in QUIET_FILES:
             item.add_marker("quiet")
         if (path.name in NEEDS_ROOT_FILES or NEEDS_ROOT_FIXTURES & set(getattr(item, "fixturenames", ()))
                 or test in NEEDS_ROOT_TESTS):

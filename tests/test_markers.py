@@ -42,6 +42,7 @@ def test_every_test_the_marker_lists_name_exists():
 def test_every_file_the_marker_lists_name_exists():
     """A renamed file would quietly lose its marker (a paced test yielding beside the simulator, an
     engine test in the quick loop)."""
-    named = marker_lists.NEEDS_ENGINE | marker_lists.NEEDS_ROOT_FILES | marker_lists.PACED_FILES
+    named = (marker_lists.NEEDS_ENGINE | marker_lists.NEEDS_ROOT_FILES | marker_lists.PACED_FILES
+             | marker_lists.QUIET_FILES)
     assert named - {path.name for path in TESTS.rglob("test_*.py")} == set(), \
         "tests/marker_lists.py names files that do not exist"
