@@ -165,7 +165,7 @@ main() {
   # guard rounds, Ray). Before it, what may not run beside it (tests/conftest.py's `root`:
   # namespaces, nft, daemons, the sim's images; `quiet`: figures of the machine's pace) and the
   # engine's own tests; beside it, the rest: the `paced` ones (they wait on the clock) in a process
-  # at normal priority, the others (~220 CPU-s) in 2 yielding to it, filling the cores it leaves
+  # at normal priority, the others (~200 CPU-s) in 2 yielding to it, filling the cores it leaves
   # idle: the simulator's two clusters are the run's critical path.
   wait_for_engine
   log "running pytest: what needs root or the engine (4 processes), the quiet tests beside them, before the simulator"
@@ -196,8 +196,8 @@ main() {
 # MARKS PROCESSES [pytest args...]: the tests outside the simulator marked MARKS, and beside them the
 # quiet ones (tests/conftest.py) in a pytest of their own, a process a test. In one pytest they
 # started last (xdist hands out the files with the most selected tests first): the bench gate's
-# 200 s began at the 90th second. They mostly sleep at a Spark's pace, so 3 busy processes beside
-# them leave it; the simulator or the engine's Go build did not.
+# 200 s began at the 90th second. They mostly sleep at a Spark's pace, so 3 or 4 busy processes
+# beside them leave it; the simulator or the engine's Go build did not.
 with_the_quiet_tests() {
   local marks=$1 processes=$2 quiet_pid rc=0 quiet_rc=0
   shift 2

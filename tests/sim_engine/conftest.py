@@ -447,6 +447,7 @@ def sshd_throttled_lines(cluster, node: str) -> int:
     log = cluster.node_exec(node, "cat", "/var/log/twinspark-sim/sshd.log").stdout
     return sum("MaxStartups throttling" in line or "drop connection" in line for line in log.splitlines())
 
+
 def serves(outputs: dict) -> bool:
     """The gateway answers a completion with the outputs' key. The outputs are read once by the
     caller: a wait that ran the CLI each poll took a core from the recovery it waits on."""
