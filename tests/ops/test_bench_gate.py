@@ -18,13 +18,8 @@ PARTS = [(2, (1,)), (2, (2,)), (2, (1,)), (2, (2,)), (2, (1,))]
 
 
 @pytest.mark.parametrize("comparisons, slow_against", PARTS, ids=[f"part{i}" for i in range(1, len(PARTS) + 1)])
-def test_runs_of_an_unchanged_server_never_disagree_and_4x_slower_decodes_always_do(endpoint, tmp_path, comparisons,
-                                                                                    slow_against):
-    unchanged_runs_agree_and_slower_decodes_fire(endpoint, tmp_path, comparisons, slow_against)
-
-
-def unchanged_runs_agree_and_slower_decodes_fire(endpoint, tmp_path, comparisons: int,
-                                                slow_against: tuple[int, ...]) -> None:
+def test_runs_of_an_unchanged_server_never_disagree_and_4x_slower_decodes_always_do(
+        endpoint, tmp_path, comparisons: int, slow_against: tuple[int, ...]):
     """`comparisons + 1` runs of an unchanged server, each against the one before it: no
     regression; the same server at a quarter of the decode rate against each run in
     `slow_against`: a regression every time."""
