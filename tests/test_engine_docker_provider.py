@@ -11,11 +11,13 @@ provider).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -374,35 +376,41 @@ def test_schema_matches_python_sdk(engine):
     assert not errors, "\n".join(errors)
 
 
+def image_project(root: Path, host: str, name: str) -> Path:
+    """A project of one docker.Image (context: the project's folder) on a provider at HOST."""
+    project = root / name
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text(
+        f"name: docker-{name}\nruntime:\n  name: python\n  options:\n    toolchain: pip\n"
+        f"    virtualenv: {REPO / '.venv'}\n")
+    (project / "__main__.py").write_text(
+        "import pulumi, pulumi_docker as docker\n"
+        f"p = docker.Provider('node', host='{host}', ssh_opts=['-o', 'BatchMode=yes'])\n"
+        "docker.Image('image', image_name='x:1', skip_push=True,\n"
+        "             build=docker.DockerBuildArgs(context='.', platform='linux/amd64'),\n"
+        "             opts=pulumi.ResourceOptions(provider=p))\n")
+    (project / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\n")
+    return project
+
+
+def pulumi_runner(engine: dict[str, str], state: Path):
+    """pulumi in a project folder, its stacks kept under STATE."""
+    env = {**os.environ, **engine, "PULUMI_BACKEND_URL": f"file://{state}", "PULUMI_CONFIG_PASSPHRASE": "test"}
+
+    def pulumi_in(project: Path, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["pulumi", *args, "--non-interactive"], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=120)
+    return pulumi_in
+
+
 def test_an_unreachable_daemon_over_ssh_is_found_by_the_build_and_any_other_by_configure(engine, tmp_path):
     """As pulumi-docker v5.1.0 (provider/image.go, configureDockerClient, lines 946-953): Configure
     never asks an ssh:// daemon (kreuzwerker's issue 262: fewer connections to the remote host), so
     a preview of an unreachable node passes and the first build fails naming where it tried; a
     daemon at any other address that does not answer fails Configure, in preview already."""
     closed = free_port()  # nothing listens there
-
-    def project_for(host: str, name: str) -> Path:
-        project = tmp_path / name
-        project.mkdir()
-        (project / "Pulumi.yaml").write_text(
-            f"name: docker-{name}\nruntime:\n  name: python\n  options:\n    toolchain: pip\n"
-            f"    virtualenv: {REPO / '.venv'}\n")
-        (project / "__main__.py").write_text(
-            "import pulumi, pulumi_docker as docker\n"
-            f"p = docker.Provider('node', host='{host}', ssh_opts=['-o', 'BatchMode=yes'])\n"
-            "docker.Image('image', image_name='x:1', skip_push=True,\n"
-            "             build=docker.DockerBuildArgs(context='.', platform='linux/amd64'),\n"
-            "             opts=pulumi.ResourceOptions(provider=p))\n")
-        (project / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\n")
-        return project
-
-    env = {**os.environ, **engine, "PULUMI_BACKEND_URL": f"file://{tmp_path}", "PULUMI_CONFIG_PASSPHRASE": "test"}
-
-    def pulumi_in(project: Path, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["pulumi", *args, "--non-interactive"], cwd=project, env=env,
-                              capture_output=True, text=True, timeout=120)
-
-    over_ssh = project_for(f"ssh://root@127.0.0.1:{closed}", "over-ssh")
+    pulumi_in = pulumi_runner(engine, tmp_path)
+    over_ssh = image_project(tmp_path, f"ssh://root@127.0.0.1:{closed}", "over-ssh")
     assert pulumi_in(over_ssh, "stack", "init", "over-ssh").returncode == 0
     preview = pulumi_in(over_ssh, "preview")
     assert preview.returncode == 0, preview.stdout[-3000:] + preview.stderr[-2000:]
@@ -411,8 +419,60 @@ def test_an_unreachable_daemon_over_ssh_is_found_by_the_build_and_any_other_by_c
     assert up.returncode != 0, up.stdout[-3000:]
     assert f"port {closed}: Connection refused" in up.stdout + up.stderr, up.stdout[-3000:]
 
-    over_tcp = project_for(f"tcp://127.0.0.1:{closed}", "over-tcp")
+    over_tcp = image_project(tmp_path, f"tcp://127.0.0.1:{closed}", "over-tcp")
     assert pulumi_in(over_tcp, "stack", "init", "over-tcp").returncode == 0
     preview = pulumi_in(over_tcp, "preview")
     assert preview.returncode != 0
     assert "failed to connect to any docker daemon" in preview.stdout + preview.stderr, preview.stdout[-3000:]
+
+
+def go_file_mode(mode: int) -> str:
+    """os.FileMode.String() of a regular file (-) or symlink (L) with these permission bits."""
+    kind = "L" if stat.S_ISLNK(mode) else "-"
+    return kind + "".join(c if mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
+
+
+def pulumi_docker_context_digest(context: Path, ignored: set[str]) -> str:
+    """The digest of a build context given as '.' (the program's folder, the provider's working
+    directory), as pulumi-docker v5.1.0 computes it (provider/provider.go:553-640, hashContext): a
+    record per file, the Dockerfile first as "Dockerfile" with mode 0, then each file the ignore
+    file keeps, in lexical order; a record is the slash path, the Go file mode, the raw sha256 of
+    the content (of a symlink: its resolved path, relative as the context is) and a NUL; the
+    digest is the hex sha256 of the records."""
+    def record(name: str, mode: str, content: bytes) -> bytes:
+        return name.encode() + mode.encode() + hashlib.sha256(content).digest() + b"\0"
+
+    records = [record("Dockerfile", "----------", (context / "Dockerfile").read_bytes())]
+    for path in sorted(p for p in context.rglob("*") if not p.is_dir() or p.is_symlink()):
+        rel = path.relative_to(context).as_posix()
+        if rel in ignored:
+            continue
+        mode = path.lstat().st_mode
+        content = os.path.relpath(os.path.realpath(path), context).encode() if path.is_symlink() else path.read_bytes()
+        records.append(record(rel, go_file_mode(mode), content))
+    return hashlib.sha256(b"".join(records)).hexdigest()
+
+
+def test_the_build_context_is_digested_as_pulumi_docker_does(engine, tmp_path):
+    """A stack moved between the real pulumi-docker and the stand-in must see no change: both digest
+    the context to the same build.contextDigest (an executable, a symlink, a file in a folder, an
+    ignored one)."""
+    project = image_project(tmp_path, f"ssh://root@127.0.0.1:{free_port()}", "digest")
+    (project / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (project / "run.sh").chmod(0o755)
+    (project / "conf").mkdir()
+    (project / "conf" / "a.txt").write_text("a\n")
+    (project / "conf" / "link").symlink_to("../run.sh")
+    (project / ".dockerignore").write_text("secret.txt\n")
+    (project / "secret.txt").write_text("never sent\n")
+    for path in project.rglob("*"):
+        if not path.is_symlink() and path.is_file() and path.name != "run.sh":
+            path.chmod(0o644)
+    pulumi_in = pulumi_runner(engine, tmp_path)
+    assert pulumi_in(project, "stack", "init", "digest").returncode == 0
+    preview = pulumi_in(project, "preview", "--json")
+    assert preview.returncode == 0, preview.stdout[-3000:] + preview.stderr[-2000:]
+    steps = json.loads(preview.stdout)["steps"]
+    image = next(s for s in steps if s["urn"].endswith("docker:index/image:Image::image"))
+    want = pulumi_docker_context_digest(project, ignored={"secret.txt"})
+    assert image["newState"]["inputs"]["build"]["contextDigest"] == want

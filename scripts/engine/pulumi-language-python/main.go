@@ -10,13 +10,20 @@
 // beside this binary, runs the program with the Python SDK. The Python SDK then talks to the
 // engine's resource monitor itself; that part is all Pulumi's.
 //
-// What it leaves out, and the engine copes with: GetRequiredPackages answers none (the engine
-// then starts each provider when the program first registers one of its resources, at the
-// version the SDK asks for), no typechecker (a project asking for one is refused), no debugger
-// attach, no code generation, packing or linking, no Python plugins (RunPlugin).
+// Where the real host's behaviour shows to the engine or the user, this one does the same (the real
+// source: pulumi v3.259.0, sdk/python/cmd/pulumi-language-python/main.go, cited per method):
+// GetRequiredPackages makes the virtualenv if it is missing and names the Pulumi packages installed
+// in it, so the engine loads their providers before the program runs; a typechecker (mypy or
+// pyright) checks the program first; About names the toolchain and typechecker.
+//
+// What it leaves out, and the engine copes with: a package version that is a PEP 440 pre-release
+// without a version in its pulumi-plugin.json (the real host translates it; the SDKs twinspark
+// installs all carry theirs), parameterized packages, debugger attach, code generation, packing or
+// linking, Python plugins (RunPlugin).
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,10 +33,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/pulumi/pulumi/sdk/v3/go/common/resource/plugin"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/util/logging"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/util/rpcutil"
 	pulumirpc "github.com/pulumi/pulumi/sdk/v3/proto/go"
@@ -145,8 +156,16 @@ func pythonOptions(info *pulumirpc.ProgramInfo) (toolchain.PythonOptions, error)
 	default:
 		return opts, fmt.Errorf("unsupported runtime.options.toolchain %v", v)
 	}
-	if v, ok := raw["typechecker"]; ok && v != "" && v != "none" {
-		return opts, fmt.Errorf("runtime.options.typechecker %v: this stand-in language host runs no typechecker", v)
+	// as the real host's parseOptions (main.go:249-261)
+	switch v := raw["typechecker"]; v {
+	case nil, "", "none":
+		opts.Typechecker = toolchain.TypeCheckerNone
+	case "mypy":
+		opts.Typechecker = toolchain.TypeCheckerMypy
+	case "pyright":
+		opts.Typechecker = toolchain.TypeCheckerPyright
+	default:
+		return opts, fmt.Errorf("unsupported typechecker option: %v", v)
 	}
 	return opts, nil
 }
@@ -164,16 +183,117 @@ func (h *host) GetPluginInfo(ctx context.Context, _ *emptypb.Empty) (*pulumirpc.
 	return &pulumirpc.PluginInfo{Version: version}, nil
 }
 
+// GetRequiredPlugins is superseded by GetRequiredPackages; the real host leaves it unimplemented
+// too (main.go:371-375).
 func (h *host) GetRequiredPlugins(ctx context.Context,
 	req *pulumirpc.GetRequiredPluginsRequest,
 ) (*pulumirpc.GetRequiredPluginsResponse, error) {
-	return &pulumirpc.GetRequiredPluginsResponse{}, nil
+	return nil, status.Errorf(codes.Unimplemented, "method GetRequiredPlugins not implemented")
 }
 
+// GetRequiredPackages, as the real host's (main.go:326-369): the virtualenv made if it is missing,
+// then one resource package per installed Pulumi package (pulumi-plugin.json with resource: true,
+// or a name starting pulumi- without one), named and versioned by its pulumi-plugin.json, else by
+// the package's own name and version. pulumi-policy and pulumi-esc-sdk have no plugin (main.go:549).
 func (h *host) GetRequiredPackages(ctx context.Context,
 	req *pulumirpc.GetRequiredPackagesRequest,
 ) (*pulumirpc.GetRequiredPackagesResponse, error) {
-	return &pulumirpc.GetRequiredPackagesResponse{}, nil
+	opts, tc, err := programToolchain(req.GetInfo())
+	if err != nil {
+		return nil, err
+	}
+	if err := tc.EnsureVenv(ctx, opts.ProgramDir, false, true, os.Stdout, os.Stderr); err != nil {
+		return nil, err
+	}
+	installed, err := tc.ListPackages(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	pluginFiles, err := pulumiPluginFiles(ctx, tc, installed)
+	if err != nil {
+		return nil, err
+	}
+	packages := []*pulumirpc.PackageDependency{}
+	for _, pkg := range installed {
+		if dep := packageDependency(pkg, pluginFiles[pkg.Name]); dep != nil {
+			packages = append(packages, dep)
+		}
+	}
+	return &pulumirpc.GetRequiredPackagesResponse{Packages: packages}, nil
+}
+
+// findPluginFiles prints, as JSON, each named distribution's pulumi-plugin.json (its top-level
+// package's folder) read as an object, or null where it has none.
+const findPluginFiles = `import importlib.metadata, importlib.util, json, os, sys
+found = {}
+for name in sys.argv[1:]:
+    found[name] = None
+    try:
+        top = importlib.metadata.distribution(name).metadata["Name"].replace("-", "_")
+        spec = importlib.util.find_spec(top)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            path = os.path.join(folder, "pulumi-plugin.json")
+            if os.path.isfile(path):
+                found[name] = json.load(open(path))
+                break
+    except Exception:
+        pass
+print(json.dumps(found))`
+
+// pulumiPluginFiles: each installed package's pulumi-plugin.json, nil where it has none.
+func pulumiPluginFiles(ctx context.Context, tc toolchain.Toolchain,
+	installed []plugin.DependencyInfo,
+) (map[string]*plugin.PulumiPluginJSON, error) {
+	found := map[string]*plugin.PulumiPluginJSON{}
+	if len(installed) == 0 {
+		return found, nil
+	}
+	args := []string{"-c", findPluginFiles}
+	for _, pkg := range installed {
+		args = append(args, pkg.Name)
+	}
+	cmd, err := tc.Command(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("reading the installed packages' pulumi-plugin.json: %w", err)
+	}
+	if err := json.Unmarshal(out, &found); err != nil {
+		return nil, fmt.Errorf("reading the installed packages' pulumi-plugin.json: %w", err)
+	}
+	return found, nil
+}
+
+var packagesWithoutPlugins = map[string]bool{"pulumi-policy": true, "pulumi-esc-sdk": true}
+
+var plainVersion = regexp.MustCompile(`^v?[0-9]+\.[0-9]+\.[0-9]+$`)
+
+// packageDependency: the resource package an installed Python package brings, or nil.
+func packageDependency(pkg plugin.DependencyInfo, file *plugin.PulumiPluginJSON) *pulumirpc.PackageDependency {
+	if packagesWithoutPlugins[pkg.Name] || (file == nil && !strings.HasPrefix(pkg.Name, "pulumi-")) {
+		return nil
+	}
+	if file != nil && !file.Resource {
+		return nil
+	}
+	dep := &pulumirpc.PackageDependency{Kind: "resource", Name: strings.TrimPrefix(pkg.Name, "pulumi-")}
+	version := pkg.Version
+	if file != nil {
+		dep.Server = file.Server
+		if file.Name != "" {
+			dep.Name = file.Name
+		}
+		if file.Version != "" {
+			version = file.Version
+		}
+	}
+	if !plainVersion.MatchString(version) {
+		return nil // a pre-release the real host would translate (main.go:751): loaded when first used
+	}
+	dep.Version = "v" + strings.TrimPrefix(version, "v")
+	return dep
 }
 
 func (h *host) RuntimeOptionsPrompts(ctx context.Context,
@@ -212,11 +332,14 @@ func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.R
 	if req.GetAttachDebugger() {
 		return &pulumirpc.RunResponse{Error: "this stand-in language host cannot attach a debugger"}, nil
 	}
-	_, tc, err := programToolchain(req.GetInfo())
+	opts, tc, err := programToolchain(req.GetInfo())
 	if err != nil {
 		return nil, err
 	}
 	if err := tc.ValidateVenv(ctx); err != nil {
+		return nil, err
+	}
+	if err := typecheck(ctx, tc, opts); err != nil {
 		return nil, err
 	}
 	cmd, err := tc.Command(ctx, h.programArgs(req)...)
@@ -282,6 +405,54 @@ func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.R
 	return &pulumirpc.RunResponse{Error: fmt.Sprintf("program exited unexpectedly: %v", err)}, nil
 }
 
+// typecheck runs the project's typechecker on the program's folder before the program, its output
+// shown, as the real host does (main.go:1096-1146; mypy leaves the virtualenv out): one that is
+// not installed in the program's environment is named with how to install it (main.go:969-993).
+func typecheck(ctx context.Context, tc toolchain.Toolchain, opts toolchain.PythonOptions) error {
+	var name string
+	switch opts.Typechecker {
+	case toolchain.TypeCheckerMypy:
+		name = "mypy"
+	case toolchain.TypeCheckerPyright:
+		name = "pyright"
+	default:
+		return nil
+	}
+	installed, err := tc.ListPackages(ctx, true)
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(installed, func(p plugin.DependencyInfo) bool { return p.Name == name }) {
+		how := fmt.Sprintf("Please install it using `poetry add %s`.", name)
+		if opts.Toolchain != toolchain.Poetry {
+			how = fmt.Sprintf("Please add an entry for %s to requirements.txt and run `%s/bin/pip install -r requirements.txt`",
+				name, opts.Virtualenv)
+		}
+		return fmt.Errorf("The typechecker option is set to %s, but %s is not installed. %s", name, name, how)
+	}
+	args := []string{"-m", name}
+	if name == "mypy" {
+		if venv, err := tc.VirtualEnvPath(ctx); err == nil && venv != "" {
+			if rel, err := filepath.Rel(opts.ProgramDir, venv); err == nil {
+				args = append(args, "--exclude", rel)
+			}
+		}
+	}
+	args = append(args, opts.ProgramDir)
+	cmd, err := tc.Command(ctx, args...)
+	if err != nil {
+		return err
+	}
+	var shown bytes.Buffer
+	cmd.Dir = opts.ProgramDir
+	cmd.Stdout = io.MultiWriter(os.Stdout, &shown)
+	cmd.Stderr = io.MultiWriter(os.Stderr, &shown)
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s failed: %w\n%s", name, err, shown.String())
+	}
+	return nil
+}
+
 func (h *host) track(cmd *exec.Cmd, add bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -340,7 +511,7 @@ func (h *host) InstallDependencies(req *pulumirpc.InstallDependenciesRequest,
 }
 
 func (h *host) About(ctx context.Context, req *pulumirpc.AboutRequest) (*pulumirpc.AboutResponse, error) {
-	_, tc, err := programToolchain(req.GetInfo())
+	opts, tc, err := programToolchain(req.GetInfo())
 	if err != nil {
 		return nil, err
 	}
@@ -348,10 +519,15 @@ func (h *host) About(ctx context.Context, req *pulumirpc.AboutRequest) (*pulumir
 	if err != nil {
 		return nil, err
 	}
+	// the real host's metadata (main.go:1478-1483)
 	return &pulumirpc.AboutResponse{
 		Executable: info.PythonExecutable,
 		Version:    info.PythonVersion.String(),
-		Metadata:   map[string]string{"languageHost": "twinspark stand-in " + version},
+		Metadata: map[string]string{
+			"toolchain":        toolchain.Name(opts.Toolchain),
+			"toolchainVersion": info.ToolchainVersion.String(),
+			"typechecker":      toolchain.TypeCheckerName(opts.Typechecker),
+		},
 	}, nil
 }
 

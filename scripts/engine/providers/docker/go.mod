@@ -16,6 +16,7 @@ require (
 	github.com/pulumi/pulumi/pkg/v3 v3.218.0
 	github.com/pulumi/pulumi/sdk/v3 v3.218.0
 	github.com/terraform-providers/terraform-provider-docker v0.0.0
+	github.com/tonistiigi/fsutil v0.0.0-20250605211040-586307ad452f
 	google.golang.org/grpc v1.79.3
 	google.golang.org/protobuf v1.36.12
 )
@@ -267,7 +268,6 @@ require (
 	github.com/theupdateframework/notary v0.7.0 // indirect
 	github.com/tilt-dev/fsnotify v1.4.8-0.20220602155310-fff9c274a375 // indirect
 	github.com/tonistiigi/dchapes-mode v0.0.0-20250318174251-73d941a28323 // indirect
-	github.com/tonistiigi/fsutil v0.0.0-20250605211040-586307ad452f // indirect
 	github.com/tonistiigi/go-csvvalue v0.0.0-20240814133006-030d3b2625d0 // indirect
 	github.com/tonistiigi/units v0.0.0-20180711220420-6950e57a87ea // indirect
 	github.com/tonistiigi/vt100 v0.0.0-20240514184818-90bafcd6abab // indirect

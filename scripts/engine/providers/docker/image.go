@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -23,13 +24,13 @@ import (
 	controlapi "github.com/moby/buildkit/api/services/control"
 	"github.com/moby/buildkit/session"
 	"github.com/moby/go-archive"
-	"github.com/moby/patternmatcher"
 	"github.com/moby/patternmatcher/ignorefile"
 	"github.com/pulumi/pulumi/pkg/v3/resource/provider"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/diag"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/resource"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/resource/plugin"
 	rpc "github.com/pulumi/pulumi/sdk/v3/proto/go"
+	"github.com/tonistiigi/fsutil"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -155,78 +156,58 @@ func ignorePatterns(b build) ([]string, error) {
 	return nil, nil
 }
 
-// contextDigest hashes what the daemon would get: the Dockerfile and every file of the context
-// that .dockerignore keeps, each by path, mode and content (a symlink by its target), so that a
-// changed, added, removed, renamed or chmod'ed file changes the digest and so the image's inputs.
+// contextDigest hashes what the daemon would get, to the same value as pulumi-docker v5.1.0's
+// hashContext (provider/provider.go:553-640), so that a stack moved between that provider and this
+// one sees no change: one record per file, the Dockerfile first under the name "Dockerfile" with
+// mode 0, then every file buildkit's fsutil.Walk keeps past .dockerignore, in its order; a record
+// is the slash path, the mode as Go prints it, the raw sha256 of the content (of a symlink: its
+// resolved, cleaned path) and a NUL; the digest is the hex sha256 of all records.
 func contextDigest(b build) (string, error) {
 	patterns, err := ignorePatterns(b)
 	if err != nil {
 		return "", err
 	}
-	pm, err := patternmatcher.New(patterns)
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.New()
-	add := func(name string, mode fs.FileMode, content func(io.Writer) error) error {
+	var records bytes.Buffer
+	add := func(path, name string, mode fs.FileMode) error {
 		h := sha256.New()
-		if err := content(h); err != nil {
-			return err
-		}
-		fmt.Fprintf(sum, "%s\x00%s\x00%x\x00", filepath.ToSlash(name), mode, h.Sum(nil))
-		return nil
-	}
-	file := func(path string) func(io.Writer) error {
-		return func(w io.Writer) error {
+		switch {
+		case mode.Type() == fs.ModeSymlink:
+			target, err := filepath.EvalSymlinks(path)
+			if err != nil {
+				return fmt.Errorf("resolving the symlink %s: %w", path, err)
+			}
+			io.WriteString(h, filepath.ToSlash(filepath.Clean(target)))
+		case mode.IsRegular():
 			f, err := os.Open(path)
 			if err != nil {
 				return err
 			}
 			defer f.Close()
-			_, err = io.Copy(w, f)
-			return err
-		}
-	}
-	if err := add("Dockerfile", 0, file(b.dockerfile)); err != nil {
-		return "", fmt.Errorf("hashing the Dockerfile %q: %w", b.dockerfile, err)
-	}
-	err = filepath.WalkDir(b.context, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(b.context, path)
-		if err != nil || rel == "." {
-			return err
-		}
-		if skip, err := pm.MatchesOrParentMatches(filepath.ToSlash(rel)); err != nil {
-			return err
-		} else if skip {
-			if d.IsDir() && !pm.Exclusions() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil || d.IsDir() {
-			return err
-		}
-		switch {
-		case info.Mode()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(path)
-			if err != nil {
+			if _, err := io.Copy(h, f); err != nil {
 				return err
 			}
-			return add(rel, info.Mode(), func(w io.Writer) error { _, err := io.WriteString(w, target); return err })
-		case info.Mode().IsRegular():
-			return add(rel, info.Mode(), file(path))
-		default:
-			return add(rel, info.Mode(), func(io.Writer) error { return nil })
 		}
-	})
+		records.WriteString(filepath.ToSlash(filepath.Clean(name)))
+		records.WriteString(mode.String())
+		records.Write(h.Sum(nil))
+		records.WriteByte(0)
+		return nil
+	}
+	if err := add(b.dockerfile, "Dockerfile", 0); err != nil {
+		return "", fmt.Errorf("hashing the Dockerfile %q: %w", b.dockerfile, err)
+	}
+	err = fsutil.Walk(context.Background(), b.context, &fsutil.FilterOpt{ExcludePatterns: patterns},
+		func(rel string, info fs.FileInfo, err error) error {
+			if err != nil || info.IsDir() {
+				return err
+			}
+			return add(filepath.Join(b.context, rel), rel, info.Mode())
+		})
 	if err != nil {
 		return "", fmt.Errorf("hashing the build context %q: %w", b.context, err)
 	}
-	return hex.EncodeToString(sum.Sum(nil)), nil
+	sum := sha256.Sum256(records.Bytes())
+	return hex.EncodeToString(sum[:]), nil
 }
 
 // Check applies the defaults (context ".", its Dockerfile, the host's platform) and records the
