@@ -360,7 +360,9 @@ def hub_shape_check(args) -> int:
 
 # ---- files on this node ----------------------------------------------------------------------
 def write_json(path: Path, value) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    # a temp file of this process's own: two verifications of one copy at once (a source sending
+    # to several, `ops verify-weights` beside a step) shared one name, and the second's rename failed
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
