@@ -43,9 +43,14 @@ BOOT_COMMON = "boot-common.sh"
 RAY_TOKEN_FILE = "ray-token"  # every node, mode 600: Ray's token authentication
 API_GATEWAY_SCRIPT = "api-gateway.sh"  # head: entrypoint of the API gateway container
 API_GATEWAY_CONF = "api-gateway.conf"  # head: nginx config (the key itself is added at start)
-# inside the gateway container: nginx's pid, temp files and the key map (api-key.conf, mode 600)
+# inside the gateway container, a tmpfs of its own (mode 700): nginx's pid and the key map
+# (api-key.conf, mode 600), so the key never lands on a disk
 API_GATEWAY_RUN_DIR = "/run/twinspark-api-gateway"
 API_GATEWAY_KEY_MAP = "api-key.conf"
+API_GATEWAY_RUN_DIR_TMPFS = "mode=0700,size=1m,noexec,nosuid,nodev"
+# inside the gateway container (its own layer): where nginx's workers (user nobody) spill request
+# bodies larger than their memory buffer, and responses; the workers own it, mode 700
+API_GATEWAY_TEMP_DIR = "/var/cache/twinspark-api-gateway"
 # vLLM's API listens on a Unix socket (`vllm serve --uds`), never on a TCP port: only the
 # containers that mount this directory (the head's serving container and the API gateway) can
 # reach it, and inside them only root and the group below. Host and containers, same path; a

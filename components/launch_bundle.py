@@ -171,6 +171,7 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_API_GATEWAY_LOG", contract.API_GATEWAY_LOG),
         ("TWINSPARK_API_GATEWAY_RUN_DIR", contract.API_GATEWAY_RUN_DIR),
         ("TWINSPARK_API_GATEWAY_KEY_MAP", contract.API_GATEWAY_KEY_MAP),
+        ("TWINSPARK_API_GATEWAY_TEMP_DIR", contract.API_GATEWAY_TEMP_DIR),
         ("TWINSPARK_VLLM_SOCKET_DIR", contract.VLLM_SOCKET_DIR),
         ("TWINSPARK_VLLM_SOCKET", contract.VLLM_SOCKET),
         ("TWINSPARK_API_SOCKET_GROUP", contract.API_SOCKET_GROUP),
@@ -214,6 +215,22 @@ def render_secrets_env(api_key: str) -> str:
 PLAIN_REQUEST_PATH = r"^(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?(\?.*)?$"
 
 
+# The gateway's limits per client address, so that one client cannot lock out the others: a slow
+# or half-sent request header is dropped after CLIENT_HEADER_TIMEOUT (nginx's 60 s default let
+# 2,100 half-sent requests from one address hold every connection for a minute: issue 37), at
+# most REQUESTS_PER_CLIENT requests in progress at once (more than any vLLM batch holds), and
+# requests without a valid key answered at WRONG_KEYS_PER_SECOND (bursts of WRONG_KEY_BURST),
+# beyond that 429, so keys cannot be guessed at nginx's pace (13,500/s measured).
+CLIENT_HEADER_TIMEOUT_S = 10
+REQUESTS_PER_CLIENT = 256
+WRONG_KEYS_PER_SECOND = 5
+WRONG_KEY_BURST = 20
+# Connections each worker holds (a proxied request takes two) and the files that needs.
+WORKER_CONNECTIONS = 8192
+# an internal location: a request without a valid key is answered there, after the rate limit
+UNAUTHORIZED = "/.twinspark-unauthorized"
+
+
 def render_api_gateway_conf(port: int) -> str:
     """nginx in front of vLLM: every path needs the key but /health, which says only up or down.
 
@@ -222,14 +239,15 @@ def render_api_gateway_conf(port: int) -> str:
     gateway's workers (group API_SOCKET_GROUP) can open; a request reaches it on the one path
     that was checked ($uri, equal to the raw path once PLAIN_REQUEST_PATH holds).
     """
-    run = contract.API_GATEWAY_RUN_DIR
+    run, temp = contract.API_GATEWAY_RUN_DIR, contract.API_GATEWAY_TEMP_DIR
     refuse_odd_paths = "if ($twinspark_plain_path = 0) { return 404; }"
     return f"""# {contract.API_GATEWAY_CONF} — rendered by twinspark; the API on serving.port ({port}).
 user nobody {contract.API_SOCKET_GROUP};  # the group that may open vLLM's socket
 worker_processes 2;
+worker_rlimit_nofile {2 * WORKER_CONNECTIONS + 1024};
 pid {run}/nginx.pid;
 error_log {contract.LOG_DIR}/{contract.API_GATEWAY_LOG} warn;
-events {{ worker_connections 1024; }}
+events {{ worker_connections {WORKER_CONNECTIONS}; }}
 http {{
     access_log off;
     server_tokens off;
@@ -241,9 +259,24 @@ http {{
         default 0;
         "~{PLAIN_REQUEST_PATH}" 1;
     }}
+    # one client cannot hold every connection: a header must arrive within {CLIENT_HEADER_TIMEOUT_S} s, an idle
+    # kept-alive connection is closed after 30 s, requests in progress are counted per address
+    client_header_timeout {CLIENT_HEADER_TIMEOUT_S}s;
+    client_body_timeout 60s;
+    keepalive_timeout 30s;
+    limit_conn_zone $binary_remote_addr zone=twinspark_per_client:10m;
+    limit_conn_status 429;
+    # requests without a valid key, limited per address (an empty key, a valid one, is not counted)
+    map $twinspark_key_ok $twinspark_wrong_key_client {{
+        default $binary_remote_addr;
+        1 "";
+    }}
+    limit_req_zone $twinspark_wrong_key_client zone=twinspark_wrong_keys:10m rate={WRONG_KEYS_PER_SECOND}r/s;
+    limit_req_status 429;
     client_max_body_size 64m;  # a 1M-token prompt is a few MB of JSON
-    client_body_temp_path {run}/body;
-    proxy_temp_path {run}/proxy;
+    # the workers' own folders (api-gateway.sh makes them): the run dir is root's alone
+    client_body_temp_path {temp}/body;
+    proxy_temp_path {temp}/proxy;
     # A fresh connection per request (nginx's default, Connection: close): a kept-alive one can
     # be closed by uvicorn (5 s keep-alive) just as a request goes out on it, and nginx does not
     # retry a POST, so the client would get a 502.
@@ -252,12 +285,11 @@ http {{
         listen {port};
         listen [::]:{port};
         {refuse_odd_paths}
+        limit_conn twinspark_per_client {REQUESTS_PER_CLIENT};
         location = /health {{ proxy_pass http://vllm/health; }}
         location / {{
-            if ($twinspark_key_ok = 0) {{
-                add_header WWW-Authenticate Bearer always;
-                return 401 '{{"error":"a valid API key is required (Authorization: Bearer ...)"}}\n';
-            }}
+            # answered in {UNAUTHORIZED}: a `return` here would answer before the rate limit counts
+            if ($twinspark_key_ok = 0) {{ rewrite ^ {UNAUTHORIZED} last; }}
             proxy_pass http://vllm$uri$is_args$args;
             proxy_http_version 1.1;
             # stream tokens as vLLM sends them; long generations take minutes
@@ -265,6 +297,19 @@ http {{
             proxy_request_buffering off;
             proxy_read_timeout 1h;
             proxy_send_timeout 1h;
+        }}
+        location = {UNAUTHORIZED} {{
+            internal;
+            limit_req zone=twinspark_wrong_keys burst={WRONG_KEY_BURST} nodelay;
+            add_header Retry-After 1 always;  # on the 429s
+            # the 401 in the content phase (try_files finds nothing), after limit_req's count
+            try_files /nonexistent =401;
+        }}
+        error_page 401 @unauthorized;
+        location @unauthorized {{
+            add_header WWW-Authenticate Bearer always;
+            default_type application/json;
+            return 401 '{{"error":"a valid API key is required (Authorization: Bearer ...)"}}\n';
         }}
     }}
     # Prometheus (on the head's network) reads vLLM's /metrics here, and nothing else

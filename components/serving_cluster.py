@@ -131,7 +131,9 @@ def gateway_args(node: NodeServingArgs) -> dict:
     """The head's API gateway: the serving image's nginx, nothing of the GPU."""
     # SIGQUIT is nginx's graceful stop: open streams finish, new connections are refused
     gateway = common_args(node, contract.API_GATEWAY_SCRIPT, node.gateway_hash, "SIGQUIT")
-    return dict(gateway, name=contract.API_GATEWAY_CONTAINER, volumes=[*gateway["volumes"], VLLM_SOCKET_VOLUME])
+    return dict(gateway, name=contract.API_GATEWAY_CONTAINER, volumes=[*gateway["volumes"], VLLM_SOCKET_VOLUME],
+                # the key map and nginx's pid on a tmpfs of the container's own: never on a disk
+                tmpfs={contract.API_GATEWAY_RUN_DIR: contract.API_GATEWAY_RUN_DIR_TMPFS})
 
 
 class ServingCluster(pulumi.ComponentResource):

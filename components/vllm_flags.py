@@ -15,6 +15,8 @@ from typing import Optional
 
 from . import recipes
 
+CODE_BY_NAME = ("vLLM imports the code it names (any module, as root on every node, as --middleware os.system "
+                "showed): build it into the serving image and set it in a recipe, where it is reviewed")
 # vLLM flags extraArgs may not set, and why: a config key (or the node list) owns their value,
 # or they would bypass this check.
 FLAGS_NOT_IN_EXTRA_ARGS = {
@@ -44,6 +46,10 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
     "engine puts vLLM's metrics in multiprocess mode, where the restart alert's series is missing",
     "--api-server-count": "more than one API server puts vLLM's metrics in multiprocess mode, where the restart "
     "alert's series (process_start_time_seconds) is missing",
+    # what makes vLLM import code it is given by name or path, run as root on every node
+    **{flag: CODE_BY_NAME for flag in ("--middleware", "--worker-cls", "--worker-extension-cls", "--scheduler-cls",
+                                       "--logits-processors", "--tool-parser-plugin", "--io-processor-plugin",
+                                       "--log-config-file")},
 }
 # A flag as vLLM's parser reads it: '_' for '-' (FlexibleArgumentParser), an optional
 # '.key' into a JSON flag, an optional '=value'.

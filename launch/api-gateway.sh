@@ -3,8 +3,8 @@
 #
 # nginx on serving.port in front of vLLM (on a Unix socket): vLLM checks its key only on /v1,
 # and paths such as /invocations run the model without one. The gateway checks the key on
-# every path but /health. The key comes from secrets.env into a private tmpfs file at start;
-# the rendered api-gateway.conf holds no secret.
+# every path but /health. The key comes from secrets.env into a private file at start, on the
+# container's own tmpfs; the rendered api-gateway.conf holds no secret.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 . "$(dirname "$0")/prelude.sh"
@@ -36,9 +36,21 @@ write_key_map() {
     "$key" >"$RUN_DIR/$TWINSPARK_API_GATEWAY_KEY_MAP")
 }
 
+# nginx's workers (user nobody) spill request bodies and responses here: their own folders, as
+# the run dir (the key) is root's alone
+make_temp_dirs() {
+  local dir
+  for dir in "$TWINSPARK_API_GATEWAY_TEMP_DIR/body" "$TWINSPARK_API_GATEWAY_TEMP_DIR/proxy"; do
+    mkdir -p "$dir"
+    chown nobody "$dir"
+    chmod 700 "$dir"
+  done
+}
+
 main() {
   mkdir -p "$TWINSPARK_LOG_DIR"
   write_key_map
+  make_temp_dirs
   log "API gateway: nginx with $TWINSPARK_API_GATEWAY_CONF (log: $TWINSPARK_LOG_DIR/$TWINSPARK_API_GATEWAY_LOG)"
   exec nginx -e stderr -g 'daemon off;' -c "$BUNDLE/$TWINSPARK_API_GATEWAY_CONF"
 }

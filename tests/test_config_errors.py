@@ -59,6 +59,10 @@ CASES = [
     (("serving", "port"), 8873, "twinspark:serving.port", ["8873 is the weight copy's rsync daemons'"]),
     (("model", "dir"), "models/ds", "twinspark:model.dir", ["models/ds"]),
     (("model", "dir"), "/home/nvidia/my models", "twinspark:model.dir", []),
+    # issue 37: a worker's copy would delete what else is there
+    (("model", "dir"), "/var/lib/docker", "twinspark:model.dir", ["/var/lib/docker", "deleted"]),
+    (("model", "dir"), "/var/lib/docker/volumes/m", "twinspark:model.dir", ["inside /var/lib/docker"]),
+    (("model", "dir"), "/var/lib/ollama", "twinspark:model.dir", ["a directory of /var/lib"]),
     (("model", "servedName"), "", "twinspark:model.servedName", []),
     (("serving", "profile"), "fast", "twinspark:serving.profile", ["'default' or 'multiagent'", "fast"]),
     (("serving", "port"), 70000, "twinspark:serving.port", ["65535"]),
@@ -66,6 +70,9 @@ CASES = [
     (("serving", "gpuMemoryUtilization"), 1.2, "twinspark:serving.gpuMemoryUtilization", ["0.95", "1.2"]),
     (("serving", "gpuMemoryUtilization"), 0, "twinspark:serving.gpuMemoryUtilization", ["greater than 0"]),
     (("serving", "maxModelLen"), -1, "twinspark:serving.maxModelLen", []),
+    # issue 37: it was rendered into the launch script as given
+    (("serving", "maxModelLen"), 99999999999999999999999, "twinspark:serving.maxModelLen", ["16777216"]),
+    (("serving", "maxModelLen"), 2**24 + 1, "twinspark:serving.maxModelLen", ["16777216"]),
     (("serving", "kvCacheDtype"), "fp8 ds", "twinspark:serving.kvCacheDtype", []),
     (("serving", "extraArgs"), ["max-num-seqs=4"], "twinspark:serving.extraArgs[0]", ["'--flag'"]),
     (("serving", "extraArgs"), ["--enforce-eager", "--port", "9000"], "twinspark:serving.extraArgs[1]", ["serving.port"]),
@@ -82,6 +89,13 @@ CASES = [
     (("serving", "extraArgs"), ["--port.x=1"], "twinspark:serving.extraArgs[0]", ["serving.port"]),
     (("serving", "extraArgs"), ["--config", "/etc/vllm.yaml"], "twinspark:serving.extraArgs[0]", ["--config", "file"]),
     (("serving", "extraArgs"), ["--conf=/etc/vllm.yaml"], "twinspark:serving.extraArgs[0]", ["--config"]),
+    # issue 37: vLLM imports any callable named there, as root on every node
+    (("serving", "extraArgs"), ["--middleware", "os.system"], "twinspark:serving.extraArgs[0]",
+     ["--middleware", "imports the code it names"]),
+    (("serving", "extraArgs"), ["--worker-extension-cls=x.Y"], "twinspark:serving.extraArgs[0]", ["imports"]),
+    (("serving", "extraArgs"), ["--tool-parser-plug", "/tmp/p.py"], "twinspark:serving.extraArgs[0]",
+     ["--tool-parser-plugin", "imports"]),
+    (("serving", "extraArgs"), ["--logits_processors", "a.B"], "twinspark:serving.extraArgs[0]", ["imports"]),
     # the profile's flags: a profile is a measured pair, not a default to override
     (("serving", "extraArgs"), ["--max-num-seqs", "4"], "twinspark:serving.extraArgs[0]",
      ["serving.profile", "not meant to be overridden"]),

@@ -364,8 +364,8 @@ def test_gateway_starts_with_a_generated_key_and_admits_it_exactly(tmp_path, len
     with serving_gateway(tmp_path, key) as gw:
         assert call(gw.port, "/health") == 200
         for path in MODEL_PATHS:
-            for wrong in near_misses(key):
-                assert call(gw.port, path, wrong, body={}) == 401, (path, wrong)
+            for wrong in near_misses(key):  # 401, or 429 once the wrong keys' rate limit holds
+                assert call(gw.port, path, wrong, body={}) in (401, 429), (path, wrong)
         assert gw.seen == ["/health"], "nothing without the key may reach vLLM"
         for path in MODEL_PATHS:
             assert call(gw.port, path, key, body={}) == 200, path
@@ -436,3 +436,62 @@ def test_gateway_refuses_a_key_that_could_break_its_config(tmp_path, key):
         out, _ = gw.proc.communicate(timeout=10)
     assert gw.proc.returncode == 1
     assert "the API key in secrets.env is empty, shorter than 16 or has characters other than" in out
+
+
+def test_a_body_larger_than_the_workers_buffer_reaches_vllm(tmp_path):
+    """nginx spills a body over its 16 KB buffer to a temp file its workers (nobody) must write
+    where it buffers the request (/health) or the upstream is slower than the client: in the
+    root-only run dir a 20 KB POST got a 500 (issue 37)."""
+    with serving_gateway(tmp_path) as gw:
+        for path in ("/health", "/v1/completions"):
+            for size in (20_000, 2_000_000):
+                assert call(gw.port, path, API_KEY, body={"prompt": "x" * size}) == 200, (path, size)
+        assert gw.seen == ["/health"] * 2 + ["/v1/completions"] * 2
+        run_dir = os.stat(contract.API_GATEWAY_RUN_DIR)
+        key_map = os.stat(f"{contract.API_GATEWAY_RUN_DIR}/{contract.API_GATEWAY_KEY_MAP}")
+        assert (run_dir.st_mode & 0o777, key_map.st_mode & 0o777, key_map.st_uid) == (0o700, 0o600, 0)
+
+
+def test_wrong_keys_are_answered_at_a_limited_rate_per_address_and_the_key_still_passes(tmp_path):
+    """A burst of wrong keys gets 401s, then 429s (Retry-After) instead of an answer per guess;
+    the right key from the same address is never held back, and the limit refills."""
+    with serving_gateway(tmp_path) as gw:
+        statuses = [call(gw.port, "/v1/models", f"wrong-key-{i:010d}") for i in range(60)]
+        assert statuses[:launch_bundle.WRONG_KEY_BURST] == [401] * launch_bundle.WRONG_KEY_BURST, statuses
+        assert statuses.count(429) >= 60 - launch_bundle.WRONG_KEY_BURST - 5, statuses
+        assert call(gw.port, "/v1/models", API_KEY) == 200
+        with pytest.raises(urllib.error.HTTPError) as limited:
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{gw.port}/v1/models"), timeout=5)
+        assert limited.value.code == 429 and limited.value.headers["Retry-After"] == "1"
+        time.sleep(1.5)
+        assert call(gw.port, "/v1/models", "wrong-key-again") == 401
+        assert gw.seen == ["/v1/models"]
+
+
+def half_sent_request(port):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: spark\r\n")  # never the blank line
+    return s
+
+
+def test_half_sent_requests_from_one_address_leave_the_gateway_answering(tmp_path):
+    """2,100 requests whose header never ends, from one address (issue 37: with 1,024 connections
+    per worker they held the gateway for nginx's 60 s header timeout): /health and the API still
+    answer, and each is dropped at the header timeout."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    with serving_gateway(tmp_path) as gw:
+        held = [half_sent_request(gw.port) for _ in range(2100)]
+        try:
+            assert call(gw.port, "/health") == 200
+            assert call(gw.port, "/v1/models", API_KEY) == 200
+            # closed by the gateway at its header timeout (nginx's default would hold it 60 s;
+            # a socket.timeout here fails the test)
+            held[0].settimeout(launch_bundle.CLIENT_HEADER_TIMEOUT_S + 20)
+            while held[0].recv(1024):
+                pass
+        finally:
+            for s in held:
+                s.close()
+

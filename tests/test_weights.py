@@ -317,7 +317,7 @@ def stack_memory_fit(max_model_len: int) -> list[str]:
 
 
 # 100M tokens at the seed's 8206 B/token: 764 GiB of KV, beyond this machine and any Spark
-IMPOSSIBLE_MAX_MODEL_LEN = 100_000_000
+IMPOSSIBLE_MAX_MODEL_LEN = 16_000_000  # under the config's 2^24, far over any memory
 
 
 def test_an_impossible_max_model_len_stops_the_fetch_before_any_weight_is_downloaded(tmp_path, home, hub):
@@ -331,7 +331,7 @@ def test_an_impossible_max_model_len_stops_the_fetch_before_any_weight_is_downlo
     assert out.returncode == 1, text
     # the shape check's own line, on this node's MemTotal (fetch-weights.sh: why that suffices)
     assert re.search(r"fetch-weights spark1: FAIL memory fit: 0\.0 GiB weights per node, .* 8206 B/token = "
-                     r"[\d,]+ tokens; .* sequences of maxModelLen 100,000,000 fit — .* lower serving\.maxModelLen "
+                     r"[\d,]+ tokens; .* sequences of maxModelLen 16,000,000 fit — .* lower serving\.maxModelLen "
                      r"to at most [\d,]+ or raise gpuMemoryUtilization \(0\.85\)", text), text
     assert f"{REPO}@{revision} cannot run over these 2 nodes at TP 2 × PP 1 (see the FAIL lines): nothing downloaded" in text
     assert not [r for r in hub.requests if r[1].startswith("/lfs/")], hub.requests  # not one shard asked for

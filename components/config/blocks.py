@@ -23,6 +23,7 @@ from .values import (DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK, Acknowledgeable, 
                      RepoId, ServedName, UserName, locked_version)
 
 # Keys whose unset value is the chosen recipe's (Serving._recipe_values)
+MAX_MODEL_LEN_LIMIT = 2**24  # 16,777,216: no model's context comes near; rendered into the launch script
 RECIPE_KEYS = ("serving.maxModelLen", "serving.gpuMemoryUtilization", "serving.kvCacheDtype")
 
 
@@ -156,7 +157,9 @@ class Serving(Contract):
         "ephemeral range or the monitoring (while on) use, nor grafanaPort")
     # unset: the recipe's value (filled in by _recipe_values before validation)
     max_model_len: Integer = Field(
-        default=None, gt=0, description="`--max-model-len`; also the clients' context window and fences")
+        default=None, gt=0, le=MAX_MODEL_LEN_LIMIT,
+        description="`--max-model-len`; also the clients' context window and fences (at most 2^24 tokens, beyond "
+        "any model's context)")
     gpu_memory_utilization: Number = Field(
         default=None, gt=0.0, le=0.95, description="`--gpu-memory-utilization` (0 < x ≤ 0.95)")
     kv_cache_dtype: KvCacheDtype = Field(
@@ -166,7 +169,8 @@ class Serving(Contract):
     extra_args: list[str] = Field(
         default_factory=list,
         description="more vLLM flags, appended last; refused: a flag a config key, the recipe or the profile sets, "
-        "any abbreviation of one (vLLM's parser takes them), and `--config`")
+        "any abbreviation of one (vLLM's parser takes them), `--config` and the flags that make vLLM import code by "
+        "name (`--middleware`, `--worker-cls`, ...)")
     ray_version: RayVersion = Field(
         default="2.57.0", description="Ray installed into the serving image: the version "
         "launch/serving-image/ray-requirements.lock pins (with every dependency's hashes)")

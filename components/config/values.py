@@ -192,7 +192,8 @@ SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", 
                "/var", "/var/lib", "/var/log", "/var/tmp")
 NEVER_INSIDE = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run",
                 "/sbin", "/snap", "/sys", "/usr", contract.BUNDLE_DIR, contract.LOG_DIR,
-                contract.APPLIED_STATE_DIR.rsplit("/", 1)[0])
+                contract.APPLIED_STATE_DIR.rsplit("/", 1)[0],  # (twinspark's own named before the trees they are in)
+                "/var/log", "/var/cache", "/var/spool", "/var/lib/docker", "/var/lib/containerd")
 _PATH_CHARACTERS = re.compile(r"[A-Za-z0-9._/-]*")
 
 
@@ -216,6 +217,8 @@ def _model_dir(value: str) -> str:
         what = f"a directory inside {tree}"
     elif len(parts) == 2 and parts[0] == "home":
         what = "a home directory"
+    elif len(parts) == 3 and parts[:2] == ["var", "lib"]:
+        what = "a directory of /var/lib (a service's own state, like /var/lib/docker)"
     else:
         return value
     raise ValueError(f"expected a directory that holds only the model, not {what} (every worker's copy "
