@@ -20,6 +20,7 @@ class Lenient(BaseModel):
 # ---- the OpenAI-compatible API ------------------------------------------------------------------
 class ModelCard(Lenient):
     id: str
+    max_model_len: Optional[int] = None  # vLLM's: the context the model is served with
 
 
 class ModelList(Lenient):
@@ -109,10 +110,12 @@ def first_problem(err: ValidationError) -> str:
                                                         if err.error_count() > 1 else "")
 
 
-def served_models(body: bytes) -> list[str]:
-    """The ids in a /v1/models answer; ValueError saying what is wrong when it is not a model list."""
+def served_models(body: bytes) -> dict[str, Optional[int]]:
+    """The models in a /v1/models answer, each with its context (max_model_len; None where the
+    server does not say), in the server's order; ValueError saying what is wrong when it is not a
+    model list."""
     try:
-        return [card.id for card in ModelList.model_validate_json(body).data]
+        return {card.id: card.max_model_len for card in ModelList.model_validate_json(body).data}
     except ValidationError as err:
         raise ValueError(f"not a model list ({first_problem(err)}): {body[:120]!r}") from None
 

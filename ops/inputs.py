@@ -101,6 +101,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1 to 65535."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (1 to 65535)")
+    return value
+
+
 def positive_int_list(text: str) -> list[int]:
     """argparse type: comma-separated whole numbers above zero, e.g. 1,2,4,6."""
     values = [positive_int(part.strip()) for part in text.split(",") if part.strip()]

@@ -21,14 +21,16 @@ import yaml
 import host_keys
 import node_contract as contract
 
+from .inputs import port_number, positive_int
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description, p.formatter_class = __doc__, argparse.RawDescriptionHelpFormatter
     p.add_argument("--stack-file", type=Path, default=Path("Pulumi.spark.yaml"), help="default: %(default)s")
     p.add_argument("--stack", help="stack name for `pulumi config set` (default: from the file name)")
-    p.add_argument("--port", type=int, default=contract.SSH_PORT,
+    p.add_argument("--port", type=port_number, default=contract.SSH_PORT,
                    help=f"SSH port of the nodes (default: {contract.SSH_PORT})")
-    p.add_argument("--timeout", type=int, default=10, help="seconds per node (default: 10)")
+    p.add_argument("--timeout", type=positive_int, default=10, help="seconds per node (default: 10)")
     p.add_argument("--apply", action="store_true", help="run the `pulumi config set` commands once you confirm")
 
 

@@ -33,6 +33,7 @@ import node_contract as contract
 import platform_gate
 
 from .api import served_models
+from .inputs import positive_int
 from .nodes import FACTS_PROBE, NodeRunner, add_ssh_arguments, check_pinned, ssh_runner
 from .target import add_target_arguments, resolve_target, status_expectations
 
@@ -44,8 +45,8 @@ METRIC_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
     add_ssh_arguments(parser)
-    parser.add_argument("--expect-mtu", type=int, help="default: the stack's fabric.mtu")
-    parser.add_argument("--expect-speed-mbps", type=int, help="default: the stack's fabric.linkSpeedMbps")
+    parser.add_argument("--expect-mtu", type=positive_int, help="default: the stack's fabric.mtu")
+    parser.add_argument("--expect-speed-mbps", type=positive_int, help="default: the stack's fabric.linkSpeedMbps")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -141,7 +142,7 @@ def endpoint_status(base_url: str, api_key: str, expected_model: str = "") -> di
             out["models_status"] = models.status_code
             if models.status_code == 200:
                 try:  # a 200 proves nothing by itself: the body must list the model
-                    out["models"] = served_models(models.content)
+                    out["models"] = list(served_models(models.content))
                     out["model"] = expected_model if expected_model in out["models"] else out["models"][0]
                 except ValueError as err:
                     out["models_error"] = str(err)

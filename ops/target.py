@@ -32,6 +32,7 @@ class Target:
     ssh_user: Optional[str] = None
     fabric: dict[str, Any] = field(default_factory=dict)  # {"mtu": .., "linkSpeedMbps": ..}
     recipe: Optional[str] = None  # the serving recipe's name: the stack's `recipe` output or --recipe
+    max_model_len: Optional[int] = None  # the served model's context, as check_endpoint found it
 
     @property
     def base_url(self) -> str:
@@ -118,7 +119,9 @@ def check_endpoint(target: Target, timeout: float = 10.0) -> str:
         raise EndpointError(f"{url} answered {err}") from None
     if target.model and target.model not in models:
         raise EndpointError(f"{url} does not serve {target.model!r} (it serves {', '.join(models)}): pass --model")
-    return target.model or models[0]
+    model = target.model or next(iter(models))
+    target.max_model_len = models[model]
+    return model
 
 
 def resolve_target(args: argparse.Namespace, need_nodes: bool = False) -> Target:

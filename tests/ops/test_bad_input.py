@@ -23,6 +23,11 @@ from ops_helpers import SMALL_FLAGS, dead_endpoint, one_clear_line, run_ops, tar
     ("needle", ["--sizes", "inf"], ["--sizes", "'inf'"]),
     ("needle", ["--sizes", "0"], ["--sizes", "not above zero"]),
     ("needle", ["--trials", "-1"], ["--trials"]),
+    # issue 37: nan or inf turned the gate off (a 73 % decode drop passed)
+    ("bench", ["--tolerance", "nan"], ["--tolerance", "nan is not a finite number above zero"]),
+    ("bench", ["--tolerance", "inf"], ["--tolerance", "not a finite number above zero"]),
+    ("bench", ["--tolerance", "-0.1"], ["--tolerance", "not a finite number above zero"]),
+    ("bench", ["--tolerance", "1.5"], ["--tolerance", "not below 1"]),
 ])
 def test_bad_flags_are_one_line_before_any_request(endpoint, capsys, tool, flags, words):
     behaviour, target = endpoint
@@ -187,3 +192,29 @@ def test_needle_keeps_the_sizes_done_at_the_deadline(endpoint, tmp_path, capsys)
     one_clear_line(err, "overall deadline", "1 of 2 sizes were done and are written to")
     result = json.loads(out.read_text())
     assert result["complete"] is False and [row["size"] for row in result["sizes"]] == [1000]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["upgrade", "--tolerance", "nan"], ["--tolerance", "nan is not a finite number above zero"]),
+    (["upgrade", "--tolerance", "inf"], ["--tolerance", "not a finite number above zero"]),
+    (["pin-host-keys", "--port", "0"], ["--port", "0 is not above zero"]),
+    (["pin-host-keys", "--port", "70000"], ["--port", "70000 is not a port"]),
+    (["pin-host-keys", "--timeout", "-1"], ["--timeout", "-1 is not above zero"]),
+    (["status", "--expect-mtu", "0"], ["--expect-mtu", "0 is not above zero"]),
+])
+def test_numbers_out_of_range_are_one_line_before_anything_runs(capsys, args, words):
+    """Issue 37: these reached the gate, ssh-keyscan and the fabric check unchecked."""
+    code, err, _ = run_ops(capsys, *args)
+    assert code == 2
+    one_clear_line(err, *words)
+
+
+def test_needle_sizes_beyond_the_served_context_are_refused_before_any_trial(endpoint, capsys):
+    """Issue 37: `--sizes 5m` built a 5M-token prompt (minutes of CPU, past the deadline) for a model
+    that serves 4,096 tokens."""
+    behaviour, target = endpoint
+    code, err, _ = run_ops(capsys, "needle", *target_flags(target), "--sizes", "2k,5m", "--trials", "1")
+    assert code == 2
+    one_clear_line(err, "sizes 5,000,000 tokens: beyond the context", f"({behaviour.max_model_len:,} tokens")
+    assert [r for r in behaviour.requests if r.path == "/v1/chat/completions"] == []
+

@@ -14,6 +14,7 @@ def test_needle_sizes_default_to_the_recipes(endpoint, tmp_path, capsys, monkeyp
     from ops import needle as needle_module
 
     behaviour, target = endpoint
+    behaviour.max_model_len = 262_144  # a context the recipes' sizes fit in
     asked = []
     monkeypatch.setattr(needle_module, "run_needle", lambda target, sizes, *rest, **kw: asked.append(list(sizes)) or 0)
     outputs = tmp_path / "outputs.json"
