@@ -167,7 +167,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="settings", action="append", type=parse_setting, required=True, metavar="KEY=VALUE",
                    help="serving.<key> or model.revision, repeatable; a list as JSON: serving.extraArgs='[\"--x\"]'")
     p.add_argument("--dry-run", action="store_true", help="show the preview of what would change; change nothing")
-    p.add_argument("--tolerance", type=fraction, default=0.10, help="allowed worsening against the baseline (0.10 = 10%%), "
+    p.add_argument("--tolerance", type=positive_float, default=0.10, help="allowed worsening against the baseline (0.10 = 10%%), "
                    "or a figure's run-to-run spread when larger")
     p.add_argument("--gate", choices=("baseline", GATE_RECIPE), default="baseline",
                    help="what the bench is held to: the stack's stored baseline (default), or the published baseline "
