@@ -9,7 +9,8 @@ Written from a checkout of f02176e (the older code; this file and program_harnes
     ln -s "$PWD/.venv" /tmp/old/.venv && (cd /tmp/old && .venv/bin/python tests/direct_snapshot.py) \
         > tests/direct_snapshot.json
 and since then edited where the program changed on purpose: twinspark.env without RAY_DASHBOARD_PORT
-(the head starts no dashboard), with RAY_prestart_worker_first_driver=0 (no idle Ray worker).
+(the head starts no dashboard), with RAY_prestart_worker_first_driver=0 (no idle Ray worker), with
+TWINSPARK_API_GATEWAY_TEMP_DIR (the gateway's workers' own temp folder, issue 37).
 """
 
 from __future__ import annotations
