@@ -25,10 +25,6 @@ NEEDS_A_QUIET_MACHINE = {
     "test_bench_gate.py::test_runs_of_an_unchanged_server_never_disagree_and_4x_slower_decodes_always_do",
     # the worker's message names the grace's 6.0 s: beside the simulator it said 6.1
     "test_ray_membership.py::test_the_grace_is_what_the_readme_says_measured_from_the_head_going_silent",
-    # beside the simulator at normal priority (warm rehearsal of a242572): a first token 0.79 s late
-    # against a 0.40 s prefill, and a join that heard nothing from the head's GCS for its 2 s grace
-    "test_bench.py::test_bench_measures_the_known_rates",
-    "test_ray_membership.py::test_a_dead_dashboard_is_no_reason_to_leave_nor_to_fail_joining",
 }
 # `paced`: a file whose tests wait on the clock (a guard's rounds, Ray's grace, a heartbeat, NCCL's
 # roll call): scripts/test.sh runs them beside the simulator at normal priority, the rest yielding to
