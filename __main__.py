@@ -10,7 +10,8 @@ import pulumi_random as random
 from components import client_outputs as client
 from components.config import Topology, load_secrets, load_stack_config, resolve_node_addresses
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
-from components.host_prep import HostPrep, HostPrepArgs, firewall_policy
+from components.firewall import firewall_policy
+from components.host_prep import HostPrep, HostPrepArgs
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import CopySource, ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, nccl_pairs
@@ -27,7 +28,7 @@ from components.ssh_access import resolve_ssh_access
 
 require_engine_support()
 cfg = load_stack_config()
-for warning in (cfg.recipe_repo_warning, cfg.parallelism_warning):  # allowed, said out loud
+for warning in (cfg.recipe_repo_warning, cfg.parallelism_warning, cfg.remote_code_warning):  # allowed, said out loud
     if warning:
         pulumi.log.warn(warning)
 pulumi.runtime.register_stack_transformation(alias_renamed_nodes(cfg.nodes))  # nodes[i].formerName
@@ -55,7 +56,7 @@ host_preps = {
     n.name: HostPrep(
         f"{n.name}-hostprep",
         HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu,
-                     firewall=firewall_policy(n, cfg.nodes, cfg.head_public_ports, addresses),
+                     firewall=firewall_policy(n, topology),
                      gpu_clock_cap_mhz=cfg.serving.gpu_clock_cap_mhz,
                      cotenant_memory_percent=cfg.serving.cotenant_memory_percent),
     )
@@ -79,6 +80,10 @@ fabric_checks = [
 ]
 after_fabric = pulumi.ResourceOptions(depends_on=fabric_checks)
 
+# one digest for every node's FROM and the weight download, resolved once on the head when serving.image is a tag
+base_image = BaseImagePin("image-pin", BaseImagePinArgs(image=cfg.serving.image, platform=cfg.serving.platform,
+                                                     connection=conns[head.name]),
+                          opts=after_fabric)
 access = {n.name: NodeAccess(n.name, conns[n.name], topology.copy_rails(n) if n.role == "worker" else (),
                              installations[n.name])
           for n in cfg.nodes}
@@ -87,9 +92,9 @@ weights = ModelWeights(
     "weights",
     ModelWeightsArgs(
         repo=cfg.model.repo,
-        revision=cfg.model.revision,
+        revision=cfg.model_revision,
         dir=cfg.model.dir,
-        downloader_image=cfg.serving.image,
+        downloader_image=base_image.reference,
         ssh_user=cfg.ssh.user,
         head=access[head.name],
         workers=[access[w.name] for w in cfg.workers],
@@ -105,10 +110,6 @@ weights = ModelWeights(
     ),
     opts=after_fabric,
 )
-# one digest for every node's FROM, resolved once on the head when serving.image is a tag
-base_image = BaseImagePin("image-pin", BaseImagePinArgs(image=cfg.serving.image, platform=cfg.serving.platform,
-                                                     connection=conns[head.name]),
-                          opts=after_fabric)
 def serving_image(n, ship_from=None) -> ServingImage:
     return ServingImage(
         f"{n.name}-image",
@@ -237,6 +238,10 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
             grafana_admin_password=grafana_password,
             alert_webhook_url=alert_webhook_url,
             label_key=label_key,
+            pin_image=lambda capability, image: BaseImagePin(
+                f"observability-{capability}-image-pin",
+                BaseImagePinArgs(image=image, platform=cfg.serving.platform, connection=conns[head.name]),
+                opts=after_fabric).reference,
         ),
         opts=after_fabric,  # the exporters bind the Ray addresses (direct, switch: the first rail)
     )

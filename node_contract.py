@@ -152,6 +152,9 @@ def compile_cache_env() -> dict[str, str]:
 FIREWALL_TABLE = "twinspark"  # `table inet twinspark`: IPv4 and IPv6, ours alone
 FIREWALL_RULES_PATH = "/etc/twinspark/firewall.nft"
 FIREWALL_UNIT = "twinspark-firewall.service"
+# the weight copy's (source, destination) address pairs, each open only while its copy runs
+# (components/firewall.py makes the set, launch/sync-weights.sh fills and empties it)
+WEIGHT_COPY_SET = "weight_copy_flows"
 
 # ---- containers ----------------------------------------------------------------------------
 # The serving image is tagged per build input (`twinspark-vllm:ray-<hash>`, serving_image.py):

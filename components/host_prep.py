@@ -21,9 +21,8 @@ Deleting the component removes each file and reverts its effect.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional
 
 import pulumi
 import yaml
@@ -32,7 +31,8 @@ from pulumi_command import remote
 import node_contract as contract
 from node_contract import LOG_DIR, LOGROTATE_PATH
 
-from .config import Node, resolve_node_addresses
+from .config import Node
+from .firewall import FirewallPolicy, render_firewall
 from .remote import ManagedFile, files_hash, managed_file_commands
 
 LIMITS_PATH = "/etc/security/limits.d/99-rdma.conf"
@@ -52,14 +52,6 @@ HANG_RECOVERY = {"kernel.softlockup_panic": (1, 0), "kernel.hardlockup_panic": (
 HANG_RECOVERY_DEFAULTS = " ".join(f"{key}={default}" for key, (_, default) in HANG_RECOVERY.items())
 WATCHDOG_SECONDS = 60
 GPU_CLOCKS_UNIT = "twinspark-gpu-clocks.service"
-
-
-@dataclass(frozen=True)
-class FirewallPolicy:
-    """Who may open a connection to this node; everything else new inbound is dropped."""
-
-    open_tcp_ports: tuple[int, ...]  # from anywhere: SSH, and on the head the API gateway
-    peer_hosts: tuple[str, ...]  # the other nodes' LAN addresses (never names): NCCL/GLOO bootstrap on the LAN
 
 
 @dataclass(frozen=True)
@@ -174,63 +166,6 @@ def render_userns_sysctl() -> str:
         "# twinspark: codex's bubblewrap sandbox needs unprivileged user namespaces (Ubuntu 24.04)\n"
         f"{USERNS_KEY} = 0\n"
     )
-
-
-def firewall_policy(node: Node, nodes: Sequence[Node], head_ports: Sequence[int],
-                    addresses: Optional[Mapping[str, Sequence[str]]] = None) -> FirewallPolicy:
-    """SSH from anywhere, and on the head `head_ports` (the API, Grafana); the other nodes by
-    address (`addresses`, by node name, as resolve_node_addresses gives them; None: resolved
-    now); the rails whole."""
-    addresses = resolve_node_addresses(list(nodes)) if addresses is None else addresses
-    ports = (contract.SSH_PORT, *head_ports) if node.role == "head" else (contract.SSH_PORT,)
-    peers = tuple(a for m in nodes if m.name != node.name for a in addresses[m.name])
-    return FirewallPolicy(open_tcp_ports=ports, peer_hosts=peers)
-
-
-def nft_set(items) -> str:
-    return "{ " + ", ".join(items) + " }"
-
-
-def render_firewall(node: Node, policy: FirewallPolicy) -> str:
-    """The node's own nftables table: a drop here is final whatever Docker's tables accept.
-
-    Loaded with `nft -f`; the first two lines make a reload replace the table atomically
-    (and work when it does not exist yet), so applying twice changes nothing and an SSH
-    session in progress is never cut: established traffic and port 22 come first.
-    """
-    table = f"inet {contract.FIREWALL_TABLE}"
-    rules = [
-        'iifname "lo" accept',
-        "ct state established,related accept",
-        "ct state invalid drop",
-        "meta l4proto { icmp, ipv6-icmp } accept  # ping; IPv6 neighbour discovery",
-        "udp dport { 68, 546 } accept  # DHCP and DHCPv6 replies on the LAN",
-        f"tcp dport {nft_set(str(p) for p in policy.open_tcp_ports)} accept",
-        f"iifname {nft_set(chr(34) + r.iface + chr(34) for r in node.rails)} accept"
-        "  # the cable: Ray, NCCL, vLLM, the weight copy",
-    ]
-    # nft would resolve a name when the table loads, and at boot none resolves: no table at all
-    peers = []
-    for host in policy.peer_hosts:
-        try:
-            peers.append(ipaddress.ip_address(host))
-        except ValueError:
-            raise ValueError(f"the firewall admits peers by address, not by name: {host!r} (resolve_node_addresses "
-                             "gives the addresses)") from None
-    for family, version in (("ip", 4), ("ip6", 6)):
-        hosts = [str(p) for p in peers if p.version == version]
-        if hosts:
-            rules.append(f"{family} saddr {nft_set(hosts)} accept  # the other nodes: NCCL/GLOO bootstrap")
-    body = "".join(f"        {r}\n" for r in rules)
-    return f"""# twinspark host firewall of {node.name} (managed; edit the stack config instead)
-table {table}
-delete table {table}
-table {table} {{
-    chain input {{
-        type filter hook input priority filter; policy drop;
-{body}    }}
-}}
-"""
 
 
 def render_firewall_unit() -> str:

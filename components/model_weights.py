@@ -2,7 +2,7 @@
 
 Creates:
 - on the head: `{head}-weights-revision` (launch/fetch-weights.sh resolve: the commit of
-  `model.repo` to serve, `model.revision` or the hub's current one, resolved once and kept:
+  `model.repo` to serve (StackConfig.model_revision: `model.revision`, the recipe's, or the hub's current one), resolved once and kept:
   its output is the stack's record of it), `{head}-weights-fetch` (fetch-weights.sh download:
   the shape check on the hub's listing and the head's MemTotal first, so a model that cannot
   load costs no download; then that commit, resumable, inside the serving base image, HF token
@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
 import pulumi
 from pulumi_command import remote
 
-from node_contract import (CONTAINER_SLICE, SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHTS_MANIFEST, WEIGHTS_RECORD,
-                           WEIGHTS_SYNC_PORT)
+from node_contract import (CONTAINER_SLICE, FIREWALL_TABLE, SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS,
+                           WEIGHT_COPY_SET, WEIGHTS_MANIFEST, WEIGHTS_RECORD, WEIGHTS_SYNC_PORT)
 
 from .config import DEFAULT_HUB_ENDPOINT, CopyRail
 from .remote import NodeHandle, NodeScript, launch_file, node_command
@@ -84,9 +84,9 @@ class CopySource:
 @dataclass(frozen=True)
 class ModelWeightsArgs:
     repo: str
-    revision: Optional[str]  # model.revision; None: the hub's current commit, resolved once
+    revision: Optional[str]  # StackConfig.model_revision; None: the hub's current commit, resolved once
     dir: str
-    downloader_image: str  # has huggingface_hub: the serving base image
+    downloader_image: pulumi.Input[str]  # has huggingface_hub: the serving base image, by digest (BaseImagePin)
     ssh_user: str
     head: NodeAccess
     workers: Sequence[NodeAccess]
@@ -144,7 +144,8 @@ def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
     return ["--node", source.node.name, "--peer", worker.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
             "--record", WEIGHTS_RECORD, "--revision", revision,
             "--to", f"{args.ssh_user}@{source.rails[0].worker_ip}", *rails, "--port", str(WEIGHTS_SYNC_PORT),
-            "--max-streams-per-rail", str(max_streams_per_rail), "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
+            "--max-streams-per-rail", str(max_streams_per_rail), "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS,
+            "--firewall-set", f"inet {FIREWALL_TABLE} {WEIGHT_COPY_SET}"]
 
 
 def peer_host_key_args(source: CopySource, worker: NodeAccess) -> list[str]:
@@ -200,20 +201,25 @@ class ModelWeights(pulumi.ComponentResource):
         head = args.head
         program = launch_file(WEIGHTS_PROGRAM)
         hf_token = {"HF_TOKEN": pulumi.Output.secret(args.hf_token or "")}
+        # the download runs the serving base image by its digest, as every other step (never a tag
+        # that could move between the pin and the download)
+        image = pulumi.Output.from_input(args.downloader_image)
         # Replaced (its delete forgets the kept commit) only when the repo, model.revision or
         # the head changes; an update (new image, script, token or hub endpoint) prints the kept commit.
         revision_name = f"{head.name}-weights-revision"
         resolve = node_command(
             revision_name, head.connection,
-            NodeScript(FETCH_SCRIPT, revision_args(args, revision_name), secrets=hf_token, payload=program,
+            NodeScript(FETCH_SCRIPT, image.apply(lambda ref: revision_args(replace(args, downloader_image=ref),
+                                                                         revision_name)),
+                       secrets=hf_token, payload=program,
                        delete_args=["forget", "--owner", revision_name]),
             parent=self, triggers=[args.repo, args.revision or ""],
         )
         self.revision: pulumi.Output[str] = resolve.stdout.apply(parse_revision)
         self.fetch = node_command(
             f"{head.name}-weights-fetch", head.connection,
-            NodeScript(FETCH_SCRIPT, self.revision.apply(lambda rev: fetch_args(args, rev)), secrets=hf_token,
-                       payload=program),
+            NodeScript(FETCH_SCRIPT, pulumi.Output.all(self.revision, image).apply(
+                lambda v: fetch_args(replace(args, downloader_image=v[1]), v[0])), secrets=hf_token, payload=program),
             parent=self,
         )
         # each node a copy leaves from has its own sync key: the head, and any relay (a switch of four)

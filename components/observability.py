@@ -2,7 +2,9 @@
 
 Creates, through each node's own docker daemon (the ServingImage providers) and SSH:
 - on every node: `{node}-observability-dirs` (launch/observability-dirs.sh: the data
-  directories, owned by the containers' users), a pinned image pull per exporter, and two
+  directories, owned by the containers' users), a pull per exporter by the digest its tag had
+  when first resolved on the head (`observability-<capability>-image-pin`, as serving.image's
+  pin: one image on every node, never a tag that moves), and two
   containers with host networking and restart `unless-stopped`:
     twinspark-node-exporter  host metrics plus the `infiniband` (RoCE port counters and state)
                              and `netclass` (link up, MTU, speed) collectors, the host's / read-only
@@ -30,7 +32,7 @@ component keeps the data directories (metrics, Grafana's database), like the wei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import pulumi
 import pulumi_docker as docker
@@ -75,6 +77,9 @@ class ObservabilityArgs:
     grafana_admin_password: pulumi.Input[str]  # a secret
     alert_webhook_url: Optional[pulumi.Input[str]]  # a secret; None: alerts stay in Grafana/Prometheus
     label_key: pulumi.Input[str]  # keys the hash of a config holding a secret (the webhook URL)
+    # (capability, image) -> that image by the digest its tag had when first resolved on the head,
+    # the same on every node (__main__ wires serving_image.BaseImagePin: one resolve per image used)
+    pin_image: Callable[[str, str], pulumi.Output[str]]
 
 
 # ---- pure pieces: what each container and script is started with ---------------------------
@@ -164,6 +169,7 @@ class Observability(pulumi.ComponentResource):
     def __init__(self, name: str, args: ObservabilityArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:observability:Observability", name, None, opts)
         self._args = args
+        self._pins: dict[str, pulumi.Output[str]] = {}  # by capability: each image resolved once
         plan, head = args.plan, args.plan.head
         images = plan.settings.images
 
@@ -239,13 +245,19 @@ class Observability(pulumi.ComponentResource):
             )
         self.register_outputs({})
 
+    def _pinned(self, capability: str, image: str) -> pulumi.Output[str]:
+        """The image by digest (a tag pulled on each node could name another image on each, and move)."""
+        if capability not in self._pins:
+            self._pins[capability] = self._args.pin_image(capability, image)
+        return self._pins[capability]
+
     def _container(self, node: ObservedNode, capability: str, image: str, after: Sequence[pulumi.Resource],
                    config_hash: Optional[pulumi.Input[str]] = None, **container_args) -> docker.Container:
         provider = self._args.access[node.name].docker_provider
         reinstalled = [self._args.access[node.name].installation]
         pulled = docker.RemoteImage(
             f"{node.name}-{CAPABILITY}-{capability}-image",
-            name=image,
+            name=self._pinned(capability, image),
             platform=self._args.plan.platform,  # the provider would pull the operator's arch
             keep_locally=True,  # like the serving image: destroy keeps images
             opts=pulumi.ResourceOptions(parent=self, provider=provider, replace_with=reinstalled),

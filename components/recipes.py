@@ -80,6 +80,9 @@ class VllmFlags(_Data):
     """The flags twinspark renders for the recipe, in the seed's order; `args` last but extraArgs."""
 
     trust_remote_code: bool = False
+    # why the model's own code must run (`--trust-remote-code` runs the repository's Python as root
+    # on every node): required with it, shown in the README's Models table and the config's refusal
+    trust_remote_code_reason: Optional[str] = None
     tokenizer_mode: Optional[str] = None
     tool_call_parser: Optional[str] = None
     reasoning_parser: Optional[str] = None
@@ -190,6 +193,9 @@ class Recipe(_Data):
             raise ValueError(f"baseline.profile {self.baseline.profile!r} is not one of the profiles")
         if self.nodes.min > self.nodes.max:
             raise ValueError("nodes.min is over nodes.max")
+        if self.vllm.trust_remote_code and not (self.vllm.trust_remote_code_reason or "").strip():
+            raise ValueError("vllm.trustRemoteCode: expected vllm.trustRemoteCodeReason, why the repository's own "
+                             "code must run (it runs as root on every node)")
         owned = sorted(k for k in self.env if k.startswith(OWNED_ENV_PREFIXES) or k in OWNED_ENV)
         if owned:
             raise ValueError(f"env: {', '.join(owned)} is twinspark's to set ({contract.ENV_FILE}), not a recipe's")
@@ -334,13 +340,15 @@ def _figure(figure: Figure, unit: str) -> str:
 
 def models_table(found: Optional[dict[str, Recipe]] = None) -> str:
     """The README's Models section table, from the catalog: the two cannot drift."""
-    rows = ["| `serving.recipe` | model | nodes | parsers (tool / reasoning) | KV | spec decode | profiles | "
-            "single stream | 4-way | TTFT 7k |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| `serving.recipe` | model | revision; the model's own code | nodes | parsers (tool / reasoning) | KV | "
+            "spec decode | profiles | single stream | 4-way | TTFT 7k |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (found or catalog()).values():
         v, b = r.vllm, r.baseline
         spec = f"{v.speculative.method}" if v.speculative else "off"
         profiles = "; ".join(f"`{name}`: {p.measured}" if p.measured else f"`{name}`" for name, p in r.profiles.items())
-        rows.append(f"| `{r.name}` | `{r.repo}` | {r.nodes.min}–{r.nodes.max} | `{v.tool_call_parser}` / "
+        pinned = f"`{r.revision[:7]}`" if r.revision else "none (set `model.revision`)"
+        code = f"runs: {v.trust_remote_code_reason}" if v.trust_remote_code else "not run"
+        rows.append(f"| `{r.name}` | `{r.repo}` | {pinned}; {code} | {r.nodes.min}–{r.nodes.max} | `{v.tool_call_parser}` / "
                     f"`{v.reasoning_parser}` | `{v.kv_cache_dtype}` | {spec} | {profiles} | "
                     f"{_figure(b.single_stream_tokens_per_second, 'tok/s')} | "
                     f"{_figure(b.four_way_tokens_per_second, 'tok/s')} | {_figure(b.ttft_7k_seconds, 's')} |")

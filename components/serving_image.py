@@ -79,13 +79,15 @@ def resolved_digest(stdout: str, image: str) -> str:
 
 @dataclass(frozen=True)
 class BaseImagePinArgs:
-    image: str  # serving.image: a tag, or a reference naming a digest
+    image: str  # serving.image (or a monitoring image): a tag, or a reference naming a digest
     platform: str  # serving.platform: the tag is resolved to this platform's image
     connection: remote.ConnectionArgs  # where a tag is resolved: the head
 
 
 class BaseImagePin(pulumi.ComponentResource):
-    """One digest for every node's FROM: `reference` (REPO@sha256:...), `digest`, `tag`."""
+    """One digest for every node: `reference` (REPO@sha256:...), `digest`, `tag`. `image-pin`:
+    serving.image, every node's FROM and the weight download; `observability-<capability>-image-pin`
+    (through ObservabilityArgs.pin_image): each monitoring image, pulled by it on every node."""
 
     def __init__(self, name: str, args: BaseImagePinArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:serving_image:BaseImagePin", name, None, opts)
@@ -95,7 +97,7 @@ class BaseImagePin(pulumi.ComponentResource):
             self.digest: pulumi.Output[str] = pulumi.Output.from_input(args.image.split("@", 1)[1])
         else:
             self.command = node_command(
-                "image-pin-resolve", args.connection,
+                f"{name}-resolve", args.connection,
                 NodeScript(RESOLVE_SCRIPT, ["--image", args.image, "--platform", args.platform]),
                 parent=self, ignore_changes=PIN_KEEPS_ACROSS,
             )

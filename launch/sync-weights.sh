@@ -5,15 +5,19 @@
 #   WEIGHTS_SYNC_SECRET=... sync-weights.sh --node spark1 --peer spark2 --dir /home/nvidia/models/M \
 #       --manifest .twinspark-manifest --record .twinspark-verified --to nvidia@10.0.0.2 \
 #       --rail 10.0.0.2=10.0.0.1 --rail 10.0.1.2=10.0.1.1 --port 8873 --max-streams-per-rail 4 \
-#       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts   < weights.py
+#       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts \
+#       --firewall-set "inet twinspark weight_copy_flows"   < weights.py
 #
 # Run on the node that holds the weights (fetch-weights.sh pinned them). The bulk copy is
 # rsync's own protocol, unencrypted on the private point-to-point cable: for the copy only,
 # the peer runs one rsync daemon per rail, bound to its address on that rail, answering
 # only this node's address on it, with one module (the model directory) behind a per-stack
 # secret (challenge-response; the secret reaches the daemon over ssh stdin and the clients
-# in RSYNC_PASSWORD, never argv). The daemons stop when the copy ends, whatever the end;
-# a leftover of a killed run is stopped by the next and by its own time limit.
+# in RSYNC_PASSWORD, never argv). The peer's firewall opens the port to this node's rail
+# addresses only, for the copy only (--firewall-set: an nftables set of (source, destination)
+# pairs, each pair timing out by itself). The daemons stop and the port shuts when the copy
+# ends, whatever the end; a leftover of a killed run is stopped by the next and by its own
+# time limit.
 # The files still needed are split over streams (largest first, into the least loaded),
 # the streams over the rails, as many as the cores of both sides keep busy. ssh (the sync key, first rail) carries only the control.
 # Before: this node's copy must still match its record (a changed file is hashed again, and
@@ -31,6 +35,7 @@ set -euo pipefail
 [ -n "${TWINSPARK_STEP_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/step-prelude.sh"
 
 node="" peer="" dir="" manifest="" record="" revision="" to="" port="" max_streams_per_rail="" key="" known_hosts=""
+firewall_set=""
 rails=()
 program=""
 DAEMON_HOURS=8  # a daemon left by a killed run stops by itself after this long
@@ -50,15 +55,20 @@ on_peer() { "${ssh_transport[@]}" "$to" "$1"; }
 q() { printf %q "$1"; }
 
 # ---- on the peer (sent with declare -f) ---------------------------------------------------------
-# rsyncd_start STATE DIR PORT HOURS MODULE USER ADDRESS=ALLOWED...; the secret on stdin
+# rsyncd_start STATE DIR PORT HOURS MODULE USER FIREWALL_SET ADDRESS=ALLOWED...; the secret on stdin
 rsyncd_start() {
-  local state=$1 dir=$2 port=$3 hours=$4 module=$5 user=$6 i=0 rail as_root=""
-  shift 6
+  local state=$1 dir=$2 port=$3 hours=$4 module=$5 user=$6 firewall_set=$7 i=0 rail as_root="" pairs=()
+  shift 7
   # rsyncd drops a root daemon to nobody; any other user keeps its own (and may not set one)
   [ "$(id -u)" -ne 0 ] || as_root=$'uid = 0\ngid = 0'
 
   rsyncd_stop "$state"
   install -d -m 700 "$state"
+  for rail; do pairs+=("${rail#*=} . ${rail%%=*}"); done
+  printf '%s\n' "$firewall_set" "$(IFS=,; echo "${pairs[*]}")" >"$state/firewall"
+  # shellcheck disable=SC2086  # the set's family, table and name: three words
+  sudo -n nft add element $firewall_set "{ $(IFS=,; echo "${pairs[*]}") }" </dev/null ||
+    { echo "cannot open the copy's port in this node's firewall (nftables set $firewall_set: is HostPrep's table loaded?)" >&2; return 1; }
   (umask 077 && sed "s/^/$user:/" >"$state/rsyncd.secrets")
   for rail; do
     cat >"$state/rsyncd-$i.conf" <<EOF
@@ -106,6 +116,14 @@ rsyncd_stop() {
     for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.01; done
   done
   rm -f "$state"/rsyncd-*.pid "$state"/rsyncd-*.conf "$state/rsyncd.secrets"
+  # the port shuts: the pairs rsyncd_start opened (gone already where their timeout passed)
+  if [ -s "$state/firewall" ]; then
+    local set elements
+    { read -r set && read -r elements; } <"$state/firewall"
+    # shellcheck disable=SC2086  # the set's family, table and name: three words
+    sudo -n nft delete element $set "{ $elements }" 2>/dev/null || true
+    rm -f "$state/firewall"
+  fi
 }
 
 # ---- here ----------------------------------------------------------------------------------------
@@ -117,7 +135,7 @@ peer_weights() { on_peer "$(weights_command "$@")"; }
 daemons_up=0
 start_daemons() {
   daemons_up=1
-  printf '%s\n' "$WEIGHTS_SYNC_SECRET" | on_peer "$(declare -f rsyncd_start rsyncd_stop); rsyncd_start $STATE $(q "$dir") $port $DAEMON_HOURS $MODULE $RSYNC_USER ${rails[*]}"
+  printf '%s\n' "$WEIGHTS_SYNC_SECRET" | on_peer "$(declare -f rsyncd_start rsyncd_stop); rsyncd_start $STATE $(q "$dir") $port $DAEMON_HOURS $MODULE $RSYNC_USER $(q "$firewall_set") ${rails[*]}"
 }
 # (the exit hook's, after a failure; a finished copy stops them beside the peer's verification)
 stop_daemons() {
@@ -199,9 +217,10 @@ send() {  # send NEED_FILE: every file listed, over every rail, in parallel stre
 
 main() {
   parse_flags --node=node --peer=peer --dir=dir --manifest=manifest --record=record --revision=revision --to=to \
-    --rail=rails[] --port=port --max-streams-per-rail=max_streams_per_rail --key=key --known-hosts=known_hosts -- "$@"
+    --rail=rails[] --port=port --max-streams-per-rail=max_streams_per_rail --key=key --known-hosts=known_hosts \
+    --firewall-set=firewall_set -- "$@"
   require_flags --node --peer --dir --manifest --record --revision --to --rail --port --max-streams-per-rail --key \
-    --known-hosts
+    --known-hosts --firewall-set
   log_node=$node
   key=${key/#\~/$HOME} known_hosts=${known_hosts/#\~/$HOME}
   [ -n "${WEIGHTS_SYNC_SECRET:-}" ] || usage_error "WEIGHTS_SYNC_SECRET must be set (the runner's secret on stdin)"

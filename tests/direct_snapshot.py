@@ -10,7 +10,10 @@ Written from a checkout of f02176e (the older code; this file and program_harnes
         > tests/direct_snapshot.json
 and since then edited where the program changed on purpose: twinspark.env without RAY_DASHBOARD_PORT
 (the head starts no dashboard), with RAY_prestart_worker_first_driver=0 (no idle Ray worker), with
-TWINSPARK_API_GATEWAY_TEMP_DIR (the gateway's workers' own temp folder, issue 37).
+TWINSPARK_API_GATEWAY_TEMP_DIR (the gateway's workers' own temp folder, issue 37), and each node's
+firewall by flow with the weight copy's --firewall-set (issue 37: the rails and the other nodes
+no longer get every port), and the copy's --revision the recipe's recorded commit (issue 37: the
+stack serves its recipe's repository, whose code runs).
 """
 
 from __future__ import annotations

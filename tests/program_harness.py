@@ -6,7 +6,8 @@ ignoreChanges, replaceOnChanges, the outputs it was given), the exported outputs
 secret flags), or the error the program stopped with. A subprocess per run keeps Pulumi's
 global runtime state from leaking between runs.
 
-What the nodes answer is simulated: `image-pin-resolve` prints the digest the fake registry
+What the nodes answer is simulated: `image-pin-resolve` (and each monitoring image's
+`observability-*-image-pin-resolve`) prints the digest the fake registry
 (`registry`) serves for the tag, `{head}-weights-revision` the fake hub's (`hub`) head commit,
 `{worker}-image-ship` the image ID it was given, `{node}-platform-facts` prints `facts` over the
 recipe's platform. With `prior` (an earlier run: the state), a resource whose compared inputs are
@@ -61,7 +62,7 @@ RECIPE_FACTS = {"os": "DGX OS 7.2.3", "kernel": "6.17.0-1029-nvidia", "driver": 
 def node_answer(name, inputs):
     """What a simulated node prints for the steps whose stdout the program reads."""
     import shlex
-    if name == "image-pin-resolve":
+    if name.endswith("image-pin-resolve"):  # serving.image's and each monitoring image's
         return "sha256:" + hashlib.sha256((nodes_say["registry"] + inputs["create"]).encode()).hexdigest()
     if name.endswith("-platform-facts"):
         argv = shlex.split(inputs["create"])

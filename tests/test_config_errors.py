@@ -624,8 +624,8 @@ def test_two_names_of_one_address_are_one_machine():
 
 
 def test_resolved_addresses_are_what_the_firewall_admits():
-    from components.config import resolve_node_addresses
-    from components.host_prep import firewall_policy
+    from components.config import Topology, resolve_node_addresses
+    from components.firewall import LAN_PEERS, firewall_policy
 
     cfg = copy.deepcopy(BASE)
     cfg["nodes"][1]["host"] = "spark2.lan"
@@ -634,8 +634,9 @@ def test_resolved_addresses_are_what_the_firewall_admits():
     addresses = resolve_node_addresses(parsed.nodes, resolve=table.__getitem__)
     # sorted: one name renders one table, whatever order the resolver answers in
     assert addresses == {"spark1": ("192.168.1.10",), "spark2": ("192.168.1.7", "192.168.1.11")}
-    policy = firewall_policy(parsed.head, parsed.nodes, parsed.head_public_ports, addresses)
-    assert policy.peer_hosts == ("192.168.1.7", "192.168.1.11")
+    policy = firewall_policy(parsed.head, Topology(parsed, addresses))
+    (bootstrap,) = [a for a in policy.admits if a.flow == "nccl-bootstrap"]  # LAN_PEERS' flow
+    assert bootstrap.sources == ("192.168.1.7", "192.168.1.11"), LAN_PEERS
 
 
 @pytest.mark.parametrize("value", ["arm64", "linux/riscv", "linux/arm64/v8", "Linux/ARM64", ""])

@@ -19,7 +19,7 @@ PROJECT = {"components", "ops", "node_contract", "host_keys", "platform_gate"}
 FOUNDATIONS = {"node_contract.py": set(), "host_keys.py": {"node_contract"}, "platform_gate.py": set()}
 # no Pulumi: the flag rules, the recipes, the memory budget, the pure renders, the day-2 tools
 # (but ops upgrade's stack, which drives pulumi.automation)
-NO_PULUMI = ("components/vllm_flags.py", "components/recipes.py", "components/memory_budget.py",
+NO_PULUMI = ("components/vllm_flags.py", "components/recipes.py", "components/memory_budget.py", "components/firewall.py",
              "components/observability_files/*.py", "ops/*.py")
 AUTOMATION = ("ops/stack.py", "ops/upgrade*.py")  # pulumi.automation, and the schema's RunError
 

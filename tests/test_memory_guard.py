@@ -16,7 +16,8 @@ import pytest
 import node_contract as contract
 from components import launch_bundle
 from components.config import Serving, Topology, parse_stack_config, resolve_node_addresses
-from components.host_prep import FirewallPolicy, cotenant_slice_path, managed_files, render_cotenant_slice
+from components.firewall import FirewallPolicy
+from components.host_prep import cotenant_slice_path, managed_files, render_cotenant_slice
 from program_harness import config_blocks
 
 LAUNCH = Path(__file__).resolve().parent.parent / "launch"
@@ -109,7 +110,7 @@ VALID_BUDGETS = [(0.85, "auto"), (0.7, "auto"), (0.89, "auto"), (0.8, "auto"), (
 def drop_in_caps(serving) -> dict[str, int]:
     """MemoryMax (percent) of each co-tenant slice, from the drop-ins HostPrep would write."""
     cfg = parse_stack_config(config_blocks())
-    files = managed_files(cfg.nodes[0], 9000, FirewallPolicy((22,), ()), None, serving.cotenant_memory_percent)
+    files = managed_files(cfg.nodes[0], 9000, FirewallPolicy(()), None, serving.cotenant_memory_percent)
     caps = {}
     for name in contract.COTENANT_SLICES:
         text = next((f.content for f in files if f.path == cotenant_slice_path(name)), "")

@@ -19,7 +19,7 @@ from program_harness import ROOT, config_blocks
 from test_node_artifacts import managed_file_lines, private_node  # noqa: F401 (fixture)
 
 import node_contract as contract
-from components import host_prep, launch_bundle
+from components import firewall, host_prep, launch_bundle
 from components.config import Topology, parse_stack_config, resolve_node_addresses
 from components.remote import LAUNCH_DIR
 
@@ -33,8 +33,11 @@ def sh(*argv, check=True, **kw):
     return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, timeout=60, **kw)
 
 
-def firewall_text(node=HEAD):
-    return host_prep.render_firewall(node, host_prep.firewall_policy(node, CFG.nodes, CFG.head_public_ports))
+TOPOLOGY = Topology(CFG, resolve_node_addresses(CFG.nodes))
+
+
+def firewall_text(node=HEAD, topology=TOPOLOGY):
+    return firewall.render_firewall(node, firewall.firewall_policy(node, topology))
 
 
 # ---- firewall ---------------------------------------------------------------------------------
@@ -46,59 +49,121 @@ def test_firewall_loads_and_a_reload_changes_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     first = (tmp_path / "a").read_text()
     assert first == (tmp_path / "b").read_text()
-    assert "policy drop" in first and 'iifname { "enp1s0f0np0", "enP2p1s0f0np0" } accept' in first
+    assert "policy drop" in first and 'iifname "enp1s0f0np0" ip saddr 10.0.0.2 tcp dport 6379 accept' in first
 
 
-def test_firewall_admits_ssh_api_rails_and_peers_only(tmp_path):
-    """The head's rules in its own netns: a LAN client reaches SSH and the API but not Ray; the
-    peer node reaches Ray over the rail and the bootstrap ports from its LAN address."""
+STRANGER_LAN, STRANGER_RAIL = "192.168.1.50", "10.0.0.99"  # a laptop on the LAN, a device on a rail switch
+PROBED_PORTS = [22, 8000, 3000, contract.RAY_PORT, contract.WEIGHTS_SYNC_PORT, contract.NODE_EXPORTER_PORT, 10005,
+                contract.MP_MASTER_PORT, contract.NCCL_RENDEZVOUS_PORT, 40000]
+
+
+def reachable_ports(tmp_path, node, rules_text, after_load=""):
+    """`node`'s rules loaded in a netns of its own with its LAN and first-rail interfaces, every
+    PROBED_PORT listening (IPv4 and IPv6); each source (a stranger and every other node, on the LAN
+    and on the rail) tries each port: {source address: [ports it reached]}. `after_load`: an nft
+    command run in the node's netns once the table is loaded."""
     tag = f"tsfw{os.getpid() % 100000}"  # concurrent runs must not share namespaces
-    node, lan, rail_peer = f"{tag}-node", f"{tag}-lan", f"{tag}-peer"
-    peer_lan_ip = WORKER.host
+    ns_node, ns_lan, ns_rail = f"{tag}-node", f"{tag}-lan", f"{tag}-rail"
+    others = [m for m in CFG.nodes if m.name != node.name]
+    lan_sources = [STRANGER_LAN, *(m.host for m in others)]
+    rail_sources = [STRANGER_RAIL, *(m.rails[0].ip for m in others)]
     try:
-        for ns in (node, lan, rail_peer):
+        for ns in (ns_node, ns_lan, ns_rail):
             sh("ip", "netns", "add", ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "link", "add", "tsfw-m0", "netns", node, "type", "veth", "peer", "name", "tsfw-m1", "netns", lan)
-        sh("ip", "link", "add", HEAD.rails[0].iface[:15], "netns", node, "type", "veth", "peer", "name", "tsfw-r1",
-           "netns", rail_peer)
-        sh("ip", "-n", node, "addr", "add", f"{HEAD.host}/24", "dev", "tsfw-m0")
-        sh("ip", "-n", node, "addr", "add", "fd00:ab::1/64", "dev", "tsfw-m0", "nodad")
-        sh("ip", "-n", lan, "addr", "add", "192.168.1.50/24", "dev", "tsfw-m1")
-        sh("ip", "-n", lan, "addr", "add", f"{peer_lan_ip}/24", "dev", "tsfw-m1")
-        sh("ip", "-n", lan, "addr", "add", "fd00:ab::50/64", "dev", "tsfw-m1", "nodad")
-        sh("ip", "-n", node, "addr", "add", HEAD.rails[0].address, "dev", HEAD.rails[0].iface[:15])
-        sh("ip", "-n", rail_peer, "addr", "add", WORKER.rails[0].address, "dev", "tsfw-r1")
-        for ns, iface in ((node, "tsfw-m0"), (lan, "tsfw-m1"), (node, HEAD.rails[0].iface[:15]), (rail_peer, "tsfw-r1")):
+        rail_iface = node.rails[0].iface[:15]
+        sh("ip", "link", "add", "tsfw-m0", "netns", ns_node, "type", "veth", "peer", "name", "tsfw-m1", "netns", ns_lan)
+        sh("ip", "link", "add", rail_iface, "netns", ns_node, "type", "veth", "peer", "name", "tsfw-r1", "netns", ns_rail)
+        sh("ip", "-n", ns_node, "addr", "add", f"{node.host}/24", "dev", "tsfw-m0")
+        sh("ip", "-n", ns_node, "addr", "add", "fd00:ab::1/64", "dev", "tsfw-m0", "nodad")
+        sh("ip", "-n", ns_node, "addr", "add", node.rails[0].address, "dev", rail_iface)
+        for address in lan_sources:
+            sh("ip", "-n", ns_lan, "addr", "add", f"{address}/24", "dev", "tsfw-m1")
+        sh("ip", "-n", ns_lan, "addr", "add", "fd00:ab::50/64", "dev", "tsfw-m1", "nodad")
+        for address in rail_sources:
+            sh("ip", "-n", ns_rail, "addr", "add", f"{address}/24", "dev", "tsfw-r1")
+        for ns, iface in ((ns_node, "tsfw-m0"), (ns_lan, "tsfw-m1"), (ns_node, rail_iface), (ns_rail, "tsfw-r1")):
             sh("ip", "-n", ns, "link", "set", iface, "up")
         rules = tmp_path / "fw.nft"
-        rules.write_text(firewall_text())
-        sh("ip", "netns", "exec", node, "nft", "-f", rules)
-        ports = [22, CFG.serving.port, contract.RAY_PORT, 40000]
+        rules.write_text(rules_text)
+        sh("ip", "netns", "exec", ns_node, "nft", "-f", rules)
+        if after_load:
+            sh("ip", "netns", "exec", ns_node, "sh", "-c", after_load)
         listener = ("import socket, sys, time\nsocks = []\nfor p in sys.argv[1:]:\n"
                     "    s = socket.socket(socket.AF_INET6); s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n"
                     "    s.bind(('::', int(p))); s.listen(); socks.append(s)\ntime.sleep(60)\n")
-        server = subprocess.Popen(["ip", "netns", "exec", node, "python3", "-c", listener, *map(str, ports)])
+        server = subprocess.Popen(["ip", "netns", "exec", ns_node, "python3", "-c", listener, *map(str, PROBED_PORTS)])
+        # every (source, port) at once: a dropped port costs its timeout
+        prober = ("import json, socket, sys\nfrom concurrent.futures import ThreadPoolExecutor\n"
+                  "target, sources, ports = sys.argv[1], sys.argv[2].split(','), [int(p) for p in sys.argv[3:]]\n"
+                  "def reach(job):\n    source, port = job\n"
+                  "    family = socket.AF_INET6 if ':' in target else socket.AF_INET\n"
+                  "    with socket.socket(family) as s:\n        s.settimeout(1.5)\n"
+                  "        s.bind((source, 0))\n        return s.connect_ex((target, port)) == 0\n"
+                  "jobs = [(s, p) for s in sources for p in ports]\n"
+                  "with ThreadPoolExecutor(len(jobs)) as pool:\n    ok = list(pool.map(reach, jobs))\n"
+                  "print(json.dumps({s: [p for (t, p), y in zip(jobs, ok) if t == s and y] for s in sources}))\n")
         time.sleep(0.5)
-
-        def reach(ns, address, port, source=None):
-            code = (f"import socket; s = socket.socket(socket.AF_INET6 if ':' in '{address}' else socket.AF_INET);"
-                    f"s.settimeout(1.5); {'s.bind((%r, 0));' % source if source else ''}"
-                    f"print(s.connect_ex(('{address}', {port})))")
-            return sh("ip", "netns", "exec", ns, "python3", "-c", code).stdout.strip() == "0"
-
         try:
-            lan_client = {p: reach(lan, HEAD.host, p, source="192.168.1.50") for p in ports}
-            assert lan_client == {22: True, CFG.serving.port: True, contract.RAY_PORT: False, 40000: False}
-            assert not reach(lan, "fd00:ab::1", contract.RAY_PORT), "IPv6 must be filtered too (inet table)"
-            assert reach(lan, "fd00:ab::1", 22)
-            assert reach(rail_peer, HEAD.rails[0].ip, contract.RAY_PORT), "Ray over the rail"
-            assert reach(lan, HEAD.host, 40000, source=peer_lan_ip), "the peer's NCCL bootstrap over the LAN"
+            found = {}
+            for ns, target, sources in ((ns_lan, node.host, lan_sources), (ns_rail, node.rails[0].ip, rail_sources),
+                                        (ns_lan, "fd00:ab::1", ["fd00:ab::50"])):
+                found.update(json.loads(sh("ip", "netns", "exec", ns, "python3", "-c", prober, target,
+                                           ",".join(sources), *map(str, PROBED_PORTS)).stdout))
+            return found
         finally:
             server.kill()
     finally:
-        for ns in (node, lan, rail_peer):
+        for ns in (ns_node, ns_lan, ns_rail):
             sh("ip", "netns", "del", ns, check=False)
+
+
+def with_executor(executor):
+    raw = config_blocks()
+    raw["serving"] = {**raw.get("serving", {}), "executor": executor}
+    cfg = parse_stack_config(raw)
+    return Topology(cfg, resolve_node_addresses(cfg.nodes))
+
+
+PUBLIC = [22, 8000, 3000]  # SSH, the API, Grafana: from anywhere, on the head
+
+
+def test_the_head_admits_each_flow_from_its_peer_alone(tmp_path):
+    """Issue 37: the rails and the other nodes got every port. Now a stranger on the LAN or on a
+    rail switch reaches SSH and the head's public ports only; the peer's rail address Ray's GCS
+    and workers, NcclCheck's rendezvous and the random range; its LAN address the bootstrap's
+    random range alone. Nothing reaches the copy's port or an exporter on the head."""
+    found = reachable_ports(tmp_path, HEAD, firewall_text())
+    assert found == {
+        STRANGER_LAN: PUBLIC, STRANGER_RAIL: PUBLIC, "fd00:ab::50": PUBLIC,
+        WORKER.host: [*PUBLIC, 40000],
+        WORKER.rails[0].ip: [*PUBLIC, contract.RAY_PORT, 10005, contract.NCCL_RENDEZVOUS_PORT, 40000],
+    }, found
+
+
+def test_mps_unauthenticated_master_port_admits_the_rail_peer_only(tmp_path):
+    """serving.executor mp: torch's TCPStore (no authentication) on the master port, from the
+    worker's rail address alone — not its LAN address, not a stranger on the rail; no Ray port."""
+    found = reachable_ports(tmp_path, HEAD, firewall_text(HEAD, with_executor("mp")))
+    assert found == {
+        STRANGER_LAN: PUBLIC, STRANGER_RAIL: PUBLIC, "fd00:ab::50": PUBLIC,
+        WORKER.host: [*PUBLIC, 40000],
+        WORKER.rails[0].ip: [*PUBLIC, contract.MP_MASTER_PORT, contract.NCCL_RENDEZVOUS_PORT, 40000],
+    }, found
+
+
+def test_a_workers_copy_port_opens_for_its_copys_source_alone(tmp_path):
+    """A worker: SSH from anywhere, the head's scrapes, Ray's workers and the random range from the
+    head's rail address; the copy's port shut until sync-weights.sh puts the copy's (source,
+    destination) pair in the set, then open to that source only."""
+    shut = reachable_ports(tmp_path, WORKER, firewall_text(WORKER))
+    from_head = [22, contract.NODE_EXPORTER_PORT, 10005, contract.NCCL_RENDEZVOUS_PORT, 40000]
+    assert shut == {STRANGER_LAN: [22], STRANGER_RAIL: [22], "fd00:ab::50": [22], HEAD.host: [22, 40000],
+                    HEAD.rails[0].ip: from_head}, shut
+    pair = f"{HEAD.rails[0].ip} . {WORKER.rails[0].ip}"
+    opened = reachable_ports(tmp_path, WORKER, firewall_text(WORKER), after_load=(
+        f"nft add element inet {contract.FIREWALL_TABLE} {contract.WEIGHT_COPY_SET} '{{ {pair} }}'"))
+    assert opened == {**shut, HEAD.rails[0].ip: sorted([*from_head, contract.WEIGHTS_SYNC_PORT])}, opened
 
 
 def test_managed_firewall_applies_once_and_remove_deletes_the_table(tmp_path, private_node):  # noqa: F811
@@ -140,10 +205,11 @@ def render_with_hosts_file(tmp_path, hosts, node_hosts):
         node["host"] = host
     (tmp_path / "config.json").write_text(json.dumps(raw))
     render = (f"import json, sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
-              "from components import host_prep\nfrom components.config import parse_stack_config\n"
+              "from components import firewall\n"
+              "from components.config import Topology, parse_stack_config, resolve_node_addresses\n"
               f"cfg = parse_stack_config(json.load(open({str(tmp_path / 'config.json')!r})))\n"
-              "print(host_prep.render_firewall(cfg.head, host_prep.firewall_policy(cfg.head, cfg.nodes, "
-              "cfg.head_public_ports)), end='')\n")
+              "topology = Topology(cfg, resolve_node_addresses(cfg.nodes))\n"
+              "print(firewall.render_firewall(cfg.head, firewall.firewall_policy(cfg.head, topology)), end='')\n")
     proc = sh("unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$1" -c "$2"', table,
               sys.executable, render, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -177,7 +243,7 @@ def test_firewall_with_host_names_loads_at_boot_without_dns(tmp_path):
     boot = load_at_boot(tmp_path, text)
     assert boot.returncode == 0, boot.stderr
     assert "test-lan" not in text, text
-    assert f"ip saddr {WORKER.host} accept" in boot.stdout, boot.stdout
+    assert f"ip saddr {WORKER.host} tcp dport 32768-60999 accept" in boot.stdout, boot.stdout
 
 
 def test_firewall_admits_every_address_of_a_peer_name(tmp_path):
@@ -185,7 +251,7 @@ def test_firewall_admits_every_address_of_a_peer_name(tmp_path):
                                   [HEAD.host, "spark2.test-lan"])
     boot = load_at_boot(tmp_path, text)
     assert boot.returncode == 0, boot.stderr
-    assert f"ip saddr {{ {WORKER.host}, 192.168.1.77 }} accept" in boot.stdout, boot.stdout
+    assert f"ip saddr {{ {WORKER.host}, 192.168.1.77 }} tcp dport 32768-60999 accept" in boot.stdout, boot.stdout
 
 
 def test_the_firewall_unit_fails_when_its_table_does_not_load(tmp_path):
@@ -201,17 +267,24 @@ def test_the_firewall_unit_fails_when_its_table_does_not_load(tmp_path):
     (tmp_path / contract.FIREWALL_UNIT).write_text(unit)
     verify = sh("systemd-analyze", "verify", tmp_path / contract.FIREWALL_UNIT, check=False)
     assert verify.returncode == 0 and verify.stderr == "", verify.stderr
-    naming_a_peer = firewall_text().replace(f"saddr {{ {WORKER.host} }}", "saddr { spark2.test-lan }")  # as it was
+    naming_a_peer = firewall_text().replace(f"saddr {WORKER.host} ", "saddr spark2.test-lan ")  # as it was
     assert naming_a_peer != firewall_text()
     failed = load_at_boot(tmp_path, naming_a_peer)
     assert failed.returncode != 0 and "Could not resolve" in failed.stderr, (failed.returncode, failed.stderr)
     assert load_at_boot(tmp_path, firewall_text()).returncode == 0
 
 
+def test_the_security_docs_table_of_flows_is_the_firewalls():
+    doc = (ROOT / "docs" / "security.md").read_text()
+    start = doc.index("<!-- flows:")
+    table = doc[doc.index("\n", start) + 1:doc.index("<!-- /flows -->")]
+    assert table == firewall.flows_table(), "docs/security.md's flows drifted; paste firewall.flows_table()'s output"
+
+
 def test_firewall_renders_addresses_only():
-    policy = host_prep.FirewallPolicy(open_tcp_ports=(22,), peer_hosts=("spark2.local",))
+    policy = firewall.FirewallPolicy((firewall.Admit("nccl-bootstrap", ((40000, 40000),), ("spark2.local",)),))
     with pytest.raises(ValueError, match="spark2.local"):
-        host_prep.render_firewall(HEAD, policy)
+        firewall.render_firewall(HEAD, policy)
 
 
 # ---- API gateway -----------------------------------------------------------------------------

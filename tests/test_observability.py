@@ -574,7 +574,11 @@ def test_containers_run_on_each_nodes_own_daemon_with_pinned_images(recipe_run):
         container, pulled = recipe_run.named(name), recipe_run.named(f"{name}-image")
         provider = recipe_run.named(f"{node}-docker").urn
         assert container.provider.startswith(provider) and pulled.provider.startswith(provider), name
-        assert pulled.inputs["name"] == images[capability] and pulled.inputs["platform"] == "linux/arm64"
+        # by the digest the head resolved the tag to, once for every node (issue 37: each node pulled the tag)
+        pin = recipe_run.named(f"observability-{capability}-image-pin-resolve")
+        assert flag_value(runner_call(pin).args, "--image") == images[capability]
+        repository = images[capability].rsplit(":", 1)[0]
+        assert pulled.inputs["name"].startswith(f"{repository}@sha256:") and pulled.inputs["platform"] == "linux/arm64"
         assert pulled.inputs["keepLocally"] is True
         assert container.inputs["image"].startswith("sha256:")  # the pulled image's id, never the tag
         assert container.inputs["name"] == f"twinspark-{capability}"

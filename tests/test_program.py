@@ -735,16 +735,50 @@ def test_weights_copy_runs_over_every_rail_with_a_per_stack_secret_on_stdin(reci
     assert sync.payload == launch_file("weights.py")
 
 
-def test_the_resolved_revision_pins_the_fetch_the_copy_and_the_output(recipe_run):
+RECIPE_REVISION = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"  # recipes/deepseek-v4-flash-0731.yaml's
+
+
+def test_the_recipes_revision_pins_the_fetch_the_copy_and_the_output(recipe_run):
+    """Issue 37: the stack on the recipe's own repository serves the commit the recipe was proven
+    at (its model code runs: --trust-remote-code), not whatever the hub serves at the first up."""
     resolve = runner_call(recipe_run.named("spark1-weights-revision"))
-    assert resolve.args[0] == "resolve" and flag_value(resolve.args, "--revision") == ""
+    assert resolve.args[0] == "resolve" and flag_value(resolve.args, "--revision") == RECIPE_REVISION
     assert runner_call(recipe_run.named("spark1-weights-revision"), "delete").args[0] == "forget"
-    revision = recipe_run.outputs["modelRevision"]["value"]
-    assert len(revision) == 40
-    assert flag_value(args_of(recipe_run, "spark1-weights-fetch"), "--revision") == revision
-    assert flag_value(args_of(recipe_run, "spark2-weights-sync"), "--revision") == revision
+    assert recipe_run.outputs["modelRevision"]["value"] == RECIPE_REVISION
+    assert flag_value(args_of(recipe_run, "spark1-weights-fetch"), "--revision") == RECIPE_REVISION
+    assert flag_value(args_of(recipe_run, "spark2-weights-sync"), "--revision") == RECIPE_REVISION
     # replaced (asked again) only for another repo or model.revision, or another head
-    assert recipe_run.named("spark1-weights-revision").inputs["triggers"][1:] == ["deepseek-ai/DeepSeek-V4-Flash-0731", ""]
+    assert recipe_run.named("spark1-weights-revision").inputs["triggers"][1:] == [
+        "deepseek-ai/DeepSeek-V4-Flash-0731", RECIPE_REVISION]
+
+
+def test_another_repository_resolves_the_hubs_commit_once_and_is_warned_of_its_code(program):
+    config = stack_config()
+    config["twinspark:model"] = {**config["twinspark:model"], "repo": "someone/DeepSeek-V4-Flash-0731-finetune"}
+    run = program(config)
+    assert run.error is None, run.error
+    assert flag_value(args_of(run, "spark1-weights-revision"), "--revision") == ""
+    revision = run.outputs["modelRevision"]["value"]
+    assert len(revision) == 40 and revision != RECIPE_REVISION
+    assert flag_value(args_of(run, "spark1-weights-fetch"), "--revision") == revision
+    assert any("--trust-remote-code" in w and "model.revision" in w for w in run.warnings), run.warnings
+
+
+def test_the_weight_download_and_the_monitoring_images_run_by_digest(recipe_run):
+    """Issue 37: fetch-weights.sh ran serving.image's tag (with the HF token, writing the hash list
+    the nodes verify against); the monitoring images were pulled by tag on each node."""
+    pinned = recipe_run.outputs["servingImage"]["value"]["reference"]
+    assert "@sha256:" in pinned
+    for step in ("spark1-weights-revision", "spark1-weights-fetch"):
+        assert flag_value(args_of(recipe_run, step), "--image") == pinned, step
+    pulls = [r for r in recipe_run.resources if r.type == "docker:index/remoteImage:RemoteImage"]
+    assert pulls
+    by_capability = {}
+    for pull in pulls:
+        name = unwrap(pull.inputs["name"])
+        assert "@sha256:" in name, (pull.name, name)
+        by_capability.setdefault(pull.name.split("-observability-", 1)[1], set()).add(name)
+    assert all(len(names) == 1 for names in by_capability.values()), by_capability  # one digest on every node
 
 
 def test_a_hub_mirror_reaches_both_hub_steps_and_the_default_changes_no_command_line(program, recipe_run):

@@ -11,7 +11,7 @@ import pytest
 import node_contract as contract
 from components import recipes
 from components.config import parse_stack_config
-from program_harness import ROOT, stack_config
+from program_harness import ROOT, flag_value, runner_call, stack_config
 from ssh_fixtures import pinned
 
 CATALOG = recipes.load_catalog()
@@ -173,6 +173,9 @@ OWNED = ("-weights-shape-check", "-weights-fetch", "-bundle-launch-vllm-sh", "-b
          "-observability-dashboard-spec-decode", "-observability-alert-rules", "-observability-grafana",
          "-observability-prometheus", "-guard-unit")  # the guard's canary: the recipe's tool parser
 BUDGET = ("-hostprep-cotenants-", "-fabric-check")  # the fabric check follows host prep
+# the seed's recipe records the commit its repository is served at; another recipe on that
+# repository records none, so the hub's commit is resolved (StackConfig.model_revision)
+REVISION = ("-weights-revision", "-weights-sync")
 CLIENT_OUTPUTS = {"codexConfig", "codexModelCatalog", "claudeCodeEnv", "recipe", "launchBundles"}
 
 
@@ -194,9 +197,10 @@ def test_switching_the_recipe_changes_exactly_what_it_owns(program, seed_run, na
     assert run.error is None, run.error
     before, after = inputs_of(seed_run), inputs_of(run)
     changed = {n for n in set(before) | set(after) if before.get(n) != after.get(n)}
-    owned = OWNED + (BUDGET if recipe.vllm.gpu_memory_utilization != 0.85 else ())
+    owned = OWNED + (BUDGET if recipe.vllm.gpu_memory_utilization != 0.85 else ()) + REVISION
+    assert flag_value(runner_call(run.named("spark1-weights-revision")).args, "--revision") == ""  # not its commit
     assert changed and [n for n in changed if not any(part in n for part in owned)] == []
-    assert {k for k in run.outputs if run.outputs[k] != seed_run.outputs.get(k)} <= CLIENT_OUTPUTS
+    assert {k for k in run.outputs if run.outputs[k] != seed_run.outputs.get(k)} <= CLIENT_OUTPUTS | {"modelRevision"}
     launch = run.named("spark1-bundle-launch-vllm-sh").inputs["create"]
     assert f"--reasoning-parser {recipe.vllm.reasoning_parser}" in json.dumps(run.named("spark1-bundle-launch-vllm-sh").inputs)
     # nothing of DeepSeek's left in what lands on the nodes or the clients (the shipped scripts'
@@ -267,3 +271,27 @@ def test_parse_rejects_a_profile_the_recipe_lacks():
     with pytest.raises(pulumi.RunError, match="twinspark:serving.profile: 'multiagent' — expected one of recipe "
                                               "gpt-oss-120b's profiles: 'default'"):
         parse_stack_config(cfg)
+
+
+def test_a_recipe_that_runs_the_models_code_says_why(tmp_path):
+    text = (ROOT / "recipes" / "minimax-m2.7.yaml").read_text()
+    reason = next(line for line in text.splitlines() if "trustRemoteCodeReason" in line)
+    (tmp_path / "m.yaml").write_text(text.replace(reason + "\n", ""))
+    with pytest.raises(recipes.RecipeError, match="expected vllm.trustRemoteCodeReason"):
+        recipes.load_catalog(tmp_path)
+
+
+def test_the_models_code_runs_only_at_a_recorded_commit():
+    """Issue 37: MiniMax's recipe runs its repository's code and records no commit: on its own
+    repository without model.revision it is refused, naming the key; with one it is served."""
+    recipe = CATALOG["MiniMax-M2.7"]
+    config = {k.split(":", 1)[1]: v for k, v in stack_config().items()}
+    config["serving"] = {**config["serving"], "recipe": recipe.name}
+    config["model"] = {**config["model"], "repo": recipe.repo}
+    for key in ("maxModelLen", "kvCacheDtype"):
+        config["serving"].pop(key, None)
+    with pytest.raises(pulumi.RunError) as err:
+        parse_stack_config(config)
+    assert "twinspark:model.revision:" in str(err.value) and "--trust-remote-code" in str(err.value), err.value
+    config["model"]["revision"] = "0123456789abcdef0123456789abcdef01234567"
+    assert parse_stack_config(config).model_revision == "0123456789abcdef0123456789abcdef01234567"

@@ -46,13 +46,20 @@ def with_ssh(config, **ssh):
 PIN = "image-pin-resolve"  # keeps its digest across every connection change (test_image_pin_and_gate.py)
 
 
+def pins(run):
+    """serving.image's pin and each monitoring image's (observability-<capability>-image-pin-resolve)."""
+    found = [r for r in commands(run) if r.name.endswith(PIN)]
+    assert len(found) > 1, [r.name for r in found]
+    return found
+
+
 def commands(run):
     return run.of_type(COMMAND)
 
 
 def node_steps(run):
-    """The commands that follow their node's connection: all but the image pin."""
-    return [r for r in commands(run) if r.name != PIN]
+    """The commands that follow their node's connection: all but the image pins."""
+    return [r for r in commands(run) if not r.name.endswith(PIN)]
 
 
 def connection(resource):
@@ -385,7 +392,7 @@ def test_who_deploys_and_with_which_key_changes_no_step(program, keys, agent, re
             b, a = before[name][1], after[name][1]
             assert {k for k in b.keys() | a.keys() if b.get(k) != a.get(k)} == {"sshOpts"}, (what, name)
     assert all(r.ignore_changes == CREDENTIAL_FIELDS for r in node_steps(recipe_run))
-    assert recipe_run.named(PIN).ignore_changes == CREDENTIAL_FIELDS + PIN_KEEPS_ACROSS
+    assert all(pin.ignore_changes == CREDENTIAL_FIELDS + PIN_KEEPS_ACROSS for pin in pins(recipe_run))
 
 
 def test_another_machine_or_login_replaces_that_nodes_steps(program, recipe_config, recipe_run):
@@ -430,7 +437,7 @@ def test_a_new_host_key_updates_that_nodes_steps_without_replacing_them(program,
 def test_credentials_can_be_taken_on_purpose(program):
     run = program(extra_env={"TWINSPARK_UPDATE_CREDENTIALS": "1"})
     assert all(r.ignore_changes == [] for r in node_steps(run))
-    assert run.named(PIN).ignore_changes == PIN_KEEPS_ACROSS  # the whole connection: the digest stays
+    assert all(pin.ignore_changes == PIN_KEEPS_ACROSS for pin in pins(run))  # the whole connection: the digests stay
 
 
 def test_host_key_fingerprint_is_ssh_keygens(tmp_path):

@@ -15,7 +15,7 @@ from direct_snapshot import SNAPSHOT, run_stack_file
 from program_harness import config_blocks, flag_value, flag_values, runner_call, unwrap
 
 import node_contract as contract
-from components import host_prep
+from components import firewall
 from components.config import Topology, parse_stack_config, resolve_node_addresses
 
 BASE = config_blocks()
@@ -219,16 +219,21 @@ def test_in_a_ring_of_three_the_head_copies_to_both_at_once_one_over_each_cable(
 
 
 def test_the_ring_firewall_admits_rays_traffic_from_the_peers_lan_addresses_only():
-    """In a ring Ray, vLLM and GLOO speak over the LAN: the firewall's peer rule (the other nodes'
-    resolved addresses) admits them; the LAN at large still gets SSH (and on the head the API) only."""
+    """In a ring Ray, vLLM and GLOO speak over the LAN: every flow from the other nodes admits
+    their resolved LAN addresses alone (no rail reaches every node, none is admitted); the LAN at
+    large still gets SSH (and on the head the public ports) only."""
     cfg = parse_stack_config(ring())
     addresses = resolve_node_addresses(cfg.nodes)
     for n in cfg.nodes:
-        text = host_prep.render_firewall(n, host_prep.firewall_policy(n, cfg.nodes, cfg.head_public_ports, addresses))
+        policy = firewall.firewall_policy(n, Topology(cfg, addresses))
         others = sorted(a for name, a in LAN.items() if name != n.name)
-        assert f"ip saddr {{ {', '.join(others)} }} accept" in text, text
-        assert "policy drop" in text and str(contract.RAY_PORT) not in text
-        assert 'iifname { "enp1s0f0np0", "enP2p1s0f0np0", "enp1s0f1np1", "enP2p1s0f1np1" } accept' in text
+        from_peers = [a for a in policy.admits if a.sources]
+        assert from_peers and all(a.iface is None and set(a.sources) <= set(others) for a in from_peers), from_peers
+        text = firewall.render_firewall(n, policy)
+        assert "policy drop" in text and 'iifname "enp' not in text and 'iifname "enP' not in text, text
+        if n.role == "head":
+            assert f"ip saddr {{ {', '.join(others)} }} tcp dport {contract.RAY_PORT} accept" in text, text
+        assert [a.sources for a in from_peers if a.flow == "nccl-bootstrap"] == [tuple(others)]
 
 
 # ---- the program under mocks -------------------------------------------------------------------

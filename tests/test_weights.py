@@ -32,8 +32,8 @@ import node_contract as contract
 from hub_standin import HubStandin
 from program_harness import stack_config
 from ssh_fixtures import wait_for
-from components import model_weights
-from components.config import parse_stack_config
+from components import firewall, model_weights
+from components.config import Topology, parse_stack_config, resolve_node_addresses
 from components.config import CopyRail
 from components.model_weights import ModelWeightsArgs, NodeAccess
 from components.remote import launch_file, runner_stdin, script_command, script_text
@@ -458,6 +458,12 @@ class Pair:
                 sh("ip", "-n", ns, "link", "set", iface, "name", f"rail{i}")
                 sh("ip", "-n", ns, "addr", "add", f"10.0.{i}.{host}/24", "dev", f"rail{i}")
                 sh("ip", "-n", ns, "link", "set", f"rail{i}", "up")
+        # the worker's own firewall, as HostPrep loads it: the copy's port opens only while it runs
+        cfg = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config().items()})
+        worker = cfg.nodes[1]
+        (tmp / "firewall.nft").write_text(firewall.render_firewall(
+            worker, firewall.firewall_policy(worker, Topology(cfg, resolve_node_addresses(cfg.nodes)))))
+        sh("ip", "netns", "exec", self.worker_ns, "nft", "-f", tmp / "firewall.nft")
         # the program's own steps: the sync key on the head, authorized on the worker
         key = head.home / ".ssh" / "twinspark_weights"
         key.parent.mkdir(mode=0o700)
@@ -494,6 +500,18 @@ class Pair:
     @staticmethod
     def listening(ns: str) -> str:
         return sh("ip", "netns", "exec", ns, "ss", "-Hltn").stdout
+
+    def copy_pairs_open(self) -> list[str]:
+        """The worker's firewall set of the copy's pairs, "source . destination" each."""
+        listed = json.loads(sh("ip", "netns", "exec", self.worker_ns, "nft", "-j", "list", "set", "inet",
+                               contract.FIREWALL_TABLE, contract.WEIGHT_COPY_SET).stdout)
+        (found,) = [item["set"] for item in listed["nftables"] if "set" in item]
+        return sorted(" . ".join(e["elem"]["val"]["concat"]) for e in found.get("elem", []))
+
+    def reaches(self, source: str, address: str, port: int) -> bool:
+        code = (f"import socket; s = socket.socket(); s.settimeout(2); s.bind(({source!r}, 0)); "
+                f"print(s.connect_ex(({address!r}, {port})))")
+        return sh("ip", "netns", "exec", self.head_ns, "python3", "-c", code).stdout.strip() == "0"
 
     def rx_bytes(self) -> list[int]:
         return [int(sh("ip", "netns", "exec", self.worker_ns, "cat", f"/sys/class/net/rail{i}/statistics/rx_bytes").stdout)
@@ -542,6 +560,7 @@ def test_copy_crosses_both_rails_verifies_and_a_second_run_hashes_nothing(pair):
     same_copy(pair)
     assert json.loads((pair.worker_dir / contract.WEIGHTS_RECORD).read_text())["revision"] == pair.revision
     assert ":8873" not in pair.listening(pair.worker_ns)  # the daemons are gone
+    assert pair.copy_pairs_open() == []  # and the port is shut in the worker's firewall
 
     again = pair.sync(pair.revision)
     assert "nothing to copy" in again.stdout
@@ -607,6 +626,11 @@ def test_interrupted_copy_resumes_and_the_daemons_answer_only_the_secret_on_the_
         wrong = sh("ip", "netns", "exec", pair.head_ns, "env", "RSYNC_PASSWORD=wrong", "rsync",
                    "rsync://twinspark@10.0.0.2:8873/model/", check=False)
         assert wrong.returncode != 0 and "auth failed" in wrong.stderr, wrong.stderr
+        # the port is open to the copy's source on each rail, and to no other device on the rail
+        assert pair.copy_pairs_open() == ["10.0.0.1 . 10.0.0.2", "10.0.1.1 . 10.0.1.2"]
+        sh("ip", "-n", pair.head_ns, "addr", "add", "10.0.0.99/24", "dev", "rail0")
+        assert pair.reaches("10.0.0.1", "10.0.0.2", contract.WEIGHTS_SYNC_PORT)
+        assert not pair.reaches("10.0.0.99", "10.0.0.2", contract.WEIGHTS_SYNC_PORT)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the whole step, its rsync clients with it
         proc.wait()

@@ -111,8 +111,10 @@ class ModelConfig(Contract):
     served_name: ServedName = Field(description="model name clients ask for (`--served-model-name`)")
     revision: Optional[CommitSha] = Field(
         default=None,
-        description="the repository's commit to serve (40 hex). Unset: the commit the hub serves at the first "
-        "`pulumi up` is recorded (output `modelRevision`) and kept until `model.repo` or this key changes")
+        description="the repository's commit to serve (40 hex). Unset: the commit serving.recipe was proven at "
+        "when `model.repo` is its repository (see Models; one that runs the model's own code and records none is "
+        "refused), else the commit the hub serves at the first `pulumi up`, recorded (output `modelRevision`) and "
+        "kept until `model.repo` or this key changes")
     hub_endpoint: HubEndpoint = Field(
         default=DEFAULT_HUB_ENDPOINT,
         description="the Hugging Face Hub the head downloads from (HF_ENDPOINT of the download): a mirror or a "

@@ -114,6 +114,7 @@ class StackConfig(Contract):
                 "0 on a single-node stack (NcclCheck measures the cable between nodes; alone, it can never pass)")
         self._configured_ports_apart()
         self._nodes_the_recipe_supports()
+        self._remote_code_is_pinned()
         self._parallelism_spans_the_nodes()
         self._layout_splits_the_model()
         return self
@@ -176,6 +177,33 @@ class StackConfig(Contract):
             raise CrossFieldError("nodes", f"{len(self.nodes)} nodes",
                                    f"{span} nodes, what serving.recipe {recipe.name} supports (its nodes in recipes/), "
                                    "or a recipe made for this many")
+
+    @property
+    def model_revision(self) -> Optional[str]:
+        """The commit to serve: model.revision, else the one serving.recipe was proven at when
+        model.repo is the recipe's repository; None: the hub's at the first `pulumi up`, kept."""
+        recipe = self.serving.recipe_spec
+        return self.model.revision or (recipe.revision if self.model.repo == recipe.repo else None)
+
+    def _remote_code_is_pinned(self) -> None:
+        """`--trust-remote-code` runs the repository's Python as root on every node: only at a
+        commit someone chose, never whatever the hub serves on the day of the first `pulumi up`."""
+        recipe = self.serving.recipe_spec
+        if recipe.vllm.trust_remote_code and self.model.repo == recipe.repo and self.model_revision is None:
+            raise CrossFieldError(
+                "model.revision", f"unset, and serving.recipe {recipe.name} runs {self.model.repo}'s own code "
+                f"(--trust-remote-code: {recipe.vllm.trust_remote_code_reason}) with no commit recorded",
+                "the 40-hex commit of that repository you have reviewed (its code then runs at that commit only)")
+
+    @property
+    def remote_code_warning(self) -> Optional[str]:
+        """Another repository than the recipe's, its code run, no commit set: said out loud."""
+        recipe = self.serving.recipe_spec
+        if not recipe.vllm.trust_remote_code or self.model.repo == recipe.repo or self.model.revision:
+            return None
+        return (f"serving.recipe {recipe.name} runs the model's own code (--trust-remote-code) and model.revision is "
+                f"unset: {self.model.repo}'s code as the hub serves it at the first `pulumi up` runs as root on every "
+                "node; set model.revision to a commit you have reviewed")
 
     @property
     def recipe_repo_warning(self) -> Optional[str]:

@@ -420,7 +420,9 @@ def test_a_moved_tag_is_rolled_back_to_the_digest_that_served(world, tmp_path, p
 
 def test_an_unset_revision_is_rolled_back_to_the_commit_that_served(world, tmp_path, program):
     blocks = original_blocks()
-    assert "revision" not in blocks["model"]  # the recipe serves the hub's head, resolved once
+    assert "revision" not in blocks["model"]
+    # a repository the recipe records no commit for (its own serves the recipe's): the hub's head, resolved once
+    blocks["model"] = {**blocks["model"], "repo": "someone/DeepSeek-V4-Flash-0731-finetune"}
     stack = ProgramStack(world, blocks, program, hub="hub-day-1")
     served = stack.outputs()["modelRevision"]
     store_baseline(tmp_path, world)

@@ -598,3 +598,82 @@ def ops_access(cluster, outputs: dict, operator_home: Path) -> list[str]:
     outputs_file.write_text(json.dumps(outputs))
     return ["--outputs-file", str(outputs_file), "--ssh-key", str(cluster.key),
             "--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null"]
+
+
+# ---- the host firewall against its table of flows (docs/security.md, components/firewall.py) ------
+FIREWALL_PROBE = """
+import json, socket, sys
+from concurrent.futures import ThreadPoolExecutor
+jobs = json.loads(sys.argv[1])
+def reach(job):
+    source, address, port = job
+    with socket.socket() as s:
+        s.settimeout(1.5)
+        s.bind((source, 0))
+        return s.connect_ex((address, port)) == 0
+with ThreadPoolExecutor(max(1, min(512, len(jobs)))) as pool:  # a dropped port costs its timeout: all at once
+    print(json.dumps(list(pool.map(reach, jobs))))
+"""
+
+
+def listening_sockets(cluster, node: str) -> set[tuple[str, int]]:
+    """(address, port) of each TCP listener but loopback's; address "" for a wildcard."""
+    found = set()
+    for line in cluster.in_netns(node, "ss", "-Hltn").stdout.splitlines():
+        address, port = line.split()[3].rsplit(":", 1)
+        address = address.strip("[]").split("%")[0]
+        if address.startswith(("127.", "::1", "::ffff:127.")):
+            continue
+        found.add(("" if address in ("0.0.0.0", "::", "*") else address.removeprefix("::ffff:"), int(port)))
+    return found
+
+
+def stack_topology(stack):
+    """What the program's Topology is for the stack as it is now (its nodes, executor, observability)."""
+    from components.config import Topology, parse_stack_config, resolve_node_addresses
+
+    config = {k.split(":", 1)[1]: v for k, v in stack.stack_file()["config"].items()
+              if k.startswith("twinspark:") and not (isinstance(v, dict) and "secure" in v)}
+    cfg = parse_stack_config(config)
+    return Topology(cfg, resolve_node_addresses(cfg.nodes))
+
+
+def firewall_mismatches(cluster, stack) -> tuple[int, list[str]]:
+    """Every TCP port each node listens on, tried from every other node's addresses (its LAN
+    address to the node's, each of its rail addresses to the node's end of that rail), against
+    what the node's flows admit (components/firewall.py: the table docs/security.md shows; the
+    weight copy's set empty, no copy running). (probes, mismatches)."""
+    from components.firewall import firewall_policy
+
+    topology = stack_topology(stack)
+    nodes = {n.name: n for n in topology.cfg.nodes}
+    listening = {name: listening_sockets(cluster, name) for name in nodes}
+    jobs: dict[str, list[tuple[str, str, int, str, bool]]] = {name: [] for name in nodes}
+    for target, spec in nodes.items():
+        admits = firewall_policy(spec, topology).admits
+        for prober, other in nodes.items():
+            if prober == target:
+                continue
+            ends = [(other.host, spec.host, None)]  # the LAN: never a rail's interface
+            ends += [(mine.ip, theirs.ip, theirs.iface) for mine, theirs in topology.link_rails(other, spec)]
+            for source, address, iface in ends:
+                for bound, port in sorted(listening[target]):
+                    if bound not in ("", address):
+                        continue
+                    admitted = any(lo <= port <= hi for a in admits for lo, hi in a.ports
+                                   if (not a.sources or source in a.sources) and a.iface in (None, iface))
+                    jobs[prober].append((source, address, port, target, admitted))
+    wrong, probes = [], 0
+    for prober, batch in jobs.items():
+        probes += len(batch)
+        if not batch:
+            continue
+        got = json.loads(cluster.in_netns(prober, sys.executable, "-c", FIREWALL_PROBE,
+                                          json.dumps([[s, a, p] for s, a, p, _, _ in batch])).stdout)
+        wrong += [(prober, *job, reached) for job, reached in zip(batch, got) if job[-1] != reached]
+    # a listener that closed meanwhile (a Ray worker's) is no mismatch: it was not there to reach
+    still = {name: {port for _, port in listening_sockets(cluster, name)} for name in nodes}
+    return probes, [f"{prober} {source} -> {target} {address}:{port}: {'reached' if reached else 'dropped'}, "
+                    f"the flows say {'admit' if admitted else 'drop'}"
+                    for prober, source, address, port, target, admitted, reached in wrong
+                    if reached or port in still[target]]

@@ -16,7 +16,7 @@ import pytest
 
 import node_contract as contract
 from cluster import can_raise_memlock
-from components import host_prep
+from components import firewall, host_prep
 from components.launch_bundle import WRONG_KEY_BURST, VllmServe, vllm_argv
 from conftest import (HEAD, WORKER, completion_status, file_state, guard_verdict, node_processes, ops_access, pause,
                       readiness_s, run_ops, sshd_throttled_lines, wait_for)
@@ -38,8 +38,8 @@ def serving(cluster, stack, deployed) -> dict:
 def test_the_host_files_are_the_programs_render_and_a_fresh_login_gets_them(cluster, serving, report):
     cfg = cluster.cfg
     for node in cluster.nodes.values():
-        firewall = host_prep.firewall_policy(node.spec, cfg.nodes, cfg.head_public_ports)
-        for f in host_prep.managed_files(node.spec, cfg.fabric.mtu, firewall, cfg.serving.gpu_clock_cap_mhz,
+        policy = firewall.firewall_policy(node.spec, cluster.topology)
+        for f in host_prep.managed_files(node.spec, cfg.fabric.mtu, policy, cfg.serving.gpu_clock_cap_mhz,
                                          cfg.serving.cotenant_memory_percent):
             assert cluster.node_exec(node.name, "cat", f.path).stdout == f.content, (node.name, f.path)
             assert (file_state(cluster, node.name, f.path) or [])[:3] == [f"{int(f.mode, 8):o}", "root", "root"], f.path

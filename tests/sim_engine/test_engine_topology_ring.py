@@ -10,7 +10,8 @@ import pytest
 
 import node_contract as contract
 from cluster import SimCluster
-from conftest import HEAD, SITE, containers, engine_stack, flag, serving_answers, stored_step, timed_cluster, vllm_argv
+from conftest import (HEAD, SITE, containers, engine_stack, firewall_mismatches, flag, serving_answers, stored_step,
+                      timed_cluster, vllm_argv)
 from test_engine_sim_nodes import heals
 
 WORKERS = ("sim2", "sim3")
@@ -49,6 +50,9 @@ def test_a_ring_of_three_serves_at_pp_3_heals_and_destroys_to_nothing(ring, repo
         step = stored_step(state, f"{worker}-weights-sync")
         assert step["inputs"]["connection"]["host"] == head_host, worker
     assert set(stack.up().summary) == {"same"}
+    probes, mismatches = firewall_mismatches(nodes, stack)  # Ray's flows from the LAN addresses here
+    report["ring_firewall_probes"] = probes
+    assert probes and not mismatches, mismatches
     heals(nodes, stack, WORKERS[-1], report, "ring")
     destroyed = stack.destroy()
     report["ring_destroy_s"] = destroyed.seconds
