@@ -44,8 +44,6 @@ hf_token = secrets["hfToken"]
 # containers, after the rest restarted, and would rejoin them (and take a rank) with the old one.
 ray_token = random.RandomPassword("ray-token", length=48, special=False, keepers={"members": cfg.members}).result
 label_key = random.RandomPassword("bundle-label-key", length=32, special=False).result
-# and the secret of the weight copy's rsync daemons on the workers (only the head gets in)
-weights_sync_secret = random.RandomPassword("weights-sync-secret", length=48, special=False).result
 conns = {n.name: ssh.connection(n) for n in cfg.nodes}
 # each node as installed: pinning a reinstalled node's new host key makes its image, containers
 # and copy of the weights again (its own steps re-run by themselves)
@@ -102,7 +100,6 @@ weights = ModelWeights(
         tensor_parallel_size=cfg.tensor_parallel_size,
         pipeline_parallel_size=cfg.pipeline_parallel_size,
         gpu_memory_utilization=cfg.serving.gpu_memory_utilization,
-        sync_secret=weights_sync_secret,
         hub_endpoint=cfg.model.hub_endpoint,
         memory_fit=memory_fit_args(cfg.serving),
         relays=relays,

@@ -71,7 +71,7 @@ FLOWS = (
     Flow("gpu-exporter", (contract.GPU_EXPORTER_PORT,) * 2, EVERY_NODE, HEAD_RAY, OBSERVABILITY,
          "the GPU exporter, scraped by the head's Prometheus"),
     Flow("weight-copy", (contract.WEIGHTS_SYNC_PORT,) * 2, WORKERS, COPY_SOURCE, ALWAYS,
-         "the weight copy's rsync daemons (a secret per stack; the port is shut again when the copy ends)"),
+         "the weight copy's rsync daemons (a secret per copy; the port shut again when the copy ends)"),
 )
 
 

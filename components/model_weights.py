@@ -93,7 +93,6 @@ class ModelWeightsArgs:
     hf_token: Optional[pulumi.Input[str]]
     tensor_parallel_size: int
     gpu_memory_utilization: float
-    sync_secret: pulumi.Input[str]  # per stack: the workers' rsync daemons admit only their copy's source
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT  # model.hubEndpoint
     memory_fit: Sequence[str] = ()  # the shape check's memory-fit flags (memory_fit_args)
     pipeline_parallel_size: int = 1
@@ -254,8 +253,9 @@ class ModelWeights(pulumi.ComponentResource):
                           *self._way_in(worker, source, sync_keys[source.node.name], relay=True)]
             syncs[worker.name] = node_command(
                 f"{worker.name}-weights-sync", source.node.connection,
+                # no secret of the stack's: the copy draws its own (sync-weights.sh)
                 NodeScript(SYNC_SCRIPT, self.revision.apply(lambda rev, w=worker: sync_args(args, w, rev)),
-                           secrets={"WEIGHTS_SYNC_SECRET": pulumi.Output.secret(args.sync_secret)}, payload=program),
+                           payload=program),
                 parent=self, triggers=[args.repo], depends_on=after,
                 replace_with=[worker.installation] if worker.installation else (),
             )

@@ -41,7 +41,7 @@ set -euo pipefail
 repo="" revision="" dir="" image="" manifest="" record="" node="" owner="" timeout_h=8
 program="" cgroup_parent="" hub_endpoint=""
 tp="" pp=1 utilization="" kv_dtype="" max_len="" kv_bytes="" overhead=""  # the shape check's (model-shape-check.sh)
-HUB_LISTING=.twinspark-hub.json  # what the hub published for the revision (weights.py hub-download)
+HUB_LISTING=.twinspark-hub.json  # what the hub published for the revision (weights.py hub-download; its HUB_LISTING)
 
 # in_image ARGS...: weights.py ARGS inside the serving base image, DIR mounted at /weights
 in_image() {

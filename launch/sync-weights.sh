@@ -2,7 +2,7 @@
 # sync-weights.sh — copy the verified model directory from this node to a peer over every
 # rail at once, then verify the peer's copy file by file against the manifest's sha256.
 #
-#   WEIGHTS_SYNC_SECRET=... sync-weights.sh --node spark1 --peer spark2 --dir /home/nvidia/models/M \
+#   sync-weights.sh --node spark1 --peer spark2 --dir /home/nvidia/models/M \
 #       --manifest .twinspark-manifest --record .twinspark-verified --to nvidia@10.0.0.2 \
 #       --rail 10.0.0.2=10.0.0.1 --rail 10.0.1.2=10.0.1.1 --port 8873 --max-streams-per-rail 4 \
 #       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts \
@@ -11,13 +11,15 @@
 # Run on the node that holds the weights (fetch-weights.sh pinned them). The bulk copy is
 # rsync's own protocol, unencrypted on the private point-to-point cable: for the copy only,
 # the peer runs one rsync daemon per rail, bound to its address on that rail, answering
-# only this node's address on it, with one module (the model directory) behind a per-stack
-# secret (challenge-response; the secret reaches the daemon over ssh stdin and the clients
-# in RSYNC_PASSWORD, never argv). The peer's firewall opens the port to this node's rail
-# addresses only, for the copy only (--firewall-set: an nftables set of (source, destination)
-# pairs, each pair timing out by itself). The daemons stop and the port shuts when the copy
-# ends, whatever the end; a leftover of a killed run is stopped by the next and by its own
-# time limit.
+# only this node's address on it, with one module (the model directory) behind a secret made
+# for this copy alone (challenge-response; it reaches the daemon over ssh stdin and the clients
+# in RSYNC_PASSWORD, never argv; no node keeps it after). The module hides and refuses
+# twinspark's own files (a client cannot replace the manifest or the record), and the
+# verification after flags any file the revision does not have, wherever it is. The peer's
+# firewall opens the port to this node's rail addresses only, for the copy only
+# (--firewall-set: an nftables set of (source, destination) pairs, each timing out by itself
+# after DAEMON_HOURS). The daemons stop and the port shuts when the copy ends, whatever the
+# end; a leftover of a killed run is stopped by the next and by its own time limit.
 # The files still needed are split over streams (largest first, into the least loaded),
 # the streams over the rails, as many as the cores of both sides keep busy. ssh (the sync key, first rail) carries only the control.
 # Before: this node's copy must still match its record (a changed file is hashed again, and
@@ -27,7 +29,6 @@
 # soon as rsync has finished it, beside the rest of the copy. After: every file must match,
 # or the step fails naming each file and the node. The page cache the copy filled is released
 # on both sides (weights.py release_cache). A peer already complete is left untouched.
-# WEIGHTS_SYNC_SECRET comes from the environment (the runner's stdin), never from argv.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
@@ -38,7 +39,7 @@ node="" peer="" dir="" manifest="" record="" revision="" to="" port="" max_strea
 firewall_set=""
 rails=()
 program=""
-DAEMON_HOURS=8  # a daemon left by a killed run stops by itself after this long
+DAEMON_HOURS=8  # a daemon left by a killed run stops by itself after this long (firewall.COPY_SET_TIMEOUT too)
 MODULE=model RSYNC_USER=twinspark
 # shellcheck disable=SC2016  # expanded on the peer
 STATE='$HOME/.local/state/twinspark/weights-sync'  # on the peer: daemon config, pid files, weights.py
@@ -88,6 +89,8 @@ secrets file = $state/rsyncd.secrets
 hosts allow = ${rail#*=}
 hosts deny = *
 refuse options = delete remove-source-files
+# twinspark's own files (the manifest, the record) are neither read nor written through the module
+filter = - /.twinspark-*
 EOF
     setsid -f timeout "${hours}h" rsync --daemon --no-detach --config="$state/rsyncd-$i.conf" \
       --log-file="$state/rsyncd-$i.log" </dev/null >/dev/null 2>&1
@@ -135,7 +138,7 @@ peer_weights() { on_peer "$(weights_command "$@")"; }
 daemons_up=0
 start_daemons() {
   daemons_up=1
-  printf '%s\n' "$WEIGHTS_SYNC_SECRET" | on_peer "$(declare -f rsyncd_start rsyncd_stop); rsyncd_start $STATE $(q "$dir") $port $DAEMON_HOURS $MODULE $RSYNC_USER $(q "$firewall_set") ${rails[*]}"
+  printf '%s\n' "$copy_secret" | on_peer "$(declare -f rsyncd_start rsyncd_stop); rsyncd_start $STATE $(q "$dir") $port $DAEMON_HOURS $MODULE $RSYNC_USER $(q "$firewall_set") ${rails[*]}"
 }
 # (the exit hook's, after a failure; a finished copy stops them beside the peer's verification)
 stop_daemons() {
@@ -174,7 +177,7 @@ verify_and_stop_daemons() {
 
 # send_stream LIST ADDRESS: the files in LIST to the daemon on ADDRESS
 send_stream() {
-  RSYNC_PASSWORD=$WEIGHTS_SYNC_SECRET rsync -rlpt --inplace --append-verify --files-from="$1" \
+  RSYNC_PASSWORD=$copy_secret rsync -rlpt --inplace --append-verify --files-from="$1" \
     --contimeout=30 --timeout=600 "$dir/" "rsync://$RSYNC_USER@$2:$port/$MODULE/"
 }
 
@@ -223,7 +226,9 @@ main() {
     --known-hosts --firewall-set
   log_node=$node
   key=${key/#\~/$HOME} known_hosts=${known_hosts/#\~/$HOME}
-  [ -n "${WEIGHTS_SYNC_SECRET:-}" ] || usage_error "WEIGHTS_SYNC_SECRET must be set (the runner's secret on stdin)"
+  # this copy's own secret: 48 letters and digits from the kernel's random source, never stored
+  copy_secret=$(LC_ALL=C tr -dc 'A-Za-z0-9' </dev/urandom | head -c 48 || true)
+  [ "${#copy_secret}" -eq 48 ] || die "cannot draw the copy's secret from /dev/urandom"
   read_payload program weights.py
   [ -s "$dir/$manifest" ] || die "$dir/$manifest missing: the weights here are not complete (run fetch-weights.sh)"
   local held here_need

@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -43,8 +44,13 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 CHUNK = 8 << 20
-OWN_PREFIX = ".twinspark-"  # the manifest, the record, the hub listing: never weights
-HUB_METADATA_DIR = ".cache"  # huggingface_hub's download metadata inside local_dir
+# what the hub published for the revision, on the head (fetch-weights.sh's HUB_LISTING, the same name)
+HUB_LISTING = ".twinspark-hub.json"
+# huggingface_hub's bookkeeping inside local_dir (2.4: _local_folder.py, _tree_cache.py): .gitignore
+# (and its .lock), CACHEDIR.TAG, trees/<commit>.json, download/<file>.metadata and .lock, and
+# <short hash>.<etag>.incomplete while a file downloads
+HUB_METADATA = (".cache", "huggingface")
+HUB_METADATA_FILES = {(".gitignore",), (".gitignore.lock",), ("CACHEDIR.TAG",)}
 
 
 def log(message: str) -> None:
@@ -374,16 +380,37 @@ def read_json(path: Path, default=None):
         return default
 
 
-def weight_files(root: Path) -> list[str]:
-    """Every file under root but huggingface_hub's metadata and ours, relative, sorted."""
+def is_bookkeeping(rel: str, own: set[str], expected) -> bool:
+    """Ours at the top (the manifest, the record, the hub's listing, a write_json temp of one) or
+    huggingface_hub's own of a file of the revision: nothing else is passed over, so a file slipped
+    in beside the weights (a `.py` vLLM would import, a shard, anything under .cache) is named."""
+    parts = Path(rel).parts
+    if len(parts) == 1:
+        return any(rel == name or re.fullmatch(re.escape(name) + r"\.\d+\.tmp", rel) for name in own)
+    if parts[:2] != HUB_METADATA:
+        return False
+    if parts[2:] in HUB_METADATA_FILES or re.fullmatch(r"trees/[0-9a-f]{40}\.json", "/".join(parts[2:])):
+        return True
+    if parts[2:3] != ("download",) or len(parts) < 4:
+        return False
+    inner = "/".join(parts[3:])
+    if any(inner.endswith(suffix) and inner[:-len(suffix)] in expected for suffix in (".metadata", ".lock")):
+        return True
+    folder = str(Path(*parts[3:]).parent)
+    return inner.endswith(".incomplete") and any(str(Path(e).parent) == folder for e in expected)
+
+
+def weight_files(root: Path, own: set[str], expected) -> list[str]:
+    """Every file under root but is_bookkeeping's, relative, sorted."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _, filenames in os.walk(root):
         rel = Path(dirpath).relative_to(root)
-        if rel == Path("."):
-            dirnames[:] = [d for d in dirnames if d != HUB_METADATA_DIR]
-        found += [str(rel / f) if rel != Path(".") else f for f in filenames
-                  if not (rel == Path(".") and f.startswith(OWN_PREFIX))]
-    return sorted(found)
+        found += [str(rel / f) if rel != Path(".") else f for f in filenames]
+    return sorted(rel for rel in found if not is_bookkeeping(rel, own, expected))
+
+
+def own_files(args) -> set[str]:
+    return {Path(args.manifest).name, Path(args.record).name, HUB_LISTING}
 
 
 def stat_key(path: Path, st: os.stat_result | None = None) -> dict:
@@ -456,8 +483,8 @@ def pin(args) -> int:
     record = read_json(Path(args.record), {"files": {}})
     expected = hub["files"]
     problems = []
-    for rel in weight_files(root):
-        if rel not in expected:  # left by an earlier revision: not part of this one
+    for rel in weight_files(root, own_files(args), expected):
+        if rel not in expected:  # left by an earlier revision (or put there): not part of this one
             log(f"{node}: removing {rel}: not in {hub['repo']}@{hub['revision']}")
             (root / rel).unlink()
     missing = [rel for rel in expected if not (root / rel).is_file()]
@@ -561,7 +588,7 @@ def verify(args) -> int:
     if record.get("revision") not in (None, revision):
         log(f"{node} holds revision {record['revision']}; this stack pins {revision}: "
             + ("replacing the files that differ" if args.repair else "refused"))
-    extraneous = [rel for rel in weight_files(root) if rel not in expected]
+    extraneous = [rel for rel in weight_files(root, own_files(args), expected) if rel not in expected]
     if args.repair:  # vLLM globs *.safetensors: a stale shard must not be loaded
         for rel in extraneous:
             log(f"{node}: removing {rel}: not in revision {revision}")

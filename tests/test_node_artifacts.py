@@ -428,7 +428,7 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, 
     args = model_weights.ModelWeightsArgs(
         repo="org/model", dir=str(model), downloader_image="img", ssh_user="nvidia",
         head=model_weights.NodeAccess("spark1", None), workers=workers, hf_token=None,
-        revision=None, sync_secret="unused",
+        revision=None,
         tensor_parallel_size=tp, gpu_memory_utilization=utilization, memory_fit=memory_fit, pipeline_parallel_size=pp)
     line = script_command(model_weights.SHAPE_SCRIPT, model_weights.shape_check_args(args))
     stdin = script_text(model_weights.SHAPE_SCRIPT) + launch_file(model_weights.WEIGHTS_PROGRAM)

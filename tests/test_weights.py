@@ -41,7 +41,6 @@ from components.remote import launch_file, runner_stdin, script_command, script_
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER_RUN_STANDIN = ROOT / "tests" / "docker_run_standin"
 REPO = "org/model"
-SECRET = "per-stack-secret-0123456789"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -95,7 +94,7 @@ class Head:
 
     def run(self, script: str, args, secrets=(), payload="", timeout=300, background=False):
         """The runner's command line and stdin, as pulumi-command sends them to the head."""
-        secret_env = {"fetch-weights.sh": ["HF_TOKEN"], "sync-weights.sh": ["WEIGHTS_SYNC_SECRET"]}[script]
+        secret_env = {"fetch-weights.sh": ["HF_TOKEN"], "sync-weights.sh": []}[script]
         line = script_command(script, args, secret_env)
         stdin = runner_stdin(list(secrets), script_text(script), payload or launch_file(model_weights.WEIGHTS_PROGRAM))
         argv = (["ip", "netns", "exec", self.netns] if self.netns else []) + ["env", "-i", *(
@@ -114,7 +113,7 @@ def weights_args(head_dir: Path, workers=(), revision=None, endpoint="https://hu
     return ModelWeightsArgs(
         repo=REPO, revision=revision, dir=str(head_dir), downloader_image="twinspark-sim/base:local", ssh_user="root",
         head=NodeAccess("spark1", None), workers=list(workers),
-        hf_token=None, tensor_parallel_size=2, gpu_memory_utilization=0.85, sync_secret=SECRET,
+        hf_token=None, tensor_parallel_size=2, gpu_memory_utilization=0.85,
         hub_endpoint=endpoint, memory_fit=memory_fit)
 
 
@@ -517,9 +516,15 @@ class Pair:
         return [int(sh("ip", "netns", "exec", self.worker_ns, "cat", f"/sys/class/net/rail{i}/statistics/rx_bytes").stdout)
                 for i in range(2)]
 
-    def sync(self, revision: str, background=False, max_streams_per_rail=4, secret=SECRET):
+    def sync(self, revision: str, background=False, max_streams_per_rail=4):
         args = model_weights.sync_args(weights_args(self.head.dir, [WORKER]), WORKER, revision, max_streams_per_rail)
-        return self.head.run("sync-weights.sh", args, secrets=[secret], background=background)
+        return self.head.run("sync-weights.sh", args, background=background)
+
+    def copy_secret(self) -> str:
+        """The daemons' secret as the worker holds it while a copy runs ("" while there is none)."""
+        secrets = self.worker_home / ".local" / "state" / "twinspark" / "weights-sync" / "rsyncd.secrets"
+        line = secrets.read_text().strip() if secrets.exists() else ""
+        return line.removeprefix("twinspark:") if line.startswith("twinspark:") else ""
 
 
 @pytest.fixture
@@ -621,6 +626,9 @@ def test_interrupted_copy_resumes_and_the_daemons_answer_only_the_secret_on_the_
         while sum(p.stat().st_size for p in pair.worker_dir.glob("*.safetensors")) < total * 0.4:
             assert time.monotonic() < deadline and proc.poll() is None, "40% not copied"
             time.sleep(0.2)
+        for i in range(2):  # the copy held at a crawl while its doors are tried: it would end meanwhile
+            sh("ip", "netns", "exec", pair.head_ns, "tc", "qdisc", "change", "dev", f"rail{i}", "root", "tbf", "rate",
+               "1mbit", "burst", "64kb", "latency", "400ms")
         ports = re.findall(r"(\S+):8873\b", pair.listening(pair.worker_ns))
         assert sorted(ports) == ["10.0.0.2", "10.0.1.2"]  # the rail addresses, nothing else
         wrong = sh("ip", "netns", "exec", pair.head_ns, "env", "RSYNC_PASSWORD=wrong", "rsync",
@@ -631,6 +639,23 @@ def test_interrupted_copy_resumes_and_the_daemons_answer_only_the_secret_on_the_
         sh("ip", "-n", pair.head_ns, "addr", "add", "10.0.0.99/24", "dev", "rail0")
         assert pair.reaches("10.0.0.1", "10.0.0.2", contract.WEIGHTS_SYNC_PORT)
         assert not pair.reaches("10.0.0.99", "10.0.0.2", contract.WEIGHTS_SYNC_PORT)
+        # issue 37: with the secret a client overwrote the manifest and left evil.py. The secret is
+        # this copy's own; with it, the module neither shows nor takes twinspark's files
+        secret = pair.copy_secret()
+        assert re.fullmatch(r"[A-Za-z0-9]{48}", secret), secret
+        first_secret = secret
+        forged = pair.tmp / "forged"
+        forged.mkdir()
+        (forged / contract.WEIGHTS_MANIFEST).write_text('{"revision": "forged", "files": {}}')
+        (forged / "evil.py").write_text("import os\n")
+        manifest_before = (pair.worker_dir / contract.WEIGHTS_MANIFEST).read_bytes()
+        pushed = sh("ip", "netns", "exec", pair.head_ns, "env", f"RSYNC_PASSWORD={secret}", "rsync", "-rt",
+                    f"{forged}/", "rsync://twinspark@10.0.0.2:8873/model/", check=False)
+        listed = sh("ip", "netns", "exec", pair.head_ns, "env", f"RSYNC_PASSWORD={secret}", "rsync",
+                    "rsync://twinspark@10.0.0.2:8873/model/", check=False).stdout
+        assert (pair.worker_dir / contract.WEIGHTS_MANIFEST).read_bytes() == manifest_before, pushed.stderr
+        assert contract.WEIGHTS_MANIFEST not in listed and contract.WEIGHTS_RECORD not in listed, listed
+        assert (pair.worker_dir / "evil.py").exists()  # a file of its own gets through: the verification names it
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the whole step, its rsync clients with it
         proc.wait()
@@ -639,8 +664,22 @@ def test_interrupted_copy_resumes_and_the_daemons_answer_only_the_secret_on_the_
     copied = sum(p.stat().st_size for p in pair.worker_dir.glob("*.safetensors"))
     assert copied < total
     before = pair.rx_bytes()
-    out = pair.sync(pair.revision)  # stops the killed run's daemons, then resumes
-    assert out.returncode == 0, out.stdout + out.stderr
+    sh("ip", "netns", "exec", pair.head_ns, "tc", "qdisc", "add", "dev", "rail0", "root", "tbf", "rate",
+       "40mbit", "burst", "64kb", "latency", "400ms")  # the resumed copy too runs long enough to be looked at
+    out = pair.sync(pair.revision, background=True)  # stops the killed run's daemons, then resumes
+    try:
+        # the killed copy's daemons left their secret; the resumed copy's own replaces it
+        wait_for(lambda: pair.copy_secret() not in ("", first_secret) or out.poll() is not None,
+                 "a secret of the resumed copy's own", timeout_s=60)
+        assert out.poll() is None, out.stdout.read()
+        second_secret = pair.copy_secret()
+        stdout = out.stdout.read()
+        out.wait(timeout=300)
+    finally:
+        sh("ip", "netns", "exec", pair.head_ns, "tc", "qdisc", "del", "dev", "rail0", "root")
+    assert out.returncode == 0, stdout
+    assert second_secret != first_secret  # a secret per copy
+    assert "removing evil.py: not in revision" in stdout and not (pair.worker_dir / "evil.py").exists(), stdout
     resumed = sum(pair.rx_bytes()) - sum(before)
     assert resumed < (total - copied) * 1.1 + 2_000_000, (resumed, total, copied)
     same_copy(pair)
@@ -699,3 +738,43 @@ def test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link(tmp_path, h
         same_copy(pair)
     finally:
         pair.close()
+
+
+def test_verify_names_every_file_the_revision_lacks_but_its_own_bookkeeping(tmp_path):
+    """Issue 37: the extra-file check passed over every `.twinspark-*` file and all of `.cache/`,
+    so a file slipped in there stayed unnamed. Now only ours (the manifest, the record, the hub's
+    listing, a temp of one) and huggingface_hub's bookkeeping of a file of the revision pass."""
+    root = tmp_path / "model"
+    root.mkdir()
+    (root / "model.safetensors").write_bytes(b"x" * 1000)
+    (root / contract.WEIGHTS_MANIFEST).write_text(json.dumps({"revision": "a" * 40, "files": {
+        "model.safetensors": {"size": 1000, "sha256": hashlib.sha256(b"x" * 1000).hexdigest()}}}))
+    kept = [".twinspark-hub.json", f"{contract.WEIGHTS_RECORD}.4242.tmp", ".cache/huggingface/.gitignore",
+            ".cache/huggingface/CACHEDIR.TAG", f".cache/huggingface/trees/{'b' * 40}.json",
+            ".cache/huggingface/download/model.safetensors.metadata",
+            ".cache/huggingface/download/model.safetensors.lock",
+            ".cache/huggingface/download/Xy12Ab.0123456789abcdef.incomplete"]
+    strays = [".twinspark-evil", ".cache/evil.py", ".cache/huggingface/download/other.bin.metadata",
+              ".cache/huggingface/hub/x", ".cache/huggingface/trees/evil.py", "sub/evil.py", "modeling_evil.py"]
+    for rel in kept + strays:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    out = sh("python3", ROOT / "launch" / "weights.py", "verify", "--dir", root, "--manifest",
+             root / contract.WEIGHTS_MANIFEST, "--record", root / contract.WEIGHTS_RECORD, "--node", "spark2",
+             check=False)
+    assert out.returncode == 1, out.stderr
+    assert sorted(re.findall(r"FAIL spark2: (\S+): not in revision", out.stderr)) == sorted(strays), out.stderr
+
+
+def test_the_hub_listing_has_one_name():
+    text = (ROOT / "launch" / "fetch-weights.sh").read_text()
+    assert re.search(r"^HUB_LISTING=(\S+)", text, re.M).group(1) == weights_module().HUB_LISTING
+
+
+def weights_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("weights_py", ROOT / "launch" / "weights.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
