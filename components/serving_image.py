@@ -73,10 +73,6 @@ def printed_digest(stdout: str, what: str) -> str:
     return lines[-1].strip()
 
 
-def resolved_digest(stdout: str, image: str) -> str:
-    return printed_digest(stdout, f"image-pin-resolve printed no digest for {image}")
-
-
 @dataclass(frozen=True)
 class BaseImagePinArgs:
     image: str  # serving.image (or a monitoring image): a tag, or a reference naming a digest
@@ -101,7 +97,8 @@ class BaseImagePin(pulumi.ComponentResource):
                 NodeScript(RESOLVE_SCRIPT, ["--image", args.image, "--platform", args.platform]),
                 parent=self, ignore_changes=PIN_KEEPS_ACROSS,
             )
-            self.digest = self.command.stdout.apply(lambda out: resolved_digest(out, args.image))
+            self.digest = self.command.stdout.apply(
+                lambda out: printed_digest(out, f"{name}-resolve printed no digest for {args.image}"))
         self.reference = self.digest.apply(lambda digest: pinned_reference(args.image, digest))
         self.register_outputs({"digest": self.digest, "reference": self.reference})
 
