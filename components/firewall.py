@@ -33,9 +33,6 @@ EVERY_NODE, HEAD, WORKERS = "every node", "the head", "the workers"
 # When a flow exists (Flow.when): a config value names it
 ALWAYS, RAY, MP, OBSERVABILITY = "always", "serving.executor ray", "serving.executor mp", "observability.enabled"
 
-# The weight copy's set's pairs time out by themselves: a killed copy's pair goes too
-COPY_SET_TIMEOUT = "8h"  # as long as a copy's rsync daemons may live (sync-weights.sh DAEMON_HOURS)
-
 
 @dataclass(frozen=True)
 class Flow:
@@ -101,18 +98,19 @@ def _applies(flow: Flow, node: Node, topology: Topology) -> bool:
             OBSERVABILITY: cfg.observability.enabled}[flow.when]
 
 
-def _sources(flow: Flow, node: Node, topology: Topology) -> list[tuple[Optional[str], tuple[str, ...]]]:
-    """(interface, addresses) pairs the flow admits on `node`; [(None, ())]: anywhere."""
+def _sources(flow: Flow, node: Node, topology: Topology) -> tuple[Optional[str], tuple[str, ...]]:
+    """(interface, addresses) the flow admits on `node`; (None, ()) for ANYWHERE, else an empty
+    tuple of addresses where no one is to be admitted (no other node; the head's own scrapes,
+    which arrive on loopback)."""
     others = [m for m in topology.cfg.nodes if m.name != node.name]
     if flow.source == ANYWHERE:
-        return [(None, ())]
+        return None, ()
     if flow.source == LAN_PEERS:
-        return [(None, tuple(a for m in others for a in topology.lan[m.name]))]
+        return None, tuple(a for m in others for a in topology.lan[m.name])
     if flow.source == HEAD_RAY:
-        # the head's own scrapes arrive on loopback
-        return [] if node.role == "head" else [(_ray_iface(node, topology), (topology.head_ray_ip,))]
+        return _ray_iface(node, topology), (() if node.role == "head" else (topology.head_ray_ip,))
     assert flow.source == RAY_PEERS, flow.source
-    return [(_ray_iface(node, topology), tuple(topology.ray_ip(m) for m in others))]
+    return _ray_iface(node, topology), tuple(topology.ray_ip(m) for m in others)
 
 
 def _ray_iface(node: Node, topology: Topology) -> Optional[str]:
@@ -127,8 +125,9 @@ def firewall_policy(node: Node, topology: Topology) -> FirewallPolicy:
         if flow.source == COPY_SOURCE or not _applies(flow, node, topology):
             continue
         ports = (tuple((p, p) for p in topology.cfg.head_public_ports) if flow.ports is None else (flow.ports,))
-        admits += [Admit(flow.name, ports, sources, iface)
-                   for iface, sources in _sources(flow, node, topology) if sources or flow.source == ANYWHERE]
+        iface, sources = _sources(flow, node, topology)
+        if sources or flow.source == ANYWHERE:
+            admits.append(Admit(flow.name, ports, sources, iface))
     weight_copy = any(f.source == COPY_SOURCE and _applies(f, node, topology) for f in FLOWS)
     return FirewallPolicy(tuple(admits), weight_copy)
 
@@ -183,8 +182,9 @@ def render_firewall(node: Node, policy: FirewallPolicy) -> str:
     sets = ""
     if policy.weight_copy:
         rules.append(f"ip saddr . ip daddr @{contract.WEIGHT_COPY_SET} tcp dport {contract.WEIGHTS_SYNC_PORT} accept  # weight-copy")
+        # each pair times out by itself (sync-weights.sh adds it with its daemons' lifetime): a killed copy's goes too
         sets = (f"    set {contract.WEIGHT_COPY_SET} {{\n        type ipv4_addr . ipv4_addr\n        flags timeout\n"
-                f"        timeout {COPY_SET_TIMEOUT}\n    }}\n")
+                "    }\n")
     body = "".join(f"        {r}\n" for r in rules)
     return f"""# twinspark host firewall of {node.name} (managed; edit the stack config instead)
 table {table}

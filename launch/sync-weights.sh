@@ -39,7 +39,7 @@ node="" peer="" dir="" manifest="" record="" revision="" to="" port="" max_strea
 firewall_set=""
 rails=()
 program=""
-DAEMON_HOURS=8  # a daemon left by a killed run stops by itself after this long (firewall.COPY_SET_TIMEOUT too)
+DAEMON_HOURS=8  # a daemon left by a killed run stops by itself after this long, its firewall pairs too
 MODULE=model RSYNC_USER=twinspark
 # shellcheck disable=SC2016  # expanded on the peer
 STATE='$HOME/.local/state/twinspark/weights-sync'  # on the peer: daemon config, pid files, weights.py
@@ -58,17 +58,21 @@ q() { printf %q "$1"; }
 # ---- on the peer (sent with declare -f) ---------------------------------------------------------
 # rsyncd_start STATE DIR PORT HOURS MODULE USER FIREWALL_SET ADDRESS=ALLOWED...; the secret on stdin
 rsyncd_start() {
-  local state=$1 dir=$2 port=$3 hours=$4 module=$5 user=$6 firewall_set=$7 i=0 rail as_root="" pairs=()
+  local state=$1 dir=$2 port=$3 hours=$4 module=$5 user=$6 firewall_set=$7 i=0 rail as_root="" pairs=() timed=()
   shift 7
   # rsyncd drops a root daemon to nobody; any other user keeps its own (and may not set one)
   [ "$(id -u)" -ne 0 ] || as_root=$'uid = 0\ngid = 0'
 
   rsyncd_stop "$state"
   install -d -m 700 "$state"
-  for rail; do pairs+=("${rail#*=} . ${rail%%=*}"); done
+  # each rail's (source . destination) pair, open as long as the daemons may live
+  for rail; do
+    pairs+=("${rail#*=} . ${rail%%=*}")
+    timed+=("${rail#*=} . ${rail%%=*} timeout ${hours}h")
+  done
   printf '%s\n' "$firewall_set" "$(IFS=,; echo "${pairs[*]}")" >"$state/firewall"
   # shellcheck disable=SC2086  # the set's family, table and name: three words
-  sudo -n nft add element $firewall_set "{ $(IFS=,; echo "${pairs[*]}") }" </dev/null ||
+  sudo -n nft add element $firewall_set "{ $(IFS=,; echo "${timed[*]}") }" </dev/null ||
     { echo "cannot open the copy's port in this node's firewall (nftables set $firewall_set: is HostPrep's table loaded?)" >&2; return 1; }
   (umask 077 && sed "s/^/$user:/" >"$state/rsyncd.secrets")
   for rail; do

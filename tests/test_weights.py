@@ -500,12 +500,17 @@ class Pair:
     def listening(ns: str) -> str:
         return sh("ip", "netns", "exec", ns, "ss", "-Hltn").stdout
 
-    def copy_pairs_open(self) -> list[str]:
-        """The worker's firewall set of the copy's pairs, "source . destination" each."""
+    def copy_pair_elements(self) -> list[dict]:
+        """The worker's firewall set of the copy's pairs, as nft -j lists them."""
         listed = json.loads(sh("ip", "netns", "exec", self.worker_ns, "nft", "-j", "list", "set", "inet",
                                contract.FIREWALL_TABLE, contract.WEIGHT_COPY_SET).stdout)
         (found,) = [item["set"] for item in listed["nftables"] if "set" in item]
-        return sorted(" . ".join(e["elem"]["val"]["concat"]) for e in found.get("elem", []))
+        # an element with a timeout is {"elem": {"val": ..., "timeout": ...}}, one without it the value alone
+        return [e["elem"] if "elem" in e else {"val": e} for e in found.get("elem", [])]
+
+    def copy_pairs_open(self) -> list[str]:
+        """The copy's pairs open in the worker's firewall, "source . destination" each."""
+        return sorted(" . ".join(e["val"]["concat"]) for e in self.copy_pair_elements())
 
     def reaches(self, source: str, address: str, port: int) -> bool:
         code = (f"import socket; s = socket.socket(); s.settimeout(2); s.bind(({source!r}, 0)); "
@@ -636,6 +641,8 @@ def test_interrupted_copy_resumes_and_the_daemons_answer_only_the_secret_on_the_
         assert wrong.returncode != 0 and "auth failed" in wrong.stderr, wrong.stderr
         # the port is open to the copy's source on each rail, and to no other device on the rail
         assert pair.copy_pairs_open() == ["10.0.0.1 . 10.0.0.2", "10.0.1.1 . 10.0.1.2"]
+        # each closes by itself when the daemons' own limit (DAEMON_HOURS, 8 h) ends a killed copy
+        assert [e.get("timeout") for e in pair.copy_pair_elements()] == [8 * 3600] * 2
         sh("ip", "-n", pair.head_ns, "addr", "add", "10.0.0.99/24", "dev", "rail0")
         assert pair.reaches("10.0.0.1", "10.0.0.2", contract.WEIGHTS_SYNC_PORT)
         assert not pair.reaches("10.0.0.99", "10.0.0.2", contract.WEIGHTS_SYNC_PORT)
