@@ -4,6 +4,8 @@ Composition root only: validate the config, give each component the small set of
 needs, export the outputs contract. What each step does lives in components/.
 """
 
+from dataclasses import replace
+
 import pulumi
 import pulumi_random as random
 
@@ -85,6 +87,31 @@ base_image = BaseImagePin("image-pin", BaseImagePinArgs(image=cfg.serving.image,
 access = {n.name: NodeAccess(n.name, conns[n.name], topology.copy_rails(n) if n.role == "worker" else (),
                              installations[n.name])
           for n in cfg.nodes}
+
+
+def serving_image(n, ship_from=None) -> ServingImage:
+    return ServingImage(
+        f"{n.name}-image",
+        ServingImageArgs(
+            node_name=n.name,
+            docker_host=ssh.docker_host(n),
+            ssh_opts=ssh.docker_ssh_opts(n),
+            base_image=base_image.reference,
+            apt_packages=cfg.serving.apt_packages,
+            platform=cfg.serving.platform,
+            installation=installations[n.name],
+            ship_from=ship_from,
+        ),
+        opts=after_fabric,
+    )
+
+
+# one serving image for the cluster: built on the head, shipped to each worker over the rail (with
+# the weight copy's sync key: its authorization opens for the ships too)
+images = {head.name: serving_image(head)}
+ships = {w.name: ShipFrom(head_name=head.name, head_connection=conns[head.name], image_name=images[head.name].image_name,
+                          image_id=images[head.name].image_id, to=f"{cfg.ssh.user}@{access[w.name].copy_ip}")
+         for w in cfg.workers}
 relays = {name: CopySource(access[source], rails) for name, (source, rails) in topology.weight_relays().items()}
 weights = ModelWeights(
     "weights",
@@ -104,33 +131,13 @@ weights = ModelWeights(
         memory_fit=memory_fit_args(cfg.serving),
         relays=relays,
         copy_after=topology.weight_copy_queue(),
+        image_ships={name: ship.run(name) for name, ship in ships.items()},
     ),
     opts=after_fabric,
 )
-def serving_image(n, ship_from=None) -> ServingImage:
-    return ServingImage(
-        f"{n.name}-image",
-        ServingImageArgs(
-            node_name=n.name,
-            docker_host=ssh.docker_host(n),
-            ssh_opts=ssh.docker_ssh_opts(n),
-            base_image=base_image.reference,
-            apt_packages=cfg.serving.apt_packages,
-            platform=cfg.serving.platform,
-            installation=installations[n.name],
-            ship_from=ship_from,
-        ),
-        opts=after_fabric,
-    )
-
-
-# one serving image for the cluster: built on the head, shipped to each worker over the rail
-images = {head.name: serving_image(head)}
 for w in cfg.workers:
-    images[w.name] = serving_image(w, ShipFrom(
-        head_name=head.name, head_connection=conns[head.name], image_name=images[head.name].image_name,
-        image_id=images[head.name].image_id, to=f"{cfg.ssh.user}@{access[w.name].copy_ip}",
-        peer_trust=weights.peer_trust[w.name]))
+    images[w.name] = serving_image(w, replace(ships[w.name], peer_trust=weights.peer_trust[w.name]))
+weights.revoke_after([images[w.name].ship for w in cfg.workers])  # the sync keys' steps done: keys taken back
 # the platform gate: every node's facts, judged before the NCCL check and the containers
 platform = PlatformFacts(
     "platform",

@@ -195,11 +195,16 @@ def docker_run_flags() -> list[str]:
 # (stat and sha256 per file, and the revision once complete): unchanged files are not re-read.
 WEIGHTS_MANIFEST = ".twinspark-manifest"
 WEIGHTS_RECORD = ".twinspark-verified"
-# The copy's rsync daemons on each worker, one per rail address, only while a copy runs.
+# The copy's rsync daemons on each worker, one per rail address, only while a copy runs, and
+# at most this long: a daemon a killed copy left stops by itself then, its firewall pairs too.
 WEIGHTS_SYNC_PORT = 8873
+WEIGHTS_SYNC_HOURS = 8
 SYNC_KEY = "~/.ssh/twinspark_weights"
 SYNC_KEY_COMMENT = "twinspark-weights"
 SYNC_KNOWN_HOSTS = "~/.ssh/twinspark_known_hosts"
+# On a node that admits a sync key: the key's forced command (launch/sync-key-command.py) and
+# the weights.py it runs, root-owned: what the key may do, whoever holds it
+SYNC_KEY_COMMAND_DIR = "/usr/local/lib/twinspark/sync-key"
 
 # ---- observability (components/observability.py) ------------------------------------------
 # Everything the monitoring containers keep on the host; `pulumi destroy` keeps it (metrics and

@@ -8,22 +8,27 @@ Creates:
   load costs no download; then that commit, resumable, inside the serving base image, HF token
   as a stdin secret, every file checked against the hub's hashes) and `{head}-weights-sync-key` (launch/sync-key.sh: a
   dedicated ed25519 key for the copy's control connection);
-- per worker: `{worker}-weights-host-key` (launch/peer-host-key.sh on the head: the worker's
+- per worker: `{worker}-weights-forced-command` and `-forced-command-weights` (root-owned
+  launch/sync-key-command.py and the weights.py it runs: all a sync key may do there),
+  `{worker}-weights-host-key` (launch/peer-host-key.sh on the head: the worker's
   pinned host key for its rail addresses, in the known_hosts the copy and the shape check
   read) and `{worker}-weights-authorize` (launch/authorize-key.sh: that key, restricted to
-  the head's rail address, in the worker's authorized_keys);
+  the head's rail address and to the forced command bound to the model directory, the
+  revision and the copy's rails, in the worker's authorized_keys; opened only when a step
+  that uses it runs, and taken back by `{worker}-weights-revoke` once they are done:
+  revoke_after);
 - on the head: `{head}-weights-shape-check` (launch/model-shape-check.sh: config.json's heads
   must split over TP, its layers over PP, and the weights and one sequence of maxModelLen fit
   gpuMemoryUtilization x each node's MemTotal, read over the rail), so a model that cannot
   load stops `pulumi up` before the copy;
 - per worker: `{worker}-weights-sync` (launch/sync-weights.sh on the worker's source: rsync
-  daemons on the worker's rail addresses for the copy only, many streams over every rail, the
-  per-stack copy secret on stdin; then every file's sha256 checked on the worker, naming any
+  daemons on the worker's rail addresses for the copy only, many streams over every rail, a
+  secret of the copy's own; then every file's sha256 checked on the worker, naming any
   mismatch), made again when the worker is reinstalled (it follows `{worker}-installation`).
   The source is the head, or where Topology.weight_copies fans out (a switch of four) a worker
   whose own copy is complete: that worker's `{source}-weights-sync-key`, and per relayed worker
-  `{worker}-weights-relay-host-key` (on the source) and `{worker}-weights-relay-authorize`, as
-  the head's; a copy queued behind another through the same port waits for it.
+  `{worker}-weights-relay-host-key` (on the source), `{worker}-weights-relay-authorize` and
+  `-relay-revoke`, as the head's; a copy queued behind another through the same port waits for it.
 launch/weights.py (hashing, records, the stream plan, the hub calls, the shape check) rides on
 each step's stdin. No step does anything when its part is already complete; unchanged files are not
 hashed again.
@@ -33,17 +38,19 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
 import pulumi
 from pulumi_command import remote
 
-from node_contract import (CONTAINER_SLICE, FIREWALL_TABLE, SYNC_KEY, SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS,
-                           WEIGHT_COPY_SET, WEIGHTS_MANIFEST, WEIGHTS_RECORD, WEIGHTS_SYNC_PORT)
+from node_contract import (CONTAINER_SLICE, FIREWALL_TABLE, SERVING_IMAGE_REPOSITORY, SYNC_KEY, SYNC_KEY_COMMAND_DIR,
+                           SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHT_COPY_SET, WEIGHTS_MANIFEST, WEIGHTS_RECORD,
+                           USER_STATE_DIR, WEIGHTS_SYNC_HOURS, WEIGHTS_SYNC_PORT)
 
 from .config import DEFAULT_HUB_ENDPOINT, CopyRail
-from .remote import NodeHandle, NodeScript, launch_file, node_command
+from .remote import ManagedFile, NodeHandle, NodeScript, launch_file, managed_file_commands, node_command, step_fingerprint
 
 FETCH_SCRIPT = "fetch-weights.sh"
 SYNC_SCRIPT = "sync-weights.sh"
@@ -52,6 +59,7 @@ SYNC_KEY_SCRIPT = "sync-key.sh"
 AUTHORIZE_SCRIPT = "authorize-key.sh"
 PEER_HOST_KEY_SCRIPT = "peer-host-key.sh"
 WEIGHTS_PROGRAM = "weights.py"
+FORCED_COMMAND = "sync-key-command.py"
 # At most this many streams per rail (fewer where the cores are fewer: sync-weights.sh). One
 # rsync stream is bound by a core or two (its copy loop and checksums), far below a 100G
 # rail or the NVMe; four per rail keep both rails and the disk busy on a 20-core Spark.
@@ -102,6 +110,9 @@ class ModelWeightsArgs:
     # by worker name, the worker whose copy from the same source over the same rails goes first
     # (Topology.weight_copy_queue: one copy at a time through a port)
     copy_after: Mapping[str, str] = field(default_factory=dict)
+    # by worker name, the image ship's run on the head (serving_image.ship_script): the sync key's
+    # other user, for which the worker's authorization opens too
+    image_ships: Mapping[str, NodeScript] = field(default_factory=dict)
 
 
 def hub_args(args: ModelWeightsArgs) -> list[str]:
@@ -135,16 +146,35 @@ def copy_source(args: ModelWeightsArgs, worker: NodeAccess) -> CopySource:
     return args.relays.get(worker.name) or CopySource(args.head, worker.copy_rails)
 
 
+def rail_flags(source: CopySource) -> list[str]:
+    return [a for rail in source.rails for a in ("--rail", f"{rail.worker_ip}={rail.source_ip}")]
+
+
 def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
               max_streams_per_rail: int = MAX_STREAMS_PER_RAIL) -> list[str]:
     """The revision is there for the trigger: a new one copies again."""
     source = copy_source(args, worker)
-    rails = [a for rail in source.rails for a in ("--rail", f"{rail.worker_ip}={rail.source_ip}")]
     return ["--node", source.node.name, "--peer", worker.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
-            "--record", WEIGHTS_RECORD, "--revision", revision,
-            "--to", f"{args.ssh_user}@{source.rails[0].worker_ip}", *rails, "--port", str(WEIGHTS_SYNC_PORT),
-            "--max-streams-per-rail", str(max_streams_per_rail), "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS,
-            "--firewall-set", f"inet {FIREWALL_TABLE} {WEIGHT_COPY_SET}"]
+            "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{source.rails[0].worker_ip}", *rail_flags(source),
+            "--port", str(WEIGHTS_SYNC_PORT), "--max-streams-per-rail", str(max_streams_per_rail),
+            "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
+
+
+def forced_command(args: ModelWeightsArgs, worker: NodeAccess, source: CopySource, revision: str) -> list[str]:
+    """What `source`'s sync key may do on `worker` (launch/sync-key-command.py): bound to the
+    model directory and this revision, the copy's rails, port and firewall set."""
+    return ["python3", f"{SYNC_KEY_COMMAND_DIR}/{FORCED_COMMAND}", "--node", worker.name, "--dir", args.dir,
+            "--manifest", WEIGHTS_MANIFEST, "--record", WEIGHTS_RECORD, "--revision", revision,
+            "--port", str(WEIGHTS_SYNC_PORT), "--hours", str(WEIGHTS_SYNC_HOURS),
+            "--firewall-set", f"inet {FIREWALL_TABLE} {WEIGHT_COPY_SET}", *rail_flags(source),
+            "--image-repository", SERVING_IMAGE_REPOSITORY, "--state-dir", f"{USER_STATE_DIR}/weights-sync"]
+
+
+def forced_command_files() -> list[ManagedFile]:
+    """The forced command and the weights.py it runs, root-owned on each worker."""
+    return [ManagedFile("forced-command", f"{SYNC_KEY_COMMAND_DIR}/{FORCED_COMMAND}", launch_file(FORCED_COMMAND)),
+            ManagedFile("forced-command-weights", f"{SYNC_KEY_COMMAND_DIR}/{WEIGHTS_PROGRAM}",
+                        launch_file(WEIGHTS_PROGRAM))]
 
 
 def peer_host_key_args(source: CopySource, worker: NodeAccess) -> list[str]:
@@ -186,17 +216,28 @@ def parse_memory_fit(stdout: str) -> dict:
     return {}
 
 
-def render_authorized_key_line(source_ip: str, public_key: str) -> str:
-    """Only from the source's rail address, and nothing but commands (no pty, no forwarding)."""
-    return f'from="{source_ip}",restrict {public_key.strip()}\n'
+def render_authorized_key_line(source_ip: str, public_key: str, command: Sequence[str]) -> str:
+    """Only from the source's rail address, only `command` whatever the client asks (sshd runs it
+    with the request in SSH_ORIGINAL_COMMAND), no pty, no forwarding."""
+    line = shlex.join(command)
+    if '"' in line or "\\" in line:  # authorized_keys would need them escaped; no flag of ours has one
+        raise ValueError(f"a forced command may hold no double quote or backslash: {line}")
+    return f'from="{source_ip}",command="{line}",restrict {public_key.strip()}\n'
 
 
 KEY_FLAGS = ["--key", SYNC_KEY, "--comment", SYNC_KEY_COMMENT]
 
 
+def reinstalled(worker: NodeAccess) -> list[pulumi.Resource]:
+    """A reinstalled worker is copied and shipped to again (those steps follow its installation):
+    its authorization opens again for them."""
+    return [worker.installation] if worker.installation else []
+
+
 class ModelWeights(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModelWeightsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:model_weights:ModelWeights", name, None, opts)
+        self._args = args
         head = args.head
         program = launch_file(WEIGHTS_PROGRAM)
         hf_token = {"HF_TOKEN": pulumi.Output.secret(args.hf_token or "")}
@@ -224,17 +265,36 @@ class ModelWeights(pulumi.ComponentResource):
         # each node a copy leaves from has its own sync key: the head, and any relay (a switch of four)
         senders = [head, *{r.node.name: r.node for r in args.relays.values()}.values()] if args.workers else []
         sync_keys = {sender.name: self._sync_key(sender, relay=sender is not head) for sender in senders}
+        # The steps that reach a worker with a sync key, each run known before any of them is made:
+        # a worker's authorization opens for exactly these and is revoked once they are done.
+        shape_run = NodeScript(SHAPE_SCRIPT, shape_check_args(args), payload=program)
+        sync_runs = {w.name: NodeScript(SYNC_SCRIPT, self.revision.apply(lambda rev, w=w: sync_args(args, w, rev)),
+                                        payload=program)  # no secret of the stack's: the copy draws its own
+                     for w in args.workers}
+        key_users: dict[tuple[str, str], list[pulumi.Output[str]]] = {}  # (worker, source) -> fingerprints
+        for worker in args.workers:
+            source = copy_source(args, worker)
+            from_head = [step_fingerprint(head.connection, shape_run, [args.repo])]
+            if worker.name in args.image_ships:
+                from_head.append(step_fingerprint(head.connection, args.image_ships[worker.name]))
+            copy = step_fingerprint(source.node.connection, sync_runs[worker.name], [args.repo])
+            key_users[(worker.name, head.name)] = from_head + ([copy] if source.node is head else [])
+            if source.node is not head:
+                key_users[(worker.name, source.node.name)] = [copy]
+        self._key_users = key_users
         # per worker, what lets the head in (the shape check's read, the image ship, the copy):
         # the worker's pinned key on the head, the head's sync key on the worker
+        self._authorizations: list[tuple[str, NodeAccess, CopySource, pulumi.Output[str]]] = []
         ways_in: dict[str, list[remote.Command]] = {}
         for worker in args.workers:
-            ways_in[worker.name] = self._way_in(worker, CopySource(head, worker.copy_rails), sync_keys[head.name])
+            programs = managed_file_commands(worker.name, "weights", worker.connection, forced_command_files(), self)
+            ways_in[worker.name] = self._way_in(worker, CopySource(head, worker.copy_rails), sync_keys[head.name],
+                                                programs)
         # the same ways in carry the serving image to the workers (serving_image.ShipFrom)
         self.peer_trust: dict[str, list[remote.Command]] = ways_in
         # the workers' memory is read with the sync key, so after the authorizations
         self.shape_check = node_command(
-            f"{head.name}-weights-shape-check", head.connection,
-            NodeScript(SHAPE_SCRIPT, shape_check_args(args), payload=program),
+            f"{head.name}-weights-shape-check", head.connection, shape_run,
             parent=self, triggers=[args.repo], depends_on=[self.fetch, *(c for w in ways_in.values() for c in w)],
         )
         self.memory_fit: pulumi.Output[dict] = self.shape_check.stdout.apply(parse_memory_fit)
@@ -250,17 +310,30 @@ class ModelWeights(pulumi.ComponentResource):
                 after.append(syncs[args.copy_after[worker.name]])
             if source.node is not head:
                 after += [syncs[source.node.name],
-                          *self._way_in(worker, source, sync_keys[source.node.name], relay=True)]
+                          *self._way_in(worker, source, sync_keys[source.node.name], [], relay=True)]
             syncs[worker.name] = node_command(
-                f"{worker.name}-weights-sync", source.node.connection,
-                # no secret of the stack's: the copy draws its own (sync-weights.sh)
-                NodeScript(SYNC_SCRIPT, self.revision.apply(lambda rev, w=worker: sync_args(args, w, rev)),
-                           payload=program),
+                f"{worker.name}-weights-sync", source.node.connection, sync_runs[worker.name],
                 parent=self, triggers=[args.repo], depends_on=after,
-                replace_with=[worker.installation] if worker.installation else (),
+                replace_with=reinstalled(worker),
             )
         self.syncs = list(syncs.values())
         self.register_outputs({"revision": self.revision})
+
+    def revoke_after(self, others: Sequence[pulumi.Resource]) -> list[remote.Command]:
+        """Each sync key's authorization taken back once its steps are done: the shape check, the
+        copies (verified) and `others` (the image ships). A later `up` whose steps need a key
+        again authorizes it again first (the authorization and its revocation share triggers)."""
+        users = [self.shape_check, *self.syncs, *others]
+        revokes = []
+        for authorize_name, worker, source, line in self._authorizations:
+            flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
+            revokes.append(node_command(
+                authorize_name.removesuffix("authorize") + "revoke", worker.connection,
+                NodeScript(AUTHORIZE_SCRIPT, ["revoke", *flags], payload=line),
+                parent=self, triggers=self._key_users[(worker.name, source.node.name)], depends_on=users,
+                replace_with=reinstalled(worker),
+            ))
+        return revokes
 
     def _sync_key(self, sender: NodeAccess, relay: bool) -> remote.Command:
         """`sender`'s dedicated key for the copies it sends (its stdout: the public half); a relay's
@@ -275,11 +348,12 @@ class ModelWeights(pulumi.ComponentResource):
         )
 
     def _way_in(self, worker: NodeAccess, source: CopySource, sync_key: remote.Command,
-                relay: bool = False) -> list[remote.Command]:
+                programs: Sequence[remote.Command], relay: bool = False) -> list[remote.Command]:
         """What lets `source` in to `worker`: the worker's pinned key in the source's known_hosts
         (on the source: a reinstalled worker's new key is pinned there too; a reinstalled relay's
         known_hosts is written again) and the source's sync key in the worker's authorized_keys,
-        admitted only from the source's rail address."""
+        admitted only from the source's rail address and only to run the forced command (installed
+        by `programs`), for as long as the steps that use it run (revoke_after)."""
         kind = "relay-" if relay else ""
         host_key = node_command(
             f"{worker.name}-weights-{kind}host-key", source.node.connection,
@@ -288,10 +362,13 @@ class ModelWeights(pulumi.ComponentResource):
         )
         authorize_name = f"{worker.name}-weights-{kind}authorize"
         flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
-        line = sync_key.stdout.apply(lambda key: render_authorized_key_line(source.rails[0].source_ip, key))
+        line = pulumi.Output.all(sync_key.stdout, self.revision).apply(lambda v: render_authorized_key_line(
+            source.rails[0].source_ip, v[0], forced_command(self._args, worker, source, v[1])))
+        self._authorizations.append((authorize_name, worker, source, line))
         authorize = node_command(
             authorize_name, worker.connection,
             NodeScript(AUTHORIZE_SCRIPT, ["add", *flags], delete_args=["remove", *flags], payload=line),
-            parent=self,
+            parent=self, triggers=self._key_users[(worker.name, source.node.name)],
+            depends_on=list(programs), replace_with=reinstalled(worker),
         )
         return [host_key, authorize]

@@ -219,6 +219,19 @@ def node_command(
     )
 
 
+def step_fingerprint(conn: remote.ConnectionArgs, run: NodeScript,
+                     triggers: Sequence[pulumi.Input] = ()) -> pulumi.Output[str]:
+    """A digest of what makes a `node_command` step run again (its connection, command line, stdin
+    and triggers; `replace_with` aside): another step whose work the step needs, opened only for
+    it (ModelWeights' key authorization), re-runs with it. No secrets: a digest of one would let
+    whoever reads it (the state, a preview) test guesses offline."""
+    if run.secrets:
+        raise ValueError(f"{run.script}: a step with secrets has no fingerprint")
+    parts = [compared_connection(conn), pulumi.Output.from_input(run.args).apply(lambda a: script_command(run.script, a)),
+             script_stdin(run.script, (), run.payload), *triggers]
+    return pulumi.Output.all(*parts).apply(lambda values: sha256_text(json.dumps(values)))
+
+
 # ---- files on a node -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class ManagedFile:

@@ -123,7 +123,13 @@ class ShipFrom:
     image_id: pulumi.Input[str]  # the build's ID
     to: str  # user@worker-first-rail-address, as the weight copy reaches it
     # what lets the head in: the worker's pinned host key on the head, the sync key on the worker
-    peer_trust: Sequence[pulumi.Resource]
+    # (whose authorization opens for `run`: ModelWeightsArgs.image_ships)
+    peer_trust: Sequence[pulumi.Resource] = ()
+
+    def run(self, node_name: str) -> NodeScript:
+        """The ship step's script and arguments, for `node_name`."""
+        return NodeScript(SHIP_SCRIPT, pulumi.Output.all(self.image_name, self.image_id).apply(
+            lambda v: ship_args(node_name, self, v[0], v[1])))
 
 
 @dataclass(frozen=True)
@@ -205,10 +211,7 @@ class ServingImage(pulumi.ComponentResource):
             # installation and is made again when that is (as the weight copy does).
             self.image_name = pulumi.Output.from_input(ship.image_name)
             self.ship = node_command(
-                f"{args.node_name}-image-ship", ship.head_connection,
-                NodeScript(SHIP_SCRIPT, pulumi.Output.all(ship.image_name, ship.image_id).apply(
-                    lambda v: ship_args(args.node_name, ship, v[0], v[1]))),
-                parent=self, depends_on=list(ship.peer_trust), replace_with=[args.installation],
+                f"{args.node_name}-image-ship", ship.head_connection, ship.run(args.node_name), parent=self, depends_on=list(ship.peer_trust), replace_with=[args.installation],
             )
             self.image_id = self.ship.stdout.apply(lambda out: shipped_id(out, args.node_name))
         self.register_outputs({"imageId": self.image_id})

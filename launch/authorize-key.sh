@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# authorize-key.sh — let one node's sync key in to this node, from its rail address, and nothing more.
+# authorize-key.sh — let one node's sync key in to this node, from its rail address, to run its
+# forced command (sync-key-command.py) and nothing more.
 #
-#   authorize-key.sh add --comment twinspark-weights --owner O < 'from="10.0.0.1",restrict ssh-ed25519 AAAA... twinspark-weights@spark1'
+#   authorize-key.sh add --comment twinspark-weights --owner O \
+#       < 'from="10.0.0.1",command="python3 ...",restrict ssh-ed25519 AAAA... twinspark-weights@spark1'
+#   authorize-key.sh revoke --comment twinspark-weights --owner O < (the same line)
 #   authorize-key.sh remove --comment twinspark-weights --owner O < (the same line)
 #
 # A worker admits the head's key and, where its copy leaves from another worker (a switch of
 # four), that worker's too: one authorization per source address, each its own step. add
 # appends the line from stdin unless it is there already, dropping the line it replaces (the
 # same source's earlier key: a rotated or reinstalled source); remove deletes that source's
-# lines carrying the sync key's comment and no other line. Both read the line (a delete runs
+# lines carrying the sync key's comment and no other line. revoke does as remove once the
+# steps that use the key are done, keeping the ownership (the authorization's step still
+# stands, and opens it again when those steps run again). All read the line (a delete runs
 # with its create's stdin).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
@@ -24,10 +29,11 @@ main() {
   [ $# -gt 0 ] && shift
   parse_flags --comment=comment --owner=owner -- "$@"
   require_flags --comment --owner
-  [[ $verb == add || $verb == remove ]] || usage_error "expected 'add' or 'remove' first, got '$verb'"
+  [[ $verb == add || $verb == revoke || $verb == remove ]] ||
+    usage_error "expected 'add', 'revoke' or 'remove' first, got '$verb'"
   IFS= read -r line || true
-  [[ $line =~ ^from=\"([^\"]+)\",restrict\ .*\ $comment@ ]] ||
-    usage_error "stdin must be one authorized_keys line from=\"ADDRESS\",restrict ... with comment $comment@HOST"
+  [[ $line =~ ^from=\"([^\"]+)\",command=\"[^\"]+\",restrict\ .*\ $comment@ ]] ||
+    usage_error "stdin must be one authorized_keys line from=\"ADDRESS\",command=\"...\",restrict ... with comment $comment@HOST"
   address=${BASH_REMATCH[1]}
   thing="sync-key-authorization@$address"
   case "$verb" in
@@ -38,6 +44,18 @@ main() {
       if grep -qxF "$line" "$keys_file"; then echo "unchanged: sync key from $address authorized"; return 0; fi
       replace_keys_file "$address" "$line"
       echo "authorized: sync key from $address"
+      ;;
+    revoke)
+      if ! owned_by "$thing" "$owner"; then
+        echo "kept: sync key authorization from $address (now managed by $(owner_of "$thing"))"
+        return 0
+      fi
+      if [ ! -f "$keys_file" ] || ! admitted "$address" <"$keys_file"; then
+        echo "unchanged: no sync key from $address authorized"
+        return 0
+      fi
+      replace_keys_file "$address" ""
+      echo "revoked: sync key from $address (its steps are done)"
       ;;
     remove)
       if ! owned_by "$thing" "$owner"; then
@@ -62,6 +80,12 @@ replace_keys_file() {
   others_than "$1" <"$keys_file" >"$next"
   if [ -n "$2" ]; then printf '%s\n' "$2" >>"$next"; fi
   mv -f "$next" "$keys_file"
+}
+
+# admitted ADDRESS: does stdin hold the sync key's line from ADDRESS?
+admitted() {
+  awk -v prefix="from=\"$1\"," -v comment=" $comment@" \
+    'index($0, prefix) == 1 && index($0, comment) > 0 { found = 1 } END { exit !found }'
 }
 
 # others_than ADDRESS: the lines of stdin but the sync key's from ADDRESS

@@ -10,7 +10,7 @@
 # Runs on the head once the weights are complete there: before they are copied, and long
 # before vLLM would fail loading them. Reads every node's MemTotal (Spark's memory is unified:
 # it is what the GPU can use): this node's from /proc/meminfo, each peer's over its rail with
-# the weight sync's key. weights.py `shape-check` (stdin, after this script) then judges
+# the weight sync's key (its forced command's `meminfo`). weights.py `shape-check` (stdin, after this script) then judges
 # config.json, the manifest's safetensors sizes and those figures, one ok/FAIL line per check.
 # fetch-weights.sh runs the same checks before the download, on this node's MemTotal alone.
 set -euo pipefail
@@ -29,7 +29,8 @@ peer_memtotal_kb() {
   local address="$1" peer_options
   sync_key_ssh_options peer_options "$key" "$known_hosts"
   # -n: ssh reads no stdin of this script's
-  ssh -n "${peer_options[@]}" -o ConnectTimeout=20 "$address" cat /proc/meminfo | memtotal_kb
+  # meminfo: the peer's forced command for the sync key (sync-key-command.py) prints /proc/meminfo
+  ssh -n "${peer_options[@]}" -o ConnectTimeout=20 "$address" meminfo | memtotal_kb
 }
 
 main() {

@@ -6,8 +6,9 @@
 #       --id sha256:... --to nvidia@10.0.0.2 --key ~/.ssh/twinspark_weights \
 #       --known-hosts ~/.ssh/twinspark_known_hosts
 #
-# `docker save IMAGE | ssh PEER docker load` over the weight copy's control connection: the sync
-# key, which the worker admits only from this node's rail address (authorize-key.sh), and the
+# `docker save IMAGE | ssh PEER image-load` over the weight copy's control connection: the sync
+# key, which the worker admits only from this node's rail address and only to run its forced
+# command (authorize-key.sh, sync-key-command.py: `image-id`, `image-load`), and the
 # worker's pinned host key (peer-host-key.sh). The image keeps its tag, so the worker's copy is
 # not dangling (a rollback finds it), and its ID, which is the digest of its config: the same
 # on both sides or the step fails. A worker that already holds the ID is left alone. Prints
@@ -22,7 +23,7 @@ node="" peer="" image="" id="" to="" key="" known_hosts=""
 peer_options=()
 
 image_id_here() { docker image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
-# shellcheck disable=SC2029  # the command line is built here, its words quoted with printf %q
+# shellcheck disable=SC2029  # the peer runs its forced command's verb (image-id, image-load), no shell
 peer_ssh() { ssh "${peer_options[@]}" "$to" "$@"; }
 
 main() {
@@ -36,15 +37,15 @@ main() {
   [ "$here" = "$id" ] ||
     die "$node holds ${here:-no image} as $image, the stack built $id: refused (pulumi up builds it again)"
   sync_key_ssh_options peer_options "$key" "$known_hosts"
-  there=$(peer_ssh "docker image inspect --format '{{.Id}}' $(printf %q "$image") 2>/dev/null || true")
+  there=$(peer_ssh image-id "$image" </dev/null)
   if [ "$there" = "$id" ]; then
     log "$peer already holds $image ($id)"
   else
     log "shipping $image ($id) to $peer over $to"
     local started
     started=$(date +%s)
-    docker save "$image" | peer_ssh "docker load --quiet" >&2
-    there=$(peer_ssh "docker image inspect --format '{{.Id}}' $(printf %q "$image")")
+    docker save "$image" | peer_ssh image-load >&2
+    there=$(peer_ssh image-id "$image" </dev/null)
     [ "$there" = "$id" ] || die "$peer loaded $image as ${there:-nothing}, not $id"
     log "$peer holds $image ($id) after $(( $(date +%s) - started )) s"
   fi

@@ -5,8 +5,7 @@
 #   sync-weights.sh --node spark1 --peer spark2 --dir /home/nvidia/models/M \
 #       --manifest .twinspark-manifest --record .twinspark-verified --to nvidia@10.0.0.2 \
 #       --rail 10.0.0.2=10.0.0.1 --rail 10.0.1.2=10.0.1.1 --port 8873 --max-streams-per-rail 4 \
-#       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts \
-#       --firewall-set "inet twinspark weight_copy_flows"   < weights.py
+#       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts   < weights.py
 #
 # Run on the node that holds the weights (fetch-weights.sh pinned them). The bulk copy is
 # rsync's own protocol, unencrypted on the private point-to-point cable: for the copy only,
@@ -16,10 +15,12 @@
 # in RSYNC_PASSWORD, never argv; no node keeps it after). The module hides and refuses
 # twinspark's own files (a client cannot replace the manifest or the record), and the
 # verification after flags any file the revision does not have, wherever it is. The peer's
-# firewall opens the port to this node's rail addresses only, for the copy only
-# (--firewall-set: an nftables set of (source, destination) pairs, each timing out by itself
-# after DAEMON_HOURS). The daemons stop and the port shuts when the copy ends, whatever the
-# end; a leftover of a killed run is stopped by the next and by its own time limit.
+# firewall opens the port to this node's rail addresses only, for the copy only (an nftables
+# set of (source, destination) pairs, each timing out by itself with the daemons). The daemons
+# stop and the port shuts when the copy ends, whatever the end; a leftover of a killed run is
+# stopped by the next and by its own time limit. On the peer the sync key runs only its forced
+# command (sync-key-command.py, root-owned there): the verbs below, bound by the peer's
+# authorization to the model directory, this revision, these rails, port and firewall set.
 # The files still needed are split over streams (largest first, into the least loaded),
 # the streams over the rails, as many as the cores of both sides keep busy. ssh (the sync key, first rail) carries only the control.
 # Before: this node's copy must still match its record (a changed file is hashed again, and
@@ -36,13 +37,9 @@ set -euo pipefail
 [ -n "${TWINSPARK_STEP_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/step-prelude.sh"
 
 node="" peer="" dir="" manifest="" record="" revision="" to="" port="" max_streams_per_rail="" key="" known_hosts=""
-firewall_set=""
 rails=()
 program=""
-DAEMON_HOURS=8  # a daemon left by a killed run stops by itself after this long, its firewall pairs too
-MODULE=model RSYNC_USER=twinspark
-# shellcheck disable=SC2016  # expanded on the peer
-STATE='$HOME/.local/state/twinspark/weights-sync'  # on the peer: daemon config, pid files, weights.py
+MODULE=model RSYNC_USER=twinspark  # the peer's daemons serve these (sync-key-command.py names the same)
 
 ssh_transport=()
 set_ssh_transport() {
@@ -52,102 +49,21 @@ set_ssh_transport() {
     -o ControlPersist=60)
 }
 close_connection() { "${ssh_transport[@]}" -O exit "$to" >/dev/null 2>&1 || true; }
-on_peer() { "${ssh_transport[@]}" "$to" "$1"; }
-q() { printf %q "$1"; }
-
-# ---- on the peer (sent with declare -f) ---------------------------------------------------------
-# rsyncd_start STATE DIR PORT HOURS MODULE USER FIREWALL_SET ADDRESS=ALLOWED...; the secret on stdin
-rsyncd_start() {
-  local state=$1 dir=$2 port=$3 hours=$4 module=$5 user=$6 firewall_set=$7 i=0 rail as_root="" pairs=() timed=()
-  shift 7
-  # rsyncd drops a root daemon to nobody; any other user keeps its own (and may not set one)
-  [ "$(id -u)" -ne 0 ] || as_root=$'uid = 0\ngid = 0'
-
-  rsyncd_stop "$state"
-  install -d -m 700 "$state"
-  # each rail's (source . destination) pair, open as long as the daemons may live
-  for rail; do
-    pairs+=("${rail#*=} . ${rail%%=*}")
-    timed+=("${rail#*=} . ${rail%%=*} timeout ${hours}h")
-  done
-  printf '%s\n' "$firewall_set" "$(IFS=,; echo "${pairs[*]}")" >"$state/firewall"
-  # shellcheck disable=SC2086  # the set's family, table and name: three words
-  sudo -n nft add element $firewall_set "{ $(IFS=,; echo "${timed[*]}") }" </dev/null ||
-    { echo "cannot open the copy's port in this node's firewall (nftables set $firewall_set: is HostPrep's table loaded?)" >&2; return 1; }
-  (umask 077 && sed "s/^/$user:/" >"$state/rsyncd.secrets")
-  for rail; do
-    cat >"$state/rsyncd-$i.conf" <<EOF
-pid file = $state/rsyncd-$i.pid
-address = ${rail%%=*}
-port = $port
-use chroot = no
-reverse lookup = no
-max connections = 64
-$as_root
-[$module]
-path = $dir
-read only = no
-list = no
-auth users = $user
-secrets file = $state/rsyncd.secrets
-hosts allow = ${rail#*=}
-hosts deny = *
-refuse options = delete remove-source-files
-# twinspark's own files (the manifest, the record) are neither read nor written through the module
-filter = - /.twinspark-*
-EOF
-    setsid -f timeout "${hours}h" rsync --daemon --no-detach --config="$state/rsyncd-$i.conf" \
-      --log-file="$state/rsyncd-$i.log" </dev/null >/dev/null 2>&1
-    i=$((i + 1))
-  done
-  for rail; do  # listening?
-    for _ in $(seq 100); do
-      (exec 3<>"/dev/tcp/${rail%%=*}/$port") 2>/dev/null && continue 2
-      sleep 0.1
-    done
-    echo "the rsync daemon on ${rail%%=*}:$port did not start: $(tail -n 3 "$state"/rsyncd-*.log)" >&2
-    return 1
-  done
-}
-# SIGKILL: a daemon whose copy ended holds nothing to flush, and a TERM costs it 0.4 s to exit
-rsyncd_stop() {
-  local state=$1 pid_file pid pids=()
-  for pid_file in "$state"/rsyncd-*.pid; do
-    [ -f "$pid_file" ] || continue
-    pid=$(cat "$pid_file")
-    # only the daemon that wrote it: the pid in a file a killed run left may have been reused since
-    grep -qaF -- "--config=$state/rsyncd-" "/proc/$pid/cmdline" 2>/dev/null || continue
-    kill -KILL "$pid" 2>/dev/null && pids+=("$pid")
-  done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.01; done
-  done
-  rm -f "$state"/rsyncd-*.pid "$state"/rsyncd-*.conf "$state/rsyncd.secrets"
-  # the port shuts: the pairs rsyncd_start opened (gone already where their timeout passed)
-  if [ -s "$state/firewall" ]; then
-    local set elements
-    { read -r set && read -r elements; } <"$state/firewall"
-    # shellcheck disable=SC2086  # the set's family, table and name: three words
-    sudo -n nft delete element $set "{ $elements }" 2>/dev/null || true
-    rm -f "$state/firewall"
-  fi
-}
+# on_peer VERB [ARG]: one of the verbs the peer's forced command for the sync key runs
+# (sync-key-command.py); its flags (the directory, the rails, the port, the firewall set) are
+# the authorization's, not ours
+on_peer() { "${ssh_transport[@]}" "$to" "$@"; }
 
 # ---- here ----------------------------------------------------------------------------------------
-weights_command() {  # weights_command SUBCOMMAND ARGS...: the line that runs weights.py on the peer
-  echo "python3 $STATE/weights.py $* --dir $(q "$dir") --manifest $(q "$dir/$manifest") --record $(q "$dir/$record") --node $(q "$peer")"
-}
-peer_weights() { on_peer "$(weights_command "$@")"; }
-
 daemons_up=0
 start_daemons() {
   daemons_up=1
-  printf '%s\n' "$copy_secret" | on_peer "$(declare -f rsyncd_start rsyncd_stop); rsyncd_start $STATE $(q "$dir") $port $DAEMON_HOURS $MODULE $RSYNC_USER $(q "$firewall_set") ${rails[*]}"
+  printf '%s\n' "$copy_secret" | on_peer daemons-start
 }
 # (the exit hook's, after a failure; a finished copy stops them beside the peer's verification)
 stop_daemons() {
   [ "$daemons_up" -eq 1 ] || return 0
-  on_peer "$(declare -f rsyncd_stop); rsyncd_stop $STATE" || true
+  on_peer daemons-stop </dev/null || true
   daemons_up=0
 }
 
@@ -157,9 +73,7 @@ stop_daemons() {
 # on the disk.
 follower_pid="" follower_stdin=""
 start_follower() {
-  local release
-  release="python3 $STATE/weights.py release-cache --dir $(q "$dir") --manifest $(q "$dir/$manifest") --wait-for-disk"
-  coproc follower { on_peer "$(weights_command verify --follow) >/dev/null; status=\$?; setsid -f $release </dev/null >/dev/null 2>&1; exit \$status"; }
+  coproc follower { on_peer follow; }
   # shellcheck disable=SC2154  # follower_PID: set by coproc
   follower_pid=$follower_PID follower_stdin=${follower[1]}
   cat "$1" >&"$follower_stdin"
@@ -170,7 +84,7 @@ verify_and_stop_daemons() {
   local need=$1 release stop status=0 stdin=$follower_stdin
   python3 "$program" release-cache --dir "$dir" --files "$need" &
   release=$!
-  on_peer "$(declare -f rsyncd_stop); rsyncd_stop $STATE" &
+  on_peer daemons-stop </dev/null &
   stop=$!
   exec {stdin}>&-
   wait "$follower_pid" || status=$?
@@ -191,7 +105,7 @@ send_stream() {
 streams_per_rail() {
   local cores peer_cores per_rail
   cores=$(nproc)
-  peer_cores=$(on_peer nproc)
+  peer_cores=$(on_peer nproc </dev/null)
   [ "$peer_cores" -ge "$cores" ] || cores=$peer_cores
   per_rail=$((cores / (2 * ${#rails[@]})))
   [ "$per_rail" -le "$max_streams_per_rail" ] || per_rail=$max_streams_per_rail
@@ -224,10 +138,9 @@ send() {  # send NEED_FILE: every file listed, over every rail, in parallel stre
 
 main() {
   parse_flags --node=node --peer=peer --dir=dir --manifest=manifest --record=record --revision=revision --to=to \
-    --rail=rails[] --port=port --max-streams-per-rail=max_streams_per_rail --key=key --known-hosts=known_hosts \
-    --firewall-set=firewall_set -- "$@"
+    --rail=rails[] --port=port --max-streams-per-rail=max_streams_per_rail --key=key --known-hosts=known_hosts -- "$@"
   require_flags --node --peer --dir --manifest --record --revision --to --rail --port --max-streams-per-rail --key \
-    --known-hosts --firewall-set
+    --known-hosts
   log_node=$node
   key=${key/#\~/$HOME} known_hosts=${known_hosts/#\~/$HOME}
   # this copy's own secret: 48 letters and digits from the kernel's random source, never stored
@@ -245,12 +158,10 @@ main() {
   set_ssh_transport
   on_exit stop_daemons  # the hooks run in this order: the daemons stop over the connection before it closes
   on_exit close_connection
-  on_peer "mkdir -p $STATE $(q "$dir") && cat > $STATE/weights.py" <"$program"
-  # shellcheck disable=SC2094  # read here, written on the peer
-  on_peer "cat > $(q "$dir/$manifest")" <"$dir/$manifest"
+  on_peer manifest <"$dir/$manifest" || die "$peer refused the manifest of $dir (see above)"
   local need
   make_temp need
-  peer_weights verify --repair >"$need" || die "cannot check $peer's copy of $dir"
+  on_peer verify --repair </dev/null >"$need" || die "cannot check $peer's copy of $dir"
   if [ ! -s "$need" ]; then
     log "complete on $peer: $(grep -c '"sha256"' "$dir/$manifest") files verified, nothing to copy"
     return 0

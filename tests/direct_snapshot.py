@@ -13,7 +13,8 @@ and since then edited where the program changed on purpose: twinspark.env withou
 TWINSPARK_API_GATEWAY_TEMP_DIR (the gateway's workers' own temp folder, issue 37), and each node's
 firewall by flow with the weight copy's --firewall-set (issue 37: the rails and the other nodes
 no longer get every port), and the copy's --revision the recipe's recorded commit (issue 37: the
-stack serves its recipe's repository, whose code runs).
+stack serves its recipe's repository, whose code runs), and the sync key's authorization with its
+forced command, the copy's --firewall-set now bound there (issue 37: a copy key only copies).
 """
 
 from __future__ import annotations

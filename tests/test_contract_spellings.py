@@ -33,7 +33,7 @@ def test_every_env_file_named_in_launch_is_one_of_the_contracts():
 def test_what_host_steps_keep_in_the_home_is_under_the_contracts_state_directory():
     spelled = {(name, m.group(1)) for name, text in launch_texts().items()
                for m in re.finditer(r"(?:\$HOME|%s)/(\.local/state/[\w-]+)", text)}
-    assert {name for name, _ in spelled} == {contract.STEP_PRELUDE, "fetch-weights.sh", "sync-weights.sh"}
+    assert {name for name, _ in spelled} == {contract.STEP_PRELUDE, "fetch-weights.sh"}
     assert {where for _, where in spelled} == {contract.USER_STATE_DIR}
     every_mention = {m for text in launch_texts().values() for m in re.findall(r"\.local/state/[\w-]+", text)}
     assert every_mention == {contract.USER_STATE_DIR}  # none elsewhere, under another root

@@ -287,8 +287,9 @@ def test_pinning_a_reinstalled_nodes_new_key_makes_everything_on_it_again(progra
     if node == "spark2":  # the head sends the weights again, to the worker's new key, and re-forms Ray
         expected |= {"spark2-weights-host-key": "update", "spark2-weights-sync": "replace",
                      "spark2-image-ship": "replace", "spark1-serving-container": "replace"}
-    else:
+    else:  # the head's steps that use the sync key run again: the worker admits it again, then revokes it
         assert steps["spark1-weights-fetch"] == "update"
+        expected |= {"spark2-weights-authorize": "replace", "spark2-weights-revoke": "replace"}
     for name, step in expected.items():
         assert steps[name] == step, name
     # nothing else anywhere

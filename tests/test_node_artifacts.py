@@ -419,7 +419,8 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, 
         "#!/bin/bash\n"
         f'echo "$*" >> {calls}\n'
         '[ "$1" = -n ] || cat >/dev/null\n'
-        'peer=${*: -3:1}\n'
+        '[ "${*: -1}" = meminfo ] || { echo "only the forced command\'s verbs" >&2; exit 1; }\n'
+        'peer=${*: -2:1}\n'
         f"printf 'MemFree:  1 kB\\nMemTotal: %s kB\\n' \"$(awk -v p=\"$peer\" '$1 == p {{print $2}}' <<'EOF'\n{table}EOF\n)\"\n"
     )
     (bin_dir / "ssh").chmod(0o755)
@@ -452,7 +453,7 @@ def test_shape_check_passes_a_model_that_splits_and_fits(tmp_path):
     assert "ok   weights: 4.0 GiB of safetensors, 2.0 GiB per node over TP 2" in out, out
     assert "within 0.85 × MemTotal on every node (spark1 " in out and ", spark2 64.0 GiB)" in out, out
     # the peer is asked over its rail address, with the sync key and the sync's known_hosts only
-    assert len(ssh_calls) == 1 and ssh_calls[0].endswith("nvidia@10.0.0.2 cat /proc/meminfo"), ssh_calls
+    assert len(ssh_calls) == 1 and ssh_calls[0].endswith("nvidia@10.0.0.2 meminfo"), ssh_calls
     assert "-i " + str(tmp_path) + "/.ssh/twinspark_weights" in ssh_calls[0] and "BatchMode=yes" in ssh_calls[0]
 
 
@@ -536,6 +537,9 @@ def test_shape_check_fails_without_config_json(tmp_path):
     assert "FAIL config.json: missing" in proc.stdout, proc.stdout
 
 
+FORCED = ["python3", f"{contract.SYNC_KEY_COMMAND_DIR}/sync-key-command.py", "--node", "spark4"]
+
+
 def test_a_login_beside_an_authorization_always_finds_the_users_own_key(tmp_path):
     """sshd reads authorized_keys at every login, the docker provider's among them, while `pulumi
     up` authorizes a sync key on the same node: the file is never seen without the user's key
@@ -544,7 +548,8 @@ def test_a_login_beside_an_authorization_always_finds_the_users_own_key(tmp_path
     (home / ".ssh").mkdir(parents=True)
     keys = home / ".ssh" / "authorized_keys"
     keys.write_text("ssh-ed25519 AAAAuser me@laptop\n")
-    line = model_weights.render_authorized_key_line("10.0.0.1", f"ssh-ed25519 AAAAhead {contract.SYNC_KEY_COMMENT}@node")
+    line = model_weights.render_authorized_key_line("10.0.0.1", f"ssh-ed25519 AAAAhead {contract.SYNC_KEY_COMMENT}@node",
+                                                    FORCED)
     done, reads, missing = threading.Event(), [0], []
 
     def login():  # what sshd does: open and read the file
@@ -581,7 +586,8 @@ def test_each_source_of_a_copy_has_its_own_authorization_which_a_new_key_replace
     keys.write_text("ssh-ed25519 AAAAuser me@laptop\n")
 
     def authorize(verb, source_ip, key, owner):
-        line = model_weights.render_authorized_key_line(source_ip, f"ssh-ed25519 {key} {contract.SYNC_KEY_COMMENT}@node")
+        line = model_weights.render_authorized_key_line(source_ip, f"ssh-ed25519 {key} {contract.SYNC_KEY_COMMENT}@node",
+                                                        FORCED)
         proc = subprocess.run(["bash", str(LAUNCH_DIR / "authorize-key.sh"), verb, "--comment", contract.SYNC_KEY_COMMENT,
                                "--owner", owner], input=line, env={**os.environ, "HOME": str(home)},
                               capture_output=True, text=True, timeout=30)
@@ -595,6 +601,25 @@ def test_each_source_of_a_copy_has_its_own_authorization_which_a_new_key_replace
         "AAAAuser", "AAAAhead", "AAAArelay"]  # twice: unchanged
     assert authorize("add", "10.0.0.2", "AAAAreinstalled", "spark4-weights-relay-authorize") == [
         "AAAAuser", "AAAAhead", "AAAAreinstalled"]
+    # the relay's steps done: its key revoked (the authorization keeps its owner, and opens again)
+    assert authorize("revoke", "10.0.0.2", "AAAAreinstalled", "spark4-weights-relay-authorize") == [
+        "AAAAuser", "AAAAhead"]
+    assert authorize("revoke", "10.0.0.2", "AAAAreinstalled", "spark4-weights-relay-authorize") == [
+        "AAAAuser", "AAAAhead"]  # twice: unchanged
+    assert authorize("add", "10.0.0.2", "AAAAreinstalled", "spark4-weights-relay-authorize") == [
+        "AAAAuser", "AAAAhead", "AAAAreinstalled"]
     assert authorize("remove", "10.0.0.2", "AAAAreinstalled", "spark4-weights-relay-authorize") == [
         "AAAAuser", "AAAAhead"]
     assert authorize("remove", "10.0.0.1", "AAAAhead", "spark4-weights-authorize") == ["AAAAuser"]
+
+
+def test_an_authorization_without_its_forced_command_is_refused(tmp_path):
+    """The line authorize-key.sh takes names the source and the forced command: a bare key (a login) is refused."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    bare = f'from="10.0.0.1",restrict ssh-ed25519 AAAAhead {contract.SYNC_KEY_COMMENT}@node\n'
+    proc = subprocess.run(["bash", str(LAUNCH_DIR / "authorize-key.sh"), "add", "--comment", contract.SYNC_KEY_COMMENT,
+                           "--owner", "spark2-weights-authorize"], input=bare, env={**os.environ, "HOME": str(home)},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0 and 'command=\"...\"' in proc.stderr, proc.stderr
+    assert not (home / ".ssh" / "authorized_keys").exists()

@@ -125,6 +125,9 @@ def test_component_type_tokens(recipe_run):
         ("spark2-bundle-launch-vllm-sh", ["spark2-fabric-check"]),
         ("spark1-nccl-check", ["spark1-image-build", "spark1-bundle-twinspark-env", "spark2-fabric-check"]),
         ("spark2-image-ship", ["spark1-image-build", "spark2-weights-host-key", "spark2-weights-authorize"]),
+        # the sync key runs only its forced command, installed first; taken back once its steps are done
+        ("spark2-weights-authorize", ["spark2-weights-forced-command", "spark2-weights-forced-command-weights"]),
+        ("spark2-weights-revoke", ["spark2-weights-sync", "spark1-weights-shape-check", "spark2-image-ship"]),
         ("spark2-nccl-check", ["spark2-image-ship", "spark2-bundle-twinspark-env"]),
         ("spark2-serving-container", ["spark2-image-ship", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "spark2-weights-sync", "spark1-weights-shape-check", "spark1-nccl-check", "spark2-nccl-check"]),
         ("spark1-serving-container", ["spark1-image-build", "spark1-bundle-ray-token", "spark1-weights-fetch", "spark1-weights-shape-check", "spark2-serving-container", "spark2-nccl-check"]),
@@ -414,9 +417,10 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     the old delete removing what the new create just installed (issue 8, item 1)."""
     undoing = [r for r in recipe_run.of_type(COMMAND) if r.inputs.get("delete")]
     # host files (10 + 10 + userns), head bundle (+ gateway), worker bundle, sync key, authorize,
-    # the kept model revision, observability files on the head (prometheus.yml, rules,
-    # datasource, dashboard provider, 3 dashboards, Grafana password), the guard's script and unit
-    assert len(undoing) == 21 + 12 + 9 + 1 + 1 + 1 + 8 + 2
+    # the worker's forced command and its weights.py, the kept model revision, observability
+    # files on the head (prometheus.yml, rules, datasource, dashboard provider, 3 dashboards,
+    # Grafana password), the guard's script and unit
+    assert len(undoing) == 21 + 12 + 9 + 1 + 1 + 2 + 1 + 8 + 2
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 
@@ -483,7 +487,33 @@ def test_model_shape_check_knows_tp_memory_share_and_every_peer(recipe_run):
 def test_weights_copy_goes_over_the_first_rail(recipe_run):
     assert flag_value(args_of(recipe_run, "spark2-weights-sync"), "--to") == "nvidia@10.0.0.2"
     authorized = stdin_of(recipe_run, "spark2-weights-authorize")
-    assert authorized.startswith('from="10.0.0.1",restrict ssh-ed25519 ')
+    assert authorized.startswith('from="10.0.0.1",command="python3 /usr/local/lib/twinspark/sync-key/sync-key-command.py '
+                                 '--node spark2 --dir /home/nvidia/models/DeepSeek-V4-Flash-0731 ')
+    assert '--rail 10.0.0.2=10.0.0.1 --rail 10.0.1.2=10.0.1.1 ' in authorized  # the copy's rails, bound
+    assert f"--revision {RECIPE_REVISION} " in authorized
+    assert '",restrict ssh-ed25519 ' in authorized
+
+
+def key_windows(run) -> tuple[list, list]:
+    return run.named("spark2-weights-authorize").inputs["triggers"], run.named("spark2-weights-revoke").inputs["triggers"]
+
+
+def test_the_sync_keys_authorization_opens_again_exactly_when_a_step_that_uses_it_runs_again(program, recipe_config,
+                                                                                              recipe_run):
+    """The authorization and its revocation share one trigger per step that uses the key: a change
+    that re-runs one of those steps (here the shape check's, by maxModelLen) opens it again; one
+    that re-runs none of them (the API key) leaves both alone."""
+    opened, revoked = key_windows(recipe_run)
+    assert opened == revoked and len(opened) == 1 + 3  # the worker's identity; the shape check, the ship, the copy
+    rekeyed = program({**recipe_config, "twinspark:apiKey": "sk-another-key-of-the-users-0123456789"})
+    assert rekeyed.error is None, rekeyed.error
+    assert key_windows(rekeyed) == (opened, revoked)
+    recipe_config["twinspark:serving"] = {**recipe_config["twinspark:serving"], "maxModelLen": 65536}
+    reshaped = program(recipe_config)
+    assert reshaped.error is None, reshaped.error
+    assert args_of(reshaped, "spark1-weights-shape-check") != args_of(recipe_run, "spark1-weights-shape-check")
+    again, revoked_again = key_windows(reshaped)
+    assert again == revoked_again and sum(a != b for a, b in zip(again, opened)) == 1  # the shape check's alone
 
 
 def test_secrets_stay_secret(program, recipe_config):

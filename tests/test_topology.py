@@ -298,7 +298,7 @@ def test_ring_weight_copy_runs_over_the_workers_cable_to_the_head(ring_run, work
     first = pairs[0].split("=")
     assert flag_value(sync, "--to") == f"nvidia@{first[0]}"
     authorized = runner_call(ring_run.named(f"{worker}-weights-authorize")).payload
-    assert authorized.startswith(f'from="{first[1]}",restrict ')  # the head's end of that cable
+    assert authorized.startswith(f'from="{first[1]}",command="python3 ')  # the head's end of that cable
     assert flag_values(runner_call(ring_run.named(f"{worker}-weights-host-key")).args, "--address") == [
         p.split("=")[0] for p in pairs]
     assert flag_value(runner_call(ring_run.named(f"{worker}-image-ship")).args, "--to") == f"nvidia@{first[0]}"
@@ -357,9 +357,9 @@ def test_on_a_switch_of_four_the_fourth_worker_copies_from_the_second_once_it_ho
     assert flag_values(runner_call(pin).args, "--address") == ["10.0.0.4", "10.0.1.4"]
     authorized = run.named("spark4-weights-relay-authorize")
     assert unwrap(authorized.inputs["connection"])["host"] == host_of["spark4"]
-    assert runner_call(authorized).payload.startswith('from="10.0.0.2",restrict ')
+    assert runner_call(authorized).payload.startswith('from="10.0.0.2",command="python3 ')
     # the head still reaches spark4 (the shape check's read, the image) and copies to spark2 and spark3
-    assert runner_call(run.named("spark4-weights-authorize")).payload.startswith('from="10.0.0.1",restrict ')
+    assert runner_call(run.named("spark4-weights-authorize")).payload.startswith('from="10.0.0.1",command="python3 ')
     for worker in ("spark2", "spark3"):
         assert unwrap(run.named(f"{worker}-weights-sync").inputs["connection"])["host"] == host_of["spark1"]
         assert f"{worker}-weights-relay-authorize" not in run.by_name

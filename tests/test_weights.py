@@ -6,8 +6,9 @@
   as tests/hub_standin.py serves it from a local directory (model.hubEndpoint -> HF_ENDPOINT);
 - the copy: two network namespaces, "head" and "worker", joined by two veth rails (the
   cable); sshd on the worker's first rail, in a mount namespace of its own where the model
-  directory is another folder at the same path, with the sync key authorized as the program
-  does (render_authorized_key_line).
+  directory is another folder at the same path and the forced command's folder holds
+  launch/sync-key-command.py and weights.py, with the sync key authorized as the program does
+  (render_authorized_key_line of forced_command).
 """
 
 from __future__ import annotations
@@ -438,7 +439,7 @@ class Pair:
     """head and worker network namespaces joined by rail0 (10.0.0.0/24) and rail1 (10.0.1.0/24);
     the worker's sshd (root) on 10.0.0.2 sees worker_dir at the head's model path."""
 
-    def __init__(self, tmp: Path, head: Head):
+    def __init__(self, tmp: Path, head: Head, revision: str):
         tag = uuid.uuid4().hex[:6]
         self.head_ns, self.worker_ns = f"twh{tag}", f"tww{tag}"
         self.tmp, self.head = tmp, head
@@ -467,7 +468,19 @@ class Pair:
         key = head.home / ".ssh" / "twinspark_weights"
         key.parent.mkdir(mode=0o700)
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "twinspark-weights@spark1", "-f", key)
-        (tmp / "authorized_keys").write_text(model_weights.render_authorized_key_line("10.0.0.1", (key.with_suffix(".pub")).read_text()))
+        forced = model_weights.forced_command(weights_args(head.dir, [WORKER]), WORKER,
+                                              model_weights.copy_source(weights_args(head.dir), WORKER), revision)
+        # and a login of the operator's own, for the recipe's plain rsync over ssh (the speed's baseline)
+        self.login_key = head.home / ".ssh" / "operator"
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", self.login_key)
+        (tmp / "authorized_keys").write_text(model_weights.render_authorized_key_line(
+            "10.0.0.1", key.with_suffix(".pub").read_text(), forced) + self.login_key.with_suffix(".pub").read_text())
+        # what ModelWeights installs root-owned on the worker (forced_command_files)
+        programs = tmp / "sync-key-programs"
+        programs.mkdir()
+        for f in model_weights.forced_command_files():
+            (programs / Path(f.path).name).write_text(f.content)
+        os.makedirs(contract.SYNC_KEY_COMMAND_DIR, exist_ok=True)  # a mount point: bound in sshd's namespace only
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp / "host_key")
         (tmp / "sshd_config").write_text(
             f"ListenAddress 10.0.0.2\nHostKey {tmp}/host_key\nAuthorizedKeysFile {tmp}/authorized_keys\n"
@@ -476,8 +489,9 @@ class Pair:
         os.makedirs("/run/sshd", exist_ok=True)
         self.sshd = subprocess.Popen(
             ["ip", "netns", "exec", self.worker_ns, "unshare", "--mount", "--propagation", "private", "sh", "-c",
-             'mount --bind "$0" "$1" && mount --bind "$2" /root && exec /usr/sbin/sshd -D -e -f "$3"',
-             self.worker_dir, head.dir, self.worker_home, tmp / "sshd_config"],
+             'mount --bind "$0" "$1" && mount --bind "$2" /root && mount --bind "$4" "$5" && '
+             'exec /usr/sbin/sshd -D -e -f "$3"',
+             self.worker_dir, head.dir, self.worker_home, tmp / "sshd_config", programs, contract.SYNC_KEY_COMMAND_DIR],
             stdout=open(tmp / "sshd.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 10
         while "10.0.0.2:22" not in self.listening(self.worker_ns):
@@ -535,7 +549,7 @@ class Pair:
 @pytest.fixture
 def pair(tmp_path, home, hub):
     head, revision = fetched_head(tmp_path, home, hub)
-    p = Pair(tmp_path, head)
+    p = Pair(tmp_path, head, revision)
     p.revision = revision
     yield p
     p.close()
@@ -692,6 +706,37 @@ def test_interrupted_copy_resumes_and_the_daemons_answer_only_the_secret_on_the_
     same_copy(pair)
 
 
+def test_the_sync_key_only_copies(pair):
+    """Issue 37: a relay's copy key ran `id` and `ls /etc/shadow` on the node that admitted it. Now
+    sshd runs the forced command for every session of the key: what it was asked comes second."""
+    key = pair.head.home / ".ssh" / "twinspark_weights"
+
+    def as_key(*command: str, stdin: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", pair.head_ns, "ssh", "-i", key, "-o", "IdentitiesOnly=yes",
+                               "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
+                               "UserKnownHostsFile=/dev/null", "-b", "10.0.0.1", "root@10.0.0.2", *command],
+                              input=stdin, capture_output=True, text=True, timeout=30)
+
+    refused = "spark2: this key only copies weights: refused"
+    for command in (["id"], ["cat", "/etc/shadow"], ["sh", "-c", "id"], ["meminfo;", "id"], ["verify", "--full"],
+                    ["image-id", "ubuntu:24.04"], ["daemons-start", "--rail", "10.0.0.2=10.0.0.99"], []):
+        out = as_key(*command)
+        assert out.returncode != 0 and "uid=" not in out.stdout and "root:" not in out.stdout, (command, out.stdout)
+        assert (refused in out.stderr or "takes an image twinspark-vllm:TAG" in out.stderr), (command, out.stderr)
+    # the manifest it may write is this revision's, every path inside the model directory
+    revision, files = pair.revision, {"a.safetensors": {"size": 1, "sha256": "0" * 64}}
+    for forged in ({"revision": "f" * 40, "files": files},
+                   {"revision": revision, "files": {"../../root/.ssh/authorized_keys": files["a.safetensors"]}},
+                   {"revision": revision, "files": {"/etc/passwd": files["a.safetensors"]}}):
+        out = as_key("manifest", stdin=json.dumps(forged))
+        assert out.returncode == 1 and "the manifest must be JSON {revision: " in out.stderr, out.stderr
+        assert not (pair.worker_dir / contract.WEIGHTS_MANIFEST).exists()
+    # what it is for still works: memory for the shape check, the cores for the stream count
+    assert as_key("meminfo").stdout.startswith("MemTotal:")
+    assert int(as_key("nproc").stdout) >= 1
+    assert pair.sync(pair.revision).returncode == 0
+
+
 def test_another_revision_is_refused_naming_node_and_both(pair):
     out = pair.sync("e" * 40)
     assert out.returncode == 1
@@ -711,7 +756,7 @@ def test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link(tmp_path, h
     figures go to build/weights-local-report.json."""
     total_mb = int(os.environ.get("TWINSPARK_WEIGHTS_MEASURE_MB", "256"))
     head, revision = fetched_head(tmp_path, home, hub, shards=8, shard_mb=total_mb // 8)
-    pair = Pair(tmp_path, head)
+    pair = Pair(tmp_path, head, revision)
     try:
         sh("sync")  # each side starts with the disk caught up (the fetch's writes, then the step's)
         started = time.monotonic()
@@ -723,7 +768,7 @@ def test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link(tmp_path, h
         assert copied and verified, out.stdout + out.stderr
         size = sum(p.stat().st_size for p in head.dir.iterdir() if p.is_file() and not p.name.startswith(".twinspark-"))
         recipe = ["ip", "netns", "exec", pair.head_ns, "rsync", "-a", "-e",
-                  f"ssh -i {home}/.ssh/twinspark_weights -o BatchMode=yes -o UserKnownHostsFile={home}/.ssh/twinspark_known_hosts",
+                  f"ssh -i {pair.login_key} -o BatchMode=yes -o UserKnownHostsFile={home}/.ssh/twinspark_known_hosts",
                   f"{head.dir}/", f"root@10.0.0.2:{tmp_path}/recipe-copy/"]
         sh("sync")
         started = time.monotonic()

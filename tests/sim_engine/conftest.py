@@ -448,6 +448,17 @@ def sshd_throttled_lines(cluster, node: str) -> int:
     return sum("MaxStartups throttling" in line or "drop connection" in line for line in log.splitlines())
 
 
+def sync_key_access(cluster, node: str) -> dict[str, object]:
+    """On `node`: the sync keys its authorized_keys admits (their sources), and whether the forced
+    command they would run is installed. After an `up`, every key's steps are done: none admitted."""
+    keys = cluster.node_exec(node, "cat", f"/home/{cluster.cfg.ssh.user}/.ssh/authorized_keys", check=False).stdout
+    forced = cluster.node_exec(node, "test", "-f", f"{contract.SYNC_KEY_COMMAND_DIR}/sync-key-command.py",
+                               check=False)
+    return {"admitted": sorted(line.split('"')[1] for line in keys.splitlines()
+                               if f" {contract.SYNC_KEY_COMMENT}@" in line),
+            "forced command": forced.returncode == 0}
+
+
 def serves(outputs: dict) -> bool:
     """The gateway answers a completion with the outputs' key. The outputs are read once by the
     caller: a wait that ran the CLI each poll took a core from the recovery it waits on."""

@@ -22,6 +22,7 @@ import node_contract as contract
 from cluster import sim_nodes
 from components.remote import encode_secret, launch_file, script_text
 from conftest import (HEAD, containers, firewall_mismatches, flag, rails_throttled, readiness_s, serves, serving_answers,
+                      sync_key_access,
                       serving_events, serving_pid, sshd_throttled_lines, stored_step, vllm_argv, wait_for,
                       with_an_empty_restart_count)
 from program_harness import flag_values
@@ -260,6 +261,11 @@ def test_a_third_then_a_fourth_node_serve_and_heal_and_taken_out_leave_nothing_o
     assert relay_steps <= set(added_changes), added_changes
     report["four_nodes_weight_copy"] = fan_out_against_from_head(cluster, state, ["sim2", "sim3", "sim4"])
     assert set(stack.up().summary) == {"same"}
+    # issue 37: the copy keys (the head's on each worker, sim2's relay key on sim4) are gone once
+    # their steps are done; what each would run, only its forced command, stays installed
+    access = {w: sync_key_access(cluster, w) for w in ("sim2", "sim3", "sim4")}
+    report["four_nodes_sync_keys_after_up"] = access
+    assert access == {w: {"admitted": [], "forced command": True} for w in access}, access
     # every node's listening ports from the three others' LAN and rail addresses: as its flows say
     probes, mismatches = firewall_mismatches(cluster, stack)
     report["four_nodes_firewall_probes"] = probes

@@ -18,7 +18,7 @@ import pytest
 import host_keys
 import node_contract as contract
 from components import host_prep
-from conftest import WORKER, serving_answers
+from conftest import WORKER, serving_answers, sync_key_access
 from test_engine_sim import changes, name_of
 
 RENAMED = "sim2b"
@@ -44,18 +44,20 @@ def resources_named(stack, node: str) -> set[str]:
 
 def worker_files(cluster) -> dict[str, str]:
     """What the worker's undoing steps keep there: the netplan's first line (it names the node),
-    whether the bundle's Ray token is there, whether the head's sync key is authorized."""
+    whether the bundle's Ray token is there, whether the sync key's forced command is, and the
+    sync keys admitted (none once an `up` is done: each is revoked after its steps)."""
     netplan = cluster.node_exec(WORKER, "head", "-n1", host_prep.NETPLAN_PATH, check=False)
     secrets = cluster.node_exec(WORKER, "test", "-s", RAY_TOKEN_PATH, check=False)
-    keys = cluster.node_exec(WORKER, "cat", f"/home/{cluster.cfg.ssh.user}/.ssh/authorized_keys", check=False).stdout
+    access = sync_key_access(cluster, WORKER)
     return {"netplan": netplan.stdout.strip() if netplan.returncode == 0 else "missing",
             "secrets": "present" if secrets.returncode == 0 else "missing",
-            "sync key": "authorized" if f" {contract.SYNC_KEY_COMMENT}@" in keys else "missing"}
+            "forced command": "present" if access["forced command"] else "missing",
+            "sync keys": ",".join(access["admitted"]) or "none"}
 
 
 def in_place(files: dict[str, str], node: str) -> bool:
     return (files["netplan"].startswith(f"# twinspark: QSFP rails of {node} ")
-            and (files["secrets"], files["sync key"]) == ("present", "authorized"))
+            and (files["secrets"], files["forced command"], files["sync keys"]) == ("present", "present", "none"))
 
 
 def assert_in_place(cluster, node: str) -> None:
