@@ -37,7 +37,7 @@ pulumi.runtime.register_stack_transformation(alias_renamed_nodes(cfg.nodes))  # 
 addresses = resolve_node_addresses(cfg.nodes)  # names, for the firewall: resolved before any resource
 topology = Topology(cfg, addresses)  # rail peers, Ray's addresses, NCCL's ring env, the copy's rails
 ssh = resolve_ssh_access(cfg)  # key, agent, host keys: checked before any resource exists
-secrets = load_secrets()
+secrets = load_secrets(hub_endpoint=cfg.model.hub_endpoint)  # the HF token goes only over https
 api_key = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
 hf_token = secrets["hfToken"]
 # Generated once and kept in the state (secret): Ray's cluster token, and the key that makes
@@ -137,7 +137,7 @@ weights = ModelWeights(
 )
 for w in cfg.workers:
     images[w.name] = serving_image(w, replace(ships[w.name], peer_trust=weights.peer_trust[w.name]))
-weights.revoke_after([images[w.name].ship for w in cfg.workers])  # the sync keys' steps done: keys taken back
+weights.revoke_after({w.name: images[w.name].ship for w in cfg.workers})  # the sync keys' steps done: keys taken back
 # the platform gate: every node's facts, judged before the NCCL check and the containers
 platform = PlatformFacts(
     "platform",

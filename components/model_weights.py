@@ -228,12 +228,6 @@ def render_authorized_key_line(source_ip: str, public_key: str, command: Sequenc
 KEY_FLAGS = ["--key", SYNC_KEY, "--comment", SYNC_KEY_COMMENT]
 
 
-def reinstalled(worker: NodeAccess) -> list[pulumi.Resource]:
-    """A reinstalled worker is copied and shipped to again (those steps follow its installation):
-    its authorization opens again for them."""
-    return [worker.installation] if worker.installation else []
-
-
 class ModelWeights(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModelWeightsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:model_weights:ModelWeights", name, None, opts)
@@ -284,7 +278,8 @@ class ModelWeights(pulumi.ComponentResource):
         self._key_users = key_users
         # per worker, what lets the head in (the shape check's read, the image ship, the copy):
         # the worker's pinned key on the head, the head's sync key on the worker
-        self._authorizations: list[tuple[str, NodeAccess, CopySource, pulumi.Output[str]]] = []
+        # (name, worker, source, the authorized_keys line, the step): what revoke_after takes back
+        self._authorizations: list[tuple[str, NodeAccess, CopySource, pulumi.Output[str], remote.Command]] = []
         ways_in: dict[str, list[remote.Command]] = {}
         for worker in args.workers:
             programs = managed_file_commands(worker.name, "weights", worker.connection, forced_command_files(), self)
@@ -314,24 +309,30 @@ class ModelWeights(pulumi.ComponentResource):
             syncs[worker.name] = node_command(
                 f"{worker.name}-weights-sync", source.node.connection, sync_runs[worker.name],
                 parent=self, triggers=[args.repo], depends_on=after,
-                replace_with=reinstalled(worker),
+                replace_with=[worker.installation] if worker.installation else (),
             )
+        self._syncs = syncs
         self.syncs = list(syncs.values())
         self.register_outputs({"revision": self.revision})
 
-    def revoke_after(self, others: Sequence[pulumi.Resource]) -> list[remote.Command]:
-        """Each sync key's authorization taken back once its steps are done: the shape check, the
-        copies (verified) and `others` (the image ships). A later `up` whose steps need a key
-        again authorizes it again first (the authorization and its revocation share triggers)."""
-        users = [self.shape_check, *self.syncs, *others]
+    def revoke_after(self, image_ships: Mapping[str, pulumi.Resource]) -> list[remote.Command]:
+        """Each sync key's authorization taken back once its steps are done: the shape check and
+        the image ship (`image_ships`, by worker) for the head's key, the copy (verified) for the
+        key it leaves from. It runs again whenever one of those runs again, and after every
+        authorization: it shares the authorization's triggers (what makes each step run again) and
+        adds its line and the IDs of the authorization and of the steps (a step made anew, say
+        after an interrupted `up`, has a new one)."""
         revokes = []
-        for authorize_name, worker, source, line in self._authorizations:
+        for authorize_name, worker, source, line, authorize in self._authorizations:
+            users = [self._syncs[worker.name]] if copy_source(self._args, worker).node is source.node else []
+            if source.node.name == self._args.head.name:
+                users += [self.shape_check, *([image_ships[worker.name]] if worker.name in image_ships else [])]
             flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
             revokes.append(node_command(
                 authorize_name.removesuffix("authorize") + "revoke", worker.connection,
-                NodeScript(AUTHORIZE_SCRIPT, ["revoke", *flags], payload=line),
-                parent=self, triggers=self._key_users[(worker.name, source.node.name)], depends_on=users,
-                replace_with=reinstalled(worker),
+                NodeScript(AUTHORIZE_SCRIPT, ["revoke", *flags], payload=line), parent=self,
+                triggers=[*self._key_users[(worker.name, source.node.name)], line, authorize.id, *(u.id for u in users)],
+                depends_on=users,
             ))
         return revokes
 
@@ -364,11 +365,13 @@ class ModelWeights(pulumi.ComponentResource):
         flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
         line = pulumi.Output.all(sync_key.stdout, self.revision).apply(lambda v: render_authorized_key_line(
             source.rails[0].source_ip, v[0], forced_command(self._args, worker, source, v[1])))
-        self._authorizations.append((authorize_name, worker, source, line))
         authorize = node_command(
             authorize_name, worker.connection,
             NodeScript(AUTHORIZE_SCRIPT, ["add", *flags], delete_args=["remove", *flags], payload=line),
             parent=self, triggers=self._key_users[(worker.name, source.node.name)],
-            depends_on=list(programs), replace_with=reinstalled(worker),
+            # no replace_with of the worker's installation: a replaced step's delete would run on the
+            # reinstalled node with its old host key; the new key's update runs `add` again instead
+            depends_on=list(programs),
         )
+        self._authorizations.append((authorize_name, worker, source, line, authorize))
         return [host_key, authorize]

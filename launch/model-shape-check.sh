@@ -45,7 +45,7 @@ main() {
   [ -s "$dir/$manifest" ] || die "$dir/$manifest missing: the weights here are not complete (run fetch-weights.sh)"
   local memory=(--memory-kb "$node=$(memtotal_kb </proc/meminfo)") peer kb
   for peer in "${peers[@]}"; do
-    kb=$(peer_memtotal_kb "${peer#*=}") || die "cannot read MemTotal of ${peer%%=*} at ${peer#*=}"
+    kb=$(peer_memtotal_kb "${peer#*=}") || die "cannot read MemTotal of ${peer%%=*} at ${peer#*=}: $(sync_key_refused "${peer%%=*}")"
     [[ $kb =~ ^[0-9]+$ ]] || die "${peer%%=*} at ${peer#*=} reported no MemTotal"
     memory+=(--memory-kb "${peer%%=*}=$kb")
   done

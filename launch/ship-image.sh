@@ -37,7 +37,10 @@ main() {
   [ "$here" = "$id" ] ||
     die "$node holds ${here:-no image} as $image, the stack built $id: refused (pulumi up builds it again)"
   sync_key_ssh_options peer_options "$key" "$known_hosts"
-  there=$(peer_ssh image-id "$image" </dev/null)
+  local status=0
+  there=$(peer_ssh image-id "$image" </dev/null) || status=$?
+  [ "$status" -ne 255 ] || die "$(sync_key_refused "$peer")"
+  [ "$status" -eq 0 ] || die "$peer refused to say which image it holds as $image (see above)"
   if [ "$there" = "$id" ]; then
     log "$peer already holds $image ($id)"
   else

@@ -15,6 +15,12 @@ sync_key_ssh_options() {
     -o "UserKnownHostsFile=$3")
 }
 
+# sync_key_refused PEER: why a peer refused the sync key (ssh's own exit status 255), and the way
+# out: a worker admits the key only while `pulumi up` runs the steps that use it (authorize-key.sh)
+sync_key_refused() {
+  echo "ssh to $1 with the sync key failed (see ssh's line above): unreachable over the rail, or the key not admitted — a worker admits it only while \`pulumi up\` runs the steps that use it, so with --replace of this step replace $1's weights-authorize and weights-revoke steps too (weights-relay-authorize and -relay-revoke where its copy comes from a relay)"
+}
+
 # ---- ownership of what a step leaves in the user's home (the sync key, its authorization) ---
 # A renamed resource's old delete runs after the new create (the engine creates first); it
 # must leave alone what the new resource now owns. No record: installed before records

@@ -153,12 +153,15 @@ main() {
   [ "$held" = "$revision" ] || die "$node holds revision $held of $dir, this stack pins $revision: refused (run fetch-weights.sh)"
   if ! here_need=$(python3 "$program" verify --dir "$dir" --manifest "$dir/$manifest" --record "$dir/$record" \
     --node "$node") || [ -n "$here_need" ]; then
-    die "$node's copy of $dir no longer matches what was downloaded: nothing sent to $peer. Download it again and send it on: pulumi up with --replace of both the ${node}-weights-fetch and the ${peer}-weights-sync step"
+    die "$node's copy of $dir no longer matches what was downloaded: nothing sent to $peer. Download it again and send it on: pulumi up with --replace of the ${node}-weights-fetch step and of ${peer}'s weights-authorize, weights-sync and weights-revoke steps (docs/operating.md, Recovering)"
   fi
   set_ssh_transport
   on_exit stop_daemons  # the hooks run in this order: the daemons stop over the connection before it closes
   on_exit close_connection
-  on_peer manifest <"$dir/$manifest" || die "$peer refused the manifest of $dir (see above)"
+  local status=0
+  on_peer manifest <"$dir/$manifest" || status=$?
+  [ "$status" -ne 255 ] || die "$(sync_key_refused "$peer")"
+  [ "$status" -eq 0 ] || die "$peer refused the manifest of $dir (see above)"
   local need
   make_temp need
   on_peer verify --repair </dev/null >"$need" || die "cannot check $peer's copy of $dir"

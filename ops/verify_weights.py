@@ -42,10 +42,17 @@ class NodeVerdict:
     summary: str  # "hashed N files: ..." or why the node could not be checked
     checked: bool  # the hash ran to its end (failures or not)
 
-    @property
-    def step(self) -> str:
-        """The weights step whose --replace repairs this node (docs/operating.md, Recovering)."""
-        return f"{self.node}-weights-fetch" if self.role == "head" else f"{self.node}-weights-sync"
+    def steps(self, names) -> list[str]:
+        """The weights steps whose --replace repairs this node (docs/operating.md, Recovering)."""
+        return [f"{self.node}-weights-fetch"] if self.role == "head" else copy_again_steps(self.node, names)
+
+
+def copy_again_steps(worker: str, names) -> list[str]:
+    """What a worker's copy needs replaced to run again: the copy, and around it the authorization
+    of its source's sync key (a worker admits the key only while the steps that use it run) and its
+    revocation; `names`: the stack's resource names (a relayed copy's are the relay-* ones)."""
+    kind = "relay-" if f"{worker}-weights-relay-authorize" in names else ""
+    return [f"{worker}-weights-{kind}authorize", f"{worker}-weights-sync", f"{worker}-weights-{kind}revoke"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,11 +94,13 @@ def verify_all(shell: NodeShell, nodes: list[dict], model_dir: str) -> list[Node
         return list(pool.map(lambda n: verify_node(shell, n, model_dir, program), nodes))
 
 
-def repair_command(verdicts: list[NodeVerdict], urn_of) -> Optional[str]:
-    steps = [v.step for v in verdicts if v.failures]
+def repair_command(verdicts: list[NodeVerdict], urns: dict[str, str]) -> Optional[str]:
+    """`urns`: {resource name: URN} of the stack (empty where it cannot be read: placeholders)."""
+    steps = [step for v in verdicts if v.failures for step in v.steps(urns)]
     if not steps:
         return None
-    return "pulumi up " + " ".join(f"--replace {shlex.quote(urn_of(step))}" for step in steps)
+    urn_of = {step: urns.get(step, f"<urn of {step}: pulumi stack --show-urns>") for step in steps}
+    return "pulumi up " + " ".join(f"--replace {shlex.quote(urn_of[step])}" for step in steps)
 
 
 def stack_urns(stack: Optional[str]) -> dict[str, str]:
@@ -111,9 +120,11 @@ def report(verdicts: list[NodeVerdict], urns: dict[str, str], console: Console) 
         console.print(Text(f"{v.node}: {state}: {v.summary}"))
         for failure in v.failures:
             console.print(Text(f"  {failure}"))
-    command = repair_command(verdicts, lambda step: urns.get(step, f"<urn of {step}: pulumi stack --show-urns>"))
+    command = repair_command(verdicts, urns)
     if command:
-        console.print(Text(f"repair (the weights step hashes what failed and fetches or sends it again): {command}"))
+        # one line whatever the width: a command to copy
+        console.print(Text(f"repair (the weights step hashes what failed and fetches or sends it again): {command}"),
+                      soft_wrap=True)
     return 0 if all(v.checked and not v.failures for v in verdicts) else 1
 
 

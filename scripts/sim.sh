@@ -53,7 +53,8 @@ stop_registry() {
 }
 
 # the hub stand-in (tests/hub_standin.py) on the port of Pulumi.sim.yaml's model.hubEndpoint, the
-# LFS files' "CDN" on the next; the nodes reach it at their gateway. Repos: $SIM_HOME/hub/ORG/NAME
+# LFS files' "CDN" on the next, over https with the sim CA's certificate for the endpoint's name;
+# the nodes reach it at their gateway. Repos: $SIM_HOME/hub/ORG/NAME
 stack_value() {  # KEY FIELD: a value of Pulumi.sim.yaml
   .venv/bin/python -c 'import sys, yaml
 print(yaml.safe_load(open("Pulumi.sim.yaml"))["config"][sys.argv[1]][sys.argv[2]])' "$1" "$2"
@@ -62,11 +63,18 @@ hub_port() {
   .venv/bin/python -c 'import sys, urllib.parse; print(urllib.parse.urlsplit(sys.argv[1]).port)' \
     "$(stack_value twinspark:model hubEndpoint)"
 }
+hub_tls() {  # the certificate and key files for the endpoint's name
+  .venv/bin/python -c 'import sys, urllib.parse; from scripts.sim_registry import sim_certificate
+print(*sim_certificate(urllib.parse.urlsplit(sys.argv[1]).hostname))' "$(stack_value twinspark:model hubEndpoint)"
+}
 start_hub() {
   stop_hub
   mkdir -p "$SIM_HOME/hub"
   .venv/bin/python tests/sim/sim_model.py "$SIM_HOME/hub" "$(stack_value twinspark:model repo)"
-  python3 tests/hub_standin.py --root "$SIM_HOME/hub" --listen "0.0.0.0:$(hub_port)" >>"$SIM_HOME/hub.log" 2>&1 &
+  local tls
+  read -ra tls <<<"$(hub_tls)"
+  python3 tests/hub_standin.py --root "$SIM_HOME/hub" --listen "0.0.0.0:$(hub_port)" --tls "${tls[@]}" \
+    >>"$SIM_HOME/hub.log" 2>&1 &
   echo $! >"$SIM_HOME/hub.pid"
 }
 stop_hub() {

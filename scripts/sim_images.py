@@ -52,7 +52,7 @@ from scripts.sim_recipes import private_dockerd, recipes  # noqa: E402
 # tests/sim, tests/sim_engine and tests/test_sim_images.py reach the registry through this module too
 from scripts.sim_registry import (REGISTRY, REGISTRY_BINARY, REGISTRY_CA, REGISTRY_PORT, Registry,  # noqa: E402,F401
                                   free_port, log, push_registry, registry_config, registry_tls, serve_registry,
-                                  split_reference, wait_for)
+                                  sim_certificate, split_reference, wait_for)
 
 SIM_STACK = ROOT / "Pulumi.sim.yaml"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from components.config import SERVING_IMAGE_LOCK, StackConfig
-from scripts.sim_registry import CACHE, ROOT, Registry, log, run, split_reference, wait_for
+from scripts.sim_registry import CACHE, ROOT, Registry, log, run, sim_ca, split_reference, wait_for
 
 STANDINS = ROOT / "tests" / "sim" / "images"
 # torch as far as the NCCL check asks (tests/sim/images/torch-standin/torch/__init__.py says what it is)
@@ -33,6 +33,7 @@ DOCKERD, DOCKER = "/usr/sbin/dockerd", "/usr/bin/docker"
 DEBIAN_MIRROR, SUITE = "http://deb.debian.org/debian", "bookworm"
 BASE_PACKAGES = ("python3", "python3-pip", "nginx")
 PYTHON_SITE = "/usr/local/lib/python3.11/dist-packages"  # bookworm's python3 is 3.11
+SIM_CA_IN_IMAGE = "/etc/twinspark-sim/ca.crt"
 # Ray's libraries that neither the stand-ins nor Ray's core, dashboard or agents import (the
 # dashboard's Serve, Data and Train routes import theirs only when asked), its Java workers'
 # jars, then (make_rootfs) py-spy and the dashboard's source maps: ~90 MB of the base's ~490 that
@@ -229,7 +230,11 @@ def base_recipe(stack: StackConfig) -> Recipe:
     rootfs_key = key_of(SUITE, DEBIAN_MIRROR, BASE_PACKAGES, SERVING_IMAGE_LOCK, apt_packages, arch, make_rootfs,
                         download_wheels, RAY_UNUSED_IN_THE_SIM)
     hub = hub_requirement()
-    standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", TORCH_STANDIN, hub, download_hub_wheels)
+    # the hub stand-in is served over https with a certificate of the sim's CA: the base trusts it
+    # alone (SSL_CERT_FILE, which huggingface_hub's HTTP client reads), as a Spark's image trusts the hub's
+    ca = sim_ca()
+    standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", TORCH_STANDIN, hub, download_hub_wheels,
+                ca)
 
     def build(docker: Docker, registry: Registry, local: str) -> None:
         rootfs = CACHE / "rootfs" / f"{rootfs_key[:16]}.tar"
@@ -250,6 +255,7 @@ def base_recipe(stack: StackConfig) -> Recipe:
             ctx = Path(ctx)
             shutil.copy(ROOT / "tests/sim/bin/vllm", ctx / "vllm")
             shutil.copy(ROOT / "tests/openai_standin.py", ctx / "openai_standin.py")
+            shutil.copy(ca, ctx / "sim-ca.crt")
             shutil.copytree(TORCH_STANDIN, ctx / "torch-standin", ignore=shutil.ignore_patterns("__pycache__"))
             wheels = CACHE / "wheels" / f"{hub.replace('==', '-')}-cp311-{arch}"
             log(f"downloading {hub} wheels into {wheels}")
@@ -265,6 +271,8 @@ def base_recipe(stack: StackConfig) -> Recipe:
                 "RUN pip install --no-index --find-links /tmp/hub-wheels --no-cache-dir --no-warn-script-location "
                 f"--progress-bar off '{hub}' && rm -rf /tmp/hub-wheels\n"
                 "COPY vllm /usr/local/bin/vllm\n"
+                f"COPY sim-ca.crt {SIM_CA_IN_IMAGE}\n"
+                f"ENV SSL_CERT_FILE={SIM_CA_IN_IMAGE}\n"
                 "LABEL org.opencontainers.image.description=\"twinspark sim serving base: Debian bookworm, "
                 f"ray[default]=={ray}, nginx, {hub}, the vLLM and torch STAND-INs\"\n")
             docker("build", "--network", "none", "--platform", stack.serving.platform, "-t", local, ctx)

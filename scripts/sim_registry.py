@@ -36,28 +36,41 @@ REGISTRY_BINARY = "/usr/bin/docker-registry"  # Debian's
 
 # ---- for the sim: the registry the nodes pull from (tests/sim/cluster.py names it in each node) --
 TLS_DIR = CACHE / "tls"
-REGISTRY_CA = TLS_DIR / "ca.crt"  # each node's dockerd trusts it (/etc/docker/certs.d/REGISTRY/ca.crt)
+# a CA of the sim's own: each node's dockerd trusts it for the registry
+# (/etc/docker/certs.d/REGISTRY/ca.crt), the serving base's Python for the hub stand-in (SSL_CERT_FILE)
+REGISTRY_CA = TLS_DIR / "ca.crt"
 
 
-def registry_tls() -> tuple[Path, Path]:
-    """A CA of the sim's own and the registry's certificate for REGISTRY_NAME, made once: the
-    nodes pull over TLS as from any registry (BuildKit in dockerd 20.10 would not take a
-    plain-HTTP one from `insecure-registries` for a FROM)."""
-    cert, key = TLS_DIR / "registry.crt", TLS_DIR / "registry.key"
+def sim_certificate(name: str) -> tuple[Path, Path]:
+    """A certificate for `name` signed by the sim's CA (made once, with the CA), and its key: the
+    nodes reach the registry and the hub over TLS as a Spark reaches them."""
+    cert, key = TLS_DIR / f"{name}.crt", TLS_DIR / f"{name}.key"
     if cert.exists() and key.exists() and REGISTRY_CA.exists():
         return cert, key
     TLS_DIR.mkdir(parents=True, exist_ok=True)
     ca_key = TLS_DIR / "ca.key"
-    run("openssl", "req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "3650", "-subj",
-        "/CN=twinspark-sim registry CA", "-keyout", ca_key, "-out", REGISTRY_CA)
-    csr = TLS_DIR / "registry.csr"
-    run("openssl", "req", "-new", "-newkey", "ed25519", "-nodes", "-subj", f"/CN={REGISTRY_NAME}",
-        "-keyout", key, "-out", csr)
-    extensions = TLS_DIR / "san.cnf"
-    extensions.write_text(f"subjectAltName=DNS:{REGISTRY_NAME}\n")
+    if not (REGISTRY_CA.exists() and ca_key.exists()):
+        run("openssl", "req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "3650", "-subj",
+            "/CN=twinspark-sim CA", "-keyout", ca_key, "-out", REGISTRY_CA)
+    csr = TLS_DIR / f"{name}.csr"
+    run("openssl", "req", "-new", "-newkey", "ed25519", "-nodes", "-subj", f"/CN={name}", "-keyout", key, "-out", csr)
+    extensions = TLS_DIR / f"{name}.san.cnf"
+    extensions.write_text(f"subjectAltName=DNS:{name}\n")
     run("openssl", "x509", "-req", "-in", csr, "-CA", REGISTRY_CA, "-CAkey", ca_key, "-CAcreateserial",
         "-days", "3650", "-extfile", extensions, "-out", cert)
     return cert, key
+
+
+def sim_ca() -> Path:
+    """The sim's CA certificate, made with the registry's when there is none yet."""
+    registry_tls()
+    return REGISTRY_CA
+
+
+def registry_tls() -> tuple[Path, Path]:
+    """The registry's certificate (BuildKit in dockerd 20.10 would not take a plain-HTTP registry
+    from `insecure-registries` for a FROM)."""
+    return sim_certificate(REGISTRY_NAME)
 
 
 def serve_registry(addr: str = f"0.0.0.0:{REGISTRY_PORT}", log=subprocess.DEVNULL) -> subprocess.Popen:

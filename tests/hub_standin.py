@@ -1,9 +1,10 @@
 """hub_standin.py — the Hugging Face Hub's HTTP API, as far as the real huggingface_hub client
 asks it for launch/weights.py (model_info, snapshot_download), served from a local directory.
 
-    python tests/hub_standin.py --root DIR --listen ADDR:PORT [--cdn-listen ADDR:PORT]
+    python tests/hub_standin.py --root DIR --listen ADDR:PORT [--cdn-listen ADDR:PORT] [--tls CERT KEY]
 
-The client is pointed here with HF_ENDPOINT=http://ADDR:PORT. DIR holds one folder per repo
+The client is pointed here with HF_ENDPOINT=http://ADDR:PORT (https:// with --tls: the API and the
+CDN both, with that certificate; the simulator's, signed by its CA, which its serving base trusts). DIR holds one folder per repo
 id (DIR/org/model/...). A repo's head (`main`) is one commit: DIR/org/model/.revision where the
 test writes one, else a sha1 over the files' names and blob ids (as git's would change with the
 content). Files whose path has a part starting with '.' are not published. Every commit the
@@ -36,6 +37,7 @@ import argparse
 import hashlib
 import json
 import re
+import ssl
 import sys
 import threading
 from dataclasses import dataclass
@@ -248,7 +250,7 @@ class Handler(BaseHTTPRequestHandler):
             host = (self.headers.get("Host") or self.server.server_address[0]).rsplit(":", 1)[0]
             headers.update({"ETag": f'"{entry.blob_id}"', "X-Linked-Etag": f'"{entry.sha256}"',
                             "X-Linked-Size": str(entry.size),
-                            "Location": f"http://{host}:{self.server.cdn_port}/lfs/{entry.sha256}"})
+                            "Location": f"{self.server.scheme}://{host}:{self.server.cdn_port}/lfs/{entry.sha256}"})
             return self._body(302, b"", "text/plain", head, headers)
         headers["ETag"] = f'"{entry.blob_id}"'
         return self._file(self.hub.repo_dir(repo_id) / rel, headers, head)
@@ -288,19 +290,25 @@ class Handler(BaseHTTPRequestHandler):
 class HubStandin:
     """The API on `listen`, the CDN (the LFS files' redirect target) on `cdn_listen`; both threaded."""
 
-    def __init__(self, root: Path, listen=("127.0.0.1", 0), cdn_listen=None, log=None):
+    def __init__(self, root: Path, listen=("127.0.0.1", 0), cdn_listen=None, log=None, tls=None):
+        """tls: (certificate, key) files: both served over https."""
         hub = Hub(Path(root))
         self.requests: list[tuple[str, str, bool]] = []  # (method, path, sent a token)
         cdn_listen = cdn_listen or (listen[0], 0)
+        scheme = "https" if tls else "http"
         self.servers = []
         for address, cdn in ((cdn_listen, True), (listen, False)):
             server = ThreadingHTTPServer(address, Handler)
             server.daemon_threads = True
-            server.hub, server.cdn, server.log, server.requests = hub, cdn, log, self.requests
+            if tls:
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                context.load_cert_chain(*map(str, tls))
+                server.socket = context.wrap_socket(server.socket, server_side=True)
+            server.hub, server.cdn, server.log, server.requests, server.scheme = hub, cdn, log, self.requests, scheme
             self.servers.append(server)
         self.servers[1].cdn_port = self.servers[0].server_address[1]
         host, port = self.servers[1].server_address[:2]
-        self.endpoint = f"http://{host}:{port}"
+        self.endpoint = f"{scheme}://{host}:{port}"
         self.threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self.servers]
 
     def __enter__(self) -> "HubStandin":
@@ -327,9 +335,10 @@ def main(argv=None) -> int:
     parser.add_argument("--root", type=Path, required=True, help="one folder per repo id (ORG/NAME)")
     parser.add_argument("--listen", type=address, default=("127.0.0.1", 8080), help="ADDR:PORT of the API")
     parser.add_argument("--cdn-listen", type=address, help="ADDR:PORT the LFS files redirect to (default: PORT+1)")
+    parser.add_argument("--tls", nargs=2, type=Path, metavar=("CERT", "KEY"), help="serve https with this certificate")
     args = parser.parse_args(argv)
     cdn = args.cdn_listen or (args.listen[0], args.listen[1] + 1)
-    standin = HubStandin(args.root, args.listen, cdn, log=sys.stderr)
+    standin = HubStandin(args.root, args.listen, cdn, log=sys.stderr, tls=args.tls)
     print(f"hub stand-in: {args.root} at {standin.endpoint}, LFS from port {cdn[1]}", file=sys.stderr, flush=True)
     with standin:
         try:

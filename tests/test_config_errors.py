@@ -262,6 +262,20 @@ def test_bad_secret_is_refused_before_any_resource(program, recipe_config, key, 
     assert run.resources == []
 
 
+def test_an_hf_token_for_a_plain_http_hub_is_refused_before_any_resource(program, recipe_config):
+    """Issue 37: model.hubEndpoint=http://... with an HF token sent the token in the clear, unsaid."""
+    recipe_config["twinspark:hfToken"] = "hf_0123456789abcdef"
+    recipe_config["twinspark:model"] = {**recipe_config["twinspark:model"], "hubEndpoint": "http://hf-mirror.lan:8080"}
+    run = program(recipe_config)
+    assert run.error and run.error["kind"] == "RunError", run.error
+    message = run.error["message"]
+    assert "twinspark:hfToken: set, and twinspark:model.hubEndpoint is http://hf-mirror.lan:8080" in message, message
+    assert "expected an https:// model.hubEndpoint" in message and "hf_0123456789abcdef" not in message, message
+    assert run.resources == []
+    del recipe_config["twinspark:hfToken"]  # a mirror that needs no token may be plain http
+    assert program(recipe_config).error is None
+
+
 def rails(*per_node):
     """Set rail addresses: rails(("10.0.0.1/24", "10.0.1.1/24"), ("10.0.0.2/24", "10.0.1.2/24"))."""
     def mutate(cfg):

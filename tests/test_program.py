@@ -495,7 +495,12 @@ def test_weights_copy_goes_over_the_first_rail(recipe_run):
 
 
 def key_windows(run) -> tuple[list, list]:
-    return run.named("spark2-weights-authorize").inputs["triggers"], run.named("spark2-weights-revoke").inputs["triggers"]
+    """The head's key on spark2: the authorization's triggers; the revocation's, less the line, the
+    authorization's ID and the IDs of the steps it follows (the copy, the shape check, the ship: an
+    authorization or a step made anew runs it again)."""
+    opened, revoked = (run.named(f"spark2-weights-{step}").inputs["triggers"] for step in ("authorize", "revoke"))
+    assert len(revoked) == len(opened) + 5 and revoked[len(opened)] == stdin_of(run, "spark2-weights-authorize"), revoked
+    return opened, revoked[:len(opened)]
 
 
 def test_the_sync_keys_authorization_opens_again_exactly_when_a_step_that_uses_it_runs_again(program, recipe_config,

@@ -118,7 +118,8 @@ class ModelConfig(Contract):
     hub_endpoint: HubEndpoint = Field(
         default=DEFAULT_HUB_ENDPOINT,
         description="the Hugging Face Hub the head downloads from (HF_ENDPOINT of the download): a mirror or a "
-        "proxy that serves the same repositories; no trailing '/'. A change downloads nothing already verified")
+        "proxy that serves the same repositories; no trailing '/'; `https://` whenever `hfToken` is set. A change "
+        "downloads nothing already verified")
 
     @property
     def container_dir(self) -> str:

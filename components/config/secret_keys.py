@@ -13,6 +13,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from .errors import NAMESPACE, config_error
+from .values import DEFAULT_HUB_ENDPOINT
 
 # A secret lands in a shell's environment, a curl config line, an env file and an HTTP
 # header. RFC 6750's bearer-token characters are plain in all of them, so a valid value
@@ -67,15 +68,22 @@ def secret_problem(key: str, value: str) -> Optional[str]:
     return None
 
 
-def load_secrets(config: Optional[pulumi.Config] = None) -> dict[str, Optional[pulumi.Output[str]]]:
-    """Every secret key, validated and wrapped as a secret at once; None where unset."""
-    values = _checked_secrets(config or pulumi.Config(NAMESPACE))
+def load_secrets(config: Optional[pulumi.Config] = None,
+                 hub_endpoint: str = DEFAULT_HUB_ENDPOINT) -> dict[str, Optional[pulumi.Output[str]]]:
+    """Every secret key, validated and wrapped as a secret at once; None where unset.
+    `hub_endpoint` (model.hubEndpoint): where the HF token goes, which must be https."""
+    values = _checked_secrets(config or pulumi.Config(NAMESPACE), hub_endpoint)
     return {key: None if value is None else pulumi.Output.secret(value) for key, value in values.items()}
 
 
-def _checked_secrets(config: pulumi.Config) -> dict[str, Optional[str]]:
+def _checked_secrets(config: pulumi.Config, hub_endpoint: str = DEFAULT_HUB_ENDPOINT) -> dict[str, Optional[str]]:
     """The plain values, for load_secrets only: refused unless valid, warned about if stored plain."""
     values, problems = {}, []
+    if config.get("hfToken") is not None and not hub_endpoint.startswith("https://"):
+        # huggingface_hub sends it as a header on every request to the endpoint
+        problems.append(f"{NAMESPACE}:hfToken: set, and twinspark:model.hubEndpoint is {hub_endpoint}: the token "
+                        "would cross the network in the clear — expected an https:// model.hubEndpoint (or no "
+                        "hfToken, for a mirror that needs none)")
     for key in SECRET_KEYS:
         values[key] = value = config.get(key)
         if value is not None and (problem := secret_problem(key, value)):

@@ -24,7 +24,8 @@ MODEL_DIR = "/home/nvidia/models/DeepSeek-V4-Flash-0731"  # Pulumi.spark.yaml's 
 NODES = [{"name": "spark1", "role": "head", "host": "192.168.1.10"},
          {"name": "spark2", "role": "worker", "host": "192.168.1.11"}]
 SHARDS = [f"model-{i:05d}-of-00003.safetensors" for i in (1, 2, 3)]
-URNS = {"spark2-weights-sync": "urn:pulumi:spark::twinspark::twinspark:model_weights:ModelWeights$command:remote:Command::spark2-weights-sync"}
+URNS = {name: f"urn:pulumi:spark::twinspark::twinspark:model_weights:ModelWeights$command:remote:Command::{name}"
+        for name in ("spark2-weights-authorize", "spark2-weights-sync", "spark2-weights-revoke")}
 
 
 def weights(*args) -> subprocess.CompletedProcess:
@@ -105,7 +106,9 @@ def test_a_bit_rotten_below_the_filesystem_is_named_and_its_repair_printed(nodes
     assert code == 1, text
     assert "spark1: intact" in text and "spark2: 1 damaged: hashed 4 files" in text, text
     assert f"  spark2: {SHARDS[1]}: sha256 " in text and ", expected " in text, text
-    assert f"pulumi up --replace '{URNS['spark2-weights-sync']}'" in text, text
+    # the copy with its source's key admitted for it, then revoked (issue 37: admitted only while its steps run)
+    assert (f"pulumi up --replace '{URNS['spark2-weights-authorize']}' --replace '{URNS['spark2-weights-sync']}' "
+            f"--replace '{URNS['spark2-weights-revoke']}'") in text, text
     # dropped from the record: the replaced sync hashes it again (and a trusting verify no longer passes it)
     assert SHARDS[1] not in json.loads((nodes["spark2"] / contract.WEIGHTS_RECORD).read_text())["files"]
     again = weights("verify", "--repair", "--dir", nodes["spark2"], "--manifest",

@@ -19,7 +19,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import shlex
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -44,6 +47,7 @@ import sim_model  # noqa: E402
 import node_contract as contract  # noqa: E402
 from cluster import SIM_STACK, SimCluster, on_site  # noqa: E402
 from hub_standin import HubStandin  # noqa: E402
+from ops.verify_weights import copy_again_steps  # noqa: E402
 from program_harness import SECRET_SIG  # noqa: E402
 from timeline import (TIMELINE, merge_reports, merge_timelines, merge_worker_files, scenario_of,  # noqa: E402
                       slowest_steps, step_trace, worker_file, worker_files)
@@ -290,7 +294,8 @@ def hub(operator_home):
     endpoint = urlsplit(config["twinspark:model"]["hubEndpoint"])
     root = operator_home / "hub"
     sim_model.publish(root / config["twinspark:model"]["repo"])
-    with HubStandin(root, listen=("0.0.0.0", endpoint.port)) as server:
+    # over https with a certificate of the sim's CA, which the serving base trusts (SSL_CERT_FILE)
+    with HubStandin(root, listen=("0.0.0.0", endpoint.port), tls=sim_images.sim_certificate(endpoint.hostname)) as server:
         yield server
 
 
@@ -459,6 +464,31 @@ def sync_key_access(cluster, node: str) -> dict[str, object]:
             "forced command": forced.returncode == 0}
 
 
+def stored_authorization(state: dict, worker: str, relay: bool = False) -> str:
+    """The authorized_keys line the engine's `{worker}-weights-[relay-]authorize` step installs (its payload)."""
+    stdin = stored_step(state, f"{worker}-weights-{'relay-' if relay else ''}authorize")["inputs"]["stdin"]
+    return next(line for line in reversed(stdin.splitlines()) if line.startswith('from="'))
+
+
+@contextmanager
+def sync_key_admitted(cluster, worker: str, line: str, directory: str = "", plain: bool = False):
+    """`line` (stored_authorization) in the worker's authorized_keys while the block runs, as the
+    authorize step leaves it for its steps: for a measurement that runs a step's command itself
+    after `up` revoked the key. `directory`: its forced command bound to another model directory;
+    `plain`: without the forced command (the recipe's rsync over ssh: a login)."""
+    if directory:
+        line = re.sub(r"--dir \S+", f"--dir {shlex.quote(directory)}", line)
+    if plain:
+        line = re.sub(r',command="[^"]*"', "", line)
+    keys = f"/home/{cluster.cfg.ssh.user}/.ssh/authorized_keys"
+    cluster.node_exec(worker, "sh", "-c", 'printf "%s\\n" "$1" >> "$0"', keys, line)
+    try:
+        yield
+    finally:
+        cluster.node_exec(worker, "python3", "-c", "import sys; p, gone = sys.argv[1:]; lines = open(p).read().splitlines(); "
+                          "open(p, 'w').write(''.join(l + chr(10) for l in lines if l != gone))", keys, line)
+
+
 def serves(outputs: dict) -> bool:
     """The gateway answers a completion with the outputs' key. The outputs are read once by the
     caller: a wait that ran the CLI each poll took a core from the recovery it waits on."""
@@ -501,7 +531,9 @@ def stored_step(state: dict, name: str) -> dict:
 def hub_commit(stack, repo: str) -> str:
     """The commit the hub stand-in (conftest.py `hub`, on this machine) publishes for the repo, as a client reads it."""
     port = urlsplit(stack.stack_file()["config"]["twinspark:model"]["hubEndpoint"]).port
-    answer = httpx.get(f"http://127.0.0.1:{port}/api/models/{repo}", timeout=30)
+    trust = ssl.create_default_context(cafile=sim_images.REGISTRY_CA)
+    trust.check_hostname = False  # on loopback, not the name the nodes reach it by (the certificate's)
+    answer = httpx.get(f"https://127.0.0.1:{port}/api/models/{repo}", timeout=30, verify=trust)
     answer.raise_for_status()
     return answer.json()["sha"]
 
@@ -524,6 +556,13 @@ def rails_throttled(cluster, node: str, rate: str):
 def urn_of(stack, name: str) -> str:
     (urn,) = [r["urn"] for r in stack.export()["resources"] if r["urn"].endswith(f"::{name}")]
     return urn
+
+
+def copy_again_args(stack, worker: str, *before: str) -> list[str]:
+    """`--replace` of `before` (step names) and of the worker's copy as docs/operating.md and `ops
+    verify-weights` give it: the copy with its source's key admitted around it, then revoked."""
+    urns = {r["urn"].rsplit("::", 1)[-1]: r["urn"] for r in stack.export()["resources"]}
+    return [a for name in [*before, *copy_again_steps(worker, urns)] for a in ("--replace", urns[name])]
 
 
 def serving_events(cluster, node: str, since: float, action: str) -> list[float]:

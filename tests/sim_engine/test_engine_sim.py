@@ -17,8 +17,8 @@ import pytest
 
 import node_contract as contract
 import sim_images
-from conftest import (HEAD, ROOT, STACK, completion, completion_status, containers, flag, guard_verdict, hub_commit,
-                      rails_throttled, serving_answers, urn_of, vllm_argv, wait_for)
+from conftest import (HEAD, ROOT, STACK, completion, completion_status, containers, copy_again_args, flag, guard_verdict,
+                      hub_commit, rails_throttled, serving_answers, sync_key_access, urn_of, vllm_argv, wait_for)
 
 INTERRUPTED_COPY_RATE = "50mbit"  # the head's egress on each rail while an up is interrupted mid-copy
 
@@ -141,7 +141,7 @@ def test_an_up_interrupted_during_the_weight_copy_stops_cleanly_and_the_next_up_
     # the copy held to about 5 s (the stack's 64 MiB over two rails at 50 Mbit/s each), so the
     # signal lands while it runs, not after it finished and the engine started what follows
     with rails_throttled(cluster, HEAD, INTERRUPTED_COPY_RATE):
-        run, status = stack.up_interrupted("sim2-weights-sync", "--replace", urn_of(stack, "sim2-weights-sync"))
+        run, status = stack.up_interrupted("sim2-weights-sync", *copy_again_args(stack, "sim2"))
     signal_at = next(i for i, e in enumerate(run.events) if "interrupted" in e)
     started_before = event_urns("resourcePreEvent", run.events[:signal_at])
     report["interrupted_up_s"], report["interrupted_up_exit"] = run.seconds, status
@@ -158,6 +158,8 @@ def test_an_up_interrupted_during_the_weight_copy_stops_cleanly_and_the_next_up_
     report["up_after_interrupt_changes"] = changes(done)
     listing = cluster.ssh("sim2", f"ls {model_dir}").stdout.split()
     assert "config.json" in listing, listing
+    # the copy made anew runs its revocation again: the key the interrupted `up` admitted is gone
+    assert sync_key_access(cluster, "sim2")["admitted"] == [], sync_key_access(cluster, "sim2")
     assert serving_answers(stack) == 200
 
 

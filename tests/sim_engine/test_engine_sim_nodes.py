@@ -20,10 +20,10 @@ import yaml
 
 import node_contract as contract
 from cluster import sim_nodes
-from components.remote import encode_secret, launch_file, script_text
+from components.remote import launch_file, script_text
 from conftest import (HEAD, containers, firewall_mismatches, flag, rails_throttled, readiness_s, serves, serving_answers,
-                      sync_key_access,
-                      serving_events, serving_pid, sshd_throttled_lines, stored_step, vllm_argv, wait_for,
+                      serving_events, serving_pid, sshd_throttled_lines, stored_authorization, stored_step,
+                      sync_key_access, sync_key_admitted, vllm_argv, wait_for,
                       with_an_empty_restart_count)
 from program_harness import flag_values
 from test_engine_sim import changes, name_of
@@ -142,7 +142,6 @@ def back_to_the_pair(stack, pair) -> None:
 # comparison only: the sim's rails are otherwise as fast as its two cores copy, where a Spark's
 # switch port is what a copy from the head shares (the figures are the sim's, not a Spark's).
 FAN_OUT_RAIL_RATE = "40mbit"
-BENCH_SECRET = "fan-out-bench-secret"  # the bench's own daemons' (sync-weights.sh starts them with it)
 
 
 def source_of(cluster, state: dict, worker: str) -> str:
@@ -164,7 +163,7 @@ def with_flags(line: str, **values) -> str:
 def timed_rounds(cluster, rounds: list[list[tuple[str, str]]]) -> float:
     """Run each round's (node, runner line) copies at once, the rounds one after another, as
     the engine would run the steps; the seconds the whole took."""
-    stdin = encode_secret(BENCH_SECRET) + script_text("sync-weights.sh") + launch_file("weights.py")
+    stdin = script_text("sync-weights.sh") + launch_file("weights.py")
     started = time.monotonic()
     for copies in rounds:
         with ThreadPoolExecutor(len(copies)) as pool:
@@ -207,6 +206,11 @@ def fan_out_against_from_head(cluster, state: dict, workers: list[str]) -> dict:
         with ExitStack() as throttled:
             for node in [HEAD, *workers]:
                 throttled.enter_context(rails_throttled(cluster, node, FAN_OUT_RAIL_RATE))
+            # each worker admits the head's key and its relay's, bound to the bench's directory, as
+            # their authorization steps admit them for the copy (`up` revoked them)
+            for w in workers:
+                for relay in (False, True) if source[w] != HEAD else (False,):
+                    throttled.enter_context(sync_key_admitted(cluster, w, stored_authorization(state, w, relay), bench))
             for name, rounds in (("from_head_s", [[(HEAD, from_head(w)) for w in workers]]),
                                  ("fan_out_s", [[(source[w], with_flags(lines[w], dir=bench)) for w in ready]
                                                 for ready in plan])):

@@ -23,8 +23,8 @@ import node_contract as contract
 import sim_model
 from components import host_prep
 from conftest import (HEAD, WORKER, completion_status, file_state, hub_commit, rails_throttled, readiness_s, shim_calls,
-                      stored_step, wait_for)
-from test_engine_sim_weights import (each_rail_rx_bytes, manifest, model_dir, rails_rx_bytes, replace, step_output,
+                      stored_authorization, stored_step, sync_key_admitted, wait_for)
+from test_engine_sim_weights import (copy_again, each_rail_rx_bytes, manifest, model_dir, rails_rx_bytes, step_output,
                                      worker_matches_head)
 
 # A model big enough that the copy's rate means something beside its fixed costs, yet small
@@ -215,12 +215,14 @@ def test_a_model_change_copies_the_weights_over_both_rails_and_is_measured_again
 
     # the whole step again, timed to the millisecond: the engine's stored command and stdin over ssh
     # (as pulumi-command runs it) onto a worker whose copy is gone — the same clock as rsync's below
-    sync = stored_step(stack.export(show_secrets=True), f"{WORKER}-weights-sync")
+    state = stack.export(show_secrets=True)
+    sync, admitted = stored_step(state, f"{WORKER}-weights-sync"), stored_authorization(state, WORKER)
     cluster.node_exec(WORKER, "rm", "-rf", big["dir"])
     subprocess.run(["sync"], check=True)  # each side starts with the disk caught up (the nodes share it)
-    started = time.monotonic()
-    again = rerun(cluster, sync)
-    step_s = time.monotonic() - started
+    with sync_key_admitted(cluster, WORKER, admitted):  # as its authorization step admits it for the step
+        started = time.monotonic()
+        again = rerun(cluster, sync)
+        step_s = time.monotonic() - started
     assert again.returncode == 0 and "files verified" in again.stdout + again.stderr, again.stdout + again.stderr
     report["weight_sync_step_rerun_s"] = round(step_s, 2)
     report["weight_sync_step_rerun_MBps"] = round(BIG_BYTES / step_s / 1e6, 1)
@@ -231,11 +233,12 @@ def test_a_model_change_copies_the_weights_over_both_rails_and_is_measured_again
     scratch = str(PurePosixPath(big["dir"]).parent / "recipe-copy")
     recipe = (f"rsync -a -e 'ssh -i {contract.SYNC_KEY} -o BatchMode=yes -o UserKnownHostsFile={contract.SYNC_KNOWN_HOSTS}' "
               f"{big['dir']}/ {cluster.cfg.ssh.user}@{worker_rail}:{scratch}/")
-    try:
-        subprocess.run(["sync"], check=True)
-        started = time.monotonic()
-        out = cluster.ssh(HEAD, recipe, timeout=600)
-        rsync_s = time.monotonic() - started
+    try:  # the recipe's key is a login (twinspark's forced command would refuse rsync's own)
+        with sync_key_admitted(cluster, WORKER, admitted, plain=True):
+            subprocess.run(["sync"], check=True)
+            started = time.monotonic()
+            out = cluster.ssh(HEAD, recipe, timeout=600)
+            rsync_s = time.monotonic() - started
         assert out.returncode == 0, out.stderr
     finally:
         cluster.node_exec(WORKER, "rm", "-rf", scratch, check=False)
@@ -269,7 +272,7 @@ def worker_copy_restored(stack, cluster, deployed):
     """Afterwards the worker's copy matches the head's again, whatever the scenario left."""
     yield
     if not worker_matches_head(cluster, stack):
-        replace(stack, f"{WORKER}-weights-sync")
+        copy_again(stack)
 
 
 def test_an_interrupted_copy_resumes_through_a_replaced_sync_and_sends_only_what_was_missing(
@@ -279,8 +282,11 @@ def test_an_interrupted_copy_resumes_through_a_replaced_sync_and_sends_only_what
     sizes = {f: e["size"] for f, e in manifest(cluster, stack)["files"].items() if f.endswith(".safetensors")}
     total = sum(sizes.values())
     cluster.node_exec(WORKER, "bash", "-c", 'cd "$0" && rm -f -- "$@"', d, *sizes)
-    sync = stored_step(stack.export(show_secrets=True), f"{WORKER}-weights-sync")
-    with rails_throttled(cluster, HEAD, RESUME_THROTTLE):  # the head's egress: the copy's direction
+    state = stack.export(show_secrets=True)
+    sync = stored_step(state, f"{WORKER}-weights-sync")
+    # the step's own command, run here: the worker admits the key as its authorization step would
+    with sync_key_admitted(cluster, WORKER, stored_authorization(state, WORKER)), \
+            rails_throttled(cluster, HEAD, RESUME_THROTTLE):  # the head's egress: the copy's direction
         with open(tmp_path / "said", "w") as said:
             copy = subprocess.Popen(
                 ["ssh", "-i", str(cluster.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
@@ -301,7 +307,7 @@ def test_an_interrupted_copy_resumes_through_a_replaced_sync_and_sends_only_what
     assert there < total, "the copy finished before it could be interrupted"
     missing = total - there
     rx_before = rails_rx_bytes(cluster)
-    run = replace(stack, f"{WORKER}-weights-sync")  # docs/operating.md, recovering: the copy replaced
+    run = copy_again(stack)  # docs/operating.md, recovering: the copy replaced, its key's window around it
     crossed = rails_rx_bytes(cluster) - rx_before
     report["resume_up_s"] = run.seconds
     report["resume_bytes"] = {"model": total, "there_after_interrupt": there, "missing": missing, "crossed": crossed}

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import node_contract as contract
-from conftest import (HEAD, WORKER, completion_status, containers, ops_access, readiness_s, run_ops, serving_answers,
-                      urn_of, wait_for)
+from conftest import (HEAD, WORKER, completion_status, containers, copy_again_args, ops_access, readiness_s, run_ops,
+                      serving_answers, urn_of, wait_for)
 
 RSYNC_FAULTY = Path(__file__).resolve().parents[1] / "sim" / "faults" / "rsync-faulty"
 
@@ -23,11 +23,19 @@ def replace(stack, *names: str):
     return stack.up(*[arg for name in names for arg in ("--replace", urn_of(stack, name))])
 
 
+def copy_again(stack, worker: str = WORKER, *before: str):
+    """`pulumi up --replace` of `before` and of the worker's copy, its key's window around it."""
+    return stack.up(*copy_again_args(stack, worker, *before))
+
+
 def step_output(stack, name: str) -> str:
     """What the step printed (stdout, then stderr) as the engine keeps it in the state."""
     deployment = json.loads(stack.cli("stack", "export", "--show-secrets").stdout)["deployment"]
     (outputs,) = [r.get("outputs", {}) for r in deployment["resources"] if r["urn"].endswith(f"::{name}")]
     return f"{outputs.get('stdout', '')}\n{outputs.get('stderr', '')}"
+
+
+COPY_AGAIN = ("sim2-weights-authorize", "sim2-weights-sync", "sim2-weights-revoke")
 
 
 def changed(run) -> set[str]:
@@ -88,7 +96,7 @@ def test_a_damaged_worker_copy_is_repaired_by_replacing_its_sync_and_only_the_da
     cluster.node_exec(WORKER, "rm", f"{d}/{missing}")
     flip_bit(cluster, WORKER, f"{d}/{flipped}", size // 2)
     serving, rx_before = serving_containers(cluster), rails_rx_bytes(cluster)
-    run = replace(stack, "sim2-weights-sync")
+    run = copy_again(stack)
     crossed = rails_rx_bytes(cluster) - rx_before
     report["damaged_worker_copy_repair_up_s"] = run.seconds
     report["damaged_worker_copy_bytes_crossed"] = crossed
@@ -97,7 +105,7 @@ def test_a_damaged_worker_copy_is_repaired_by_replacing_its_sync_and_only_the_da
     assert "copying 3 files" in said, said
     assert crossed < 3 * size * 1.2, (crossed, size)  # the three files, not the model
     assert worker_matches_head(cluster, stack)
-    assert changed(run) == {"sim2-weights-sync"}, changed(run)
+    assert changed(run) == set(COPY_AGAIN), changed(run)  # the copy, its key admitted and revoked: nothing else
     assert serving_containers(cluster) == serving and serving_answers(stack) == 200
 
 
@@ -108,15 +116,16 @@ def test_a_bit_flipped_on_the_head_is_refused_before_it_spreads_and_a_replaced_f
     flip_bit(cluster, HEAD, f"{d}/{needed}", 4096)
     rx_before = rails_rx_bytes(cluster)
     with pytest.raises(AssertionError) as refused:
-        replace(stack, "sim2-weights-sync")
+        copy_again(stack)
     message = str(refused.value)
     report["head_bit_flip_refusal"] = message[-400:]
     assert "sim2-weights-sync" in message and f"FAIL sim1: {needed}: sha256 " in message, message
-    assert "nothing sent to sim2" in message and "--replace of both the sim1-weights-fetch and the sim2-weights-sync step" in message, message
+    assert "nothing sent to sim2" in message and ("--replace of the sim1-weights-fetch step and of sim2's weights-authorize, "
+                                                  "weights-sync and weights-revoke steps") in message, message
     assert rails_rx_bytes(cluster) - rx_before < 1_000_000
     # the recovery step: the fetch replaced finds the file changed since its download and gets it anew,
     # the copy after it sends it on
-    run = replace(stack, "sim1-weights-fetch", "sim2-weights-sync")
+    run = copy_again(stack, WORKER, "sim1-weights-fetch")
     report["head_bit_flip_repair_up_s"] = run.seconds
     fetched = step_output(stack, "sim1-weights-fetch")
     assert f"FAIL sim1: {needed}: sha256 " in fetched and "match the hub" in fetched, fetched
@@ -146,8 +155,10 @@ def test_a_bit_rotten_below_the_filesystem_is_named_by_verify_weights_and_the_re
     assert found.returncode == 1, found.stdout + found.stderr
     assert f"{HEAD}: intact: hashed " in found.stdout and f"{WORKER}: 1 damaged: hashed " in found.stdout, found.stdout
     assert f"  {WORKER}: {rotten}: sha256 " in found.stdout, found.stdout
-    assert "--replace '<urn of sim2-weights-sync: pulumi stack --show-urns>'" in found.stdout, found.stdout
-    run = replace(stack, "sim2-weights-sync")
+    assert ("--replace '<urn of sim2-weights-authorize: pulumi stack --show-urns>' --replace '<urn of sim2-weights-sync: "
+            "pulumi stack --show-urns>' --replace '<urn of sim2-weights-revoke: pulumi stack --show-urns>'") in found.stdout, \
+        found.stdout
+    run = copy_again(stack)
     report["rotten_worker_file_repair_up_s"] = run.seconds
     assert f"sim2: damaged, sending again: {rotten}: sha256 " in step_output(stack, "sim2-weights-sync")
     assert worker_matches_head(cluster, stack)
@@ -164,13 +175,13 @@ def test_a_copy_tool_that_lies_is_caught_by_the_workers_verification(cluster, st
                       f"/etc/twinspark-sim/rsync-fault && install -m 755 {RSYNC_FAULTY} /usr/local/bin/rsync")
     try:
         with pytest.raises(AssertionError) as caught:
-            replace(stack, "sim2-weights-sync")
+            copy_again(stack)
     finally:
         cluster.node_exec(HEAD, "rm", "-f", "/usr/local/bin/rsync")
     said = str(caught.value)
     assert f"FAIL sim2: {shard}{message}" in said, said
     assert "verification failed for sim2 (nvidia@10.0.0.2:" in said, said
-    replace(stack, "sim2-weights-sync")  # a clean copy repairs it
+    copy_again(stack)  # a clean copy repairs it
     assert worker_matches_head(cluster, stack)
 
 
