@@ -7,6 +7,7 @@ sim_recipes.py share (run, log, free_port, wait_for). Pure of the images themsel
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -43,21 +44,27 @@ REGISTRY_CA = TLS_DIR / "ca.crt"
 
 def sim_certificate(name: str) -> tuple[Path, Path]:
     """A certificate for `name` signed by the sim's CA (made once, with the CA), and its key: the
-    nodes reach the registry and the hub over TLS as a Spark reaches them."""
+    nodes reach the registry and the hub over TLS as a Spark reaches them. Under a lock, each file
+    put in place whole: the simulator's two workers ask at once."""
     cert, key = TLS_DIR / f"{name}.crt", TLS_DIR / f"{name}.key"
-    if cert.exists() and key.exists() and REGISTRY_CA.exists():
-        return cert, key
     TLS_DIR.mkdir(parents=True, exist_ok=True)
-    ca_key = TLS_DIR / "ca.key"
-    if not (REGISTRY_CA.exists() and ca_key.exists()):
-        run("openssl", "req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "3650", "-subj",
-            "/CN=twinspark-sim CA", "-keyout", ca_key, "-out", REGISTRY_CA)
-    csr = TLS_DIR / f"{name}.csr"
-    run("openssl", "req", "-new", "-newkey", "ed25519", "-nodes", "-subj", f"/CN={name}", "-keyout", key, "-out", csr)
-    extensions = TLS_DIR / f"{name}.san.cnf"
-    extensions.write_text(f"subjectAltName=DNS:{name}\n")
-    run("openssl", "x509", "-req", "-in", csr, "-CA", REGISTRY_CA, "-CAkey", ca_key, "-CAcreateserial",
-        "-days", "3650", "-extfile", extensions, "-out", cert)
+    with open(TLS_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cert.exists() and key.exists() and REGISTRY_CA.exists():
+            return cert, key
+        ca_key = TLS_DIR / "ca.key"
+        if not (REGISTRY_CA.exists() and ca_key.exists()):
+            run("openssl", "req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "3650", "-subj",
+                "/CN=twinspark-sim CA", "-keyout", ca_key, "-out", REGISTRY_CA)
+        csr, new_key, new_cert = (TLS_DIR / f"{name}.{part}" for part in ("csr", "key.new", "crt.new"))
+        run("openssl", "req", "-new", "-newkey", "ed25519", "-nodes", "-subj", f"/CN={name}", "-keyout", new_key,
+            "-out", csr)
+        extensions = TLS_DIR / f"{name}.san.cnf"
+        extensions.write_text(f"subjectAltName=DNS:{name}\n")
+        run("openssl", "x509", "-req", "-in", csr, "-CA", REGISTRY_CA, "-CAkey", ca_key, "-CAcreateserial",
+            "-days", "3650", "-extfile", extensions, "-out", new_cert)
+        new_key.replace(key)
+        new_cert.replace(cert)
     return cert, key
 
 
