@@ -110,7 +110,7 @@ class ModelWeightsArgs:
     # by worker name, the worker whose copy from the same source over the same rails goes first
     # (Topology.weight_copy_queue: one copy at a time through a port)
     copy_after: Mapping[str, str] = field(default_factory=dict)
-    # by worker name, the image ship's run on the head (serving_image.ship_script): the sync key's
+    # by worker name, the image ship's run on the head (serving_image.ShipFrom.run): the sync key's
     # other user, for which the worker's authorization opens too
     image_ships: Mapping[str, NodeScript] = field(default_factory=dict)
 
@@ -155,8 +155,8 @@ def sync_args(args: ModelWeightsArgs, worker: NodeAccess, revision: str,
     """The revision is there for the trigger: a new one copies again."""
     source = copy_source(args, worker)
     return ["--node", source.node.name, "--peer", worker.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
-            "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{source.rails[0].worker_ip}", *rail_flags(source),
-            "--port", str(WEIGHTS_SYNC_PORT), "--max-streams-per-rail", str(max_streams_per_rail),
+            "--record", WEIGHTS_RECORD, "--revision", revision, "--to", f"{args.ssh_user}@{source.rails[0].worker_ip}",
+            *rail_flags(source), "--port", str(WEIGHTS_SYNC_PORT), "--max-streams-per-rail", str(max_streams_per_rail),
             "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
 
 
@@ -276,10 +276,10 @@ class ModelWeights(pulumi.ComponentResource):
             if source.node is not head:
                 key_users[(worker.name, source.node.name)] = [copy]
         self._key_users = key_users
-        # per worker, what lets the head in (the shape check's read, the image ship, the copy):
-        # the worker's pinned key on the head, the head's sync key on the worker
         # (name, worker, source, the authorized_keys line, the step): what revoke_after takes back
         self._authorizations: list[tuple[str, NodeAccess, CopySource, pulumi.Output[str], remote.Command]] = []
+        # per worker, what lets the head in (the shape check's read, the image ship, the copy):
+        # the worker's pinned key on the head, the head's sync key on the worker
         ways_in: dict[str, list[remote.Command]] = {}
         for worker in args.workers:
             programs = managed_file_commands(worker.name, "weights", worker.connection, forced_command_files(), self)
@@ -304,6 +304,7 @@ class ModelWeights(pulumi.ComponentResource):
             if worker.name in args.copy_after:
                 after.append(syncs[args.copy_after[worker.name]])
             if source.node is not head:
+                # the forced command is there already: the head's way in to this worker installed it
                 after += [syncs[source.node.name],
                           *self._way_in(worker, source, sync_keys[source.node.name], [], relay=True)]
             syncs[worker.name] = node_command(
