@@ -40,6 +40,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 WEIGHTS_PROGRAM = HERE / "weights.py"
+sys.path.insert(0, str(HERE))  # weights.py beside it (root-owned, the same install): its write_json
+import weights  # noqa: E402
 MODULE, RSYNC_USER = "model", "twinspark"  # sync-weights.sh's send_stream names both
 MAX_MANIFEST_BYTES = 64 << 20
 VERBS = ("meminfo", "nproc", "image-id", "image-load", "manifest", "verify", "follow", "daemons-start",
@@ -64,7 +66,7 @@ def bound_flags(argv: list[str]) -> argparse.Namespace:
     return bound
 
 
-def weights(bound, *verb: str) -> list[str]:
+def weights_argv(bound, *verb: str) -> list[str]:
     d = Path(bound.dir)
     return [sys.executable, str(WEIGHTS_PROGRAM), *verb, "--dir", str(d), "--manifest", str(d / bound.manifest),
             "--record", str(d / bound.record), "--node", bound.node]
@@ -105,17 +107,14 @@ def write_manifest(bound) -> int:
     if not ok:
         raise Refused(f"the manifest must be JSON {{revision: {bound.revision}, files: {{path: {{size, sha256}}}}}}, "
                       "every path inside the model directory")
-    d = Path(bound.dir)
-    d.mkdir(parents=True, exist_ok=True)
-    target = d / bound.manifest
-    temporary = target.with_name(target.name + ".part")
-    temporary.write_bytes(data)
-    temporary.replace(target)
+    Path(bound.dir).mkdir(parents=True, exist_ok=True)
+    # put in place whole, through a temp the extra-file check knows as ours (weights.is_bookkeeping)
+    weights.write_json(Path(bound.dir) / bound.manifest, manifest)
     return 0
 
 
 def follow(bound) -> int:
-    status = subprocess.run(weights(bound, "verify", "--follow"), stdin=sys.stdin, stdout=subprocess.DEVNULL).returncode
+    status = subprocess.run(weights_argv(bound, "verify", "--follow"), stdin=sys.stdin, stdout=subprocess.DEVNULL).returncode
     # the copy's pages go as the disk takes them; the session does not wait on the disk
     subprocess.Popen([sys.executable, str(WEIGHTS_PROGRAM), "release-cache", "--dir", bound.dir,
                       "--manifest", str(Path(bound.dir) / bound.manifest), "--wait-for-disk"],
@@ -242,7 +241,7 @@ def run(bound, request: list[str]) -> int:
     if verb == "manifest" and not rest:
         return write_manifest(bound)
     if verb == "verify" and rest in ([], ["--repair"]):
-        return subprocess.run(weights(bound, "verify", *rest), stdin=subprocess.DEVNULL).returncode
+        return subprocess.run(weights_argv(bound, "verify", *rest), stdin=subprocess.DEVNULL).returncode
     if verb == "follow" and not rest:
         return follow(bound)
     if verb == "daemons-start" and not rest:
