@@ -14,7 +14,7 @@ import json
 import shlex
 from typing import Mapping
 
-import node_contract as contract
+from core import contract
 
 from .config import StackConfig, Topology
 

@@ -8,7 +8,7 @@ interface too, so a stranger on a rail switch or the LAN reaches none of them.
 
 Where a range stays wide, the versions leave no narrower one: NCCL's and GLOO's bootstrap, Ray's
 raylet, object manager and agents and vLLM's TCP store bind port 0 (the kernel's ephemeral
-range, `node_contract.EPHEMERAL_PORTS`); Ray's core workers take one port each from
+range, `contract.EPHEMERAL_PORTS`); Ray's core workers take one port each from
 `RAY_WORKER_PORTS`, Ray's own default, with no bound on their number Ray documents.
 """
 
@@ -18,7 +18,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-import node_contract as contract
+from core import contract
 
 from .config import Node, Topology
 

@@ -15,7 +15,7 @@ Creates, per node, one idempotent remote command per managed file (launch/manage
 - /etc/systemd/system/{user,system}.slice.d/50-twinspark-cotenants.conf   unless
   serving.cotenantMemoryMax is off: sessions and other services capped, so the OOM killer
   takes a co-tenant before a TP rank (the serving containers run in twinspark.slice); the
-  caps are the node's memory budget's (components/memory_budget.py)
+  caps are the node's memory budget's (core/memory_budget.py)
 Deleting the component removes each file and reverts its effect.
 """
 
@@ -28,8 +28,8 @@ import pulumi
 import yaml
 from pulumi_command import remote
 
-import node_contract as contract
-from node_contract import LOG_DIR, LOGROTATE_PATH
+from core import contract
+from core.contract import LOG_DIR, LOGROTATE_PATH
 
 from .config import Node
 from .firewall import FirewallPolicy, render_firewall

@@ -26,10 +26,10 @@ from typing import Optional
 import pulumi
 from pulumi_command import remote
 
-import node_contract as contract
+from core import contract
 
 from .config import ModelConfig, Node, NodeFabric, Serving
-from .recipes import serve_lines
+from core.recipes import serve_lines
 from .remote import ManagedFile, files_hash, launch_file, managed_file_commands
 
 
@@ -97,7 +97,7 @@ class LaunchBundleArgs:
 
 def vllm_serve_args(vllm: VllmServe, rank: Optional[MpRank] = None) -> list[list[str]]:
     """`vllm serve` arguments grouped as the recipe writes them, one group per line: what
-    twinspark owns first, then the recipe's (components/recipes.py), serving.extraArgs last.
+    twinspark owns first, then the recipe's (core/recipes.py), serving.extraArgs last.
     `rank`: this node's, with serving.executor mp (every rank gets the same engine flags)."""
     s, m = vllm.serving, vllm.model
     lines = [
@@ -153,6 +153,7 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_HEAD_IP", fabric.head_ray_ip),
         ("TWINSPARK_NODE_COUNT", str(len(fabric.node_ray_ips))),
         ("TWINSPARK_NODE_IPS", ",".join(fabric.node_ray_ips)),
+        # names the contract by its file before core/ (a node file: renaming it would re-run the step)
         ("# the on-node contract (node_contract.py): the boot scripts hard-code none of it", None),
         ("TWINSPARK_LOG_DIR", contract.LOG_DIR),
         ("TWINSPARK_BOOT_LOG", contract.boot_log(node.role)),

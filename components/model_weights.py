@@ -45,7 +45,7 @@ from typing import Mapping, Optional, Sequence
 import pulumi
 from pulumi_command import remote
 
-from node_contract import (CONTAINER_SLICE, FIREWALL_TABLE, SERVING_IMAGE_REPOSITORY, SYNC_KEY, SYNC_KEY_COMMAND_DIR,
+from core.contract import (CONTAINER_SLICE, FIREWALL_TABLE, SERVING_IMAGE_REPOSITORY, SYNC_KEY, SYNC_KEY_COMMAND_DIR,
                            SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHT_COPY_SET, WEIGHTS_MANIFEST, WEIGHTS_RECORD,
                            USER_STATE_DIR, WEIGHTS_SYNC_HOURS, WEIGHTS_SYNC_PORT)
 

@@ -37,7 +37,7 @@ import pulumi
 import pulumi_random as random
 from pulumi_command import remote
 
-import node_contract as contract
+from core import contract
 
 from .config import Topology
 from .remote import NodeHandle, NodeScript, compared_connection, launch_file, node_command, script_text, sha256_text

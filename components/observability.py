@@ -37,7 +37,7 @@ from typing import Callable, Optional, Sequence
 import pulumi
 import pulumi_docker as docker
 
-import node_contract as contract
+from core import contract
 
 from .observability_files import (
     ALERTMANAGER_CONFIG,

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import pulumi
 from pulumi_command import remote
 
-import platform_gate
+from core import platform_gate
 
 from .remote import NodeHandle, NodeScript, launch_file, node_command
 

@@ -15,7 +15,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-import node_contract as contract
+from core import contract
 
 from .remote import NodeScript, node_command
 

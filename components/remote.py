@@ -31,7 +31,7 @@ import pulumi_random as random
 from pulumi._types import input_type_to_dict
 from pulumi_command import remote
 
-from node_contract import APPLIED_STATE_DIR, PRELUDE, STEP_PRELUDE
+from core.contract import APPLIED_STATE_DIR, PRELUDE, STEP_PRELUDE
 
 LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch"
 MANAGED_FILE_SCRIPT = "managed-file.sh"

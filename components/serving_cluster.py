@@ -22,7 +22,7 @@ import pulumi_docker as docker
 from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.settings import monitor_supports_feature
 
-import node_contract as contract
+from core import contract
 
 
 STOP_GRACE_SECONDS = 60

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import pulumi
 from pulumi_command import remote
 
-import node_contract as contract
+from core import contract
 
 from .config import ServingGuard as GuardConfig
 from .remote import ManagedFile, launch_file, managed_file_commands, sha256_text

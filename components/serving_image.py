@@ -34,8 +34,8 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-import node_contract as contract
-from node_contract import SERVING_IMAGE_REPOSITORY
+from core import contract
+from core.contract import SERVING_IMAGE_REPOSITORY
 
 from .remote import NodeScript, node_command
 

@@ -36,7 +36,7 @@ import pulumi
 from pulumi.runtime.config import is_config_secret
 from pulumi_command import remote
 
-import host_keys
+from core import host_keys
 
 from .config import NAMESPACE, Node, StackConfig
 from .remote import ssh_url

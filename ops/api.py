@@ -10,7 +10,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-import host_keys
+from core import host_keys
 
 
 class Lenient(BaseModel):
@@ -93,7 +93,7 @@ class StackOutputs(Lenient):
     model: Optional[str] = None
     modelDir: Optional[str] = None  # model.dir, the same on every node
     executor: Optional[str] = None  # serving.executor: ray or mp
-    recipe: Optional[str] = None  # serving.recipe, by name (components/recipes.py)
+    recipe: Optional[str] = None  # serving.recipe, by name (core/recipes.py)
     nodes: Optional[list[Node]] = None
     sshUser: Optional[str] = None
     fabric: Optional[Fabric] = None
@@ -120,7 +120,7 @@ def served_models(body: bytes) -> dict[str, Optional[int]]:
         raise ValueError(f"not a model list ({first_problem(err)}): {body[:120]!r}") from None
 
 
-# ---- the head's serving guard (node_contract.SERVING_GUARD_STATUS) ------------------------------
+# ---- the head's serving guard (contract.SERVING_GUARD_STATUS) ------------------------------
 class GuardHold(Lenient):
     reason: str
     since: float

@@ -34,7 +34,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from components import recipes
+from core import recipes
 
 from .bench_compare import (RECIPE_TOLERANCE, check_recipe_reference, compare, compare_with_recipe,
                             comparison_warnings, load_baseline, plan_differences)

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from pydantic import Field, ValidationError
 
-from components import recipes
+from core import recipes
 
 from .api import Lenient, first_problem
 from .bench_load import SCHEMA, BenchPlan, median

@@ -18,7 +18,7 @@ import time
 from rich.console import Console
 from rich.text import Text
 
-import node_contract as contract
+from core import contract
 
 from .inputs import ToolError
 from .nodes import NodeShell, add_ssh_arguments, check_pinned, ssh_shell

@@ -29,7 +29,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from components.recipes import DEFAULT_RECIPE
+from core.recipes import DEFAULT_RECIPE
 
 from .inputs import DeadlineError, InputError, check_output_path, positive_float, positive_int, run_with_deadline
 from .stream import client, stream_chat

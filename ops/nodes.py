@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
-import host_keys
+from core import host_keys
 
 from .inputs import InputError, ToolError, one_line
 

@@ -18,8 +18,8 @@ from typing import TextIO
 
 import yaml
 
-import host_keys
-import node_contract as contract
+from core import host_keys
+from core import contract
 
 from .inputs import port_number, positive_int
 

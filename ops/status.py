@@ -29,8 +29,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-import node_contract as contract
-import platform_gate
+from core import contract
+from core import platform_gate
 
 from .api import served_models
 from .inputs import positive_int

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from components import recipes
+from core import recipes
 
 from .api import Node, StackOutputs, first_problem, served_models
 from .inputs import EndpointError, InputError, one_line, read_json_file

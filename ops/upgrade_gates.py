@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
-import node_contract as contract
+from core import contract
 from components import config as schema
 
 from . import bench

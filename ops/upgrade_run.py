@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-import node_contract as contract
+from core import contract
 
 from .api import GuardVerdict
 from .inputs import ToolError

@@ -23,7 +23,7 @@ from typing import Optional
 from rich.console import Console
 from rich.text import Text
 
-import node_contract as contract
+from core import contract
 
 from .inputs import InputError, one_line
 from .nodes import NodeShell, add_ssh_arguments, check_pinned, ssh_shell

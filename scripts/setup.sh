@@ -42,7 +42,7 @@ install_debian_packages() {
 # tests and the simulated nodes run nginx and vLLM's stand-in on this machine's own root.
 ensure_api_socket_group() {
   local name gid
-  read -r name gid < <(python3 -c 'import node_contract as c; print(c.API_SOCKET_GROUP, c.API_SOCKET_GID)')
+  read -r name gid < <(python3 -c 'from core import contract as c; print(c.API_SOCKET_GROUP, c.API_SOCKET_GID)')
   getent group "$name" >/dev/null || groupadd --gid "$gid" "$name"
 }
 

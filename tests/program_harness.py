@@ -46,7 +46,7 @@ withheld = {getattr(resource_pb2, name) for name in json.loads(sys.argv[4])}  # 
 # a file (a prior state is large)
 nodes_say = json.loads(open(sys.argv[5]).read())
 if nodes_say["keyscan"] is not None:  # what each host shows ssh-keyscan; a host not named does not answer
-    import host_keys
+    from core import host_keys
     def scan(host, port=22, timeout_s=10, key_type=host_keys.KEY_TYPE):
         if host not in nodes_say["keyscan"]:
             raise host_keys.HostKeyError(f"ssh-keyscan got no {key_type} key from {host} port {port}")

@@ -738,7 +738,7 @@ def test_a_layout_check_needs_the_recipes_own_model():
 
 def test_layouts_follow_heads_over_tp_and_layers_over_pp():
     """PP splits layers: a stage without a layer is refused, naming pipelineParallel."""
-    from components import recipes
+    from core import recipes
     from components.config import shape_rules
 
     seed = recipes.recipe_named(recipes.DEFAULT_RECIPE).shape.as_config_json()

@@ -1,10 +1,10 @@
-"""The few names of the on-node contract that scripts in launch/ spell themselves (node_contract.py
+"""The few names of the on-node contract that scripts in launch/ spell themselves (core/contract.py
 says which and why): every spelling there is the contract's, so a rename in the contract that
 misses a script fails here, not on a node."""
 
 import re
 
-import node_contract as contract
+from core import contract
 from program_harness import ROOT
 
 LAUNCH = ROOT / "launch"

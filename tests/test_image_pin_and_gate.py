@@ -11,7 +11,7 @@ import copy
 import pytest
 from program_harness import config_blocks, flag_value, runner_call, unwrap
 
-import platform_gate
+from core import platform_gate
 from components.config import parse_stack_config
 
 TAG = "ghcr.io/anemll/dspark-vllm-gx10:0.1.1"
@@ -106,7 +106,7 @@ def test_a_reference_with_a_digest_is_used_as_it_is(program, recipe_config):
 
 def test_the_image_is_built_once_on_the_head_and_shipped_to_each_worker_over_the_rail(day_one):
     """One build (a build is not reproducible: two would be two images), then the same bytes."""
-    import node_contract as contract
+    from core import contract
 
     builds = day_one.of_type("docker:index/image:Image")
     assert [b.name for b in builds] == ["spark1-image-build"]

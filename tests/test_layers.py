@@ -1,26 +1,29 @@
-"""docs/architecture.md's layers, held by what each module imports (read with ast, nothing run):
-a component (a module defining a ComponentResource) imports no other component; the leaves
-import no Pulumi; the contract, the host keys and the platform gate import nothing of the project."""
+"""docs/architecture.md's layers, one rule per folder, held by what each module imports (read with
+ast, nothing run): core/ imports nothing of the project but core/, and no Pulumi; a component (a
+module of components/ defining a ComponentResource) imports no other component, and its pure
+renders no Pulumi; ops/ no Pulumi but its automation; launch/'s Python payloads only the
+standard library, each other and what the serving image holds (they run on a node's own python3
+or in the image)."""
 
 from __future__ import annotations
 
 import ast
 import re
 import shutil
+import sys
 from pathlib import Path
 
-import node_contract as contract
+from core import contract
 from components import launch_bundle
 from components.remote import LAUNCH_DIR
 from program_harness import ROOT
 
-PROJECT = {"components", "ops", "node_contract", "host_keys", "platform_gate"}
-# nothing of the project (the host keys: the contract's SSH port only), no Pulumi
-FOUNDATIONS = {"node_contract.py": set(), "host_keys.py": {"node_contract"}, "platform_gate.py": set()}
-# no Pulumi: the flag rules, the recipes, the memory budget, the pure renders, the day-2 tools
-# (but ops upgrade's stack, which drives pulumi.automation)
-NO_PULUMI = ("components/vllm_flags.py", "components/recipes.py", "components/memory_budget.py", "components/firewall.py",
-             "components/observability_files/*.py", "ops/*.py")
+PROJECT = {"core", "components", "ops"}
+# no Pulumi: the pure renders of components/, the day-2 tools (but ops upgrade's stack, which
+# drives pulumi.automation)
+# what launch/'s payloads may import beyond the standard library and each other: the serving image's
+IN_THE_IMAGE = {"ray", "torch", "huggingface_hub"}
+NO_PULUMI = ("components/firewall.py", "components/observability_files/*.py", "ops/*.py")
 AUTOMATION = ("ops/stack.py", "ops/upgrade*.py")  # pulumi.automation, and the schema's RunError
 
 
@@ -60,11 +63,19 @@ def violations(root: Path) -> list[str]:
     for name, path in components.items():
         for other in sorted(imports(path, root) & set(components) - {name}):
             found.append(f"{path.relative_to(root)}: a component imports another component, {other}")
-    for rel, allowed in FOUNDATIONS.items():
-        for module in outermost(imports(root / rel, root)):
+    for path in sorted((root / "core").glob("*.py")):
+        for module in outermost(imports(path, root)):
             top = module.split(".")[0]
-            if (top in PROJECT or top.startswith("pulumi")) and top not in allowed:
-                found.append(f"{rel}: imports {module} (it may import nothing of the project, and no Pulumi)")
+            if top in PROJECT - {"core"} or top.startswith("pulumi"):
+                found.append(f"{path.relative_to(root)}: imports {module} (core/ imports nothing of the project "
+                             "but core/, and no Pulumi)")
+    payloads = sorted((root / "launch").glob("*.py"))
+    allowed = set(sys.stdlib_module_names) | IN_THE_IMAGE | {p.stem for p in payloads}
+    for path in payloads:
+        for module in outermost(imports(path, root)):
+            if module.split(".")[0] not in allowed:
+                found.append(f"{path.relative_to(root)}: imports {module} (a node payload: the standard library, "
+                             "launch/ and the serving image's packages only)")
     automation = {p for pattern in AUTOMATION for p in root.glob(pattern)}
     for pattern in NO_PULUMI:
         for path in sorted(root.glob(pattern)):
@@ -80,19 +91,26 @@ def test_the_layers_hold():
     assert violations(ROOT) == []
 
 
-def test_a_component_importing_another_and_a_leaf_importing_pulumi_are_both_named(tmp_path):
-    for rel in ("components", "ops", *FOUNDATIONS):
-        (shutil.copytree if (ROOT / rel).is_dir() else shutil.copy)(ROOT / rel, tmp_path / rel)
+def test_each_folders_rule_names_what_breaks_it(tmp_path):
+    for rel in ("core", "components", "ops", "launch"):
+        shutil.copytree(ROOT / rel, tmp_path / rel)
     readiness = tmp_path / "components" / "readiness.py"
     readiness.write_text("from .serving_guard import ServingGuard\n" + readiness.read_text())
-    flags = tmp_path / "components" / "vllm_flags.py"
+    firewall = tmp_path / "components" / "firewall.py"
+    firewall.write_text("import pulumi\n" + firewall.read_text())
+    contract = tmp_path / "core" / "contract.py"
+    contract.write_text("from components import config\n" + contract.read_text())
+    flags = tmp_path / "core" / "vllm_flags.py"
     flags.write_text("import pulumi\n" + flags.read_text())
-    contract = tmp_path / "node_contract.py"
-    contract.write_text("from components import recipes\n" + contract.read_text())
+    weights = tmp_path / "launch" / "weights.py"
+    weights.write_text("import yaml\n" + weights.read_text())
     assert violations(tmp_path) == [
         "components/readiness.py: a component imports another component, components.serving_guard",
-        "node_contract.py: imports components (it may import nothing of the project, and no Pulumi)",
-        "components/vllm_flags.py: imports pulumi (a leaf: no Pulumi)",
+        "core/contract.py: imports components (core/ imports nothing of the project but core/, and no Pulumi)",
+        "core/vllm_flags.py: imports pulumi (core/ imports nothing of the project but core/, and no Pulumi)",
+        "launch/weights.py: imports yaml (a node payload: the standard library, launch/ and the serving image's "
+        "packages only)",
+        "components/firewall.py: imports pulumi (a leaf: no Pulumi)",
     ]
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from components import recipes
+from core import recipes
 from components.config import parse_stack_config
 from components.model_weights import memory_fit_args, parse_memory_fit
 from program_harness import ROOT, stack_config

@@ -1,5 +1,5 @@
 """Memory before load (launch/memory-check.py), the co-tenant caps (HostPrep's slice drop-ins) and
-the node's memory budget they share (components/memory_budget.py), with real tools: the page cache
+the node's memory budget they share (core/memory_budget.py), with real tools: the page cache
 seen by fincore, systemd's own parser on the drop-ins, a cgroup tree laid out as the kernel's."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import node_contract as contract
+from core import contract
 from components import launch_bundle
 from components.config import Serving, Topology, parse_stack_config, resolve_node_addresses
 from components.firewall import FirewallPolicy
@@ -128,7 +128,7 @@ def test_model_caps_and_headroom_fit_in_a_sparks_memory(total_gib, utilization, 
     model = utilization * total
     caps = sum(drop_in_caps(serving).values()) * total / 100
     assert model + caps <= total, f"model {model / GIB:.1f} + caps {caps / GIB:.1f} GiB > {total_gib} GiB"
-    from components.memory_budget import HEADROOM_PERCENT
+    from core.memory_budget import HEADROOM_PERCENT
 
     headroom = HEADROOM_PERCENT * total / 100
     assert model + caps + headroom <= total + 1, (model + caps + headroom) / GIB

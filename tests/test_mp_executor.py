@@ -12,7 +12,7 @@ import time
 import pytest
 from program_harness import ROOT, config_blocks, runner_call, stack_config
 
-import node_contract as contract
+from core import contract
 from components import launch_bundle
 from components.config import Topology, parse_stack_config, resolve_node_addresses
 

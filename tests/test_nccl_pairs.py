@@ -17,7 +17,7 @@ from ssh_fixtures import free_port
 from test_nccl_ranks import planned
 from test_topology import BASE, LAN, namespaced, ring, switch_of
 
-import node_contract as contract
+from core import contract
 
 COMMAND = "command:remote:Command"
 PORT = contract.NCCL_RENDEZVOUS_PORT

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import node_contract as contract
+from core import contract
 from openai_standin import Behaviour, serve
 from program_harness import ROOT, config_blocks, unwrap
 

@@ -18,7 +18,7 @@ import pytest
 from program_harness import ROOT, config_blocks
 from test_node_artifacts import managed_file_lines, private_node  # noqa: F401 (fixture)
 
-import node_contract as contract
+from core import contract
 from components import firewall, host_prep, launch_bundle
 from components.config import Topology, parse_stack_config, resolve_node_addresses
 from components.remote import LAUNCH_DIR

@@ -39,7 +39,7 @@ from observability_helpers import (
 )
 from program_harness import ROOT, flag_value, flag_values, plain_occurrences, runner_call, unwrap
 
-import node_contract as contract
+from core import contract
 from components.config import parse_stack_config
 from components.observability_files import (
     GUARD_METRICS,

@@ -1,8 +1,8 @@
-"""The known-issues list and the matcher (platform_gate.py), without Pulumi."""
+"""The known-issues list and the matcher (core/platform_gate.py), without Pulumi."""
 
 import pytest
 
-import platform_gate as gate
+from core import platform_gate as gate
 
 RECIPE = {"os": "DGX OS 7.2.3", "kernel": "6.17.0-1029-nvidia", "driver": "580.173.02", "cuda": "13.0",
           "gpu": "NVIDIA GB10", "bios_date": "2026-05-20", "cma_total_kb": "0", "cma_free_kb": "0",

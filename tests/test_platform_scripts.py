@@ -17,7 +17,7 @@ import pytest
 from components.platform_facts import PROGRAM, SCRIPT, facts_args
 from components.remote import LAUNCH_DIR, launch_file, runner_stdin, script_command, script_text
 from components.serving_image import RESOLVE_SCRIPT
-from platform_gate import evaluate, parse_report
+from core.platform_gate import evaluate, parse_report
 
 FAKE_DOCKER = r"""#!/usr/bin/env bash
 set -euo pipefail

@@ -7,7 +7,7 @@ import shlex
 import pytest
 from program_harness import config_blocks, flag_value, flag_values, plain_occurrences, runner_call, stack_config, unwrap
 
-import node_contract as contract
+from core import contract
 from components.config import parse_stack_config
 from components.remote import launch_file
 

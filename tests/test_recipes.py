@@ -8,8 +8,8 @@ import shutil
 import pulumi
 import pytest
 
-import node_contract as contract
-from components import recipes
+from core import contract
+from core import recipes
 from components.config import parse_stack_config
 from program_harness import ROOT, flag_value, runner_call, stack_config
 from ssh_fixtures import pinned

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import node_contract as contract
+from core import contract
 from components import launch_bundle
 from components.config import ServingGuard as GuardConfig
 from components.serving_guard import ServingGuardArgs, guard_argv, render_guard_unit

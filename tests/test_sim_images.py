@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-import node_contract as contract
+from core import contract
 from components.observability import (
     alertmanager_command,
     gpu_exporter_command,

@@ -12,7 +12,7 @@ from ssh_fixtures import OTHER_HOST_KEY, TEST_HOST_KEYS, new_key, pinned
 from program_harness import compared_inputs, config_blocks, plain_occurrences, stack_config, unwrap
 from ssh_fixtures import DEAD_AGENT_KINDS, Agent, DeadAgent, sshd_argv
 
-import host_keys
+from core import host_keys
 from components.config import parse_stack_config
 from components.serving_image import PIN_KEEPS_ACROSS
 
@@ -441,7 +441,7 @@ def test_credentials_can_be_taken_on_purpose(program):
 
 
 def test_host_key_fingerprint_is_ssh_keygens(tmp_path):
-    import host_keys
+    from core import host_keys
 
     key = new_key(tmp_path / "k")
     shown = subprocess.run(["ssh-keygen", "-lf", f"{key}.pub"], capture_output=True, text=True, check=True).stdout

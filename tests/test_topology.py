@@ -14,7 +14,7 @@ import yaml
 from direct_snapshot import SNAPSHOT, run_stack_file
 from program_harness import config_blocks, flag_value, flag_values, runner_call, unwrap
 
-import node_contract as contract
+from core import contract
 from components import firewall
 from components.config import Topology, parse_stack_config, resolve_node_addresses
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-import node_contract as contract
+from core import contract
 from hub_standin import HubStandin
 from program_harness import stack_config
 from ssh_fixtures import wait_for

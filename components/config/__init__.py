@@ -16,10 +16,10 @@ One job per module, each importing only modules listed before it:
   topology.py        what fabric.topology decides: rail peers, Ray's addresses, NCCL env, copy rails
   loading.py         reading the stack and rendering pydantic's errors as one line each
   readme_table.py    the README's parameter table, from the field descriptions
-What `serving.extraArgs` may hold lives beside the recipes: components/vllm_flags.py.
+What `serving.extraArgs` may hold lives beside the recipes: core/vllm_flags.py.
 """
 
-from ..vllm_flags import FLAGS_NOT_IN_EXTRA_ARGS
+from core.vllm_flags import FLAGS_NOT_IN_EXTRA_ARGS
 from .blocks import Contract, ModelConfig, Node, Observability, Serving, ServingGuard
 from .errors import NAMESPACE, format_key_path
 from .loading import load_stack_config, parse_stack_config, stack_config_keys

@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel, to_snake
 
-from .. import recipes, vllm_flags
-from ..memory_budget import HEADROOM_PERCENT, MIN_AUTO_COTENANT_PERCENT, BudgetError, MemoryBudget
-from ..memory_budget import memory_budget as budget_of
+from core import recipes, vllm_flags
+from core.memory_budget import HEADROOM_PERCENT, MIN_AUTO_COTENANT_PERCENT, BudgetError, MemoryBudget
+from core.memory_budget import memory_budget as budget_of
 from .errors import CrossFieldError
 from .values import (DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK, Acknowledgeable, AptPackage, CommitSha, CotenantMemory,
                      DockerPlatform, HcaName, HostName, HubEndpoint, IfaceName, ImageRef, Integer, KvCacheDtype,
@@ -262,7 +262,7 @@ class Serving(Contract):
 
     @property
     def memory_budget(self) -> MemoryBudget:
-        """The node's budget (components/memory_budget.py): validated below, so it adds up."""
+        """The node's budget (core/memory_budget.py): validated below, so it adds up."""
         return budget_of(self.gpu_memory_utilization, self.cotenant_memory_max)
 
     @property

@@ -18,7 +18,7 @@ from typing import Optional
 from pydantic import BaseModel, Field, model_validator
 from pydantic.alias_generators import to_snake
 
-import node_contract as contract
+from core import contract
 
 from .blocks import Contract, Fabric, ModelConfig, Node, Observability, PlatformConfig, Serving, SshConfig
 from .errors import CrossFieldError

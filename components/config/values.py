@@ -14,9 +14,9 @@ from typing import Annotated, Any, Optional
 
 from pydantic import AfterValidator, BeforeValidator, Field, Strict, StringConstraints
 
-import host_keys
-import node_contract as contract
-import platform_gate
+from core import host_keys
+from core import contract
+from core import platform_gate
 
 
 def _text(pattern: str, allowed: str) -> Any:

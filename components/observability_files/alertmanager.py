@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import node_contract as contract
+from core import contract
 
 from .alerts import WATCHDOG
 from .plan import yaml_text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import node_contract as contract
+from core import contract
 
 from .metrics import JOB_GPU, JOB_NODE, JOB_VLLM, REAL_FILESYSTEMS, THROTTLE_SELECTOR, roce_errors_increase
 from .plan import ObservabilityPlan, yaml_text

@@ -3,7 +3,7 @@ the files the Grafana container reads."""
 
 from __future__ import annotations
 
-import node_contract as contract
+from core import contract
 
 from .dashboards import DATASOURCE_UID, render_dashboards
 from .plan import ObservabilityPlan, RenderedFile, yaml_text

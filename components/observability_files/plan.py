@@ -8,7 +8,7 @@ from typing import Optional
 
 import yaml
 
-import node_contract as contract
+from core import contract
 
 from ..config import Observability, StackConfig, Topology, resolve_node_addresses
 

@@ -4,7 +4,7 @@ files the Prometheus container reads."""
 
 from __future__ import annotations
 
-import node_contract as contract
+from core import contract
 
 from .alerts import render_alert_rules
 from .metrics import JOB_GPU, JOB_NODE, JOB_PROMETHEUS, JOB_VLLM

@@ -133,7 +133,7 @@ def recipe_result(decode_runs, four_way, ttft):
 
 
 def test_compare_with_recipe_flags_only_a_shortfall_beyond_the_band():
-    from components import recipes
+    from core import recipes
 
     seed = recipes.recipe_named("DeepSeek-V4-Flash-0731")  # 74.8 tok/s, 82.6 tok/s at 4-way, TTFT 4.26 s
     # the seed's own figures, and a run 15% short on each: inside the 20% band

@@ -10,7 +10,7 @@ from ops_helpers import one_clear_line, quiet, run_ops, target_flags
 
 
 def test_needle_sizes_default_to_the_recipes(endpoint, tmp_path, capsys, monkeypatch):
-    from components import recipes
+    from core import recipes
     from ops import needle as needle_module
 
     behaviour, target = endpoint

@@ -12,8 +12,8 @@ import pytest
 from ssh_fixtures import DEAD_AGENT_KINDS, OTHER_HOST_KEY, DeadAgent, new_key, sshd_argv
 from program_harness import ROOT
 
-import host_keys
-import node_contract as contract
+from core import host_keys
+from core import contract
 
 # sshd on 127.0.0.1:22 of a network namespace of its own, /run private to a mount namespace of
 # its own (sshd's privsep directory, the guard's verdict), then the command; its exit code.

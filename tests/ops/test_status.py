@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import node_contract as contract
+from core import contract
 from ops import status
 from ops.nodes import NODE_PROBE
 from ops_helpers import quiet

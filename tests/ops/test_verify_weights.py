@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import node_contract as contract
+from core import contract
 from ops import verify_weights
 from ops.__main__ import main as ops_main
 from program_harness import ROOT

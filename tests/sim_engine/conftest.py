@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import sim_images  # noqa: E402
 import sim_model  # noqa: E402
-import node_contract as contract  # noqa: E402
+from core import contract  # noqa: E402
 from cluster import SIM_STACK, SimCluster, on_site  # noqa: E402
 from hub_standin import HubStandin  # noqa: E402
 from ops.verify_weights import copy_again_steps  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import node_contract as contract
+from core import contract
 import sim_images
 from conftest import (HEAD, ROOT, STACK, completion, completion_status, containers, copy_again_args, flag, guard_verdict,
                       hub_commit, rails_throttled, serving_answers, sync_key_access, urn_of, vllm_argv, wait_for)
@@ -293,7 +293,7 @@ def test_a_profile_change_then_a_second_recipe_restart_vllm_with_their_flags_and
     profile, then another recipe (gpt-oss-120b, at its only profile, `default`); one `up` back to
     the default recipe at its default profile ends both (each change once returned alone: docs/
     testing.md, "Moves")."""
-    from components import recipes
+    from core import recipes
 
     second = recipes.recipe_named("gpt-oss-120b")
     assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"  # the default profile

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-import node_contract as contract
+from core import contract
 from conftest import (HEAD, WORKER, flag, guard_round_s, guard_verdict, node_processes, ops_access, readiness_s,
                       pause, run_ops, serves, serving_events, serving_pid, serving_settings, urn_of, vllm_argv, wait_for,
                       with_an_empty_restart_count)

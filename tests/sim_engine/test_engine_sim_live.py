@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-import node_contract as contract
+from core import contract
 from cluster import can_raise_memlock
 from components import firewall, host_prep
 from components.launch_bundle import WRONG_KEY_BURST, VllmServe, vllm_argv

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-import node_contract as contract
+from core import contract
 from conftest import (HEAD, WORKER, flag, ops_access, readiness_s, run_ops, serves, serving_events,
                       serving_pid, vllm_argv, wait_for)
 

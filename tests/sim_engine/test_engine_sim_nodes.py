@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import node_contract as contract
+from core import contract
 from cluster import sim_nodes
 from components.remote import launch_file, script_text
 from conftest import (HEAD, containers, firewall_mismatches, flag, rails_throttled, readiness_s, serves, serving_answers,
@@ -129,7 +129,7 @@ FOUR_NODE_RECIPE = "Qwen3.8-Flash-Next"  # DeepSeek's recipe stops at three node
 
 def back_to_the_pair(stack, pair) -> None:
     """The stack as the pair's: its nodes, the default recipe and its KV dtype, no layout set."""
-    from components import recipes
+    from core import recipes
 
     write_nodes(stack, pair)
     for key in ("pipelineParallel", "tensorParallel"):

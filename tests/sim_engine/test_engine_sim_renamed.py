@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import host_keys
-import node_contract as contract
+from core import host_keys
+from core import contract
 from components import host_prep
 from conftest import WORKER, serving_answers, sync_key_access
 from test_engine_sim import changes, name_of

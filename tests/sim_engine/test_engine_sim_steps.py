@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 
 import pytest
 
-import node_contract as contract
+from core import contract
 import sim_model
 from components import host_prep
 from conftest import (HEAD, WORKER, completion_status, file_state, hub_commit, rails_throttled, readiness_s, shim_calls,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import node_contract as contract
+from core import contract
 from conftest import (HEAD, WORKER, completion_status, containers, copy_again_args, ops_access, readiness_s, run_ops,
                       serving_answers, urn_of, wait_for)
 

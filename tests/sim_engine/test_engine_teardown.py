@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-import node_contract as contract
+from core import contract
 from components import host_prep
 from conftest import HEAD, WORKER, containers, shim_calls
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-import node_contract as contract
+from core import contract
 from cluster import SimCluster
 from conftest import (HEAD, SITE, containers, engine_stack, firewall_mismatches, flag, serving_answers, stored_step,
                       timed_cluster, vllm_argv)

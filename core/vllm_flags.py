@@ -34,7 +34,7 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
     "--nnodes": "the node count, with serving.executor mp",
     "--node-rank": "each node's rank, from the node list (the head is 0), with serving.executor mp",
     "--master-addr": "the head's rail address, with serving.executor mp",
-    "--master-port": "twinspark's (node_contract.MP_MASTER_PORT), with serving.executor mp",
+    "--master-port": "twinspark's (contract.MP_MASTER_PORT), with serving.executor mp",
     "--headless": "every worker runs headless with serving.executor mp; the head serves the API",
     "--data-parallel-backend": "data parallelism is not a supported setting: TP × PP spans every node",
     "--api-key": "set twinspark:apiKey, a secret; as a flag it would show in argv and state",

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-import node_contract as contract
+from core import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE_DIR = ROOT / "recipes"

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from node_contract import CONTAINER_SLICE, COTENANT_SLICES
+from core.contract import CONTAINER_SLICE, COTENANT_SLICES
 
 # What no budgeted part accounts for: the kernel (page tables, slab), systemd and the serving
 # containers' own processes beside the model's share (Ray's raylet and GCS, each rank's Python,

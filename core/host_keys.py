@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
-from node_contract import SSH_PORT
+from core.contract import SSH_PORT
 
 KEY_TYPE = "ssh-ed25519"  # what DGX OS's sshd offers and what both providers pin
 NODE_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"  # the same key, as the node itself holds it

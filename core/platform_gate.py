@@ -29,7 +29,7 @@ from typing import Annotated, Mapping, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
-KNOWN_ISSUES_FILE = Path(__file__).resolve().parent / "known-issues.toml"
+KNOWN_ISSUES_FILE = Path(__file__).resolve().parents[1] / "known-issues.toml"
 
 # Every fact a node reports (launch/platform-facts.py prints these keys), in display order.
 FACTS: dict[str, str] = {
