@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import pulumi
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from .remote import NodeScript, node_command, script_text, sha256_text
 
@@ -28,7 +28,7 @@ class RailProbe:
 @dataclass(frozen=True)
 class FabricCheckArgs:
     node_name: str
-    connection: remote.ConnectionArgs
+    connection: pulumi_remote.ConnectionArgs
     mtu: int
     link_speed_mbps: int
     rails: Sequence[RailProbe]

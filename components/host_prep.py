@@ -26,7 +26,7 @@ from typing import Optional
 
 import pulumi
 import yaml
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from core import contract
 from core.contract import LOG_DIR, LOGROTATE_PATH
@@ -57,7 +57,7 @@ GPU_CLOCKS_UNIT = "twinspark-gpu-clocks.service"
 @dataclass(frozen=True)
 class HostPrepArgs:
     node: Node
-    connection: remote.ConnectionArgs
+    connection: pulumi_remote.ConnectionArgs
     mtu: int
     firewall: FirewallPolicy
     gpu_clock_cap_mhz: Optional[int] = None

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import pulumi
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from core import contract
 
@@ -87,7 +87,7 @@ def executor_args(executor: str, rank: Optional[MpRank]) -> list[list[str]]:
 @dataclass(frozen=True)
 class LaunchBundleArgs:
     node: Node
-    connection: remote.ConnectionArgs
+    connection: pulumi_remote.ConnectionArgs
     vllm: VllmServe
     fabric: NodeFabric  # the node's addresses and NCCL environment, as fabric.topology makes them
     ray_token: pulumi.Input[str]

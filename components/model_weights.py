@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
 import pulumi
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from core.contract import (CONTAINER_SLICE, FIREWALL_TABLE, SERVING_IMAGE_REPOSITORY, SYNC_KEY, SYNC_KEY_COMMAND_DIR,
                            SYNC_KEY_COMMENT, SYNC_KNOWN_HOSTS, WEIGHT_COPY_SET, WEIGHTS_MANIFEST, WEIGHTS_RECORD,
@@ -277,16 +277,16 @@ class ModelWeights(pulumi.ComponentResource):
                 key_users[(worker.name, source.node.name)] = [copy]
         self._key_users = key_users
         # (name, worker, source, the authorized_keys line, the step): what revoke_after takes back
-        self._authorizations: list[tuple[str, NodeAccess, CopySource, pulumi.Output[str], remote.Command]] = []
+        self._authorizations: list[tuple[str, NodeAccess, CopySource, pulumi.Output[str], pulumi_remote.Command]] = []
         # per worker, what lets the head in (the shape check's read, the image ship, the copy):
         # the worker's pinned key on the head, the head's sync key on the worker
-        ways_in: dict[str, list[remote.Command]] = {}
+        ways_in: dict[str, list[pulumi_remote.Command]] = {}
         for worker in args.workers:
             programs = managed_file_commands(worker.name, "weights", worker.connection, forced_command_files(), self)
             ways_in[worker.name] = self._way_in(worker, CopySource(head, worker.copy_rails), sync_keys[head.name],
                                                 programs)
         # the same ways in carry the serving image to the workers (serving_image.ShipFrom)
-        self.peer_trust: dict[str, list[remote.Command]] = ways_in
+        self.peer_trust: dict[str, list[pulumi_remote.Command]] = ways_in
         # the workers' memory is read with the sync key, so after the authorizations
         self.shape_check = node_command(
             f"{head.name}-weights-shape-check", head.connection, shape_run,
@@ -297,7 +297,7 @@ class ModelWeights(pulumi.ComponentResource):
         # follows the worker's installation and is made again when that is. A relayed copy starts
         # once its source's own copy is complete and verified, a queued one once the copy ahead
         # of it through the same port is (config order: both come first).
-        syncs: dict[str, remote.Command] = {}
+        syncs: dict[str, pulumi_remote.Command] = {}
         for worker in args.workers:
             source = copy_source(args, worker)
             after = [self.fetch, *ways_in[worker.name], self.shape_check]
@@ -316,7 +316,7 @@ class ModelWeights(pulumi.ComponentResource):
         self.syncs = list(syncs.values())
         self.register_outputs({"revision": self.revision})
 
-    def revoke_after(self, image_ships: Mapping[str, pulumi.Resource]) -> list[remote.Command]:
+    def revoke_after(self, image_ships: Mapping[str, pulumi.Resource]) -> list[pulumi_remote.Command]:
         """Each sync key's authorization taken back once its steps are done: the shape check and
         the image ship (`image_ships`, by worker) for the head's key, the copy (verified) for the
         key it leaves from. It runs again whenever one of those runs again, and after every
@@ -337,7 +337,7 @@ class ModelWeights(pulumi.ComponentResource):
             ))
         return revokes
 
-    def _sync_key(self, sender: NodeAccess, relay: bool) -> remote.Command:
+    def _sync_key(self, sender: NodeAccess, relay: bool) -> pulumi_remote.Command:
         """`sender`'s dedicated key for the copies it sends (its stdout: the public half); a relay's
         is made again with its installation (a reinstall took it).
         --owner: a renamed resource's old delete (run after the new create) keeps the key."""
@@ -349,8 +349,8 @@ class ModelWeights(pulumi.ComponentResource):
             parent=self, replace_with=[sender.installation] if relay and sender.installation else (),
         )
 
-    def _way_in(self, worker: NodeAccess, source: CopySource, sync_key: remote.Command,
-                programs: Sequence[remote.Command], relay: bool = False) -> list[remote.Command]:
+    def _way_in(self, worker: NodeAccess, source: CopySource, sync_key: pulumi_remote.Command,
+                programs: Sequence[pulumi_remote.Command], relay: bool = False) -> list[pulumi_remote.Command]:
         """What lets `source` in to `worker`: the worker's pinned key in the source's known_hosts
         (on the source: a reinstalled worker's new key is pinned there too; a reinstalled relay's
         known_hosts is written again) and the source's sync key in the worker's authorized_keys,

@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 
 import pulumi
 import pulumi_random as random
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from core import contract
 
@@ -169,7 +169,7 @@ def run_keepers(args: NcclCheckArgs) -> dict[str, pulumi.Input[str]]:
 class NcclCheck(pulumi.ComponentResource):
     def __init__(self, name: str, args: NcclCheckArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:nccl_check:NcclCheck", name, None, opts)
-        self.commands: list[remote.Command] = []
+        self.commands: list[pulumi_remote.Command] = []
         self.run: Optional[random.RandomId] = None
         if args.min_bus_bandwidth_gbps <= 0:
             self.register_outputs({})
@@ -184,7 +184,7 @@ class NcclCheck(pulumi.ComponentResource):
                                    opts=pulumi.ResourceOptions(parent=self))
         rerun_all = self.run.urn.apply(lambda urn: f"pulumi up --replace '{urn}'")
         rank_of = {r.name: r for r in args.ranks}
-        before: list[remote.Command] = []  # the round before: this one waits for all of it
+        before: list[pulumi_remote.Command] = []  # the round before: this one waits for all of it
         for round_ in pair_rounds(args.pairs):
             ran = []
             for pair in round_:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import pulumi
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from core import platform_gate
 
@@ -69,7 +69,7 @@ def verdict(facts_by_node: dict[str, dict], acknowledged: Sequence[str]) -> str:
 class PlatformFacts(pulumi.ComponentResource):
     def __init__(self, name: str, args: PlatformFactsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:platform_facts:PlatformFacts", name, None, opts)
-        self.commands: dict[str, remote.Command] = {}
+        self.commands: dict[str, pulumi_remote.Command] = {}
         for node in args.nodes:
             script_args = pulumi.Output.all(node.image_id, args.base_image).apply(
                 lambda v, n=node: facts_args(n.name, v[0], v[1] if n.built_here else None))

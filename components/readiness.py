@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import pulumi
 import pulumi_docker as docker
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from core import contract
 
@@ -25,7 +25,7 @@ SCRIPT = "wait-ready.sh"
 @dataclass(frozen=True)
 class ReadinessArgs:
     head_name: str
-    connection: remote.ConnectionArgs
+    connection: pulumi_remote.ConnectionArgs
     port: int
     served_name: str
     timeout_minutes: int

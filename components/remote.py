@@ -8,7 +8,7 @@ factory and one shape for files on a node. Shared by the components; imports non
   prelude. Secrets come first on stdin, one base64 line each, so no value can end its line
   early and become script; a payload (a file's content) comes after the script, which reads
   it from its own stdin. Nothing secret is ever in the command line.
-- `node_command`: the one factory for a `remote.Command` running such a script.
+- `node_command`: the one factory for a `pulumi_remote.Command` running such a script.
 - `node_installation`: what a reinstalled node needs again, beyond its own steps, follows it.
 - `ManagedFile` + `managed_file_commands`: a list of root-owned files -> one idempotent
   install/remove command each (launch/managed-file.sh) and one content hash.
@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_random as random
 from pulumi._types import input_type_to_dict
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from core.contract import APPLIED_STATE_DIR, PRELUDE, STEP_PRELUDE
 
@@ -106,7 +106,7 @@ class NodeHandle:
     connection its steps run over. The per-component node types extend it with what they add."""
 
     name: str
-    connection: remote.ConnectionArgs
+    connection: pulumi_remote.ConnectionArgs
 
 
 @dataclass(frozen=True)
@@ -140,11 +140,11 @@ def ssh_url(user: str, host: str) -> str:
     return f"ssh://{user}@{host}"
 
 
-def node_identity(conn: remote.ConnectionArgs) -> str:
+def node_identity(conn: pulumi_remote.ConnectionArgs) -> str:
     return ssh_url(conn.user, conn.host)
 
 
-def compared_connection(conn: remote.ConnectionArgs) -> str:
+def compared_connection(conn: pulumi_remote.ConnectionArgs) -> str:
     """The connection as a step compares it between runs (as JSON, by the names the engine sees):
     all but the credentials. A change in it re-runs each of that node's steps, and only those.
     The credentials stay out even when TWINSPARK_UPDATE_CREDENTIALS compares them: every node has
@@ -155,7 +155,7 @@ def compared_connection(conn: remote.ConnectionArgs) -> str:
     return json.dumps(fields, sort_keys=True)
 
 
-def node_installation(node_name: str, conn: remote.ConnectionArgs) -> random.RandomId:
+def node_installation(node_name: str, conn: pulumi_remote.ConnectionArgs) -> random.RandomId:
     """A node as installed: which machine and login (its identity) and which OS install (its
     pinned host key: a reinstall makes a new one). Pinning a new key replaces it.
 
@@ -172,7 +172,7 @@ def node_installation(node_name: str, conn: remote.ConnectionArgs) -> random.Ran
 
 def node_command(
     resource_name: str,
-    conn: remote.ConnectionArgs,
+    conn: pulumi_remote.ConnectionArgs,
     run: NodeScript,
     *,
     parent: pulumi.Resource,
@@ -181,7 +181,7 @@ def node_command(
     delete_before_replace: bool = False,
     ignore_changes: Sequence[str] = (),
     replace_with: Sequence[pulumi.Resource] = (),
-) -> remote.Command:
+) -> pulumi_remote.Command:
     """The one way a component runs something on a node.
 
     The delete command gets the same stdin as create: pulumi-command runs a delete with the
@@ -204,7 +204,7 @@ def node_command(
     # create-before-delete unless the deleteBeforeReplace option is set; `--replace` never
     # asks the provider, so only this option makes it delete-first).
     delete_before_replace = delete_before_replace or delete is not None
-    return remote.Command(
+    return pulumi_remote.Command(
         resource_name,
         connection=conn,
         create=create,
@@ -219,7 +219,7 @@ def node_command(
     )
 
 
-def step_fingerprint(conn: remote.ConnectionArgs, run: NodeScript,
+def step_fingerprint(conn: pulumi_remote.ConnectionArgs, run: NodeScript,
                      triggers: Sequence[pulumi.Input] = ()) -> pulumi.Output[str]:
     """A digest of what makes a `node_command` step run again (its connection, command line, stdin
     and triggers; `replace_with` aside): another step whose work the step needs, opened only for
@@ -256,8 +256,8 @@ def managed_file_script(node: str, capability: str, f: ManagedFile) -> NodeScrip
 
 
 def managed_file_commands(
-    node: str, capability: str, conn: remote.ConnectionArgs, files: Sequence[ManagedFile], parent: pulumi.Resource
-) -> list[remote.Command]:
+    node: str, capability: str, conn: pulumi_remote.ConnectionArgs, files: Sequence[ManagedFile], parent: pulumi.Resource
+) -> list[pulumi_remote.Command]:
     """One idempotent install/remove command per file, named {node}-{capability}-{step}."""
     return [
         node_command(f"{node}-{capability}-{f.step}", conn, managed_file_script(node, capability, f), parent=parent)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import pulumi
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from core import contract
 
@@ -31,7 +31,7 @@ SCRIPT_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.SERVING_GUARD_SCRIPT}"
 @dataclass(frozen=True)
 class ServingGuardArgs:
     head_name: str
-    connection: remote.ConnectionArgs
+    connection: pulumi_remote.ConnectionArgs
     port: int  # the API gateway's, serving.port
     node_names: Sequence[str]  # what the hold tells the owner to reboot
     config: GuardConfig

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import pulumi
 import pulumi_docker as docker
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from core import contract
 from core.contract import SERVING_IMAGE_REPOSITORY
@@ -77,7 +77,7 @@ def printed_digest(stdout: str, what: str) -> str:
 class BaseImagePinArgs:
     image: str  # serving.image (or a monitoring image): a tag, or a reference naming a digest
     platform: str  # serving.platform: the tag is resolved to this platform's image
-    connection: remote.ConnectionArgs  # where a tag is resolved: the head
+    connection: pulumi_remote.ConnectionArgs  # where a tag is resolved: the head
 
 
 class BaseImagePin(pulumi.ComponentResource):
@@ -88,7 +88,7 @@ class BaseImagePin(pulumi.ComponentResource):
     def __init__(self, name: str, args: BaseImagePinArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:serving_image:BaseImagePin", name, None, opts)
         self.tag = args.image
-        self.command: Optional[remote.Command] = None
+        self.command: Optional[pulumi_remote.Command] = None
         if "@" in args.image:  # the user pinned it: nothing to resolve
             self.digest: pulumi.Output[str] = pulumi.Output.from_input(args.image.split("@", 1)[1])
         else:
@@ -118,7 +118,7 @@ SHIP_SCRIPT = "ship-image.sh"
 class ShipFrom:
     """Where a worker's image comes from: the head's build, over the first rail."""
     head_name: str
-    head_connection: remote.ConnectionArgs
+    head_connection: pulumi_remote.ConnectionArgs
     image_name: pulumi.Input[str]  # the build's tag
     image_id: pulumi.Input[str]  # the build's ID
     to: str  # user@worker-first-rail-address, as the weight copy reaches it

@@ -34,7 +34,7 @@ from typing import Callable, Mapping, Optional
 
 import pulumi
 from pulumi.runtime.config import is_config_secret
-from pulumi_command import remote
+from pulumi_command import remote as pulumi_remote
 
 from core import host_keys
 
@@ -260,11 +260,11 @@ class SshAccess:
     host_keys: Mapping[str, str]  # node name -> the key it must show
     known_hosts: Mapping[str, Path]  # node name -> its own known_hosts file
 
-    def connection(self, node: Node) -> remote.ConnectionArgs:
+    def connection(self, node: Node) -> pulumi_remote.ConnectionArgs:
         """pulumi-command's connection. Only host, user and hostKey are compared between runs: the
         credentials are operator-local and ignored in every command's diff (remote.node_command)."""
         creds = self.credentials
-        return remote.ConnectionArgs(
+        return pulumi_remote.ConnectionArgs(
             host=node.host,
             user=self.user,
             private_key=pulumi.Output.secret(creds.key.text) if creds.key_to_commands else None,

@@ -7,7 +7,7 @@ import sys
 from types import ModuleType
 from typing import NamedTuple
 
-from . import bench, client_setup, hold, needle, pin_host_keys, status, upgrade, verify_weights
+from . import bench, clear_hold, client_setup, needle, pin_host_keys, status, upgrade, verify_weights
 from .inputs import ToolError
 
 class Tool(NamedTuple):
@@ -18,7 +18,7 @@ class Tool(NamedTuple):
 
 TOOLS = {
     "status": Tool(status, "nodes, rails, Ray, GPUs, guard, endpoint and spec decode at a glance"),
-    "clear-hold": Tool(hold, "serving held by the guard after a restart loop: let it start again"),
+    "clear-hold": Tool(clear_hold, "serving held by the guard after a restart loop: let it start again"),
     "bench": Tool(bench, "the recipe's benchmarks: decode, concurrency, TTFT, prefill, sweep"),
     "needle": Tool(needle, "long-context retrieval probe: real failures and junk per size"),
     "client-setup": Tool(client_setup, "write Codex and Claude Code configs from the stack outputs"),

@@ -18,7 +18,7 @@ Comparable across days: every prompt starts with a salt unique to the run and th
 so the server's prefix cache cannot serve any of it (optionally also vLLM's `cache_salt`);
 the results keep the plan, and --compare refuses a baseline made with a different plan.
 
-Here: the tool (its flags, the run, the table); the requests and their figures in bench_load.py, the
+Here: the tool (its flags, the run, the table); the requests and their figures in bench_requests.py, the
 comparisons in bench_compare.py.
 """
 
@@ -38,7 +38,7 @@ from core import recipes
 
 from .bench_compare import (RECIPE_TOLERANCE, check_recipe_reference, compare, compare_with_recipe,
                             comparison_warnings, load_baseline, plan_differences)
-from .bench_load import Bench, BenchPlan, plan_record
+from .bench_requests import Bench, BenchPlan, plan_record
 from .inputs import (DeadlineError, InputError, check_output_path, fraction, positive_float, positive_int,
                      positive_int_list, run_with_deadline)
 from .target import add_recipe_argument, add_target_arguments, check_endpoint, resolve_target, target_recipe

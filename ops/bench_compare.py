@@ -14,7 +14,7 @@ from pydantic import Field, ValidationError
 from core import recipes
 
 from .api import Lenient, first_problem
-from .bench_load import SCHEMA, BenchPlan, median
+from .bench_requests import SCHEMA, BenchPlan, median
 from .inputs import InputError, read_json_file
 
 # Higher is better for tok/s; lower is better for latencies.

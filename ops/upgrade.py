@@ -50,7 +50,7 @@ from rich.text import Text
 
 from . import bench
 from .bench_compare import RECIPE_TOLERANCE, plan_differences
-from .bench_load import plan_from_record, plan_record
+from .bench_requests import plan_from_record, plan_record
 from .inputs import InputError, fraction, positive_float
 from .nodes import add_ssh_arguments
 from .stack import AutomationStack, UpgradeStack, one_line_error

@@ -23,8 +23,8 @@ from components import config as schema
 from . import bench
 from .api import GuardVerdict, first_problem
 from .bench_compare import RECIPE_TOLERANCE, check_recipe_reference, compare, compare_with_recipe, comparison_warnings
-from .bench_load import BenchPlan, plan_from_record
-from .hold import release_hold
+from .bench_requests import BenchPlan, plan_from_record
+from .clear_hold import release_hold
 from .inputs import EndpointError, InputError, ToolError
 from .nodes import HostKeyRefused, agent_options, ssh_runner, ssh_shell
 from .stack import one_line_error

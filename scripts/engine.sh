@@ -22,16 +22,16 @@
 #   pkg/v3 and sdk/v3 at one version and carries pkg's non-relative replaces.
 # - langhost: the real Python language host (module
 #   github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3, untagged) is not served at
-#   any version or commit, so a stand-in of ours (scripts/engine/pulumi-language-python) is built
+#   any version or commit, so a stand-in of ours (dev/engine/pulumi-language-python) is built
 #   against sdk/v3 at the CLI's version and sits beside that sdk/v3's own
 #   pulumi-language-python-exec.
 # - command, random: their provider modules are refused at every version, commit and
-#   pseudo-version, so stand-ins of ours (scripts/engine/providers/command, .../random) are built
+#   pseudo-version, so stand-ins of ours (dev/engine/providers/command, .../random) are built
 #   instead, at the versions the SDKs request: command on pulumi-go-provider v1.3.0 and sdk/v3
 #   v3.224.0 (what pulumi-command v1.2.1 itself builds on), random on the same; each serves only
 #   the resources twinspark uses (their main.go says which).
 # - docker: pulumi-docker's module is refused too, so pulumi-resource-docker v5.2.0 is our own
-#   (scripts/engine/providers/docker): kreuzwerker's provider (served) bridged with
+#   (dev/engine/providers/docker): kreuzwerker's provider (served) bridged with
 #   pulumi-terraform-bridge v3.120.0 (served), a native Image, one hybrid server; its schema is
 #   generated at build time by the bridge's tfgen. Keyed by version and source hash.
 # A provider had elsewhere wins over the stand-in: `scripts/engine.sh install-provider NAME
@@ -59,14 +59,14 @@ RANDOM_VERSION=4.21.4
 DOCKER_VERSION=5.2.0
 # pulumi-docker's provider module is refused; ours builds from the proxy's kreuzwerker module,
 # whose go.mod names it github.com/terraform-providers/terraform-provider-docker
-DOCKER_SRC=$ROOT/scripts/engine/providers/docker
+DOCKER_SRC=$ROOT/dev/engine/providers/docker
 DOCKER_UPSTREAM_MODULE=github.com/kreuzwerker/terraform-provider-docker
 DOCKER_UPSTREAM_VERSION=v0.0.0-20260916201441-96d331c98ff4
 DOCKER_UPSTREAM_PATH=github.com/terraform-providers/terraform-provider-docker
 
 CACHE=${TWINSPARK_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/twinspark-engine}
-LANGHOST_SRC=$ROOT/scripts/engine/pulumi-language-python
-STANDIN_SRC=$ROOT/scripts/engine/providers
+LANGHOST_SRC=$ROOT/dev/engine/pulumi-language-python
+STANDIN_SRC=$ROOT/dev/engine/providers
 
 log() { printf '%s engine.sh: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -304,7 +304,7 @@ provider_line() {
   if installed_elsewhere "$name" "$version"; then
     echo "$name v$version: ready, installed from $(sed -n 2p "$record"), sha256 $(head -1 "$record" | cut -c1-16)"
   elif standin_installed "$name" "$version"; then
-    echo "$name v$version: ready, stand-in (scripts/engine/providers/$name), sha256 $(sha256_of "$(installed_plugin "$name" "$version")" | cut -c1-16)"
+    echo "$name v$version: ready, stand-in (dev/engine/providers/$name), sha256 $(sha256_of "$(installed_plugin "$name" "$version")" | cut -c1-16)"
   else
     echo "$name v$version: missing"
     return 3
@@ -405,7 +405,7 @@ engine_line() {
 engine_lines() {
   local ok=0
   engine_line cli pulumi "built from Go modules" "$(cli_dir)/pulumi" || ok=3
-  engine_line langhost pulumi-language-python "stand-in (scripts/engine/pulumi-language-python)" \
+  engine_line langhost pulumi-language-python "stand-in (dev/engine/pulumi-language-python)" \
     "$(langhost_dir)/pulumi-language-python" || ok=3
   return "$ok"
 }

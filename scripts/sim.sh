@@ -13,11 +13,13 @@
 # Each node is a network namespace with its own sshd and dockerd (tests/sim/cluster.py), the
 # cables a bridge per rail subnet, the LAN a bridge of the nodes' management links and this box;
 # the images come from a registry on this machine, built from Debian's packages
-# (scripts/sim_images.py). What the box cannot be — a GPU, RDMA, unlimited memlock — is stood
+# (dev/sim_images.py). What the box cannot be — a GPU, RDMA, unlimited memlock — is stood
 # in for at the seam where the real part sits (docs/testing.md: "Try it without Sparks").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+# the modules tests/sim/cluster.py and the rest import, as pytest.ini's pythonpath gives them to the tests
+export PYTHONPATH="$ROOT:$ROOT/tests:$ROOT/tests/sim:$ROOT/dev${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck source=scripts/setup.sh
 . scripts/setup.sh
 
@@ -38,12 +40,12 @@ export TWINSPARK_KNOWN_HOSTS_DIR='$SIM_HOME/known_hosts.d'
 EOF
 }
 
-images() { .venv/bin/python scripts/sim_images.py "$@"; }
+images() { .venv/bin/python dev/sim_images.py "$@"; }
 
 # the registry serves while the nodes live: started by up, stopped by down
 start_registry() {
   stop_registry
-  .venv/bin/python scripts/sim_images.py serve >>"$SIM_HOME/registry.log" 2>&1 &  # it execs the registry: $! is its pid
+  .venv/bin/python dev/sim_images.py serve >>"$SIM_HOME/registry.log" 2>&1 &  # it execs the registry: $! is its pid
   echo $! >"$SIM_HOME/registry.pid"
 }
 stop_registry() {
@@ -64,7 +66,7 @@ hub_port() {
     "$(stack_value twinspark:model hubEndpoint)"
 }
 hub_tls() {  # the certificate and key files for the endpoint's name
-  .venv/bin/python -c 'import sys, urllib.parse; from scripts.sim_registry import sim_certificate
+  .venv/bin/python -c 'import sys, urllib.parse; from sim_registry import sim_certificate
 print(*sim_certificate(urllib.parse.urlsplit(sys.argv[1]).hostname))' "$(stack_value twinspark:model hubEndpoint)"
 }
 start_hub() {
@@ -104,7 +106,7 @@ cmd_up() {
   setup_machine
   "$ROOT/scripts/engine.sh" build || die "the engine is not complete (scripts/engine.sh status says what is missing)"
   mkdir -p "$SIM_HOME/state"
-  log "building the sim's images where their inputs changed (scripts/sim_images.py)"
+  log "building the sim's images where their inputs changed (dev/sim_images.py)"
   images build
   start_registry
   start_hub

@@ -10,12 +10,12 @@
 #   engine     the Pulumi engine from Go modules (scripts/engine.sh; tens of minutes cold, seconds
 #              cached), started first, in the background, niced: it needs only Go
 #   setup      Debian packages, .venv, the Codex CLI (scripts/setup.sh), beside the engine
-#   unit-before  what may not run beside the simulator: cold, the tests that need root (namespaces,
-#              nft, daemons, the sim's images), 4 processes, beside the engine; warm (the engine
-#              built when setup ends), those and the engine's own tests, the quiet ones beside them
+#   unit       cold: every test that needs neither the engine, a quiet machine nor the simulator, 4
+#              processes, beside the engine
 #   engine-tests  cold: the engine's own tests (tests/test_engine_*.py) and the quiet ones, once it is built
+#   unit-before  warm (the engine built when setup ends): what needs root, the engine or a quiet machine
 #   simulator  tests/sim_engine, two clusters side by side (two workers, each a site of its own)
-#   unit-beside  the rest of the unit tests beside the simulator: the paced ones in a process, the
+#   unit-beside  warm: the rest of the unit tests beside the simulator: the paced ones in a process, the
 #              others in 2 yielding to it
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -145,33 +145,33 @@ main() {
       return
     fi
   done
-  # What may not run beside the simulator first (tests/conftest.py's `root`: namespaces, nft,
-  # daemons, the sim's images; `engine`: the engine's own tests; `quiet`: figures of the machine's
-  # pace); beside the simulator, whose two clusters leave ~15 % of the cores idle (waits on boots,
-  # guard rounds, Ray), the rest: the `paced` ones (they wait on the clock) in a process at normal
-  # priority, the others in 2 yielding to it. The simulator's two clusters are the run's critical
-  # path, and in a cold run the engine's build before them: it shares the cores only with the
-  # `root` tests now (the whole unit stage beside it made it 992 s against 665 s for its CLI
-  # alone, docs/testing.md "CI").
+  # Beside the engine's build: the tests outside the simulator that do not need the engine, in 4
+  # processes (they mostly wait on subprocesses; a file's tests stay in one process, so a file's
+  # fixed ports and namespaces never meet their own twins). More are no faster: 6 took 303 s
+  # against 4's 312, the cores 96 % busy (docs/testing.md, "Session of 2026-12-04, evening").
+  local rc=0
   if [ ! -e "$ENGINE_DONE" ]; then
-    log "running pytest: what needs root but not the engine (4 processes), beside the engine's build"
-    stage unit-before run_pytest tests --ignore=tests/sim_engine -m "root and not ($AFTER_THE_ENGINE or quiet)" -n 4 \
-      --dist loadfile --durations=20 "$@" || return  # at once: the engine's build goes with the run (on_exit)
+    log "running pytest: everything but the engine's tests, the quiet ones and the simulator (4 processes), beside the engine's build"
+    stage unit run_pytest tests --ignore=tests/sim_engine -m "not ($AFTER_THE_ENGINE or quiet)" -n 4 --dist loadfile \
+      --durations=20 "$@" || return  # at once: the engine's build goes with the run (on_exit)
     wait_for_engine
     log "running pytest: the engine's own tests (3 processes), the quiet ones beside them"
     stage engine-tests with_the_quiet_tests "$AFTER_THE_ENGINE" 3 "$@" || return
-  else
-    wait_for_engine
-    log "running pytest: what needs root or the engine (4 processes), the quiet tests beside them, before the simulator"
-    stage unit-before with_the_quiet_tests "$BEFORE_THE_SIMULATOR" 4 "$@" || return
+    simulator "$@"
+    return
   fi
-  simulator_and_the_rest_beside "$@"
-}
-
-# the simulator, and beside it every test outside it not run before it (see main)
-simulator_and_the_rest_beside() {
+  # An engine already built when setup ends (a warm run: seconds): nothing to hide the unit stage
+  # behind but the simulator, whose two clusters leave ~20 % of the cores idle (waits on boots,
+  # guard rounds, Ray). Before it, what may not run beside it (tests/conftest.py's `root`:
+  # namespaces, nft, daemons, the sim's images; `quiet`: figures of the machine's pace) and the
+  # engine's own tests; beside it, the rest: the `paced` ones (they wait on the clock) in a process
+  # at normal priority, the others (~200 CPU-s) in 2 yielding to it, filling the cores it leaves
+  # idle: the simulator's two clusters are the run's critical path.
+  wait_for_engine
+  log "running pytest: what needs root or the engine (4 processes), the quiet tests beside them, before the simulator"
+  stage unit-before with_the_quiet_tests "$BEFORE_THE_SIMULATOR" 4 "$@" || return
   log "running pytest: the rest outside the simulator beside it, logs: $PACED_BESIDE_LOG, $UNIT_BESIDE_LOG"
-  local paced_pid unit_pid unit_started rc=0
+  local paced_pid unit_pid unit_started
   unit_started=$(date +%s)
   run_pytest tests --ignore=tests/sim_engine -m "paced and not ($BEFORE_THE_SIMULATOR or quiet)" --durations=10 "$@" \
     >"$PACED_BESIDE_LOG" 2>&1 &

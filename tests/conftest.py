@@ -1,14 +1,11 @@
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from program_harness import run_program, stack_config  # noqa: E402
-from marker_lists import (NEEDS_A_QUIET_MACHINE, NEEDS_ENGINE, NEEDS_ROOT_FILES,  # noqa: E402
+from program_harness import run_program, stack_config
+from marker_lists import (NEEDS_A_QUIET_MACHINE, NEEDS_ENGINE, NEEDS_ROOT_FILES,
                           NEEDS_ROOT_FIXTURES, NEEDS_ROOT_TESTS, PACED_FILES, QUIET_FILES)
-from ssh_fixtures import new_key, pinned  # noqa: E402
+from ssh_fixtures import new_key, pinned
 
 
 def pytest_collection_modifyitems(items):

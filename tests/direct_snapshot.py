@@ -6,7 +6,7 @@ direct stack's nodes must see no change, or a no-op `pulumi up` would restart se
 
 Written from a checkout of f02176e (the older code; this file and program_harness only):
     git archive f02176e | tar -x -C /tmp/old && cp tests/direct_snapshot.py /tmp/old/tests/ &&
-    ln -s "$PWD/.venv" /tmp/old/.venv && (cd /tmp/old && .venv/bin/python tests/direct_snapshot.py) \
+    ln -s "$PWD/.venv" /tmp/old/.venv && (cd /tmp/old && PYTHONPATH=. .venv/bin/python tests/direct_snapshot.py) \
         > tests/direct_snapshot.json
 and since then edited where the program changed on purpose: twinspark.env without RAY_DASHBOARD_PORT
 (the head starts no dashboard), with RAY_prestart_worker_first_driver=0 (no idle Ray worker), with
@@ -24,10 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-
-from program_harness import run_program, runner_call, stack_config, unwrap  # noqa: E402
-from ssh_fixtures import new_key, pinned  # noqa: E402
+from program_harness import run_program, runner_call, stack_config, unwrap
+from ssh_fixtures import new_key, pinned
 
 SNAPSHOT = Path(__file__).resolve().parent / "direct_snapshot.json"
 # steps whose arguments (or file) follow from the topology: their launch/ scripts are not compared

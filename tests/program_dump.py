@@ -5,7 +5,7 @@ dumps are equal when a change leaves a two-node stack's resources and inputs as 
 
     git archive OLD | tar -x -C /tmp/old && cp tests/program_dump.py /tmp/old/tests/ && \
         ln -s "$PWD/.venv" /tmp/old/.venv
-    for tree in /tmp/old .; do (cd $tree && .venv/bin/python tests/program_dump.py) > $tree.json; done
+    for tree in /tmp/old .; do (cd $tree && PYTHONPATH=. .venv/bin/python tests/program_dump.py) > $tree.json; done
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-
-from program_harness import run_program, stack_config  # noqa: E402
-from ssh_fixtures import new_key, pinned  # noqa: E402
+from program_harness import run_program, stack_config
+from ssh_fixtures import new_key, pinned
 
 # one fixed home and known_hosts directory: their paths are in the docker providers' ssh options
 HOME = Path(tempfile.gettempdir()) / "twinspark-program-dump"

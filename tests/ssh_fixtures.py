@@ -9,8 +9,9 @@ import socket
 import subprocess
 import tempfile
 import threading
-import time
 from pathlib import Path
+
+from toolbox import free_port, wait_for
 
 # Host keys the tests pin for the recipe's nodes (public keys of throwaway key pairs): the
 # shipped stack file leaves them for the user to pin, and `pulumi up` refuses unpinned nodes.
@@ -39,14 +40,6 @@ def new_key(path: Path, passphrase: str = "") -> Path:
 
 
 ASKPASS = '#!/bin/sh\nprintf "%s\\n" "$TEST_ASKPASS_VALUE"\n'
-
-
-def wait_for(predicate, what: str, timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)
 
 
 class AgentSocket:
@@ -93,12 +86,6 @@ class Agent(AgentSocket):
         self.proc.terminate()
         self.proc.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sshd_argv(workdir: Path, port: int, authorized_key: Path) -> list[str]:

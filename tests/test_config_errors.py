@@ -223,16 +223,6 @@ def test_a_node_count_outside_the_recipes_is_refused(recipe, count, span):
     assert_refused(cfg, "twinspark:nodes", [f"{count} nodes", f"expected {span}", f"serving.recipe {recipe}"])
 
 
-def test_readme_parameter_table_is_the_schema():
-    from components.config import parameter_table
-    from program_harness import ROOT
-
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("<!-- parameters:")
-    table = readme[readme.index("\n", start) + 1:readme.index("<!-- /parameters -->")]
-    assert table == parameter_table(), "README parameter table drifted; paste parameter_table()'s output"
-
-
 # Secrets reach a shell's environment, a curl config line, an env file and an HTTP header: each
 # bad value is refused before any resource, naming the key but never showing the value.
 SECRET_CASES = [
@@ -524,7 +514,7 @@ def number_fields(model=None, prefix=()):
     """(path, type) of every int and float field of the schema, nested blocks and lists included."""
     from typing import Annotated, Union, get_args, get_origin
 
-    from components.config import Contract, StackConfig
+    from components.config import ConfigBlock, StackConfig
 
     for name, field in (model or StackConfig).model_fields.items():
         path = prefix + (field.alias or name,)
@@ -535,7 +525,7 @@ def number_fields(model=None, prefix=()):
             annotation = get_args(annotation)[0]
         if get_origin(annotation) is list:
             annotation, path = get_args(annotation)[0], path + (0,)
-        if isinstance(annotation, type) and issubclass(annotation, Contract):
+        if isinstance(annotation, type) and issubclass(annotation, ConfigBlock):
             yield from number_fields(annotation, path)
         elif annotation in (int, float):  # bool is an int subclass, but not `int` itself
             yield path, annotation
@@ -661,7 +651,7 @@ def test_a_platform_docker_cannot_build_for_the_stack_is_refused(value):
 
 
 def test_the_platform_defaults_to_a_sparks_and_the_sim_sets_its_own():
-    from scripts.sim_images import sim_stack
+    from sim_images import sim_stack
 
     assert parse_stack_config(copy.deepcopy(BASE)).serving.platform == "linux/arm64"
     assert sim_stack().serving.platform == "linux/amd64"

@@ -1,12 +1,15 @@
 """The documents' own links: every relative link in README.md and docs/ names a file of the
 repository, and every #anchor a heading of the file it points into (GitHub's anchors: the
-heading lowercased, punctuation dropped, spaces as dashes)."""
+heading lowercased, punctuation dropped, spaces as dashes); their generated blocks are what
+dev/doc_tables.py writes from the code."""
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
+import doc_tables
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,3 +64,19 @@ def test_every_launch_file_has_its_role_in_the_architecture_page():
     rendered = {"launch-vllm.sh", "twinspark.env", "Dockerfile", "locked-install.sh"}
     assert sorted(set(named) - rendered) == on_disk
     assert len(named) == len(set(named)), "a file named twice"
+
+
+def test_regenerating_the_docs_generated_blocks_changes_nothing():
+    assert doc_tables.drifted() == [], "run .venv/bin/python dev/doc_tables.py"
+
+
+def test_a_generated_block_edited_by_hand_is_named_and_written_back(tmp_path):
+    for page, _ in doc_tables.BLOCKS:
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / page, tmp_path / page)
+    readme = tmp_path / "README.md"
+    pristine = readme.read_text()
+    readme.write_text(pristine.replace("`gpt-oss-120b`", "`gpt-oss-999b`", 1))
+    assert doc_tables.drifted(tmp_path) == ["README.md: models"]
+    assert doc_tables.drifted(tmp_path, write=True) == ["README.md: models"]
+    assert readme.read_text() == pristine and doc_tables.drifted(tmp_path) == []

@@ -1,4 +1,4 @@
-"""The docker provider built here (scripts/engine/providers/docker) under the real Pulumi engine,
+"""The docker provider built here (dev/engine/providers/docker) under the real Pulumi engine,
 against a real dockerd reached as the program reaches the nodes: ssh://user@host.
 
 A dockerd of the test's own (never the system's), an sshd on loopback whose sessions point
@@ -26,7 +26,8 @@ import pytest
 
 import pulumi_docker
 from pulumi._types import input_type_py_to_pulumi_names
-from ssh_fixtures import free_port, new_key, sshd_argv, wait_for
+from ssh_fixtures import new_key, sshd_argv
+from toolbox import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = REPO / "scripts" / "engine.sh"
@@ -75,7 +76,7 @@ class Dockerd:
         try:
             wait_for(lambda: self.proc.poll() is not None or self.docker("version", check=False).returncode == 0,
                      "dockerd answering", timeout_s=60)
-        except TimeoutError:
+        except AssertionError:  # never answered: its daemon goes with the test
             self.stop()
             raise
         if self.proc.poll() is not None:

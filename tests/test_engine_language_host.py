@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from test_engine_providers import engine_env  # noqa: E402,F401  (the fixture)
+from test_engine_providers import engine_env  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 

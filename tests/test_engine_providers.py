@@ -1,4 +1,4 @@
-"""The stand-in providers (scripts/engine/providers) under the real engine: the CLI and language
+"""The stand-in providers (dev/engine/providers) under the real engine: the CLI and language
 host that scripts/engine.sh builds, a tiny project per test, and what the engine itself reports
 (`pulumi preview --json`, `pulumi up --json`, `pulumi stack export`).
 
@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from ssh_fixtures import OTHER_HOST_KEY, Sshd, new_key  # noqa: E402
+from ssh_fixtures import OTHER_HOST_KEY, Sshd, new_key
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "scripts" / "engine.sh"

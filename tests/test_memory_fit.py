@@ -2,7 +2,6 @@
 load: model 79.2 GiB per node, KV 20.5 (head) + 18.4 GiB -> 2,682,310 tokens (seed §4)."""
 
 import argparse
-import importlib.util
 import math
 
 import pytest
@@ -10,12 +9,11 @@ import pytest
 from core import recipes
 from components.config import parse_stack_config
 from components.model_weights import memory_fit_args, parse_memory_fit
-from program_harness import ROOT, stack_config
+from program_harness import stack_config
 from test_node_artifacts import GIB, run_shape_check
+from toolbox import load_launch
 
-spec = importlib.util.spec_from_file_location("shape_check", ROOT / "launch" / "weights.py")
-shape_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(shape_check)
+shape_check = load_launch("weights.py")
 
 SEED_WEIGHTS = 167 * 10**9  # 48 shards, 167 GB of safetensors (seed §3)
 SPARK_MEMTOTAL = 127535148 * 1024  # a Spark's MemTotal (121.6 GiB)

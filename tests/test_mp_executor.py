@@ -2,7 +2,6 @@
 watch (launch/mp-membership.py) and the simulator's vLLM stand-in in mp mode, on loopback."""
 
 import copy
-import importlib.util
 import os
 import socket
 import subprocess
@@ -15,6 +14,7 @@ from program_harness import ROOT, config_blocks, runner_call, stack_config
 from core import contract
 from components import launch_bundle
 from components.config import Topology, parse_stack_config, resolve_node_addresses
+from toolbox import free_port, load_file, wait_for
 
 STANDIN = ROOT / "tests" / "sim" / "bin" / "vllm"
 MEMBERSHIP = ROOT / "launch" / contract.MP_MEMBERSHIP_SCRIPT
@@ -136,10 +136,7 @@ def test_the_program_runs_no_ray_with_mp(program):
 # ---- the rank watch ------------------------------------------------------------------------
 
 def membership():
-    spec = importlib.util.spec_from_file_location("mp_membership", MEMBERSHIP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(MEMBERSHIP)
 
 
 def test_proc_net_tcp_addresses_parse_as_the_kernel_writes_them(tmp_path):
@@ -155,12 +152,6 @@ def test_proc_net_tcp_addresses_parse_as_the_kernel_writes_them(tmp_path):
                                           (("10.0.0.1", 29497), ("10.0.0.2", 45056))]
     assert m.workers_connected(29497, ["127.0.0.2", "127.0.0.3", "10.0.0.2"], [tcp, tcp6]) == {"127.0.0.2",
                                                                                              "10.0.0.2"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def watch(*args):
@@ -253,15 +244,6 @@ def completion(sock_path) -> int:
         return int(s.recv(64).split()[1])
 
 
-def wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def test_the_standin_head_serves_only_with_every_rank_and_dies_with_a_worker(tmp_path):
     port, sock = free_port(), tmp_path / "vllm.sock"
     head = standin(tmp_path, port, 0)
@@ -270,8 +252,8 @@ def test_the_standin_head_serves_only_with_every_rank_and_dies_with_a_worker(tmp
         time.sleep(3)
         assert head.poll() is None and not sock.exists(), "the API opened before node rank 1 joined"
         worker = standin(tmp_path, port, 1, "--headless")
-        assert wait_for(sock.exists, 20), "the API never opened with every rank in"
-        assert wait_for(lambda: completion(sock) == 200, 10)
+        wait_for(sock.exists, "the API opening with every rank in", 20)
+        wait_for(lambda: completion(sock) == 200, "a completion through the API", 10)
         assert [completion(sock) for _ in range(10)] == [200] * 10
         time.sleep(11)  # past the 10 s the head gives a joining rank to say hello: a served rank is not "dead"
         assert head.poll() is None and completion(sock) == 200, "the engine ended with every rank alive"
@@ -311,7 +293,7 @@ def test_the_standin_worker_outlives_its_head_as_vllm_s_headless_worker_does(tmp
     head = standin(tmp_path, port, 0)
     worker = standin(tmp_path, port, 1, "--headless")
     try:
-        assert wait_for(sock.exists, 20)
+        wait_for(sock.exists, "the API opening", 20)
         # the rank watch, as boot-worker-mp.sh runs it beside the worker
         watcher = watch("worker", "--head", "127.0.0.1", "--port", str(port), "--pid", str(worker.pid))
         time.sleep(2)

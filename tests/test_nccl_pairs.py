@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 from program_harness import ROOT, flag_value, flag_values, runner_call, unwrap
-from ssh_fixtures import free_port
+from toolbox import free_port
 from test_nccl_ranks import planned
 from test_topology import BASE, LAN, namespaced, ring, switch_of
 

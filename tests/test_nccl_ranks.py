@@ -21,9 +21,10 @@ import time
 
 import pytest
 from program_harness import flag_value, flag_values, runner_call, unwrap
-from ssh_fixtures import OTHER_HOST_KEY, Sshd, free_port, new_key
+from ssh_fixtures import OTHER_HOST_KEY, Sshd, new_key
 
 from components.remote import LAUNCH_DIR
+from toolbox import free_port, load_file
 
 COMMAND = "command:remote:Command"
 CHECK_PROGRAM = LAUNCH_DIR / "nccl-allreduce-check.py"
@@ -63,12 +64,7 @@ def rank_steps(steps):
 
 
 def load_check():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("nccl_allreduce_check", CHECK_PROGRAM)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(CHECK_PROGRAM)
 
 
 def rerun_all(run) -> str:

@@ -22,6 +22,7 @@ from components.client_outputs import render_codex_config, render_codex_model_ca
 from components.readiness import SCRIPT as WAIT_READY, ReadinessArgs, wait_ready_args
 from components.remote import (LAUNCH_DIR, MANAGED_FILE_SCRIPT, ManagedFile, encode_secret, launch_file,
                                managed_file_script, runner_stdin, script_command, script_text)
+from toolbox import load_launch
 
 CFG = parse_stack_config(config_blocks())
 
@@ -362,17 +363,8 @@ def test_codex_accepts_the_generated_config_and_catalog(tmp_path):
     assert models[0]["apply_patch_tool_type"] == "freeform"
 
 
-def load_launch_module(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name.replace("-", "_").removesuffix(".py"), LAUNCH_DIR / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_nccl_check_bus_bandwidth_and_network_parsing():
-    check = load_launch_module("nccl-allreduce-check.py")
+    check = load_launch("nccl-allreduce-check.py")
     algbw, busbw = check.bus_bandwidth_gbps(1 << 30, 0.1, 2)
     assert algbw == pytest.approx(10.737, abs=1e-3) and busbw == algbw  # 2(n-1)/n = 1 for two nodes
     assert check.bus_bandwidth_gbps(1 << 30, 0.1, 3)[1] == pytest.approx(algbw * 4 / 3)

@@ -22,15 +22,12 @@ from core import contract
 from components import firewall, host_prep, launch_bundle
 from components.config import Topology, parse_stack_config, resolve_node_addresses
 from components.remote import LAUNCH_DIR
+from toolbox import free_port, sh, wait_for
 
 CFG = parse_stack_config(config_blocks())
 HEAD, WORKER = CFG.nodes
 API_KEY = "sk-gateway-test-0123456789"
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # the upstream uses the stand-in's Unix server
-
-
-def sh(*argv, check=True, **kw):
-    return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, timeout=60, **kw)
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # the upstream uses the stand-in's Unix server (PYTHONPATH)
 
 
 TOPOLOGY = Topology(CFG, resolve_node_addresses(CFG.nodes))
@@ -204,14 +201,14 @@ def render_with_hosts_file(tmp_path, hosts, node_hosts):
     for node, host in zip(raw["nodes"], node_hosts):
         node["host"] = host
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    render = (f"import json, sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+    render = ("import json\n"
               "from components import firewall\n"
               "from components.config import Topology, parse_stack_config, resolve_node_addresses\n"
               f"cfg = parse_stack_config(json.load(open({str(tmp_path / 'config.json')!r})))\n"
               "topology = Topology(cfg, resolve_node_addresses(cfg.nodes))\n"
               "print(firewall.render_firewall(cfg.head, firewall.firewall_policy(cfg.head, topology)), end='')\n")
     proc = sh("unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$1" -c "$2"', table,
-              sys.executable, render, check=False)
+              sys.executable, render, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -274,13 +271,6 @@ def test_the_firewall_unit_fails_when_its_table_does_not_load(tmp_path):
     assert load_at_boot(tmp_path, firewall_text()).returncode == 0
 
 
-def test_the_security_docs_table_of_flows_is_the_firewalls():
-    doc = (ROOT / "docs" / "security.md").read_text()
-    start = doc.index("<!-- flows:")
-    table = doc[doc.index("\n", start) + 1:doc.index("<!-- /flows -->")]
-    assert table == firewall.flows_table(), "docs/security.md's flows drifted; paste firewall.flows_table()'s output"
-
-
 def test_firewall_renders_addresses_only():
     policy = firewall.FirewallPolicy((firewall.Admit("nccl-bootstrap", ((40000, 40000),), ("spark2.local",)),))
     with pytest.raises(ValueError, match="spark2.local"):
@@ -293,7 +283,6 @@ def test_firewall_renders_addresses_only():
 # request line's path (what vLLM's router would see) in a file.
 RECORDING_UPSTREAM = r"""
 import http.server, sys
-sys.path.insert(0, sys.argv[3])
 from openai_standin import UnixServer
 class Upstream(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
@@ -310,12 +299,6 @@ class Upstream(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST = answer
 UnixServer(sys.argv[1], Upstream).serve_forever()
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gateway_bundle(tmp_path, api_key, port):
@@ -342,16 +325,6 @@ class Gateway:
         return self.seen_file.read_text().splitlines() if self.seen_file.exists() else []
 
 
-def wait_for(ready, proc, what):
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        assert proc.poll() is None, proc.stdout.read()
-        time.sleep(0.1)
-    raise AssertionError(f"never {what}")
-
-
 def port_open(port):
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -369,7 +342,7 @@ def running_gateway(tmp_path, api_key=API_KEY):
     bundle = gateway_bundle(tmp_path, api_key, port)
     seen = tmp_path / "seen"
     upstream = subprocess.Popen(["bash", "-c", f". {bundle}/{contract.BOOT_COMMON} && prepare_vllm_socket && "
-                                 f"exec python3 {bundle}/upstream.py {contract.VLLM_SOCKET} {seen} {TESTS_DIR}"])
+                                 f"PYTHONPATH={TESTS_DIR} exec python3 {bundle}/upstream.py {contract.VLLM_SOCKET} {seen}"])
     proc = subprocess.Popen(["bash", str(bundle / contract.API_GATEWAY_SCRIPT)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -386,7 +359,8 @@ def running_gateway(tmp_path, api_key=API_KEY):
 @contextlib.contextmanager
 def serving_gateway(tmp_path, api_key=API_KEY):
     with running_gateway(tmp_path, api_key) as gw:
-        wait_for(lambda: port_open(gw.port) and os.path.exists(contract.VLLM_SOCKET), gw.proc, "listened")
+        wait_for(lambda: port_open(gw.port) and os.path.exists(contract.VLLM_SOCKET), "the gateway listening",
+                 process=gw.proc)
         yield gw
 
 
@@ -567,4 +541,3 @@ def test_half_sent_requests_from_one_address_leave_the_gateway_answering(tmp_pat
         finally:
             for s in held:
                 s.close()
-

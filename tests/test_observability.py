@@ -777,18 +777,3 @@ def test_grafana_password_reaches_grafana_cli_on_stdin_only(tmp_path):
     empty_line, empty_stdin = runner(PASSWORD_SCRIPT, args, {"GRAFANA_ADMIN_PASSWORD": ""})
     empty = run(["bash", "-c", empty_line], input=empty_stdin, env=env)
     assert empty.returncode == 2 and "GRAFANA_ADMIN_PASSWORD is empty" in empty.stderr
-
-
-def test_observability_page_panel_list_is_the_dashboards():
-    from components.observability_files import HOME_DASHBOARD
-
-    lines = []
-    for name, text in render_dashboards(recipe_plan()).items():
-        model = json.loads(text)
-        titles = [p["title"] for top in model["panels"] for p in [top, *top.get("panels", [])] if p["type"] != "row"]
-        home = " (Grafana's home page)" if name == HOME_DASHBOARD else ""
-        lines.append(f"- *{model['title']}*{home}: " + " · ".join(titles))
-    page = (ROOT / "docs" / "observability.md").read_text()
-    start = page.index("<!-- panels:")
-    listed = page[page.index("\n", start) + 1:page.index("<!-- /panels -->")]
-    assert listed == "\n".join(lines) + "\n", "docs/observability.md panel list drifted from render_dashboards()"

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -43,18 +41,13 @@ from components.observability_files import (
     render_prometheus_config,
     WATCHDOG,
 )
+from toolbox import free_port, load_launch, wait_for
 
 
 NODE_EXPORTER = "prometheus-node-exporter"  # Debian's name for node_exporter
 ALERTMANAGER = "prometheus-alertmanager"
 RAILS = (ObservedRail("enp1s0f0np0", "rocep1s0f0"), ObservedRail("enP2p1s0f0np0", "roceP2p1s0f0"))
 LAN = "enP7s7"
-
-
-def free_port(host="127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def write(root: Path, relative: str, text: str) -> None:
@@ -102,13 +95,7 @@ def stage_node(root: Path, mtu_rail1: int, head: bool) -> None:
 
 def write_guard_textfile(path: Path) -> None:
     import argparse
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("serving_guard", Path(__file__).parent.parent / "launch" /
-                                                  "serving-guard.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
+    module = load_launch("serving-guard.py")
     guard = module.Guard(argparse.Namespace(textfile=str(path), hold_file=str(path.with_name("no-hold"))), None)
     guard.gateway_up = True
     guard.last = {"checked_at": time.time(), "ok": True, "duration_s": 1.2}
@@ -216,19 +203,6 @@ def api(port: int, path: str, **params) -> dict:
         return json.loads(response.read())
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            result = predicate()
-        except OSError:  # not listening yet
-            result = None
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def alerts_named(port: int, name: str) -> list[dict]:
     return [a for a in api(port, "/api/v1/alerts")["data"]["alerts"] if a["labels"]["alertname"] == name]
 
@@ -310,7 +284,7 @@ def all_targets_up(port):
 def test_every_target_is_up_and_rail_labels_land_on_the_real_exporters_series(live):
     plan, _, _ = live
     port = plan.prometheus_port
-    targets = wait_for(lambda: all_targets_up(port), 30, "all six targets up")
+    targets = wait_for(lambda: all_targets_up(port), "all six targets up", 30, interval_s=0.5, ignoring=(OSError,))
     assert {(t["labels"]["job"], t["labels"]["node"], t["scrapeUrl"].split("/")[2]) for t in targets} == {
         ("vllm", "spark1", f"127.0.0.1:{plan.vllm_port}"), ("prometheus", "spark1", f"127.0.0.1:{plan.prometheus_port}"),
         ("node", "spark1", f"127.0.0.2:{plan.node_exporter_port}"), ("node", "spark2", f"127.0.0.3:{plan.node_exporter_port}"),
@@ -327,11 +301,11 @@ def test_every_target_is_up_and_rail_labels_land_on_the_real_exporters_series(li
 def test_every_dashboard_query_and_alert_signal_returns_data(live):
     plan, _, _ = live
     port = plan.prometheus_port
-    wait_for(lambda: all_targets_up(port), 30, "all six targets up")
+    wait_for(lambda: all_targets_up(port), "all six targets up", 30, interval_s=0.5, ignoring=(OSError,))
     wait_for(lambda: api(port, "/api/v1/query", query="sum(rate(vllm:generation_tokens_total[5s])) > 0")
-             ["data"]["result"], 30, "a vLLM rate")
+             ["data"]["result"], "a vLLM rate", 30, interval_s=0.5, ignoring=(OSError,))
     wait_for(lambda: api(port, "/api/v1/query", query='count(ALERTS{alertstate="pending"})')["data"]["result"],
-             30, "a pending alert")
+             "a pending alert", 30, interval_s=0.5, ignoring=(OSError,))
     queries = [(f"{name}: {title}", expr) for name, title, expr in dashboard_targets(plan)]
     queries += [(f"rule {r.alert}", s) for r in every_rule(plan) for s in r.signals]
     assert len(queries) >= 60
@@ -363,11 +337,13 @@ def test_every_dashboard_query_and_alert_signal_returns_data(live):
 def test_staged_faults_raise_their_alerts(live):
     plan, _, _ = live
     port = plan.prometheus_port
-    wrong = wait_for(lambda: alerts_named(port, "TwinsparkRailMtuWrong"), 30, "TwinsparkRailMtuWrong pending")
+    wrong = wait_for(lambda: alerts_named(port, "TwinsparkRailMtuWrong"), "TwinsparkRailMtuWrong pending", 30,
+                     interval_s=0.5, ignoring=(OSError,))
     assert [(a["labels"]["node"], a["labels"]["rail"], a["state"]) for a in wrong] == [("spark2", "1", "pending")]
     assert wrong[0]["annotations"]["summary"] == "Rail 1 (enP2p1s0f0np0) on spark2 has MTU 1500"
     # the staged RoCE byte counters stand still while vLLM generates: NCCL would be on TCP
-    idle = wait_for(lambda: alerts_named(port, "TwinsparkNcclNotOnRoce"), 30, "TwinsparkNcclNotOnRoce pending")
+    idle = wait_for(lambda: alerts_named(port, "TwinsparkNcclNotOnRoce"), "TwinsparkNcclNotOnRoce pending", 30,
+                    interval_s=0.5, ignoring=(OSError,))
     assert idle[0]["state"] == "pending"
     names = {a["labels"]["alertname"] for a in api(port, "/api/v1/alerts")["data"]["alerts"]}
     assert not names & {"TwinsparkRailDown", "TwinsparkServingDown", "TwinsparkNodeDown", "TwinsparkGpuHot",
@@ -377,16 +353,17 @@ def test_staged_faults_raise_their_alerts(live):
 def test_a_staged_oom_kill_reaches_the_webhook_through_alertmanager(live):
     plan, tmp, webhook = live
     port = plan.prometheus_port
-    wait_for(lambda: all_targets_up(port), 30, "all six targets up")
+    wait_for(lambda: all_targets_up(port), "all six targets up", 30, interval_s=0.5, ignoring=(OSError,))
     wait_for(lambda: api(port, "/api/v1/query", query='node_vmstat_oom_kill{node="spark2"}')["data"]["result"],
-             30, "spark2's vmstat scraped")
+             "spark2's vmstat scraped", 30, interval_s=0.5, ignoring=(OSError,))
     (tmp / "spark2" / "proc" / "vmstat").write_text("nr_free_pages 2250000\noom_kill 1\n")
 
     def delivered():
         return [(body["status"], a["labels"]) for body in webhook.bodies for a in body["alerts"]
                 if a["labels"]["alertname"] == "TwinsparkOomKill"]
 
-    (status, labels), *_ = wait_for(delivered, 60, "TwinsparkOomKill at the webhook")
+    (status, labels), *_ = wait_for(delivered, "TwinsparkOomKill at the webhook", 60, interval_s=0.5,
+                                    ignoring=(OSError,))
     assert status == "firing"
     assert (labels["node"], labels["severity"], labels["job"]) == ("spark2", "critical", "node")
     assert webhook.bodies[0]["receiver"] == "webhook"
@@ -421,11 +398,13 @@ def test_the_heartbeat_reaches_the_webhook_until_prometheus_dies_then_stops(hear
         return [at for at, body in webhook.received for a in body["alerts"]
                 if a["labels"]["alertname"] == WATCHDOG and body["status"] == status]
 
-    firing = wait_for(lambda: len(beats("firing")) >= 3 and beats("firing"), 60, "three heartbeats at the webhook")
+    firing = wait_for(lambda: len(beats("firing")) >= 3 and beats("firing"), "three heartbeats at the webhook", 60,
+                      interval_s=0.5, ignoring=(OSError,))
     assert max(b - a for a, b in zip(firing, firing[1:])) < 10  # 2 s asked: re-sent, not sent once
     procs["prometheus"].kill()  # the head's Prometheus gone (a dead head takes Alertmanager too: silence at once)
     died = time.time()
-    resolved = wait_for(lambda: beats("resolved"), 60, "Alertmanager resolving the heartbeat nobody sends")
+    resolved = wait_for(lambda: beats("resolved"), "Alertmanager resolving the heartbeat nobody sends", 60,
+                        interval_s=0.5, ignoring=(OSError,))
     print(f"heartbeat gaps {[round(b - a, 1) for a, b in zip(firing, firing[1:])]} s; "
           f"resolved {resolved[0] - died:.1f} s after Prometheus died")
     quiet_from = time.time()

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from components.platform_facts import PROGRAM, SCRIPT, facts_args
-from components.remote import LAUNCH_DIR, launch_file, runner_stdin, script_command, script_text
+from components.remote import launch_file, runner_stdin, script_command, script_text
 from components.serving_image import RESOLVE_SCRIPT
 from core.platform_gate import evaluate, parse_report
+from toolbox import load_launch
 
 FAKE_DOCKER = r"""#!/usr/bin/env bash
 set -euo pipefail
@@ -119,11 +120,7 @@ def test_facts_of_a_worker_read_its_image_and_never_pull_the_base(node):
 
 
 def test_connectx_firmware_is_read_per_rdma_device(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("platform_facts_program", LAUNCH_DIR / PROGRAM)
-    program = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(program)
+    program = load_launch(PROGRAM)
     for device, version in (("roceP2p1s0f0", "28.45.1020"), ("rocep1s0f0", "28.45.1020")):
         (tmp_path / device).mkdir()
         (tmp_path / device / "fw_ver").write_text(version + "\n")

@@ -8,12 +8,10 @@ Every Ray process here is found by this module's temporary directory and killed 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from toolbox import free_port, load_file
 
 LAUNCH = Path(__file__).resolve().parent.parent / "launch"
 SCRIPT = LAUNCH / "ray-membership.py"
@@ -29,16 +28,7 @@ HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
 
 
 def membership_module():
-    spec = importlib.util.spec_from_file_location("ray_membership", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return load_file(SCRIPT)
 
 
 def node_id_of(prefix: str) -> str:

@@ -13,6 +13,7 @@ from core import recipes
 from components.config import parse_stack_config
 from program_harness import ROOT, flag_value, runner_call, stack_config
 from ssh_fixtures import pinned
+from toolbox import load_file
 
 CATALOG = recipes.load_catalog()
 RECIPE_KEYS = ("maxModelLen", "gpuMemoryUtilization", "kvCacheDtype")
@@ -79,16 +80,13 @@ def test_engine_flags_are_vllms_parser_flags(tmp_path, line, accepted):
 def test_the_engine_flags_are_extracted_and_the_fork_list_holds_only_what_upstream_lacks():
     names = recipes.vllm_names()
     extracted, fork = set(names["engine_flags"]["names"]), names["engine_flags_not_in_source"]
-    assert "scripts/extract_vllm_flags.py" in (ROOT / "recipes" / "vllm-names.toml").read_text()
+    assert "dev/extract_vllm_flags.py" in (ROOT / "recipes" / "vllm-names.toml").read_text()
     assert len(extracted) > 200 and not extracted & set(fork)
     assert all(where.strip() for where in fork.values())
 
 
 def test_the_extractor_reads_add_argument_calls_field_loops_and_bool_fields():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("extract_vllm_flags", ROOT / "scripts" / "extract_vllm_flags.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(ROOT / "dev" / "extract_vllm_flags.py")
     source = """
 class EngineArgs:
     enable_x: bool | None = None
@@ -135,13 +133,6 @@ def test_a_recipe_may_not_set_what_twinspark_env_sets(tmp_path, monkeypatch):
     monkeypatch.setattr(contract, "ENV_FILE", "renamed.env")  # the message names the contract's file, not a copy
     with pytest.raises(recipes.RecipeError, match=r"NCCL_IB_HCA is twinspark's to set \(renamed\.env\)"):
         recipes.load_catalog(tmp_path)
-
-
-def test_readme_models_table_is_the_catalog():
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("<!-- models:")
-    table = readme[readme.index("\n", start) + 1:readme.index("<!-- /models -->")]
-    assert table == recipes.models_table(), "README Models table drifted; paste models_table()'s output"
 
 
 def test_the_stack_files_serving_values_are_the_seed_recipes():

@@ -4,7 +4,6 @@ The simulator runs the same guard as a systemd service on the head (tests/sim_en
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from components import launch_bundle
 from components.config import ServingGuard as GuardConfig
 from components.serving_guard import ServingGuardArgs, guard_argv, render_guard_unit
 from openai_standin import Behaviour, serve
+from toolbox import load_launch, wait_for
 from vllm_recording import recorded_exchanges, recorded_tool_calls
 
 LAUNCH = Path(__file__).resolve().parent.parent / "launch"
@@ -130,16 +130,10 @@ class Node:
         return (self.tmp / "guard.log").read_text()
 
 
-def wait_for(predicate, what, node, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}; guard log:\n{node.guard_log()}")
+def wait_on_guard(check, what, node, timeout=30):
+    """A wait on the guard's files, which it writes while the test reads them (half a JSON, none
+    yet): named with the guard's log."""
+    return wait_for(check, what, timeout, ignoring=(OSError, ValueError, KeyError), why=node.guard_log)
 
 
 @pytest.fixture
@@ -151,7 +145,7 @@ def head(tmp_path):
 
 def test_a_healthy_engine_passes_every_check_and_nothing_restarts(head):
     head.start()
-    wait_for(lambda: head.status["ok"] is True, "a passing canary round", head)
+    wait_on_guard(lambda: head.status["ok"] is True, "a passing canary round", head)
     status = head.status
     assert status["failures"] == [] and status["hold"] is None and status["restarts_in_window"] == 0
     assert head.calls() == []
@@ -170,7 +164,7 @@ def test_a_healthy_engine_passes_every_check_and_nothing_restarts(head):
 def test_a_bad_engine_is_restarted_after_repeated_failures_with_the_reason(head, fault, reason):
     head.fault = fault
     head.start(failures=2)
-    wait_for(lambda: any(c.startswith("restart ") for c in head.calls()), "the guard restarting serving", head,
+    wait_on_guard(lambda: any(c.startswith("restart ") for c in head.calls()), "the guard restarting serving", head,
              timeout=60)
     assert head.calls() == [f"restart {contract.SERVING_CONTAINER}"]
     log = head.guard_log()
@@ -179,7 +173,7 @@ def test_a_bad_engine_is_restarted_after_repeated_failures_with_the_reason(head,
     if fault == "garbage":
         assert "tool call: arguments are not JSON" in log
     head.fault = None  # the restarted engine is healthy
-    wait_for(lambda: head.status["ok"] is True, "the canary passing after the restart", head)
+    wait_on_guard(lambda: head.status["ok"] is True, "the canary passing after the restart", head)
     assert head.status["restarts_in_window"] == 1
     assert "canary failed" in head.status["last_restart"]["reason"]
     assert KEY not in log
@@ -187,24 +181,24 @@ def test_a_bad_engine_is_restarted_after_repeated_failures_with_the_reason(head,
 
 def test_a_restart_loop_is_held_and_cleared_by_removing_the_hold(head):
     head.start(restart_limit=3)
-    wait_for(lambda: head.status["ok"] is True, "a first passing round", head)
+    wait_on_guard(lambda: head.status["ok"] is True, "a first passing round", head)
     for count in (1, 2, 3):  # docker's own restarts: the engine keeps dying at start
         head.set(restart_count=count, started_at=f"t{count}")
-        wait_for(lambda: head.status["restarts_in_window"] == count, f"restart {count} counted", head)
+        wait_on_guard(lambda: head.status["restarts_in_window"] == count, f"restart {count} counted", head)
     # at the limit docker restarts no more; the attempt running now still has its chance
-    wait_for(lambda: head.state()["policy"] == "no", "the restart policy lowered", head)
+    wait_on_guard(lambda: head.state()["policy"] == "no", "the restart policy lowered", head)
     assert not head.hold_file.exists()
     head.set(running=False)  # ... and fails too
-    wait_for(lambda: head.hold_file.exists(), "the hold", head)
+    wait_on_guard(lambda: head.hold_file.exists(), "the hold", head)
     hold = json.loads(head.hold_file.read_text())
     assert "restart loop: 3 serving restarts in 30 min (limit 3)" in hold["reason"]
     assert "reboot spark1 and spark2" in hold["reason"] and "python -m ops clear-hold" in hold["reason"]
-    wait_for(lambda: head.status["hold"] == hold, "the hold in the status", head)
+    wait_on_guard(lambda: head.status["hold"] == hold, "the hold in the status", head)
     assert head.state()["running"] is False
     head.hold_file.unlink()  # what `ops clear-hold` does
-    wait_for(lambda: head.state()["running"] is True, "serving started again", head)
+    wait_on_guard(lambda: head.state()["running"] is True, "serving started again", head)
     assert head.state()["policy"] == contract.SERVING_RESTART_POLICY
-    wait_for(lambda: head.status["restarts_in_window"] == 0 and head.status["hold"] is None, "the count cleared", head)
+    wait_on_guard(lambda: head.status["restarts_in_window"] == 0 and head.status["hold"] is None, "the count cleared", head)
     assert head.calls() == [f"update --restart=no {contract.SERVING_CONTAINER}",
                             f"update --restart={contract.SERVING_RESTART_POLICY} {contract.SERVING_CONTAINER}",
                             f"start {contract.SERVING_CONTAINER}"]
@@ -213,9 +207,9 @@ def test_a_restart_loop_is_held_and_cleared_by_removing_the_hold(head):
 def test_a_new_container_is_a_fresh_start_not_a_restart(head):
     head.set(restart_count=5)  # the old container's count is history
     head.start(restart_limit=3)
-    wait_for(lambda: head.status["ok"] is True, "a passing round", head)
+    wait_on_guard(lambda: head.status["ok"] is True, "a passing round", head)
     head.set(id="c2", restart_count=0, started_at="t9")  # pulumi up replaced it
-    wait_for(lambda: head.status["serving_started_at"] == "t9", "the new container seen", head)
+    wait_on_guard(lambda: head.status["serving_started_at"] == "t9", "the new container seen", head)
     assert head.status["restarts_in_window"] == 0 and head.calls() == []
 
 
@@ -224,16 +218,13 @@ def test_without_a_tool_parser_the_canary_makes_no_tool_call_and_a_healthy_engin
     served without --tool-call-parser does), which must not count as a failure round after round."""
     head.fault = "unparsed-tool-call"
     head.start(failures=1, tool_parser=None)
-    wait_for(lambda: head.status["ok"] is True, "a passing canary round", head)
+    wait_on_guard(lambda: head.status["ok"] is True, "a passing canary round", head)
     assert head.calls() == [] and not any(r.body.get("tools") for r in head.behaviour.requests)
     assert "(no tool parser: no tool call)" in head.guard_log()
 
 
 def load_guard():
-    spec = importlib.util.spec_from_file_location("serving_guard", LAUNCH / contract.SERVING_GUARD_SCRIPT)
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
-    spec.loader.exec_module(module)
-    return module
+    return load_launch(contract.SERVING_GUARD_SCRIPT)
 
 
 @pytest.mark.parametrize("recorded, verdict", [
@@ -309,28 +300,28 @@ def test_a_saturated_engine_that_makes_progress_is_never_restarted(tmp_path):
     try:
         port = head.server.server_address[1]
         streams = [stream_for(port, 18, 20.0) for _ in range(2)]
-        wait_for(lambda: head.behaviour.running == 2, "both slots taken", head)
+        wait_on_guard(lambda: head.behaviour.running == 2, "both slots taken", head)
         head.start(failures=1)  # one counted round would restart at once
-        wait_for(lambda: "not counted" in head.guard_log(), "a late round seen as busy", head, timeout=30)
+        wait_on_guard(lambda: "not counted" in head.guard_log(), "a late round seen as busy", head, timeout=30)
         for thread, _ in streams:
             thread.join(timeout=60)
         assert [outcome for _, outcome in streams] == [[True], [True]], "every stream ran to its end"
         log = head.guard_log()
         assert "busy, not wedged" in log and "waiting" in log, log
         assert head.calls() == [], "a busy engine is never restarted"
-        wait_for(lambda: head.status["ok"] is True, "the canary passing once the streams ended", head, timeout=90)
+        wait_on_guard(lambda: head.status["ok"] is True, "the canary passing once the streams ended", head, timeout=90)
     finally:
         head.stop()
 
 
 def test_the_guard_follows_a_rotated_key_and_a_refusal_is_not_the_engines_fault(head):
     head.start(failures=1, interval=2)
-    wait_for(lambda: head.status["ok"] is True, "a passing round", head)
+    wait_on_guard(lambda: head.status["ok"] is True, "a passing round", head)
     # pulumi up wrote the new key; the gateway still has the old one for a moment
     head.rotate_key("sk-rotated-key-0123456789abcdefgh", gateway_too=False)
-    wait_for(lambda: head.status["ok"] is None and "refused the key" in head.status["note"], "a refusal noted", head)
+    wait_on_guard(lambda: head.status["ok"] is None and "refused the key" in head.status["note"], "a refusal noted", head)
     head.behaviour.api_key = "sk-rotated-key-0123456789abcdefgh"  # the new gateway is up
-    wait_for(lambda: head.status["ok"] is True, "the canary passing with the new key", head)
+    wait_on_guard(lambda: head.status["ok"] is True, "the canary passing with the new key", head)
     assert head.calls() == [] and head.status["restarts_in_window"] == 0 and head.status["hold"] is None
     assert "sk-rotated-key" not in head.guard_log()
 
@@ -343,8 +334,8 @@ def test_a_reboot_counts_as_a_restart_so_a_panic_loop_is_held(head):
                                                            {"at": now - 30, "reason": "the head rebooted"}],
                                               "held": False, "total": 2}))
     head.start(restart_limit=3)  # no boot marker on the tmpfs: the head has just booted
-    wait_for(lambda: head.status["restarts_in_window"] == 3, "the reboot counted", head)
-    wait_for(lambda: head.state()["policy"] == "no", "the restart policy lowered at the limit", head)
+    wait_on_guard(lambda: head.status["restarts_in_window"] == 3, "the reboot counted", head)
+    wait_on_guard(lambda: head.state()["policy"] == "no", "the restart policy lowered at the limit", head)
     assert "serving restart (the head rebooted): 3 in the last 30 min" in head.guard_log()
 
 
@@ -352,11 +343,11 @@ def test_the_first_reboot_of_a_fresh_head_is_counted_too(head):
     """A head whose guard never restarted anything: its first boot leaves the count on disk, so
     the reboot after it (a panic) is one restart, and a panic loop from day one gets held."""
     head.start(restart_limit=3)
-    wait_for(lambda: head.status["ok"] is True, "the first round", head)
+    wait_on_guard(lambda: head.status["ok"] is True, "the first round", head)
     head.terminate_guard()
     (head.tmp / "guard" / "booted").unlink()  # the reboot: the tmpfs beside the status is empty again
     head.start(restart_limit=3)
-    wait_for(lambda: head.status["restarts_in_window"] == 1, "the reboot counted", head)
+    wait_on_guard(lambda: head.status["restarts_in_window"] == 1, "the reboot counted", head)
     assert json.loads(head.restarts_file.read_text())["restarts"][0]["reason"] == "the head rebooted"
 
 
@@ -364,7 +355,7 @@ def test_a_stopped_guard_withdraws_its_series(head):
     """Stopped (disabled, removed, a role swap that made the head a worker), the guard's textfile
     must go: left, its last verdict would claim a canary nobody runs."""
     head.start()
-    wait_for(lambda: "twinspark_guard_canary_success 1" in head.textfile.read_text(), "the guard's series", head)
+    wait_on_guard(lambda: "twinspark_guard_canary_success 1" in head.textfile.read_text(), "the guard's series", head)
     head.terminate_guard()
     assert not head.textfile.exists()
 
@@ -375,18 +366,18 @@ def test_the_reboot_a_hold_asks_for_clears_the_count(head):
     head.restarts_file.write_text(json.dumps({"restarts": [{"at": now - 60, "reason": "x"}] * 3, "held": True,
                                               "total": 3}))
     head.start(restart_limit=3)
-    wait_for(lambda: head.status["ok"] is True, "serving after the cure", head)
+    wait_on_guard(lambda: head.status["ok"] is True, "serving after the cure", head)
     assert head.status["restarts_in_window"] == 0 and head.calls() == []
     assert "rebooted after a hold" in head.guard_log()
 
 
 def test_a_guard_stopped_while_holding_gives_serving_a_policy_docker_acts_on(head):
     head.start(restart_limit=1)
-    wait_for(lambda: head.status["ok"] is True, "a first passing round", head)
+    wait_on_guard(lambda: head.status["ok"] is True, "a first passing round", head)
     head.set(restart_count=1, started_at="t1")
-    wait_for(lambda: head.state()["policy"] == "no", "the restart policy lowered", head)
+    wait_on_guard(lambda: head.state()["policy"] == "no", "the restart policy lowered", head)
     head.set(running=False)
-    wait_for(lambda: head.hold_file.exists(), "the hold", head)
+    wait_on_guard(lambda: head.hold_file.exists(), "the hold", head)
     head.terminate_guard()  # systemctl disable --now, or the head shutting down
     assert head.state()["policy"] == "always", "docker must start serving after the reboot the hold asks for"
     assert head.state()["running"] is False, "the hold itself stands until then"
@@ -396,7 +387,7 @@ def test_the_guard_writes_its_metrics_for_the_textfile_collector(head):
     from components.observability_files import GUARD_METRICS
 
     head.start()
-    wait_for(lambda: head.textfile.exists() and "canary_success 1" in head.textfile.read_text(), "the textfile", head)
+    wait_on_guard(lambda: head.textfile.exists() and "canary_success 1" in head.textfile.read_text(), "the textfile", head)
     series = {line.split()[0]: float(line.split()[1]) for line in head.textfile.read_text().splitlines()
               if not line.startswith("#")}
     assert set(series) == set(GUARD_METRICS)

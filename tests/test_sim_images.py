@@ -1,4 +1,4 @@
-"""The sim's images, for real: scripts/sim_images.py builds them (its cache makes a second run
+"""The sim's images, for real: dev/sim_images.py builds them (its cache makes a second run
 a no-op), a private dockerd pulls them from the registry as the nodes will (read-only, by tag
 and by digest), and each does what the program asks of it:
 
@@ -42,7 +42,7 @@ from components.observability_files import (
     render_alertmanager_config,
 )
 from components.config import SERVING_IMAGE_LOCK
-from scripts import sim_images
+import sim_images
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = sim_images.sim_stack()
@@ -54,7 +54,7 @@ NODE = dataclasses.replace(PLAN.head, rail_ip="127.0.0.1")
 @pytest.fixture(scope="module")
 def built() -> dict[str, str]:
     """{reference: digest} as `sim_images.py build` prints them (a warm cache: about a second)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts/sim_images.py"), "build"], capture_output=True,
+    proc = subprocess.run([sys.executable, str(ROOT / "dev/sim_images.py"), "build"], capture_output=True,
                           text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     digests = {}
@@ -114,7 +114,7 @@ def started(docker, name: str, image: str, args: list[str], expect: str, *option
 
 def test_a_second_build_finds_everything_in_its_cache(built):
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts/sim_images.py"), "build"], capture_output=True,
+    proc = subprocess.run([sys.executable, str(ROOT / "dev/sim_images.py"), "build"], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "building" not in proc.stderr, proc.stderr

@@ -6,20 +6,16 @@ the rails the program's topology says are cabled."""
 from __future__ import annotations
 
 import ipaddress
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 from urllib.parse import urlsplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
-
-import cluster  # noqa: E402
-import sim_model  # noqa: E402
-from components.config import Node, resolve_node_addresses  # noqa: E402
-from components.config.schema import shape_rules  # noqa: E402
-from components.config.topology import Topology  # noqa: E402
+import cluster
+import sim_model
+from components.config import Node, resolve_node_addresses
+from components.config.schema import shape_rules
+from components.config.topology import Topology
 
 
 @pytest.mark.parametrize("count, topology, tp, pp", [(2, "", 2, 1), (3, "", 1, 3), (3, "ring", 1, 3)])

@@ -4,12 +4,8 @@ slowest steps come from the engine's own event stamps, and the table adds up per
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "sim_engine"))
-
-import timeline  # noqa: E402
+import timeline
 
 
 def test_nested_spans_count_once_and_the_rest_is_what_no_span_covers():

@@ -9,15 +9,12 @@ import http.client
 import json
 import re
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from openai_standin import DEAD_EXIT_S, DEAD_SERVING_503_S, Behaviour, engine_died, serve  # noqa: E402
-from vllm_recording import (  # noqa: E402
+from openai_standin import DEAD_EXIT_S, DEAD_SERVING_503_S, Behaviour, engine_died, serve
+from vllm_recording import (
     RECORDING,
     chunk_kind,
     chunk_sequence,

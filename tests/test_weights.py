@@ -32,21 +32,17 @@ import pytest
 from core import contract
 from hub_standin import HubStandin
 from program_harness import stack_config
-from ssh_fixtures import wait_for
 from components import firewall, model_weights
 from components.config import Topology, parse_stack_config, resolve_node_addresses
 from components.config import CopyRail
 from components.model_weights import ModelWeightsArgs, NodeAccess
 from components.remote import launch_file, runner_stdin, script_command, script_text
+from toolbox import load_launch, sh, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER_RUN_STANDIN = ROOT / "tests" / "docker_run_standin"
 REPO = "org/model"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def sh(*argv, check=True, **kw):
-    return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, **kw)
 
 
 def sha256(path: Path) -> str:
@@ -824,9 +820,4 @@ def test_the_hub_listing_has_one_name():
 
 
 def weights_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("weights_py", ROOT / "launch" / "weights.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_launch("weights.py")

@@ -27,7 +27,7 @@ MAX_MODEL_LEN_LIMIT = 2**24  # 16,777,216: no model's context comes near; render
 RECIPE_KEYS = ("serving.maxModelLen", "serving.gpuMemoryUtilization", "serving.kvCacheDtype")
 
 
-class Contract(BaseModel):
+class ConfigBlock(BaseModel):
     """camelCase keys as in Pulumi.spark.yaml; unknown keys are an error (typos must not pass)."""
 
     model_config = ConfigDict(
@@ -35,7 +35,7 @@ class Contract(BaseModel):
     )
 
 
-class SshConfig(Contract):
+class SshConfig(ConfigBlock):
     user: UserName = Field(description="login user on every node (passwordless sudo)")
     private_key_path: Optional[NonEmpty] = Field(
         default=None, description="private key that logs in to every node; omit to use ssh-agent "
@@ -48,7 +48,7 @@ class SshConfig(Contract):
         "and trusted from then on (see docs/security.md); off, `pulumi up` refuses such a node")
 
 
-class Rail(Contract):
+class Rail(ConfigBlock):
     iface: IfaceName = Field(description="the rail's network interface (`ip link`)")
     hca: HcaName = Field(description="its RoCE device (`ibv_devinfo`), for NCCL_IB_HCA")
     address: RailAddress = Field(
@@ -68,7 +68,7 @@ class Rail(Contract):
         return ipaddress.IPv4Interface(self.address).network
 
 
-class Node(Contract):
+class Node(ConfigBlock):
     name: NodeName = Field(description="short name used in resource names (`{node}-{capability}-{step}`)")
     former_name: Optional[NodeName] = Field(
         default=None, description="the name this node had in the stack until now; set it for the `pulumi up` "
@@ -84,7 +84,7 @@ class Node(Contract):
         "control connection (ring: see docs/operating.md, Three or more Sparks)")
 
 
-class Fabric(Contract):
+class Fabric(ConfigBlock):
     topology: Literal["direct", "switch", "ring"] = Field(
         default="direct",
         description="how the rails are cabled: `direct` (two Sparks, one cable), `switch` (two or more, every "
@@ -103,7 +103,7 @@ class Fabric(Contract):
         "replaces every rank (unset: 180 s; one `pulumi up` starts them within seconds of each other)")
 
 
-class ModelConfig(Contract):
+class ModelConfig(ConfigBlock):
     repo: RepoId = Field(description="Hugging Face repository to serve")
     dir: ModelDir = Field(
         description="where the weights live on every node: a directory of its own (each worker's copy mirrors "
@@ -126,7 +126,7 @@ class ModelConfig(Contract):
         return "/models/" + self.dir.rstrip("/").rsplit("/", 1)[-1]
 
 
-class ServingGuard(Contract):
+class ServingGuard(ConfigBlock):
     enabled: bool = Field(default=True, description="`false`: no guard on the head (and remove it if deployed)")
     interval_seconds: Integer = Field(
         default=120, ge=5, le=3600, description="a canary round this often (and right after every (re)start)")
@@ -142,7 +142,7 @@ class ServingGuard(Contract):
     restart_window_minutes: Integer = Field(default=30, ge=1, le=1440, description="the window restartLimit counts over")
 
 
-class Serving(Contract):
+class Serving(ConfigBlock):
     image: ImageRef = Field(
         description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`; a tag "
         "is resolved to its digest once and kept (output `servingImage`), a `@sha256:` digest is used as it is")
@@ -296,7 +296,7 @@ class Serving(Contract):
         return self
 
 
-class ObservabilityImages(Contract):
+class ObservabilityImages(ConfigBlock):
     prometheus: PinnedImage = Field(default="prom/prometheus:v3.13.1", description="Prometheus, on the head")
     grafana: PinnedImage = Field(default="grafana/grafana:12.4.5", description="Grafana, on the head")
     alertmanager: PinnedImage = Field(
@@ -309,7 +309,7 @@ class ObservabilityImages(Contract):
         description="nvidia-smi exporter on every node (works on GB10, where DCGM does not)")
 
 
-class Observability(Contract):
+class Observability(ConfigBlock):
     enabled: bool = Field(
         default=True, description="`false`: deploy no metrics, dashboards or alerts (and remove them if deployed)")
     retention_days: Integer = Field(
@@ -334,7 +334,7 @@ class Observability(Contract):
         "(and prefill under 20 times it) for 10 min; healthy decode is 27-105 tok/s")
 
 
-class PlatformConfig(Contract):
+class PlatformConfig(ConfigBlock):
     acknowledge: list[Acknowledgeable] = Field(
         default_factory=list,
         description="what the platform gate lets pass: known-issue ids (known-issues.toml) and node differences "

@@ -8,7 +8,7 @@ import string
 
 from pydantic import BaseModel
 
-from .blocks import RECIPE_KEYS, Contract
+from .blocks import RECIPE_KEYS, ConfigBlock
 from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig
 from .secret_keys import SECRET_KEYS
 
@@ -25,7 +25,7 @@ def parameter_table() -> str:
             key = f"{prefix}{field.alias or name}"
             annotation = field.annotation
             inner = getattr(annotation, "__args__", (annotation,))
-            nested = next((t for t in inner if isinstance(t, type) and issubclass(t, Contract)), None)
+            nested = next((t for t in inner if isinstance(t, type) and issubclass(t, ConfigBlock)), None)
             if nested is not None:
                 rows.append(f"| `{key}` | {'required' if field.is_required() else 'see below'} | {field.description} |")
                 walk(nested, f"{key}{'[]' if getattr(annotation, '__origin__', None) is list else ''}.")

@@ -20,14 +20,14 @@ from pydantic.alias_generators import to_snake
 
 from core import contract
 
-from .blocks import Contract, Fabric, ModelConfig, Node, Observability, PlatformConfig, Serving, SshConfig
+from .blocks import ConfigBlock, Fabric, ModelConfig, Node, Observability, PlatformConfig, Serving, SshConfig
 from .errors import CrossFieldError
 
 STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "model", "serving")
 OPTIONAL_STRUCTURED_KEYS = ("observability", "platform")  # omitted: the block's defaults
 
 
-class StackConfig(Contract):
+class StackConfig(ConfigBlock):
     ssh: SshConfig
     nodes: list[Node] = Field(min_length=1)
     fabric: Fabric

@@ -3,6 +3,8 @@ the files the Grafana container reads."""
 
 from __future__ import annotations
 
+import json
+
 from core import contract
 
 from .dashboards import DATASOURCE_UID, render_dashboards
@@ -64,3 +66,15 @@ def grafana_files(plan: ObservabilityPlan) -> list[RenderedFile]:
                            f"{GRAFANA_HOST_DIR}/dashboards/{name}", text)
               for name, text in render_dashboards(plan).items()]
     return files
+
+
+def panel_list(plan: ObservabilityPlan) -> str:
+    """docs/observability.md's list of the dashboards' panels (Grafana cannot run there, so no
+    screenshots): one line per dashboard, its panels in order, rows left out."""
+    lines = []
+    for name, text in render_dashboards(plan).items():
+        model = json.loads(text)
+        titles = [p["title"] for top in model["panels"] for p in [top, *top.get("panels", [])] if p["type"] != "row"]
+        home = " (Grafana's home page)" if name == HOME_DASHBOARD else ""
+        lines.append(f"- *{model['title']}*{home}: " + " · ".join(titles))
+    return "\n".join(lines) + "\n"

@@ -8,7 +8,9 @@
   (LEFT_OUT below: a recipe change stops this script instead of rendering a wrong command).
 - metric-names.txt: every vllm:* and process_* series components/observability_files/ queries.
 - guard-argv.json: components.serving_guard.guard_argv with the default serving guard config.
-Run with the project's .venv (pulumi, pydantic); nothing here needs the device.
+Run with the project's .venv (pulumi, pydantic) from the checkout, the repository and tests/ on
+PYTHONPATH (`PYTHONPATH=.:tests .venv/bin/python tests/gpu/render-single-gpu.py OUTDIR`); nothing
+here needs the device.
 """
 
 import json
@@ -17,11 +19,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from components import launch_bundle, serving_guard  # noqa: E402
-from components.config import ServingGuard, parse_stack_config  # noqa: E402
-from program_harness import config_blocks  # noqa: E402
+from components import launch_bundle, serving_guard
+from components.config import ServingGuard, parse_stack_config
+from program_harness import config_blocks
 
 TINY_MODEL_DIR = "/tmp/tiny-model"  # model.dir; vLLM reads it as model.container_dir (/models/tiny-model)
 # gpt-oss-120b's lines that name its weights or its own parsers -> what the tiny Qwen2 needs

@@ -33,13 +33,6 @@ def run_ops(capsys, *args):
     return code, captured.err, captured.out
 
 
-def one_clear_line(err, *words):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert all(word in lines[0] for word in words), err
-    return lines[0]
-
-
 def dead_endpoint():
     """An address where nothing listens."""
     import socket

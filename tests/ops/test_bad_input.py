@@ -9,7 +9,8 @@ import pytest
 from rich.console import Console
 
 from ops import status
-from ops_helpers import SMALL_FLAGS, dead_endpoint, one_clear_line, run_ops, target_flags
+from ops_helpers import SMALL_FLAGS, dead_endpoint, run_ops, target_flags
+from toolbox import one_clear_line
 
 
 @pytest.mark.parametrize("tool, flags, words", [

@@ -8,10 +8,11 @@ import os
 import pytest
 from rich.console import Console
 
-from ops import bench, bench_compare, bench_load
+from ops import bench, bench_compare, bench_requests
 from ops.__main__ import main as ops_main
 from ops.stream import StreamResult
-from ops_helpers import SMALL_FLAGS, SMALL_PLAN, one_clear_line, quiet, run_ops, target_flags
+from ops_helpers import SMALL_FLAGS, SMALL_PLAN, quiet, run_ops, target_flags
+from toolbox import one_clear_line
 
 
 # ---- pure figures, exact ---------------------------------------------------------------------
@@ -24,10 +25,10 @@ def test_stream_result_figures_are_exact():
 
 def test_aggregate_and_percentiles_are_exact():
     results = [StreamResult(0.0, 0.1, 2.0, 100, None, ""), StreamResult(0.5, 0.6, 4.0, 100, None, "")]
-    assert bench_load.aggregate_tok_s(results) == 50.0  # 200 tokens over 4 s of wall time
-    assert bench_load.percentile([1, 2, 3, 4], 50) == 2.5
-    assert bench_load.percentile([1, 2, 3, 4], 99) == pytest.approx(3.97)
-    assert bench_load.percentile([], 50) is None
+    assert bench_requests.aggregate_tok_s(results) == 50.0  # 200 tokens over 4 s of wall time
+    assert bench_requests.percentile([1, 2, 3, 4], 50) == 2.5
+    assert bench_requests.percentile([1, 2, 3, 4], 99) == pytest.approx(3.97)
+    assert bench_requests.percentile([], 50) is None
 
 
 def test_compare_flags_a_tcp_fallback_as_a_regression():
@@ -80,7 +81,7 @@ def test_compare_allows_each_figure_the_spread_of_its_repeats_and_no_p99_of_few_
 def test_bench_measures_the_known_rates(endpoint, tmp_path):
     behaviour, target = endpoint
     behaviour.decode_tok_s, behaviour.prefill_tok_s, behaviour.base_latency_s = 100.0, 20000.0, 0.05
-    plan = bench_load.BenchPlan(single_runs=3, single_max_tokens=41, concurrency=4, long_prompt_tokens=7000,
+    plan = bench_requests.BenchPlan(single_runs=3, single_max_tokens=41, concurrency=4, long_prompt_tokens=7000,
                                 sweep=(1, 3), sweep_requests_per_level=2, sweep_input_tokens=400,
                                 sweep_output_tokens=21)
     out = tmp_path / "result.json"
@@ -97,7 +98,7 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
     assert 4 * 60 * 0.6 <= result["concurrent"]["aggregate_tok_s"] <= 4 * 100 * 1.01
     lp = result["long_prompt"]
     long_request = next(r.body for r in behaviour.requests if r.body["max_tokens"] == 1)
-    assert long_request["messages"][0]["content"].endswith(bench_load.filler_text(7000) + "\nSummarize the code above.")
+    assert long_request["messages"][0]["content"].endswith(bench_requests.filler_text(7000) + "\nSummarize the code above.")
     assert lp["prompt_tokens"] == len(long_request["messages"][0]["content"]) // 4
     expected_ttft = 0.05 + lp["prompt_tokens"] / 20000.0
     assert expected_ttft * 0.99 <= lp["ttft_s"] <= expected_ttft + 0.3
@@ -117,7 +118,7 @@ def test_bench_measures_the_known_rates(endpoint, tmp_path):
 
 def test_bench_compare_exit_code(endpoint, tmp_path):
     behaviour, target = endpoint
-    plan = bench_load.BenchPlan(single_runs=1, single_max_tokens=11, concurrency=1, long_prompt_tokens=100, sweep=(1,),
+    plan = bench_requests.BenchPlan(single_runs=1, single_max_tokens=11, concurrency=1, long_prompt_tokens=100, sweep=(1,),
                                 sweep_requests_per_level=1, sweep_input_tokens=50, sweep_output_tokens=5)
     base = tmp_path / "baseline.json"
     bench.run_bench(target, plan, str(base), None, 0.1, quiet())
@@ -213,10 +214,10 @@ def test_bench_measures_prefill_not_prefix_cache_hits(endpoint):
     behaviour, target = endpoint
     behaviour.prefix_cache, behaviour.prefill_tok_s, behaviour.base_latency_s = True, 20000.0, 0.01
     behaviour.decode_tok_s = 2000.0
-    plan = bench_load.BenchPlan(single_runs=2, single_max_tokens=4, concurrency=2, long_prompt_tokens=4000, sweep=(1, 2),
+    plan = bench_requests.BenchPlan(single_runs=2, single_max_tokens=4, concurrency=2, long_prompt_tokens=4000, sweep=(1, 2),
                                 sweep_requests_per_level=1, sweep_input_tokens=2000, sweep_output_tokens=3,
                                 sweep_repeats=1)
-    runs = [asyncio.run(bench_load.Bench(target.endpoint, target.api_key, target.model, plan).run()) for _ in range(2)]
+    runs = [asyncio.run(bench_requests.Bench(target.endpoint, target.api_key, target.model, plan).run()) for _ in range(2)]
     assert all(r["errors"] == [] for r in runs)
     # the stand-in caches 4-token blocks, finer than vLLM's 16: not one block of any prompt was reused
     assert [r.cached_prompt_tokens for r in behaviour.requests] == [0] * 2 * (1 + 8)  # warm-up + 8 measured, per run
@@ -251,11 +252,11 @@ def test_bench_warms_up_outside_the_figures_and_reports_the_spread(endpoint, tmp
     behaviour.decode_tok_s = 1000.0
     console = Console(record=True, width=200, file=open(os.devnull, "w"))
     out = tmp_path / "r.json"
-    assert bench.run_bench(target, bench_load.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
+    assert bench.run_bench(target, bench_requests.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
     result = json.loads(out.read_text())
     warmup = behaviour.requests[0].body
     assert first_user_content(warmup).startswith(f"[{result['run_id']}.warmup] ")
-    assert warmup["max_tokens"] == bench_load.WARMUP_MAX_TOKENS and result["warmup"]["error"] is None
+    assert warmup["max_tokens"] == bench_requests.WARMUP_MAX_TOKENS and result["warmup"]["error"] is None
     assert len(behaviour.requests) == 1 + 8 and result["usage"]["server"] == 8  # the figures are the other 8
     single = result["single_stream"]
     runs = single["runs_tok_s"]
@@ -270,7 +271,7 @@ def test_server_error_with_markup_is_printed_literally_and_the_results_kept(endp
     behaviour.chat_error = (500, "template error near [/INST] and [bold]")
     console = Console(record=True, width=200, file=open(os.devnull, "w"))
     out = tmp_path / "r.json"
-    assert bench.run_bench(target, bench_load.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 1
+    assert bench.run_bench(target, bench_requests.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 1
     assert len(json.loads(out.read_text())["errors"]) == 1 + 8  # the warm-up says so too
     text = console.export_text()
     assert "request failed: HTTP 500" in text and "near [/INST] and [bold]" in text
@@ -306,7 +307,7 @@ def test_results_keep_the_plan_and_the_profile(endpoint, tmp_path):
     # a results file from before the repeats measured each level once: the same plan as --sweep-repeats 1
     older = {**result, "plan": {k: v for k, v in result["plan"].items() if k != "sweep_repeats"}}
     assert bench_compare.plan_differences(result["plan"], older) == []
-    assert bench_load.plan_from_record(older["plan"]).sweep_repeats == 1
+    assert bench_requests.plan_from_record(older["plan"]).sweep_repeats == 1
     assert bench_compare.plan_differences({**result["plan"], "sweep_repeats": 3}, older) == ["sweep_repeats 1→3"]
     assert result["usage"] == {"server": 8, "chunk_count_fallback": 0}
     assert ops_main(["bench", *target_flags(target), *SMALL_FLAGS, "-o", str(out)]) == 0
@@ -378,7 +379,7 @@ def test_bench_says_loudly_when_the_server_sends_no_usage(endpoint, tmp_path):
     behaviour.tokens_per_chunk, behaviour.send_usage = 3, False
     console = Console(record=True, width=300, file=open(os.devnull, "w"))
     out = tmp_path / "r.json"
-    assert bench.run_bench(target, bench_load.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
+    assert bench.run_bench(target, bench_requests.BenchPlan(**SMALL_PLAN), str(out), None, 0.1, console) == 0
     assert json.loads(out.read_text())["usage"] == {"server": 0, "chunk_count_fallback": 8}
     assert "WARNING: 8 of 8 requests came without usage from the server" in console.export_text()
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ops import bench, bench_compare, bench_load
+from ops import bench, bench_compare, bench_requests
 from ops.__main__ import build_parser
 from ops_helpers import quiet
 
@@ -38,7 +38,7 @@ def test_runs_of_an_unchanged_server_never_disagree_and_4x_slower_decodes_always
     behaviour.base_latency_s = 0.3
     behaviour.ttft_jitter_s = 0.075  # up to +25% per request: the noise two real runs show
     # one sweep level, with concurrency: the level whose TTFT moved (a second level is the same figures)
-    plan = bench_load.BenchPlan(single_runs=3, single_max_tokens=64, concurrency=2, long_prompt_tokens=200, sweep=(2,),
+    plan = bench_requests.BenchPlan(single_runs=3, single_max_tokens=64, concurrency=2, long_prompt_tokens=200, sweep=(2,),
                                 sweep_requests_per_level=2, sweep_input_tokens=100, sweep_output_tokens=8)
     plan.sweep_repeats = 3  # set after construction: the same test runs against code without repeats
     tolerance = build_parser().parse_args(["bench"]).tolerance  # the default the CLI gates at

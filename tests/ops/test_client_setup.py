@@ -11,7 +11,8 @@ import pytest
 
 from ops.__main__ import main as ops_main
 from ops.client_setup import merge_codex_config, setup_clients
-from ops_helpers import one_clear_line, run_ops
+from ops_helpers import run_ops
+from toolbox import one_clear_line
 from program_harness import ROOT, config_blocks
 
 

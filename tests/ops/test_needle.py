@@ -6,7 +6,8 @@ import pytest
 
 from ops import needle
 from ops.__main__ import main as ops_main
-from ops_helpers import one_clear_line, quiet, run_ops, target_flags
+from ops_helpers import quiet, run_ops, target_flags
+from toolbox import one_clear_line
 
 
 def test_needle_sizes_default_to_the_recipes(endpoint, tmp_path, capsys, monkeypatch):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from ssh_fixtures import DEAD_AGENT_KINDS, OTHER_HOST_KEY, DeadAgent, new_key, sshd_argv
 from program_harness import ROOT
+from toolbox import one_clear_line
 
 from core import host_keys
 from core import contract
@@ -75,13 +76,6 @@ def ssh_flags(node):
     # the operator's own known_hosts trusts the machine that answers: it must not count
     return ["--ssh-key", str(node.login), "--ssh-option", f"UserKnownHostsFile={node.operator_known_hosts}",
             "--ssh-option", "StrictHostKeyChecking=no"]
-
-
-def one_clear_line(err, *words):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert all(word in lines[0] for word in words), err
-    return lines[0]
 
 
 def test_a_node_showing_its_pinned_key_is_reached(node):

@@ -259,7 +259,7 @@ def test_a_loaded_table_whose_unit_has_not_run_since_the_deploy_is_healthy(endpo
 
 
 def test_clear_hold_removes_the_hold_and_waits_for_the_guard(endpoint, tmp_path):
-    from ops.hold import clear_hold
+    from ops.clear_hold import clear_hold
 
     behaviour, target = endpoint
     target.nodes = NODES

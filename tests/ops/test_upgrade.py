@@ -24,7 +24,7 @@ from rich.console import Console
 from components.config import STRUCTURED_KEYS, parse_stack_config
 from components.serving_image import repository
 from openai_standin import Behaviour, serve
-from ops import bench, bench_load, upgrade, upgrade_gates, upgrade_records
+from ops import bench, bench_requests, upgrade, upgrade_gates, upgrade_records
 from ops.__main__ import build_parser, main as ops_main
 from ops.inputs import ToolError
 from ops.stack import PreviewReport, Writes, apply_writes, cli_value
@@ -37,7 +37,7 @@ RATES = dict(decode_tok_s=100.0, prefill_tok_s=200000.0, base_latency_s=0.05)
 # 16 tokens a single-stream run (0.15 s at RATES' 100 tok/s): at 5, one 40 ms stall of the client on
 # the loaded CI box let the 4 tokens after the first arrive in one read, and a baseline's decode read
 # 3460 tok/s (cold rehearsal of 64fc7db, beside the engine's build)
-SMALL_PLAN = bench_load.BenchPlan(single_runs=2, single_max_tokens=16, concurrency=2, long_prompt_tokens=300,
+SMALL_PLAN = bench_requests.BenchPlan(single_runs=2, single_max_tokens=16, concurrency=2, long_prompt_tokens=300,
                                   sweep=(1, 2), sweep_requests_per_level=1, sweep_input_tokens=100,
                                   sweep_output_tokens=3)
 
@@ -451,7 +451,7 @@ def test_a_rollback_that_does_not_show_what_served_fails_loudly(stack, world, tm
 
 
 # ---- --gate recipe: the recipe's published baseline judges -----------------------------------------
-RECIPE_PLAN = bench_load.BenchPlan(single_runs=3, single_max_tokens=16, concurrency=4, long_prompt_tokens=7000,
+RECIPE_PLAN = bench_requests.BenchPlan(single_runs=3, single_max_tokens=16, concurrency=4, long_prompt_tokens=7000,
                                    sweep=(1,), sweep_requests_per_level=1, sweep_input_tokens=100,
                                    sweep_output_tokens=3, sweep_repeats=1)  # the default plan's concurrency and long prompt, small elsewhere
 

@@ -32,16 +32,12 @@ from urllib.parse import urlsplit
 
 import yaml
 
-if __name__ == "__main__":  # run as a program (scripts/sim.sh): the repository's modules
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import sim_images  # noqa: E402  (the sim stack's file, its registry and the registry's CA)
-import sim_model  # noqa: E402
-from components.config import Node, StackConfig, parse_stack_config, resolve_node_addresses  # noqa: E402
-from components.config.topology import Topology  # noqa: E402
-from components.config.schema import shape_rules  # noqa: E402
+import sim_images  # the sim stack's file, its registry and the registry's CA (dev/ on PYTHONPATH)
+import sim_model
+from components.config import Node, StackConfig, parse_stack_config, resolve_node_addresses
+from components.config.topology import Topology
+from components.config.schema import shape_rules
+from toolbox import sh
 
 SIM_DIR = Path(__file__).resolve().parent
 SIM_STACK = sim_images.SIM_STACK
@@ -55,10 +51,6 @@ TOPOLOGIES = ("switch", "ring")
 SITE_LANS = tuple(SIM_LAN.subnets(new_prefix=16))
 SITES = len(SITE_LANS)
 HUB_PORTS_PER_SITE = 10  # the hub stand-in takes its port and the next (its LFS redirects)
-
-
-def sh(*argv, check=True, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, **kw)
 
 
 def can_raise_memlock() -> bool:
@@ -202,7 +194,7 @@ class SimNode:
 class SimCluster:
     def __init__(self, config: dict, workdir: Path, prefix: str = site_prefix(0), registry: str = ""):
         self.config = config
-        # what each node's dockerd pulls from: the sim's registry (scripts/sim_images.py) and the CA of its TLS certificate
+        # what each node's dockerd pulls from: the sim's registry (dev/sim_images.py) and the CA of its TLS certificate
         self.registry, self.registry_ca = registry or sim_images.REGISTRY, sim_images.REGISTRY_CA
         self.cfg: StackConfig = parse_sim_config(config)
         self.workdir = workdir

@@ -17,8 +17,9 @@ import pytest
 
 from core import contract
 import sim_images
-from conftest import (HEAD, ROOT, STACK, completion, completion_status, containers, copy_again_args, flag, guard_verdict,
-                      hub_commit, rails_throttled, serving_answers, sync_key_access, urn_of, vllm_argv, wait_for)
+from scenario_kit import (HEAD, ROOT, STACK, changes, completion, completion_status, containers, copy_again_args, flag,
+                          guard_verdict, hub_commit, name_of, rails_throttled, serving_answers, sync_key_access, urn_of,
+                          vllm_argv, wait_for)
 
 INTERRUPTED_COPY_RATE = "50mbit"  # the head's egress on each rail while an up is interrupted mid-copy
 
@@ -49,15 +50,6 @@ def test_a_second_up_changes_and_restarts_nothing(cluster, stack, deployed, repo
     report["noop_up_changes"] = {k: v for k, v in run.summary.items() if k != "same"}
     assert set(run.summary) == {"same"}, run.summary
     assert {node: containers(cluster, node) for node in cluster.nodes} == before
-
-
-def name_of(urn: str) -> str:
-    return urn.rsplit("::", 1)[-1]
-
-
-def changes(run) -> dict[str, str]:
-    """resource name -> the engine's op, for every step that is not `same`."""
-    return {name_of(m["urn"]): m["op"] for m in run.steps() if m["op"] != "same"}
 
 
 def test_a_profile_change_previews_exactly_the_launch_script_and_the_serving_containers(stack, deployed, report):
@@ -355,8 +347,8 @@ def test_a_key_rotation_through_up_changes_nothing_but_the_key(cluster, stack, d
         assert completion(outputs, new_key).status_code == 200 and completion(outputs, old_key).status_code == 401
         # three guard rounds after the rotation, all passing
         interval = stack.stack_file()["config"]["twinspark:serving"]["guard"]["intervalSeconds"]
-        wait_for(lambda: guard_verdict(cluster).get("checked_at", 0) > rotated_at + 3 * interval, 6 * interval + 60,
-                 "three guard rounds after the rotation")
+        wait_for(lambda: guard_verdict(cluster).get("checked_at", 0) > rotated_at + 3 * interval,
+                 "three guard rounds after the rotation", 6 * interval + 60)
         verdict = guard_verdict(cluster)
         report["key_rotation_guard_verdict"] = verdict
         assert verdict["ok"] is True and verdict["hold"] is None and verdict["consecutive_failures"] == 0, verdict
@@ -374,9 +366,9 @@ def test_both_nodes_power_cycled_serve_again_without_a_manual_step_and_the_next_
     outputs = stack.outputs()
     cut = time.monotonic()
     cluster.reboot("sim2", "sim1")
-    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, 300, "serving after both nodes rebooted")
+    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, "serving after both nodes rebooted", 300)
     report["power_cycle_to_serving_s"] = round(time.monotonic() - cut, 1)
-    wait_for(lambda: guard_verdict(cluster).get("ok") is True, 120, "the guard's canary after the reboot")
+    wait_for(lambda: guard_verdict(cluster).get("ok") is True, "the guard's canary after the reboot", 120)
     # the count is on disk and the reboot is one more restart: a panic loop gets held (issue 21 item 5)
     counted = json.loads(cluster.node_exec(HEAD, "cat", contract.SERVING_GUARD_RESTARTS).stdout)
     assert "the head rebooted" in [r["reason"] for r in counted["restarts"]], counted

@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from core import contract
-from conftest import (HEAD, WORKER, flag, guard_round_s, guard_verdict, node_processes, ops_access, readiness_s,
-                      pause, run_ops, serves, serving_events, serving_pid, serving_settings, urn_of, vllm_argv, wait_for,
-                      with_an_empty_restart_count)
+from scenario_kit import (HEAD, WORKER, flag, guard_round_s, guard_verdict, node_processes, ops_access, readiness_s,
+                          pause, run_ops, serves, serving_events, serving_pid, serving_settings, urn_of, vllm_argv,
+                          wait_for, with_an_empty_restart_count)
 
 SERVING = contract.SERVING_CONTAINER
 BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
@@ -102,7 +102,7 @@ def test_the_guards_verdict_reaches_prometheus_through_the_node_exporter(cluster
     Prometheus: the canary alerts and the guard's panel have data."""
     for name, healthy in [("twinspark_guard_canary_success", 1.0), ("twinspark_guard_hold", 0.0),
                           ("twinspark_guard_gateway_up", 1.0)]:
-        wait_for(lambda: guard_series(cluster, name) == [healthy], 4 * scrape_s(stack) + 30, f"{name} == {healthy:g}")
+        wait_for(lambda: guard_series(cluster, name) == [healthy], f"{name} == {healthy:g}", 4 * scrape_s(stack) + 30)
     assert guard_series(cluster, "time() - twinspark_guard_canary_last_run_timestamp_seconds")[0] < 900
 
 
@@ -110,21 +110,21 @@ def test_the_guards_verdict_reaches_prometheus_through_the_node_exporter(cluster
 def test_the_head_killed_the_worker_rejoins_and_serving_resumes(cluster, stack, fresh_guard, report):
     since = time.time()
     cluster.node_exec(HEAD, "kill", "-9", serving_pid(cluster, HEAD))
-    left = wait_for(lambda: serving_events(cluster, WORKER, since, "die"), readiness_s(stack),
-                    "the worker leaving the dead head's cluster")
+    left = wait_for(lambda: serving_events(cluster, WORKER, since, "die"),
+                    "the worker leaving the dead head's cluster", readiness_s(stack))
     report["worker_detects_head_restart_s"] = round(left[0] - since, 1)
     report["worker_leave_reason"] = (worker_leave_reasons(cluster) or ["(none logged)"])[-1].split(";")[0]
-    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the head's restart")
+    wait_for(lambda: serves(fresh_guard), "serving after the head's restart", readiness_s(stack))
     report["head_restart_to_serving_s"] = round(time.time() - since, 1)
 
 
 def test_the_workers_raylet_killed_the_engine_exits_and_the_cluster_reforms(cluster, stack, fresh_guard, report):
     since = time.time()
     cluster.node_exec(WORKER, "pkill", "-9", "-x", "raylet")
-    exited = wait_for(lambda: serving_events(cluster, HEAD, since, "die"), readiness_s(stack),
-                      "the head's engine exiting with a GPU worker gone")
+    exited = wait_for(lambda: serving_events(cluster, HEAD, since, "die"),
+                      "the head's engine exiting with a GPU worker gone", readiness_s(stack))
     report["raylet_killed_to_engine_exit_s"] = round(exited[0] - since, 1)
-    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the worker's raylet died")
+    wait_for(lambda: serves(fresh_guard), "serving after the worker's raylet died", readiness_s(stack))
     report["worker_restart_to_serving_s"] = round(time.time() - since, 1)
 
 
@@ -134,10 +134,10 @@ def test_a_sigterm_to_the_worker_leaves_ray_at_once_and_it_comes_back(cluster, s
     since = time.time()
     cluster.node_exec(WORKER, "kill", "-TERM", serving_pid(cluster, WORKER))
     # a PID 1 without a handler never gets the signal: no exit at all (docker stop would kill it at 10 s)
-    (exited, *_) = wait_for(lambda: serving_events(cluster, WORKER, since, "die"), 30, "the worker exiting on SIGTERM")
+    (exited, *_) = wait_for(lambda: serving_events(cluster, WORKER, since, "die"), "the worker exiting on SIGTERM", 30)
     report["worker_sigterm_to_exit_s"] = round(exited - since, 1)
     assert "stop requested (SIGTERM): leaving Ray" in tail(cluster, WORKER, BOOT_WORKER_LOG)
-    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the worker came back")
+    wait_for(lambda: serves(fresh_guard), "serving after the worker came back", readiness_s(stack))
     report["worker_sigterm_to_serving_s"] = round(time.time() - since, 1)
 
 
@@ -190,22 +190,22 @@ def test_a_frozen_or_killed_dashboard_is_no_reason_to_leave(cluster, stack, fres
 def test_the_canary_catches_garbage_and_restarts_serving(cluster, stack, fresh_guard, report):
     since = time.time()
     set_knob(cluster, "vllm-fault", "garbage")  # /health stays 200; the sum and the tool call come back wrong
-    (restarted, *_) = wait_for(lambda: serving_events(cluster, HEAD, since, "restart"), 3 * guard_round_s(stack),
-                               "the guard restarting serving")
+    (restarted, *_) = wait_for(lambda: serving_events(cluster, HEAD, since, "restart"),
+                               "the guard restarting serving", 3 * guard_round_s(stack))
     report["canary_garbage_to_restart_s"] = round(restarted - since, 1)
     log = tail(cluster, HEAD, GUARD_LOG)
     assert "restarting twinspark-serving: canary failed 3 times: known answer:" in log, log
     assert fresh_guard["apiKey"] not in log
-    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the guard's restart")
-    wait_for(lambda: guard_verdict(cluster).get("ok") is True, 2 * guard_round_s(stack), "the canary passing again")
+    wait_for(lambda: serves(fresh_guard), "serving after the guard's restart", readiness_s(stack))
+    wait_for(lambda: guard_verdict(cluster).get("ok") is True, "the canary passing again", 2 * guard_round_s(stack))
 
 
 def test_a_wedged_engine_is_caught_by_the_deadline(cluster, stack, fresh_guard, report):
     since = time.time()
     set_knob(cluster, "vllm-fault", "hang")  # requests accepted, streams stop after one chunk, /health 200
-    wait_for(lambda: serving_events(cluster, HEAD, since, "restart"), 3 * guard_round_s(stack),
-             "the guard restarting the wedged engine")
-    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the wedge")
+    wait_for(lambda: serving_events(cluster, HEAD, since, "restart"), "the guard restarting the wedged engine",
+             3 * guard_round_s(stack))
+    wait_for(lambda: serves(fresh_guard), "serving after the wedge", readiness_s(stack))
     report["wedge_to_serving_s"] = round(time.time() - since, 1)
     log = tail(cluster, HEAD, GUARD_LOG)
     assert "stalled" in log or "still running after" in log, log
@@ -215,8 +215,8 @@ def restart_head_engine(cluster, stack, outputs) -> None:
     """`docker restart` by hand (a knob read at start takes effect), then serving again."""
     since = time.time()
     cluster.ssh(HEAD, f"docker restart {SERVING}")
-    wait_for(lambda: serving_events(cluster, HEAD, since, "start"), 60, "the head's engine starting again")
-    wait_for(lambda: serves(outputs), readiness_s(stack), "serving after the engine's restart")
+    wait_for(lambda: serving_events(cluster, HEAD, since, "start"), "the head's engine starting again", 60)
+    wait_for(lambda: serves(outputs), "serving after the engine's restart", readiness_s(stack))
 
 
 def stream_to_the_end(outputs, tokens: int) -> bool:
@@ -244,7 +244,8 @@ def test_a_saturated_engine_serves_its_streams_to_the_end_with_the_guard_on(clus
     set_knob(cluster, "vllm-load", f"{seqs} {tok_s}")
     try:
         restart_head_engine(cluster, stack, fresh_guard)
-        wait_for(lambda: guard_verdict(cluster).get("ok") is True, 2 * guard_round_s(stack), "a round on the loaded engine")
+        wait_for(lambda: guard_verdict(cluster).get("ok") is True, "a round on the loaded engine",
+                 2 * guard_round_s(stack))
         since, results = time.time(), []
         threads = [threading.Thread(target=lambda: results.append(stream_to_the_end(fresh_guard, tokens)))
                    for _ in range(seqs)]
@@ -286,7 +287,7 @@ def test_a_crash_loop_is_held_until_cleared(cluster, stack, wide_restart_window,
     since = time.time()
     set_knob(cluster, "vllm-fail-starts", str(limit + 2))
     cluster.ssh(HEAD, f"docker restart {SERVING}")  # the engine now dies at every start
-    wait_for(lambda: guard_verdict(cluster).get("hold"), wide_restart_window, "the guard holding serving")
+    wait_for(lambda: guard_verdict(cluster).get("hold"), "the guard holding serving", wide_restart_window)
     policy_starts = len(serving_events(cluster, HEAD, since, "start")) - 1  # less the hand restart's
     report["crash_loop_restarts_before_hold"] = policy_starts
     report["crash_loop_to_hold_s"] = round(time.time() - since, 1)
@@ -294,8 +295,8 @@ def test_a_crash_loop_is_held_until_cleared(cluster, stack, wide_restart_window,
     assert f"restart loop: {limit} serving restarts in 10 min (limit {limit})" in hold["reason"], hold
     assert "reboot sim1 and sim2" in hold["reason"], hold
     held_at = time.monotonic()
-    wait_for(lambda: alert_firing(cluster, "TwinsparkGuardHolding"), 4 * scrape_s(stack) + 30,
-             "TwinsparkGuardHolding firing on the head's Prometheus")
+    wait_for(lambda: alert_firing(cluster, "TwinsparkGuardHolding"),
+             "TwinsparkGuardHolding firing on the head's Prometheus", 4 * scrape_s(stack) + 30)
     report["hold_to_alert_firing_s"] = round(time.monotonic() - held_at, 1)
     # held for two guard rounds (the alert's wait counts towards them): docker restarts it no more
     pause(max(0.0, 2 * serving_settings(stack)["guard"]["intervalSeconds"] - (time.monotonic() - held_at)),
@@ -314,7 +315,7 @@ def test_a_crash_loop_is_held_until_cleared(cluster, stack, wide_restart_window,
     assert any("sim1: serving held: restart loop" in p for p in json.loads(held.stdout)["problems"]), held.stdout
     cleared = run_ops("clear-hold", *access)
     assert cleared.returncode == 0, cleared.stdout + cleared.stderr
-    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after clear-hold")
+    wait_for(lambda: serves(fresh_guard), "serving after clear-hold", readiness_s(stack))
     left = cluster.ssh(HEAD, f"docker exec {SERVING} cat {KNOBS}/vllm-fail-starts").stdout.strip()
     assert left == "0", left
     stack.up()  # the readiness wait the held up could not finish
@@ -355,7 +356,7 @@ def test_a_panic_loop_through_head_reboots_is_held_and_the_reboot_it_asks_for_cu
             running, _, started = head_serving_state(cluster)
             return running and started > cut and reboots_counted(cluster, since) == reboots and "loaded"
 
-        if wait_for(loaded_or_held, readiness_s(stack), f"serving started or held after reboot {reboots}") == "held":
+        if wait_for(loaded_or_held, f"serving started or held after reboot {reboots}", readiness_s(stack)) == "held":
             break
         assert reboots <= limit, f"still no hold after {reboots} reboots (limit {limit})"
     report["panic_loop_reboots_before_hold"] = reboots
@@ -366,7 +367,7 @@ def test_a_panic_loop_through_head_reboots_is_held_and_the_reboot_it_asks_for_cu
     assert (running, policy) == (False, "no")  # the next "panic" cannot come: nothing loads
     cured = time.time()
     cluster.reboot(WORKER, HEAD)
-    wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving after the reboot the hold asked for")
+    wait_for(lambda: serves(fresh_guard), "serving after the reboot the hold asked for", readiness_s(stack))
     report["panic_loop_cure_reboot_to_serving_s"] = round(time.time() - cured, 1)
     assert "the head rebooted after a hold: the restart count starts again" in tail(cluster, HEAD, GUARD_LOG)
     assert guard_verdict(cluster).get("hold") is None and reboots_counted(cluster, cured) == 0
@@ -429,8 +430,7 @@ def test_a_cotenant_beyond_its_cap_is_named_and_one_at_its_cap_lets_serving_load
         with cotenant(beyond) as second:
             since = time.time()
             cluster.ssh(HEAD, f"docker restart {SERVING}")
-            waiting = wait_for(lambda: memory_verdict(cluster, since).get("ok") is False and memory_verdict(cluster, since),
-                               readiness_s(stack), "the memory check waiting for the co-tenant")
+            waiting = wait_for(lambda: memory_verdict(cluster, since).get("ok") is False and memory_verdict(cluster, since), "the memory check waiting for the co-tenant", readiness_s(stack))
             report["cotenant_beyond_cap_verdict_s"] = round(waiting["checked_at"] - since, 1)
             assert waiting["cause"] == COTENANT_CGROUP.name, waiting
             assert f"{COTENANT_CGROUP.name} holds it: a co-tenant there" in waiting["message"], waiting
@@ -441,7 +441,7 @@ def test_a_cotenant_beyond_its_cap_is_named_and_one_at_its_cap_lets_serving_load
                        f"{COTENANT_CGROUP.name} holds it" in p for p in problems["problems"]), problems
             second.kill()
             stopped = time.time()
-        wait_for(lambda: serves(fresh_guard), readiness_s(stack), "serving with the co-tenant back at its cap")
+        wait_for(lambda: serves(fresh_guard), "serving with the co-tenant back at its cap", readiness_s(stack))
         report["cotenant_stopped_to_serving_s"] = round(time.time() - stopped, 1)
         assert memory_verdict(cluster, since)["ok"] is True
     assert guard_verdict(cluster).get("hold") is None

@@ -18,8 +18,8 @@ from core import contract
 from cluster import can_raise_memlock
 from components import firewall, host_prep
 from components.launch_bundle import WRONG_KEY_BURST, VllmServe, vllm_argv
-from conftest import (HEAD, WORKER, completion_status, file_state, guard_verdict, node_processes, ops_access, pause,
-                      readiness_s, run_ops, sshd_throttled_lines, wait_for)
+from scenario_kit import (HEAD, WORKER, completion_status, file_state, guard_verdict, node_processes, ops_access, pause,
+                          readiness_s, run_ops, sshd_throttled_lines, wait_for)
 
 SERVING = contract.SERVING_CONTAINER
 VLLM_ARGV = f"{contract.LOG_DIR}/vllm-argv.json"  # the vLLM stand-in's record of its start
@@ -29,8 +29,8 @@ VLLM_ARGV = f"{contract.LOG_DIR}/vllm-argv.json"  # the vLLM stand-in's record o
 def serving(cluster, stack, deployed) -> dict:
     """The stack's outputs, once serving answers and the guard has had its first round."""
     outputs = stack.outputs()
-    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, readiness_s(stack), "serving")
-    wait_for(lambda: guard_verdict(cluster), 120, "the guard's first verdict")
+    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, "serving", readiness_s(stack))
+    wait_for(lambda: guard_verdict(cluster), "the guard's first verdict", 120)
     return outputs
 
 
@@ -68,13 +68,13 @@ def test_the_head_serves_only_with_every_gpu_and_vllm_never_sees_the_key(cluster
         docker(cluster, HEAD, "restart", SERVING)
         boot_log = f"{contract.LOG_DIR}/{contract.boot_log('head')}"
         wait_for(lambda: "1/2 nodes with a GPU; waiting for 10.0.0.2" in
-                 cluster.node_exec(HEAD, "tail", "-n", "20", boot_log).stdout, 120, "the head waiting for the worker's GPU")
+                 cluster.node_exec(HEAD, "tail", "-n", "20", boot_log).stdout, "the head waiting for the worker's GPU", 120)
         pause(5, "the head holding vLLM back while one GPU is missing")
         assert cluster.node_exec(HEAD, "test", "-e", VLLM_ARGV, check=False).returncode != 0, "vLLM started with one GPU"
     finally:
         started = time.monotonic()
         docker(cluster, WORKER, "start", SERVING)
-    wait_for(lambda: completion_status(serving, serving["apiKey"]) == 200, 240, "serving after the worker joined")
+    wait_for(lambda: completion_status(serving, serving["apiKey"]) == 200, "serving after the worker joined", 240)
     report["worker_join_to_serving_s"] = round(time.monotonic() - started, 1)
     recorded = json.loads(cluster.node_exec(HEAD, "cat", VLLM_ARGV).stdout)
     assert recorded["argv"] == vllm_argv(VllmServe(cluster.cfg.serving, cluster.cfg.model, cluster.cfg.tensor_parallel_size,

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from core import contract
-from conftest import (HEAD, WORKER, flag, ops_access, readiness_s, run_ops, serves, serving_events,
-                      serving_pid, vllm_argv, wait_for)
+from scenario_kit import (HEAD, WORKER, flag, ops_access, readiness_s, run_ops, serves, serving_events, serving_pid,
+                          vllm_argv, wait_for)
 
 SERVING = contract.SERVING_CONTAINER
 BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
@@ -36,7 +36,7 @@ def boot_logs(cluster) -> str:
 def waits(cluster, check, timeout_s: float, what: str):
     """wait_for, and on a timeout each node's serving state and boot log: why it did not happen."""
     try:
-        return wait_for(check, timeout_s, what)
+        return wait_for(check, what, timeout_s)
     except AssertionError as timed_out:
         raise AssertionError(f"{timed_out}\n{boot_logs(cluster)}") from None
 

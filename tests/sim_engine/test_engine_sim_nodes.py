@@ -21,12 +21,10 @@ import yaml
 from core import contract
 from cluster import sim_nodes
 from components.remote import launch_file, script_text
-from conftest import (HEAD, containers, firewall_mismatches, flag, rails_throttled, readiness_s, serves, serving_answers,
-                      serving_events, serving_pid, sshd_throttled_lines, stored_authorization, stored_step,
-                      sync_key_access, sync_key_admitted, vllm_argv, wait_for,
-                      with_an_empty_restart_count)
+from scenario_kit import (HEAD, changes, containers, firewall_mismatches, flag, heals, name_of, rails_throttled,
+                          serving_answers, sshd_throttled_lines, stored_authorization, stored_step, sync_key_access,
+                          sync_key_admitted, vllm_argv)
 from program_harness import flag_values
-from test_engine_sim import changes, name_of
 
 THIRD = "sim3"
 REPLACED = {"replace", "create-replacement", "delete-replaced"}  # the last op the engine reports for a replacement
@@ -37,24 +35,6 @@ def write_nodes(stack, nodes: list[dict]) -> None:
     document = stack.stack_file()
     document["config"]["twinspark:nodes"] = nodes
     stack.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
-
-
-def heals(cluster, stack, worker: str, report, prefix: str) -> None:
-    """What the pair's healing scenarios do, at this size: the head's engine killed (every worker
-    leaves the dead cluster and joins the next), then one worker powered off and on, each from an
-    empty restart count as the pair's are."""
-    outputs = stack.outputs()
-    with_an_empty_restart_count(cluster, stack)
-    since = time.time()
-    cluster.node_exec(HEAD, "kill", "-9", serving_pid(cluster, HEAD))
-    wait_for(lambda: serving_events(cluster, worker, since, "die"), readiness_s(stack), f"{worker} leaving the dead head")
-    wait_for(lambda: serves(outputs), readiness_s(stack), "serving after the head's engine was killed")
-    report[f"{prefix}_head_killed_to_serving_s"] = round(time.time() - since, 1)
-    with_an_empty_restart_count(cluster, stack)
-    since = time.time()
-    cluster.reboot(worker)
-    wait_for(lambda: serves(outputs), readiness_s(stack), f"serving after {worker} rebooted")
-    report[f"{prefix}_worker_rebooted_to_serving_s"] = round(time.time() - since, 1)
 
 
 def retire(cluster, stack, name: str) -> None:

@@ -18,8 +18,7 @@ import pytest
 from core import host_keys
 from core import contract
 from components import host_prep
-from conftest import WORKER, serving_answers, sync_key_access
-from test_engine_sim import changes, name_of
+from scenario_kit import (WORKER, changes, name_of, serving_answers, sync_key_access)
 
 RENAMED = "sim2b"
 RAY_TOKEN_PATH = f"{contract.BUNDLE_DIR}/{contract.RAY_TOKEN_FILE}"  # the worker's bundle secret (the API key is the head's)

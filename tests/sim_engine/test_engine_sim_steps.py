@@ -22,10 +22,9 @@ import pytest
 from core import contract
 import sim_model
 from components import host_prep
-from conftest import (HEAD, WORKER, completion_status, file_state, hub_commit, rails_throttled, readiness_s, shim_calls,
-                      stored_authorization, stored_step, sync_key_admitted, wait_for)
-from test_engine_sim_weights import (copy_again, each_rail_rx_bytes, manifest, model_dir, rails_rx_bytes, step_output,
-                                     worker_matches_head)
+from scenario_kit import (HEAD, WORKER, completion_status, copy_again, each_rail_rx_bytes, file_state, hub_commit,
+                          manifest, model_dir, rails_rx_bytes, rails_throttled, readiness_s, shim_calls, step_output,
+                          stored_authorization, stored_step, sync_key_admitted, wait_for, worker_matches_head)
 
 # A model big enough that the copy's rate means something beside its fixed costs, yet small
 # enough for the hub (this machine) and two copies on a node: 8 shards of 160 MiB.
@@ -250,8 +249,8 @@ def test_a_model_change_copies_the_weights_over_both_rails_and_is_measured_again
     set_model(stack, own)
     stack.up()
     outputs = stack.outputs()
-    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, readiness_s(stack),
-             "serving the stack's own model again")
+    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, "serving the stack's own model again",
+             readiness_s(stack))
 
 
 # ---- 5. an interrupted copy resumes ------------------------------------------------------------------
@@ -296,13 +295,13 @@ def test_an_interrupted_copy_resumes_through_a_replaced_sync_and_sends_only_what
         copy.stdin.write(sync["inputs"].get("stdin", ""))  # the copy's secret on a pipe, never in a file
         copy.stdin.close()
         try:
-            wait_for(lambda: shard_bytes(cluster, WORKER, d, list(sizes)) >= 0.4 * total, 300,
-                     f"40 % of the shards on {WORKER} (what the copy said: {tmp_path / 'said'})")
+            wait_for(lambda: shard_bytes(cluster, WORKER, d, list(sizes)) >= 0.4 * total,
+                     f"40 % of the shards on {WORKER} (what the copy said: {tmp_path / 'said'})", 300)
         finally:  # the interruption: the run's SSH session and its rsync streams on the head
             copy.kill()
             copy.wait()
             cluster.node_exec(HEAD, "pkill", "-KILL", "-u", cluster.cfg.ssh.user, "-x", "rsync", check=False)
-            wait_for(lambda: not sync_running_on_head(cluster), 60, "the interrupted copy's end on the head")
+            wait_for(lambda: not sync_running_on_head(cluster), "the interrupted copy's end on the head", 60)
     there = shard_bytes(cluster, WORKER, d, list(sizes))
     assert there < total, "the copy finished before it could be interrupted"
     missing = total - there

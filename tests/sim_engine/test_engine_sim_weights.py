@@ -5,15 +5,15 @@ deployed cluster. Serving is never restarted by a weights step."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 
 from core import contract
-from conftest import (HEAD, WORKER, completion_status, containers, copy_again_args, ops_access, readiness_s, run_ops,
-                      serving_answers, urn_of, wait_for)
+from scenario_kit import (HEAD, WORKER, completion_status, containers, copy_again, manifest, model_dir, ops_access,
+                          rails_rx_bytes, readiness_s, run_ops, serving_answers, step_output, urn_of, wait_for,
+                          worker_matches_head)
 
 RSYNC_FAULTY = Path(__file__).resolve().parents[1] / "sim" / "faults" / "rsync-faulty"
 
@@ -23,18 +23,6 @@ def replace(stack, *names: str):
     return stack.up(*[arg for name in names for arg in ("--replace", urn_of(stack, name))])
 
 
-def copy_again(stack, worker: str = WORKER, *before: str):
-    """`pulumi up --replace` of `before` and of the worker's copy, its key's window around it."""
-    return stack.up(*copy_again_args(stack, worker, *before))
-
-
-def step_output(stack, name: str) -> str:
-    """What the step printed (stdout, then stderr) as the engine keeps it in the state."""
-    deployment = json.loads(stack.cli("stack", "export", "--show-secrets").stdout)["deployment"]
-    (outputs,) = [r.get("outputs", {}) for r in deployment["resources"] if r["urn"].endswith(f"::{name}")]
-    return f"{outputs.get('stdout', '')}\n{outputs.get('stderr', '')}"
-
-
 COPY_AGAIN = ("sim2-weights-authorize", "sim2-weights-sync", "sim2-weights-revoke")
 
 
@@ -42,39 +30,8 @@ def changed(run) -> set[str]:
     return {step["urn"].rsplit("::", 1)[-1] for step in run.steps() if step.get("op") not in (None, "same")}
 
 
-def model_dir(stack) -> str:
-    return stack.stack_file()["config"]["twinspark:model"]["dir"]
-
-
-def manifest(cluster, stack) -> dict:
-    """The head's manifest (launch/weights.py `pin`): {repo, revision, files: {path: {size, sha256}}}."""
-    return json.loads(cluster.node_exec(HEAD, "cat", f"{model_dir(stack)}/{contract.WEIGHTS_MANIFEST}").stdout)
-
-
 def shards(cluster, stack) -> list[str]:
     return sorted(f for f in manifest(cluster, stack)["files"] if f.endswith(".safetensors"))
-
-
-def sha256s(cluster, stack, node: str) -> dict[str, str]:
-    """Every weights file's sha256 on that node, hashed here by sha256sum, not by weights.py."""
-    files = sorted(manifest(cluster, stack)["files"])
-    out = cluster.node_exec(node, "bash", "-c", 'cd "$0" && sha256sum -- "$@"', model_dir(stack), *files,
-                            check=False).stdout
-    return {line.split(None, 1)[1].strip(): line.split()[0] for line in out.splitlines()}
-
-
-def worker_matches_head(cluster, stack) -> bool:
-    return sha256s(cluster, stack, WORKER) == {f: e["sha256"] for f, e in manifest(cluster, stack)["files"].items()}
-
-
-def each_rail_rx_bytes(cluster, node: str = WORKER) -> list[int]:
-    """What each rail of the node received so far, in the node's rail order."""
-    return [int(cluster.in_netns(node, "cat", f"/sys/class/net/{rail.iface}/statistics/rx_bytes").stdout)
-            for rail in cluster.nodes[node].spec.rails]
-
-
-def rails_rx_bytes(cluster, node: str = WORKER) -> int:
-    return sum(each_rail_rx_bytes(cluster, node))
 
 
 def flip_bit(cluster, node: str, path: str, offset: int) -> None:
@@ -207,8 +164,8 @@ def test_a_replaced_fabric_check_names_the_broken_rail_and_passes_once_mended(
         cluster.in_netns(WORKER, "ip", *mend_it)
     assert checked in str(failed.value) and says in str(failed.value), failed.value
     mended = time.monotonic()
-    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, readiness_s(stack),
-             "serving once the rail is mended")
+    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, "serving once the rail is mended",
+             readiness_s(stack))
     report[f"fabric_{request.node.callspec.id}_mended_to_serving_s"] = round(time.monotonic() - mended, 1)
     replace(stack, checked)
     said = step_output(stack, checked)

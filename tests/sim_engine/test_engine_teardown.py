@@ -6,7 +6,7 @@ import time
 
 from core import contract
 from components import host_prep
-from conftest import HEAD, WORKER, containers, shim_calls
+from scenario_kit import HEAD, WORKER, containers, shim_calls
 
 
 def test_destroy_leaves_the_nodes_as_before_the_first_up(cluster, stack, fresh_up, report):

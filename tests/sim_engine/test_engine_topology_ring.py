@@ -10,9 +10,8 @@ import pytest
 
 from core import contract
 from cluster import SimCluster
-from conftest import (HEAD, SITE, containers, engine_stack, firewall_mismatches, flag, serving_answers, stored_step,
-                      timed_cluster, vllm_argv)
-from test_engine_sim_nodes import heals
+from scenario_kit import (HEAD, SITE, containers, engine_stack, firewall_mismatches, flag, heals, serving_answers,
+                          stored_step, timed_cluster, vllm_argv)
 
 WORKERS = ("sim2", "sim3")
 

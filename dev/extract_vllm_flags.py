@@ -1,6 +1,6 @@
 """Extract `vllm serve`'s flag names from vLLM's source into recipes/vllm-names.toml's [engine_flags].
 
-    .venv/bin/python scripts/extract_vllm_flags.py --source "<where the files come from>" \
+    .venv/bin/python dev/extract_vllm_flags.py --source "<where the files come from>" \
         vllm/engine/arg_utils.py vllm/entrypoints/openai/cli_args.py
 
 Parses (never imports) the files with `ast`: every option string of an `add_argument` call, an
@@ -97,7 +97,7 @@ def engine_flags_section(flags: list[str], source: str, command: str) -> str:
         line += item
     lines.append(line.rstrip().rstrip(",") + "]")
     return ("[engine_flags]\n"
-            "# Extracted from vLLM's argument parser by scripts/extract_vllm_flags.py (do not edit by hand):\n"
+            "# Extracted from vLLM's argument parser by dev/extract_vllm_flags.py (do not edit by hand):\n"
             f"#   {command}\n"
             f'source = "{source}"\n' + "\n".join(lines) + "\n")
 
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     texts = [f.read_text() for f in args.files]
     flags = extract(texts)
     digests = ", ".join(f"{f.name} sha256 {hashlib.sha256(t.encode()).hexdigest()[:16]}" for f, t in zip(args.files, texts))
-    command = (f"scripts/extract_vllm_flags.py --source '...' {' '.join(f.name for f in args.files)}  "
+    command = (f"dev/extract_vllm_flags.py --source '...' {' '.join(f.name for f in args.files)}  "
                f"({len(flags)} flags; parsed {digests})")
     current = NAMES_FILE.read_text()
     section = re.compile(r"^\[engine_flags\]\n.*?(?=^\[(?!engine_flags\])|\Z)", re.S | re.M)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# scripts/measure-gateway.py — the API gateway against every key length and bypass request
+# dev/measure-gateway.py — the API gateway against every key length and bypass request
 # (docs/measurements/doors-2026-12-01.md): run as root from the repository root, after
 # scripts/test.sh has installed nginx and the serving image's group.
 # As the tests run it: real nginx, api-gateway.sh, a recording upstream on vLLM's socket.

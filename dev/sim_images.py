@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """sim_images.py — the simulated Sparks' images, built once and served from a local registry.
 
-  .venv/bin/python scripts/sim_images.py build   # build what changed, push it; leaves nothing running
-  .venv/bin/python scripts/sim_images.py serve   # the registry, read-only, in the foreground (for the sim)
-  .venv/bin/python scripts/sim_images.py refs    # the references the sim stack pulls, and their digests
+  .venv/bin/python dev/sim_images.py build   # build what changed, push it; leaves nothing running
+  .venv/bin/python dev/sim_images.py serve   # the registry, read-only, in the foreground (for the sim)
+  .venv/bin/python dev/sim_images.py refs    # the references the sim stack pulls, and their digests
 
 What it builds is what Pulumi.sim.yaml names (serving.image, observability.images, for
 serving.platform), every reference in REGISTRY:
@@ -48,9 +48,9 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from components.config import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig, parse_stack_config  # noqa: E402
-from scripts.sim_recipes import private_dockerd, recipes  # noqa: E402
+from sim_recipes import private_dockerd, recipes  # noqa: E402
 # tests/sim, tests/sim_engine and tests/test_sim_images.py reach the registry through this module too
-from scripts.sim_registry import (REGISTRY, REGISTRY_BINARY, REGISTRY_CA, REGISTRY_PORT, Registry,  # noqa: E402,F401
+from sim_registry import (REGISTRY, REGISTRY_BINARY, REGISTRY_CA, REGISTRY_PORT, Registry,  # noqa: E402,F401
                                   free_port, log, push_registry, registry_config, registry_tls, serve_registry,
                                   sim_certificate, split_reference, wait_for)
 

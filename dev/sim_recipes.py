@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from components.config import SERVING_IMAGE_LOCK, StackConfig
-from scripts.sim_registry import CACHE, ROOT, Registry, log, run, sim_ca, split_reference, wait_for
+from sim_registry import CACHE, ROOT, Registry, log, run, sim_ca, split_reference, wait_for
 
 STANDINS = ROOT / "tests" / "sim" / "images"
 # torch as far as the NCCL check asks (tests/sim/images/torch-standin/torch/__init__.py says what it is)
@@ -110,7 +110,7 @@ def key_of(*parts) -> str:
 
 # ---- the recipes -----------------------------------------------------------------------------
 @dataclass
-class Recipe:
+class ImageRecipe:
     ref: str  # as the stack names it: REGISTRY/PATH:TAG
     key: str
     build: Callable[["Docker", "Registry", str], None]  # (docker, registry, local ref) -> built and pushed
@@ -224,7 +224,7 @@ def make_rootfs(lock: Path, apt_packages: list[str], arch: str, wheels: Path, ou
         partial.rename(out)
 
 
-def base_recipe(stack: StackConfig) -> Recipe:
+def base_recipe(stack: StackConfig) -> ImageRecipe:
     ray, arch = stack.serving.ray_version, arch_of(stack.serving.platform)
     apt_packages = list(stack.serving.apt_packages)
     rootfs_key = key_of(SUITE, DEBIAN_MIRROR, BASE_PACKAGES, SERVING_IMAGE_LOCK, apt_packages, arch, make_rootfs,
@@ -278,7 +278,7 @@ def base_recipe(stack: StackConfig) -> Recipe:
             docker("build", "--network", "none", "--platform", stack.serving.platform, "-t", local, ctx)
         docker("image", "rm", rootfs_image)
 
-    return Recipe(stack.serving.image, key_of(rootfs_key, standins, build), build)
+    return ImageRecipe(stack.serving.image, key_of(rootfs_key, standins, build), build)
 
 
 def apt_download(package: str, version: str) -> Path:
@@ -350,7 +350,7 @@ DEBIAN_SERVERS = {
 }
 
 
-def debian_recipe(ref: str, server: DebianServer, platform: str) -> Recipe:
+def debian_recipe(ref: str, server: DebianServer, platform: str) -> ImageRecipe:
     version = debian_version(split_reference(ref)[1])
     libc_version = installed_version("libc6")  # this machine is bookworm: the libc the binaries were built for
 
@@ -380,7 +380,7 @@ def debian_recipe(ref: str, server: DebianServer, platform: str) -> Recipe:
                 changes.append(f"WORKDIR {server.workdir}")
             import_root(docker, root, local, platform, changes, owners)
 
-    return Recipe(ref, key_of(server, version, libc_version, platform, build, minimal_root, import_root), build)
+    return ImageRecipe(ref, key_of(server, version, libc_version, platform, build, minimal_root, import_root), build)
 
 
 @dataclass(frozen=True)
@@ -403,7 +403,7 @@ STANDIN_IMAGES = {
 }
 
 
-def standin_recipe(ref: str, standin: Standin, platform: str) -> Recipe:
+def standin_recipe(ref: str, standin: Standin, platform: str) -> ImageRecipe:
     source = STANDINS / standin.source
 
     def build(docker: Docker, registry: Registry, local: str) -> None:
@@ -426,10 +426,10 @@ def standin_recipe(ref: str, standin: Standin, platform: str) -> Recipe:
             import_root(docker, root, local, platform, changes, owners)
 
     go_version = run("go", "env", "GOVERSION").stdout.strip()
-    return Recipe(ref, key_of(source, standin, go_version, platform, build, minimal_root, import_root), build)
+    return ImageRecipe(ref, key_of(source, standin, go_version, platform, build, minimal_root, import_root), build)
 
 
-def recipes(stack: StackConfig) -> list[Recipe]:
+def recipes(stack: StackConfig) -> list[ImageRecipe]:
     images, platform = stack.observability.images, stack.serving.platform
     return ([base_recipe(stack)]
             + [debian_recipe(getattr(images, name), server, platform) for name, server in DEBIAN_SERVERS.items()]

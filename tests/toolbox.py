@@ -1,0 +1,74 @@
+"""What the tests share: a free port, a wait on a condition, a command's captured run, a launch/
+file loaded as a module, a day-2 tool's one-line error. One of each, so a fix to one (a wait that
+ignores a port not listening yet, a dead process that ends a wait early) reaches every test."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_DIR = ROOT / "launch"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the kernel's pick; free until someone binds it)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 10.0, *, interval_s: float = 0.2,
+             ignoring: tuple[type[BaseException], ...] = (), why: Optional[Callable[[], str]] = None,
+             process: Optional[subprocess.Popen] = None) -> Any:
+    """check()'s first truthy value, asked every interval_s for timeout_s. An exception in `ignoring`
+    counts as not yet (a port not listening yet); a `process` that exits ends the wait at once with
+    its output. Fails naming `what`, and with `why()` (the log that says why) when given."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if value := check():
+                return value
+        except ignoring:
+            pass
+        if process is not None and process.poll() is not None:
+            output = process.stdout.read() if process.stdout else ""
+            raise AssertionError(f"{what}: the process exited ({process.returncode}) first:\n{output}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:g} s" + (f"\n{why()}" if why else ""))
+        time.sleep(interval_s)
+
+
+def sh(*argv: Any, check: bool = True, timeout: float = 300, **kw: Any) -> subprocess.CompletedProcess:
+    """argv (each made a string) run with its output captured as text; a command hung past
+    `timeout` fails the test rather than the run."""
+    return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def load_file(path: Path, name: str = "") -> ModuleType:
+    """A Python file loaded as a module (a launch/ payload has a dash in its name, no package),
+    registered under its name: a dataclass looks its module up in sys.modules."""
+    spec = importlib.util.spec_from_file_location(name or path.stem.replace("-", "_"), path)
+    assert spec and spec.loader, path
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_launch(name: str) -> ModuleType:
+    """launch/<name> as a module."""
+    return load_file(LAUNCH_DIR / name)
+
+
+def one_clear_line(err: str, *words: str) -> str:
+    """A day-2 tool's error: one line, no traceback, holding every word."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(word in lines[0] for word in words), err
+    return lines[0]
