@@ -1,6 +1,6 @@
 """The simulator driven by the real engine: `pulumi up --stack sim` of the unmodified program
 onto simulated Sparks that run real sshd and dockerd (tests/sim/cluster.py),
-pulling from the sim's registry (scripts/sim-images.sh), through the Pulumi CLI, its language
+pulling from the sim's registry (dev/sim_images.py), through the Pulumi CLI, its language
 host and its providers as scripts/engine.sh built them; what is asserted is the engine's own
 JSON (`pulumi preview --json`, the events of `pulumi up --json`, `pulumi stack export`).
 
@@ -43,7 +43,7 @@ TIMELINE_FILE = ROOT / "build" / "sim-engine-timeline.json"  # where the time we
 # order within each: the halves' seconds about equal (docs/testing.md "CI"); the ring, which takes
 # its cluster's pair down, last of its half.
 FILES_OF_CLUSTER_B = ("test_engine_sim_healing.py", "test_engine_sim_mp.py", "test_engine_sim_nodes.py",
-                      "test_engine_topology_ring.py")
+                      "test_engine_sim_renamed.py", "test_engine_topology_ring.py")
 REGISTRY_SERVED = "TWINSPARK_SIM_REGISTRY_SERVED"  # set by the controller of two workers: they share its registry
 
 
