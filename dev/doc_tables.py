@@ -33,7 +33,7 @@ def dashboards_of_the_recipes_stack() -> str:
 # (page, block) -> what fills it
 BLOCKS: dict[tuple[str, str], Callable[[], str]] = {
     ("README.md", "parameters"): parameter_table,
-    ("README.md", "models"): lambda: recipes.models_table(),
+    ("README.md", "models"): recipes.models_table,
     ("docs/security.md", "flows"): firewall.flows_table,
     ("docs/observability.md", "panels"): dashboards_of_the_recipes_stack,
 }
