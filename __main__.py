@@ -38,7 +38,8 @@ addresses = resolve_node_addresses(cfg.nodes)  # names, for the firewall: resolv
 topology = Topology(cfg, addresses)  # rail peers, Ray's addresses, NCCL's ring env, the copy's rails
 ssh = resolve_ssh_access(cfg)  # key, agent, host keys: checked before any resource exists
 secrets = load_secrets(hub_endpoint=cfg.model.hub_endpoint)  # the HF token goes only over https
-api_key = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
+# an Input[str]: mypy types Output.secret(<an Output[str]>) as Output[Never]
+api_key: pulumi.Input[str] = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
 hf_token = secrets["hfToken"]
 # Generated once and kept in the state (secret): Ray's cluster token, and the key that makes
 # the containers' bundle labels say nothing about the secrets in the bundle. The token is new
@@ -258,7 +259,7 @@ pulumi.export("endpoint", client.endpoint_url(cfg))
 pulumi.export("model", cfg.model.served_name)
 pulumi.export("recipe", cfg.serving.recipe)
 pulumi.export("executor", cfg.serving.executor)  # ops status: Ray's membership or mp's node ranks
-pulumi.export("memoryFit", weights.memory_fit)  # the estimate before the load (weights.py shape-check)
+pulumi.export("memoryFit", weights.memory_fit)  # the estimate before the load (model-shape.py check)
 pulumi.export("modelRevision", weights.revision)  # the commit every node holds (model.revision or resolved once)
 pulumi.export("modelDir", cfg.model.dir)  # where every node holds it (ops verify-weights)
 pulumi.export("apiKey", pulumi.Output.secret(api_key))

@@ -181,7 +181,8 @@ def render_firewall(node: Node, policy: FirewallPolicy) -> str:
         rules += _rule(admit)
     sets = ""
     if policy.weight_copy:
-        rules.append(f"ip saddr . ip daddr @{contract.WEIGHT_COPY_SET} tcp dport {contract.WEIGHTS_SYNC_PORT} accept  # weight-copy")
+        rules.append(f"ip saddr . ip daddr @{contract.WEIGHT_COPY_SET} tcp dport {contract.WEIGHTS_SYNC_PORT} "
+                     "accept  # weight-copy")
         # each pair times out by itself (sync-weights.sh adds it with its daemons' lifetime): a killed copy's goes too
         sets = (f"    set {contract.WEIGHT_COPY_SET} {{\n        type ipv4_addr . ipv4_addr\n        flags timeout\n"
                 "    }\n")

@@ -342,6 +342,7 @@ def bundle_files(args: LaunchBundleArgs) -> list[ManagedFile]:
 
 def gateway_files(args: LaunchBundleArgs) -> list[ManagedFile]:
     """The head's API gateway: its entrypoint, its nginx config and the key it checks."""
+    assert args.api_key is not None  # the head's bundle alone has a gateway, and an API key
     secrets = pulumi.Output.secret(args.api_key).apply(render_secrets_env)
     return [
         bundle_file(contract.API_GATEWAY_SCRIPT, launch_file(contract.API_GATEWAY_SCRIPT), "0755"),

@@ -2,7 +2,8 @@
 
 Creates:
 - on the head: `{head}-weights-revision` (launch/fetch-weights.sh resolve: the commit of
-  `model.repo` to serve (StackConfig.model_revision: `model.revision`, the recipe's, or the hub's current one), resolved once and kept:
+  `model.repo` to serve (StackConfig.model_revision: `model.revision`, the recipe's, or the hub's
+  current one), resolved once and kept:
   its output is the stack's record of it), `{head}-weights-fetch` (fetch-weights.sh download:
   the shape check on the hub's listing and the head's MemTotal first, so a model that cannot
   load costs no download; then that commit, resumable, inside the serving base image, HF token
@@ -17,7 +18,7 @@ Creates:
   revision and the copy's rails, in the worker's authorized_keys; opened only when a step
   that uses it runs, and taken back by `{worker}-weights-revoke` once they are done:
   revoke_after);
-- on the head: `{head}-weights-shape-check` (launch/model-shape-check.sh: config.json's heads
+- on the head: `{head}-weights-shape-check` (launch/model-shape-check.sh with model-shape.py: config.json's heads
   must split over TP, its layers over PP, and the weights and one sequence of maxModelLen fit
   gpuMemoryUtilization x each node's MemTotal, read over the rail), so a model that cannot
   load stops `pulumi up` before the copy;
@@ -29,13 +30,15 @@ Creates:
   whose own copy is complete: that worker's `{source}-weights-sync-key`, and per relayed worker
   `{worker}-weights-relay-host-key` (on the source), `{worker}-weights-relay-authorize` and
   `-relay-revoke`, as the head's; a copy queued behind another through the same port waits for it.
-launch/weights.py (hashing, records, the stream plan, the hub calls, the shape check) rides on
-each step's stdin. No step does anything when its part is already complete; unchanged files are not
+launch/weights.py (the hub calls, hashing, records, the stream plan) and launch/model-shape.py
+(vLLM's shape rules and the memory fit) ride on the steps' stdin: the fetch carries both. No step
+does anything when its part is already complete; unchanged files are not
 hashed again.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -50,7 +53,8 @@ from core.contract import (CONTAINER_SLICE, FIREWALL_TABLE, SERVING_IMAGE_REPOSI
                            USER_STATE_DIR, WEIGHTS_SYNC_HOURS, WEIGHTS_SYNC_PORT)
 
 from .config import DEFAULT_HUB_ENDPOINT, CopyRail
-from .remote import ManagedFile, NodeHandle, NodeScript, launch_file, managed_file_commands, node_command, step_fingerprint
+from .remote import (ManagedFile, NodeHandle, NodeScript, launch_file, managed_file_commands, node_command, payloads,
+                     step_fingerprint)
 
 FETCH_SCRIPT = "fetch-weights.sh"
 SYNC_SCRIPT = "sync-weights.sh"
@@ -59,6 +63,7 @@ SYNC_KEY_SCRIPT = "sync-key.sh"
 AUTHORIZE_SCRIPT = "authorize-key.sh"
 PEER_HOST_KEY_SCRIPT = "peer-host-key.sh"
 WEIGHTS_PROGRAM = "weights.py"
+SHAPE_PROGRAM = "model-shape.py"
 FORCED_COMMAND = "sync-key-command.py"
 # At most this many streams per rail (fewer where the cores are fewer: sync-weights.sh). One
 # rsync stream is bound by a core or two (its copy loop and checksums), far below a 100G
@@ -121,6 +126,7 @@ def hub_args(args: ModelWeightsArgs) -> list[str]:
 
 
 def revision_args(args: ModelWeightsArgs, owner: str) -> list[str]:
+    assert isinstance(args.downloader_image, str)  # resolved: ModelWeights passes the digest itself
     return ["resolve", "--repo", args.repo, "--revision", args.revision or "", "--image", args.downloader_image,
             "--owner", owner, *hub_args(args)]
 
@@ -136,6 +142,7 @@ def shape_args(args: ModelWeightsArgs) -> list[str]:
 
 
 def fetch_args(args: ModelWeightsArgs, revision: str) -> list[str]:
+    assert isinstance(args.downloader_image, str)  # resolved: ModelWeights passes the digest itself
     return ["download", "--repo", args.repo, "--revision", revision, "--dir", args.dir,
             "--image", args.downloader_image, "--manifest", WEIGHTS_MANIFEST, "--record", WEIGHTS_RECORD,
             "--node", args.head.name, "--cgroup-parent", CONTAINER_SLICE, *hub_args(args), *shape_args(args)]
@@ -180,6 +187,7 @@ def forced_command_files() -> list[ManagedFile]:
 def peer_host_key_args(source: CopySource, worker: NodeAccess) -> list[str]:
     """The worker's key as the stack pins it, for every address `source` reaches it at over the
     cable: the source's ssh checks the worker against the same key as `pulumi up`."""
+    assert isinstance(worker.connection.host_key, str)  # SshAccess.connection's: the pinned key itself
     return ["--node", source.node.name, "--peer", worker.name, "--known-hosts", SYNC_KNOWN_HOSTS,
             *(a for rail in source.rails for a in ("--address", rail.worker_ip)),
             "--host-key", worker.connection.host_key]
@@ -228,6 +236,12 @@ def render_authorized_key_line(source_ip: str, public_key: str, command: Sequenc
 KEY_FLAGS = ["--key", SYNC_KEY, "--comment", SYNC_KEY_COMMENT]
 
 
+def fetch_payload() -> str:
+    """The download's two programs (fetch-weights.sh read_payloads): the shape check on the hub's
+    listing first, so a model that cannot load costs no download, then the download and pin."""
+    return payloads(launch_file(SHAPE_PROGRAM), launch_file(WEIGHTS_PROGRAM))
+
+
 class ModelWeights(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModelWeightsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:model_weights:ModelWeights", name, None, opts)
@@ -253,7 +267,8 @@ class ModelWeights(pulumi.ComponentResource):
         self.fetch = node_command(
             f"{head.name}-weights-fetch", head.connection,
             NodeScript(FETCH_SCRIPT, pulumi.Output.all(self.revision, image).apply(
-                lambda v: fetch_args(replace(args, downloader_image=v[1]), v[0])), secrets=hf_token, payload=program),
+                lambda v: fetch_args(replace(args, downloader_image=v[1]), v[0])), secrets=hf_token,
+                       payload=fetch_payload()),
             parent=self,
         )
         # each node a copy leaves from has its own sync key: the head, and any relay (a switch of four)
@@ -261,8 +276,8 @@ class ModelWeights(pulumi.ComponentResource):
         sync_keys = {sender.name: self._sync_key(sender, relay=sender is not head) for sender in senders}
         # The steps that reach a worker with a sync key, each run known before any of them is made:
         # a worker's authorization opens for exactly these and is revoked once they are done.
-        shape_run = NodeScript(SHAPE_SCRIPT, shape_check_args(args), payload=program)
-        sync_runs = {w.name: NodeScript(SYNC_SCRIPT, self.revision.apply(lambda rev, w=w: sync_args(args, w, rev)),
+        shape_run = NodeScript(SHAPE_SCRIPT, shape_check_args(args), payload=launch_file(SHAPE_PROGRAM))
+        sync_runs = {w.name: NodeScript(SYNC_SCRIPT, self.revision.apply(functools.partial(sync_args, args, w)),
                                         payload=program)  # no secret of the stack's: the copy draws its own
                      for w in args.workers}
         key_users: dict[tuple[str, str], list[pulumi.Output[str]]] = {}  # (worker, source) -> fingerprints
@@ -316,7 +331,7 @@ class ModelWeights(pulumi.ComponentResource):
         self.syncs = list(syncs.values())
         self.register_outputs({"revision": self.revision})
 
-    def revoke_after(self, image_ships: Mapping[str, pulumi.Resource]) -> list[pulumi_remote.Command]:
+    def revoke_after(self, image_ships: Mapping[str, pulumi_remote.Command]) -> list[pulumi_remote.Command]:
         """Each sync key's authorization taken back once its steps are done: the shape check and
         the image ship (`image_ships`, by worker) for the head's key, the copy (verified) for the
         key it leaves from. It runs again whenever one of those runs again, and after every

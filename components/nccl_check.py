@@ -190,8 +190,9 @@ class NcclCheck(pulumi.ComponentResource):
             for pair in round_:
                 for rank, name in enumerate(pair.nodes):
                     node = rank_of[name]
+                    # mypy cannot type a lambda whose defaults bind the loop's pair and rank
                     script_args = pulumi.Output.all(node.image_id, rerun_all).apply(
-                        lambda v, p=pair, r=rank: pair_script_args(args, p, r, v[0], v[1]))
+                        lambda v, p=pair, r=rank: pair_script_args(args, p, r, v[0], v[1]))  # type: ignore[misc]
                     ran.append(node_command(
                         f"{name}-nccl-pair-{pair.nodes[1 - rank]}", node.connection,
                         NodeScript(PAIR_SCRIPT, script_args, payload=script_text(SCRIPT) + launch_file(CHECK_PROGRAM)),
@@ -199,8 +200,9 @@ class NcclCheck(pulumi.ComponentResource):
             self.commands += ran
             before = ran
         for rank, node in enumerate(args.ranks):
+            # mypy cannot type a lambda whose default binds the loop's rank
             script_args = pulumi.Output.all(node.image_id, rerun_all).apply(
-                lambda v, r=rank: rank_script_args(args, r, v[0], v[1]))
+                lambda v, r=rank: rank_script_args(args, r, v[0], v[1]))  # type: ignore[misc]
             self.commands.append(
                 node_command(
                     f"{node.name}-nccl-check", node.connection,

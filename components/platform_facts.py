@@ -71,8 +71,9 @@ class PlatformFacts(pulumi.ComponentResource):
         super().__init__("twinspark:platform_facts:PlatformFacts", name, None, opts)
         self.commands: dict[str, pulumi_remote.Command] = {}
         for node in args.nodes:
+            # mypy cannot type a lambda whose default binds the loop's node
             script_args = pulumi.Output.all(node.image_id, args.base_image).apply(
-                lambda v, n=node: facts_args(n.name, v[0], v[1] if n.built_here else None))
+                lambda v, n=node: facts_args(n.name, v[0], v[1] if n.built_here else None))  # type: ignore[misc]
             self.commands[node.name] = node_command(
                 f"{node.name}-platform-facts", node.connection,
                 NodeScript(SCRIPT, script_args, payload=launch_file(PROGRAM)), parent=self,

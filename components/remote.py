@@ -6,8 +6,8 @@ factory and one shape for files on a node. Shared by the components; imports non
   updates it, and the operator's credentials count for nothing.
 - `script_command` + `script_stdin`: run a launch/ script fed on stdin behind the shared
   prelude. Secrets come first on stdin, one base64 line each, so no value can end its line
-  early and become script; a payload (a file's content) comes after the script, which reads
-  it from its own stdin. Nothing secret is ever in the command line.
+  early and become script; a payload (a file's content, or several framed by `payloads`) comes
+  after the script, which reads it from its own stdin. Nothing secret is ever in the command line.
 - `node_command`: the one factory for a `pulumi_remote.Command` running such a script.
 - `node_installation`: what a reinstalled node needs again, beyond its own steps, follows it.
 - `ManagedFile` + `managed_file_commands`: a list of root-owned files -> one idempotent
@@ -24,7 +24,7 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_random as random
@@ -95,6 +95,12 @@ def script_stdin(
     )
 
 
+def payloads(*texts: str) -> str:
+    """Several files as one payload: each its size in bytes on a line, then its bytes, in order
+    (fetch-weights.sh's read_payloads splits them)."""
+    return "".join(f"{len(text.encode())}\n{text}" for text in texts)
+
+
 def runner_stdin(secret_values: Sequence[str], text: str, payload: str = "") -> str:
     """The runner's stdin from plain values: one base64 line per secret, the script, the payload."""
     return "".join(encode_secret(v) for v in secret_values) + text + payload
@@ -116,7 +122,7 @@ class NodeScript:
     script: str
     args: pulumi.Input[Sequence[str]]  # an Output when an argument is known only after another step
     delete_args: Optional[Sequence[str]] = None
-    secrets: Optional[dict[str, pulumi.Input[str]]] = None  # env name -> value
+    secrets: Optional[Mapping[str, pulumi.Input[str]]] = None  # env name -> value
     payload: Optional[pulumi.Input[str]] = None
 
 
@@ -141,6 +147,7 @@ def ssh_url(user: str, host: str) -> str:
 
 
 def node_identity(conn: pulumi_remote.ConnectionArgs) -> str:
+    assert isinstance(conn.user, str) and isinstance(conn.host, str)  # SshAccess.connection's: plain strings
     return ssh_url(conn.user, conn.host)
 
 
@@ -164,6 +171,7 @@ def node_installation(node_name: str, conn: pulumi_remote.ConnectionArgs) -> ran
     of the weights (sent by the head) — names this in `replace_with`, so it is made again too.
     A random id, because it only has to be replaced: it touches no node.
     """
+    assert conn.host_key is not None  # SshAccess.connection pins every node's key
     return random.RandomId(
         f"{node_name}-installation", byte_length=8,
         keepers={"node": node_identity(conn), "hostKey": conn.host_key},

@@ -129,6 +129,7 @@ def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
 
 def gateway_args(node: NodeServingArgs) -> dict:
     """The head's API gateway: the serving image's nginx, nothing of the GPU."""
+    assert node.gateway_hash is not None  # the head's bundle holds the gateway's files
     # SIGQUIT is nginx's graceful stop: open streams finish, new connections are refused
     gateway = common_args(node, contract.API_GATEWAY_SCRIPT, node.gateway_hash, "SIGQUIT")
     return dict(gateway, name=contract.API_GATEWAY_CONTAINER, volumes=[*gateway["volumes"], VLLM_SOCKET_VOLUME],

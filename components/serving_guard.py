@@ -3,7 +3,8 @@
 Creates on the head (managed files, launch/managed-file.sh):
 - /usr/local/lib/twinspark/serving-guard.py   launch/serving-guard.py: the canary (a known
   answer, a streamed tool call as agents make one through the recipe's canaryToolParser where
-  it names one, a completion with a deadline, through the API gateway with the key), the restart after repeated failures of an engine that makes no
+  it names one, a completion with a deadline, through the API gateway with the key), the restart
+  after repeated failures of an engine that makes no
   progress, the crash-loop hold (its count on disk), and its metrics for the textfile collector;
 - /etc/systemd/system/twinspark-serving-guard.service   runs it, restarted (action `service`)
   whenever the unit or the script changes, stopped and disabled on delete.

@@ -161,8 +161,9 @@ def build_tag(context: dict[str, str], args: dict[str, str]) -> str:
 
 
 def image_name(args: ServingImageArgs, context: dict[str, str]) -> pulumi.Output[str]:
+    # of the build args only BASE_IMAGE may be an Output, and its resolved value replaces it
     return pulumi.Output.from_input(args.base_image).apply(
-        lambda base: build_tag(context, {**build_args(args), "BASE_IMAGE": base}))
+        lambda base: build_tag(context, {**build_args(args), "BASE_IMAGE": base}))  # type: ignore[dict-item]
 
 
 def ship_args(node_name: str, ship: ShipFrom, image: str, image_id: str) -> list[str]:
@@ -211,7 +212,8 @@ class ServingImage(pulumi.ComponentResource):
             # installation and is made again when that is (as the weight copy does).
             self.image_name = pulumi.Output.from_input(ship.image_name)
             self.ship = node_command(
-                f"{args.node_name}-image-ship", ship.head_connection, ship.run(args.node_name), parent=self, depends_on=list(ship.peer_trust), replace_with=[args.installation],
+                f"{args.node_name}-image-ship", ship.head_connection, ship.run(args.node_name), parent=self,
+                depends_on=list(ship.peer_trust), replace_with=[args.installation],
             )
             self.image_id = self.ship.stdout.apply(lambda out: shipped_id(out, args.node_name))
         self.register_outputs({"imageId": self.image_id})

@@ -211,7 +211,8 @@ def resolve_host_keys(
                         f"{NAMESPACE}:nodes[{i}].hostKey: not pinned, and its first contact failed: {err}") from None
         if key is None:
             unpinned.append(i)
-        keys[node.name] = key
+        else:
+            keys[node.name] = key
     if unpinned:
         stack_file = f"Pulumi.{pulumi.get_stack()}.yaml"
         raise pulumi.RunError("\n".join(
@@ -267,7 +268,7 @@ class SshAccess:
         return pulumi_remote.ConnectionArgs(
             host=node.host,
             user=self.user,
-            private_key=pulumi.Output.secret(creds.key.text) if creds.key_to_commands else None,
+            private_key=pulumi.Output.secret(creds.key.text) if creds.key_to_commands and creds.key is not None else None,
             private_key_password=pulumi.Output.secret(creds.passphrase) if creds.passphrase else None,
             host_key=self.host_keys[node.name],
             dial_error_limit=20,

@@ -12,22 +12,97 @@ plus this command; tests/test_docs.py holds that running it changes nothing.
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
+from collections import defaultdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a program: the repository's modules
 
-from components import firewall  # noqa: E402
-from components.config import parameter_table  # noqa: E402
+from components import firewall, launch_bundle, model_weights, serving_image  # noqa: E402
+from components.config import parameter_table, stack_file_config  # noqa: E402
 from components.observability_files import panel_list, plan_from_config  # noqa: E402
-from core import recipes  # noqa: E402
-from sim_images import sim_stack  # noqa: E402  (a stack file's structured config)
+from core import contract, recipes  # noqa: E402
+from ops import nodes  # noqa: E402
 
 
 def dashboards_of_the_recipes_stack() -> str:
-    return panel_list(plan_from_config(sim_stack(ROOT / "Pulumi.spark.yaml"), alertmanager=False))
+    return panel_list(plan_from_config(stack_file_config(ROOT / "Pulumi.spark.yaml"), alertmanager=False))
+
+
+# ---- launch/ by role ---------------------------------------------------------------------------
+LAUNCH = ROOT / "launch"
+
+
+def launch_names() -> set[str]:
+    """The entries of launch/ as its table names them (a folder with a trailing /)."""
+    return {p.name + ("/" if p.is_dir() else "") for p in LAUNCH.iterdir() if not p.name.startswith((".", "__"))}
+
+
+def constants_naming_launch_files() -> dict[str, list[tuple[str, str]]]:
+    """launch/ entry -> (module path, CONSTANT) for each module-level UPPER_CASE assignment of
+    core/, components/ or ops/ whose value spells the entry's name (read from the source, not
+    imported: an ops tool runs nothing by being read)."""
+    names = {name.rstrip("/"): name for name in launch_names()}
+    found: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for package in ("core", "components", "ops"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                        and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper()):
+                    continue
+                for leaf in ast.walk(node.value):
+                    if isinstance(leaf, ast.Constant) and leaf.value in names:
+                        found[names[leaf.value]].append((str(path.relative_to(ROOT)), node.targets[0].id))
+    return found
+
+
+def bundle_files() -> list[str]:
+    both = [*launch_bundle.static_files("ray"), *launch_bundle.static_files("mp"), contract.API_GATEWAY_SCRIPT]
+    return [name for name in dict.fromkeys(both) if name != contract.PRELUDE]
+
+
+# (role, its files from the code), in the table's order; a step's script or payload is every other
+# launch/ entry a component's constant names
+LAUNCH_ROLES: list[tuple[str, Callable[[], Iterable[str]]]] = [
+    ("the bundle: what the serving containers run, installed under `/opt/twinspark` (and the rendered "
+     f"`{contract.LAUNCH_VLLM}`, `{contract.ENV_FILE}`)", bundle_files),
+    ("shared by every script a step sends, and by the bundle", lambda: [contract.PRELUDE]),
+    ("shared by the steps that reach a peer or keep owner records, sent ahead of a script that sources it "
+     "(never in the bundle)", lambda: [contract.STEP_PRELUDE]),
+    ("what a step runs on a node, and its payload (stdin after the script)", lambda: []),
+    ("the serving image's build context", lambda: [serving_image.BUILD_CONTEXT.name + "/"]),
+    ("on the host, as a unit", lambda: [contract.SERVING_GUARD_SCRIPT]),
+    (f"on a worker, root-owned: all a sync key may run there (its forced command, beside `{model_weights.WEIGHTS_PROGRAM}`)",
+     lambda: [model_weights.FORCED_COMMAND]),
+    ("probes `ops` sends over SSH", lambda: [nodes.NODE_PROBE.name, nodes.FACTS_PROBE.name]),
+]
+STEP_ROLE = 3
+
+
+def launch_roles_table() -> str:
+    """docs/architecture.md's `launch/` by role: each entry once, with the constants naming it."""
+    named = constants_naming_launch_files()
+    rows = [[role, list(files())] for role, files in LAUNCH_ROLES]
+    placed = {name for _, files in rows for name in files}
+    rows[STEP_ROLE][1] = sorted(name for name, where in named.items()
+                                if name not in placed and any(m.startswith("components/") for m, _ in where))
+    placed |= set(rows[STEP_ROLE][1])
+    if placed != launch_names():
+        raise SystemExit("doc_tables: launch/ entries with no role (no constant of components/ names them, nor a "
+                         f"role of LAUNCH_ROLES): {sorted(launch_names() - placed)}")
+    lines = ["| role | files | its name lives in |", "|---|---|---|"]
+    for role, files in rows:
+        where: dict[str, list[str]] = defaultdict(list)
+        for name in files:
+            for module, constant in named.get(name, [("core/contract.py", "boot_script")]):
+                if constant not in where[module]:
+                    where[module].append(constant)
+        lives = "; ".join(f"`{module}` ({', '.join(f'`{c}`' for c in constants)})" for module, constants in where.items())
+        lines.append(f"| {role} | {', '.join(f'`{name}`' for name in files)} | {lives} |")
+    return "\n".join(lines) + "\n"
 
 
 # (page, block) -> what fills it
@@ -36,6 +111,7 @@ BLOCKS: dict[tuple[str, str], Callable[[], str]] = {
     ("README.md", "models"): recipes.models_table,
     ("docs/security.md", "flows"): firewall.flows_table,
     ("docs/observability.md", "panels"): dashboards_of_the_recipes_stack,
+    ("docs/architecture.md", "launch-roles"): launch_roles_table,
 }
 
 

@@ -45,23 +45,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
-
-from components.config import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig, parse_stack_config  # noqa: E402
+from components.config import StackConfig, stack_file_config  # noqa: E402
 from sim_recipes import private_dockerd, recipes  # noqa: E402
 # tests/sim, tests/sim_engine and tests/test_sim_images.py reach the registry through this module too
 from sim_registry import (REGISTRY, REGISTRY_BINARY, REGISTRY_CA, REGISTRY_PORT, Registry,  # noqa: E402,F401
-                                  free_port, log, push_registry, registry_config, registry_tls, serve_registry,
-                                  sim_certificate, split_reference, wait_for)
+                          log, push_registry, registry_config, registry_tls, serve_registry, sim_certificate,
+                          split_reference)
 
 SIM_STACK = ROOT / "Pulumi.sim.yaml"
 
 
 # ---- the stack: which images, for which platform -----------------------------------------------
-def sim_stack(path: Path = SIM_STACK) -> StackConfig:
-    config = yaml.safe_load(path.read_text())["config"]
-    raw = {k.split(":", 1)[1]: v for k, v in config.items()}
-    return parse_stack_config({k: v for k, v in raw.items() if k in STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS})
+def sim_stack() -> StackConfig:
+    return stack_file_config(SIM_STACK)
 
 
 # ---- the commands ----------------------------------------------------------------------------

@@ -11,14 +11,14 @@
 #       --manifest .twinspark-manifest --record .twinspark-verified --node spark1 \
 #       --tensor-parallel-size 2 [--pipeline-parallel-size 3] --gpu-memory-utilization 0.85 \
 #       [--kv-cache-dtype fp8_ds_mla \
-#       --max-model-len 1048576 --kv-bytes-per-token 8206 --overhead-gib 4.5]   < weights.py
+#       --max-model-len 1048576 --kv-bytes-per-token 8206 --overhead-gib 4.5]   < (model-shape.py, weights.py)
 #
 # resolve prints the commit the hub serves for --revision (empty: the default branch's head)
 # as its last line, and keeps it on this node: run again for the same repo and --revision
 # (an update of the step: a new image, script or token) it prints the kept commit, asking the
 # hub nothing. Only forget (the step's delete: a replace, a new repo or --revision) lets the
 # next resolve ask again. The step's output is the stack's record of the revision.
-# download first runs the shape check (weights.py hub-shape-check) on what the hub lists for
+# download first runs the shape check (model-shape.py hub-check) on what the hub lists for
 # the commit, its config.json and this node's MemTotal, and stops before any weight is
 # downloaded when the model cannot run over the nodes at TP x PP or one sequence of
 # --max-model-len does not fit. Then it resumes a partial download of exactly that commit,
@@ -30,7 +30,8 @@
 # check run): a new --max-model-len then costs one stat of each file, and the shape check
 # after the download (model-shape-check.sh) judges it.
 # The host needs no Python packages: huggingface_hub runs inside the serving base image,
-# weights.py (stdin, after this script) on the host's python3 alone.
+# weights.py (stdin, after this script) on the host's python3 alone. download reads two programs
+# after the script, each behind its size in bytes on a line (remote.payloads): model-shape.py, weights.py.
 # HF_TOKEN (optional, for gated models) comes from the environment, never from argv.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
@@ -39,13 +40,30 @@ set -euo pipefail
 [ -n "${TWINSPARK_STEP_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/step-prelude.sh"
 
 repo="" revision="" dir="" image="" manifest="" record="" node="" owner="" timeout_h=8
-program="" cgroup_parent="" hub_endpoint=""
+program="" shape_program="" cgroup_parent="" hub_endpoint=""
 tp="" pp=1 utilization="" kv_dtype="" max_len="" kv_bytes="" overhead=""  # the shape check's (model-shape-check.sh)
 HUB_LISTING=.twinspark-hub.json  # what the hub published for the revision (weights.py hub-download; its HUB_LISTING)
 
-# in_image ARGS...: weights.py ARGS inside the serving base image, DIR mounted at /weights
+# read_payloads VAR WHAT...: the programs after the script (remote.payloads: each its size in
+# bytes on a line, then its bytes; head -c reads no further), each into a private temporary file
+read_payloads() {
+  local size
+  while [ $# -gt 0 ]; do
+    make_temp "$1"
+    if ! IFS= read -r size || ! [[ $size =~ ^[0-9]+$ ]]; then
+      usage_error "$2 must follow the script on stdin, behind its size"
+    fi
+    head -c "$size" >"${!1}"
+    [ "$(wc -c <"${!1}")" -eq "$size" ] || usage_error "$2 ended early on stdin"
+    shift 2
+  done
+}
+
+# in_image PROGRAM ARGS...: the launch/ program (a file here) with ARGS inside the serving base
+# image, DIR mounted at /weights
 in_image() {
-  local token_env=() placement=() hub_env=() mounts=(-v "$program:/twinspark/weights.py:ro")
+  local token_env=() placement=() hub_env=() mounts=(-v "$1:/twinspark/program.py:ro")
+  shift
   [ -n "${HF_TOKEN:-}" ] && token_env=(-e HF_TOKEN)
   # not a secret (model.hubEndpoint refuses user:password@): in argv, unlike the token
   [ -n "$hub_endpoint" ] && hub_env=(-e "HF_ENDPOINT=$hub_endpoint")
@@ -54,7 +72,7 @@ in_image() {
   [ -n "$cgroup_parent" ] && placement=(--cgroup-parent "$cgroup_parent")
   timeout "${timeout_h}h" docker run --rm --network host "${placement[@]}" "${token_env[@]}" "${hub_env[@]}" \
     -e HOME=/tmp -e HF_HUB_DISABLE_TELEMETRY=1 -e HF_HUB_DISABLE_PROGRESS_BARS=1 \
-    -u "$(id -u):$(id -g)" "${mounts[@]}" --entrypoint python3 "$image" /twinspark/weights.py "$@"
+    -u "$(id -u):$(id -g)" "${mounts[@]}" --entrypoint python3 "$image" /twinspark/program.py "$@"
 }
 
 checked() { python3 "$program" "$@" --dir "$dir" --manifest "$dir/$manifest" --record "$dir/$record" --node "$node"; }
@@ -70,7 +88,7 @@ is_complete() {
 download_and_pin() {
   mkdir -p "$dir"
   log "downloading $repo@$revision into $dir (resumes a partial download)"
-  in_image hub-download --repo "$repo" --revision "$revision" --dir /weights --hub-listing "/weights/$HUB_LISTING" \
+  in_image "$program" hub-download --repo "$repo" --revision "$revision" --dir /weights --hub-listing "/weights/$HUB_LISTING" \
     || return 1
   python3 "$program" pin --hub-listing "$dir/$HUB_LISTING" --dir "$dir" --manifest "$dir/$manifest" \
     --record "$dir/$record" --node "$node"
@@ -86,7 +104,7 @@ fits_before_download() {
   # create a missing DIR as root, which the download running as this user could not write)
   local dir="" memtotal_kb report status=0
   memtotal_kb=$(awk '$1 == "MemTotal:" {print $2; exit}' /proc/meminfo)
-  report=$(in_image hub-shape-check --repo "$repo" --revision "$revision" --memory-kb "$node=$memtotal_kb" \
+  report=$(in_image "$shape_program" hub-check --repo "$repo" --revision "$revision" --memory-kb "$node=$memtotal_kb" \
     --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" --gpu-memory-utilization "$utilization" \
     --kv-cache-dtype "$kv_dtype" --max-model-len "$max_len" --kv-bytes-per-token "$kv_bytes" \
     --overhead-gib "$overhead") || status=$?
@@ -114,7 +132,7 @@ resolve() {
     echo "${kept##* }"
     return 0
   fi
-  resolved=$(in_image hub-resolve --repo "$repo" --revision "$revision" | tail -n 1)
+  resolved=$(in_image "$program" hub-resolve --repo "$repo" --revision "$revision" | tail -n 1)
   [[ $resolved =~ ^[0-9a-f]{40}$ ]] || die "the hub answered no commit for $asked: '$resolved'"
   claim_owner model-revision "$owner"
   printf '%s %s\n' "$asked" "$resolved" >"$(kept_revision)"
@@ -140,7 +158,7 @@ download() {
   require_flags --repo --revision --dir --image --manifest --record --node --tensor-parallel-size \
     --gpu-memory-utilization
   check_hub_endpoint
-  read_payload program weights.py
+  read_payloads shape_program model-shape.py program weights.py
   log_node=$node
   [[ $revision =~ ^[0-9a-f]{40}$ ]] || usage_error "--revision must be a full commit sha (40 hex), got '$revision'"
   local held

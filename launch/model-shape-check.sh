@@ -5,12 +5,12 @@
 #       --manifest .twinspark-manifest --tensor-parallel-size 2 [--pipeline-parallel-size 3] \
 #       --gpu-memory-utilization 0.85 \
 #       --key ~/.ssh/twinspark_weights --known-hosts ~/.ssh/twinspark_known_hosts \
-#       --peer spark2=nvidia@10.0.0.2   < weights.py
+#       --peer spark2=nvidia@10.0.0.2   < model-shape.py
 #
 # Runs on the head once the weights are complete there: before they are copied, and long
 # before vLLM would fail loading them. Reads every node's MemTotal (Spark's memory is unified:
 # it is what the GPU can use): this node's from /proc/meminfo, each peer's over its rail with
-# the weight sync's key (its forced command's `meminfo`). weights.py `shape-check` (stdin, after this script) then judges
+# the weight sync's key (its forced command's `meminfo`). model-shape.py `check` (stdin, after this script) then judges
 # config.json, the manifest's safetensors sizes and those figures, one ok/FAIL line per check.
 # fetch-weights.sh runs the same checks before the download, on this node's MemTotal alone.
 set -euo pipefail
@@ -41,7 +41,7 @@ main() {
   require_flags --node --dir --manifest --tensor-parallel-size --gpu-memory-utilization --key --known-hosts
   log_node=$node
   key=${key/#\~/$HOME} known_hosts=${known_hosts/#\~/$HOME}
-  read_payload program weights.py
+  read_payload program model-shape.py
   [ -s "$dir/$manifest" ] || die "$dir/$manifest missing: the weights here are not complete (run fetch-weights.sh)"
   local memory=(--memory-kb "$node=$(memtotal_kb </proc/meminfo)") peer kb
   for peer in "${peers[@]}"; do
@@ -50,11 +50,11 @@ main() {
     memory+=(--memory-kb "${peer%%=*}=$kb")
   done
   local report status=0
-  report=$(python3 "$program" shape-check --config "$dir/config.json" --manifest "$dir/$manifest" \
+  report=$(python3 "$program" check --config "$dir/config.json" --manifest "$dir/$manifest" \
     --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" --gpu-memory-utilization "$utilization" \
     "${memory[@]}" --kv-cache-dtype "$kv_dtype" \
     --max-model-len "$max_len" --kv-bytes-per-token "$kv_bytes" --overhead-gib "$overhead") || status=$?
-  [ -n "$report" ] || die "the check program (weights.py shape-check, on stdin) did not run"
+  [ -n "$report" ] || die "the check program (model-shape.py check, on stdin) did not run"
   while IFS= read -r line; do [ -z "$line" ] || log "$line"; done <<<"$report"
   [ "$status" -eq 0 ] || die "$dir cannot run over these $((tp * pp)) nodes at TP $tp × PP $pp (see the FAIL lines)"
 }

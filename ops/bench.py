@@ -196,8 +196,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_recipe_argument(p, "--compare recipe")
     p.add_argument("--allow-plan-mismatch", action="store_true",
                    help="compare with a baseline made with another plan anyway (with a warning)")
-    p.add_argument("--tolerance", type=positive_float, default=0.10, help="allowed worsening before a regression (0.10 = 10%%); a "
-                   "figure noisier than that in its own repeats is allowed its spread")
+    p.add_argument("--tolerance", type=positive_float, default=0.10, help="allowed worsening before a regression (0.10 = 10%%); "
+                   "a figure noisier than that in its own repeats is allowed its spread")
     p.add_argument("--deadline-min", type=positive_float, default=DEADLINE_MIN,
                    help=f"stop the whole run after this many minutes (default {DEADLINE_MIN})")
 

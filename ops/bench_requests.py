@@ -45,7 +45,7 @@ class BenchPlan:
     temperature: float = 0.2
 
 
-def percentile(values: Sequence[float], q: float) -> Optional[float]:
+def percentile(values: Sequence[Optional[float]], q: float) -> Optional[float]:
     """Linear interpolation between closest ranks (numpy's default)."""
     data = sorted(v for v in values if v is not None)
     if not data:
@@ -55,7 +55,7 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
     return data[low] + (data[high] - data[low]) * (position - low)
 
 
-def mean(values: Sequence[float]) -> Optional[float]:
+def mean(values: Sequence[Optional[float]]) -> Optional[float]:
     data = [v for v in values if v is not None]
     return sum(data) / len(data) if data else None
 
@@ -78,7 +78,8 @@ def aggregate_tok_s(results: Sequence[StreamResult]) -> Optional[float]:
 def filler_text(tokens: int) -> str:
     """Code-like text of roughly `tokens` tokens (~4 characters each), deterministic."""
     line = "def handler_{i}(request):\n    return {{'status': 200, 'id': {i}, 'items': [x for x in range({i} % 17)]}}\n"
-    text, i = [], 0
+    text: list[str] = []
+    i = 0
     while sum(len(t) for t in text) < tokens * 4:
         text.append(line.format(i=i))
         i += 1
@@ -131,7 +132,8 @@ class Bench:
 
     def total_requests(self) -> int:
         p = self.plan
-        return WARMUP_REQUESTS + p.single_runs + p.concurrency + 1 + sum(c * p.sweep_requests_per_level for c in p.sweep) * p.sweep_repeats
+        return (WARMUP_REQUESTS + p.single_runs + p.concurrency + 1
+                + sum(c * p.sweep_requests_per_level for c in p.sweep) * p.sweep_repeats)
 
     async def _one(self, http, prompt: str, max_tokens, extra=None, warmup: bool = False) -> StreamResult:
         # The salt opens the prompt, so even the first cache block differs from every other

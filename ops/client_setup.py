@@ -87,7 +87,7 @@ def default_mode() -> int:
     return 0o666 & ~umask
 
 
-def keep_backup(path: Path, old: bytes, mode: int) -> Path:
+def keep_backup(path: Path, old: bytes, mode: int) -> Path:  # type: ignore[return]  # itertools.count() ends only by the return
     """A new file beside `path` holding `old`; an existing backup is never overwritten."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for n in itertools.count():

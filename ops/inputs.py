@@ -40,6 +40,7 @@ def run_with_deadline(work: Awaitable[T], deadline_s: Optional[float]) -> T:
         except TimeoutError:
             if not scope.expired():  # a timeout of the work's own, not the deadline
                 raise
+            assert deadline_s is not None  # only a deadline expires
             raise DeadlineError(f"stopped at the overall deadline of {deadline_s / 60:g} min "
                                 "(--deadline-min)") from None
 

@@ -80,7 +80,8 @@ def build_haystack(tokens: int, needles: int = 3, seed: int = 0) -> Haystack:
     """A log of about `tokens` tokens with `needles` codes at evenly spaced depths."""
     rng = random.Random(seed)
     services = ["ingest", "billing", "auth", "search", "render", "queue"]
-    lines, chars = [], 0  # a running count: summing every line again per line was quadratic (5m: minutes of CPU)
+    lines: list[str] = []
+    chars = 0  # a running count: summing every line again per line was quadratic (5m: minutes of CPU)
     while chars < tokens * CHARS_PER_TOKEN:
         n = len(lines)
         lines.append(
@@ -136,7 +137,8 @@ async def probe(endpoint: str, api_key: str, model: str, sizes: Sequence[int], t
     async with client(api_key, timeout=3600) as http:  # a 1M-token prefill is minutes before a first byte
         for size in sizes:
             outcome = {"pass": 0, "junk": 0, "fail": 0, "truncated": 0, "error": 0}
-            prompt_tokens, completion_tokens, examples = [], [], []
+            prompt_tokens, completion_tokens = [], []
+            examples: list[dict] = []
             for trial in range(trials):
                 stack = build_haystack(size, needles, seed=size * 1000 + trial)
                 result = await stream_chat(http, endpoint, model, [{"role": "user", "content": stack.prompt}],

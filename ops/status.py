@@ -264,7 +264,8 @@ def firewall_text(node: dict) -> Text:
     fw = as_object(node.get("firewall"))
     if not fw:
         return Text("")
-    loaded = {True: "loaded", False: "NOT LOADED"}.get(fw.get("loaded"), "unknown")
+    # any JSON value as the key (typeshed wants a bool): anything but true or false is unknown
+    loaded = {True: "loaded", False: "NOT LOADED"}.get(fw.get("loaded"), "unknown")  # type: ignore[arg-type]
     state = fw.get("unit_state") or "unknown"
     bad = fw.get("loaded") is not True or state == "failed"
     return Text(f"table {loaded}\nunit {state}", style="red" if bad else "")
@@ -288,8 +289,10 @@ def guard_text(node: dict) -> str:
     if guard and "error" not in guard:
         checked = guard.get("checked_at")
         when = time.strftime("%H:%M:%S", time.localtime(checked)) if isinstance(checked, (int, float)) else "not yet"
-        verdict = {True: "ok", False: "FAILING"}.get(guard.get("ok")) or {
-            "busy": "busy (late, tokens flowing)", "key refused": "KEY REFUSED"}.get(guard.get("not_counted"), "-")
+        # any JSON values as the keys (typeshed wants a bool, a str): another gets the default
+        verdict = {True: "ok", False: "FAILING"}.get(guard.get("ok")) or {  # type: ignore[arg-type]
+            "busy": "busy (late, tokens flowing)",
+            "key refused": "KEY REFUSED"}.get(guard.get("not_counted"), "-")  # type: ignore[arg-type]
         window = guard.get("window_s")
         parts.append(f"canary: {verdict} at {when}; restarts {guard.get('restarts_in_window')}/"
                      f"{guard.get('restart_limit')} in {int(window) // 60 if isinstance(window, (int, float)) else '?'} min")
@@ -351,7 +354,7 @@ def render(report: dict, found: list[str], console: Console) -> None:
         if facts is None:
             platform.add_row(Text(node["node"]), Text(node.get("platform", {}).get("error") or "", style=red))
             continue
-        shown = lambda *names: " / ".join(str(facts.get(n)) for n in names)  # noqa: E731  None shows as None
+        shown = lambda *names, facts=facts: " / ".join(str(facts.get(n)) for n in names)  # noqa: E731  None shows as None
         platform.add_row(*(Text(v) for v in (
             node["node"], shown("os"), shown("kernel"), shown("driver", "cuda"), shown("bios_version", "bios_date"),
             shown("cma_total_kb", "cma_free_kb"), shown("vllm"), f"{facts.get('nccl')} ({facts.get('nccl_pip')})")))

@@ -43,9 +43,10 @@ class StreamResult:
     @property
     def tpot_s(self) -> Optional[float]:
         """Time per output token after the first (the decode rate a user feels)."""
-        if self.first_token is None or self.output_tokens < 2:
+        decode_s = self.decode_s  # None without a first token
+        if decode_s is None or self.output_tokens < 2:
             return None
-        return self.decode_s / (self.output_tokens - 1)
+        return decode_s / (self.output_tokens - 1)
 
     @property
     def decode_tok_s(self) -> Optional[float]:
@@ -80,7 +81,8 @@ async def stream_chat(
         **(extra or {}),
     }
     sent, first, chunks, usage, finish = clock(), None, 0, None, None
-    content, reasoning = [], []
+    content: list[str] = []
+    reasoning: list[str] = []
 
     def partial(error: str) -> StreamResult:
         return StreamResult(sent, first, clock(), chunks, None, "".join(content), error,

@@ -139,7 +139,8 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
         console.print(Text(f"dry run: nothing changed; `up` would: {summary or 'change nothing'}", style="bold"))
         return 0
     options = Options(tolerance=args.tolerance, rebaseline=args.rebaseline,
-                      readiness_timeout_s=args.readiness_timeout_min * 60, canary_timeout_s=args.canary_timeout_min * 60, poll_s=args.poll_seconds,
+                      readiness_timeout_s=args.readiness_timeout_min * 60, canary_timeout_s=args.canary_timeout_min * 60,
+                      poll_s=args.poll_seconds,
                       bench_deadline_s=args.bench_deadline_min * 60, gate=args.gate,
                       recipe_tolerance=args.recipe_tolerance)
     with upgrade_lock(work_dir, stack.name):

@@ -55,7 +55,9 @@ def ssh_access_check(ssh_user: Optional[str], ssh_key: Optional[str], ssh_option
 
     def for_target(target: Target) -> Callable[[], None]:
         def check() -> None:
-            shell = ssh_shell(ssh_user or target.ssh_user, ssh_key, ssh_options)
+            user = ssh_user or target.ssh_user
+            assert user is not None  # target_from_outputs requires the stack's sshUser
+            shell = ssh_shell(user, ssh_key, ssh_options)
             for node in target.nodes:
                 try:
                     shell(node, "true", "")
@@ -73,7 +75,9 @@ def ssh_hold_release(ssh_user: Optional[str], ssh_key: Optional[str], ssh_option
     """Removes the head's hold file over SSH, as `ops clear-hold` does (the guard then lets serving start)."""
     def for_target(target: Target) -> Callable[[], None]:
         head = next(n for n in target.nodes if n["role"] == "head")
-        shell = ssh_shell(ssh_user or target.ssh_user, ssh_key, ssh_options)
+        user = ssh_user or target.ssh_user
+        assert user is not None  # target_from_outputs requires the stack's sshUser
+        shell = ssh_shell(user, ssh_key, ssh_options)
         return lambda: release_hold(shell, head)
 
     return for_target
@@ -84,7 +88,9 @@ def ssh_guard_probe(ssh_user: Optional[str], ssh_key: Optional[str], ssh_options
     """Reads the head's guard verdict over SSH exactly as `ops status` reaches the nodes."""
     def for_target(target: Target) -> GuardProbe:
         head = next(n for n in target.nodes if n["role"] == "head")
-        run = ssh_runner(ssh_user or target.ssh_user, ssh_key, ssh_options)
+        user = ssh_user or target.ssh_user
+        assert user is not None  # target_from_outputs requires the stack's sshUser
+        run = ssh_runner(user, ssh_key, ssh_options)
         args = ["--name", head["name"], "--container", contract.SERVING_CONTAINER,
                 "--guard-status", contract.SERVING_GUARD_STATUS, "--hold", contract.SERVING_HOLD]
 
@@ -184,6 +190,7 @@ def bench_gate(target: Target, baseline: Optional[dict], after: schema.StackConf
         bound = f"{options.recipe_tolerance:.0%} below recipe {recipe.name}'s published figures"
         bench.render(result, console, comparison, against=f"recipe {recipe.name}'s baseline")
     else:
+        assert baseline is not None  # run_upgrade reads the stored one for every gate but the recipe's
         plan = plan_from_record(baseline["plan"])
         result = bench.measure(target, plan, console, profile=profile, deadline_s=options.bench_deadline_s)
         comparison = compare(result, baseline, options.tolerance)

@@ -94,17 +94,17 @@ class KnownGood:
 
 
 def known_good_from(outputs: dict[str, Any]) -> KnownGood:
-    image = outputs.get("servingImage") if isinstance(outputs.get("servingImage"), dict) else {}
-    platform = outputs.get("platform") if isinstance(outputs.get("platform"), dict) else {}
-    facts = platform.get("facts") if isinstance(platform.get("facts"), dict) else {}
-    bundles = outputs.get("launchBundles") if isinstance(outputs.get("launchBundles"), dict) else {}
+    image = outputs["servingImage"] if isinstance(outputs.get("servingImage"), dict) else {}
+    platform = outputs["platform"] if isinstance(outputs.get("platform"), dict) else {}
+    facts = platform["facts"] if isinstance(platform.get("facts"), dict) else {}
+    bundles = outputs["launchBundles"] if isinstance(outputs.get("launchBundles"), dict) else {}
     revision = outputs.get("modelRevision")
     return KnownGood(
         image_reference=image.get("reference") if isinstance(image.get("reference"), str) else None,
         image_tag=image.get("tag") if isinstance(image.get("tag"), str) else None,
         model_revision=revision if isinstance(revision, str) else None,
         launch_bundles={n: h for n, h in bundles.items() if isinstance(h, str)},
-        image_ids={n: f.get("image") for n, f in facts.items() if isinstance(f, dict) and isinstance(f.get("image"), str)})
+        image_ids={n: f["image"] for n, f in facts.items() if isinstance(f, dict) and isinstance(f.get("image"), str)})
 
 
 # What the program resolves again when these keys change, and the output that says what served:
@@ -122,10 +122,11 @@ def pins(changes: list[Change], known_good: KnownGood) -> dict[str, str]:
     result = {}
     for key, triggers in PINNED_BY.items():
         if changed & set(triggers):
-            if not served[key]:
+            pin = served[key]
+            if not pin:
                 raise InputError(f"the stack's outputs name no {what[key]}, so a rollback could not return to it: "
                                  "run `pulumi up` with this version of twinspark first; nothing changed")
-            result[key] = served[key]
+            result[key] = pin
     return result
 
 

@@ -62,7 +62,7 @@ class Upgrade:
             return GateResult("readiness", False, f"pulumi up failed: {one_line_error(err)}")
         return None
 
-    def serving_gates(self, up_finished: float) -> tuple[list[GateResult], Optional[Target]]:
+    def serving_gates(self, up_finished: float) -> tuple[list[GateResult], Target]:
         target = target_from_outputs(self.stack.outputs(), f"stack {self.stack.name} outputs")
         results = [wait_for_endpoint(target, self.options.readiness_timeout_s, self.options.poll_s)]
         if results[-1].ok:
@@ -122,6 +122,7 @@ class Upgrade:
     def known_good_gate(self) -> GateResult:
         """The rollback's outputs against what served before: digest, commit, launch bundles."""
         now, then = known_good_from(self.stack.outputs()), self.known_good
+        assert then is not None  # roll_back judges it only with a record
         differ = [f"{what}: {a!r} before the upgrade, {b!r} now" for what, a, b in (
             ("servingImage.reference", then.image_reference, now.image_reference),
             ("modelRevision", then.model_revision, now.model_revision),
@@ -143,7 +144,7 @@ class Upgrade:
                           Text(r.detail))
         self.console.print(table)
 
-    def run(self, baseline: dict, baseline_file: Path) -> int:
+    def run(self, baseline: Optional[dict], baseline_file: Path) -> int:  # None: --gate recipe
         try:
             self.stack.write_config(self.plan.forward)
         except CommandError as err:
@@ -169,6 +170,7 @@ class Upgrade:
         results = [failure] if failure else self.judged(gates)
         self.report("upgrade gates", results)
         if all(r.ok for r in results):
+            assert result is not None  # every gate passed, the bench's among them
             record_baseline(baseline_file, result, {
                 "stack": self.stack.name, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "settings": {c.key: c.after for c in self.plan.changes}})

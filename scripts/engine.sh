@@ -275,7 +275,7 @@ install_provider() {
     *) die "install-provider NAME VERSION BIN: NAME is command, random or docker, not '$name'" ;;
   esac
   [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "install-provider $name: VERSION is like $want (no v), not '$version'"
-  [ -f "$bin" ] && [ -x "$bin" ] || die "install-provider $name $version: '$bin' is not an executable file"
+  [[ -f $bin && -x $bin ]] || die "install-provider $name $version: '$bin' is not an executable file"
   [ -x "$(cli_bin)" ] || die "install-provider: the CLI installs the plugin: scripts/engine.sh build cli first"
   [ "$version" = "$want" ] || log "$name v$version: the Python SDK asks v$want, so the engine will not load this one"
   install_plugin "$name" "$version" "$bin" || die "install-provider $name $version: pulumi plugin install failed"
@@ -349,7 +349,7 @@ engine_refusal() {
   local dir=$1 part version
   [ -d "$dir" ] || { echo "'$dir' is not a folder"; return; }
   for part in "${ENGINE_PARTS[@]}"; do
-    [ -f "$dir/$part" ] && [ -x "$dir/$part" ] || { echo "$dir has no executable $part"; return; }
+    [[ -f $dir/$part && -x $dir/$part ]] || { echo "$dir has no executable $part"; return; }
   done
   version=$("$dir/pulumi" version 2>/dev/null | sed -n '1s/^v//p')
   [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+ ]] || { echo "$dir/pulumi version said '$version', not vX.Y.Z"; return; }
@@ -502,13 +502,14 @@ cmd_status() {
   return "$ok"
 }
 
-SMOKE_DIR= SMOKE_SSHD=
+SMOKE_DIR="" SMOKE_SSHD=""
 # An sshd on loopback for the smoke's remote.Command (as tests/ssh_fixtures.py starts one): its
 # own host key, one authorized key, no AcceptEnv. Sets SMOKE_SSH_PORT; fails when it cannot.
 smoke_sshd() {
-  local ssh=$1/ssh i
+  local ssh=$1/ssh
   [ -x /usr/sbin/sshd ] && command -v ssh-keygen >/dev/null || return 1
-  mkdir -p "$ssh" && mkdir -p /run/sshd 2>/dev/null || true
+  mkdir -p "$ssh"
+  mkdir -p /run/sshd 2>/dev/null || true
   ssh-keygen -q -t ed25519 -N '' -C '' -f "$ssh/host_key" && ssh-keygen -q -t ed25519 -N '' -C '' -f "$ssh/id" ||
     return 1
   SMOKE_SSH_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -517,7 +518,7 @@ smoke_sshd() {
     -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o UsePAM=no -o PidFile=none \
     2>"$ssh/sshd.log" &
   SMOKE_SSHD=$!
-  for i in $(seq 100); do
+  for _ in $(seq 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$SMOKE_SSH_PORT") 2>/dev/null && return 0
     sleep 0.1
   done
@@ -569,7 +570,8 @@ EOF
   (
     eval "$(print_env)"
     export PULUMI_BACKEND_URL="file://$dir/state" PULUMI_CONFIG_PASSPHRASE=smoke
-    export SMOKE_SSH_PORT SMOKE_SSH_DIR=$dir/ssh SMOKE_SSH_USER=$(id -un)
+    SMOKE_SSH_USER=$(id -un)
+    export SMOKE_SSH_PORT SMOKE_SSH_DIR=$dir/ssh SMOKE_SSH_USER
     unset SSH_AUTH_SOCK # the key above only: an agent in the caller's session is not the smoke's
     cd "$dir/project"
     pulumi stack init smoke --non-interactive

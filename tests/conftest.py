@@ -1,3 +1,4 @@
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,22 @@ def pytest_collection_modifyitems(items):
         if (path.name in NEEDS_ROOT_FILES or NEEDS_ROOT_FIXTURES & set(getattr(item, "fixturenames", ()))
                 or test in NEEDS_ROOT_TESTS):
             item.add_marker("root")
+
+@pytest.fixture(scope="module")
+def engine_env():
+    """The environment `eval "$(scripts/engine.sh env)"` gives, once the engine is ready (the
+    docker provider's tests check their plugin themselves)."""
+    engine = Path(__file__).resolve().parent.parent / "scripts" / "engine.sh"
+    status = subprocess.run([str(engine), "status"], capture_output=True, text=True)
+    ready = {line.split()[0] for line in status.stdout.splitlines() if ": ready" in line}
+    if not {"cli", "langhost", "command", "random"} <= ready:
+        pytest.fail("the engine is not built (scripts/engine.sh build cli langhost command random):\n"
+                    + status.stdout + status.stderr)
+    shown = subprocess.run(["bash", "-c", f'eval "$({engine} env)" && env -0'], capture_output=True, check=True)
+    env = dict(kv.split("=", 1) for kv in shown.stdout.decode().split("\0") if "=" in kv)
+    env.pop("SSH_AUTH_SOCK", None)  # only the keys a test gives: the caller's agent is not the test's
+    return env
+
 
 @pytest.fixture(scope="session")
 def operator_home(tmp_path_factory):

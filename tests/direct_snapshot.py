@@ -20,7 +20,6 @@ forced command, the copy's --firewall-set now bound there (issue 37: a copy key 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 

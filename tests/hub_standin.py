@@ -1,5 +1,6 @@
 """hub_standin.py — the Hugging Face Hub's HTTP API, as far as the real huggingface_hub client
-asks it for launch/weights.py (model_info, snapshot_download), served from a local directory.
+asks it for launch/weights.py and model-shape.py (model_info, snapshot_download, hf_hub_download),
+served from a local directory.
 
     python tests/hub_standin.py --root DIR --listen ADDR:PORT [--cdn-listen ADDR:PORT] [--tls CERT KEY]
 

@@ -6,9 +6,17 @@ PYTHONPATH, this folder first (Python puts a script's own folder there).
 
     mock_program.py CONFIG_JSON up|preview SECRET_KEYS_JSON WITHHELD_JSON NODES_SAY_FILE
 """
-import asyncio, hashlib, json, os, runpy, string, sys, traceback
-from program_harness import without_ignored
+import asyncio
+import hashlib
+import json
+import logging
+import runpy
+import string
+import sys
+import traceback
+
 import pulumi
+from program_harness import without_ignored
 from pulumi.runtime import mocks as pm
 from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.stack import wait_for_rpcs
@@ -109,7 +117,6 @@ class RecordingMonitor(pm.MockMonitor):
 
 mocks = Mocks()
 # what the program says through pulumi.log at WARNING (the mock engine logs it to this logger)
-import logging
 warned = []
 class Recording(logging.Handler):
     def emit(self, record):

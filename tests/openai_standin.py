@@ -12,7 +12,8 @@ when `stream_options.include_usage` asks for it, then `data: [DONE]`) or as one 
 answers' shapes, /metrics' families (names, types, HELP, labels, buckets) and the behaviour
 while loading and after an engine death are real vLLM 0.24.0's, as recorded in
 docs/measurements/vllm-0.24-h200-2026-12-02/ and, for tool calls through a real parser, its
--run2/ (tests/test_standin_matches_vllm.py holds the stand-in to both). The API key, when set, is enforced on /v1 only, as vLLM does.
+-run2/ (tests/test_standin_matches_vllm.py holds the stand-in to both). The API key, when set,
+is enforced on /v1 only, as vLLM does.
 Every POST lands in `Behaviour.requests` with whether it was authorized.
 
 Prompt tokens are len(text) // 4. A reply waits base_latency + uncached prompt / prefill_tok_s
@@ -151,7 +152,8 @@ ENGINE_HISTOGRAMS = {  # name: (HELP, buckets)
     "vllm:request_prefill_kv_computed_tokens": ("Histogram of new KV tokens computed during prefill (excluding cached "
                                                 "tokens).", TOKEN_BUCKETS),
 }
-HTTP_SIZE_HELP = "Content length of {} by handler. Only value of header is respected. Otherwise ignored. No percentile calculated. "
+HTTP_SIZE_HELP = ("Content length of {} by handler. Only value of header is respected. Otherwise ignored. "
+                  "No percentile calculated. ")
 
 
 def number(value: float) -> str:
@@ -656,7 +658,8 @@ def make_handler(behaviour: Behaviour):
             usage = {"prompt_tokens": n_prompt, "total_tokens": n_prompt + len(tokens), "completion_tokens": len(tokens)}
             if behaviour.prefix_cache:  # what vLLM adds with --enable-prompt-tokens-details
                 usage["prompt_tokens_details"] = {"cached_tokens": request.cached_prompt_tokens}
-            first_at = start + behaviour.base_latency_s + random.uniform(0, behaviour.ttft_jitter_s) + (n_prompt - request.cached_prompt_tokens) / behaviour.prefill_tok_s
+            first_at = (start + behaviour.base_latency_s + random.uniform(0, behaviour.ttft_jitter_s)
+                        + (n_prompt - request.cached_prompt_tokens) / behaviour.prefill_tok_s)
             self.outcome.update(reason=finish, generated=len(tokens), first=first_at)
             if parsing:
                 self.count_tool_parser("streaming" if body.get("stream") else "non_streaming", "no_tool_call",

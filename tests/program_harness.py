@@ -23,7 +23,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
@@ -115,7 +116,7 @@ def run_program(
     hub: str = "",
     facts: Optional[dict[str, dict[str, Any]]] = None,
     prior: Optional[ProgramRun] = None,
-    keyscan: Optional[dict[str, str]] = {},
+    keyscan: Optional[Mapping[str, str]] = MappingProxyType({}),
 ) -> ProgramRun:
     """`secret_keys`: config keys the engine would mark secret (set with --secret).
     `withheld_features`: RESOURCE_MONITOR_FEATURE_* names the mock engine reports unsupported.
@@ -133,7 +134,7 @@ def run_program(
     with tempfile.TemporaryDirectory() as known_hosts, tempfile.NamedTemporaryFile("w", suffix=".json") as said:
         env = {**os.environ, "TWINSPARK_KNOWN_HOSTS_DIR": known_hosts, **(extra_env or {}),
                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        json.dump({"registry": registry, "hub": hub, "facts": facts or {}, "keyscan": keyscan,
+        json.dump({"registry": registry, "hub": hub, "facts": facts or {}, "keyscan": None if keyscan is None else dict(keyscan),
                    "prior": {r.name: {"compared": r.compared, "outputs": r.outputs}
                              for r in (prior.resources if prior else [])}}, said)
         said.flush()

@@ -29,7 +29,8 @@ CASES = [
     (("nodes", 1, "rails", 0, "address"), "10.0.0.300/24", "twinspark:nodes[1].rails[0].address", ["10.0.0.300/24", "IPv4"]),
     (("nodes", 1, "rails", 0, "address"), "10.0.0.2", "twinspark:nodes[1].rails[0].address", ["prefix length"]),
     (("nodes", 1, "rails", 0, "address"), "10.9.0.2/24", "twinspark:nodes[1].rails[0].address", ["10.0.0.0/24"]),
-    (("nodes", 1, "rails", 1, "address"), "10.0.1.1/24", "twinspark:nodes[1].rails[1].address", ["already used", "nodes[0].rails[1]"]),
+    (("nodes", 1, "rails", 1, "address"), "10.0.1.1/24", "twinspark:nodes[1].rails[1].address",
+     ["already used", "nodes[0].rails[1]"]),
     (("nodes", 1, "role"), "head", "twinspark:nodes", ["exactly one", "2 nodes"]),
     (("nodes", 0, "role"), "worker", "twinspark:nodes", ["exactly one", "0 nodes"]),
     (("nodes", 1, "role"), "leader", "twinspark:nodes[1].role", ["'head' or 'worker'", "leader"]),
@@ -40,7 +41,8 @@ CASES = [
     (("nodes", 0, "rails", 0, "iface"), "", "twinspark:nodes[0].rails[0].iface", []),
     (("nodes", 0, "rails", 0, "hca"), "", "twinspark:nodes[0].rails[0].hca", []),
     (("nodes", 0, "rails"), [], "twinspark:nodes[0].rails", ["at least 1"]),
-    (("nodes", 1, "rails"), [{"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.2/24"}], "twinspark:nodes", ["same number of rails"]),
+    (("nodes", 1, "rails"), [{"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.2/24"}], "twinspark:nodes",
+     ["same number of rails"]),
     (("nodes", 0, "hostKey"), "not-a-key", "twinspark:nodes[0].hostKey", ["not-a-key"]),
     (("nodes", 0, "colour"), "green", "twinspark:nodes[0].colour", ["Extra inputs"]),
     (("nodes",), [], "twinspark:nodes", ["at least 1"]),
@@ -165,7 +167,6 @@ def test_a_refused_flag_never_shows_its_value():
 def test_every_flag_the_config_sets_is_refused_in_extra_args():
     """Render vLLM's flags from two configs that differ in every key: each flag whose value
     moved belongs to the config, so extraArgs must not set it."""
-    from components.config import FLAGS_NOT_IN_EXTRA_ARGS
     from components.launch_bundle import VllmServe, vllm_argv
 
     def flags(raw):
@@ -466,7 +467,8 @@ PORT_KEYS = [("serving", "port"), ("observability", "grafanaPort")]
 TAKEN_PORTS = [
     (22, "SSH"), (6379, "Ray GCS"), (8265, "Ray dashboard"), (10001, "Ray client server"),
     (10002, "Ray's worker ports"), (15000, "Ray's worker ports"), (19999, "Ray's worker ports"),
-    (8100, "the API gateway's, for vLLM's /metrics"), (29555, "NCCL"), (8873, "weight copy"), (9090, "Prometheus"), (9093, "Alertmanager"),
+    (8100, "the API gateway's, for vLLM's /metrics"), (29555, "NCCL"), (8873, "weight copy"), (9090, "Prometheus"),
+    (9093, "Alertmanager"),
     (9100, "node exporter"), (9835, "GPU exporter"), (32768, "ephemeral"), (45000, "raylet"), (60999, "ephemeral"),
 ]
 

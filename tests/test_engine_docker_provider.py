@@ -30,7 +30,6 @@ from ssh_fixtures import new_key, sshd_argv
 from toolbox import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
-ENGINE = REPO / "scripts" / "engine.sh"
 DOCKER_VERSION = json.loads((Path(pulumi_docker.__file__).parent / "pulumi-plugin.json").read_text())["version"]
 BASE_IMAGE = "twinspark-base:1"
 IMAGE = "twinspark-check:1"
@@ -38,22 +37,13 @@ CONTAINER = "twinspark-check"
 BUSYBOX = Path("/usr/bin/busybox")  # Debian's busybox-static
 
 
-def engine_env() -> dict[str, str]:
-    """The environment `scripts/engine.sh env` sets up, or a failure that says what is missing."""
-    out = subprocess.run(["bash", "-c", f'eval "$("{ENGINE}" env)" && env -0'], check=True,
-                         capture_output=True, text=True).stdout
-    env = dict(line.split("=", 1) for line in out.split("\0") if "=" in line)
-    if not shutil.which("pulumi", path=env["PATH"]):
-        pytest.fail(f"no pulumi CLI on the engine's PATH ({env['TWINSPARK_ENGINE_CACHE']}): scripts/engine.sh build")
-    plugin = Path(env["PULUMI_HOME"]) / "plugins" / f"resource-docker-v{DOCKER_VERSION}" / "pulumi-resource-docker"
+@pytest.fixture(scope="module")
+def engine(engine_env) -> dict[str, str]:
+    """The engine's environment (conftest.py), with the docker provider built."""
+    plugin = Path(engine_env["PULUMI_HOME"]) / "plugins" / f"resource-docker-v{DOCKER_VERSION}" / "pulumi-resource-docker"
     if not os.access(plugin, os.X_OK):
         pytest.fail(f"{plugin} is missing: scripts/engine.sh build docker")
-    return env
-
-
-@pytest.fixture(scope="module")
-def engine() -> dict[str, str]:
-    return engine_env()
+    return engine_env
 
 
 class Dockerd:
@@ -169,7 +159,8 @@ container = docker.Container(
     network_mode="host", ipc_mode="host", restart="unless-stopped",
     labels=[docker.ContainerLabelArgs(label="twinspark.check", value=env.get("TS_LABEL", "one"))],
     mounts=[docker.ContainerMountArgs(type="bind", source=env["TS_DATA"], target="/data", read_only=True,
-                                      bind_options=docker.ContainerMountBindOptionsArgs(propagation="rprivate"))],  # rslave: / is private here
+                                      bind_options=docker.ContainerMountBindOptionsArgs(propagation="rprivate"))],  \
+# rslave: / is private here
     volumes=[docker.ContainerVolumeArgs(host_path=env["TS_DATA"], container_path="/logs")],
     ulimits=[docker.ContainerUlimitArgs(name="stack", soft=8388608, hard=8388608)],
     capabilities=docker.ContainerCapabilitiesArgs(adds=["SYS_PTRACE"]),

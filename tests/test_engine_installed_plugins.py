@@ -89,7 +89,8 @@ def test_build_adopts_the_providers_a_users_own_pulumi_installed(cache, tmp_path
 @pytest.mark.parametrize("args, words", [
     (["randm", "4.21.4", "BIN"], "NAME is command, random or docker, not 'randm'"),
     (["random", "v4.21.4", "BIN"], "VERSION is like 4.21.4 (no v), not 'v4.21.4'"),
-    (["random", "4.21.4", "/nonexistent/pulumi-resource-random"], "'/nonexistent/pulumi-resource-random' is not an executable file"),
+    (["random", "4.21.4", "/nonexistent/pulumi-resource-random"],
+     "'/nonexistent/pulumi-resource-random' is not an executable file"),
     ([], "NAME is command, random or docker, not ''"),
 ])
 def test_install_provider_refuses_bad_input_in_one_line_and_installs_nothing(cache, tmp_path, args, words):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
-from test_engine_providers import engine_env  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,13 +24,13 @@ pulumi.export("ran", True)
 """
 
 
-def project(root: Path, **options: str) -> Path:
+def project(root: Path, venv: Path = ROOT / ".venv", **options: str) -> Path:
     folder = root / "project"
     folder.mkdir()
     extra = "".join(f"    {k}: {v}\n" for k, v in options.items())
     (folder / "Pulumi.yaml").write_text(
         "name: langhost-check\nruntime:\n  name: python\n  options:\n    toolchain: pip\n"
-        f"    virtualenv: {ROOT / '.venv'}\n{extra}")
+        f"    virtualenv: {venv}\n{extra}")
     (folder / "__main__.py").write_text(PROGRAM)
     return folder
 
@@ -60,8 +60,11 @@ def fake_mypy(root: Path, exit_code: int) -> Path:
 
 
 def test_a_typechecker_that_is_not_installed_is_named_and_the_program_never_runs(engine_env, tmp_path):
-    """main.go:969-993: the typechecker must be installed in the program's environment."""
-    folder = project(tmp_path, typechecker="mypy")
+    """main.go:969-993: the typechecker must be installed in the program's environment: a fresh
+    virtualenv (the project's own has mypy, for tests/test_lint.py)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    folder = project(tmp_path, venv, typechecker="mypy")
     assert pulumi(folder, engine_env, "stack", "init", "check").returncode == 0
     preview = pulumi(folder, engine_env, "preview")
     out = preview.stdout + preview.stderr

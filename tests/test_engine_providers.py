@@ -18,7 +18,6 @@ import pytest
 from ssh_fixtures import OTHER_HOST_KEY, Sshd, new_key
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE = ROOT / "scripts" / "engine.sh"
 SECRET_SIG = "4dabf18193072939515e22adb298388d"  # the engine's mark of a secret value
 
 PROGRAM = r'''
@@ -40,20 +39,6 @@ for name, args in spec.get("remote", {}).items():
     args = dict(args, connection=remote.ConnectionArgs(**args["connection"]))
     pulumi.export(name, remote.Command(name, **args, opts=opts).stdout)
 '''
-
-
-@pytest.fixture(scope="module")
-def engine_env():
-    """The environment `eval "$(scripts/engine.sh env)"` gives, once the engine is ready."""
-    status = subprocess.run([str(ENGINE), "status"], capture_output=True, text=True)
-    ready = {line.split()[0] for line in status.stdout.splitlines() if ": ready" in line}
-    if not {"cli", "langhost", "command", "random"} <= ready:  # docker is not these tests' own
-        pytest.fail("the engine is not built (scripts/engine.sh build cli langhost command random):\n"
-                    + status.stdout + status.stderr)
-    shown = subprocess.run(["bash", "-c", f'eval "$({ENGINE} env)" && env -0'], capture_output=True, check=True)
-    env = dict(kv.split("=", 1) for kv in shown.stdout.decode().split("\0") if "=" in kv)
-    env.pop("SSH_AUTH_SOCK", None)  # only the keys a test gives: the caller's agent is not the test's
-    return env
 
 
 class Stack:

@@ -1,4 +1,4 @@
-"""The memory-fit estimate before the load (launch/weights.py's shape check), against the seed's own
+"""The memory-fit estimate before the load (launch/model-shape.py), against the seed's own
 load: model 79.2 GiB per node, KV 20.5 (head) + 18.4 GiB -> 2,682,310 tokens (seed §4)."""
 
 import argparse
@@ -13,7 +13,7 @@ from program_harness import stack_config
 from test_node_artifacts import GIB, run_shape_check
 from toolbox import load_launch
 
-shape_check = load_launch("weights.py")
+shape_check = load_launch("model-shape.py")
 
 SEED_WEIGHTS = 167 * 10**9  # 48 shards, 167 GB of safetensors (seed §3)
 SPARK_MEMTOTAL = 127535148 * 1024  # a Spark's MemTotal (121.6 GiB)
@@ -99,7 +99,7 @@ def test_pp_divides_the_weights_and_each_stage_caches_its_own_layers_kv():
 def test_the_shape_check_scales_the_recipes_kv_figure_to_the_fullest_stage():
     """The recipe's 8206 B/token is every layer's, on one node: at PP 3 a node keeps 15 of the 43
     layers (14/15/14); at TP 2 the check computes what it computed before PP existed. Through
-    shape_lines, with the flags as weights.py parses them from the program's command line."""
+    shape_lines, with the flags as model-shape.py parses them from the program's command line."""
     seed = recipes.recipe_named(recipes.DEFAULT_RECIPE)
     config = seed.shape.as_config_json()
     files = {f"model-{i:05d}.safetensors": {"size": SEED_WEIGHTS // 48} for i in range(48)}

@@ -114,7 +114,7 @@ def drop_in_caps(serving) -> dict[str, int]:
     caps = {}
     for name in contract.COTENANT_SLICES:
         text = next((f.content for f in files if f.path == cotenant_slice_path(name)), "")
-        caps[name] = next((int(l.split("=")[1].rstrip("%")) for l in text.splitlines() if l.startswith("MemoryMax=")), 0)
+        caps[name] = next((int(line.split("=")[1].rstrip("%")) for line in text.splitlines() if line.startswith("MemoryMax=")), 0)
     return caps
 
 

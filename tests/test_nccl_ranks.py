@@ -265,13 +265,15 @@ def test_pinning_a_reinstalled_nodes_new_key_makes_everything_on_it_again(progra
                                                                           node, index):
     """docs/operating.md, Operating and recovering: a reinstalled node. Its own steps run again (host prep, bundle, fabric
     check, its exporters' directories, ...); its image is built (the head) or shipped to it (a
-    worker) and its containers created again; its weights are downloaded (the head) or copied to it (a worker); every NCCL rank runs."""
+    worker) and its containers created again; its weights are downloaded (the head) or copied to it
+    (a worker); every NCCL rank runs."""
     new_host_key(recipe_config, index)
     rekeyed = program(recipe_config)
     assert rekeyed.error is None, rekeyed.error
     steps = planned(recipe_run, rekeyed)
     docker = [r.name for r in rekeyed.resources if r.type.startswith("docker:index/") and on_node(rekeyed, r, node)]
-    commands = [r.name for r in rekeyed.of_type(COMMAND) if on_node(rekeyed, r, node) and not r.name.endswith("image-pin-resolve")]
+    commands = [r.name for r in rekeyed.of_type(COMMAND)
+                if on_node(rekeyed, r, node) and not r.name.endswith("image-pin-resolve")]
     built_here = {f"{node}-image-build"} if node == "spark1" else set()  # one build, on the head
     assert built_here | {f"{node}-serving-container", f"{node}-observability-node-exporter",
                          f"{node}-observability-gpu-exporter-image"} <= set(docker)

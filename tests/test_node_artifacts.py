@@ -139,12 +139,12 @@ def test_fabric_check_reports_each_failure_with_node_rail_expected_and_measured(
     )
     out = proc.stdout
     assert proc.returncode == 1, out
-    fails = [l for l in out.splitlines() if " FAIL " in l]
-    assert all("sparkX" in l for l in fails)
-    assert any("rail lo: MTU expected 9000, measured 65536" in l for l in fails), out
-    assert any("rail lo: speed expected 200000 Mb/s" in l for l in fails), out
-    assert any("rail lo: RoCE rocep1s0f0" in l and "ibv_devinfo missing" in l for l in fails), out
-    assert any("rail nosuchrail0: interface expected present, measured absent" in l for l in fails), out
+    fails = [line for line in out.splitlines() if " FAIL " in line]
+    assert all("sparkX" in line for line in fails)
+    assert any("rail lo: MTU expected 9000, measured 65536" in line for line in fails), out
+    assert any("rail lo: speed expected 200000 Mb/s" in line for line in fails), out
+    assert any("rail lo: RoCE rocep1s0f0" in line and "ibv_devinfo missing" in line for line in fails), out
+    assert any("rail nosuchrail0: interface expected present, measured absent" in line for line in fails), out
     # 127.0.0.1 answers an 8972-byte DF ping on lo (MTU 65536): that check must pass
     assert "ok   rail lo: 8972-byte DF ping to 127.0.0.1" in out
 
@@ -424,7 +424,7 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, 
         revision=None,
         tensor_parallel_size=tp, gpu_memory_utilization=utilization, memory_fit=memory_fit, pipeline_parallel_size=pp)
     line = script_command(model_weights.SHAPE_SCRIPT, model_weights.shape_check_args(args))
-    stdin = script_text(model_weights.SHAPE_SCRIPT) + launch_file(model_weights.WEIGHTS_PROGRAM)
+    stdin = script_text(model_weights.SHAPE_SCRIPT) + launch_file(model_weights.SHAPE_PROGRAM)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)}
     proc = subprocess.run(["bash", "-c", line], input=stdin, capture_output=True, text=True, env=env, timeout=60)
     return proc, (calls.read_text().splitlines() if calls.exists() else [])

@@ -668,7 +668,7 @@ def test_alertmanagers_label_cannot_be_checked_against_a_guess_of_the_url(progra
         assert run_.error is None, run_.error
         call = runner_call(run_.named("spark1-observability-alertmanager-config"))
         plain = sha256_text(f"{flag_value(call.args, '--path')}\0{flag_value(call.args, '--mode')}\0{call.payload}")
-        label = {l["label"]: l["value"] for l in inputs(run_, "spark1-observability-alertmanager")["labels"]}
+        label = {item["label"]: item["value"] for item in inputs(run_, "spark1-observability-alertmanager")["labels"]}
         return label[contract.OBSERVABILITY_CONFIG_LABEL], plain
 
     label, plain = label_and_plain_hash("https://hooks.example.test/services/T0KEN")

@@ -129,8 +129,11 @@ def test_component_type_tokens(recipe_run):
         ("spark2-weights-authorize", ["spark2-weights-forced-command", "spark2-weights-forced-command-weights"]),
         ("spark2-weights-revoke", ["spark2-weights-sync", "spark1-weights-shape-check", "spark2-image-ship"]),
         ("spark2-nccl-check", ["spark2-image-ship", "spark2-bundle-twinspark-env"]),
-        ("spark2-serving-container", ["spark2-image-ship", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env", "spark2-weights-sync", "spark1-weights-shape-check", "spark1-nccl-check", "spark2-nccl-check"]),
-        ("spark1-serving-container", ["spark1-image-build", "spark1-bundle-ray-token", "spark1-weights-fetch", "spark1-weights-shape-check", "spark2-serving-container", "spark2-nccl-check"]),
+        ("spark2-serving-container", ["spark2-image-ship", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env",
+                                      "spark2-weights-sync", "spark1-weights-shape-check", "spark1-nccl-check",
+                                      "spark2-nccl-check"]),
+        ("spark1-serving-container", ["spark1-image-build", "spark1-bundle-ray-token", "spark1-weights-fetch",
+                                      "spark1-weights-shape-check", "spark2-serving-container", "spark2-nccl-check"]),
         ("spark1-serving-gateway", ["spark1-image-build", "spark1-bundle-secrets-env", "spark1-bundle-api-gateway-conf"]),
         ("spark1-readiness-wait", ["spark1-serving-container", "spark1-serving-gateway"]),
         # the exporters bind first-rail addresses, which exist once the fabric is checked
@@ -212,7 +215,7 @@ def test_containers_carry_every_recipe_docker_option(recipe_run):
         assert inputs["cgroupParent"] == "twinspark.slice"
         assert inputs["entrypoints"] == ["/bin/bash", f"/twinspark/boot-{role}.sh"]
         assert c.delete_before_replace
-        assert [l["label"] for l in inputs["labels"]] == ["twinspark.bundle-hmac"]
+        assert [item["label"] for item in inputs["labels"]] == ["twinspark.bundle-hmac"]
 
 
 def test_only_the_heads_serving_container_and_the_gateway_mount_vllms_socket(recipe_config, program):
@@ -479,7 +482,11 @@ def test_model_shape_check_knows_tp_memory_share_and_every_peer(recipe_run):
     assert flag_value(call.args, "--gpu-memory-utilization") == "0.85"
     assert flag_values(call.args, "--peer") == ["spark2=nvidia@10.0.0.2"]  # its rail address: the sync key's way in
     assert flag_value(call.args, "--key") == "~/.ssh/twinspark_weights"
-    assert call.payload == launch_file("weights.py")  # its `shape-check`
+    assert call.payload == launch_file("model-shape.py")  # its `check`
+    # the fetch checks the same on the hub's listing before it downloads: both programs, framed
+    shape, weights = launch_file("model-shape.py"), launch_file("weights.py")
+    assert stdin_of(recipe_run, "spark1-weights-fetch") == (
+        f"{len(shape.encode())}\n{shape}{len(weights.encode())}\n{weights}")
     assert recipe_run.named("spark1-weights-shape-check").inputs["triggers"] == [
         "ssh://nvidia@192.168.1.10", "deepseek-ai/DeepSeek-V4-Flash-0731"]
 
@@ -695,7 +702,8 @@ def test_three_nodes(program, recipe_config):
     assert rails == ["enp1s0f0np0:rocep1s0f0:10.0.0.2,10.0.0.3"]
     assert env_file(run, "spark3")["TWINSPARK_NODE_IPS"] == "10.0.0.1,10.0.0.2,10.0.0.3"
     ranks = {n: flag_values(args_of(run, f"{n}-nccl-check"), "--check-arg") for n in ("spark1", "spark2", "spark3")}
-    assert [(flag_value(a, "--rank"), flag_value(a, "--world-size")) for a in ranks.values()] == [("0", "3"), ("1", "3"), ("2", "3")]
+    assert [(flag_value(a, "--rank"), flag_value(a, "--world-size"))
+            for a in ranks.values()] == [("0", "3"), ("1", "3"), ("2", "3")]
 
 
 def comparable(run):
@@ -827,7 +835,8 @@ def test_a_hub_mirror_reaches_both_hub_steps_and_the_default_changes_no_command_
     for name in ("spark1-weights-revision", "spark1-weights-fetch"):
         assert flag_value(args_of(run, name), "--hub-endpoint") == "https://hf-mirror.com"
     # an update, not a replace: the kept commit stays, the verified weights are not fetched again
-    assert run.named("spark1-weights-revision").inputs["triggers"] == recipe_run.named("spark1-weights-revision").inputs["triggers"]
+    assert (run.named("spark1-weights-revision").inputs["triggers"]
+            == recipe_run.named("spark1-weights-revision").inputs["triggers"])
 
 
 SHAPE_FLAGS = ("--tensor-parallel-size", "--gpu-memory-utilization", "--kv-cache-dtype", "--max-model-len",

@@ -160,8 +160,10 @@ def inputs_of(run) -> dict:
 # monitoring's dashboards and alert rules (Grafana and Prometheus restart on a change), the
 # memory budget where its gpuMemoryUtilization differs, the memory-fit inputs of the shape check
 # and of the fetch (which runs it before the download) — the sync key's authorization opens and
-# closes again for that check (issue 37) — and the client outputs (and the `recipe` output, and `launchBundles`: the bundles' hashes).
-OWNED = ("-weights-shape-check", "-weights-fetch", "-weights-authorize", "-weights-revoke", "-bundle-launch-vllm-sh", "-bundle-twinspark-env", "-serving-container", "nccl-run",
+# closes again for that check (issue 37) — and the client outputs (and the `recipe` output, and
+# `launchBundles`: the bundles' hashes).
+OWNED = ("-weights-shape-check", "-weights-fetch", "-weights-authorize", "-weights-revoke", "-bundle-launch-vllm-sh",
+         "-bundle-twinspark-env", "-serving-container", "nccl-run",
          "-observability-dashboard-spec-decode", "-observability-alert-rules", "-observability-grafana",
          "-observability-prometheus", "-guard-unit")  # the guard's canary: the recipe's tool parser
 BUDGET = ("-hostprep-cotenants-", "-fabric-check")  # the fabric check follows host prep

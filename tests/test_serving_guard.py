@@ -184,7 +184,7 @@ def test_a_restart_loop_is_held_and_cleared_by_removing_the_hold(head):
     wait_on_guard(lambda: head.status["ok"] is True, "a first passing round", head)
     for count in (1, 2, 3):  # docker's own restarts: the engine keeps dying at start
         head.set(restart_count=count, started_at=f"t{count}")
-        wait_on_guard(lambda: head.status["restarts_in_window"] == count, f"restart {count} counted", head)
+        wait_on_guard(lambda count=count: head.status["restarts_in_window"] == count, f"restart {count} counted", head)
     # at the limit docker restarts no more; the attempt running now still has its chance
     wait_on_guard(lambda: head.state()["policy"] == "no", "the restart policy lowered", head)
     assert not head.hold_file.exists()

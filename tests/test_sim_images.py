@@ -43,6 +43,7 @@ from components.observability_files import (
 )
 from components.config import SERVING_IMAGE_LOCK
 import sim_images
+from toolbox import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = sim_images.sim_stack()
@@ -68,11 +69,11 @@ def built() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def registry(built):
     """The registry as the nodes get it (serve_registry: read-only), on a free loopback port."""
-    addr = f"127.0.0.1:{sim_images.free_port()}"
+    addr = f"127.0.0.1:{free_port()}"
     proc = sim_images.serve_registry(addr)
     reg = sim_images.Registry(addr, tls=True)
     try:
-        sim_images.wait_for(lambda: proc.poll() is None and reg.answers(), "the read-only registry", 30)
+        wait_for(lambda: proc.poll() is None and reg.answers(), "the read-only registry", 30)
         yield reg
     finally:
         proc.terminate()

@@ -135,8 +135,9 @@ def test_a_second_site_is_the_same_cluster_on_a_lan_and_hub_of_its_own(tmp_path,
         {ipaddress.ip_interface(f"{h}/24").network for h in hosts[1]}
     ports = [urlsplit(c["twinspark:model"]["hubEndpoint"]).port for c in (here, there)]
     assert ports[1] - ports[0] >= 2, ports  # the hub stand-in's API port and the next
-    strip = lambda c: {**c, "twinspark:nodes": [{k: v for k, v in n.items() if k != "host"} for n in c["twinspark:nodes"]],
-                       "twinspark:model": {k: v for k, v in c["twinspark:model"].items() if k != "hubEndpoint"}}
+    def strip(c):
+        return {**c, "twinspark:nodes": [{k: v for k, v in n.items() if k != "host"} for n in c["twinspark:nodes"]],
+                "twinspark:model": {k: v for k, v in c["twinspark:model"].items() if k != "hubEndpoint"}}
     assert strip(there) == strip(here)
     assert cluster.site_prefix(0) != cluster.site_prefix(1)
     cluster.parse_sim_config(there)  # the program's own rules take it

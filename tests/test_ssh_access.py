@@ -227,7 +227,7 @@ def test_each_node_is_verified_with_its_own_key_on_both_sides(recipe_run):
         node = next(n for n, h in hosts.items() if h == host)
         assert connection(r)["hostKey"] == TEST_HOST_KEYS[node], r.name
     files = set()
-    for node, host in hosts.items():
+    for node in hosts:
         opts = docker_opts(recipe_run, node)
         assert opt_value(opts, "StrictHostKeyChecking") == "yes"
         assert opt_value(opts, "GlobalKnownHostsFile") == "/dev/null"

@@ -125,7 +125,7 @@ def resolve(head: Head, revision=None):
 
 def fetch(head: Head, revision: str, memory_fit=()):
     args = model_weights.fetch_args(weights_args(head.dir, endpoint=head.endpoint, memory_fit=memory_fit), revision)
-    return head.run("fetch-weights.sh", args, secrets=["hf_token"])
+    return head.run("fetch-weights.sh", args, secrets=["hf_token"], payload=model_weights.fetch_payload())
 
 
 @pytest.fixture
@@ -189,6 +189,21 @@ def test_fetch_pins_the_revision_and_checks_every_file_against_the_hub(tmp_path,
     absent = resolve(head, revision="f" * 40)
     assert absent.returncode != 0 and "Invalid rev id: " + "f" * 40 in absent.stdout + absent.stderr
     assert "huggingface_hub.errors.RevisionNotFoundError" in absent.stderr, absent.stderr
+
+
+def test_the_download_refuses_programs_not_framed_before_touching_the_model(tmp_path, home, hub):
+    """download reads two programs (remote.payloads); one sent bare, as before the split, is named
+    as the wrong input and nothing is downloaded."""
+    head, revision = fetched_head(tmp_path, home, hub, shards=2)
+    shutil.rmtree(head.dir)
+    args = model_weights.fetch_args(weights_args(head.dir, endpoint=head.endpoint), revision)
+    bare = head.run("fetch-weights.sh", args, secrets=["hf_token"], payload=launch_file(model_weights.WEIGHTS_PROGRAM))
+    assert bare.returncode != 0
+    assert "model-shape.py must follow the script on stdin, behind its size" in bare.stdout + bare.stderr
+    short = model_weights.fetch_payload()[:-100]
+    cut = head.run("fetch-weights.sh", args, secrets=["hf_token"], payload=short)
+    assert cut.returncode != 0 and "weights.py ended early on stdin" in cut.stdout + cut.stderr
+    assert not head.dir.exists()
 
 
 def test_a_commit_the_head_has_moved_past_still_fetches_as_it_was(tmp_path, home, hub):
@@ -291,7 +306,8 @@ def test_pin_refuses_a_file_the_hub_published_otherwise(tmp_path, home, hub):
     out = sh("python3", ROOT / "launch" / "weights.py", "pin", "--dir", head.dir, "--hub-listing", tmp_path / "listing.json",
              "--manifest", tmp_path / "m.json", "--record", tmp_path / "r.json", "--node", "spark1", check=False)
     assert out.returncode == 1
-    assert (f"FAIL spark1: model-00001-of-00002.safetensors: sha256 {sha256(head.hub / REPO / 'model-00001-of-00002.safetensors')}"
+    assert ("FAIL spark1: model-00001-of-00002.safetensors: sha256 "
+            f"{sha256(head.hub / REPO / 'model-00001-of-00002.safetensors')}"
             f" ({(head.hub / REPO / 'model-00001-of-00002.safetensors').stat().st_size} bytes), the hub publishes "
             f"{'0' * 64}") in out.stderr
     assert "FAIL spark1: config.json: git blob sha1 " in out.stderr
@@ -747,7 +763,8 @@ def test_another_revision_is_refused_naming_node_and_both(pair):
 
 def test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link(tmp_path, home, hub):
     """Figures, not a gate: the whole step (its checks, the transfer, the worker's verification),
-    the transfer alone, and the recipe's plain rsync over ssh, same files, same rails, the same clock. TWINSPARK_WEIGHTS_MEASURE_MB sets the
+    the transfer alone, and the recipe's plain rsync over ssh, same files, same rails, the same clock.
+    TWINSPARK_WEIGHTS_MEASURE_MB sets the
     model's size (default 256), TWINSPARK_WEIGHTS_MAX_STREAMS_PER_RAIL the streams' cap; the
     figures go to build/weights-local-report.json."""
     total_mb = int(os.environ.get("TWINSPARK_WEIGHTS_MEASURE_MB", "256"))

@@ -14,7 +14,7 @@ One job per module, each importing only modules listed before it:
   secret_keys.py     the secrets, read and checked without showing them
   node_addresses.py  the nodes' names resolved to the firewall's addresses
   topology.py        what fabric.topology decides: rail peers, Ray's addresses, NCCL env, copy rails
-  loading.py         reading the stack and rendering pydantic's errors as one line each
+  loading.py         reading the stack (or a stack file) and rendering pydantic's errors as one line each
   readme_table.py    the README's parameter table, from the field descriptions
 What `serving.extraArgs` may hold lives beside the recipes: core/vllm_flags.py.
 """
@@ -22,7 +22,7 @@ What `serving.extraArgs` may hold lives beside the recipes: core/vllm_flags.py.
 from core.vllm_flags import FLAGS_NOT_IN_EXTRA_ARGS
 from .blocks import ConfigBlock, ModelConfig, Node, Observability, Serving, ServingGuard
 from .errors import NAMESPACE, format_key_path
-from .loading import load_stack_config, parse_stack_config, stack_config_keys
+from .loading import load_stack_config, parse_stack_config, stack_config_keys, stack_file_config
 from .node_addresses import resolve_node_addresses
 from .readme_table import parameter_table
 from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig, shape_rules
@@ -31,9 +31,9 @@ from .secret_keys import _checked_secrets, load_secrets
 from .values import DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK
 
 __all__ = [
-    "CopyRail", "NodeFabric", "Topology",
+    "CopyRail", "Link", "NodeFabric", "Topology",
     "DEFAULT_HUB_ENDPOINT", "FLAGS_NOT_IN_EXTRA_ARGS", "NAMESPACE", "OPTIONAL_STRUCTURED_KEYS", "SERVING_IMAGE_LOCK",
     "STRUCTURED_KEYS", "ConfigBlock", "ModelConfig", "Node", "Observability", "Serving", "ServingGuard", "StackConfig",
     "_checked_secrets", "format_key_path", "load_secrets", "load_stack_config", "parameter_table",
-    "parse_stack_config", "resolve_node_addresses", "shape_rules", "stack_config_keys",
+    "parse_stack_config", "resolve_node_addresses", "shape_rules", "stack_config_keys", "stack_file_config",
 ]

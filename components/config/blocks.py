@@ -159,11 +159,11 @@ class Serving(ConfigBlock):
         description="API port on the head; not a port SSH, Ray, vLLM, NcclCheck, the weight copy, the kernel's "
         "ephemeral range or the monitoring (while on) use, nor grafanaPort")
     # unset: the recipe's value (filled in by _recipe_values before validation)
-    max_model_len: Integer = Field(
+    max_model_len: Integer = Field(  # type: ignore[assignment]  # None until _recipe_values: never once validated
         default=None, gt=0, le=MAX_MODEL_LEN_LIMIT,
         description="`--max-model-len`; also the clients' context window and fences (at most 2^24 tokens, beyond "
         "any model's context)")
-    gpu_memory_utilization: Number = Field(
+    gpu_memory_utilization: Number = Field(  # type: ignore[assignment]  # None until _recipe_values: never once validated
         default=None, gt=0.0, le=0.95, description="`--gpu-memory-utilization` (0 < x ≤ 0.95)")
     kv_cache_dtype: KvCacheDtype = Field(
         default=None,
@@ -272,7 +272,7 @@ class Serving(ConfigBlock):
     @model_validator(mode="after")
     def _memory_budget_adds_up(self) -> "Serving":
         try:
-            self.memory_budget
+            _ = self.memory_budget  # the property raises when the budget does not add up
         except BudgetError as err:
             raise CrossFieldError("cotenantMemoryMax", repr(self.cotenant_memory_max),
                                    f"a memory budget that adds up: {err}") from None

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import Any, Optional
 
 import pulumi
+import yaml
 from pulumi.runtime import config as runtime_config
 from pydantic import ValidationError
 
@@ -34,7 +36,16 @@ def parse_stack_config(raw: dict[str, Any]) -> StackConfig:
     cfg, problems = _stack_config_problems(raw)
     if problems:
         raise config_error(problems)
+    assert cfg is not None  # no problems: validated
     return cfg
+
+
+def stack_file_config(path: Path) -> StackConfig:
+    """A stack file's (Pulumi.<stack>.yaml) structured `twinspark:*` keys, validated as `pulumi up`
+    validates them; its plain and secret keys aside (the maintainers' tools read a file, not a stack)."""
+    config = yaml.safe_load(path.read_text())["config"]
+    raw = {key.split(":", 1)[1]: value for key, value in config.items() if key.startswith(f"{NAMESPACE}:")}
+    return parse_stack_config({k: v for k, v in raw.items() if k in STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS})
 
 
 def _split_path(path: str) -> list[Any]:
@@ -116,4 +127,5 @@ def load_stack_config(config: Optional[pulumi.Config] = None) -> StackConfig:
     cfg, invalid = _stack_config_problems(raw) if not unstructured else (None, unstructured)
     if problems or invalid:
         raise config_error(problems + invalid)
+    assert cfg is not None  # nothing invalid: validated
     return cfg

@@ -12,7 +12,8 @@ from .errors import NAMESPACE, config_error
 
 
 def _ipv4_addresses(host: str) -> list[str]:
-    return [info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)]
+    # AF_INET: each sockaddr is (address, port)
+    return [str(info[4][0]) for info in socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)]
 
 
 def resolve_node_addresses(nodes: list[Node], resolve=_ipv4_addresses) -> dict[str, tuple[str, ...]]:
@@ -26,7 +27,8 @@ def resolve_node_addresses(nodes: list[Node], resolve=_ipv4_addresses) -> dict[s
     node stops the program before any resource; a node whose address changes needs a
     `pulumi up` (until then the firewall drops its LAN traffic, it does not open).
     """
-    problems, found, owner = [], {}, {}
+    problems, found = [], {}
+    owner: dict[str, int] = {}  # address: the first node it belongs to
     for i, node in enumerate(nodes):
         key = f"{NAMESPACE}:nodes[{i}].host"
         loopback = []

@@ -45,6 +45,7 @@ def parameter_table() -> str:
     for block in STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS:
         model = StackConfig.model_fields[block].annotation
         inner = getattr(model, "__args__", (model,))[0]
+        assert isinstance(inner, type) and issubclass(inner, BaseModel)  # a block, or a list or Optional of one
         walk(inner, f"{block}{'[]' if block == 'nodes' else ''}.")
     for key, spec in SECRET_KEYS.items():
         shown = "".join(sorted(spec.characters - set(string.ascii_letters + string.digits)))

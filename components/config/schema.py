@@ -13,7 +13,7 @@ import functools
 import importlib.util
 import ipaddress
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic.alias_generators import to_snake
@@ -129,6 +129,7 @@ class StackConfig(ConfigBlock):
                                    f"a pipelineParallel that divides the node count {n} (tensorParallel, unset, is "
                                    f"the node count ÷ pipelineParallel): with {n} nodes set {layouts}")
         if self.tensor_parallel_size * pp != n:
+            assert tp_set is not None  # unset, TP is n ÷ pp, which the check above found whole
             key = "serving.tensorParallel" if "pipeline_parallel" not in self.serving.model_fields_set \
                 else "serving.pipelineParallel"
             raise CrossFieldError(key, f"tensorParallel {tp_set} × pipelineParallel {pp} = {tp_set * pp} ranks on "
@@ -138,7 +139,7 @@ class StackConfig(ConfigBlock):
 
     def _layout_splits_the_model(self) -> None:
         """Where the recipe records its model's shape, a TP × PP it cannot split stops here,
-        before any resource, with the layouts that work (the rules: launch/weights.py's)."""
+        before any resource, with the layouts that work (the rules: launch/model-shape.py's)."""
         recipe = self.serving.recipe_spec
         if recipe.shape is None or self.model.repo != recipe.repo:  # another model: judged after the pin
             return
@@ -329,6 +330,7 @@ class StackConfig(ConfigBlock):
         for i, node in enumerate(self.nodes):
             toward: dict[str, int] = {}
             for r, rail in enumerate(node.rails):
+                assert rail.peer is not None  # _ring_rails_name_their_peers, run first, refuses an unset peer
                 k = toward[rail.peer] = toward.get(rail.peer, -1) + 1
                 slot, path = (frozenset((node.name, rail.peer)), k), f"nodes[{i}].rails[{r}]"
                 if slot in slots:
@@ -391,15 +393,15 @@ class StackConfig(ConfigBlock):
 
 @functools.cache
 def shape_rules():
-    """launch/weights.py, whose shape rules the node runs (stdlib only): one copy of vLLM's rules."""
-    path = Path(__file__).resolve().parents[2] / "launch" / "weights.py"
-    spec = importlib.util.spec_from_file_location("twinspark_weights_program", path)
+    """launch/model-shape.py, whose rules the node runs (stdlib only): one copy of vLLM's rules."""
+    path = Path(__file__).resolve().parents[2] / "launch" / "model-shape.py"
+    spec = importlib.util.spec_from_file_location("twinspark_model_shape", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def _require_distinct(items: list[BaseModel], prefix: str, field: str) -> None:
+def _require_distinct(items: Sequence[BaseModel], prefix: str, field: str) -> None:
     seen: dict[str, int] = {}
     for i, item in enumerate(items):
         value = getattr(item, field)

@@ -106,6 +106,7 @@ class Topology:
         if not self.is_ring:
             return [n.rails[rail_index].ip for n in self.cfg.nodes if n.name != node.name]
         rail = node.rails[rail_index]
+        assert rail.peer is not None  # in a ring every rail names its peer (the schema's rule)
         peer = self._node(rail.peer)
         k = self.rails_toward(node, peer).index(rail)
         return [self.rails_toward(peer, node)[k].ip]
@@ -162,7 +163,8 @@ class Topology:
         worker. A ring of three: the head to both at once, one over each cable. A switch of four:
         the head to the second, then the head to the third beside the second to the fourth (two
         copies' time where all from the head would send three through the head's port)."""
-        holders, copies, waiting = [self.cfg.head], [], list(self.cfg.workers)
+        holders, waiting = [self.cfg.head], list(self.cfg.workers)
+        copies: list[WeightCopy] = []
         while waiting:
             served = []
             for holder in holders:

@@ -19,8 +19,8 @@ from core import contract
 from core import platform_gate
 
 
-def _text(pattern: str, allowed: str) -> Any:
-    """A string matching `pattern`; a mismatch says `allowed` in words, never the pattern."""
+def _matches(pattern: str, allowed: str) -> AfterValidator:
+    """The check of a string against `pattern`; a mismatch says `allowed` in words, never the pattern."""
     regex = re.compile(pattern)
 
     def check(value: str) -> str:
@@ -28,7 +28,13 @@ def _text(pattern: str, allowed: str) -> Any:
             raise ValueError(f"expected {allowed}")
         return value
 
-    return Annotated[str, AfterValidator(check)]
+    return AfterValidator(check)
+
+
+def _text(pattern: str, allowed: str) -> Any:
+    """A string matching `pattern`: a type built at run time, so Any to mypy (an alias inside another
+    Annotated spells Annotated[str, _matches(...)] instead, which mypy reads as str)."""
+    return Annotated[str, _matches(pattern, allowed)]
 
 
 def _not_a_boolean(value: Any) -> Any:
@@ -83,13 +89,13 @@ def _one_spelling_of_an_address(value: str) -> str:
     return value
 
 
-HostName = Annotated[_text(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?",
-                           "an IPv4 address or DNS name: letters, digits, '.' and '-', starting and ending with a "
-                           "letter or digit"),
+HostName = Annotated[str, _matches(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?",
+                                   "an IPv4 address or DNS name: letters, digits, '.' and '-', starting and ending with a "
+                                   "letter or digit"),
                      AfterValidator(_one_spelling_of_an_address)]
-HostKey = _text(r"(ssh-|ecdsa-)\S+ \S+",
-                "a host key as ssh-keyscan prints it after the host: its type and key, like "
-                "'ssh-ed25519 AAAAC3Nza...'")
+HostKey = Annotated[str, _matches(r"(ssh-|ecdsa-)\S+ \S+",
+                                  "a host key as ssh-keyscan prints it after the host: its type and key, like "
+                                  "'ssh-ed25519 AAAAC3Nza...'")]
 RepoId = _text(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*",
                "a Hugging Face repository OWNER/NAME, each part letters, digits, '_', '.' or '-' and starting "
                "with a letter or digit")

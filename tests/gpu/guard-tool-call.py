@@ -34,7 +34,8 @@ def main(guard_path: str, base: str) -> None:
                 print(f"forced body: {json.dumps(body)}")
             return super()._request(path, body, timeout)
 
-    for name, api in (("as the guard sends it", plain), ("forced to a call", ForcedApi(base, "/dev/null", 60.0, key="unchecked"))):
+    for name, api in (("as the guard sends it", plain),
+                      ("forced to a call", ForcedApi(base, "/dev/null", 60.0, key="unchecked"))):
         try:
             guard.streamed_tool_call(api, "tiny", "hermes")
             print(f"{name}: streamed_tool_call passed")

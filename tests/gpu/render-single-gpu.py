@@ -18,10 +18,12 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from program_harness import config_blocks
+
 from components import launch_bundle, serving_guard
 from components.config import ServingGuard, parse_stack_config
-from program_harness import config_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY_MODEL_DIR = "/tmp/tiny-model"  # model.dir; vLLM reads it as model.container_dir (/models/tiny-model)
 # gpt-oss-120b's lines that name its weights or its own parsers -> what the tiny Qwen2 needs

@@ -50,7 +50,8 @@ For each function call, return a json object with function name and arguments wi
 {% if message.content %}{{ message.content }}{% endif %}
 {%- for call in message.tool_calls | default([]) %}
 <tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments if call.function.arguments is string else call.function.arguments | tojson }}}
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments if call.function.arguments is string \
+else call.function.arguments | tojson }}}
 </tool_call>
 {%- endfor %}<|im_end|>
 {% elif message.role == 'tool' %}<|im_start|>user

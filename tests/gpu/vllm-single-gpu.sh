@@ -94,9 +94,10 @@ for body in "${tool_bodies[@]}"; do URL=/v1/chat/completions api -H 'Content-Typ
 python3 "$here/guard-tool-call.py" "$guard" http://127.0.0.1:8000 > "$OUT/guard.log" 2>&1
 mem "while serving: after the requests" serving
 curl -sS http://127.0.0.1:8100/metrics > "$OUT/metrics.txt"
-{ echo "== queried by the dashboards and alerts"; while read -r name; do
-    grep -q "^${name}[{ ]" "$OUT/metrics.txt" && echo "present $name" || echo "ABSENT $name"
-  done < "$bundle/metric-names.txt"; } >> "$OUT/metrics.txt"
+queried=$(while read -r name; do
+    if grep -q "^${name}[{ ]" "$OUT/metrics.txt"; then echo "present $name"; else echo "ABSENT $name"; fi
+  done < "$bundle/metric-names.txt")
+printf '== queried by the dashboards and alerts\n%s\n' "$queried" >> "$OUT/metrics.txt"
 
 # 3. the guard's canary, its unit's argv with host paths moved under /tmp and docker recorded
 if [ "${CANARY:-1}" != 0 ]; then
@@ -110,13 +111,12 @@ EOF
 chmod +x /tmp/guard/bin/docker
 mapfile -t argv < <(python3 -c 'import json,sys; [print(a) for a in json.load(open(sys.argv[1]))]' "$bundle/guard-argv.json")
 for i in "${!argv[@]}"; do a=${argv[$i]}
-  case $a in /usr/local/lib/twinspark/serving-guard.py) argv[$i]=$guard ;;
-    /opt/twinspark/secrets.env) argv[$i]=/tmp/guard/secrets.env ;; /usr/bin/python3) argv[$i]=python3 ;;
-    /*) argv[$i]=/tmp/guard${a} ;; esac; done
+  case $a in /usr/local/lib/twinspark/serving-guard.py) argv[i]=$guard ;;
+    /opt/twinspark/secrets.env) argv[i]=/tmp/guard/secrets.env ;; /usr/bin/python3) argv[i]=python3 ;;
+    /*) argv[i]=/tmp/guard${a} ;; esac; done
 mkdir -p /tmp/guard/run/twinspark/serving-guard /tmp/guard/var/lib/twinspark/serving-guard \
   /tmp/guard/var/lib/twinspark/observability/textfile /tmp/guard/var/log/twinspark
-echo "argv: ${argv[*]}" >> "$OUT/guard.log"
-PATH=/tmp/guard/bin:$PATH timeout 100 "${argv[@]}" >> "$OUT/guard.log" 2>&1
+{ echo "argv: ${argv[*]}"; PATH=/tmp/guard/bin:$PATH timeout 100 "${argv[@]}" 2>&1; } >> "$OUT/guard.log"
 { echo "== status"; cat /tmp/guard/run/twinspark/serving-guard/status.json; echo "== docker calls"
   cat /tmp/guard/docker-calls 2>/dev/null; } >> "$OUT/guard.log"
 fi

@@ -54,7 +54,8 @@ def shim_bin(tmp_path, restarting="false", restart_count=0, ray_gpus=(1, 1), dri
         "docker": f"""#!/bin/sh
 case "$1 $3" in
   "inspect {{{{.Image}}}}") echo sha256:served ;;
-  inspect*) echo '{{"Status":"running","Restarting":{restarting},"StartedAt":"2026-11-29T10:00:00Z","ExitCode":0}}|{restart_count}' ;;
+  inspect*) echo '{{"Status":"running","Restarting":{restarting},"StartedAt":"2026-11-29T10:00:00Z",\
+"ExitCode":0}}|{restart_count}' ;;
   image*) echo sha256:served ;;
   run*) cat >/dev/null; echo '{{"vllm": "0.25.2", "nccl": "2.30.7", "nccl_pip": null}}' ;;
   exec*) case "$*" in *"/twinspark/ray-membership.py alive --head 10.0.0.1 --gcs-port 6379") echo '{nodes}' ;;
@@ -105,8 +106,10 @@ def local_runner(bin_dir, per_node=None, run_dir=None):
 
 
 NODES = [
-    {"name": "spark1", "role": "head", "host": "h1", "rayIp": "10.0.0.1", "rails": [{"iface": "lo", "hca": "rocep1s0f0", "address": "10.0.0.1/24"}]},
-    {"name": "spark2", "role": "worker", "host": "h2", "rayIp": "10.0.0.2", "rails": [{"iface": "lo", "hca": "rocep1s0f0", "address": "10.0.0.2/24"}]},
+    {"name": "spark1", "role": "head", "host": "h1", "rayIp": "10.0.0.1",
+     "rails": [{"iface": "lo", "hca": "rocep1s0f0", "address": "10.0.0.1/24"}]},
+    {"name": "spark2", "role": "worker", "host": "h2", "rayIp": "10.0.0.2",
+     "rails": [{"iface": "lo", "hca": "rocep1s0f0", "address": "10.0.0.2/24"}]},
 ]
 
 

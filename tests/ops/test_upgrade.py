@@ -286,7 +286,8 @@ def test_without_a_baseline_the_deployment_is_measured_before_anything_changes(s
     ("wrong-model", ["readiness", "does not serve 'fake-model' (it serves another-model)"]),
     ("crashloop", ["canary", "engine exited 3 times in 10 min; hold: crash loop"]),
     ("guard-silent", ["no fresh verdict", "before the up finished"]),  # a verdict older than the update
-    ("slow", ["REGRESSION", "single_stream.decode_tok_s", "sweep[c=1].tpot_p50_ms", "regressions beyond the larger of 10% and the measured spread"]),  # the figures shown
+    ("slow", ["REGRESSION", "single_stream.decode_tok_s", "sweep[c=1].tpot_p50_ms",
+              "regressions beyond the larger of 10% and the measured spread"]),  # the figures shown
 ])
 def test_a_failing_gate_rolls_back(stack, world, tmp_path, outcome, words):
     path, _ = store_baseline(tmp_path, world)
@@ -453,7 +454,8 @@ def test_a_rollback_that_does_not_show_what_served_fails_loudly(stack, world, tm
 # ---- --gate recipe: the recipe's published baseline judges -----------------------------------------
 RECIPE_PLAN = bench_requests.BenchPlan(single_runs=3, single_max_tokens=16, concurrency=4, long_prompt_tokens=7000,
                                    sweep=(1,), sweep_requests_per_level=1, sweep_input_tokens=100,
-                                   sweep_output_tokens=3, sweep_repeats=1)  # the default plan's concurrency and long prompt, small elsewhere
+                                   sweep_output_tokens=3, sweep_repeats=1)  # the default plan's concurrency and long prompt,
+                                                                            # small elsewhere
 
 
 @pytest.mark.parametrize("image, code, words", [

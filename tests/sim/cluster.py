@@ -369,7 +369,7 @@ class SimCluster:
             "netns": self._site_netns(),
             "links": [iface for iface in [self.lan_iface] + [self._mgmt_host_iface(n) for n in self.nodes.values()]
                       if self._link_exists(iface)],
-            "mounts": [l for l in Path("/proc/self/mountinfo").read_text().splitlines() if marker in l],
+            "mounts": [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if marker in line],
             "processes": procs,
             "disks": [str(d) for d in self._site_disks()],
         }

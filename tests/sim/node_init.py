@@ -145,7 +145,8 @@ def main() -> int:
     parser.add_argument("--user", required=True)
     parser.add_argument("--sim-dir", required=True, type=Path)
     parser.add_argument("--registry", default="", help="host:port the node's dockerd may pull from over HTTP")
-    parser.add_argument("--registry-address", default="", help="this machine on the node's link: the registry's and the hub's address")
+    parser.add_argument("--registry-address", default="",
+                        help="this machine on the node's link: the registry's and the hub's address")
     parser.add_argument("--registry-ca", default="", help="the CA of the registry's TLS certificate")
     parser.add_argument("--hub", default="", help="host:port of the stack's model.hubEndpoint")
     # read by nothing here: it tells this node's PID 1 from another site's node of the same name (cluster.py)

@@ -239,7 +239,7 @@ def containers(cluster, node: str) -> dict[str, tuple[str, str]]:
     """name -> (id, started at), from the node's own dockerd."""
     out = cluster.ssh(node, "docker ps -aq | xargs -r docker inspect --format "
                             "'{{.Name}} {{.Id}} {{.State.StartedAt}}'").stdout
-    return {name.lstrip("/"): (cid, started) for name, cid, started in (l.split() for l in out.splitlines())}
+    return {name.lstrip("/"): (cid, started) for name, cid, started in (line.split() for line in out.splitlines())}
 
 
 def completion(stack_outputs: dict, key: str) -> httpx.Response:
@@ -388,7 +388,8 @@ def serving_events(cluster, node: str, since: float, action: str) -> list[float]
     """When the node's serving container had `action` (die, start, restart) since `since`, from
     dockerd's own event log (a `docker restart` is the guard's; a start without one, the policy's)."""
     out = cluster.ssh(node, f"docker events --since {since:.3f} --until \"$(date +%s.%N)\" --filter type=container "
-                            f"--filter container={contract.SERVING_CONTAINER} --filter event={action} --format '{{{{.TimeNano}}}}'")
+                            f"--filter container={contract.SERVING_CONTAINER} "
+                            f"--filter event={action} --format '{{{{.TimeNano}}}}'")
     assert out.returncode == 0, out.stderr
     return [int(t) / 1e9 for t in out.stdout.split()]
 

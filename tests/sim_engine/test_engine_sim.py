@@ -94,7 +94,7 @@ def test_a_reinstalled_worker_is_refused_until_its_new_key_is_pinned_then_gets_e
     pins = subprocess.run([sys.executable, "-m", "ops", "pin-host-keys", "--stack-file", str(stack.config_file),
                            "--stack", "sim"], cwd=stack.project, env={**os.environ, **stack.env}, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL)
-    line = next(l for l in pins.stdout.splitlines() if "nodes[1].hostKey" in l)
+    line = next(line for line in pins.stdout.splitlines() if "nodes[1].hostKey" in line)
     new_key = shlex.split(line)[-1]
     assert new_key not in held, "the reinstalled node still shows its old host key"
     stack.set_config("nodes[1].hostKey", new_key)

@@ -102,7 +102,8 @@ def test_the_guards_verdict_reaches_prometheus_through_the_node_exporter(cluster
     Prometheus: the canary alerts and the guard's panel have data."""
     for name, healthy in [("twinspark_guard_canary_success", 1.0), ("twinspark_guard_hold", 0.0),
                           ("twinspark_guard_gateway_up", 1.0)]:
-        wait_for(lambda: guard_series(cluster, name) == [healthy], f"{name} == {healthy:g}", 4 * scrape_s(stack) + 30)
+        wait_for(lambda name=name, healthy=healthy: guard_series(cluster, name) == [healthy], f"{name} == {healthy:g}",
+                 4 * scrape_s(stack) + 30)
     assert guard_series(cluster, "time() - twinspark_guard_canary_last_run_timestamp_seconds")[0] < 900
 
 
@@ -350,7 +351,7 @@ def test_a_panic_loop_through_head_reboots_is_held_and_the_reboot_it_asks_for_cu
         cluster.reboot(HEAD)
         reboots += 1
 
-        def loaded_or_held():
+        def loaded_or_held(cut=cut, reboots=reboots):  # this reboot's
             if guard_verdict(cluster).get("hold"):
                 return "held"
             running, _, started = head_serving_state(cluster)
@@ -430,7 +431,8 @@ def test_a_cotenant_beyond_its_cap_is_named_and_one_at_its_cap_lets_serving_load
         with cotenant(beyond) as second:
             since = time.time()
             cluster.ssh(HEAD, f"docker restart {SERVING}")
-            waiting = wait_for(lambda: memory_verdict(cluster, since).get("ok") is False and memory_verdict(cluster, since), "the memory check waiting for the co-tenant", readiness_s(stack))
+            waiting = wait_for(lambda: memory_verdict(cluster, since).get("ok") is False and memory_verdict(cluster, since),
+                               "the memory check waiting for the co-tenant", readiness_s(stack))
             report["cotenant_beyond_cap_verdict_s"] = round(waiting["checked_at"] - since, 1)
             assert waiting["cause"] == COTENANT_CGROUP.name, waiting
             assert f"{COTENANT_CGROUP.name} holds it: a co-tenant there" in waiting["message"], waiting

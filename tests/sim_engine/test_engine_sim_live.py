@@ -139,7 +139,7 @@ def test_the_lan_reaches_ssh_and_the_head_ports_only(cluster, serving, report):
         ports = listening_tcp_ports(cluster, name)
         assert contract.RAY_PORT in ports or name != HEAD, ports
         with ThreadPoolExecutor(max_workers=len(ports)) as pool:  # a dropped port costs its timeout: at once
-            reachable[name] = [p for p, ok in zip(ports, pool.map(lambda p: lan_can_connect(node.spec.host, p), ports))
+            reachable[name] = [p for p, ok in zip(ports, pool.map(lambda p, host=node.spec.host: lan_can_connect(host, p), ports))
                                if ok]
     report["lan_reachable_ports"] = reachable
     assert reachable == {HEAD: sorted({22, *cluster.cfg.head_public_ports}), WORKER: [22]}, reachable
@@ -251,7 +251,8 @@ def test_no_step_output_log_or_plain_state_holds_a_secret(cluster, stack, servin
     }
     assert "secure" in config["twinspark:hfToken"], "the stack file holds the HF token in the clear"
     deployment = json.loads(stack.cli("stack", "export", "--show-secrets").stdout)["deployment"]
-    step_outputs = {r["urn"].rsplit("::", 1)[-1]: f"{r.get('outputs', {}).get('stdout', '')}{r.get('outputs', {}).get('stderr', '')}"
+    step_outputs = {r["urn"].rsplit("::", 1)[-1]: f"{r.get('outputs', {}).get('stdout', '')}"
+                                                  f"{r.get('outputs', {}).get('stderr', '')}"
                     for r in deployment["resources"] if r["type"] == "command:remote:Command"}
     plain_state = stack.cli("stack", "export").stdout  # what the backend stores: secrets encrypted
     logs = "".join(cluster.node_exec(node, "bash", "-c", f"cat {contract.LOG_DIR}/*.log").stdout for node in cluster.nodes)
