@@ -46,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from components.config import StackConfig, stack_file_config  # noqa: E402
-from sim_recipes import private_dockerd, recipes  # noqa: E402
+from private_dockerd import private_dockerd  # noqa: E402
+from sim_recipes import recipes  # noqa: E402
 # tests/sim, tests/sim_engine and tests/test_sim_images.py reach the registry through this module too
 from sim_registry import (REGISTRY, REGISTRY_BINARY, REGISTRY_CA, REGISTRY_PORT, Registry,  # noqa: E402,F401
                           log, push_registry, registry_config, registry_tls, serve_registry, sim_certificate,

@@ -1,35 +1,33 @@
 """sim_recipes.py — how each of the sim's images is built, and the key of its inputs: the serving
 base (debootstrap, the serving lock's wheels, the stand-ins), the monitoring servers from Debian's
-packages, the stand-ins built from Go; and the private dockerd they are built in (never the
-system's). A recipe's key hashes its inputs and its build functions' source: an edit here rebuilds
+packages, the stand-ins built from Go (in private_dockerd.py's dockerd, never the system's).
+A recipe's key hashes its inputs and its build functions' source: an edit here rebuilds
 what it touches (sim_images.py decides what to build and pushes it)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 from components.config import SERVING_IMAGE_LOCK, StackConfig
-from sim_registry import CACHE, ROOT, Registry, log, run, sim_ca, split_reference, wait_for
+from private_dockerd import Docker
+from sim_registry import CACHE, ROOT, Registry, log, run, sim_ca, split_reference
 
 STANDINS = ROOT / "tests" / "sim" / "images"
 # torch as far as the NCCL check asks (tests/sim/images/torch-standin/torch/__init__.py says what it is)
 TORCH_STANDIN = STANDINS / "torch-standin"
 
 # Debian's docker.io pair: the CLI on PATH may be another (newer, BuildKit-only) one
-DOCKERD, DOCKER = "/usr/sbin/dockerd", "/usr/bin/docker"
 DEBIAN_MIRROR, SUITE = "http://deb.debian.org/debian", "bookworm"
 BASE_PACKAGES = ("python3", "python3-pip", "nginx")
 PYTHON_SITE = "/usr/local/lib/python3.11/dist-packages"  # bookworm's python3 is 3.11
@@ -48,40 +46,6 @@ NOBODY = 65534
 def debian_version(tag: str) -> str:
     """A Debian image's tag is the package's version with '+' as '_' (docker tags have no '+')."""
     return tag.replace("_", "+")
-
-
-@dataclass
-class Docker:
-    host: str  # unix:///...docker.sock
-
-    def __call__(self, *argv, timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
-        return run(DOCKER, "-H", self.host, *argv, timeout=timeout, **kw)
-
-
-@contextlib.contextmanager
-def private_dockerd() -> Iterator[Docker]:
-    """A dockerd of our own: host network only (no bridge, no iptables), state in a temporary dir."""
-    state = Path(tempfile.mkdtemp(prefix="twinspark-sim-dockerd-", dir=os.environ.get("TMPDIR", "/tmp")))
-    sock = state / "docker.sock"
-    logfile = open(state / "dockerd.log", "w")
-    proc = subprocess.Popen(
-        [DOCKERD, "--data-root", state / "root", "--exec-root", state / "exec", "--pidfile", state / "pid",
-         "-H", f"unix://{sock}", "--iptables=false", "--ip6tables=false", "--bridge=none",
-         "--storage-driver", "overlay2"], stdout=logfile, stderr=subprocess.STDOUT)
-    docker = Docker(f"unix://{sock}")
-    try:
-        wait_for(lambda: proc.poll() is None and run(DOCKER, "-H", docker.host, "version", check=False).returncode == 0,
-                 f"the private dockerd (log: {state / 'dockerd.log'})", 60)
-        yield docker
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        logfile.close()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 # ---- keys ------------------------------------------------------------------------------------

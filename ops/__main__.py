@@ -35,11 +35,23 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every flag's default in its help, where the help does not already say it in words (those
+    from the environment, such as --api-key's $VLLM_API_KEY, say where, never the value)."""
+    for action in parser._actions:  # argparse has no public list of a parser's actions
+        if (action.default is None or action.default is False or action.default == [] or action.default == argparse.SUPPRESS
+                or "default" in (action.help or "")):
+            continue
+        action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m ops", description=__doc__)
     sub = parser.add_subparsers(dest="tool", required=True)
     for name, tool in TOOLS.items():
-        tool.module.add_arguments(sub.add_parser(name, help=tool.help))
+        tool_parser = sub.add_parser(name, help=tool.help)
+        tool.module.add_arguments(tool_parser)
+        show_defaults(tool_parser)
     return parser
 
 

@@ -36,6 +36,7 @@ from rich.text import Text
 
 from core import recipes
 
+from .output import tool_console
 from .bench_compare import (RECIPE_TOLERANCE, check_recipe_reference, compare, compare_with_recipe,
                             comparison_warnings, load_baseline, plan_differences)
 from .bench_requests import Bench, BenchPlan, plan_record
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
                      sweep_requests_per_level=args.sweep_requests, sweep_input_tokens=args.sweep_input_tokens,
                      sweep_output_tokens=args.sweep_output_tokens, sweep_repeats=args.sweep_repeats)
     # the stack does not export its serving profile: unknown stays null in the plan
-    return run_bench(target, plan, args.output, None if recipe else args.compare, args.tolerance, Console(),
+    return run_bench(target, plan, args.output, None if recipe else args.compare, args.tolerance, tool_console(),
                      profile=args.profile, send_cache_salt=args.cache_salt,
                      allow_plan_mismatch=args.allow_plan_mismatch, deadline_s=args.deadline_min * 60, recipe=recipe,
                      recipe_tolerance=args.recipe_tolerance)

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from core import contract
 
+from .output import tool_console
 from .inputs import ToolError
 from .nodes import NodeShell, add_ssh_arguments, check_pinned, ssh_shell
 from .target import add_target_arguments, resolve_target, ssh_user
@@ -29,14 +30,14 @@ READ_VERDICT = f"cat {shlex.quote(contract.SERVING_GUARD_STATUS)}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
+    add_target_arguments(parser, endpoint=False, nodes=True)
     add_ssh_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    target = resolve_target(args, need_nodes=True)
+    target = resolve_target(args, ("nodes", "ssh_user"))
     check_pinned(target.nodes)
-    return clear_hold(target, ssh_shell(ssh_user(args, target), args.ssh_key, args.ssh_option), Console())
+    return clear_hold(target, ssh_shell(ssh_user(args, target), args.ssh_key, args.ssh_option), tool_console())
 
 
 def release_hold(shell: NodeShell, head: dict) -> None:

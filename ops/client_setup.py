@@ -25,10 +25,10 @@ from typing import Optional
 
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
-from rich.console import Console
 from rich.text import Text
 from tomlkit.items import InlineTable
 
+from .output import tool_console
 from .inputs import InputError, ToolError
 from .target import add_target_arguments, resolve_target
 
@@ -164,14 +164,14 @@ def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path) -> lis
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
+    add_target_arguments(parser, endpoint=False)  # the stack's client outputs: nothing stands in for them
     parser.add_argument("--codex-home", type=Path, default=Path(os.environ.get("CODEX_HOME", "~/.codex")).expanduser())
     parser.add_argument("--claude-env-file", type=Path, default=Path("~/.config/twinspark/claude-code.env").expanduser())
 
 
 def run(args: argparse.Namespace) -> int:
-    target = resolve_target(args)
-    console = Console()
+    target = resolve_target(args, stands_in=())
+    console = tool_console()
     for f in setup_clients(target.outputs, args.codex_home, args.claude_env_file):
         console.print(Text(f"{f.action:9} {f.path}" + (f"  (previous kept as {f.backup.name})" if f.backup else "")))
     console.print(Text.assemble("Claude Code: ", (f"source {args.claude_env_file}", "bold"),

@@ -80,15 +80,24 @@ def check_output_path(path: Optional[str]) -> None:
         raise InputError(f"--output {path}: not writable")
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number above zero."""
+def whole_number(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not above zero")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is not above zero" if least == 1 else f"{value} is below {least}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number above zero."""
+    return whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number, zero or more."""
+    return whole_number(text, 0)
 
 
 def positive_float(text: str) -> float:

@@ -9,6 +9,8 @@ model must return all of them, exactly, at temperature 0. Per context size and t
   usually because reasoning used the budget: inconclusive, not a failure of the model;
 - error: no answer at all (key refused, endpoint gone, HTTP error, a stream that is not the
   API's): not the model's failure either, and the run exits 1.
+The run exits 1 too when the real failures are more than --max-failures (0 by default): a gate
+for a script or CI; the recipe's own table allows a few at its longest sizes.
 
 Only the answer (`content`) is scored; reasoning counts against max_tokens, which is why the
 default budget is large.
@@ -31,7 +33,9 @@ from rich.text import Text
 
 from core.recipes import DEFAULT_RECIPE
 
-from .inputs import DeadlineError, InputError, check_output_path, positive_float, positive_int, run_with_deadline
+from .output import tool_console
+from .inputs import (DeadlineError, InputError, check_output_path, non_negative_int, positive_float, positive_int,
+                     run_with_deadline)
 from .stream import client, stream_chat
 from .target import add_recipe_argument, add_target_arguments, check_endpoint, resolve_target, target_recipe
 
@@ -189,9 +193,11 @@ def render(rows: list[dict], console: Console, max_tokens: Optional[int] = None)
 
 
 def run_needle(target, sizes: Sequence[int], trials: int, needles: int, max_tokens: int, console: Console,
-               output: Optional[str] = None, profile: Optional[str] = None, deadline_s: Optional[float] = None) -> int:
-    """0, or 1 when a trial got no answer; raises InputError, before any request, for an output file
-    that cannot be written, and DeadlineError (after writing the sizes done) at the deadline."""
+               output: Optional[str] = None, profile: Optional[str] = None, deadline_s: Optional[float] = None,
+               max_failures: int = 0) -> int:
+    """0, or 1 when a trial got no answer or the real failures are more than max_failures; raises
+    InputError, before any request, for an output file that cannot be written, and DeadlineError
+    (after writing the sizes done) at the deadline."""
     check_output_path(output)
     plan = {"sizes": list(sizes), "trials": trials, "needles": needles, "max_tokens": max_tokens,
             "temperature": 0.0, "model": target.model, "endpoint": target.endpoint, "profile": profile}
@@ -214,7 +220,11 @@ def run_needle(target, sizes: Sequence[int], trials: int, needles: int, max_toke
         raise DeadlineError(f"{missed}; {len(rows)} of {len(sizes)} sizes were done"
                             + (f" and are written to {output}" if output and rows else ""))
     render(rows, console, max_tokens)
-    return 1 if any(row["errors"] for row in rows) else 0
+    failures = sum(row["real_failures"] for row in rows)
+    if failures > max_failures:
+        console.print(Text(f"FAIL: {failures} real failure{'' if failures == 1 else 's'}, more than --max-failures "
+                           f"{max_failures}", style="bold red"))
+    return 1 if any(row["errors"] for row in rows) or failures > max_failures else 0
 
 
 DEADLINE_MIN = 180  # the whole run's: a default run takes up to ~2 h when the model thinks long
@@ -231,6 +241,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="per reply, reasoning included; a reply cut off here counts as truncated, not failed")
     p.add_argument("--profile", help="serving profile in use (default, multiagent), kept in the plan")
     p.add_argument("--output", "-o")
+    p.add_argument("--max-failures", type=non_negative_int, default=0,
+                   help="exit 1 when the real failures (every size's together) are more than this")
     p.add_argument("--deadline-min", type=positive_float, default=DEADLINE_MIN,
                    help=f"stop the whole run after this many minutes, keeping the sizes done (default {DEADLINE_MIN})")
 
@@ -241,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     # a stack that names no recipe serves the default one
     recipe = target_recipe(target, default=DEFAULT_RECIPE) if args.sizes is None else None
     target.model = check_endpoint(target)
-    console = Console()
+    console = tool_console()
     sizes = args.sizes
     if recipe is not None:
         sizes = recipe.needle_sizes
@@ -253,4 +265,4 @@ def run(args: argparse.Namespace) -> int:
                          f"is served with ({target.max_model_len:,} tokens, /v1/models): pass --sizes up to that")
     # the stack does not export its serving profile: unknown stays null in the plan
     return run_needle(target, sizes, args.trials, args.needles, args.max_tokens, console, args.output, args.profile,
-                      deadline_s=args.deadline_min * 60)
+                      deadline_s=args.deadline_min * 60, max_failures=args.max_failures)

@@ -32,6 +32,7 @@ from rich.text import Text
 from core import contract
 from core import platform_gate
 
+from .output import tool_console
 from .api import served_models
 from .inputs import positive_int
 from .nodes import FACTS_PROBE, NodeRunner, add_ssh_arguments, check_pinned, ssh_runner
@@ -39,11 +40,13 @@ from .target import add_target_arguments, resolve_target, status_expectations
 
 MEMBERSHIP_IN_CONTAINER = f"{contract.CONTAINER_BUNDLE_DIR}/{contract.MEMBERSHIP_SCRIPT}"
 MP_MEMBERSHIP_IN_CONTAINER = f"{contract.CONTAINER_BUNDLE_DIR}/{contract.MP_MEMBERSHIP_SCRIPT}"
+# the flags that together stand in for the stack (resolve_target)
+STANDS_IN = ("endpoint", "api_key", "nodes", "ssh_user", "expect_mtu", "expect_speed_mbps")
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
+    add_target_arguments(parser, nodes=True)
     add_ssh_arguments(parser)
     parser.add_argument("--expect-mtu", type=positive_int, help="default: the stack's fabric.mtu")
     parser.add_argument("--expect-speed-mbps", type=positive_int, help="default: the stack's fabric.linkSpeedMbps")
@@ -51,11 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    target = resolve_target(args, need_nodes=True)
+    target = resolve_target(args, STANDS_IN)
     check_pinned(target.nodes)
     expect = status_expectations(args, target)
     return run_status(target, ssh_runner(expect.ssh_user, args.ssh_key, args.ssh_option), args.json, expect.mtu,
-                      expect.speed_mbps, Console())
+                      expect.speed_mbps, tool_console())
 
 
 def probe_args(node: dict, executor: str = "ray", worker_ips: Sequence[str] = ()) -> list[str]:
@@ -271,10 +274,21 @@ def firewall_text(node: dict) -> Text:
     return Text(f"table {loaded}\nunit {state}", style="red" if bad else "")
 
 
+def shown(value) -> str:
+    """A value as a person reads it: unknown as '-'."""
+    return "-" if value is None else str(value)
+
+
+def count(value) -> str:
+    """A count that came as a float (Prometheus' samples are) as the whole number it is."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else shown(value)
+
+
 def gpu_text(gpu: dict) -> str:
     if gpu.get("error"):
         return gpu["error"]
-    text = f"{gpu.get('temperature_c')} °C {gpu.get('power_w')} W {gpu.get('sm_clock_mhz')}/{gpu.get('max_sm_clock_mhz')} MHz"
+    text = (f"{shown(gpu.get('temperature_c'))} °C {shown(gpu.get('power_w'))} W "
+            f"{count(gpu.get('sm_clock_mhz'))}/{count(gpu.get('max_sm_clock_mhz'))} MHz")
     throttled = [r for r in gpu.get("throttle") or [] if r != "idle"]
     return text + (f"\nthrottled: {', '.join(throttled)}" if throttled else "")
 
@@ -283,8 +297,8 @@ def guard_text(node: dict) -> str:
     parts = []
     memory = as_object(node.get("memory_check"))
     if "message" in memory:
-        parts.append(f"memory: {'ok' if memory.get('ok') else 'WAITING'} ({memory.get('available_gib')} of "
-                     f"{memory.get('need_gib')} GiB available)")
+        parts.append(f"memory: {'ok' if memory.get('ok') else 'WAITING'} ({shown(memory.get('available_gib'))} of "
+                     f"{shown(memory.get('need_gib'))} GiB available)")
     guard = as_object(node.get("guard"))
     if guard and "error" not in guard:
         checked = guard.get("checked_at")
@@ -294,8 +308,9 @@ def guard_text(node: dict) -> str:
             "busy": "busy (late, tokens flowing)",
             "key refused": "KEY REFUSED"}.get(guard.get("not_counted"), "-")  # type: ignore[arg-type]
         window = guard.get("window_s")
-        parts.append(f"canary: {verdict} at {when}; restarts {guard.get('restarts_in_window')}/"
-                     f"{guard.get('restart_limit')} in {int(window) // 60 if isinstance(window, (int, float)) else '?'} min")
+        parts.append(f"canary: {verdict} at {when}; restarts {shown(guard.get('restarts_in_window'))}/"
+                     f"{shown(guard.get('restart_limit'))} in "
+                     f"{int(window) // 60 if isinstance(window, (int, float)) else '?'} min")
     if node.get("hold"):
         parts.append("HELD")
     return "\n".join(parts)
@@ -338,7 +353,7 @@ def render(report: dict, found: list[str], console: Console) -> None:
         c = node["container"]
         container = (Text(f"{c['status']}{' (restarting)' if c.get('restarting') else ''}, {c['restart_count']} restarts")
                      if c.get("present") else Text("missing", style=red))
-        rails = "\n".join(f"{r['iface']}: {r['operstate']} {r['speed_mbps']} {r['mtu']} {r['roce_state']}"
+        rails = "\n".join(f"{r['iface']}: {r['operstate']} {shown(r['speed_mbps'])} {shown(r['mtu'])} {shown(r['roce_state'])}"
                           for r in node["rails"])
         ray = node.get("ray", node.get("ranks"))
         ray_text = "" if ray is None else (ray.get("error") or ", ".join(
@@ -354,19 +369,22 @@ def render(report: dict, found: list[str], console: Console) -> None:
         if facts is None:
             platform.add_row(Text(node["node"]), Text(node.get("platform", {}).get("error") or "", style=red))
             continue
-        shown = lambda *names, facts=facts: " / ".join(str(facts.get(n)) for n in names)  # noqa: E731  None shows as None
+        def facts_of(*names: str, facts: dict = facts) -> str:
+            return " / ".join(shown(facts.get(n)) for n in names)
+
         platform.add_row(*(Text(v) for v in (
-            node["node"], shown("os"), shown("kernel"), shown("driver", "cuda"), shown("bios_version", "bios_date"),
-            shown("cma_total_kb", "cma_free_kb"), shown("vllm"), f"{facts.get('nccl')} ({facts.get('nccl_pip')})")))
+            node["node"], facts_of("os"), facts_of("kernel"), facts_of("driver", "cuda"),
+            facts_of("bios_version", "bios_date"), facts_of("cma_total_kb", "cma_free_kb"), facts_of("vllm"),
+            f"{shown(facts.get('nccl'))} ({shown(facts.get('nccl_pip'))})")))
     console.print(platform)
     ep = report["endpoint"]
     endpoint = Table(title="endpoint")
     endpoint.add_column("")
     endpoint.add_column("")
     endpoint.add_row("url", Text(ep["url"]))
-    endpoint.add_row("/health", Text(str(ep.get("health") or ep.get("error"))))
-    endpoint.add_row("model", Text(str(ep.get("model"))))
-    endpoint.add_row("requests running / waiting", f"{ep.get('requests_running')} / {ep.get('requests_waiting')}")
+    endpoint.add_row("/health", Text(shown(ep.get("health") or ep.get("error"))))
+    endpoint.add_row("model", Text(shown(ep.get("model"))))
+    endpoint.add_row("requests running / waiting", f"{count(ep.get('requests_running'))} / {count(ep.get('requests_waiting'))}")
     sd = ep.get("spec_decode")
     if sd:
         endpoint.add_row("spec-decode acceptance", f"{sd['acceptance']:.0%}")

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import httpx
 from pydantic import TypeAdapter, ValidationError
@@ -39,14 +39,19 @@ class Target:
         return self.endpoint.rstrip("/").removesuffix("/v1")
 
 
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("target (default: the outputs of the current Pulumi stack)")
+def add_target_arguments(parser: argparse.ArgumentParser, endpoint: bool = True, nodes: bool = False) -> None:
+    """The stack's flags, and those that stand in for its outputs: the endpoint's (`endpoint`),
+    the nodes' (`nodes`); a tool offers only the ones it reads."""
+    group = parser.add_argument_group("target (default: the outputs of the current Pulumi stack; the flags below "
+                                      "stand in for them)")
     group.add_argument("--stack", help="Pulumi stack to read outputs from")
-    group.add_argument("--endpoint", help="OpenAI base URL, e.g. http://192.168.1.10:8000/v1")
-    group.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="default: $VLLM_API_KEY")
-    group.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
-    group.add_argument("--nodes", help="JSON list of nodes as in the `nodes` stack output")
     group.add_argument("--outputs-file", help="a saved `pulumi stack output --json --show-secrets`")
+    if endpoint:
+        group.add_argument("--endpoint", help="OpenAI base URL, e.g. http://192.168.1.10:8000/v1")
+        group.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="default: $VLLM_API_KEY")
+        group.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
+    if nodes:
+        group.add_argument("--nodes", help="JSON list of nodes as in the `nodes` stack output")
 
 
 def add_recipe_argument(parser: argparse.ArgumentParser, what: str) -> None:
@@ -59,7 +64,7 @@ def stack_outputs(stack: Optional[str]) -> dict[str, Any]:
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
-        raise TargetError("the Pulumi CLI is not on PATH: pass --endpoint and --api-key (and --nodes)") from None
+        raise TargetError("the Pulumi CLI is not on PATH, so no stack can be read") from None
     except subprocess.TimeoutExpired:
         raise TargetError(f"`{' '.join(command)}` did not answer in 120 s") from None
     if proc.returncode != 0:
@@ -124,20 +129,33 @@ def check_endpoint(target: Target, timeout: float = 10.0) -> str:
     return model
 
 
-def resolve_target(args: argparse.Namespace, need_nodes: bool = False) -> Target:
-    """Flags win over stack outputs; the stack is read only when a flag is missing."""
+def flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def resolve_target(args: argparse.Namespace, stands_in: Sequence[str] = ("endpoint", "api_key")) -> Target:
+    """Flags win over stack outputs. `stands_in`: the flags (argparse dests) that together say all the
+    tool reads: the stack is read only when one of them is missing, and where it cannot be read
+    the error names those missing. A tool without `endpoint` among them never needs one; one with
+    `nodes` needs nodes and exactly one head."""
     outputs: dict[str, Any] = {}
+    missing = [flag(dest) for dest in stands_in if not getattr(args, dest, None)]
     if args.outputs_file:
         outputs = read_outputs_file(args.outputs_file)
-    elif not (args.endpoint and args.api_key and (not need_nodes or status_flags_complete(args))):
-        outputs = stack_outputs(args.stack)
-    endpoint = args.endpoint or outputs.get("endpoint")
-    if not endpoint:
-        raise TargetError("no endpoint: pass --endpoint http://HEAD:8000/v1 or run inside the Pulumi project")
-    if not endpoint.startswith(("http://", "https://")):
-        raise TargetError(f"endpoint {endpoint!r} is not an http:// or https:// URL")
-    nodes = parse_nodes(args.nodes) if args.nodes else outputs.get("nodes") or []
-    if need_nodes:
+    elif missing or not stands_in:
+        try:
+            outputs = stack_outputs(args.stack)
+        except TargetError as err:
+            raise TargetError(f"{err}: pass {' and '.join(missing)}, or run inside the Pulumi project"
+                              if missing else str(err)) from None
+    endpoint = getattr(args, "endpoint", None) or outputs.get("endpoint") or ""
+    if "endpoint" in stands_in:
+        if not endpoint:
+            raise TargetError("no endpoint: pass --endpoint http://HEAD:8000/v1 or run inside the Pulumi project")
+        if not endpoint.startswith(("http://", "https://")):
+            raise TargetError(f"endpoint {endpoint!r} is not an http:// or https:// URL")
+    nodes = parse_nodes(args.nodes) if getattr(args, "nodes", None) else outputs.get("nodes") or []
+    if "nodes" in stands_in:
         if not nodes:
             raise TargetError("no nodes: pass --nodes '[{\"name\":...,\"role\":...,\"host\":...,\"rayIp\":...,\"rails\":[...]}]'")
         heads = [n["name"] for n in nodes if n["role"] == "head"]
@@ -145,8 +163,8 @@ def resolve_target(args: argparse.Namespace, need_nodes: bool = False) -> Target
             raise TargetError(f"nodes: expected exactly one with role head, found {len(heads)}")
     return Target(
         endpoint=endpoint,
-        api_key=args.api_key or outputs.get("apiKey") or "",
-        model=args.model or outputs.get("model") or "",
+        api_key=getattr(args, "api_key", None) or outputs.get("apiKey") or "",
+        model=getattr(args, "model", None) or outputs.get("model") or "",
         nodes=nodes,
         outputs=outputs,
         ssh_user=outputs.get("sshUser"),
@@ -177,11 +195,6 @@ def target_from_outputs(outputs: dict[str, Any], source: str) -> Target:
     return Target(endpoint=outputs["endpoint"], api_key=outputs["apiKey"], model=outputs["model"],
                   nodes=outputs["nodes"], outputs=outputs, ssh_user=outputs["sshUser"],
                   fabric=outputs.get("fabric") or {}, recipe=outputs.get("recipe"))
-
-
-def status_flags_complete(args: argparse.Namespace) -> bool:
-    """Flags alone say everything `status` needs: the stack need not be read."""
-    return all(getattr(args, a, None) for a in ("nodes", "ssh_user", "expect_mtu", "expect_speed_mbps"))
 
 
 @dataclass

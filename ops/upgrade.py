@@ -48,6 +48,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .output import tool_console
 from . import bench
 from .bench_compare import RECIPE_TOLERANCE, plan_differences
 from .bench_requests import plan_from_record, plan_record
@@ -190,5 +191,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, console: Optional[Console] = None, work_dir: Path = CHECKOUT) -> int:
     """The stack through the Automation API in work_dir (the checkout); the nodes over SSH."""
     ssh = (args.ssh_user, args.ssh_key, args.ssh_option)
-    return run_upgrade(args, console or Console(), lambda name: AutomationStack(name, work_dir), ssh_guard_probe(*ssh),
+    return run_upgrade(args, console or tool_console(), lambda name: AutomationStack(name, work_dir), ssh_guard_probe(*ssh),
                        work_dir, ssh_hold_release(*ssh), ssh_access_check(*ssh))

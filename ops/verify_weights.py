@@ -25,6 +25,7 @@ from rich.text import Text
 
 from core import contract
 
+from .output import tool_console
 from .inputs import InputError, one_line
 from .nodes import NodeShell, add_ssh_arguments, check_pinned, ssh_shell
 from .target import add_target_arguments, resolve_target, ssh_user
@@ -56,7 +57,7 @@ def copy_again_steps(worker: str, names) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
+    add_target_arguments(parser, endpoint=False, nodes=True)
     add_ssh_arguments(parser)
     parser.add_argument("--dir", help="the model directory on the nodes (default: the stack's modelDir output)")
 
@@ -129,7 +130,7 @@ def report(verdicts: list[NodeVerdict], urns: dict[str, str], console: Console) 
 
 
 def run(args: argparse.Namespace) -> int:
-    target = resolve_target(args, need_nodes=True)
+    target = resolve_target(args, ("nodes", "ssh_user", "dir"))
     model_dir = args.dir or target.outputs.get("modelDir")
     if not model_dir:
         raise InputError("no model directory: pass --dir (model.dir of the stack) or run inside the Pulumi project "
@@ -140,4 +141,4 @@ def run(args: argparse.Namespace) -> int:
     shell = ssh_shell(ssh_user(args, target), args.ssh_key, args.ssh_option)
     verdicts = verify_all(shell, target.nodes, model_dir)
     urns = stack_urns(args.stack) if any(v.failures for v in verdicts) and not (args.outputs_file or args.nodes) else {}
-    return report(verdicts, urns, Console(highlight=False))
+    return report(verdicts, urns, tool_console(highlight=False))

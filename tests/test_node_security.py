@@ -507,9 +507,14 @@ def test_wrong_keys_are_answered_at_a_limited_rate_per_address_and_the_key_still
         assert statuses[:launch_bundle.WRONG_KEY_BURST] == [401] * launch_bundle.WRONG_KEY_BURST, statuses
         assert statuses.count(429) >= 60 - launch_bundle.WRONG_KEY_BURST - 5, statuses
         assert call(gw.port, "/v1/models", API_KEY) == 200
-        with pytest.raises(urllib.error.HTTPError) as limited:
-            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{gw.port}/v1/models"), timeout=5)
-        assert limited.value.code == 429 and limited.value.headers["Retry-After"] == "1"
+        # no key at all counts as a wrong one: a burst of them meets the limit too (a burst, as one
+        # request alone may come after the 200 ms that refill a guess on a loaded machine)
+        keyless = []
+        for _ in range(30):
+            with pytest.raises(urllib.error.HTTPError) as answer:
+                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{gw.port}/v1/models"), timeout=5)
+            keyless.append((answer.value.code, answer.value.headers["Retry-After"]))
+        assert (429, "1") in keyless and {code for code, _ in keyless} <= {401, 429}, keyless
         time.sleep(1.5)
         assert call(gw.port, "/v1/models", "wrong-key-again") == 401
         assert gw.seen == ["/v1/models"]

@@ -43,6 +43,7 @@ from components.observability_files import (
 )
 from components.config import SERVING_IMAGE_LOCK
 import sim_images
+from private_dockerd import private_dockerd
 from toolbox import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +83,7 @@ def registry(built):
 
 @pytest.fixture(scope="module")
 def docker():
-    with sim_images.private_dockerd() as d:
+    with private_dockerd() as d:
         yield d
 
 

@@ -61,7 +61,7 @@ def test_client_setup_writes_backs_up_and_is_idempotent(tmp_path):
     (codex_home / "config.toml").write_text(EXISTING_CONFIG)
     outputs_file = tmp_path / "outputs.json"
     outputs_file.write_text(json.dumps(stack_outputs_for_tests()))
-    args = ["client-setup", "--outputs-file", str(outputs_file), "--endpoint", "http://h:8000/v1",
+    args = ["client-setup", "--outputs-file", str(outputs_file),
             "--codex-home", str(codex_home), "--claude-env-file", str(env_file)]
     assert ops_main(args) == 0
     backups = list(codex_home.glob("config.toml.bak-*"))

@@ -33,6 +33,20 @@ def test_ops_help_lists_every_tool_with_its_help():
         assert f"    {name} " in proc.stdout and tool.help in proc.stdout, name
 
 
+def test_each_tools_help_shows_its_defaults_but_never_a_value_from_the_environment():
+    env = {**os.environ, "COLUMNS": "200", "VLLM_API_KEY": "sk-from-the-env-123", "TWINSPARK_SSH_USER": "env-user-456"}
+    shown = {}
+    for name in TOOLS:
+        proc = subprocess.run([sys.executable, "-m", "ops", name, "--help"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "sk-from-the-env-123" not in proc.stdout and "env-user-456" not in proc.stdout, name
+        shown[name] = proc.stdout
+    assert "--trials TRIALS       default: 5" in shown["needle"]
+    assert "more than this (default: 0)" in shown["needle"]  # a default of 0 is shown too
+    assert "--api-key API_KEY     default: $VLLM_API_KEY" in shown["bench"]
+
+
 @pytest.mark.parametrize("name", list(TOOLS))
 def test_main_runs_the_tool_named_with_what_its_parser_made(monkeypatch, name):
     ran = []

@@ -65,11 +65,28 @@ def test_needle_probe_counts_known_outcomes(endpoint, tmp_path):
     behaviour.needle_behaviors = ["correct", "junk", "wrong", "correct", "missing", "refuse"]
     out = tmp_path / "needle.json"
     assert needle.run_needle(target, [2000, 4000], trials=3, needles=3, max_tokens=64, console=quiet(),
-                             output=str(out)) == 0
+                             output=str(out), max_failures=3) == 0  # 3 real failures: within the gate
     rows = json.loads(out.read_text())["sizes"]
     assert [(r["size"], r["passes"], r["junk"], r["real_failures"]) for r in rows] == [(2000, 1, 1, 1), (4000, 1, 0, 2)]
     assert all(r.body["temperature"] == 0.0 for r in behaviour.requests)
     assert rows[0]["prompt_tokens"] > 1900
+
+
+def test_needle_exits_1_when_real_failures_pass_the_gate(endpoint, tmp_path, capsys):
+    """A wrong or missing code is a real failure: any of them fails the run by default
+    (--max-failures 0); the gate lets as many as it is given."""
+    behaviour, target = endpoint
+    behaviour.decode_tok_s = 5000.0
+    behaviour.needle_behaviors = ["correct", "wrong", "correct", "missing"]
+    flags = [*target_flags(target), "--sizes", "2k", "--trials", "4", "--max-tokens", "64"]
+    code, _, out = run_ops(capsys, "needle", *flags)
+    assert code == 1 and "FAIL: 2 real failures, more than --max-failures 0" in out, out
+    behaviour.needle_behaviors = ["correct", "wrong", "correct", "missing"]
+    code, _, out = run_ops(capsys, "needle", *flags, "--max-failures", "2")
+    assert code == 0 and "FAIL" not in out, out
+    code, err, _ = run_ops(capsys, "needle", *flags, "--max-failures", "-1")
+    assert code == 2
+    one_clear_line(err, "--max-failures", "-1 is below 0")
 
 
 def test_needle_reports_a_reply_cut_off_by_reasoning_as_truncated(endpoint, tmp_path):

@@ -1,8 +1,10 @@
 """ops status and ops clear-hold: the endpoint, each node's probe (through a local runner standing in
 for SSH), the guard, the hold, the memory check and the firewall."""
 
+import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from rich.console import Console
 from core import contract
 from ops import status
 from ops.nodes import NODE_PROBE
+from ops.output import tool_console
 from ops_helpers import quiet
 
 
@@ -160,6 +163,24 @@ def test_status_shows_each_nodes_platform_and_judges_it_with_the_stacks_acknowle
     status.render(report, found, Console(width=200))
     shown = capsys.readouterr().out
     assert "590.44.01 / 13.0" in shown and "UNHEALTHY platform: nodes differ in driver" in shown
+
+
+def test_status_piped_shows_whole_lines_counts_and_no_none(endpoint, tmp_path):
+    """Redirected (`ops status > f`), a report keeps each line whole (no 80-column wrap), a count
+    from /metrics is a whole number and an unknown fact is '-', never `None`."""
+    behaviour, target = endpoint
+    behaviour.metrics_text = METRICS
+    target.nodes = NODES
+    report = status.collect(target, local_runner(shim_bin(tmp_path)))
+    report["nodes"][1]["platform"]["facts"]["bios_version"] = None  # a fact the node could not read
+    report["endpoint"]["requests_running"], report["endpoint"]["requests_waiting"] = 2.0, 1.0
+    long_line = "spark2: " + "a problem long enough to wrap at any terminal width " * 4
+    piped = io.StringIO()
+    status.render(report, [long_line], tool_console(file=piped))
+    text = piped.getvalue()
+    assert long_line in text.splitlines()[-1], text[-600:]
+    assert "None" not in text, text
+    assert re.search(r"requests running / waiting\s*│\s*2 / 1\s", text), text
 
 
 GUARD_OK = {"checked_at": 1764470000.0, "ok": True, "failures": [], "consecutive_failures": 0,
