@@ -6,6 +6,7 @@ compaction fences never exceed it.
 - codexConfig:       ~/.codex/config.toml (wire_api "responses", auto-compaction fence)
 - codexModelCatalog: the model catalog JSON Codex reads via model_catalog_json
 - claudeCodeEnv:     ANTHROPIC_* lines for Claude Code (vLLM serves /v1/messages); secret
+- claudeCodeSettings: what ~/.claude/settings.json must hold (client-setup merges it in)
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from .config import StackConfig, Topology
 # A fence must leave room below the served context for the summary and the next turn.
 FENCE_SHARE_OF_CONTEXT = 0.9
 CODEX_PROVIDER_ID = "twinspark"
+# Claude Code asks for a model by its tier (background work goes to Haiku's): each tier names the
+# one model served here, or vLLM answers 404 (vLLM's Claude Code guide, docs/serving/integrations)
+CLAUDE_CODE_TIERS = ("OPUS", "SONNET", "HAIKU")
 
 
 def endpoint_base(cfg: StackConfig) -> str:
@@ -116,10 +120,18 @@ def render_claude_code_env(cfg: StackConfig, api_key: str) -> str:
     values = {
         "ANTHROPIC_BASE_URL": endpoint_base(cfg),
         "ANTHROPIC_MODEL": cfg.model.served_name,
+        **{f"ANTHROPIC_DEFAULT_{tier}_MODEL": cfg.model.served_name for tier in CLAUDE_CODE_TIERS},
         "ANTHROPIC_AUTH_TOKEN": api_key,
         "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(claude_code_max_context(cfg)),
     }
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
+
+
+def render_claude_code_settings() -> str:
+    """Claude Code's attribution header changes with every request and so defeats vLLM's prefix
+    cache; Claude Code reads the switch only from its settings file, not from the shell (vLLM's
+    guide). Nothing secret: the key stays in the env file."""
+    return json.dumps({"env": {"CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}}, indent=2) + "\n"
 
 
 def nodes_output(cfg: StackConfig, host_keys: Mapping[str, str], topology: Topology) -> list[dict]:

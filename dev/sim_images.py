@@ -29,7 +29,7 @@ Python rather than shell: the keys hash the recipes' own source, the stack is re
 components.config (its defaults and validation), and the node side imports the pure pieces
 (REGISTRY, serve_registry).
 
-Here: the stack's images and the commands; how each image is built in sim_recipes.py, the
+Here: the stack's images and the commands; how each image is built in sim_image_builds.py, the
 registry in sim_registry.py.
 """
 
@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from components.config import StackConfig, stack_file_config  # noqa: E402
 from private_dockerd import private_dockerd  # noqa: E402
-from sim_recipes import recipes  # noqa: E402
+from sim_image_builds import recipes  # noqa: E402
 # tests/sim, tests/sim_engine and tests/test_sim_images.py reach the registry through this module too
 from sim_registry import (REGISTRY, REGISTRY_BINARY, REGISTRY_CA, REGISTRY_PORT, Registry,  # noqa: E402,F401
                           log, push_registry, registry_config, registry_tls, serve_registry, sim_certificate,

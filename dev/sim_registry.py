@@ -2,7 +2,7 @@
 node's dockerd trusts), its config, `serve_registry` (read-only, for the nodes), a writable one on
 loopback for the build (`push_registry`) and a small client of the registry's HTTP API (digests,
 manifests, a variant pushed under a tag); with the process helpers sim_images.py and
-sim_recipes.py share (run, log, free_port, wait_for: dev/ runs as programs, outside the tests, so
+sim_image_builds.py share (run, log, free_port, wait_for: dev/ runs as programs, outside the tests, so
 not tests/toolbox.py's). Pure of the images themselves."""
 
 from __future__ import annotations

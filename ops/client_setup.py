@@ -6,7 +6,10 @@
   config.toml.bak-<UTC time>[-N], never overwriting an earlier backup. Unchanged content is
   not rewritten.
 - the model catalog JSON, where model_catalog_json points;
-- a Claude Code env file (mode 600 from its creation: it holds the API key) to `source`.
+- a Claude Code env file (mode 600 from its creation: it holds the API key) to `source`;
+- Claude Code's settings.json: the stack's claudeCodeSettings merged in (its `env` key by key),
+  every other setting of the user's kept; backed up as config.toml is, and left as it is
+  written when it already holds them.
 
 Every file is written whole or not at all (a temporary file renamed over it). A config.toml
 that is not valid TOML, or a path that is a directory, stops it before anything is written.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import tempfile
 import time
@@ -131,13 +135,32 @@ def write_with_backup(path: Path, content: str, mode: Optional[int] = None) -> W
     return WrittenFile(path, action, backup)
 
 
+def merge_claude_settings(existing: str, generated: str) -> str:
+    """`existing` (a JSON object) with `generated`'s keys set, a key holding an object (env) merged
+    key by key; `existing` itself, as written, when it already holds them. ValueError when it is
+    not a JSON object."""
+    try:
+        current = json.loads(existing)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON ({err})") from None
+    if not isinstance(current, dict):
+        raise ValueError("not a JSON object, as Claude Code's settings are")
+    merged = dict(current)
+    for key, value in json.loads(generated).items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return existing if merged == current else json.dumps(merged, indent=2) + "\n"
+
+
 def check_writable_file(path: Path) -> None:
     if path.is_dir():
         raise InputError(f"{path} is a directory, not a file: move it away (nothing was written)")
 
 
-def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path) -> list[WrittenFile]:
-    for key in ("codexConfig", "codexModelCatalog", "claudeCodeEnv"):
+def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path, claude_settings: Path) -> list[WrittenFile]:
+    for key in ("codexConfig", "codexModelCatalog", "claudeCodeEnv", "claudeCodeSettings"):
         if not outputs.get(key):
             raise InputError(f"stack output {key!r} is missing: run `pulumi up` first (or pass --outputs-file)")
     config_path = codex_home / "config.toml"
@@ -146,7 +169,7 @@ def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path) -> lis
     catalog_path = codex_home / Path(os.path.expanduser(str(generated["model_catalog_json"]))).name
     generated["model_catalog_json"] = str(catalog_path)
     generated_text = tomlkit.dumps(generated)
-    for path in (config_path, catalog_path, claude_env_file):
+    for path in (config_path, catalog_path, claude_env_file, claude_settings):
         check_writable_file(path)
     try:
         merged = merge_codex_config(config_path.read_text(), generated_text) if config_path.exists() else generated_text
@@ -156,9 +179,17 @@ def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path) -> lis
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"cannot read {config_path} ({err}); nothing was written") from None
     try:
+        settings = (merge_claude_settings(claude_settings.read_text(), outputs["claudeCodeSettings"])
+                    if claude_settings.exists() else outputs["claudeCodeSettings"])
+    except ValueError as err:
+        raise InputError(f"{claude_settings}: {err}: fix it or move it away (nothing was written)") from None
+    except OSError as err:
+        raise InputError(f"cannot read {claude_settings} ({err}); nothing was written") from None
+    try:
         return [write_with_backup(config_path, merged),
                 write_with_backup(catalog_path, outputs["codexModelCatalog"]),
-                write_with_backup(claude_env_file, outputs["claudeCodeEnv"], mode=SECRET_MODE)]
+                write_with_backup(claude_env_file, outputs["claudeCodeEnv"], mode=SECRET_MODE),
+                write_with_backup(claude_settings, settings)]
     except OSError as err:
         raise ToolError(f"cannot write {err.filename}: {err.strerror}") from None
 
@@ -167,12 +198,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, endpoint=False)  # the stack's client outputs: nothing stands in for them
     parser.add_argument("--codex-home", type=Path, default=Path(os.environ.get("CODEX_HOME", "~/.codex")).expanduser())
     parser.add_argument("--claude-env-file", type=Path, default=Path("~/.config/twinspark/claude-code.env").expanduser())
+    parser.add_argument("--claude-settings", type=Path,
+                        default=Path(os.environ.get("CLAUDE_CONFIG_DIR", "~/.claude")).expanduser() / "settings.json",
+                        help="Claude Code's user settings (default: $CLAUDE_CONFIG_DIR/settings.json, else "
+                             "~/.claude/settings.json)")
 
 
 def run(args: argparse.Namespace) -> int:
     target = resolve_target(args, stands_in=())
     console = tool_console()
-    for f in setup_clients(target.outputs, args.codex_home, args.claude_env_file):
+    for f in setup_clients(target.outputs, args.codex_home, args.claude_env_file, args.claude_settings):
         console.print(Text(f"{f.action:9} {f.path}" + (f"  (previous kept as {f.backup.name})" if f.backup else "")))
     console.print(Text.assemble("Claude Code: ", (f"source {args.claude_env_file}", "bold"),
                                 '; Codex: export VLLM_API_KEY="$(pulumi stack output apiKey --show-secrets)"'))

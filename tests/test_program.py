@@ -569,7 +569,7 @@ def test_outputs_contract(recipe_run):
     out = recipe_run.outputs
     assert set(out) == {
         "endpoint", "model", "modelRevision", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
-        "codexModelCatalog", "claudeCodeEnv", "nodes", "fabric", "sshUser", "servingImage", "platform",
+        "codexModelCatalog", "claudeCodeEnv", "claudeCodeSettings", "nodes", "fabric", "sshUser", "servingImage", "platform",
         "launchBundles", "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel", "recipe",
         "memoryFit", "modelDir", "executor",
     }
@@ -594,6 +594,10 @@ def test_outputs_contract(recipe_run):
     claude = out["claudeCodeEnv"]["value"]
     assert "ANTHROPIC_BASE_URL=http://192.168.1.10:8000\n" in claude and "ANTHROPIC_MODEL=ds-0731" in claude
     assert f"ANTHROPIC_AUTH_TOKEN={shlex.quote(out['apiKey']['value'])}\n" in claude
+    for tier in ("OPUS", "SONNET", "HAIKU"):  # every tier Claude Code asks for is the model served
+        assert f"ANTHROPIC_DEFAULT_{tier}_MODEL=ds-0731\n" in claude
+    assert json.loads(out["claudeCodeSettings"]["value"]) == {"env": {"CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}}
+    assert out["claudeCodeSettings"]["secret"] is False
     nodes = out["nodes"]["value"]
     assert [(n["name"], n["role"], n["host"]) for n in nodes] == [
         ("spark1", "head", "192.168.1.10"),

@@ -17,12 +17,14 @@ from program_harness import ROOT, config_blocks
 
 
 def stack_outputs_for_tests():
-    from components.client_outputs import render_claude_code_env, render_codex_config, render_codex_model_catalog
+    from components.client_outputs import (render_claude_code_env, render_claude_code_settings, render_codex_config,
+                                           render_codex_model_catalog)
     from components.config import parse_stack_config
 
     cfg = parse_stack_config(config_blocks())
     return {"codexConfig": render_codex_config(cfg), "codexModelCatalog": render_codex_model_catalog(cfg),
-            "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"), "model": "ds-0731",
+            "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"),
+            "claudeCodeSettings": render_claude_code_settings(), "model": "ds-0731",
             "endpoint": "http://192.168.1.10:8000/v1"}
 
 
@@ -61,8 +63,8 @@ def test_client_setup_writes_backs_up_and_is_idempotent(tmp_path):
     (codex_home / "config.toml").write_text(EXISTING_CONFIG)
     outputs_file = tmp_path / "outputs.json"
     outputs_file.write_text(json.dumps(stack_outputs_for_tests()))
-    args = ["client-setup", "--outputs-file", str(outputs_file),
-            "--codex-home", str(codex_home), "--claude-env-file", str(env_file)]
+    args = ["client-setup", "--outputs-file", str(outputs_file), "--codex-home", str(codex_home),
+            "--claude-env-file", str(env_file), "--claude-settings", str(tmp_path / "claude" / "settings.json")]
     assert ops_main(args) == 0
     backups = list(codex_home.glob("config.toml.bak-*"))
     assert len(backups) == 1 and backups[0].read_text() == EXISTING_CONFIG
@@ -82,7 +84,7 @@ def test_codex_accepts_the_merged_config(tmp_path):
     codex_home = tmp_path / "codex"
     codex_home.mkdir()
     (codex_home / "config.toml").write_text(EXISTING_CONFIG)
-    setup_clients(stack_outputs_for_tests(), codex_home, tmp_path / "claude.env")
+    setup_clients(stack_outputs_for_tests(), codex_home, tmp_path / "claude.env", tmp_path / "settings.json")
     proc = subprocess.run([str(codex), "debug", "models"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "CODEX_HOME": str(codex_home)})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -92,7 +94,7 @@ def test_codex_accepts_the_merged_config(tmp_path):
 
 def test_missing_outputs_are_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="stack output 'codexConfig' is missing"):
-        setup_clients({}, tmp_path, tmp_path / "env")
+        setup_clients({}, tmp_path, tmp_path / "env", tmp_path / "settings.json")
 
 
 # The user's providers in each way TOML allows, without and with an older twinspark provider of theirs.
@@ -136,7 +138,53 @@ def client_setup_args(tmp_path, outputs):
     outputs_file = tmp_path / "outputs.json"
     outputs_file.write_text(json.dumps(outputs))
     return codex_home, env_file, ["client-setup", "--outputs-file", str(outputs_file), "--codex-home", str(codex_home),
-                                  "--claude-env-file", str(env_file)]
+                                  "--claude-env-file", str(env_file), "--claude-settings", str(claude_settings(tmp_path))]
+
+
+def claude_settings(tmp_path):
+    return tmp_path / "claude" / "settings.json"
+
+
+USER_SETTINGS = """{
+    "model": "opus",
+    "env": {"DISABLE_TELEMETRY": "1"},
+    "permissions": {"allow": ["Bash(ls:*)"]}
+}
+"""
+
+
+def test_claude_settings_get_the_switch_and_keep_the_users_own(tmp_path, capsys):
+    """settings.json gains CLAUDE_CODE_ATTRIBUTION_HEADER=0 in its env (vLLM's prefix cache), every
+    other setting of the user's stays, the old file is kept; a second run writes nothing."""
+    _, _, args = client_setup_args(tmp_path, stack_outputs_for_tests())
+    settings = claude_settings(tmp_path)
+    settings.parent.mkdir()
+    settings.write_text(USER_SETTINGS)
+    assert run_ops(capsys, *args)[0] == 0
+    merged = json.loads(settings.read_text())
+    assert merged == {"model": "opus", "env": {"DISABLE_TELEMETRY": "1", "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"},
+                      "permissions": {"allow": ["Bash(ls:*)"]}}
+    backups = list(settings.parent.glob("settings.json.bak-*"))
+    assert len(backups) == 1 and backups[0].read_text() == USER_SETTINGS
+    written = settings.read_text()
+    assert run_ops(capsys, *args)[0] == 0 and settings.read_text() == written
+    assert len(list(settings.parent.glob("settings.json.bak-*"))) == 1
+    # one that already holds the switch is left as it is written, its layout too
+    settings.write_text('{"env": {"CLAUDE_CODE_ATTRIBUTION_HEADER": "0"},   "model": "opus"}')
+    assert run_ops(capsys, *args)[0] == 0
+    assert settings.read_text() == '{"env": {"CLAUDE_CODE_ATTRIBUTION_HEADER": "0"},   "model": "opus"}'
+
+
+@pytest.mark.parametrize("content, words", [("{not json", "not JSON ("), ('["a list"]', "not a JSON object")])
+def test_claude_settings_that_are_not_an_object_stop_it_before_anything_is_written(tmp_path, capsys, content, words):
+    codex_home, env_file, args = client_setup_args(tmp_path, stack_outputs_for_tests())
+    settings = claude_settings(tmp_path)
+    settings.parent.mkdir()
+    settings.write_text(content)
+    code, err, _ = run_ops(capsys, *args)
+    assert code == 2
+    one_clear_line(err, f"ops client-setup: {settings}: {words}", "nothing was written")
+    assert list(codex_home.iterdir()) == [] and not env_file.exists() and settings.read_text() == content
 
 
 def test_client_setup_twice_in_one_second_keeps_every_backup(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""sim_recipes.py — how each of the sim's images is built, and the key of its inputs: the serving
+"""sim_image_builds.py — how each of the sim's images is built, and the key of its inputs: the serving
 base (debootstrap, the serving lock's wheels, the stand-ins), the monitoring servers from Debian's
 packages, the stand-ins built from Go (in private_dockerd.py's dockerd, never the system's).
 A recipe's key hashes its inputs and its build functions' source: an edit here rebuilds
