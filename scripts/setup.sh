@@ -6,10 +6,11 @@
 # nftables, nginx, Prometheus with promtool, the node exporter, Alertmanager with amtool; docker's
 # daemon, its registry and debootstrap for the simulated nodes and their images, openssl for the
 # registry's certificate, gcc for the nodes' memlock stand-in, busybox-static for the docker
-# provider test's base image), a virtualenv with requirements-dev.txt in .venv, and the Codex
-# CLI from npm in build/codex.
+# provider test's base image), a virtualenv with requirements-dev.txt in .venv, and the Codex and
+# Claude Code CLIs from npm in build/codex and build/claude.
 
 CODEX_VERSION=0.171.0
+CLAUDE_CODE_VERSION=2.1.197
 UV_VERSION=0.13.9
 DEBIAN_PACKAGES=(shellcheck netplan.io logrotate prometheus prometheus-node-exporter prometheus-alertmanager openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm nftables nginx docker.io docker-registry debootstrap busybox-static openssl gcc libc6-dev)
 
@@ -67,16 +68,23 @@ install_python_env() {
   fi
 }
 
-install_codex() {
-  [ -x build/codex/node_modules/.bin/codex ] && return 0
-  log "installing @openai/codex@$CODEX_VERSION into build/codex"
-  mkdir -p build/codex
-  npm install --silent --no-audit --no-fund --prefix build/codex "@openai/codex@$CODEX_VERSION" >/dev/null
+# install_npm_cli PACKAGE VERSION DIR BIN: an agent's CLI from npm into build/DIR, once
+install_npm_cli() {
+  [ -x "build/$3/node_modules/.bin/$4" ] && return 0
+  log "installing $1@$2 into build/$3"
+  mkdir -p "build/$3"
+  npm install --silent --no-audit --no-fund --prefix "build/$3" "$1@$2" >/dev/null
+}
+
+# the agents the tests run for real against the stand-in endpoint
+install_agent_clis() {
+  install_npm_cli @openai/codex "$CODEX_VERSION" codex codex
+  install_npm_cli @anthropic-ai/claude-code "$CLAUDE_CODE_VERSION" claude claude
 }
 
 setup_machine() {
   install_debian_packages
   ensure_api_socket_group
   install_python_env
-  install_codex
+  install_agent_clis
 }

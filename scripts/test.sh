@@ -108,7 +108,7 @@ quick() {
   # everything that needs no root, no network namespace, no engine and no simulator; the
   # markers are tests/conftest.py's (a file that needs root is listed there)
   install_python_env  # and the Codex CLI, which two tests run: neither needs root
-  install_codex
+  install_agent_clis
   log "running pytest: the quick loop (no root, no namespaces, no engine), 2 processes"
   stage quick run_pytest tests -m "not root and not engine and not simulator" -n 2 --dist loadfile "$@"
 }

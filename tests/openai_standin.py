@@ -70,6 +70,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+# Anthropic's Messages API as vLLM serves it (vllm/entrypoints/anthropic: protocol.py, serving.py);
+# Claude Code asks it with a query, /v1/messages?beta=true
+MESSAGES_PATH = "/v1/messages"
 # after the EngineCore dies, as kill.txt recorded it: /health 503, then refused, then exit 0
 DEAD_SERVING_503_S = 3.0
 DEAD_EXIT_S = 5.0
@@ -460,6 +463,20 @@ GARBAGE = ["<unk>", "¿¿", " ]]]", "�", " the the the"]
 SUM_QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")
 
 
+def messages_text(body: dict) -> str:
+    """An Anthropic request's text: its messages' string contents and text blocks (system aside)."""
+    def text(content) -> str:
+        if isinstance(content, str):
+            return content
+        return "".join(block.get("text") or "" for block in content if isinstance(block, dict))
+    return "".join(text(m.get("content", "")) for m in body.get("messages", []) if isinstance(m, dict))
+
+
+def anthropic_error(kind: str, message: str) -> dict:
+    """vLLM's AnthropicErrorResponse."""
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def arithmetic_answer(prompt: str) -> Optional[str]:
     match = SUM_QUESTION.search(prompt)
     return str(int(match[1]) + int(match[2])) if match else None
@@ -563,6 +580,8 @@ def make_handler(behaviour: Behaviour):
 
         def post(self, raw: bytes):
             arrived = time.perf_counter()
+            if self.path.split("?", 1)[0] == MESSAGES_PATH:
+                return self.messages(raw)
             if self.path not in COMPLETION_PATHS:
                 return self.reply(404, {"error": "not found"})
             try:
@@ -676,6 +695,49 @@ def make_handler(behaviour: Behaviour):
                 return self.reply(200, chat_completion_body(header, {"content": text}, finish, usage))
             self.reply(200, {**header, "object": "text_completion",
                              "choices": [{"index": 0, "finish_reason": finish, "text": text}], "usage": usage})
+
+        def messages(self, raw: bytes):
+            """A text answer in vLLM's Anthropic shapes: one message, or streamed as its events
+            (`event:` and `data:` lines: message_start, content_block_start, a text_delta per
+            piece, content_block_stop, message_delta with the stop reason, message_stop)."""
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                return self.reply(400, anthropic_error("invalid_request_error", "request body is not JSON"))
+            request = Request(MESSAGES_PATH, body, self.authorized())
+            with behaviour._lock:
+                behaviour.requests.append(request)
+            if not request.authorized:
+                return self.reply(401, {"error": "Unauthorized"})
+            if body.get("model") != behaviour.model:
+                return self.reply(404, anthropic_error("not_found_error", f"The model `{body.get('model')}` does not exist."))
+            prompt = messages_text(body)
+            max_tokens = max(1, int(body.get("max_tokens") or 16))
+            answer = arithmetic_answer(prompt)
+            pieces = ([answer] if answer else behaviour.engine(max_tokens))[:max_tokens]
+            stop = "max_tokens" if not answer and len(pieces) >= max_tokens else "end_turn"
+            behaviour.count_generated(len(pieces))
+            message = {"id": f"msg_{random_id()}", "type": "message", "role": "assistant",
+                       "content": [{"type": "text", "text": "".join(pieces)}], "model": behaviour.model,
+                       "stop_reason": stop, "stop_sequence": None,
+                       "usage": {"input_tokens": len(prompt) // 4, "output_tokens": len(pieces)}}
+            if not body.get("stream"):
+                return self.reply(200, message)
+            self.start_stream()
+
+            def send(kind: str, payload: dict) -> None:
+                self.chunk(f"event: {kind}\ndata: {json.dumps({'type': kind, **payload})}\n\n".encode())
+
+            send("message_start", {"message": {**message, "content": [], "stop_reason": None,
+                                               "usage": {"input_tokens": len(prompt) // 4, "output_tokens": 0}}})
+            send("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+            for piece in pieces:
+                send("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}})
+            send("content_block_stop", {"index": 0})
+            send("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None},
+                                   "usage": {"output_tokens": len(pieces)}})
+            send("message_stop", {})
+            self.wfile.write(b"0\r\n\r\n")
 
         def count_tool_parser(self, mode, outcome, times):
             with behaviour._lock:

@@ -244,3 +244,45 @@ def test_claude_env_file_is_private_from_its_creation(tmp_path, monkeypatch):
         assert len(list(env_file.parent.iterdir())) == 2  # the file and its backup, no temporary left
     finally:
         os.umask(old_umask)
+
+
+def claude_binary():
+    path = ROOT / "build/claude/node_modules/.bin/claude"
+    if not path.exists():
+        pytest.fail("the Claude Code CLI is missing: scripts/test.sh installs it with npm into build/claude")
+    return path
+
+
+def ask_claude_code(env_file, home, question):
+    """The real Claude Code, non-interactive, with what client-setup wrote: the env file sourced,
+    its settings under HOME; nothing but the stand-in to talk to."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "DISABLE_AUTOUPDATER": "1"}
+    return subprocess.run(["bash", "-c", 'source "$1" && exec "$2" -p "$3"', "ask", str(env_file), str(claude_binary()),
+                           question], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_claude_code_answers_with_what_client_setup_wrote(endpoint, tmp_path, capsys):
+    """Claude Code 2.1.197 from its npm package asks /v1/messages with the key, every tier naming the
+    served model; with client-setup's settings its system prompt carries no attribution header (the
+    per-request hash that defeats vLLM's prefix cache), without them it does."""
+    behaviour, target = endpoint
+    behaviour.model, behaviour.api_key = "ds-0731", "sk-outputs-key"  # as the stack's outputs name them
+    outputs = stack_outputs_for_tests()
+    outputs["claudeCodeEnv"] = outputs["claudeCodeEnv"].replace("http://192.168.1.10:8000", target.base_url)
+    home = tmp_path / "home"
+    codex_home, env_file, args = client_setup_args(tmp_path, outputs)
+    args[args.index("--claude-settings") + 1] = str(home / ".claude" / "settings.json")
+    assert run_ops(capsys, *args)[0] == 0
+
+    answered = ask_claude_code(env_file, home, "What is 512 + 301?")
+    assert answered.returncode == 0, answered.stderr[-2000:]
+    assert "813" in answered.stdout, answered.stdout
+    asked = [r for r in behaviour.requests if r.path == "/v1/messages"]
+    assert asked and all(r.authorized and r.body["model"] == "ds-0731" for r in asked), asked
+    assert not any("x-anthropic-billing-header" in json.dumps(r.body.get("system")) for r in asked)
+
+    behaviour.requests.clear()
+    bare_home = tmp_path / "bare-home"  # the env file alone, no settings.json
+    assert ask_claude_code(env_file, bare_home, "What is 512 + 301?").returncode == 0
+    assert any("x-anthropic-billing-header" in json.dumps(r.body.get("system")) for r in behaviour.requests)
