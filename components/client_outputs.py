@@ -25,6 +25,7 @@ from .config import StackConfig, Topology
 # A fence must leave room below the served context for the summary and the next turn.
 FENCE_SHARE_OF_CONTEXT = 0.9
 CODEX_PROVIDER_ID = "twinspark"
+CODEX_PROFILE = "twinspark"  # `codex -p twinspark`: ops client-setup writes ~/.codex/twinspark.config.toml
 # Claude Code asks for a model by its tier (background work goes to Haiku's): each tier names the
 # one model served here, or vLLM answers 404 (vLLM's Claude Code guide, docs/serving/integrations)
 CLAUDE_CODE_TIERS = ("OPUS", "SONNET", "HAIKU")
@@ -68,8 +69,8 @@ def catalog_file_name(cfg: StackConfig) -> str:
 
 def render_codex_config(cfg: StackConfig) -> str:
     name = cfg.model.served_name
-    return f"""# ~/.codex/config.toml for twinspark ({cfg.model.repo}); export VLLM_API_KEY first:
-#   export VLLM_API_KEY="$(pulumi stack output apiKey --show-secrets)"
+    return f"""# Codex's profile for twinspark ({cfg.model.repo}): ~/.codex/{CODEX_PROFILE}.config.toml, then
+#   export VLLM_API_KEY="$(pulumi stack output apiKey --show-secrets)" && codex -p {CODEX_PROFILE}
 model = "{name}"
 model_provider = "{CODEX_PROVIDER_ID}"
 model_catalog_json = "~/.codex/{catalog_file_name(cfg)}"

@@ -1,10 +1,11 @@
 """client-setup — point Codex and Claude Code at the endpoint, from the stack outputs.
 
-- ~/.codex/config.toml: merges in the stack's codexConfig (model, provider block, catalog
-  path, compaction fence) with tomlkit, keeping every other key, table and comment, in the
-  style it is written in (tables, inline tables, dotted keys); the previous file is kept as
-  config.toml.bak-<UTC time>[-N], never overwriting an earlier backup. Unchanged content is
-  not rewritten.
+- ~/.codex/twinspark.config.toml: the stack's codexConfig (model, provider block, catalog path,
+  compaction fence) as Codex's profile, `codex -p twinspark`; the user's config.toml and its
+  default model are left alone. With --codex-default it is merged into config.toml too, with
+  tomlkit, keeping every other key, table and comment, in the style it is written in (tables,
+  inline tables, dotted keys). A previous file is kept as NAME.bak-<UTC time>[-N], never
+  overwriting an earlier backup; unchanged content is not rewritten.
 - the model catalog JSON, where model_catalog_json points;
 - a Claude Code env file (mode 600 from its creation: it holds the API key) to `source`;
 - Claude Code's settings.json: the stack's claudeCodeSettings merged in (its `env` key by key),
@@ -37,6 +38,13 @@ from .inputs import InputError, ToolError
 from .target import add_target_arguments, resolve_target
 
 SECRET_MODE = 0o600
+
+
+def codex_profile(generated) -> str:
+    """The profile's name: the stack's provider id (`twinspark`). Codex 0.171's profiles are files of
+    their own beside config.toml, NAME.config.toml (a [profiles.NAME] table in config.toml is
+    refused with --profile), which `codex -p NAME` reads over the user's config."""
+    return str(generated["model_provider"])
 
 
 @dataclass
@@ -159,20 +167,25 @@ def check_writable_file(path: Path) -> None:
         raise InputError(f"{path} is a directory, not a file: move it away (nothing was written)")
 
 
-def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path, claude_settings: Path) -> list[WrittenFile]:
+def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path, claude_settings: Path,
+                  codex_default: bool = False) -> list[WrittenFile]:
+    """Codex's profile file (`codex -p twinspark`), leaving config.toml, the user's default, alone
+    unless `codex_default`; the catalog; Claude Code's env file and settings."""
     for key in ("codexConfig", "codexModelCatalog", "claudeCodeEnv", "claudeCodeSettings"):
         if not outputs.get(key):
             raise InputError(f"stack output {key!r} is missing: run `pulumi up` first (or pass --outputs-file)")
     config_path = codex_home / "config.toml"
     generated = tomlkit.parse(outputs["codexConfig"])
+    profile_path = codex_home / f"{codex_profile(generated)}.config.toml"
     # the catalog lives beside this config.toml, by absolute path (codex_home may not be ~/.codex)
     catalog_path = codex_home / Path(os.path.expanduser(str(generated["model_catalog_json"]))).name
     generated["model_catalog_json"] = str(catalog_path)
     generated_text = tomlkit.dumps(generated)
-    for path in (config_path, catalog_path, claude_env_file, claude_settings):
+    for path in (*([config_path] if codex_default else []), profile_path, catalog_path, claude_env_file, claude_settings):
         check_writable_file(path)
     try:
-        merged = merge_codex_config(config_path.read_text(), generated_text) if config_path.exists() else generated_text
+        merged = (merge_codex_config(config_path.read_text(), generated_text) if config_path.exists() else generated_text) \
+            if codex_default else None
     except TOMLKitError as err:
         raise InputError(f"{config_path} is not valid TOML ({err}): fix it or move it away (nothing was written)") \
             from None
@@ -186,7 +199,8 @@ def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path, claude
     except OSError as err:
         raise InputError(f"cannot read {claude_settings} ({err}); nothing was written") from None
     try:
-        return [write_with_backup(config_path, merged),
+        return [write_with_backup(profile_path, generated_text),
+                *([write_with_backup(config_path, merged)] if merged is not None else []),
                 write_with_backup(catalog_path, outputs["codexModelCatalog"]),
                 write_with_backup(claude_env_file, outputs["claudeCodeEnv"], mode=SECRET_MODE),
                 write_with_backup(claude_settings, settings)]
@@ -197,6 +211,9 @@ def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path, claude
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, endpoint=False)  # the stack's client outputs: nothing stands in for them
     parser.add_argument("--codex-home", type=Path, default=Path(os.environ.get("CODEX_HOME", "~/.codex")).expanduser())
+    parser.add_argument("--codex-default", action="store_true",
+                        help="also make the endpoint Codex's default: merge the profile into config.toml (else only "
+                             "`codex -p twinspark` uses it and your default model stays)")
     parser.add_argument("--claude-env-file", type=Path, default=Path("~/.config/twinspark/claude-code.env").expanduser())
     parser.add_argument("--claude-settings", type=Path,
                         default=Path(os.environ.get("CLAUDE_CONFIG_DIR", "~/.claude")).expanduser() / "settings.json",
@@ -207,8 +224,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     target = resolve_target(args, stands_in=())
     console = tool_console()
-    for f in setup_clients(target.outputs, args.codex_home, args.claude_env_file, args.claude_settings):
+    for f in setup_clients(target.outputs, args.codex_home, args.claude_env_file, args.claude_settings,
+                           args.codex_default):
         console.print(Text(f"{f.action:9} {f.path}" + (f"  (previous kept as {f.backup.name})" if f.backup else "")))
-    console.print(Text.assemble("Claude Code: ", (f"source {args.claude_env_file}", "bold"),
-                                '; Codex: export VLLM_API_KEY="$(pulumi stack output apiKey --show-secrets)"'))
+    console.print(Text.assemble("Claude Code: ", (f"source {args.claude_env_file}", "bold"), "; Codex: ",
+                                ('export VLLM_API_KEY="$(pulumi stack output apiKey --show-secrets)" && codex'
+                                 + ("" if args.codex_default else
+                                    f" -p {codex_profile(tomlkit.parse(target.outputs['codexConfig']))}"), "bold")))
     return 0

@@ -66,30 +66,57 @@ def test_client_setup_writes_backs_up_and_is_idempotent(tmp_path):
     args = ["client-setup", "--outputs-file", str(outputs_file), "--codex-home", str(codex_home),
             "--claude-env-file", str(env_file), "--claude-settings", str(tmp_path / "claude" / "settings.json")]
     assert ops_main(args) == 0
-    backups = list(codex_home.glob("config.toml.bak-*"))
-    assert len(backups) == 1 and backups[0].read_text() == EXISTING_CONFIG
+    # the user's config.toml and its default model are left alone: the stack's is a profile of its own
+    assert (codex_home / "config.toml").read_text() == EXISTING_CONFIG and not list(codex_home.glob("config.toml.bak-*"))
     catalog = codex_home / "ds-0731-model-catalog.json"
+    profile = (codex_home / "twinspark.config.toml").read_text()
+    assert 'model = "ds-0731"' in profile and f'model_catalog_json = "{catalog}"' in profile
     assert json.loads(catalog.read_text())["models"][0]["context_window"] == 1048576
-    assert f'model_catalog_json = "{catalog}"' in (codex_home / "config.toml").read_text()
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     assert "ANTHROPIC_AUTH_TOKEN=sk-outputs-key" in env_file.read_text()
     before = {p.name: p.read_text() for p in codex_home.iterdir()}
-    assert ops_main(args) == 0  # a second run changes nothing and keeps no second backup
+    assert ops_main(args) == 0  # a second run changes nothing and keeps no backup
     assert {p.name: p.read_text() for p in codex_home.iterdir()} == before
+    # asked to, it is the default too: merged into config.toml, the old one kept
+    assert ops_main([*args, "--codex-default"]) == 0
+    backups = list(codex_home.glob("config.toml.bak-*"))
+    assert len(backups) == 1 and backups[0].read_text() == EXISTING_CONFIG
+    assert f'model_catalog_json = "{catalog}"' in (codex_home / "config.toml").read_text()
+    merged = {p.name: p.read_text() for p in codex_home.iterdir()}
+    assert ops_main([*args, "--codex-default"]) == 0
+    assert {p.name: p.read_text() for p in codex_home.iterdir()} == merged
 
 
-def test_codex_accepts_the_merged_config(tmp_path):
+def test_codex_keeps_its_default_and_the_profile_asks_the_endpoint(endpoint, tmp_path):
+    """The real Codex CLI: without -p its own catalog and default model, as before client-setup;
+    `codex exec -p twinspark` asks the stand-in for the stack's model with the key. Asked to be the
+    default (--codex-default), the stack's catalog replaces Codex's own."""
+    behaviour, target = endpoint
+    behaviour.model, behaviour.api_key = "ds-0731", "sk-outputs-key"
     codex = ROOT / "build/codex/node_modules/.bin/codex"
     assert codex.exists(), "scripts/test.sh installs the Codex CLI into build/codex"
     codex_home = tmp_path / "codex"
     codex_home.mkdir()
     (codex_home / "config.toml").write_text(EXISTING_CONFIG)
-    setup_clients(stack_outputs_for_tests(), codex_home, tmp_path / "claude.env", tmp_path / "settings.json")
-    proc = subprocess.run([str(codex), "debug", "models"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CODEX_HOME": str(codex_home)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    models = json.loads(proc.stdout)["models"]
-    assert [m["slug"] for m in models] == ["ds-0731"] and models[0]["context_window"] == 1048576
+    outputs = stack_outputs_for_tests()
+    outputs["codexConfig"] = outputs["codexConfig"].replace("http://192.168.1.10:8000/v1", target.endpoint)
+    setup_clients(outputs, codex_home, tmp_path / "claude.env", tmp_path / "settings.json")
+    env = {**os.environ, "CODEX_HOME": str(codex_home), "VLLM_API_KEY": "sk-outputs-key"}
+    models = subprocess.run([str(codex), "debug", "models"], capture_output=True, text=True, timeout=120, env=env)
+    assert models.returncode == 0, models.stderr[-2000:]
+    slugs = [m["slug"] for m in json.loads(models.stdout)["models"]]
+    assert "ds-0731" not in slugs and slugs, slugs  # Codex's own catalog
+    asked = subprocess.run([str(codex), "exec", "--skip-git-repo-check", "-p", "twinspark", "What is 512 + 301?"],
+                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert "model: ds-0731\nprovider: twinspark\n" in asked.stdout + asked.stderr, (asked.stdout + asked.stderr)[-2000:]
+    calls = [r for r in behaviour.requests if r.path == "/v1/responses"]
+    assert calls and all(r.authorized and r.body["model"] == "ds-0731" for r in calls), calls
+
+    setup_clients(outputs, codex_home, tmp_path / "claude.env", tmp_path / "settings.json", codex_default=True)
+    models = subprocess.run([str(codex), "debug", "models"], capture_output=True, text=True, timeout=120, env=env)
+    assert models.returncode == 0, models.stderr[-2000:]
+    listed = json.loads(models.stdout)["models"]
+    assert [m["slug"] for m in listed] == ["ds-0731"] and listed[0]["context_window"] == 1048576
 
 
 def test_missing_outputs_are_a_clear_error(tmp_path):
@@ -194,26 +221,32 @@ def test_client_setup_twice_in_one_second_keeps_every_backup(tmp_path, monkeypat
     monkeypatch.setattr(ops.client_setup.time, "gmtime", lambda *_: moment)  # both runs in one second
     outputs = stack_outputs_for_tests()
     codex_home, _, args = client_setup_args(tmp_path, outputs)
+    args.append("--codex-default")  # config.toml merged, and backed up each time
     (codex_home / "config.toml").write_text(EXISTING_CONFIG)
     assert ops_main(args) == 0
     first = (codex_home / "config.toml").read_text()
     outputs["codexConfig"] = outputs["codexConfig"].replace("150000", "140000")  # the stack changed meanwhile
     _, _, args = client_setup_args(tmp_path, outputs)
-    assert ops_main(args) == 0
+    assert ops_main([*args, "--codex-default"]) == 0
     backups = sorted(codex_home.glob("config.toml.bak-*"))
     assert [b.name for b in backups] == ["config.toml.bak-20270115T080000Z", "config.toml.bak-20270115T080000Z-1"]
     assert [b.read_text() for b in backups] == [EXISTING_CONFIG, first]  # the user's own file is still there
 
 
-@pytest.mark.parametrize("broken", ["config.toml is a directory", "config.toml is not TOML", "catalog is a directory"])
+@pytest.mark.parametrize("broken", ["config.toml is a directory", "config.toml is not TOML", "catalog is a directory",
+                                    "the profile is a directory"])
 def test_client_setup_refuses_what_it_cannot_merge_and_writes_nothing(tmp_path, capsys, broken):
     codex_home, env_file, args = client_setup_args(tmp_path, stack_outputs_for_tests())
     if broken == "config.toml is a directory":
         (codex_home / "config.toml").mkdir()
     elif broken == "config.toml is not TOML":
         (codex_home / "config.toml").write_text("model = [unclosed\n")
-    else:
+    elif broken == "catalog is a directory":
         (codex_home / "ds-0731-model-catalog.json").mkdir()
+    else:
+        (codex_home / "twinspark.config.toml").mkdir()
+    if broken.startswith("config.toml"):  # read and written only when asked to be the default
+        args.append("--codex-default")
     before = sorted(p.name for p in codex_home.iterdir())
     code, err, _ = run_ops(capsys, *args)
     assert code == 2
