@@ -177,20 +177,21 @@ def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path, claude
     config_path = codex_home / "config.toml"
     generated = tomlkit.parse(outputs["codexConfig"])
     profile_path = codex_home / f"{codex_profile(generated)}.config.toml"
-    # the catalog lives beside this config.toml, by absolute path (codex_home may not be ~/.codex)
+    # the catalog lives beside the profile, by absolute path (codex_home may not be ~/.codex)
     catalog_path = codex_home / Path(os.path.expanduser(str(generated["model_catalog_json"]))).name
     generated["model_catalog_json"] = str(catalog_path)
     generated_text = tomlkit.dumps(generated)
     for path in (*([config_path] if codex_default else []), profile_path, catalog_path, claude_env_file, claude_settings):
         check_writable_file(path)
-    try:
-        merged = (merge_codex_config(config_path.read_text(), generated_text) if config_path.exists() else generated_text) \
-            if codex_default else None
-    except TOMLKitError as err:
-        raise InputError(f"{config_path} is not valid TOML ({err}): fix it or move it away (nothing was written)") \
-            from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"cannot read {config_path} ({err}); nothing was written") from None
+    merged = None  # config.toml as it will be, where asked to be the default
+    if codex_default:
+        try:
+            merged = merge_codex_config(config_path.read_text(), generated_text) if config_path.exists() else generated_text
+        except TOMLKitError as err:
+            raise InputError(f"{config_path} is not valid TOML ({err}): fix it or move it away (nothing was written)") \
+                from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise InputError(f"cannot read {config_path} ({err}); nothing was written") from None
     try:
         settings = (merge_claude_settings(claude_settings.read_text(), outputs["claudeCodeSettings"])
                     if claude_settings.exists() else outputs["claudeCodeSettings"])
