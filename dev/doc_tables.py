@@ -64,32 +64,34 @@ def bundle_files() -> list[str]:
     return [name for name in dict.fromkeys(both) if name != contract.PRELUDE]
 
 
-# (role, its files from the code), in the table's order; a step's script or payload is every other
-# launch/ entry a component's constant names
-LAUNCH_ROLES: list[tuple[str, Callable[[], Iterable[str]]]] = [
+# the boot scripts, whose names contract.boot_script spells from the role and the executor (no constant)
+BOOT_SCRIPTS = {contract.boot_script(role, executor) for role in ("head", "worker") for executor in ("ray", "mp")}
+
+# (role, its files from the code), in the table's order; None: every other launch/ entry a
+# component's constant names (a step's script or payload)
+LAUNCH_ROLES: list[tuple[str, Callable[[], Iterable[str]] | None]] = [
     ("the bundle: what the serving containers run, installed under `/opt/twinspark` (and the rendered "
      f"`{contract.LAUNCH_VLLM}`, `{contract.ENV_FILE}`)", bundle_files),
     ("shared by every script a step sends, and by the bundle", lambda: [contract.PRELUDE]),
     ("shared by the steps that reach a peer or keep owner records, sent ahead of a script that sources it "
      "(never in the bundle)", lambda: [contract.STEP_PRELUDE]),
-    ("what a step runs on a node, and its payload (stdin after the script)", lambda: []),
+    ("what a step runs on a node, and its payload (stdin after the script)", None),
     ("the serving image's build context", lambda: [serving_image.BUILD_CONTEXT.name + "/"]),
     ("on the host, as a unit", lambda: [contract.SERVING_GUARD_SCRIPT]),
     (f"on a worker, root-owned: all a sync key may run there (its forced command, beside `{model_weights.WEIGHTS_PROGRAM}`)",
      lambda: [model_weights.FORCED_COMMAND]),
     ("probes `ops` sends over SSH", lambda: [nodes.NODE_PROBE.name, nodes.FACTS_PROBE.name]),
 ]
-STEP_ROLE = 3
-
 
 def launch_roles_table() -> str:
     """docs/architecture.md's `launch/` by role: each entry once, with the constants naming it."""
     named = constants_naming_launch_files()
-    rows = [[role, list(files())] for role, files in LAUNCH_ROLES]
-    placed = {name for _, files in rows for name in files}
-    rows[STEP_ROLE][1] = sorted(name for name, where in named.items()
-                                if name not in placed and any(m.startswith("components/") for m, _ in where))
-    placed |= set(rows[STEP_ROLE][1])
+    given = {role: list(files()) for role, files in LAUNCH_ROLES if files is not None}
+    placed = {name for files in given.values() for name in files}
+    rest = sorted(name for name, where in named.items()
+                  if name not in placed and any(m.startswith("components/") for m, _ in where))
+    rows = [(role, given.get(role, rest)) for role, _ in LAUNCH_ROLES]
+    placed |= set(rest)
     if placed != launch_names():
         raise SystemExit("doc_tables: launch/ entries with no role (no constant of components/ names them, nor a "
                          f"role of LAUNCH_ROLES): {sorted(launch_names() - placed)}")
@@ -97,7 +99,7 @@ def launch_roles_table() -> str:
     for role, files in rows:
         where: dict[str, list[str]] = defaultdict(list)
         for name in files:
-            for module, constant in named.get(name, [("core/contract.py", "boot_script")]):
+            for module, constant in named.get(name) or ([("core/contract.py", "boot_script")] if name in BOOT_SCRIPTS else []):
                 if constant not in where[module]:
                     where[module].append(constant)
         lives = "; ".join(f"`{module}` ({', '.join(f'`{c}`' for c in constants)})" for module, constants in where.items())

@@ -6,12 +6,12 @@ fail once on a file that breaks its rule."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from program_harness import ROOT
+from toolbox import sh
 
 BIN = Path(sys.executable).parent  # the .venv's: ruff and mypy come from requirements-dev.txt
 # shell files whose text is a record of a past run (docs/measurements/), kept as they ran
@@ -21,7 +21,7 @@ RECORDS = ("docs/measurements/",)
 def tracked_shell_files() -> list[str]:
     """Every tracked file that is a shell script (a .sh name or a bash/sh shebang), launch/'s and
     the records' aside."""
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    files = sh("git", "ls-files", cwd=ROOT).stdout.split()
     shell = []
     for name in files:
         if name.startswith(("launch/", *RECORDS)) or not (ROOT / name).is_file():
@@ -33,45 +33,41 @@ def tracked_shell_files() -> list[str]:
     return sorted(shell)
 
 
-def run(*argv: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
 def test_ruff_finds_nothing():
-    proc = run(BIN / "ruff", "check", "--no-cache", "--output-format", "concise", ".")
+    proc = sh(BIN / "ruff", "check", "--no-cache", "--output-format", "concise", ".", check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_ruff_names_what_breaks_a_rule(tmp_path):
     (tmp_path / "broken.py").write_text("import os\n\n\ndef f(items=[]):\n    return [l for l in items]\n")
-    proc = run(BIN / "ruff", "check", "--no-cache", "--config", ROOT / "pyproject.toml", "--output-format", "concise",
-               tmp_path)
+    proc = sh(BIN / "ruff", "check", "--no-cache", "--config", ROOT / "pyproject.toml", "--output-format", "concise",
+              tmp_path, check=False, cwd=ROOT)
     assert proc.returncode == 1
     assert {"F401", "B006", "E741"} <= set(re.findall(r"\b([A-Z]+\d+)\b", proc.stdout)), proc.stdout
 
 
 @pytest.mark.parametrize("name", tracked_shell_files())
 def test_shell_files_pass_shellcheck(name):
-    proc = run("shellcheck", "-x", name)  # from the root, as scripts/ source each other (". scripts/setup.sh")
+    proc = sh("shellcheck", "-x", name, check=False, cwd=ROOT)  # from the root: scripts/ source ". scripts/setup.sh"
     assert proc.returncode == 0, f"{name}:\n{proc.stdout}{proc.stderr}"
 
 
 def test_shell_files_are_found_and_shellcheck_sees_a_finding(tmp_path):
     assert {"scripts/test.sh", "scripts/engine.sh", ".ci/run", "tests/docker_run_standin"} <= set(tracked_shell_files())
     (tmp_path / "broken.sh").write_text("#!/usr/bin/env bash\nfor i in $(seq 3); do echo hi; done\ncd $1\n")
-    proc = run("shellcheck", "-x", "broken.sh", cwd=tmp_path)
+    proc = sh("shellcheck", "-x", "broken.sh", check=False, cwd=tmp_path)
     assert proc.returncode == 1 and "SC2034" in proc.stdout and "SC2086" in proc.stdout, proc.stdout
 
 
 def test_mypy_finds_nothing():
     """pyproject.toml names what it checks: the program, the day-2 tools, the node payloads."""
-    proc = run(BIN / "mypy", "--python-executable", sys.executable)
+    proc = sh(BIN / "mypy", "--python-executable", sys.executable, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"no issues found in \d{2,} source files", proc.stdout), proc.stdout
 
 
 def test_mypy_names_a_type_error(tmp_path):
     (tmp_path / "broken.py").write_text("def half(n: int) -> str:\n    return n // 2\n")
-    proc = run(BIN / "mypy", "--config-file", ROOT / "pyproject.toml", "--python-executable", sys.executable,
-               "--cache-dir", tmp_path / "cache", tmp_path / "broken.py")
+    proc = sh(BIN / "mypy", "--config-file", ROOT / "pyproject.toml", "--python-executable", sys.executable,
+              "--cache-dir", tmp_path / "cache", tmp_path / "broken.py", check=False, cwd=ROOT)
     assert proc.returncode == 1 and "[return-value]" in proc.stdout, proc.stdout

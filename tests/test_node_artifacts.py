@@ -22,7 +22,7 @@ from components.client_outputs import render_codex_config, render_codex_model_ca
 from components.readiness import SCRIPT as WAIT_READY, ReadinessArgs, wait_ready_args
 from components.remote import (LAUNCH_DIR, MANAGED_FILE_SCRIPT, ManagedFile, encode_secret, launch_file,
                                managed_file_script, runner_stdin, script_command, script_text)
-from toolbox import load_launch
+from toolbox import agent_cli, load_launch
 
 CFG = parse_stack_config(config_blocks())
 
@@ -339,13 +339,6 @@ def test_readiness_times_out_with_the_log_tail(fake_endpoint, tmp_path):
     assert behaviour.requests and not any(r.authorized for r in behaviour.requests)
 
 
-def codex_binary():
-    for candidate in (ROOT / "build/codex/node_modules/.bin/codex", shutil.which("codex")):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
-    pytest.fail("the Codex CLI is missing: .ci/run installs it with npm into build/codex")
-
-
 def test_codex_accepts_the_generated_config_and_catalog(tmp_path):
     home = tmp_path / "codex-home"
     home.mkdir()
@@ -353,7 +346,7 @@ def test_codex_accepts_the_generated_config_and_catalog(tmp_path):
     catalog = tmp_path / "catalog.json"
     catalog.write_text(render_codex_model_catalog(CFG))
     proc = subprocess.run(
-        [codex_binary(), "debug", "models", "-c", f'model_catalog_json="{catalog}"'],
+        [agent_cli("codex"), "debug", "models", "-c", f'model_catalog_json="{catalog}"'],
         capture_output=True, text=True, timeout=120, env={**os.environ, "CODEX_HOME": str(home)},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

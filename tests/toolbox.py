@@ -1,10 +1,11 @@
 """What the tests share: a free port, a wait on a condition, a command's captured run, a launch/
-file loaded as a module, a day-2 tool's one-line error. One of each, so a fix to one (a wait that
+file loaded as a module, a day-2 tool's one-line error, an agent's CLI. One of each, so a fix to one (a wait that
 ignores a port not listening yet, a dead process that ends a wait early) reaches every test."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import socket
 import subprocess
 import sys
@@ -49,6 +50,14 @@ def sh(*argv: Any, check: bool = True, timeout: float = 300, **kw: Any) -> subpr
     """argv (each made a string) run with its output captured as text; a command hung past
     `timeout` fails the test rather than the run."""
     return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def agent_cli(name: str) -> str:
+    """An agent's CLI as scripts/setup.sh installs it from npm (build/NAME), else one on PATH."""
+    for candidate in (ROOT / "build" / name / "node_modules" / ".bin" / name, shutil.which(name)):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    raise AssertionError(f"the {name} CLI is missing: scripts/test.sh installs it with npm into build/{name}")
 
 
 def load_file(path: Path, name: str = "") -> ModuleType:

@@ -12,8 +12,8 @@ import pytest
 from ops.__main__ import main as ops_main
 from ops.client_setup import merge_codex_config, setup_clients
 from ops_helpers import run_ops
-from toolbox import one_clear_line
-from program_harness import ROOT, config_blocks
+from toolbox import agent_cli, one_clear_line
+from program_harness import config_blocks
 
 
 def stack_outputs_for_tests():
@@ -93,8 +93,7 @@ def test_codex_keeps_its_default_and_the_profile_asks_the_endpoint(endpoint, tmp
     default (--codex-default), the stack's catalog replaces Codex's own."""
     behaviour, target = endpoint
     behaviour.model, behaviour.api_key = "ds-0731", "sk-outputs-key"
-    codex = ROOT / "build/codex/node_modules/.bin/codex"
-    assert codex.exists(), "scripts/test.sh installs the Codex CLI into build/codex"
+    codex = agent_cli("codex")
     codex_home = tmp_path / "codex"
     codex_home.mkdir()
     (codex_home / "config.toml").write_text(EXISTING_CONFIG)
@@ -102,18 +101,18 @@ def test_codex_keeps_its_default_and_the_profile_asks_the_endpoint(endpoint, tmp
     outputs["codexConfig"] = outputs["codexConfig"].replace("http://192.168.1.10:8000/v1", target.endpoint)
     setup_clients(outputs, codex_home, tmp_path / "claude.env", tmp_path / "settings.json")
     env = {**os.environ, "CODEX_HOME": str(codex_home), "VLLM_API_KEY": "sk-outputs-key"}
-    models = subprocess.run([str(codex), "debug", "models"], capture_output=True, text=True, timeout=120, env=env)
+    models = subprocess.run([codex, "debug", "models"], capture_output=True, text=True, timeout=120, env=env)
     assert models.returncode == 0, models.stderr[-2000:]
     slugs = [m["slug"] for m in json.loads(models.stdout)["models"]]
     assert "ds-0731" not in slugs and slugs, slugs  # Codex's own catalog
-    asked = subprocess.run([str(codex), "exec", "--skip-git-repo-check", "-p", "twinspark", "What is 512 + 301?"],
+    asked = subprocess.run([codex, "exec", "--skip-git-repo-check", "-p", "twinspark", "What is 512 + 301?"],
                            capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert "model: ds-0731\nprovider: twinspark\n" in asked.stdout + asked.stderr, (asked.stdout + asked.stderr)[-2000:]
     calls = [r for r in behaviour.requests if r.path == "/v1/responses"]
     assert calls and all(r.authorized and r.body["model"] == "ds-0731" for r in calls), calls
 
     setup_clients(outputs, codex_home, tmp_path / "claude.env", tmp_path / "settings.json", codex_default=True)
-    models = subprocess.run([str(codex), "debug", "models"], capture_output=True, text=True, timeout=120, env=env)
+    models = subprocess.run([codex, "debug", "models"], capture_output=True, text=True, timeout=120, env=env)
     assert models.returncode == 0, models.stderr[-2000:]
     listed = json.loads(models.stdout)["models"]
     assert [m["slug"] for m in listed] == ["ds-0731"] and listed[0]["context_window"] == 1048576
@@ -279,19 +278,12 @@ def test_claude_env_file_is_private_from_its_creation(tmp_path, monkeypatch):
         os.umask(old_umask)
 
 
-def claude_binary():
-    path = ROOT / "build/claude/node_modules/.bin/claude"
-    if not path.exists():
-        pytest.fail("the Claude Code CLI is missing: scripts/test.sh installs it with npm into build/claude")
-    return path
-
-
 def ask_claude_code(env_file, home, question):
     """The real Claude Code, non-interactive, with what client-setup wrote: the env file sourced,
     its settings under HOME; nothing but the stand-in to talk to."""
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
            "DISABLE_AUTOUPDATER": "1"}
-    return subprocess.run(["bash", "-c", 'source "$1" && exec "$2" -p "$3"', "ask", str(env_file), str(claude_binary()),
+    return subprocess.run(["bash", "-c", 'source "$1" && exec "$2" -p "$3"', "ask", str(env_file), agent_cli("claude"),
                            question], capture_output=True, text=True, timeout=120, env=env)
 
 
