@@ -7,6 +7,8 @@ import sys
 from types import ModuleType
 from typing import NamedTuple
 
+from twinspark import __version__
+
 from . import bench, clear_hold, client_setup, needle, pin_host_keys, status, upgrade, verify_weights
 from .inputs import ToolError
 
@@ -45,8 +47,9 @@ def show_defaults(parser: argparse.ArgumentParser) -> None:
         action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m ops", description=__doc__)
+def build_parser(prog: str = "python -m ops") -> argparse.ArgumentParser:
+    parser = Parser(prog=prog, description=__doc__.replace("python -m ops", prog, 1))
+    parser.add_argument("--version", action="version", version=f"twinspark {__version__}")
     sub = parser.add_subparsers(dest="tool", required=True)
     for name, tool in TOOLS.items():
         tool_parser = sub.add_parser(name, help=tool.help)
@@ -55,12 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv=None, prog: str = "python -m ops") -> int:
+    """`prog`: how the tools were started, as their help and errors name them (twinspark/cli.py: `twinspark`)."""
+    args = build_parser(prog).parse_args(argv)
     try:
         return TOOLS[args.tool].module.run(args)
     except ToolError as err:
-        print(f"ops {args.tool}: {err}", file=sys.stderr)
+        print(f"{prog} {args.tool}: {err}", file=sys.stderr)
         return err.exit_code
 
 

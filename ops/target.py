@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import httpx
@@ -45,6 +46,7 @@ def add_target_arguments(parser: argparse.ArgumentParser, endpoint: bool = True,
     group = parser.add_argument_group("target (default: the outputs of the current Pulumi stack; the flags below "
                                       "stand in for them)")
     group.add_argument("--stack", help="Pulumi stack to read outputs from")
+    add_project_dir_argument(group)
     group.add_argument("--outputs-file", help="a saved `pulumi stack output --json --show-secrets`")
     if endpoint:
         group.add_argument("--endpoint", help="OpenAI base URL, e.g. http://192.168.1.10:8000/v1")
@@ -54,13 +56,39 @@ def add_target_arguments(parser: argparse.ArgumentParser, endpoint: bool = True,
         group.add_argument("--nodes", help="JSON list of nodes as in the `nodes` stack output")
 
 
+CHECKOUT = Path(__file__).resolve().parent.parent  # an installed `twinspark`'s copy holds no Pulumi.yaml
+
+
+def add_project_dir_argument(parser) -> None:
+    parser.add_argument("--project-dir", type=Path, help="the Pulumi project (its Pulumi.yaml) whose stacks to read "
+                                                         "(default: the current directory if it is one, else the "
+                                                         "checkout these tools run from)")
+
+
+def project_dir(args: argparse.Namespace) -> Path:
+    """--project-dir, else the current directory where it is a Pulumi project, else the checkout these tools
+    came from: run from a checkout, they find its stacks from anywhere."""
+    if getattr(args, "project_dir", None):
+        return args.project_dir
+    for candidate in (Path.cwd(), CHECKOUT):
+        if (candidate / "Pulumi.yaml").is_file():
+            return candidate
+    return Path.cwd()
+
+
+def pulumi_command(args: argparse.Namespace, *words: str) -> list[str]:
+    """`pulumi WORDS` in the project's directory, for --stack's stack if given."""
+    stack = getattr(args, "stack", None)
+    return ["pulumi", *words, "--cwd", str(project_dir(args))] + (["--stack", stack] if stack else [])
+
+
 def add_recipe_argument(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--recipe", help=f"the serving recipe, by name, for {what} (default: the stack's `recipe` "
                                          "output)")
 
 
-def stack_outputs(stack: Optional[str]) -> dict[str, Any]:
-    command = ["pulumi", "stack", "output", "--json", "--show-secrets"] + (["--stack", stack] if stack else [])
+def stack_outputs(args: argparse.Namespace) -> dict[str, Any]:
+    command = pulumi_command(args, "stack", "output", "--json", "--show-secrets")
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
@@ -144,7 +172,7 @@ def resolve_target(args: argparse.Namespace, stands_in: Sequence[str] = ("endpoi
         outputs = read_outputs_file(args.outputs_file)
     elif missing or not stands_in:
         try:
-            outputs = stack_outputs(args.stack)
+            outputs = stack_outputs(args)
         except TargetError as err:
             raise TargetError(f"{err}: pass {' and '.join(missing)}, or run inside the Pulumi project"
                               if missing else str(err)) from None

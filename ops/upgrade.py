@@ -55,16 +55,13 @@ from .bench_requests import plan_from_record, plan_record
 from .inputs import InputError, fraction, positive_float
 from .nodes import add_ssh_arguments
 from .stack import AutomationStack, UpgradeStack, one_line_error
-from .target import Target, target_from_outputs
+from .target import Target, add_project_dir_argument, project_dir, target_from_outputs
 from .upgrade_gates import (DEFAULT_CANARY_TIMEOUT_MIN, GATE_RECIPE, GuardProbe, Options, check_recipe_gate,
                             ensure_baseline, ssh_access_check, ssh_guard_probe, ssh_hold_release)
 from .upgrade_plan import UNSET, Plan, known_good_from, parse_setting, plan_upgrade
 from .upgrade_records import baseline_path, known_good_path, write_keeping_previous
 from .upgrade_run import EXIT_ROLLBACK_FAILED, EXIT_ROLLED_BACK, EXIT_STACK_BUSY  # noqa: F401 (the exits above)
 from .upgrade_run import StackBusy, Upgrade
-
-CHECKOUT = Path(__file__).resolve().parent.parent  # the Pulumi project and its .twinspark/
-
 
 @contextmanager
 def upgrade_lock(work_dir: Path, stack_name: str) -> Iterator[None]:
@@ -166,6 +163,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Exit 0 upgraded; 1 a gate failed and serving is back on the previous settings; "
                      "2 bad input (nothing changed); 3 ROLLBACK FAILED; 4 another update holds the stack.")
     p.add_argument("--stack", help="the Pulumi stack to upgrade (required)")
+    add_project_dir_argument(p)
     p.add_argument("--set", dest="settings", action="append", type=parse_setting, required=True, metavar="KEY=VALUE",
                    help="serving.<key> or model.revision, repeatable; a list as JSON: serving.extraArgs='[\"--x\"]'")
     p.add_argument("--dry-run", action="store_true", help="show the preview of what would change; change nothing")
@@ -188,8 +186,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_ssh_arguments(p)
 
 
-def run(args: argparse.Namespace, console: Optional[Console] = None, work_dir: Path = CHECKOUT) -> int:
-    """The stack through the Automation API in work_dir (the checkout); the nodes over SSH."""
+def run(args: argparse.Namespace, console: Optional[Console] = None) -> int:
+    """The stack through the Automation API in the project's directory (its .twinspark/ keeps the records);
+    the nodes over SSH."""
+    work_dir = project_dir(args)
     ssh = (args.ssh_user, args.ssh_key, args.ssh_option)
     return run_upgrade(args, console or tool_console(), lambda name: AutomationStack(name, work_dir), ssh_guard_probe(*ssh),
                        work_dir, ssh_hold_release(*ssh), ssh_access_check(*ssh))

@@ -28,7 +28,7 @@ from core import contract
 from .output import tool_console
 from .inputs import InputError, one_line
 from .nodes import NodeShell, add_ssh_arguments, check_pinned, ssh_shell
-from .target import add_target_arguments, resolve_target, ssh_user
+from .target import add_target_arguments, pulumi_command, resolve_target, ssh_user
 
 WEIGHTS_PROGRAM = Path(__file__).resolve().parent.parent / "launch" / "weights.py"
 TIMEOUT_S = 3 * 3600  # a full model read at a few GB/s takes minutes; a slow disk, longer
@@ -104,9 +104,9 @@ def repair_command(verdicts: list[NodeVerdict], urns: dict[str, str]) -> Optiona
     return "pulumi up " + " ".join(f"--replace {shlex.quote(urn_of[step])}" for step in steps)
 
 
-def stack_urns(stack: Optional[str]) -> dict[str, str]:
+def stack_urns(args: argparse.Namespace) -> dict[str, str]:
     """{resource name: URN} from `pulumi stack export`; empty where no stack can be read."""
-    command = ["pulumi", "stack", "export"] + (["--stack", stack] if stack else [])
+    command = pulumi_command(args, "stack", "export")
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
         resources = json.loads(proc.stdout)["deployment"]["resources"] if proc.returncode == 0 else []
@@ -140,5 +140,5 @@ def run(args: argparse.Namespace) -> int:
     check_pinned(target.nodes)
     shell = ssh_shell(ssh_user(args, target), args.ssh_key, args.ssh_option)
     verdicts = verify_all(shell, target.nodes, model_dir)
-    urns = stack_urns(args.stack) if any(v.failures for v in verdicts) and not (args.outputs_file or args.nodes) else {}
+    urns = stack_urns(args) if any(v.failures for v in verdicts) and not (args.outputs_file or args.nodes) else {}
     return report(verdicts, urns, tool_console(highlight=False))

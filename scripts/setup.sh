@@ -53,7 +53,7 @@ install_python_env() {
     python3 -m venv .venv
   fi
   if ! cmp -s requirements-dev.txt .venv/.installed-requirements 2>/dev/null \
-     || ! cmp -s requirements.txt .venv/.installed-runtime 2>/dev/null; then
+     || ! cmp -s requirements.lock .venv/.installed-lock 2>/dev/null; then
     log "installing requirements-dev.txt into .venv (uv $UV_VERSION)"
     # uv rather than pip: from its cache (~/.cache/uv) a fresh clone's .venv fills in seconds,
     # where pip took 45 s unpacking the same wheels (ray's most of all) on every CI run.
@@ -62,9 +62,10 @@ install_python_env() {
     # Pulumi compiled them again (`import ray, pulumi, grpc`: 1.4 s without, 0.5 s with; the unit
     # stage ~90 s slower on a fresh clone than in a pip-made .venv)
     .venv/bin/pip install -q --disable-pip-version-check "uv==$UV_VERSION"
-    .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -r requirements-dev.txt
+    # -c requirements.lock: the operator's packages at the versions an owner's venv gets (README step 1)
+    .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -r requirements-dev.txt -c requirements.lock
     cp requirements-dev.txt .venv/.installed-requirements
-    cp requirements.txt .venv/.installed-runtime
+    cp requirements.lock .venv/.installed-lock
   fi
 }
 

@@ -63,7 +63,7 @@ def test_bad_input_found_by_a_tool_is_one_line_and_its_exit_code(monkeypatch, ca
 
     monkeypatch.setattr(TOOLS[name].module, "run", refuse)
     assert ops_main([name, *MINIMAL_FLAGS.get(name, [])]) == 2
-    assert capsys.readouterr().err == f"ops {name}: --x: not what is expected\n"
+    assert capsys.readouterr().err == f"python -m ops {name}: --x: not what is expected\n"
 
 
 def test_only_ops_nodes_runs_ssh():

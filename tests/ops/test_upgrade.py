@@ -557,7 +557,7 @@ def test_without_the_pulumi_cli_it_is_one_line(capsys, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert ops_main(["upgrade", "--stack", "spark", "--set", f"serving.image={NEW}"]) == 2
     err = capsys.readouterr().err
-    assert err == "ops upgrade: the Pulumi CLI is not on PATH: ops upgrade deploys through it " \
+    assert err == "python -m ops upgrade: the Pulumi CLI is not on PATH: ops upgrade deploys through it " \
                   "(https://www.pulumi.com/docs/install/)\n"
 
 

@@ -150,4 +150,4 @@ def test_bad_input_is_one_line_before_any_node_is_reached(tmp_path, capsys, monk
                                           for n in NODES], **outputs}))
     assert ops_main(["verify-weights", "--outputs-file", str(path), *flags]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("ops verify-weights: ") and message in err and err.count("\n") == 1, err
+    assert err.startswith("python -m ops verify-weights: ") and message in err and err.count("\n") == 1, err

@@ -249,12 +249,13 @@ def test_an_upgrade_whose_canary_fails_is_rolled_back_by_digest_and_commit_thoug
     for name, value in stack.env.items():  # the Automation API runs the CLI with this process's environment
         monkeypatch.setenv(name, value)
     args = build_parser().parse_args([
-        "upgrade", "--stack", STACK, "--set", f"serving.image={next_image}", "--set", f"model.revision={later_commit}",
+        "upgrade", "--stack", STACK, "--project-dir", str(stack.project),
+        "--set", f"serving.image={next_image}", "--set", f"model.revision={later_commit}",
         "--set", "serving.maxModelLen=4242", "--tolerance", "3", "--poll-seconds", "2", "--canary-timeout-min", "3",
         "--readiness-timeout-min", "3", "--ssh-key", str(cluster.key)])
     console = Console(record=True, width=200)
     started = time.monotonic()
-    code = run_upgrade_tool(args, console, work_dir=stack.project)
+    code = run_upgrade_tool(args, console)
     shown = console.export_text()
     report["upgrade_rollback_s"] = round(time.monotonic() - started, 1)
     report["upgrade_rollback_said"] = shown[-1500:]
