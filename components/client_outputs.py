@@ -7,11 +7,14 @@ compaction fences never exceed it.
 - codexModelCatalog: the model catalog JSON Codex reads via model_catalog_json
 - claudeCodeEnv:     ANTHROPIC_* lines for Claude Code (vLLM serves /v1/messages); secret
 - claudeCodeSettings: what ~/.claude/settings.json must hold (client-setup merges it in)
+- openaiEnv:         the endpoint and key as OpenAI's clients, Open WebUI and Codex's profile read
+                     them, in a file both a shell (`set -a`) and `docker run --env-file` take; secret
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from typing import Mapping
 
@@ -25,6 +28,7 @@ from .config import StackConfig, Topology
 # A fence must leave room below the served context for the summary and the next turn.
 FENCE_SHARE_OF_CONTEXT = 0.9
 CODEX_PROVIDER_ID = "twinspark"
+CODEX_KEY_VARIABLE = "VLLM_API_KEY"  # the variable Codex's provider entry reads the key from (env_key)
 CODEX_PROFILE = "twinspark"  # `codex -p twinspark`: ops client-setup writes ~/.codex/twinspark.config.toml
 # Claude Code asks for a model by its tier (background work goes to Haiku's): each tier names the
 # one model served here, or vLLM answers 404 (vLLM's Claude Code guide, docs/serving/integrations)
@@ -69,8 +73,8 @@ def catalog_file_name(cfg: StackConfig) -> str:
 
 def render_codex_config(cfg: StackConfig) -> str:
     name = cfg.model.served_name
-    return f"""# Codex's profile for twinspark ({cfg.model.repo}): ~/.codex/{CODEX_PROFILE}.config.toml, then
-#   export VLLM_API_KEY="$(pulumi stack output apiKey --show-secrets)" && codex -p {CODEX_PROFILE}
+    return f"""# Codex's profile for twinspark ({cfg.model.repo}): ~/.codex/{CODEX_PROFILE}.config.toml, then, with the
+# key from the openaiEnv output's file: set -a && . ~/.config/twinspark/openai.env && set +a && codex -p {CODEX_PROFILE}
 model = "{name}"
 model_provider = "{CODEX_PROVIDER_ID}"
 model_catalog_json = "~/.codex/{catalog_file_name(cfg)}"
@@ -80,7 +84,7 @@ model_auto_compact_token_limit = {auto_compact_limit(cfg)}
 name = "{name} on twinspark (local vLLM)"
 base_url = "{endpoint_url(cfg)}"
 wire_api = "responses"
-env_key = "VLLM_API_KEY"
+env_key = "{CODEX_KEY_VARIABLE}"
 """
 
 
@@ -126,6 +130,23 @@ def render_claude_code_env(cfg: StackConfig, api_key: str) -> str:
         "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(claude_code_max_context(cfg)),
     }
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
+
+
+# A value either reader takes as it is: docker's --env-file does not unquote, so nothing may need quoting
+# (the config allows the key only these characters, and a host only an address or a name)
+PLAIN_ENV_VALUE = re.compile(r"[A-Za-z0-9+\-./=_~:\[\]]+")
+
+
+def render_openai_env(cfg: StackConfig, api_key: str) -> str:
+    """OPENAI_BASE_URL and OPENAI_API_KEY (OpenAI's SDKs, aider, most OpenAI-compatible tools),
+    OPENAI_API_BASE_URL (Open WebUI's name), the key again as Codex's profile reads it."""
+    values = {"OPENAI_BASE_URL": endpoint_url(cfg), "OPENAI_API_BASE_URL": endpoint_url(cfg), "OPENAI_API_KEY": api_key,
+              CODEX_KEY_VARIABLE: api_key}
+    for name, value in values.items():
+        if not PLAIN_ENV_VALUE.fullmatch(value):
+            raise ValueError(f"{name}: a character an env file cannot hold unquoted")
+    return ("# twinspark's endpoint: `set -a && . THIS_FILE && set +a` in a shell, or docker run --env-file THIS_FILE\n"
+            + "".join(f"{name}={value}\n" for name, value in values.items()))
 
 
 def render_claude_code_settings() -> str:

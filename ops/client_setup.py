@@ -11,6 +11,8 @@
 - Claude Code's settings.json: the stack's claudeCodeSettings merged in (its `env` key by key),
   every other setting of the user's kept; backed up as config.toml is, and left as it is
   written when it already holds them.
+- the endpoint's env file (mode 600 from its creation): OPENAI_BASE_URL and OPENAI_API_KEY for
+  OpenAI's clients and Open WebUI, and the key for Codex's profile (openaiEnv).
 
 Every file is written whole or not at all (a temporary file renamed over it). A config.toml
 that is not valid TOML, or a path that is a directory, stops it before anything is written.
@@ -167,11 +169,11 @@ def check_writable_file(path: Path) -> None:
         raise InputError(f"{path} is a directory, not a file: move it away (nothing was written)")
 
 
-def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path, claude_settings: Path,
+def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path, claude_settings: Path, openai_env_file: Path,
                   codex_default: bool = False) -> list[WrittenFile]:
     """Codex's profile file (`codex -p twinspark`), leaving config.toml, the user's default, alone
-    unless `codex_default`; the catalog; Claude Code's env file and settings."""
-    for key in ("codexConfig", "codexModelCatalog", "claudeCodeEnv", "claudeCodeSettings"):
+    unless `codex_default`; the catalog; Claude Code's env file and settings; the endpoint's env file."""
+    for key in ("codexConfig", "codexModelCatalog", "claudeCodeEnv", "claudeCodeSettings", "openaiEnv"):
         if not outputs.get(key):
             raise InputError(f"stack output {key!r} is missing: run `pulumi up` first (or pass --outputs-file)")
     config_path = codex_home / "config.toml"
@@ -181,7 +183,8 @@ def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path, claude
     catalog_path = codex_home / Path(os.path.expanduser(str(generated["model_catalog_json"]))).name
     generated["model_catalog_json"] = str(catalog_path)
     generated_text = tomlkit.dumps(generated)
-    for path in (*([config_path] if codex_default else []), profile_path, catalog_path, claude_env_file, claude_settings):
+    for path in (*([config_path] if codex_default else []), profile_path, catalog_path, claude_env_file, claude_settings,
+                 openai_env_file):
         check_writable_file(path)
     merged = None  # config.toml as it will be, where asked to be the default
     if codex_default:
@@ -204,7 +207,8 @@ def setup_clients(outputs: dict, codex_home: Path, claude_env_file: Path, claude
                 *([write_with_backup(config_path, merged)] if merged is not None else []),
                 write_with_backup(catalog_path, outputs["codexModelCatalog"]),
                 write_with_backup(claude_env_file, outputs["claudeCodeEnv"], mode=SECRET_MODE),
-                write_with_backup(claude_settings, settings)]
+                write_with_backup(claude_settings, settings),
+                write_with_backup(openai_env_file, outputs["openaiEnv"], mode=SECRET_MODE)]
     except OSError as err:
         raise ToolError(f"cannot write {err.filename}: {err.strerror}") from None
 
@@ -216,6 +220,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also make the endpoint Codex's default: merge the profile into config.toml (else only "
                              "`codex -p twinspark` uses it and your default model stays)")
     parser.add_argument("--claude-env-file", type=Path, default=Path("~/.config/twinspark/claude-code.env").expanduser())
+    parser.add_argument("--openai-env-file", type=Path, default=Path("~/.config/twinspark/openai.env").expanduser(),
+                        help="the endpoint and key for OpenAI's clients, Open WebUI and Codex's profile")
     parser.add_argument("--claude-settings", type=Path,
                         default=Path(os.environ.get("CLAUDE_CONFIG_DIR", "~/.claude")).expanduser() / "settings.json",
                         help="Claude Code's user settings (default: $CLAUDE_CONFIG_DIR/settings.json, else "
@@ -226,10 +232,10 @@ def run(args: argparse.Namespace) -> int:
     target = resolve_target(args, stands_in=())
     console = tool_console()
     for f in setup_clients(target.outputs, args.codex_home, args.claude_env_file, args.claude_settings,
-                           args.codex_default):
+                           args.openai_env_file, args.codex_default):
         console.print(Text(f"{f.action:9} {f.path}" + (f"  (previous kept as {f.backup.name})" if f.backup else "")))
-    console.print(Text.assemble("Claude Code: ", (f"source {args.claude_env_file}", "bold"), "; Codex: ",
-                                ('export VLLM_API_KEY="$(pulumi stack output apiKey --show-secrets)" && codex'
-                                 + ("" if args.codex_default else
-                                    f" -p {codex_profile(tomlkit.parse(target.outputs['codexConfig']))}"), "bold")))
+    profile = "" if args.codex_default else f" -p {codex_profile(tomlkit.parse(target.outputs['codexConfig']))}"
+    console.print(Text.assemble("Claude Code: ", (f". {args.claude_env_file} && claude", "bold"), "; Codex: ",
+                                (f"set -a && . {args.openai_env_file} && set +a && codex{profile}", "bold"),
+                                "; Open WebUI: ", (f"docker run --env-file {args.openai_env_file} ...", "bold")))
     return 0

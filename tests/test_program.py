@@ -542,7 +542,7 @@ def test_secrets_stay_secret(program, recipe_config):
             for field in ("create", "delete", "update", "command", "envs", "labels", "entrypoints", "triggers"):
                 assert secret not in json.dumps(unwrap(r.inputs.get(field, ""))), (r.name, field)
     assert run.outputs["apiKey"] == {"value": "sk-user-chosen-key-123", "secret": True}
-    assert run.outputs["claudeCodeEnv"]["secret"] is True
+    assert run.outputs["claudeCodeEnv"]["secret"] is True and run.outputs["openaiEnv"]["secret"] is True
     assert run.outputs["grafanaAdminPassword"] == {"value": "grafana-pw-chosen-789", "secret": True}
     for name, out in run.outputs.items():
         if not out["secret"]:
@@ -569,7 +569,7 @@ def test_outputs_contract(recipe_run):
     out = recipe_run.outputs
     assert set(out) == {
         "endpoint", "model", "modelRevision", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
-        "codexModelCatalog", "claudeCodeEnv", "claudeCodeSettings", "nodes", "fabric", "sshUser", "servingImage", "platform",
+        "codexModelCatalog", "claudeCodeEnv", "claudeCodeSettings", "openaiEnv", "nodes", "fabric", "sshUser", "servingImage", "platform",
         "launchBundles", "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel", "recipe",
         "memoryFit", "modelDir", "executor",
     }
@@ -598,6 +598,10 @@ def test_outputs_contract(recipe_run):
         assert f"ANTHROPIC_DEFAULT_{tier}_MODEL=ds-0731\n" in claude
     assert json.loads(out["claudeCodeSettings"]["value"]) == {"env": {"CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}}
     assert out["claudeCodeSettings"]["secret"] is False
+    key = out["apiKey"]["value"]
+    assert out["openaiEnv"]["value"].splitlines()[1:] == [
+        "OPENAI_BASE_URL=http://192.168.1.10:8000/v1", "OPENAI_API_BASE_URL=http://192.168.1.10:8000/v1",
+        f"OPENAI_API_KEY={key}", f"VLLM_API_KEY={key}"]
     nodes = out["nodes"]["value"]
     assert [(n["name"], n["role"], n["host"]) for n in nodes] == [
         ("spark1", "head", "192.168.1.10"),

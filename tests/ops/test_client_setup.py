@@ -5,6 +5,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import time
 
 import pytest
@@ -18,13 +19,14 @@ from program_harness import config_blocks
 
 def stack_outputs_for_tests():
     from components.client_outputs import (render_claude_code_env, render_claude_code_settings, render_codex_config,
-                                           render_codex_model_catalog)
+                                           render_codex_model_catalog, render_openai_env)
     from components.config import parse_stack_config
 
     cfg = parse_stack_config(config_blocks())
     return {"codexConfig": render_codex_config(cfg), "codexModelCatalog": render_codex_model_catalog(cfg),
             "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"),
-            "claudeCodeSettings": render_claude_code_settings(), "model": "ds-0731",
+            "claudeCodeSettings": render_claude_code_settings(), "openaiEnv": render_openai_env(cfg, "sk-outputs-key"),
+            "model": "ds-0731",
             "endpoint": "http://192.168.1.10:8000/v1"}
 
 
@@ -63,8 +65,10 @@ def test_client_setup_writes_backs_up_and_is_idempotent(tmp_path):
     (codex_home / "config.toml").write_text(EXISTING_CONFIG)
     outputs_file = tmp_path / "outputs.json"
     outputs_file.write_text(json.dumps(stack_outputs_for_tests()))
+    openai_env = tmp_path / "cfg" / "openai.env"
     args = ["client-setup", "--outputs-file", str(outputs_file), "--codex-home", str(codex_home),
-            "--claude-env-file", str(env_file), "--claude-settings", str(tmp_path / "claude" / "settings.json")]
+            "--claude-env-file", str(env_file), "--claude-settings", str(tmp_path / "claude" / "settings.json"),
+            "--openai-env-file", str(openai_env)]
     assert ops_main(args) == 0
     # the user's config.toml and its default model are left alone: the stack's is a profile of its own
     assert (codex_home / "config.toml").read_text() == EXISTING_CONFIG and not list(codex_home.glob("config.toml.bak-*"))
@@ -74,6 +78,8 @@ def test_client_setup_writes_backs_up_and_is_idempotent(tmp_path):
     assert json.loads(catalog.read_text())["models"][0]["context_window"] == 1048576
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     assert "ANTHROPIC_AUTH_TOKEN=sk-outputs-key" in env_file.read_text()
+    assert stat.S_IMODE(openai_env.stat().st_mode) == 0o600
+    assert "OPENAI_API_KEY=sk-outputs-key\nVLLM_API_KEY=sk-outputs-key\n" in openai_env.read_text()
     before = {p.name: p.read_text() for p in codex_home.iterdir()}
     assert ops_main(args) == 0  # a second run changes nothing and keeps no backup
     assert {p.name: p.read_text() for p in codex_home.iterdir()} == before
@@ -99,19 +105,22 @@ def test_codex_keeps_its_default_and_the_profile_asks_the_endpoint(endpoint, tmp
     (codex_home / "config.toml").write_text(EXISTING_CONFIG)
     outputs = stack_outputs_for_tests()
     outputs["codexConfig"] = outputs["codexConfig"].replace("http://192.168.1.10:8000/v1", target.endpoint)
-    setup_clients(outputs, codex_home, tmp_path / "claude.env", tmp_path / "settings.json")
-    env = {**os.environ, "CODEX_HOME": str(codex_home), "VLLM_API_KEY": "sk-outputs-key"}
+    openai_env = tmp_path / "openai.env"
+    setup_clients(outputs, codex_home, tmp_path / "claude.env", tmp_path / "settings.json", openai_env)
+    env = {**os.environ, "CODEX_HOME": str(codex_home)}
+    env.pop("VLLM_API_KEY", None)  # the key comes from client-setup's env file, as the README runs it
     models = subprocess.run([codex, "debug", "models"], capture_output=True, text=True, timeout=120, env=env)
     assert models.returncode == 0, models.stderr[-2000:]
     slugs = [m["slug"] for m in json.loads(models.stdout)["models"]]
     assert "ds-0731" not in slugs and slugs, slugs  # Codex's own catalog
-    asked = subprocess.run([codex, "exec", "--skip-git-repo-check", "-p", "twinspark", "What is 512 + 301?"],
+    asked = subprocess.run(["bash", "-c", 'set -a && . "$1" && set +a && exec "$2" exec --skip-git-repo-check -p twinspark '
+                            '"What is 512 + 301?"', "ask", openai_env, codex],
                            capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert "model: ds-0731\nprovider: twinspark\n" in asked.stdout + asked.stderr, (asked.stdout + asked.stderr)[-2000:]
     calls = [r for r in behaviour.requests if r.path == "/v1/responses"]
     assert calls and all(r.authorized and r.body["model"] == "ds-0731" for r in calls), calls
 
-    setup_clients(outputs, codex_home, tmp_path / "claude.env", tmp_path / "settings.json", codex_default=True)
+    setup_clients(outputs, codex_home, tmp_path / "claude.env", tmp_path / "settings.json", openai_env, codex_default=True)
     models = subprocess.run([codex, "debug", "models"], capture_output=True, text=True, timeout=120, env=env)
     assert models.returncode == 0, models.stderr[-2000:]
     listed = json.loads(models.stdout)["models"]
@@ -120,7 +129,7 @@ def test_codex_keeps_its_default_and_the_profile_asks_the_endpoint(endpoint, tmp
 
 def test_missing_outputs_are_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="stack output 'codexConfig' is missing"):
-        setup_clients({}, tmp_path, tmp_path / "env", tmp_path / "settings.json")
+        setup_clients({}, tmp_path, tmp_path / "env", tmp_path / "settings.json", tmp_path / "openai.env")
 
 
 # The user's providers in each way TOML allows, without and with an older twinspark provider of theirs.
@@ -164,7 +173,8 @@ def client_setup_args(tmp_path, outputs):
     outputs_file = tmp_path / "outputs.json"
     outputs_file.write_text(json.dumps(outputs))
     return codex_home, env_file, ["client-setup", "--outputs-file", str(outputs_file), "--codex-home", str(codex_home),
-                                  "--claude-env-file", str(env_file), "--claude-settings", str(claude_settings(tmp_path))]
+                                  "--claude-env-file", str(env_file), "--claude-settings", str(claude_settings(tmp_path)),
+                                  "--openai-env-file", str(env_file.with_name("openai.env"))]
 
 
 def claude_settings(tmp_path):
@@ -268,12 +278,13 @@ def test_claude_env_file_is_private_from_its_creation(tmp_path, monkeypatch):
         _, env_file, args = client_setup_args(tmp_path, outputs)
         assert ops_main(args) == 0
         assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-        outputs["claudeCodeEnv"] = outputs["claudeCodeEnv"].replace("sk-outputs-key", "sk-rotated")
+        for key in ("claudeCodeEnv", "openaiEnv"):
+            outputs[key] = outputs[key].replace("sk-outputs-key", "sk-rotated")
         _, _, args = client_setup_args(tmp_path, outputs)
         assert ops_main(args) == 0
         for path in env_file.parent.iterdir():
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
-        assert len(list(env_file.parent.iterdir())) == 2  # the file and its backup, no temporary left
+        assert len(list(env_file.parent.iterdir())) == 4  # the two files and their backups, no temporary left
     finally:
         os.umask(old_umask)
 
@@ -311,3 +322,23 @@ def test_claude_code_answers_with_what_client_setup_wrote(endpoint, tmp_path, ca
     bare_home = tmp_path / "bare-home"  # the env file alone, no settings.json
     assert ask_claude_code(env_file, bare_home, "What is 512 + 301?").returncode == 0
     assert any("x-anthropic-billing-header" in json.dumps(r.body.get("system")) for r in behaviour.requests)
+
+
+def test_openai_sdk_answers_with_the_endpoint_env_file(endpoint, tmp_path, capsys):
+    """OpenAI's own Python SDK, configured by nothing but client-setup's openai.env sourced as the
+    README says (OPENAI_BASE_URL, OPENAI_API_KEY): a chat completion from the served model, with the key."""
+    behaviour, target = endpoint
+    behaviour.model, behaviour.api_key = "ds-0731", "sk-outputs-key"
+    outputs = stack_outputs_for_tests()
+    outputs["openaiEnv"] = outputs["openaiEnv"].replace("http://192.168.1.10:8000", target.base_url)
+    _, env_file, args = client_setup_args(tmp_path, outputs)
+    assert run_ops(capsys, *args)[0] == 0
+    program = ("import openai; r = openai.OpenAI().chat.completions.create(model='ds-0731', max_tokens=16, "
+               "messages=[{'role': 'user', 'content': 'What is 512 + 301?'}]); print(r.choices[0].message.content)")
+    answered = subprocess.run(["bash", "-c", 'set -a && . "$1" && set +a && exec "$2" -c "$3"', "ask",
+                               env_file.with_name("openai.env"), sys.executable, program],
+                              capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert answered.returncode == 0, answered.stderr[-2000:]
+    assert "813" in answered.stdout, answered.stdout
+    asked = [r for r in behaviour.requests if r.path == "/v1/chat/completions"]
+    assert asked and all(r.authorized for r in asked), asked
