@@ -569,7 +569,8 @@ def test_outputs_contract(recipe_run):
     out = recipe_run.outputs
     assert set(out) == {
         "endpoint", "model", "modelRevision", "apiKey", "healthUrl", "metricsUrl", "codexConfig",
-        "codexModelCatalog", "claudeCodeEnv", "claudeCodeSettings", "openaiEnv", "nodes", "fabric", "sshUser", "servingImage", "platform",
+        "codexModelCatalog", "claudeCodeEnv", "claudeCodeSettings", "openaiEnv", "nodes", "fabric", "sshUser",
+        "servingImage", "platform",
         "launchBundles", "grafanaUrl", "grafanaAdminPassword", "prometheusUrl", "prometheusTunnel", "recipe",
         "memoryFit", "modelDir", "executor",
     }
