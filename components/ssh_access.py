@@ -216,7 +216,7 @@ def resolve_host_keys(
     if unpinned:
         stack_file = f"Pulumi.{pulumi.get_stack()}.yaml"
         raise pulumi.RunError("\n".join(
-            f"{NAMESPACE}:nodes[{i}].hostKey: not pinned — run `python -m ops pin-host-keys --stack-file "
+            f"{NAMESPACE}:nodes[{i}].hostKey: not pinned — run `twinspark pin-host-keys --stack-file "
             f"{stack_file}`, compare each fingerprint with the node's own (`ssh-keygen -lf {host_keys.NODE_KEY_FILE}` "
             "on its console) and run the `pulumi config set` lines it prints; or accept keys unseen at first "
             "contact: `pulumi config set --path ssh.trustOnFirstUse true` (docs/security.md)"

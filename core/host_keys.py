@@ -82,7 +82,7 @@ def refusal(name: str, host: str, held_key: str, shown_fingerprint: Optional[str
     return (f"{name} ({host}): refused: its SSH host key is not the one `pulumi up` holds it to "
             f"({fingerprint(held_key)}{f'; it shows {shown_fingerprint}' if shown_fingerprint else ''}), nothing ran "
             f"there. Reinstalled? Compare with its console (`ssh-keygen -lf {NODE_KEY_FILE}`), then "
-            f"`python -m ops pin-host-keys --stack-file {stack_file}`, record the key and `pulumi up`; "
+            f"`twinspark pin-host-keys --stack-file {stack_file}`, record the key and `pulumi up`; "
             "if not, something else answers at its address")
 
 

@@ -109,8 +109,8 @@ def launch_roles_table() -> str:
 
 # (page, block) -> what fills it
 BLOCKS: dict[tuple[str, str], Callable[[], str]] = {
-    ("README.md", "parameters"): parameter_table,
-    ("README.md", "models"): recipes.models_table,
+    ("docs/configuration.md", "parameters"): parameter_table,
+    ("docs/configuration.md", "models"): recipes.models_table,
     ("docs/security.md", "flows"): firewall.flows_table,
     ("docs/observability.md", "panels"): dashboards_of_the_recipes_stack,
     ("docs/architecture.md", "launch-roles"): launch_roles_table,

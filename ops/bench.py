@@ -36,7 +36,7 @@ from rich.text import Text
 
 from core import recipes
 
-from .output import tool_console
+from .output import add_json_argument, human_console, print_json
 from .bench_compare import (RECIPE_TOLERANCE, check_recipe_reference, compare, compare_with_recipe,
                             comparison_warnings, load_baseline, plan_differences)
 from .bench_requests import Bench, BenchPlan, plan_record
@@ -133,8 +133,10 @@ def measure(target, plan: BenchPlan, console: Console, profile: Optional[str] = 
 def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Optional[str], tolerance: float,
               console: Console, profile: Optional[str] = None, send_cache_salt: bool = False,
               allow_plan_mismatch: bool = False, deadline_s: Optional[float] = None,
-              recipe: Optional[recipes.Recipe] = None, recipe_tolerance: float = RECIPE_TOLERANCE) -> int:
-    """Compared with the baseline file at baseline_path, or with `recipe`'s published baseline.
+              recipe: Optional[recipes.Recipe] = None, recipe_tolerance: float = RECIPE_TOLERANCE,
+              outcome: Optional[dict] = None) -> int:
+    """Compared with the baseline file at baseline_path, or with `recipe`'s published baseline;
+    `outcome` (for --json) gets the results, the comparison and its warnings.
     Raises InputError, before any request, for an output or baseline that cannot be used, and
     DeadlineError when the run outlasts deadline_s."""
     check_output_path(output)
@@ -162,6 +164,9 @@ def run_bench(target, plan: BenchPlan, output: Optional[str], baseline_path: Opt
     if output:
         console.print(Text(f"results written to {output}"))
     failed = bool(result["errors"]) or any(row["regression"] for row in comparison or [])
+    if outcome is not None:
+        outcome.update(result=result, compared_with=against if comparison is not None else None,
+                       comparison=comparison, warnings=warnings, passed=not failed)
     return 1 if failed else 0
 
 
@@ -201,6 +206,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "a figure noisier than that in its own repeats is allowed its spread")
     p.add_argument("--deadline-min", type=positive_float, default=DEADLINE_MIN,
                    help=f"stop the whole run after this many minutes (default {DEADLINE_MIN})")
+    add_json_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -214,7 +220,10 @@ def run(args: argparse.Namespace) -> int:
                      sweep_requests_per_level=args.sweep_requests, sweep_input_tokens=args.sweep_input_tokens,
                      sweep_output_tokens=args.sweep_output_tokens, sweep_repeats=args.sweep_repeats)
     # the stack does not export its serving profile: unknown stays null in the plan
-    return run_bench(target, plan, args.output, None if recipe else args.compare, args.tolerance, tool_console(),
+    outcome: dict = {}
+    code = run_bench(target, plan, args.output, None if recipe else args.compare, args.tolerance, human_console(args),
                      profile=args.profile, send_cache_salt=args.cache_salt,
                      allow_plan_mismatch=args.allow_plan_mismatch, deadline_s=args.deadline_min * 60, recipe=recipe,
-                     recipe_tolerance=args.recipe_tolerance)
+                     recipe_tolerance=args.recipe_tolerance, outcome=outcome)
+    print_json(args, outcome)
+    return code

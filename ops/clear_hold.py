@@ -14,13 +14,14 @@ import json
 import shlex
 import subprocess
 import time
+from typing import Optional
 
 from rich.console import Console
 from rich.text import Text
 
 from core import contract
 
-from .output import tool_console
+from .output import add_json_argument, human_console, print_json
 from .inputs import ToolError
 from .nodes import NodeShell, add_ssh_arguments, check_pinned, ssh_shell
 from .target import add_target_arguments, resolve_target, ssh_user
@@ -32,12 +33,17 @@ READ_VERDICT = f"cat {shlex.quote(contract.SERVING_GUARD_STATUS)}"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, endpoint=False, nodes=True)
     add_ssh_arguments(parser)
+    add_json_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     target = resolve_target(args, ("nodes", "ssh_user"))
     check_pinned(target.nodes)
-    return clear_hold(target, ssh_shell(ssh_user(args, target), args.ssh_key, args.ssh_option), tool_console())
+    outcome: dict = {}
+    code = clear_hold(target, ssh_shell(ssh_user(args, target), args.ssh_key, args.ssh_option), human_console(args),
+                      outcome=outcome)
+    print_json(args, outcome)
+    return code
 
 
 def release_hold(shell: NodeShell, head: dict) -> None:
@@ -55,9 +61,12 @@ def read_verdict(shell: NodeShell, head: dict) -> dict:
     return verdict
 
 
-def clear_hold(target, shell: NodeShell, console: Console, wait_s: float = WAIT_S) -> int:
+def clear_hold(target, shell: NodeShell, console: Console, wait_s: float = WAIT_S, outcome: Optional[dict] = None) -> int:
+    """`outcome` (for --json) gets the head, the hold found (null: none) and whether serving was let go."""
     head = next(n for n in target.nodes if n["role"] == "head")
     hold = read_verdict(shell, head).get("hold")
+    if outcome is not None:
+        outcome.update(node=head["name"], hold=hold or None, cleared=False)
     if not hold:
         console.print(Text(f"{head['name']}: serving is not held; nothing to clear"))
         return 0
@@ -71,7 +80,9 @@ def clear_hold(target, shell: NodeShell, console: Console, wait_s: float = WAIT_
         time.sleep(2)
         verdict = read_verdict(shell, head)
         if not verdict.get("hold") and verdict.get("restarts_in_window") == 0:
-            console.print(Text(f"{head['name']}: hold cleared; serving is starting (watch with `python -m ops status`)",
+            if outcome is not None:
+                outcome["cleared"] = True
+            console.print(Text(f"{head['name']}: hold cleared; serving is starting (watch with `twinspark status`)",
                                style="green"))
             return 0
     raise ToolError(f"the hold file is gone but the guard on {head['name']} has not released serving within "

@@ -35,7 +35,7 @@ from tomlkit.exceptions import TOMLKitError
 from rich.text import Text
 from tomlkit.items import InlineTable
 
-from .output import tool_console
+from .output import add_json_argument, human_console, print_json
 from .inputs import InputError, ToolError
 from .target import add_target_arguments, resolve_target
 
@@ -226,16 +226,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=Path(os.environ.get("CLAUDE_CONFIG_DIR", "~/.claude")).expanduser() / "settings.json",
                         help="Claude Code's user settings (default: $CLAUDE_CONFIG_DIR/settings.json, else "
                              "~/.claude/settings.json)")
+    add_json_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     target = resolve_target(args, stands_in=())
-    console = tool_console()
-    for f in setup_clients(target.outputs, args.codex_home, args.claude_env_file, args.claude_settings,
-                           args.openai_env_file, args.codex_default):
+    console = human_console(args)
+    written = setup_clients(target.outputs, args.codex_home, args.claude_env_file, args.claude_settings,
+                            args.openai_env_file, args.codex_default)
+    for f in written:
         console.print(Text(f"{f.action:9} {f.path}" + (f"  (previous kept as {f.backup.name})" if f.backup else "")))
     profile = "" if args.codex_default else f" -p {codex_profile(tomlkit.parse(target.outputs['codexConfig']))}"
-    console.print(Text.assemble("Claude Code: ", (f". {args.claude_env_file} && claude", "bold"), "; Codex: ",
-                                (f"set -a && . {args.openai_env_file} && set +a && codex{profile}", "bold"),
-                                "; Open WebUI: ", (f"docker run --env-file {args.openai_env_file} ...", "bold")))
+    start = {"claude_code": f". {args.claude_env_file} && claude",
+             "codex": f"set -a && . {args.openai_env_file} && set +a && codex{profile}",
+             "open_webui": f"docker run --env-file {args.openai_env_file} ..."}
+    console.print(Text.assemble("Claude Code: ", (start["claude_code"], "bold"), "; Codex: ", (start["codex"], "bold"),
+                                "; Open WebUI: ", (start["open_webui"], "bold")))
+    print_json(args, {"files": [{"path": str(f.path), "action": f.action, "backup": str(f.backup) if f.backup else None}
+                                for f in written], "start": start})
     return 0

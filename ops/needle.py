@@ -33,7 +33,7 @@ from rich.text import Text
 
 from core.recipes import DEFAULT_RECIPE
 
-from .output import tool_console
+from .output import add_json_argument, human_console, print_json
 from .inputs import (DeadlineError, InputError, check_output_path, non_negative_int, positive_float, positive_int,
                      run_with_deadline)
 from .stream import client, stream_chat
@@ -194,8 +194,9 @@ def render(rows: list[dict], console: Console, max_tokens: Optional[int] = None)
 
 def run_needle(target, sizes: Sequence[int], trials: int, needles: int, max_tokens: int, console: Console,
                output: Optional[str] = None, profile: Optional[str] = None, deadline_s: Optional[float] = None,
-               max_failures: int = 0) -> int:
-    """0, or 1 when a trial got no answer or the real failures are more than max_failures; raises
+               max_failures: int = 0, outcome: Optional[dict] = None) -> int:
+    """0, or 1 when a trial got no answer or the real failures are more than max_failures; `outcome`
+    (for --json) gets what the output file holds and the verdict; raises
     InputError, before any request, for an output file that cannot be written, and DeadlineError
     (after writing the sizes done) at the deadline."""
     check_output_path(output)
@@ -210,10 +211,11 @@ def run_needle(target, sizes: Sequence[int], trials: int, needles: int, max_toke
                                     lambda: progress.advance(task), rows), deadline_s)
         except DeadlineError as err:
             missed = err
+    document = {"schema": SCHEMA, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "plan": plan,
+                "complete": missed is None, "sizes": rows}
     if output:  # before rendering: nothing that follows may lose the run
         with open(output, "w") as f:
-            json.dump({"schema": SCHEMA, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "plan": plan, "complete": missed is None, "sizes": rows}, f, indent=2)
+            json.dump(document, f, indent=2)
     if missed:
         if rows:
             render(rows, console, max_tokens)
@@ -221,10 +223,13 @@ def run_needle(target, sizes: Sequence[int], trials: int, needles: int, max_toke
                             + (f" and are written to {output}" if output and rows else ""))
     render(rows, console, max_tokens)
     failures = sum(row["real_failures"] for row in rows)
+    passed = not any(row["errors"] for row in rows) and failures <= max_failures
+    if outcome is not None:
+        outcome.update(document, real_failures=failures, max_failures=max_failures, passed=passed)
     if failures > max_failures:
         console.print(Text(f"FAIL: {failures} real failure{'' if failures == 1 else 's'}, more than --max-failures "
                            f"{max_failures}", style="bold red"))
-    return 1 if any(row["errors"] for row in rows) or failures > max_failures else 0
+    return 0 if passed else 1
 
 
 DEADLINE_MIN = 180  # the whole run's: a default run takes up to ~2 h when the model thinks long
@@ -245,6 +250,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="exit 1 when the real failures (every size's together) are more than this")
     p.add_argument("--deadline-min", type=positive_float, default=DEADLINE_MIN,
                    help=f"stop the whole run after this many minutes, keeping the sizes done (default {DEADLINE_MIN})")
+    add_json_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -253,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     # a stack that names no recipe serves the default one
     recipe = target_recipe(target, default=DEFAULT_RECIPE) if args.sizes is None else None
     target.model = check_endpoint(target)
-    console = tool_console()
+    console = human_console(args)
     sizes = args.sizes
     if recipe is not None:
         sizes = recipe.needle_sizes
@@ -264,5 +270,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"sizes {', '.join(f'{s:,}' for s in too_long)} tokens: beyond the context {target.model!r} "
                          f"is served with ({target.max_model_len:,} tokens, /v1/models): pass --sizes up to that")
     # the stack does not export its serving profile: unknown stays null in the plan
-    return run_needle(target, sizes, args.trials, args.needles, args.max_tokens, console, args.output, args.profile,
-                      deadline_s=args.deadline_min * 60, max_failures=args.max_failures)
+    outcome: dict = {}
+    code = run_needle(target, sizes, args.trials, args.needles, args.max_tokens, console, args.output, args.profile,
+                      deadline_s=args.deadline_min * 60, max_failures=args.max_failures, outcome=outcome)
+    print_json(args, outcome)
+    return code

@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Optional, TextIO
 
 import yaml
 
@@ -22,6 +22,7 @@ from core import host_keys
 from core import contract
 
 from .inputs import port_number, positive_int
+from .output import add_json_argument, print_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"SSH port of the nodes (default: {contract.SSH_PORT})")
     p.add_argument("--timeout", type=positive_int, default=10, help="seconds per node (default: 10)")
     p.add_argument("--apply", action="store_true", help="run the `pulumi config set` commands once you confirm")
+    add_json_argument(p)
 
 
 def stack_name(stack_file: Path) -> str:
@@ -45,7 +47,16 @@ def config_set_command(stack: str, index: int, key: str) -> list[str]:
     return ["pulumi", "config", "set", "--stack", stack, "--path", f"nodes[{index}].hostKey", key]
 
 
-def run(args: argparse.Namespace, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, stdin: TextIO = sys.stdin, out: Optional[TextIO] = None) -> int:
+    """Under --json what a person reads goes to stderr and stdout gets one document at the end: each
+    node's key, fingerprint and state (or error), the commands, whether they were recorded."""
+    found: dict = {"nodes": [], "commands": [], "recorded": False}
+    code = read_and_pin(args, stdin, out or (sys.stderr if args.json else sys.stdout), found)
+    print_json(args, found)
+    return code
+
+
+def read_and_pin(args: argparse.Namespace, stdin: TextIO, out: TextIO, found: dict) -> int:
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
 
@@ -68,6 +79,7 @@ def run(args: argparse.Namespace, stdin: TextIO = sys.stdin, out: TextIO = sys.s
             key = host_keys.scan(str(node["host"]), args.port, args.timeout)
         except host_keys.HostKeyError as err:
             say(f"{label} FAILED: {err}")
+            found["nodes"].append({"name": node.get("name"), "host": node["host"], "error": str(err)})
             failed = True
             continue
         pinned = node.get("hostKey")
@@ -78,8 +90,11 @@ def run(args: argparse.Namespace, stdin: TextIO = sys.stdin, out: TextIO = sys.s
         else:
             state = "new"
         say(f"{label} {host_keys.fingerprint(key)}  {state}")
+        found["nodes"].append({"name": node.get("name"), "host": node["host"], "key": key,
+                               "fingerprint": host_keys.fingerprint(key), "state": state.split(":")[0].lower()})
         if pinned != key:
             commands.append(config_set_command(stack, i, key))
+    found["commands"] = [shlex.join(command) for command in commands]
     if not commands:
         say("Nothing to record." if not failed else "Nothing recorded: fix the failures above and run again.")
         return 1 if failed else 0
@@ -104,4 +119,5 @@ def run(args: argparse.Namespace, stdin: TextIO = sys.stdin, out: TextIO = sys.s
             say(f"pin-host-keys: `{shlex.join(command[:7])} ...` failed: {proc.stderr.strip()[-300:]}")
             return 1
     say(f"Recorded {len(commands)} host key(s) in the {stack} stack's config.")
+    found["recorded"] = True
     return 1 if failed else 0

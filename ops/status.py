@@ -32,7 +32,7 @@ from rich.text import Text
 from core import contract
 from core import platform_gate
 
-from .output import tool_console
+from .output import add_json_argument, tool_console
 from .api import served_models
 from .inputs import positive_int
 from .nodes import FACTS_PROBE, NodeRunner, add_ssh_arguments, check_pinned, ssh_runner
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_ssh_arguments(parser)
     parser.add_argument("--expect-mtu", type=positive_int, help="default: the stack's fabric.mtu")
     parser.add_argument("--expect-speed-mbps", type=positive_int, help="default: the stack's fabric.linkSpeedMbps")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

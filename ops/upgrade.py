@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .output import tool_console
+from .output import add_json_argument, human_console, print_json
 from . import bench
 from .bench_compare import RECIPE_TOLERANCE, plan_differences
 from .bench_requests import plan_from_record, plan_record
@@ -117,7 +117,12 @@ def opening(open_stack: Callable[[str], UpgradeStack], work_dir: Path) -> Callab
 def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable[[str], UpgradeStack],
                 guard_probe_for: Callable[[Target], GuardProbe], work_dir: Path,
                 hold_release_for: Optional[Callable[[Target], Callable[[], None]]] = None,
-                access_check_for: Optional[Callable[[Target], Callable[[], None]]] = None) -> int:
+                access_check_for: Optional[Callable[[Target], Callable[[], None]]] = None,
+                outcome: Optional[dict] = None) -> int:
+    """`outcome` (for --json) gets the stack, the settings asked for, a dry run's change summary and
+    each gate table the upgrade showed."""
+    outcome = {} if outcome is None else outcome
+    outcome.update(stack=args.stack, settings=args.settings, gates=[])
     if not args.stack:
         raise InputError("--stack is required: the stack to upgrade (`pulumi stack ls` lists them)")
     stack = opening(open_stack, work_dir)(args.stack)
@@ -135,6 +140,7 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
         console.print(Text(report.text.rstrip()))
         summary = ", ".join(f"{op} {n}" for op, n in report.change_summary.items() if op != "same")
         console.print(Text(f"dry run: nothing changed; `up` would: {summary or 'change nothing'}", style="bold"))
+        outcome["dry_run"] = {op: n for op, n in report.change_summary.items() if op != "same"}
         return 0
     options = Options(tolerance=args.tolerance, rebaseline=args.rebaseline,
                       readiness_timeout_s=args.readiness_timeout_min * 60, canary_timeout_s=args.canary_timeout_min * 60,
@@ -147,7 +153,9 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
             access_check_for(target)()
         path = baseline_path(work_dir, stack.name)
         if options.gate == GATE_RECIPE:  # the recipe's figures judge: no stored baseline is measured or read
-            return Upgrade(stack, plan, options, console, guard_probe_for, work_dir, hold_release_for).run(None, path)
+            upgrade = Upgrade(stack, plan, options, console, guard_probe_for, work_dir, hold_release_for,
+                              reports=outcome["gates"])
+            return upgrade.run(None, path)
         baseline = ensure_baseline(path, target, plan.before.serving.profile, console, options.bench_deadline_s)
         differences = predicted_plan_differences(plan, target, baseline)
         if differences and not args.rebaseline:
@@ -156,7 +164,7 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
                              "and the new figures become the baseline)")
         write_keeping_previous(known_good_path(work_dir, stack.name), known_good.record(config))
         return Upgrade(stack, plan, options, console, guard_probe_for, work_dir, hold_release_for,
-                       known_good).run(baseline, path)
+                       known_good, reports=outcome["gates"]).run(baseline, path)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -184,6 +192,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-seconds", type=positive_float, default=10.0, help="between endpoint and canary checks")
     p.add_argument("--bench-deadline-min", type=positive_float, default=bench.DEADLINE_MIN)
     add_ssh_arguments(p)
+    add_json_argument(p)
 
 
 def run(args: argparse.Namespace, console: Optional[Console] = None) -> int:
@@ -191,5 +200,8 @@ def run(args: argparse.Namespace, console: Optional[Console] = None) -> int:
     the nodes over SSH."""
     work_dir = project_dir(args)
     ssh = (args.ssh_user, args.ssh_key, args.ssh_option)
-    return run_upgrade(args, console or tool_console(), lambda name: AutomationStack(name, work_dir), ssh_guard_probe(*ssh),
-                       work_dir, ssh_hold_release(*ssh), ssh_access_check(*ssh))
+    outcome: dict = {}
+    code = run_upgrade(args, console or human_console(args), lambda name: AutomationStack(name, work_dir),
+                       ssh_guard_probe(*ssh), work_dir, ssh_hold_release(*ssh), ssh_access_check(*ssh), outcome)
+    print_json(args, {**outcome, "exit": code})
+    return code

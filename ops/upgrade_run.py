@@ -48,6 +48,7 @@ class Upgrade:
     known_good: Optional[KnownGood] = None  # what served before: the rollback must show it again
     started: float = field(default_factory=time.time)
     results: list[GateResult] = field(default_factory=list)
+    reports: list[dict] = field(default_factory=list)  # each gate table shown, for --json
 
     def say(self, text: str, style: str = "") -> None:
         self.console.print(Text(text, style=style))
@@ -136,6 +137,8 @@ class Upgrade:
                                               f"bundles as before{note}")
 
     def report(self, title: str, results: list[GateResult]) -> None:
+        self.reports.append({"title": title, "gates": [{"gate": r.gate, "passed": r.ok, "detail": r.detail}
+                                                       for r in results]})
         table = Table(title=title)
         for column in ("gate", "", "detail"):
             table.add_column(column)

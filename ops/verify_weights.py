@@ -25,7 +25,7 @@ from rich.text import Text
 
 from core import contract
 
-from .output import tool_console
+from .output import add_json_argument, human_console, print_json
 from .inputs import InputError, one_line
 from .nodes import NodeShell, add_ssh_arguments, check_pinned, ssh_shell
 from .target import add_target_arguments, pulumi_command, resolve_target, ssh_user
@@ -58,6 +58,7 @@ def copy_again_steps(worker: str, names) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, endpoint=False, nodes=True)
+    add_json_argument(parser)
     add_ssh_arguments(parser)
     parser.add_argument("--dir", help="the model directory on the nodes (default: the stack's modelDir output)")
 
@@ -141,4 +142,8 @@ def run(args: argparse.Namespace) -> int:
     shell = ssh_shell(ssh_user(args, target), args.ssh_key, args.ssh_option)
     verdicts = verify_all(shell, target.nodes, model_dir)
     urns = stack_urns(args) if any(v.failures for v in verdicts) and not (args.outputs_file or args.nodes) else {}
-    return report(verdicts, urns, tool_console(highlight=False))
+    code = report(verdicts, urns, human_console(args, highlight=False))
+    print_json(args, {"model_dir": model_dir, "intact": code == 0, "repair": repair_command(verdicts, urns),
+                      "nodes": [{"node": v.node, "role": v.role, "checked": v.checked, "summary": v.summary,
+                                 "damaged": v.failures} for v in verdicts]})
+    return code

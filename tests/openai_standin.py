@@ -5,8 +5,9 @@ and the simulator's `vllm` (tests/sim/bin/vllm), which runs it inside the simula
 under their python3: so the standard library only, nothing else.
 
 It serves what vLLM serves and the tests touch: /health, /metrics, /v1/models,
-/v1/completions, /v1/chat/completions and /v1/responses (not streamed), streamed in vLLM's
-format (a chat stream opens with a role-only chunk, then content deltas — or a tool call: its
+/v1/completions, /v1/chat/completions and /v1/responses, streamed in vLLM's
+format (/v1/responses as its named events, `event:` and `data:` lines, from response.created to
+response.completed; the rest as follows) (a chat stream opens with a role-only chunk, then content deltas — or a tool call: its
 name alone with the call's id, then its arguments in pieces — a finish chunk, a `usage` chunk
 when `stream_options.include_usage` asks for it, then `data: [DONE]`) or as one JSON body. The
 answers' shapes, /metrics' families (names, types, HELP, labels, buckets) and the behaviour
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -599,8 +601,6 @@ def make_handler(behaviour: Behaviour):
                 return self.reply(behaviour.chat_error[0], {"error": {"message": behaviour.chat_error[1]}})
             if "cache_salt" in body and not behaviour.accept_cache_salt:
                 return self.reply(400, {"error": {"message": "Parameter 'cache_salt' is not supported"}})
-            if self.path == "/v1/responses" and body.get("stream"):  # not recorded: refused rather than guessed
-                return self.reply(400, {"error": {"message": "the stand-in does not stream /v1/responses"}})
             with behaviour._lock:
                 behaviour.waiting += 1
             behaviour.slots.acquire()
@@ -683,6 +683,8 @@ def make_handler(behaviour: Behaviour):
             if parsing:
                 self.count_tool_parser("streaming" if body.get("stream") else "non_streaming", "no_tool_call",
                                        len(tokens) if body.get("stream") else 1)
+            if body.get("stream") and responses:
+                return self.stream_response(header, body, tokens, finish, first_at, usage, request.cached_prompt_tokens)
             if body.get("stream"):
                 return self.stream(header, chat, tokens, finish, first_at, usage if wants_usage(body) else None,
                                    hang=fault == "hang")
@@ -814,6 +816,39 @@ def make_handler(behaviour: Behaviour):
         def stream_raw(self, data: bytes):
             self.start_stream()
             self.chunk(data)
+            self.wfile.write(b"0\r\n\r\n")
+
+        def stream_response(self, header, body, tokens, finish, first_at, usage, cached):
+            """/v1/responses streamed as vLLM's api_router sends it (`event: TYPE` and `data: JSON`, each
+            event numbered, no [DONE]): the response created and in progress, the message item and its
+            text part added, a text delta per token, then each done, and the whole response completed."""
+            self.start_stream()
+            whole = response_body(header, body, "".join(piece for _, piece in tokens), finish, usage, cached)
+            message = whole["output"][0]
+            item_id, part = message["id"], message["content"][0]
+            numbered = itertools.count()
+
+            def send(kind: str, **payload) -> None:
+                event = {"type": kind, "sequence_number": next(numbered), **payload}
+                self.chunk(f"event: {kind}\ndata: {json.dumps(event)}\n\n".encode())
+
+            opening = {**whole, "status": "in_progress", "output": [], "usage": None}
+            send("response.created", response=opening)
+            send("response.in_progress", response=opening)
+            send("response.output_item.added", output_index=0,
+                 item={**message, "status": "in_progress", "content": []})
+            send("response.content_part.added", item_id=item_id, output_index=0, content_index=0,
+                 part={**part, "text": ""})
+            for i, (_, piece) in enumerate(tokens):
+                pause_until(first_at + i / behaviour.decode_tok_s)
+                send("response.output_text.delta", item_id=item_id, output_index=0, content_index=0, delta=piece,
+                     logprobs=[])
+            behaviour.count_generated(len(tokens))
+            send("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=part["text"],
+                 logprobs=[])
+            send("response.content_part.done", item_id=item_id, output_index=0, content_index=0, part=part)
+            send("response.output_item.done", output_index=0, item=message)
+            send("response.completed", response=whole)
             self.wfile.write(b"0\r\n\r\n")
 
         def start_stream(self):

@@ -74,9 +74,9 @@ def test_a_generated_block_edited_by_hand_is_named_and_written_back(tmp_path):
     for page, _ in doc_tables.BLOCKS:
         (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / page, tmp_path / page)
-    readme = tmp_path / "README.md"
-    pristine = readme.read_text()
-    readme.write_text(pristine.replace("`gpt-oss-120b`", "`gpt-oss-999b`", 1))
-    assert doc_tables.drifted(tmp_path) == ["README.md: models"]
-    assert doc_tables.drifted(tmp_path, write=True) == ["README.md: models"]
-    assert readme.read_text() == pristine and doc_tables.drifted(tmp_path) == []
+    page = tmp_path / "docs" / "configuration.md"
+    pristine = page.read_text()
+    page.write_text(pristine.replace("`gpt-oss-120b`", "`gpt-oss-999b`", 1))
+    assert doc_tables.drifted(tmp_path) == ["docs/configuration.md: models"]
+    assert doc_tables.drifted(tmp_path, write=True) == ["docs/configuration.md: models"]
+    assert page.read_text() == pristine and doc_tables.drifted(tmp_path) == []

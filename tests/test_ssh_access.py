@@ -216,7 +216,7 @@ def test_unpinned_nodes_are_refused_by_default(program):
     run = program(stack_config(), pin_host_keys=False)  # the shipped stack file: hostKey not pinned yet
     assert_stopped_before_any_resource(
         run, "twinspark:nodes[0].hostKey: not pinned", "twinspark:nodes[1].hostKey: not pinned",
-        "python -m ops pin-host-keys --stack-file Pulumi.spark.yaml", "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub",
+        "twinspark pin-host-keys --stack-file Pulumi.spark.yaml", "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub",
         "ssh.trustOnFirstUse")
 
 
@@ -277,7 +277,7 @@ def test_trust_on_first_use_records_the_first_key_and_holds_to_it(program, tmp_p
     assert_stopped_before_any_resource(
         run, "spark2 (192.168.1.11): refused: its SSH host key is not the one `pulumi up` holds it to "
              f"({host_keys.fingerprint(OTHER_HOST_KEY)}; it shows {host_keys.fingerprint(TEST_HOST_KEYS['spark3'])})",
-        "nothing ran there", "ops pin-host-keys --stack-file Pulumi.spark.yaml")
+        "nothing ran there", "twinspark pin-host-keys --stack-file Pulumi.spark.yaml")
     # the recorded key shown again (or the node not answering): the run goes on with the record
     for scanned in ({"192.168.1.11": OTHER_HOST_KEY}, {}):
         run = program(config, extra_env=tofu_env(tmp_path, scanned, known_hosts), pin_host_keys=False, keyscan=None)

@@ -1,5 +1,6 @@
 """What the tests share: a free port, a wait on a condition, a command's captured run, a launch/
-file loaded as a module, a day-2 tool's one-line error, an agent's CLI. One of each, so a fix to one (a wait that
+file loaded as a module, a day-2 tool's one-line error, an agent's CLI, `twinspark` installed as an owner
+installs it. One of each, so a fix to one (a wait that
 ignores a port not listening yet, a dead process that ends a wait early) reaches every test."""
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ def sh(*argv: Any, check: bool = True, timeout: float = 300, **kw: Any) -> subpr
     """argv (each made a string) run with its output captured as text; a command hung past
     `timeout` fails the test rather than the run."""
     return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def install_twinspark(venv: Path) -> Path:
+    """A fresh venv with README step 1's `pip install -c requirements.lock .` of this checkout, done by
+    uv (from its cache: seconds where pip takes a minute); the bin folder holding `twinspark`."""
+    uv = ROOT / ".venv" / "bin" / "uv"
+    sh(uv, "venv", "-q", "--python", sys.executable, venv)
+    sh(uv, "pip", "install", "-q", "--python", venv / "bin" / "python", "-c", ROOT / "requirements.lock", ROOT)
+    return venv / "bin"
 
 
 def agent_cli(name: str) -> str:

@@ -15,7 +15,7 @@ One job per module, each importing only modules listed before it:
   node_addresses.py  the nodes' names resolved to the firewall's addresses
   topology.py        what fabric.topology decides: rail peers, Ray's addresses, NCCL env, copy rails
   loading.py         reading the stack (or a stack file) and rendering pydantic's errors as one line each
-  readme_table.py    the README's parameter table, from the field descriptions
+  parameter_table.py the parameter table of docs/configuration.md, from the field descriptions
 What `serving.extraArgs` may hold lives beside the recipes: core/vllm_flags.py.
 """
 
@@ -24,7 +24,7 @@ from .blocks import ConfigBlock, ModelConfig, Node, Observability, Serving, Serv
 from .errors import NAMESPACE, format_key_path
 from .loading import load_stack_config, parse_stack_config, stack_config_keys, stack_file_config
 from .node_addresses import resolve_node_addresses
-from .readme_table import parameter_table
+from .parameter_table import parameter_table
 from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig, shape_rules
 from .topology import CopyRail, Link, NodeFabric, Topology
 from .secret_keys import _checked_secrets, load_secrets

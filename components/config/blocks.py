@@ -77,7 +77,7 @@ class Node(ConfigBlock):
     role: Literal["head", "worker"] = Field(description="exactly one `head` (Ray head, API); the rest `worker`")
     host: HostName = Field(description="LAN address or name for SSH and the API")
     host_key: Optional[PinnedHostKey] = Field(
-        default=None, description="the node's SSH host key, pinned: `python -m ops pin-host-keys` reads it "
+        default=None, description="the node's SSH host key, pinned: `twinspark pin-host-keys` reads it "
         "(`ssh-ed25519 AAAA...`, as `ssh-keyscan` prints it without the host)")
     rails: list[Rail] = Field(
         min_length=1, description="the QSFP rails; direct and switch: the first carries Ray and the weight copy's "
@@ -138,7 +138,7 @@ class ServingGuard(ConfigBlock):
     restart_limit: Integer = Field(
         default=3, ge=1, le=50,
         description="this many serving restarts within restartWindowMinutes: no more restarts, serving is held "
-        "until a reboot or `python -m ops clear-hold`")
+        "until a reboot or `twinspark clear-hold`")
     restart_window_minutes: Integer = Field(default=30, ge=1, le=1440, description="the window restartLimit counts over")
 
 

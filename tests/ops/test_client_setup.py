@@ -116,7 +116,8 @@ def test_codex_keeps_its_default_and_the_profile_asks_the_endpoint(endpoint, tmp
     asked = subprocess.run(["bash", "-c", 'set -a && . "$1" && set +a && exec "$2" exec --skip-git-repo-check -p twinspark '
                             '"What is 512 + 301?"', "ask", openai_env, codex],
                            capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert "model: ds-0731\nprovider: twinspark\n" in asked.stdout + asked.stderr, (asked.stdout + asked.stderr)[-2000:]
+    assert asked.returncode == 0, (asked.stdout + asked.stderr)[-2000:]
+    assert "model: ds-0731\nprovider: twinspark\n" in asked.stderr and "813" in asked.stdout, asked
     calls = [r for r in behaviour.requests if r.path == "/v1/responses"]
     assert calls and all(r.authorized and r.body["model"] == "ds-0731" for r in calls), calls
 

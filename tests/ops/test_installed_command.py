@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from ssh_fixtures import new_key
-from toolbox import ROOT, free_port, sh
+from toolbox import ROOT, free_port, install_twinspark
 
 from ops.__main__ import TOOLS
 from twinspark import __version__
@@ -37,11 +37,8 @@ def test_the_lock_holds_every_requirement_at_its_pin():
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """A fresh venv with `pip install -c requirements.lock .` done by uv (from its cache, in seconds)."""
     venv = tmp_path_factory.mktemp("owner") / "venv"
-    uv = ROOT / ".venv" / "bin" / "uv"
-    sh(uv, "venv", "-q", "--python", sys.executable, venv)
-    sh(uv, "pip", "install", "-q", "--python", venv / "bin" / "python", "-c", ROOT / "requirements.lock", ROOT)
+    install_twinspark(venv)
     return venv
 
 

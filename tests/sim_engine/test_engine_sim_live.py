@@ -6,7 +6,9 @@ step's output, log or state."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +20,9 @@ from core import contract
 from cluster import can_raise_memlock
 from components import firewall, host_prep
 from components.launch_bundle import WRONG_KEY_BURST, VllmServe, vllm_argv
-from scenario_kit import (HEAD, WORKER, completion_status, file_state, guard_verdict, node_processes, ops_access, pause,
-                          readiness_s, run_ops, sshd_throttled_lines, wait_for)
+from toolbox import agent_cli, install_twinspark
+from scenario_kit import (HEAD, ROOT, WORKER, completion_status, file_state, guard_verdict, node_processes,
+                          ops_access, pause, readiness_s, run_ops, sshd_throttled_lines, wait_for)
 
 SERVING = contract.SERVING_CONTAINER
 VLLM_ARGV = f"{contract.LOG_DIR}/vllm-argv.json"  # the vLLM stand-in's record of its start
@@ -112,6 +115,46 @@ def test_the_gateway_wants_the_key_everywhere_but_health_and_streams_through(ser
     events = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
     assert len(events) == 5 and events[-1] == "[DONE]", streamed.text
     assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": ""}, events[0]
+
+
+# ---- the README's walk-through, as an owner runs it ------------------------------------------------
+def readme_commands(step: str) -> list[str]:
+    """The command lines of the README's step that opens with `step`: its indented code block."""
+    lines: list[str] = []
+    for line in (ROOT / "README.md").read_text().split(step, 1)[1].splitlines()[1:]:
+        if line.startswith("       ") and line.strip():
+            lines.append(line.strip())
+        elif lines and line.strip():
+            return lines
+    return lines
+
+
+def test_the_readmes_client_steps_answer_through_the_gateway(cluster, stack, serving, tmp_path, report):
+    """README step 6, its own lines, run as an owner runs them after step 1 (`twinspark` installed into a
+    fresh venv) and step 2 (the stack selected), in the checkout, with a fresh HOME: client-setup reads the
+    stack's outputs through the Pulumi CLI, then the real Claude Code and the real Codex each ask the
+    endpoint once, with the key from the files client-setup wrote, through the head's nginx gateway (the
+    only listener on the endpoint's port; the vLLM stand-in behind it)."""
+    commands = readme_commands("6. Point your agents at it")
+    assert [c.split()[:2] for c in commands][0] == ["twinspark", "client-setup"] and len(commands) == 3, commands
+    home = tmp_path / "home"
+    home.mkdir()
+    path = [install_twinspark(tmp_path / "venv"), *(os.path.dirname(agent_cli(name)) for name in ("claude", "codex"))]
+    env = {name: value for name, value in stack.env.items() if "API_KEY" not in name}
+    env.update(HOME=str(home), PATH=":".join(map(str, [*path, stack.env.get("PATH", os.environ["PATH"])])),
+               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")  # this box reaches no vendor
+    stack.cli("stack", "select")  # README step 2's `pulumi stack init` selects the stack it makes
+    ran = []
+    for command in commands:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=stack.project, env=env,
+                              capture_output=True, text=True, timeout=180)
+        ran.append({"command": command, "exit": done.returncode, "stdout": done.stdout[-600:], "stderr": done.stderr[-600:]})
+        assert done.returncode == 0, ran[-1]
+    report["readme_client_steps"] = ran
+    assert "created" in ran[0]["stdout"] and str(home / ".config/twinspark/openai.env") in ran[0]["stdout"], ran[0]
+    assert "813" in ran[1]["stdout"], ran[1]  # Claude Code, through /v1/messages
+    assert "813" in ran[2]["stdout"] + ran[2]["stderr"], ran[2]  # Codex, through /v1/responses
+    assert "provider: twinspark" in ran[2]["stdout"] + ran[2]["stderr"], ran[2]
 
 
 # every path vLLM 0.25 serves that runs the model or tells something about it

@@ -1,5 +1,5 @@
-"""The README's parameter table, rendered from the schema's field descriptions and the secrets'
-rules (tests/test_config_errors.py holds the README to it).
+"""docs/configuration.md's parameter table, rendered from the schema's field descriptions and the secrets'
+rules (dev/doc_tables.py writes it there; tests/test_docs.py fails when the page drifts from it).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ DERIVED_DEFAULTS = {"serving.tensorParallel": "node count ÷ `pipelineParallel`"
 
 
 def parameter_table() -> str:
-    """The README's parameter table, from the field descriptions: the two cannot drift."""
+    """docs/configuration.md's parameter table, from the field descriptions: the two cannot drift."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
 
     def walk(model: type[BaseModel], prefix: str) -> None:
