@@ -12,7 +12,7 @@
 CODEX_VERSION=0.171.0
 CLAUDE_CODE_VERSION=2.1.197
 UV_VERSION=0.13.9
-DEBIAN_PACKAGES=(shellcheck netplan.io logrotate prometheus prometheus-node-exporter prometheus-alertmanager openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm nftables nginx docker.io docker-registry debootstrap busybox-static openssl gcc libc6-dev)
+DEBIAN_PACKAGES=(shellcheck graphviz netplan.io logrotate prometheus prometheus-node-exporter prometheus-alertmanager openssh-server openssh-client rsync iputils-ping sudo iproute2 util-linux procps curl python3-venv npm nftables nginx docker.io docker-registry debootstrap busybox-static openssl gcc libc6-dev)
 
 log() { printf '%s %s: %s\n' "$(date -u +%H:%M:%S)" "$(basename "$0")" "$*"; }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import doc_tables
@@ -80,3 +81,14 @@ def test_a_generated_block_edited_by_hand_is_named_and_written_back(tmp_path):
     assert doc_tables.drifted(tmp_path) == ["docs/configuration.md: models"]
     assert doc_tables.drifted(tmp_path, write=True) == ["docs/configuration.md: models"]
     assert page.read_text() == pristine and doc_tables.drifted(tmp_path) == []
+
+
+def test_the_readmes_diagram_is_what_its_source_renders(tmp_path):
+    """docs/diagram/cluster.svg is Graphviz's rendering of cluster.dot (scripts/setup.sh installs it):
+    an edit of the source without the command in its header fails here."""
+    source = ROOT / "docs" / "diagram" / "cluster.dot"
+    rendered = tmp_path / "cluster.svg"
+    assert shutil.which("dot"), "Graphviz's dot is missing: scripts/setup.sh installs it (apt-get install graphviz)"
+    subprocess.run(["dot", "-Tsvg", str(source), "-o", str(rendered)], check=True, capture_output=True)
+    assert rendered.read_text() == (ROOT / "docs" / "diagram" / "cluster.svg").read_text(), \
+        "run: dot -Tsvg docs/diagram/cluster.dot -o docs/diagram/cluster.svg"
