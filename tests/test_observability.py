@@ -552,6 +552,47 @@ def test_dashboards_have_the_panels_the_issue_asks_for():
     assert provider["options"]["path"] == "/etc/grafana/dashboards" and provider["allowUiUpdates"] is False
 
 
+def test_dashboards_an_owner_reads():
+    """Issue 39: units on every token rate, the guard's row open, a red line at the alert temperature
+    and at the compaction fence, annotations for vLLM (re)starts and guard restarts, links between
+    the dashboards, and the six recorded series no panel showed."""
+    plan = recipe_plan()
+    dashboards = {name: json.loads(text) for name, text in render_dashboards(plan).items()}
+    panels = {name: [p for top in m["panels"] for p in [top, *top.get("panels", [])]] for name, m in dashboards.items()}
+    for name, model in dashboards.items():
+        assert model["links"] == [{"asDropdown": False, "icon": "external link", "includeVars": False,
+                                   "keepTime": True, "tags": ["twinspark"], "targetBlank": False,
+                                   "title": "twinspark", "tooltip": "", "type": "dashboards"}], name
+        notes = {a["name"]: a["expr"] for a in model["annotations"]["list"]}
+        assert notes == {"vLLM (re)started": 'changes(process_start_time_seconds{job="vllm"}[2m]) > 0',
+                         "guard restarted serving": "increase(twinspark_guard_restarts_total[2m]) > 0"}, name
+        for panel in panels[name]:
+            if "tok/s" in panel["title"] or "tokens per second" in panel["title"].lower():
+                assert panel["fieldConfig"]["defaults"]["unit"] == "suffix: tok/s", (name, panel["title"])
+            assert not panel.get("collapsed"), (name, panel["title"])  # nothing folded away: the guard shows
+
+    def panel(name, title):
+        return next(p for p in panels[name] if p["title"] == title)
+
+    def line_at(found):
+        steps = found["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert found["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"] == {"mode": "line"}
+        return [s["value"] for s in steps if s["color"] == "red"]
+
+    assert line_at(panel("twinspark-nodes.json", "GPU temperature")) == [plan.settings.gpu_temperature_alert_celsius]
+    fence = panel("twinspark-overview.json", "Prompt sizes against the compaction fence")
+    assert line_at(fence) == [150000] == [plan.compaction_fence_tokens]
+    shown = " ".join(t["expr"] for p in panels["twinspark-overview.json"] for t in p.get("targets", []))
+    for series in ("vllm:e2e_request_latency_seconds_bucket", "vllm:request_queue_time_seconds_bucket",
+                   "vllm:request_success_total", "http_requests_total", "vllm:request_prompt_tokens_bucket",
+                   "vllm:tool_call_parser_invocations_total"):
+        assert series in shown, series
+    assert "by (finished_reason)" in shown and "by (status)" in shown
+    hotter = recipe_plan(gpuTemperatureAlertCelsius=80)  # the line follows the config
+    nodes = json.loads(render_dashboards(hotter)["twinspark-nodes.json"])
+    assert line_at(next(p for p in nodes["panels"] if p["title"] == "GPU temperature")) == [80]
+
+
 def test_dashboards_are_built_with_the_sdk_and_it_is_pinned():
     source = (ROOT / "components" / "observability_files" / "dashboards.py").read_text()
     assert "from grafana_foundation_sdk.builders import dashboard" in source
@@ -677,15 +718,19 @@ def test_alertmanagers_label_cannot_be_checked_against_a_guess_of_the_url(progra
     assert other != label
 
 
-def test_a_changed_threshold_replaces_only_prometheus(program, recipe_config, recipe_run):
+def test_a_changed_threshold_replaces_only_the_monitoring_that_shows_it(program, recipe_config, recipe_run):
+    """The alert rule (Prometheus) and the line drawn at it on the GPU temperature graph (Grafana's
+    nodes dashboard): nothing on the serving side."""
     recipe_config["twinspark:observability"] = {"gpuTemperatureAlertCelsius": 80}
     changed = program(recipe_config)
     before = {r.name: unwrap(r.inputs) for r in recipe_run.resources}
     after = {r.name: unwrap(r.inputs) for r in changed.resources}
-    assert {n for n in before if before[n] != after[n]} == {"spark1-observability-alert-rules",
-                                                            "spark1-observability-prometheus"}
-    prom_b, prom_a = before["spark1-observability-prometheus"], after["spark1-observability-prometheus"]
-    assert {k for k in prom_b if prom_b[k] != prom_a[k]} == {"labels"}
+    assert {n for n in before if before[n] != after[n]} == {
+        "spark1-observability-alert-rules", "spark1-observability-prometheus", "spark1-observability-dashboard-nodes",
+        "spark1-observability-grafana"}
+    for container in ("spark1-observability-prometheus", "spark1-observability-grafana"):
+        was, now = before[container], after[container]
+        assert {k for k in was if was[k] != now[k]} == {"labels"}, container
 
 
 def test_switched_off_it_creates_none_of_it(program, recipe_config):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Iterable, Optional
 
+from grafana_foundation_sdk.builders import common as gcommon
 from grafana_foundation_sdk.builders import dashboard as gdash
 from grafana_foundation_sdk.builders import prometheus as gprom
 from grafana_foundation_sdk.builders import stat as gstat
@@ -13,6 +14,7 @@ from grafana_foundation_sdk.builders import statetimeline as gstate
 from grafana_foundation_sdk.builders import table as gtable
 from grafana_foundation_sdk.builders import timeseries as gts
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as gcommon_model
 from grafana_foundation_sdk.models import dashboard as gmodel
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
@@ -22,6 +24,8 @@ from .plan import ObservabilityPlan
 DATASOURCE_UID = "twinspark-prometheus"  # the provisioned Prometheus datasource every panel queries
 _DS = gmodel.DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
 _REF_IDS = "ABCDEFGH"
+DASHBOARD_TAG = "twinspark"
+TOKENS_PER_S = "suffix: tok/s"  # Grafana's custom unit: no built-in unit counts tokens
 
 
 def _queries(panel, queries: Iterable[tuple[str, str]], instant: bool = False, table: bool = False):
@@ -35,8 +39,13 @@ def _queries(panel, queries: Iterable[tuple[str, str]], instant: bool = False, t
     return panel
 
 
-def _timeseries(title: str, description: str, unit: str, queries, span: int = 12, height: int = 8, **limits):
+def _timeseries(title: str, description: str, unit: str, queries, span: int = 12, height: int = 8,
+                line_at: Optional[float] = None, **limits):
+    """`line_at`: a red threshold line drawn across the graph (an alert's value)."""
     panel = gts.Panel().title(title).description(description).unit(unit).datasource(_DS).span(span).height(height)
+    if line_at is not None:
+        panel = panel.thresholds(_thresholds((None, "transparent"), (line_at, "red"))).thresholds_style(
+            gcommon.GraphThresholdsStyleConfig().mode(gcommon_model.GraphThresholdsStyleMode.LINE))
     if "min" in limits:
         panel = panel.min(limits["min"])
     if "max" in limits:
@@ -72,38 +81,32 @@ def _state(title: str, description: str, queries, mapping: dict[str, tuple[str, 
 UP_DOWN = {"1": ("UP", "green"), "0": ("DOWN", "red")}
 
 
+def _dashboard(title: str, uid: str, description: str) -> gdash.Dashboard:
+    """What every twinspark dashboard shares: its tag, a link to the others (by that tag, keeping the time
+    range), and the moments that explain a change in a graph: vLLM (re)started (a deploy, a guard
+    restart, a reboot) and the guard restarting serving."""
+    return (
+        gdash.Dashboard(title).uid(uid).tags([DASHBOARD_TAG]).description(description)
+        .refresh("30s").time("now-6h", "now").readonly()
+        .link(gdash.DashboardLink("twinspark").type(gmodel.DashboardLinkType.DASHBOARDS).tags([DASHBOARD_TAG])
+              .as_dropdown(False).keep_time(True).icon("external link"))
+        .annotation(gdash.AnnotationQuery().name("vLLM (re)started").datasource(_DS).enable(True)
+                    .icon_color("blue").expr(f'changes(process_start_time_seconds{{job="{JOB_VLLM}"}}[2m]) > 0'))
+        .annotation(gdash.AnnotationQuery().name("guard restarted serving").datasource(_DS).enable(True)
+                    .icon_color("red").expr("increase(twinspark_guard_restarts_total[2m]) > 0"))
+    )
+
+
 def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
     vllm = f'job="{JOB_VLLM}"'
     itl = "histogram_quantile({q}, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{%s}}[5m])))" % vllm
     ttft = "histogram_quantile({q}, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{%s}}[5m])))" % vllm
-    guard = (
-        gdash.Row("Guard: canary, restarts, hold (filled once the guard writes its metrics)")
-        .collapsed(True)
-        .with_panel(
-            _state("Canary", "Last canary result (twinspark_guard_canary_success).",
-                   [("twinspark_guard_canary_success", "{{node}}")], {"1": ("PASS", "green"), "0": ("FAIL", "red")})
-        )
-        .with_panel(
-            _state("Hold", "1 while the guard holds (restart cap reached).",
-                   [("twinspark_guard_hold", "{{node}}")], {"0": ("watching", "green"), "1": ("HOLD", "red")})
-        )
-        .with_panel(
-            _timeseries("Guard restarts per hour", "Serving restarts the guard performed.", "short",
-                        [("increase(twinspark_guard_restarts_total[1h])", "{{node}}")])
-        )
-        .with_panel(
-            _timeseries("Canary duration", "How long the last canary took.", "s",
-                        [("twinspark_guard_canary_duration_seconds", "{{node}}")])
-        )
-    )
+    e2e = "histogram_quantile({q}, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{{%s}}[5m])))" % vllm
+    queued = "histogram_quantile({q}, sum by (le) (rate(vllm:request_queue_time_seconds_bucket{{%s}}[5m])))" % vllm
+    prompt = "histogram_quantile({q}, sum by (le) (rate(vllm:request_prompt_tokens_bucket{{%s}}[15m])))" % vllm
     return (
-        gdash.Dashboard("twinspark — overview")
-        .uid("twinspark-overview")
-        .tags(["twinspark"])
-        .description("Is it serving, how fast, and how full: vLLM's own metrics from the head.")
-        .refresh("30s")
-        .time("now-6h", "now")
-        .readonly()
+        _dashboard("twinspark — overview", "twinspark-overview",
+                   "Is it serving, how fast, and how full: vLLM's own metrics from the head.")
         .with_row(gdash.Row("Serving"))
         .with_panel(_stat("Serving", "Prometheus reaches vLLM's /metrics on the head.", "none",
                           [(f"up{{{vllm}}}", "{{node}}")], thresholds=[(None, "red"), (1, "green")],
@@ -114,7 +117,7 @@ def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
         .with_panel(_stat("Requests waiting", "vllm:num_requests_waiting", "none",
                           [(f"sum(vllm:num_requests_waiting{{{vllm}}})", "waiting")],
                           thresholds=[(None, "green"), (1, "orange")]))
-        .with_panel(_stat("Output tok/s", "Generated tokens per second over the last minute.", "none",
+        .with_panel(_stat("Output tok/s", "Generated tokens per second over the last minute.", TOKENS_PER_S,
                           [(f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[1m]))", "tok/s")]))
         .with_panel(_stat("KV cache used", "vllm:kv_cache_usage_perc.",
                           "percentunit",
@@ -127,7 +130,7 @@ def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
                                 [(f"sum(vllm:num_requests_running{{{vllm}}})", "running"),
                                  (f"sum(vllm:num_requests_waiting{{{vllm}}})", "waiting")]))
         .with_panel(_timeseries("Tokens per second", "Output (decode) and prompt (prefill) tokens per second.",
-                                "none",
+                                TOKENS_PER_S,
                                 [(f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[1m]))", "output"),
                                  (f"sum(rate(vllm:prompt_tokens_total{{{vllm}}}[1m]))", "prompt")]))
         .with_panel(_timeseries("Time to first token", "p50 and p95 over 5 min.", "s",
@@ -145,11 +148,44 @@ def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
                                 [(f"sum(rate(vllm:prefix_cache_hits_total{{{vllm}}}[5m])) / "
                                   f"sum(rate(vllm:prefix_cache_queries_total{{{vllm}}}[5m]))", "hit rate")],
                                 span=8, min=0, max=1))
+        .with_row(gdash.Row("Requests: latency, outcomes, prompt sizes"))
+        .with_panel(_timeseries("End-to-end request latency", "p50 and p95 over 5 min, queue to last token.", "s",
+                                [(e2e.format(q="0.5"), "p50"), (e2e.format(q="0.95"), "p95")], span=8))
+        .with_panel(_timeseries("Queue time", "p50 and p95 over 5 min a request waited for the scheduler.", "s",
+                                [(queued.format(q="0.5"), "p50"), (queued.format(q="0.95"), "p95")], span=8))
+        .with_panel(_timeseries("Requests finished, by reason", "Per second: stop, length (cut at max tokens), "
+                                "abort (the client left), error.", "reqps",
+                                [(f"sum by (finished_reason) (rate(vllm:request_success_total{{{vllm}}}[5m]))",
+                                  "{{finished_reason}}")], span=8))
+        .with_panel(_timeseries("HTTP responses, by status", "Per second, as vLLM's API server answered the gateway.",
+                                "reqps",
+                                [(f"sum by (status) (rate(http_requests_total{{{vllm}}}[5m]))", "{{status}}")],
+                                span=8))
+        .with_panel(_timeseries("Prompt sizes against the compaction fence",
+                                f"p50, p95 and p99 prompt tokens over 15 min; the red line is the agents' "
+                                f"auto-compaction fence ({plan.compaction_fence_tokens:,} tokens): prompts near it "
+                                "are sessions about to compact (gotcha 12).", "short",
+                                [(prompt.format(q="0.5"), "p50"), (prompt.format(q="0.95"), "p95"),
+                                 (prompt.format(q="0.99"), "p99")], span=8, line_at=plan.compaction_fence_tokens))
+        .with_panel(_timeseries("Tool-call parser", "Per second, by outcome: a model's tool calls the parser found "
+                                "(tool_call) or did not (no_tool_call).", "short",
+                                [(f"sum by (outcome, mode) (rate(vllm:tool_call_parser_invocations_total{{{vllm}}}"
+                                  "[5m]))", "{{outcome}} ({{mode}})")], span=8))
+        .with_row(gdash.Row("Guard: canary, restarts, hold (filled once the guard writes its metrics)"))
+        .with_panel(_state("Canary", "Last canary result (twinspark_guard_canary_success).",
+                           [("twinspark_guard_canary_success", "{{node}}")], {"1": ("PASS", "green"), "0": ("FAIL", "red")},
+                           span=6))
+        .with_panel(_state("Hold", "1 while the guard holds (restart cap reached).",
+                           [("twinspark_guard_hold", "{{node}}")], {"0": ("watching", "green"), "1": ("HOLD", "red")},
+                           span=6))
+        .with_panel(_timeseries("Guard restarts per hour", "Serving restarts the guard performed.", "short",
+                                [("increase(twinspark_guard_restarts_total[1h])", "{{node}}")], span=6))
+        .with_panel(_timeseries("Canary duration", "How long the last canary took.", "s",
+                                [("twinspark_guard_canary_duration_seconds", "{{node}}")], span=6))
         .with_panel(_queries(
             gtable.Panel().title("Alerts firing").description("ALERTS{alertstate=\"firing\"}").datasource(_DS)
             .span(24).height(6),
             [('ALERTS{alertstate="firing"}', "")], instant=True, table=True))
-        .with_row(guard)
     )
 
 
@@ -168,38 +204,33 @@ def _spec_decode(plan: ObservabilityPlan) -> gdash.Dashboard:
         )
 
     return (
-        gdash.Dashboard("twinspark — speculative decoding")
-        .uid("twinspark-spec-decode")
-        .tags(["twinspark"])
-        .description("How much the draft (DSpark/MTP) buys: acceptance overall and per draft position.")
-        .refresh("30s")
-        .time("now-6h", "now")
-        .readonly()
+        _dashboard("twinspark — speculative decoding", "twinspark-spec-decode",
+                   "How much the draft (DSpark/MTP) buys: acceptance overall and per draft position.")
         .with_panel(_stat("Acceptance rate (10 min)", "Accepted / drafted tokens.", "percentunit",
                           [(f"sum(rate({acc}[10m])) / sum(rate({draft_tok}[10m]))", "acceptance")], span=6,
                           thresholds=[(None, "red"), (plan.settings.spec_decode_min_acceptance, "orange"),
                                       (0.5, "green")]))
         .with_panel(_stat("Mean accepted length (10 min)",
-                          "1 + accepted tokens per draft (the bonus token counts, as vLLM logs it).", "none",
+                          "1 + accepted tokens per draft (the bonus token counts, as vLLM logs it).", "suffix: tokens",
                           [(f"1 + sum(rate({acc}[10m])) / sum(rate({drafts}[10m]))", "tokens per step")], span=6))
-        .with_panel(_stat("Drafted tok/s", "Draft tokens proposed per second (1 min).", "none",
+        .with_panel(_stat("Drafted tok/s", "Draft tokens proposed per second (1 min).", TOKENS_PER_S,
                           [(f"sum(rate({draft_tok}[1m]))", "drafted")], span=6))
-        .with_panel(_stat("Accepted tok/s", "Draft tokens accepted per second (1 min).", "none",
+        .with_panel(_stat("Accepted tok/s", "Draft tokens accepted per second (1 min).", TOKENS_PER_S,
                           [(f"sum(rate({acc}[1m]))", "accepted")], span=6))
         .with_panel(_timeseries("Acceptance rate", "Accepted / drafted tokens, 5 min windows.", "percentunit",
                                 [(f"sum(rate({acc}[5m])) / sum(rate({draft_tok}[5m]))", "acceptance")],
                                 min=0, max=1))
-        .with_panel(_timeseries("Mean accepted length", "1 + accepted tokens per draft, 5 min windows.", "none",
+        .with_panel(_timeseries("Mean accepted length", "1 + accepted tokens per draft, 5 min windows.", "suffix: tokens",
                                 [(f"1 + sum(rate({acc}[5m])) / sum(rate({drafts}[5m]))", "mean length")]))
         .with_panel(_timeseries("Acceptance per draft position",
                                 "Share of drafts whose token at this position was accepted (position 0 first).",
                                 "percentunit", [(per_pos("5m"), "position {{position}}")], span=24,
                                 min=0, max=1))
         .with_panel(_timeseries("Drafted vs accepted tok/s", "Draft tokens proposed and accepted per second.",
-                                "none",
+                                TOKENS_PER_S,
                                 [(f"sum(rate({draft_tok}[1m]))", "drafted"), (f"sum(rate({acc}[1m]))", "accepted"),
                                  (f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[1m]))", "output tok/s")]))
-        .with_panel(_timeseries("Drafts per second", "Speculative steps per second.", "none",
+        .with_panel(_timeseries("Drafts per second", "Speculative steps per second.", "suffix: /s",
                                 [(f"sum(rate({drafts}[1m]))", "drafts/s")]))
     )
 
@@ -217,17 +248,15 @@ def _nodes(plan: ObservabilityPlan) -> gdash.Dashboard:
         .refresh(gmodel.VariableRefresh.ON_DASHBOARD_LOAD)
     )
     return (
-        gdash.Dashboard("twinspark — nodes and fabric")
-        .uid("twinspark-nodes")
-        .tags(["twinspark"])
-        .description("GPU (nvidia-smi via nvidia_gpu_exporter), unified memory, disks, and the RoCE rails.")
-        .refresh("30s")
-        .time("now-6h", "now")
-        .readonly()
+        _dashboard("twinspark — nodes and fabric", "twinspark-nodes",
+                   "GPU (nvidia-smi via nvidia_gpu_exporter), unified memory, disks, and the RoCE rails.")
         .with_variable(node_variable)
         .with_row(gdash.Row("GPU"))
-        .with_panel(_timeseries("GPU temperature", "nvidia-smi temperature.gpu.", "celsius",
-                                [(f"nvidia_smi_temperature_gpu{{{gpu}}}", "{{node}}")], span=8))
+        .with_panel(_timeseries("GPU temperature", f"nvidia-smi temperature.gpu; the red line is TwinsparkGpuHot's "
+                                f"{plan.settings.gpu_temperature_alert_celsius:g} °C "
+                                "(observability.gpuTemperatureAlertCelsius).", "celsius",
+                                [(f"nvidia_smi_temperature_gpu{{{gpu}}}", "{{node}}")], span=8,
+                                line_at=plan.settings.gpu_temperature_alert_celsius))
         .with_panel(_timeseries("GPU power", "nvidia-smi power.draw.", "watt",
                                 [(f"nvidia_smi_power_draw_watts{{{gpu}}}", "{{node}}")], span=8))
         .with_panel(_timeseries("GPU utilization", "nvidia-smi utilization.gpu.", "percentunit",
@@ -246,7 +275,7 @@ def _nodes(plan: ObservabilityPlan) -> gdash.Dashboard:
                                 [(f"node_memory_MemTotal_bytes{{{node}}} - node_memory_MemAvailable_bytes{{{node}}}",
                                   "{{node}} used"),
                                  (f"node_memory_MemTotal_bytes{{{node}}}", "{{node}} total")], span=8))
-        .with_panel(_timeseries("OOM kills per hour", "Kernel OOM killer events (recipe gotcha 13).", "short",
+        .with_panel(_timeseries("OOM kills per hour", "Kernel OOM killer events (gotcha 13).", "short",
                                 [(f"increase(node_vmstat_oom_kill{{{node}}}[1h])", "{{node}}")], span=8))
         .with_panel(_timeseries("Disk free", "Free share of each real filesystem.", "percentunit",
                                 [(f"node_filesystem_avail_bytes{{{REAL_FILESYSTEMS}, node=~\"$node\"}} / "

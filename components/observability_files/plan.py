@@ -10,6 +10,7 @@ import yaml
 
 from core import contract
 
+from ..client_outputs import auto_compact_limit
 from ..config import Observability, StackConfig, Topology, resolve_node_addresses
 
 
@@ -39,6 +40,7 @@ class ObservabilityPlan:
     settings: Observability
     alertmanager: bool  # an alert webhook is configured: Prometheus sends to Alertmanager
     platform: str  # serving.platform: what the images are pulled for
+    compaction_fence_tokens: int  # the agents' auto-compaction fence (client outputs), drawn on the prompt sizes
     panels: tuple[str, ...] = ("overview", "spec-decode", "nodes")  # the recipe's: spec decode where it speculates
     spec_decode_advice: str = ""  # the recipe's, for the acceptance-collapse alert
     prometheus_port: int = contract.PROMETHEUS_PORT
@@ -65,6 +67,7 @@ def plan_from_config(cfg: StackConfig, alertmanager: bool, topology: Optional[To
         settings=cfg.observability,
         alertmanager=alertmanager,
         platform=cfg.serving.platform,
+        compaction_fence_tokens=auto_compact_limit(cfg),
         panels=cfg.serving.recipe_spec.panels,
         spec_decode_advice=cfg.serving.recipe_spec.spec_decode_advice,
     )
