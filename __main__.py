@@ -17,7 +17,7 @@ from components.host_prep import HostPrep, HostPrepArgs
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import CopySource, ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, nccl_pairs
-from components.observability import Observability, ObservabilityArgs, ObservedAccess
+from components.observability import Observability, ObservabilityArgs, ObservedAccess, alert_receivers
 from components.observability_files import plan_from_config
 from components.platform_facts import NodeFacts, PlatformFacts, PlatformFactsArgs
 from components.readiness import Readiness, ReadinessArgs
@@ -38,6 +38,7 @@ addresses = resolve_node_addresses(cfg.nodes)  # names, for the firewall: resolv
 topology = Topology(cfg, addresses)  # rail peers, Ray's addresses, NCCL's ring env, the copy's rails
 ssh = resolve_ssh_access(cfg)  # key, agent, host keys: checked before any resource exists
 secrets = load_secrets(hub_endpoint=cfg.model.hub_endpoint)  # the HF token goes only over https
+receivers = alert_receivers(cfg.observability, secrets)  # Slack, ntfy, email, webhook: a half-set one refused here
 # an Input[str]: mypy types Output.secret(<an Output[str]>) as Output[Never]
 api_key: pulumi.Input[str] = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
 hf_token = secrets["hfToken"]
@@ -233,15 +234,14 @@ Readiness(
 if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the head, exporters on every node
     grafana_password = secrets["grafanaAdminPassword"] or random.RandomPassword(
         "grafana-admin-password", length=32, special=False).result
-    alert_webhook_url = secrets["alertWebhookUrl"]
     Observability(
         "observability",
         ObservabilityArgs(
-            plan=plan_from_config(cfg, alertmanager=alert_webhook_url is not None, topology=topology),
+            plan=plan_from_config(cfg, alertmanager=receivers is not None, topology=topology),
             access={n.name: ObservedAccess(n.name, conns[n.name], images[n.name].provider, installations[n.name])
                     for n in cfg.nodes},
             grafana_admin_password=grafana_password,
-            alert_webhook_url=alert_webhook_url,
+            alert_receivers=receivers,
             label_key=label_key,
             pin_image=lambda capability, image: BaseImagePin(
                 f"observability-{capability}-image-pin",

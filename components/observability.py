@@ -21,7 +21,7 @@ Creates, through each node's own docker daemon (the ServingImage providers) and 
     twinspark-prometheus     on 127.0.0.1 (no auth), retention by days and size
     twinspark-grafana        on every interface, anonymous access off, datasource and
                              dashboards provisioned read-only
-    twinspark-alertmanager   only with an alert webhook: 127.0.0.1, one route to the webhook
+    twinspark-alertmanager   only with an alert receiver: 127.0.0.1, routes to the receivers
   plus `{head}-observability-grafana-admin` (launch/grafana-admin-password.sh), which sets the
   password in Grafana's database: Grafana applies the __FILE password only when it creates it.
 Prometheus, Grafana and Alertmanager carry the hash of their files in a label, so a changed
@@ -32,16 +32,20 @@ component keeps the data directories (metrics, Grafana's database), like the wei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_docker as docker
 
 from core import contract
 
+from .config import NAMESPACE, config_error
+from .config import Observability as ObservabilityConfig
+
 from .observability_files import (
     ALERTMANAGER_CONFIG,
     ALERTMANAGER_HOST_DIR,
+    AlertReceivers,
     GRAFANA_HOST_DIR,
     HOME_DASHBOARD,
     PROMETHEUS_HOST_DIR,
@@ -75,11 +79,34 @@ class ObservabilityArgs:
     plan: ObservabilityPlan  # everything the rendered files and commands depend on
     access: dict[str, ObservedAccess]  # node name -> access
     grafana_admin_password: pulumi.Input[str]  # a secret
-    alert_webhook_url: Optional[pulumi.Input[str]]  # a secret; None: alerts stay in Grafana/Prometheus
-    label_key: pulumi.Input[str]  # keys the hash of a config holding a secret (the webhook URL)
+    alert_receivers: Optional[pulumi.Output[AlertReceivers]]  # secrets; None: alerts stay in Grafana/Prometheus
+    label_key: pulumi.Input[str]  # keys the hash of a config holding secrets (the receivers')
     # (capability, image) -> that image by the digest its tag had when first resolved on the head,
     # the same on every node (__main__ wires serving_image.BaseImagePin: one resolve per image used)
     pin_image: Callable[[str, str], pulumi.Output[str]]
+
+
+RECEIVER_SECRETS = ("alertWebhookUrl", "alertSlackWebhookUrl", "alertNtfyUrl", "alertEmailPassword")
+
+
+def alert_receivers(settings: ObservabilityConfig, secrets: Mapping[str, Optional[pulumi.Output[str]]]
+                    ) -> Optional[pulumi.Output[AlertReceivers]]:
+    """The receivers the stack names (None: none, and no Alertmanager); a login without its password,
+    or a password nothing uses, is refused before anything is touched."""
+    email, password = settings.alert_email, secrets["alertEmailPassword"]
+    if email is not None and email.username and password is None:
+        raise config_error([f"{NAMESPACE}:alertEmailPassword: not set — expected the SMTP password of "
+                            f"observability.alertEmail.username ({email.username}), set with `pulumi config set "
+                            "--secret alertEmailPassword`"])
+    if password is not None and not (email is not None and email.username):
+        raise config_error([f"{NAMESPACE}:alertEmailPassword: set, but nothing logs in with it — expected "
+                            "observability.alertEmail with a username, or remove the password"])
+    if email is None and all(secrets[key] is None for key in RECEIVER_SECRETS):
+        return None
+    values = [secrets[key] or "" for key in RECEIVER_SECRETS]
+    return pulumi.Output.all(*values).apply(lambda v: AlertReceivers(
+        webhook_url=v[0] or None, slack_url=v[1] or None, ntfy_url=v[2] or None, email=email,
+        email_password=v[3] or None))
 
 
 # ---- pure pieces: what each container and script is started with ---------------------------
@@ -229,11 +256,12 @@ class Observability(pulumi.ComponentResource):
         )
 
         self.alertmanager = None
-        if args.alert_webhook_url is not None:
-            url = pulumi.Output.secret(args.alert_webhook_url)
-            # mode 0640 root:root and the container in group root: the URL often holds a token
-            am_files = [ManagedFile("alertmanager-config", f"{ALERTMANAGER_HOST_DIR}/{ALERTMANAGER_CONFIG}",
-                                    url.apply(render_alertmanager_config), mode="0640")]
+        if args.alert_receivers is not None:
+            config_text: pulumi.Input[str] = args.alert_receivers.apply(render_alertmanager_config)
+            rendered = pulumi.Output.secret(config_text)
+            # mode 0640 root:root and the container in group root: the URLs hold tokens, the file a password
+            am_files = [ManagedFile("alertmanager-config", f"{ALERTMANAGER_HOST_DIR}/{ALERTMANAGER_CONFIG}", rendered,
+                                    mode="0640")]
             self.alertmanager = self._container(
                 head, "alertmanager", images.alertmanager,
                 [dirs[head.name], *managed_file_commands(head.name, CAPABILITY, conn, am_files, parent=self)],

@@ -450,7 +450,8 @@ def test_a_secret_kept_in_plain_text_is_warned_about(capsys):
     warnings = capsys.readouterr().err
     assert "twinspark:apiKey is stored in plain text" in warnings and "hfToken" not in warnings, warnings
     assert secrets == {"apiKey": "sk-0123456789abcdef", "hfToken": "hf_01234567", "grafanaAdminPassword": None,
-                       "alertWebhookUrl": None}
+                       "alertWebhookUrl": None, "alertSlackWebhookUrl": None, "alertNtfyUrl": None,
+                       "alertEmailPassword": None}
 
 
 # ---- issue 19: ports as ports, numbers as numbers, one machine once ---------------------------

@@ -40,9 +40,10 @@ from observability_helpers import (
 from program_harness import ROOT, flag_value, flag_values, plain_occurrences, runner_call, unwrap
 
 from core import contract
-from components.config import parse_stack_config
+from components.config import AlertEmail, parse_stack_config
 from components.observability_files import (
     GUARD_METRICS,
+    AlertReceivers,
     RULES_FILE,
     grafana_files,
     plan_from_config,
@@ -149,14 +150,75 @@ def test_promtool_accepts_the_rendered_config_and_rules(tmp_path, alertmanager):
 
 def test_amtool_accepts_the_rendered_alertmanager_config(tmp_path):
     config = tmp_path / "alertmanager.yml"
-    config.write_text(render_alertmanager_config("https://hooks.example.test/T0KEN"))
+    config.write_text(render_alertmanager_config(AlertReceivers(webhook_url="https://hooks.example.test/T0KEN")))
     proc = run(["amtool", "check-config", str(config)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     route = yaml.safe_load(config.read_text())
-    assert route["receivers"][0]["webhook_configs"] == [{"url": "https://hooks.example.test/T0KEN",
-                                                         "send_resolved": True}]
-    config.write_text(config.read_text().replace("receiver: webhook", "receiver: nowhere"))
+    assert [r["webhook_configs"] for r in route["receivers"]] == [[{"url": "https://hooks.example.test/T0KEN",
+                                                                   "send_resolved": True}]] * 2
+    config.write_text(config.read_text().replace("receiver: alerts", "receiver: nowhere"))
     assert run(["amtool", "check-config", str(config)]).returncode != 0
+
+
+def test_amtool_accepts_every_receiver_and_the_heartbeat_goes_to_the_webhook_alone(tmp_path):
+    email = AlertEmail(to="owner@example.test", from_="spark@example.test", smarthost="smtp.example.test:587",
+                       username="spark")
+    receivers = AlertReceivers(webhook_url="https://hooks.example.test/T0KEN",
+                               slack_url="https://hooks.slack.com/services/T0/B0/SL4CK", ntfy_url="https://ntfy.sh/n7fy-topic",
+                               email=email, email_password="pa55word")
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(render_alertmanager_config(receivers))
+    proc = run(["amtool", "check-config", str(config)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rendered = yaml.safe_load(config.read_text())
+    alerts, heartbeat = rendered["receivers"]
+    assert [c["url"] for c in alerts["webhook_configs"]] == ["https://hooks.example.test/T0KEN",
+                                                             "https://ntfy.sh/n7fy-topic?template=alertmanager"]
+    assert alerts["slack_configs"][0]["api_url"] == "https://hooks.slack.com/services/T0/B0/SL4CK"
+    assert alerts["email_configs"] == [{"to": "owner@example.test", "from": "spark@example.test",
+                                        "smarthost": "smtp.example.test:587", "require_tls": True, "send_resolved": True,
+                                        "auth_username": "spark", "auth_password": "pa55word"}]
+    assert heartbeat == {"name": "heartbeat", "webhook_configs": [{"url": "https://hooks.example.test/T0KEN",
+                                                                   "send_resolved": True}]}
+    assert rendered["route"]["routes"][0]["receiver"] == "heartbeat"
+    # without a webhook the heartbeat goes nowhere: no one's Slack, phone or inbox hears it every 5 min
+    quiet = yaml.safe_load(render_alertmanager_config(AlertReceivers(slack_url=receivers.slack_url)))
+    assert quiet["receivers"][1] == {"name": "heartbeat"}
+
+
+@pytest.mark.parametrize("secrets, email, words", [
+    ({}, {"to": "o@example.test", "from": "s@example.test", "smarthost": "smtp.example.test:587", "username": "spark"},
+     "twinspark:alertEmailPassword: not set — expected the SMTP password of observability.alertEmail.username (spark)"),
+    ({"twinspark:alertEmailPassword": "pa55word"}, None,
+     "twinspark:alertEmailPassword: set, but nothing logs in with it"),
+    ({"twinspark:alertNtfyUrl": "https://ntfy.sh/topic?x=1"}, None,
+     "twinspark:alertNtfyUrl: the value (a secret, not shown) is not an http(s) URL"),
+])
+def test_an_alert_receiver_half_set_is_refused_before_anything_is_touched(program, recipe_config, secrets, email, words):
+    recipe_config.update(secrets)
+    if email:
+        recipe_config["twinspark:observability"] = {"alertEmail": email}
+    run_ = program(recipe_config)
+    assert run_.error is not None and words in str(run_.error), run_.error
+    assert not run_.resources
+    for secret in secrets.values():
+        assert secret not in str(run_.error)
+
+
+def test_every_receiver_reaches_alertmanager_in_the_secret_file_alone(program, recipe_config):
+    recipe_config.update({"twinspark:alertSlackWebhookUrl": "https://hooks.slack.com/services/T0/B0/SL4CK",
+                          "twinspark:alertNtfyUrl": "https://ntfy.sh/n7fy-topic", "twinspark:alertEmailPassword": "pa55word"})
+    recipe_config["twinspark:observability"] = {"alertEmail": {"to": "o@example.test", "from": "s@example.test",
+                                                               "smarthost": "smtp.example.test:587", "username": "spark"}}
+    run_ = program(recipe_config)
+    assert run_.error is None, run_.error
+    payload = yaml.safe_load(runner_call(run_.named("spark1-observability-alertmanager-config")).payload)
+    assert {key for key in payload["receivers"][0]} == {"name", "webhook_configs", "slack_configs", "email_configs"}
+    for secret in ("SL4CK", "n7fy-topic", "pa55word"):
+        for r in run_.resources:
+            assert not plain_occurrences(r.inputs, secret), (secret, r.name)
+        for name, out in run_.outputs.items():
+            assert out["secret"] or secret not in json.dumps(out["value"]), (secret, name)
 
 
 def test_scrapes_go_over_the_first_rail_and_vllm_over_loopback():
@@ -690,7 +752,8 @@ def test_a_webhook_brings_alertmanager_with_the_url_in_a_secret_file(program, re
     assert "--web.listen-address=127.0.0.1:9093" in am["command"] and am["user"] == "65534:0"
     config_file = run_.named("spark1-observability-alertmanager-config")
     call = runner_call(config_file)
-    assert flag_value(call.args, "--mode") == "0640" and call.payload == render_alertmanager_config(url)
+    assert flag_value(call.args, "--mode") == "0640"
+    assert call.payload == render_alertmanager_config(AlertReceivers(webhook_url=url))
     assert not plain_occurrences(config_file.inputs, "T0KEN") and not plain_occurrences(am, "T0KEN")
     prom_yml = runner_call(run_.named("spark1-observability-prometheus-config")).payload
     assert yaml.safe_load(prom_yml)["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import socketserver
 import subprocess
 import threading
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -30,9 +31,11 @@ import pytest
 from observability_helpers import dashboard_targets, every_rule, promql_of, recipe_plan
 from openai_standin import Behaviour, serve
 
+from components.config import AlertEmail
 from components.observability import node_exporter_command
 from components.observability_files import (
     GUARD_METRICS,
+    AlertReceivers,
     RULES_FILE,
     ObservedNode,
     ObservedRail,
@@ -141,11 +144,13 @@ class StaticExporter:
 
 
 class Webhook:
-    """Records every JSON body Alertmanager POSTs."""
+    """Records every JSON body Alertmanager POSTs, and the path (with its query) it was sent to.
+    A webhook receiver, Slack's incoming webhook and an ntfy topic alike take Alertmanager's POST."""
 
-    def __init__(self):
+    def __init__(self, path: str = "/hook/T0KEN"):
         owner = self
         self.received: list[tuple[float, dict]] = []  # (when, body)
+        self.paths: list[str] = []
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -153,16 +158,57 @@ class Webhook:
 
             def do_POST(self):
                 owner.received.append((time.time(), json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+                owner.paths.append(self.path)
                 self.send_response(200)
                 self.end_headers()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook/T0KEN"
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{path}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     @property
     def bodies(self) -> list[dict]:
         return [body for _, body in self.received]
+
+
+class SmtpSink:
+    """An SMTP server that takes every message (no TLS, no login), as a LAN relay would: what
+    Alertmanager's email receiver sends, kept whole. Hand-written: the standard library's smtpd is
+    gone from Python 3.12, and aiosmtpd would be a dependency for these 20 lines."""
+
+    def __init__(self):
+        owner = self
+        self.messages: list[str] = []
+
+        class Session(socketserver.StreamRequestHandler):
+            def handle(self):
+                def say(line: str) -> None:
+                    self.wfile.write(f"{line}\r\n".encode())
+
+                say("220 sink ESMTP")
+                for raw in self.rfile:
+                    verb = raw.decode(errors="replace").strip().split(" ", 1)[0].upper()
+                    if verb in ("EHLO", "HELO"):
+                        say("250 sink")
+                    elif verb == "DATA":
+                        say("354 end with .")
+                        lines = []
+                        for line in self.rfile:
+                            if line.rstrip(b"\r\n") == b".":
+                                break
+                            lines.append(line.decode(errors="replace"))
+                        owner.messages.append("".join(lines))
+                        say("250 queued")
+                    elif verb == "QUIT":
+                        say("221 bye")
+                        return
+                    else:  # MAIL, RCPT, RSET, NOOP
+                        say("250 ok")
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Session)
+        self.server.daemon_threads = True
+        self.smarthost = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 GPU_TEXT = "\n".join([  # nvidia_gpu_exporter 1.14's names for what nvidia-smi reports on GB10
@@ -190,10 +236,21 @@ def vllm_text(t: int) -> str:
     for pos, share in enumerate((0.93, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)):
         lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{pos}"}} '
                      f"{int(10 * t * share)}")
-    for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"):
+    for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                 "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds"):
         for le, share in (("0.01", 0.1), ("0.1", 0.6), ("1.0", 0.9), ("+Inf", 1.0)):
             lines.append(f'{name}_bucket{{{labels},le="{le}"}} {int(20 * t * share)}')
         lines += [f"{name}_count{{{labels}}} {20 * t}", f"{name}_sum{{{labels}}} {t}"]
+    for le, share in (("1000", 0.2), ("10000", 0.5), ("100000", 0.9), ("+Inf", 1.0)):
+        lines.append(f'vllm:request_prompt_tokens_bucket{{{labels},le="{le}"}} {int(4 * t * share)}')
+    lines += [f"vllm:request_prompt_tokens_count{{{labels}}} {4 * t}", f"vllm:request_prompt_tokens_sum{{{labels}}} {9000 * t}"]
+    for reason, per_s in (("stop", 3), ("length", 1), ("abort", 0), ("error", 0)):
+        lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {per_s * t}')
+    for status, per_s in (("2xx", 4), ("4xx", 1)):
+        lines.append(f'http_requests_total{{handler="/v1/chat/completions",method="POST",status="{status}"}} {per_s * t}')
+    for outcome, per_s in (("tool_call", 2), ("no_tool_call", 5)):
+        lines.append(f'vllm:tool_call_parser_invocations_total{{{labels},mode="streaming",outcome="{outcome}",'
+                     f'request_type="chat_completions"}} {per_s * t}')
     return "\n".join(lines) + "\n"
 
 
@@ -230,7 +287,10 @@ def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("live-prometheus")
     behaviour = Behaviour(metrics_text=vllm_text(0))
     vllm = serve(behaviour)
-    webhook = Webhook()
+    webhook, slack, ntfy, smtp = Webhook(), Webhook("/services/T0/B0/X0"), Webhook("/twinspark-alerts"), SmtpSink()
+    receivers = AlertReceivers(webhook_url=webhook.url, slack_url=slack.url, ntfy_url=ntfy.url,
+                               email=AlertEmail(to="owner@example.test", from_="spark@example.test",
+                                                smarthost=smtp.smarthost, require_tls=False))
     base = recipe_plan(alertmanager=True, scrapeIntervalSeconds=1)
     plan = replace(
         base,
@@ -249,7 +309,10 @@ def live(tmp_path_factory):
         stage_node(tmp / node.name, mtu_rail1, head=node.role == "head")
         start(staged_node_exporter(node, plan.node_exporter_port, tmp / node.name), f"node-exporter-{node.name}")
     gpus = [StaticExporter(n.rail_ip, plan.gpu_exporter_port, GPU_TEXT) for n in plan.nodes]
-    for name, argv in monitoring_commands(tmp, plan, render_alertmanager_config(webhook.url, group_wait="1s")).items():
+    # Prometheus re-sends its firing alerts every second: the heartbeat it first sent before Alertmanager
+    # listened reaches it at once, not a minute later (its default resend delay)
+    for name, argv in monitoring_commands(tmp, plan, render_alertmanager_config(receivers, group_wait="1s"),
+                                          "--rules.alert.resend-delay=1s").items():
         start(argv, name)
     stop = threading.Event()
 
@@ -261,7 +324,7 @@ def live(tmp_path_factory):
 
     threading.Thread(target=advance, daemon=True).start()
     try:
-        yield plan, tmp, webhook
+        yield plan, tmp, Receivers(webhook, slack, ntfy, smtp)
     finally:
         stop.set()
         for proc in procs:
@@ -271,9 +334,18 @@ def live(tmp_path_factory):
         for log in logs:
             log.close()
         vllm.shutdown()
-        webhook.server.shutdown()
+        for server in (webhook.server, slack.server, ntfy.server, smtp.server):
+            server.shutdown()
         for gpu in gpus:
             gpu.server.shutdown()
+
+
+@dataclass
+class Receivers:
+    webhook: Webhook
+    slack: Webhook
+    ntfy: Webhook
+    smtp: SmtpSink
 
 
 def all_targets_up(port):
@@ -350,8 +422,12 @@ def test_staged_faults_raise_their_alerts(live):
                         "TwinsparkRocePortNotActive", "TwinsparkCanaryFailing", "TwinsparkOomKill"}, names
 
 
-def test_a_staged_oom_kill_reaches_the_webhook_through_alertmanager(live):
-    plan, tmp, webhook = live
+def test_a_staged_oom_kill_reaches_every_receiver_through_alertmanager_and_the_heartbeat_the_webhook_alone(live):
+    """The rendered route on the real Alertmanager: the alert at the webhook, Slack (its incoming
+    webhook's POST), ntfy (the topic, with ntfy's alertmanager template asked for) and by email; the
+    heartbeat (always firing) only at the webhook, the dead man's switch's relay."""
+    plan, tmp, receivers = live
+    webhook = receivers.webhook
     port = plan.prometheus_port
     wait_for(lambda: all_targets_up(port), "all six targets up", 30, interval_s=0.5, ignoring=(OSError,))
     wait_for(lambda: api(port, "/api/v1/query", query='node_vmstat_oom_kill{node="spark2"}')["data"]["result"],
@@ -366,7 +442,25 @@ def test_a_staged_oom_kill_reaches_the_webhook_through_alertmanager(live):
                                     ignoring=(OSError,))
     assert status == "firing"
     assert (labels["node"], labels["severity"], labels["job"]) == ("spark2", "critical", "node")
-    assert webhook.bodies[0]["receiver"] == "webhook"
+    assert {body["receiver"] for body in webhook.bodies} <= {"alerts", "heartbeat"}
+    slack = wait_for(lambda: [b for b in receivers.slack.bodies if "TwinsparkOomKill" in json.dumps(b)],
+                     "TwinsparkOomKill at Slack", 30, interval_s=0.5)
+    attachment = slack[0]["attachments"][0]
+    assert attachment["title"] == "[FIRING] TwinsparkOomKill on spark2", attachment
+    assert "OOM" in attachment["text"] or "oom" in attachment["text"].lower(), attachment
+    ntfy = wait_for(lambda: [(path, b) for path, b in zip(receivers.ntfy.paths, receivers.ntfy.bodies)
+                             if "TwinsparkOomKill" in json.dumps(b)], "TwinsparkOomKill at ntfy", 30, interval_s=0.5)
+    assert ntfy[0][0] == "/twinspark-alerts?template=alertmanager", ntfy[0][0]
+    mail = wait_for(lambda: [m for m in receivers.smtp.messages if "TwinsparkOomKill" in m], "the alert's email", 30,
+                    interval_s=0.5)
+    assert "To: owner@example.test" in mail[0] and "From: spark@example.test" in mail[0]
+    heartbeats = wait_for(lambda: [b for b in webhook.bodies if any(a["labels"]["alertname"] == WATCHDOG
+                                                                   for a in b["alerts"])], "the heartbeat at the webhook",
+                          30, interval_s=0.5)
+    assert {b["receiver"] for b in heartbeats} == {"heartbeat"}
+    for person in (receivers.slack, receivers.ntfy):
+        assert WATCHDOG not in json.dumps(person.bodies)
+    assert not any(WATCHDOG in m for m in receivers.smtp.messages)
 
 
 @pytest.fixture
@@ -377,8 +471,8 @@ def heartbeat(tmp_path):
     webhook = Webhook()
     plan = replace(recipe_plan(alertmanager=True, scrapeIntervalSeconds=1), prometheus_port=free_port(),
                    alertmanager_port=free_port())
-    commands = monitoring_commands(tmp_path, plan, render_alertmanager_config(webhook.url, "1s", heartbeat=("1s", "2s")),
-                                   "--rules.alert.resend-delay=1s")
+    alertmanager_config = render_alertmanager_config(AlertReceivers(webhook_url=webhook.url), "1s", heartbeat=("1s", "2s"))
+    commands = monitoring_commands(tmp_path, plan, alertmanager_config, "--rules.alert.resend-delay=1s")
     logs = {name: (tmp_path / f"{name}.log").open("w") for name in commands}
     procs = {name: subprocess.Popen(argv, stdout=logs[name], stderr=subprocess.STDOUT) for name, argv in commands.items()}
     try:

@@ -34,6 +34,7 @@ from components.observability import (
 )
 from components.observability_files import (
     ALERTMANAGER_CONFIG,
+    AlertReceivers,
     GRAFANA_HOST_DIR,
     PROMETHEUS_HOST_DIR,
     grafana_files,
@@ -188,7 +189,7 @@ def test_debians_alertmanager_runs_the_programs_flags_and_config(built, registry
     assert "alertmanager, version 0.25.0" in version.stdout + version.stderr
     config, data = tmp_path / "alertmanager", tmp_path / "data"
     config.mkdir()
-    (config / ALERTMANAGER_CONFIG).write_text(render_alertmanager_config("http://127.0.0.1:9/hook"))
+    (config / ALERTMANAGER_CONFIG).write_text(render_alertmanager_config(AlertReceivers(webhook_url="http://127.0.0.1:9/hook")))
     data.mkdir()
     os.chown(data, contract.ALERTMANAGER_UID, 0)
     started(docker, "sim-images-alertmanager", image, alertmanager_command(), "Listening",

@@ -18,9 +18,9 @@ from core.memory_budget import HEADROOM_PERCENT, MIN_AUTO_COTENANT_PERCENT, Budg
 from core.memory_budget import memory_budget as budget_of
 from .errors import CrossFieldError
 from .values import (DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK, Acknowledgeable, AptPackage, CommitSha, CotenantMemory,
-                     DockerPlatform, HcaName, HostName, HubEndpoint, IfaceName, ImageRef, Integer, KvCacheDtype,
+                     DockerPlatform, EmailAddress, HcaName, HostName, HubEndpoint, IfaceName, ImageRef, Integer, KvCacheDtype,
                      ModelDir, NodeName, NonEmpty, Number, PinnedHostKey, PinnedImage, Port, RailAddress, RayVersion,
-                     RepoId, ServedName, UserName, locked_version)
+                     RepoId, ServedName, SmtpHost, UserName, locked_version)
 
 # Keys whose unset value is the chosen recipe's (Serving._recipe_values)
 MAX_MODEL_LEN_LIMIT = 2**24  # 16,777,216: no model's context comes near; rendered into the launch script
@@ -300,13 +300,22 @@ class ObservabilityImages(ConfigBlock):
     prometheus: PinnedImage = Field(default="prom/prometheus:v3.13.1", description="Prometheus, on the head")
     grafana: PinnedImage = Field(default="grafana/grafana:12.4.5", description="Grafana, on the head")
     alertmanager: PinnedImage = Field(
-        default="prom/alertmanager:v0.28.1", description="Alertmanager, on the head, only with `alertWebhookUrl` set")
+        default="prom/alertmanager:v0.28.1", description="Alertmanager, on the head, only with an alert receiver set")
     node_exporter: PinnedImage = Field(
         default="prom/node-exporter:v1.12.1",
         description="node exporter on every node: host, RoCE port counters and state, link state, MTU, speed")
     gpu_exporter: PinnedImage = Field(
         default="utkuozdemir/nvidia_gpu_exporter:1.14.0",
         description="nvidia-smi exporter on every node (works on GB10, where DCGM does not)")
+
+
+class AlertEmail(ConfigBlock):
+    to: EmailAddress = Field(description="where alert emails go")
+    from_: EmailAddress = Field(alias="from", description="the sender address alert emails carry")
+    smarthost: SmtpHost = Field(description="the SMTP server as HOST:PORT (587: STARTTLS)")
+    username: Optional[NonEmpty] = Field(
+        default=None, description="the SMTP login; its password is the secret `alertEmailPassword`")
+    require_tls: bool = Field(default=True, description="refuse to send without STARTTLS (off only for a relay on your LAN)")
 
 
 class Observability(ConfigBlock):
@@ -332,6 +341,10 @@ class Observability(ConfigBlock):
         default=10.0, gt=0,
         description="TwinsparkThroughputCollapse fires when requests run but output stays under this many tok/s "
         "(and prefill under 20 times it) for 10 min; healthy decode is 27-105 tok/s")
+    alert_email: Optional[AlertEmail] = Field(
+        default=None, description="alerts by email through your SMTP server (`to`, `from`, `smarthost`, `username`, "
+        "`requireTls`); with `alertSlackWebhookUrl`, `alertNtfyUrl` and `alertWebhookUrl` the receivers Alertmanager "
+        "sends to (see docs/observability.md)")
 
 
 class PlatformConfig(ConfigBlock):

@@ -1,4 +1,4 @@
-"""The twinspark secrets (apiKey, hfToken, grafanaAdminPassword, alertWebhookUrl): read from the
+"""The twinspark secrets (apiKey, hfToken, grafanaAdminPassword and the alert receivers' URLs and password): read from the
 stack, checked without ever showing a value, and wrapped as Pulumi secrets at once.
 """
 
@@ -47,6 +47,18 @@ SECRET_KEYS = {
         "where alerts are sent (an Alertmanager webhook receiver: JSON POST); unset: they show in Grafana and "
         "Prometheus only", min_length=10, characters=URL_CHARACTERS, characters_in_words=URL_CHARACTERS_IN_WORDS,
         shape=r"https?://[^/]+(/.*)?", shape_in_words="an http(s) URL of a receiver for Alertmanager's webhook POSTs"),
+    "alertSlackWebhookUrl": SecretKey(
+        "a Slack incoming webhook (`https://hooks.slack.com/services/...`): every alert and its resolution posted to "
+        "its channel", min_length=20, characters=URL_CHARACTERS, characters_in_words=URL_CHARACTERS_IN_WORDS,
+        shape=r"https://[^/]+/.+", shape_in_words="an https URL of a Slack incoming webhook"),
+    "alertNtfyUrl": SecretKey(
+        "an ntfy topic (`https://ntfy.sh/YOUR-TOPIC`, or your own server's): alerts as push notifications, through "
+        "ntfy's alertmanager template; the topic's name is its password, so make it unguessable", min_length=10,
+        characters=URL_CHARACTERS, characters_in_words=URL_CHARACTERS_IN_WORDS,
+        shape=r"https?://[^/?#]+/[^/?#]+", shape_in_words="an http(s) URL of an ntfy topic, with no query"),
+    "alertEmailPassword": SecretKey(
+        "the SMTP password of `observability.alertEmail.username`", min_length=1, characters=URL_CHARACTERS,
+        characters_in_words=URL_CHARACTERS_IN_WORDS),
 }
 _CHARACTER_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", " ": "a space"}
 

@@ -93,6 +93,9 @@ HostName = Annotated[str, _matches(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9]
                                    "an IPv4 address or DNS name: letters, digits, '.' and '-', starting and ending with a "
                                    "letter or digit"),
                      AfterValidator(_one_spelling_of_an_address)]
+EmailAddress = _text(r"[^@\s\"'\\]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}", "an email address like you@example.com")
+SmtpHost = _text(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?:[0-9]{1,5}",
+                 "an SMTP server as HOST:PORT, like smtp.example.com:587")
 HostKey = Annotated[str, _matches(r"(ssh-|ecdsa-)\S+ \S+",
                                   "a host key as ssh-keyscan prints it after the host: its type and key, like "
                                   "'ssh-ed25519 AAAAC3Nza...'")]

@@ -4,7 +4,7 @@ one module per job; this package re-exports what observability.py, __main__.py a
 - `plan`          ObservabilityPlan (what every file depends on, `plan_from_config`), RenderedFile
 - `metrics`       the Prometheus jobs, the guard's metrics, the selectors alerts and dashboards share
 - `alerts`        the alert rules (serving, heartbeat, guard, fabric, nodes, GPU)
-- `alertmanager`  Alertmanager's route to the webhook (only with alertWebhookUrl)
+- `alertmanager`  Alertmanager's routes to the alert receivers (only with one set)
 - `prometheus`    prometheus.yml; `prometheus_files`: it and the alert rules as managed files
 - `dashboards`    the three dashboards as JSON, built with grafana-foundation-sdk
 - `grafana`       Grafana's provisioning; `grafana_files`: it and the dashboards as managed files
@@ -12,7 +12,7 @@ one module per job; this package re-exports what observability.py, __main__.py a
 Inside, each module imports only those listed before it.
 """
 
-from .alertmanager import ALERTMANAGER_CONFIG, ALERTMANAGER_HOST_DIR, render_alertmanager_config
+from .alertmanager import ALERTMANAGER_CONFIG, ALERTMANAGER_HOST_DIR, AlertReceivers, render_alertmanager_config
 from .alerts import WATCHDOG, alert_groups, render_alert_rules
 from .dashboards import render_dashboards
 from .grafana import GRAFANA_HOST_DIR, HOME_DASHBOARD, grafana_files, panel_list
@@ -21,7 +21,8 @@ from .plan import ObservabilityPlan, ObservedNode, ObservedRail, RenderedFile, p
 from .prometheus import PROMETHEUS_HOST_DIR, RULES_FILE, prometheus_files, render_prometheus_config
 
 __all__ = [
-    "ALERTMANAGER_CONFIG", "ALERTMANAGER_HOST_DIR", "GRAFANA_HOST_DIR", "GUARD_METRICS", "HOME_DASHBOARD", "panel_list",
+    "ALERTMANAGER_CONFIG", "ALERTMANAGER_HOST_DIR", "AlertReceivers", "GRAFANA_HOST_DIR", "GUARD_METRICS",
+    "HOME_DASHBOARD", "panel_list",
     "PROMETHEUS_HOST_DIR", "ROCE_ERROR_COUNTERS", "RULES_FILE", "WATCHDOG", "ObservabilityPlan", "ObservedNode",
     "ObservedRail", "RenderedFile", "alert_groups", "grafana_files", "plan_from_config", "prometheus_files",
     "render_alert_rules", "render_alertmanager_config", "render_dashboards", "render_prometheus_config",
