@@ -165,6 +165,7 @@ def inputs_of(run) -> dict:
 OWNED = ("-weights-shape-check", "-weights-fetch", "-weights-authorize", "-weights-revoke", "-bundle-launch-vllm-sh",
          "-bundle-twinspark-env", "-serving-container", "nccl-run",
          "-observability-dashboard-spec-decode", "-observability-alert-rules", "-observability-grafana",
+         "-observability-dashboard-overview",  # its prompt-size graph's line: the recipe's compaction fence
          "-observability-prometheus", "-guard-unit")  # the guard's canary: the recipe's tool parser
 BUDGET = ("-hostprep-cotenants-", "-fabric-check")  # the fabric check follows host prep
 # the seed's recipe records the commit its repository is served at; another recipe on that
@@ -212,7 +213,7 @@ def test_switching_the_recipe_changes_exactly_what_it_owns(program, seed_run, na
     assert [w for w in run.warnings if "model.repo" in w] == [
         f"model.repo deepseek-ai/DeepSeek-V4-Flash-0731 is not {recipe.repo}, the repository of serving.recipe "
         f"{name}: the recipe's flags, environment and parsers are applied to deepseek-ai/DeepSeek-V4-Flash-0731 as "
-        "they are; choose the recipe made for it if there is one (see Models in the README)"]
+        "they are; choose the recipe made for it if there is one (see Models in docs/configuration.md)"]
 
 
 def test_the_seed_stack_serves_its_recipes_repo_without_a_warning_and_its_canary_calls_a_tool(seed_run):

@@ -215,7 +215,7 @@ class StackConfig(ConfigBlock):
             return None
         return (f"model.repo {self.model.repo} is not {recipe.repo}, the repository of serving.recipe {recipe.name}: "
                 f"the recipe's flags, environment and parsers are applied to {self.model.repo} as they are; choose "
-                "the recipe made for it if there is one (see Models in the README)")
+                "the recipe made for it if there is one (see Models in docs/configuration.md)")
 
     def _former_names_are_free(self) -> None:
         """A formerName becomes aliases to the resources of that name (components/renames.py): one
