@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from core import contract
+from core.fingerprint import Fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE_DIR = ROOT / "recipes"
@@ -56,6 +57,28 @@ class Figure(_Data):
     source: str = Field(description="where the figure comes from (a URL, or the reason there is none)")
 
 
+class BaselineFingerprint(_Data):
+    """What the baseline was measured on, for the doctor (core/fingerprint.py): a fact left out is
+    unknown, and a difference from it goes unjudged (the nodes must still agree with each other)."""
+
+    driver: Optional[str] = None
+    kernel: Optional[str] = None
+    nccl: Optional[str] = None
+    image_digest: Optional[str] = None
+    model_sha256: Optional[str] = None
+    drafter_sha256: Optional[str] = None
+    cstates_enabled: Optional[bool] = None
+    rail_mtu: Optional[int] = Field(default=None, gt=0)
+    roce_active_mtu: Optional[int] = Field(default=None, gt=0)
+    nccl_busbw_gbps: Optional[float] = Field(default=None, gt=0)
+    source: str = Field(description="where these facts come from, and which are unknown")
+
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint(driver=self.driver, kernel=self.kernel, nccl=self.nccl, image_digest=self.image_digest,
+                           model_sha256=self.model_sha256, drafter_sha256=self.drafter_sha256,
+                           cstates_enabled=self.cstates_enabled, nccl_busbw_gbps=self.nccl_busbw_gbps)
+
+
 class Baseline(_Data):
     """Measured on two Sparks: what `ops bench --compare recipe` and `ops upgrade` gate on."""
 
@@ -63,6 +86,9 @@ class Baseline(_Data):
     single_stream_tokens_per_second: Figure
     four_way_tokens_per_second: Figure
     ttft_7k_seconds: Figure = Field(alias="ttft7kSeconds")
+    fingerprint: BaselineFingerprint = Field(
+        default_factory=lambda: BaselineFingerprint(source="not recorded"),
+        description="what the figures were measured on (the doctor compares a pair with it)")
 
 
 class Speculative(_Data):
