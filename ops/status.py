@@ -297,8 +297,8 @@ def guard_text(node: dict) -> str:
     parts = []
     memory = as_object(node.get("memory_check"))
     if "message" in memory:
-        parts.append(f"memory: {'ok' if memory.get('ok') else 'WAITING'} ({shown(memory.get('available_gib'))} of "
-                     f"{shown(memory.get('need_gib'))} GiB available)")
+        parts.append(f"memory: {'ok' if memory.get('ok') else 'WAITING'} ({shown(memory.get('available_gib'))} GiB "
+                     f"available, {shown(memory.get('need_gib'))} GiB needed)")
     guard = as_object(node.get("guard"))
     if guard and "error" not in guard:
         checked = guard.get("checked_at")

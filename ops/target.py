@@ -92,9 +92,13 @@ def stack_outputs(args: argparse.Namespace) -> dict[str, Any]:
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
-        raise TargetError("the Pulumi CLI is not on PATH, so no stack can be read") from None
+        raise TargetError("the Pulumi CLI is not on PATH (README, Prerequisites; the simulator's: "
+                          "eval \"$(scripts/sim.sh env)\"), so no stack can be read") from None
     except subprocess.TimeoutExpired:
         raise TargetError(f"`{' '.join(command)}` did not answer in 120 s") from None
+    if "no Pulumi.yaml project file found" in proc.stderr:
+        raise TargetError(f"{project_dir(args)} is not the Pulumi project (no Pulumi.yaml), so no stack can be read: "
+                          "run inside your checkout, or pass --project-dir")
     if proc.returncode != 0:
         raise TargetError(f"`{' '.join(command)}` failed: {one_line(proc.stderr.strip()[-500:])}")
     return parse_outputs(proc.stdout, f"`{' '.join(command)}`")

@@ -67,6 +67,12 @@ install_python_env() {
     cp requirements-dev.txt .venv/.installed-requirements
     cp requirements.lock .venv/.installed-lock
   fi
+  # `.venv/bin/twinspark`: this checkout's tools as they are edited (scripts/sim.sh env puts it on PATH).
+  # Written here, not `pip install -e .`: hatchling copies force-included trees into an editable wheel
+  # too, which would leave a stale second copy of ops/, core/... in site-packages
+  printf '#!/bin/sh\nexec "%s/.venv/bin/python" -c "import sys; sys.path.insert(0, sys.argv.pop(1)); from twinspark.cli import main; sys.exit(main())" "%s" "$@"\n' \
+    "$PWD" "$PWD" >.venv/bin/twinspark
+  chmod 755 .venv/bin/twinspark
 }
 
 # install_npm_cli PACKAGE VERSION DIR BIN: an agent's CLI from npm into build/DIR, once

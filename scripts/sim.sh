@@ -7,7 +7,7 @@
 #                                           # a switch (the stack's) or a ring (--nodes 3), then
 #                                           # `pulumi up --stack sim` of this program onto them
 #   eval "$(scripts/sim.sh env)"            # this shell: the engine, the sim stack's backend and passphrase
-#   pulumi stack output --stack sim         # then curl, `python -m ops status`, `python -m ops bench`
+#   pulumi stack output --stack sim         # then curl, `twinspark status`, `twinspark bench`, README step 6
 #   scripts/sim.sh down                     # the nodes go, with everything on them; nothing is left
 #
 # Each node is a network namespace with its own sshd and dockerd (tests/sim/cluster.py), the
@@ -37,6 +37,8 @@ print_env() {
 export PULUMI_BACKEND_URL='file://$SIM_HOME/state'
 export PULUMI_CONFIG_PASSPHRASE='$PASSPHRASE'
 export TWINSPARK_KNOWN_HOSTS_DIR='$SIM_HOME/known_hosts.d'
+# twinspark (the checkout, editable in .venv) and the agents scripts/setup.sh installed from npm
+export PATH='$ROOT/.venv/bin:$ROOT/build/claude/node_modules/.bin:$ROOT/build/codex/node_modules/.bin':"\$PATH"
 EOF
 }
 
@@ -128,6 +130,7 @@ cmd_up() {
   log "serving after $((SECONDS - started)) s of pulumi up; the endpoint and its key:"
   log "  eval \"\$(scripts/sim.sh env)\"; pulumi stack output --stack $STACK endpoint"
   log "  pulumi stack output --stack $STACK --show-secrets apiKey"
+  log "then, in that shell, the README's step 6: twinspark client-setup, and ask Claude Code and Codex"
 }
 
 cmd_down() {

@@ -50,7 +50,8 @@ def test_a_missing_flag_without_a_stack_is_named(no_stack, monkeypatch, capsys, 
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     code, err, _ = run_ops(capsys, tool, *flags)
     assert code == 2
-    one_clear_line(err, f"ops {tool}: the Pulumi CLI is not on PATH, so no stack can be read: pass {missing}, "
+    one_clear_line(err, f"ops {tool}: the Pulumi CLI is not on PATH (README, Prerequisites; the simulator's: "
+                   'eval "$(scripts/sim.sh env)"), so no stack can be read: pass ' + f"{missing}, "
                    "or run inside the Pulumi project")
 
 

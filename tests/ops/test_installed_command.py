@@ -86,3 +86,19 @@ sys.exit("error: no stack named 'nosuch' found")
     assert json.loads(asked.read_text()) == ["stack", "output", "--json", "--show-secrets", "--cwd", str(ROOT), "--stack",
                                              "nosuch"]
     assert "no stack named 'nosuch' found" in shown.stderr, shown.stderr
+
+
+def test_outside_a_project_the_error_names_project_dir(installed, tmp_path):
+    """Run away from any checkout, Pulumi finds no project: the tool says where to run or what to pass."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pulumi").write_text(f"""#!{sys.executable}
+import sys
+sys.exit("error: no Pulumi.yaml project file found (searching upwards from {tmp_path}). If you have not created a "
+         "project yet, use `pulumi new` to do so: no project file found")
+""")
+    (bin_dir / "pulumi").chmod(0o755)
+    shown = twinspark(installed, tmp_path, "client-setup", path=f"{bin_dir}:/usr/bin:/bin")
+    assert shown.returncode == 2, shown
+    assert shown.stderr == (f"twinspark client-setup: {tmp_path} is not the Pulumi project (no Pulumi.yaml), so no stack "
+                            "can be read: run inside your checkout, or pass --project-dir\n"), shown.stderr

@@ -218,7 +218,7 @@ def test_status_shows_the_guard_the_hold_and_the_memory_check(endpoint, tmp_path
     status.render(report, found, console)
     shown = console.export_text()
     assert "canary: FAILING" in shown and "restarts 1/3 in 30 min" in shown and "HELD" in shown
-    assert "memory: WAITING (95.0 of 101.7 GiB available)" in shown
+    assert "memory: WAITING (95.0 GiB available, 101.7 GiB needed)" in shown
     assert "throttled: power cap, thermal (hardware)" in shown
     # no verdict at all: the guard is not running
     bare = status.collect(target, local_runner(shim_bin(tmp_path / "bare"), run_dir=node_state(tmp_path / "bare-run")))
