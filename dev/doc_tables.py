@@ -80,7 +80,7 @@ LAUNCH_ROLES: list[tuple[str, Callable[[], Iterable[str]] | None]] = [
     ("on the host, as a unit", lambda: [contract.SERVING_GUARD_SCRIPT]),
     (f"on a worker, root-owned: all a sync key may run there (its forced command, beside `{model_weights.WEIGHTS_PROGRAM}`)",
      lambda: [model_weights.FORCED_COMMAND]),
-    ("probes `ops` sends over SSH", lambda: [nodes.NODE_PROBE.name, nodes.FACTS_PROBE.name]),
+    ("probes `ops` sends over SSH", lambda: [nodes.NODE_PROBE.name, nodes.FACTS_PROBE.name, nodes.DOCTOR_PROBE.name]),
 ]
 
 def launch_roles_table() -> str:

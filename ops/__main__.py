@@ -1,4 +1,4 @@
-"""python -m ops {status,clear-hold,bench,needle,client-setup,pin-host-keys,upgrade,verify-weights} — see each one's --help."""
+"""The day-2 tools: `twinspark TOOL` (in a checkout also `python -m ops TOOL`); each one's --help says more."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from twinspark import __version__
 
-from . import bench, clear_hold, client_setup, needle, pin_host_keys, status, upgrade, verify_weights
+from . import bench, clear_hold, client_setup, doctor, needle, pin_host_keys, status, upgrade, verify_weights
 from .inputs import ToolError
 
 class Tool(NamedTuple):
@@ -20,6 +20,7 @@ class Tool(NamedTuple):
 
 TOOLS = {
     "status": Tool(status, "nodes, rails, Ray, GPUs, guard, endpoint and spec decode at a glance"),
+    "doctor": Tool(doctor, "why the pair may be slower than its recipe: fingerprints compared, causes ranked"),
     "clear-hold": Tool(clear_hold, "serving held by the guard after a restart loop: let it start again"),
     "bench": Tool(bench, "the recipe's benchmarks: decode, concurrency, TTFT, prefill, sweep"),
     "needle": Tool(needle, "long-context retrieval probe: real failures and junk per size"),
@@ -48,7 +49,7 @@ def show_defaults(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "python -m ops") -> argparse.ArgumentParser:
-    parser = Parser(prog=prog, description=__doc__.replace("python -m ops", prog, 1))
+    parser = Parser(prog=prog, description=__doc__)
     parser.add_argument("--version", action="version", version=f"twinspark {__version__}")
     sub = parser.add_subparsers(dest="tool", required=True)
     for name, tool in TOOLS.items():

@@ -24,6 +24,7 @@ from .inputs import InputError, ToolError, one_line
 
 NODE_PROBE = Path(__file__).resolve().parent.parent / "launch" / "node-status.py"
 FACTS_PROBE = NODE_PROBE.with_name("platform-facts.py")
+DOCTOR_PROBE = NODE_PROBE.with_name("doctor-facts.py")  # what `doctor` reads beyond status: PCIe, C-states, hashes
 
 # A function that runs a probe (default: the node probe) on a node and returns its stdout (JSON).
 NodeRunner = Callable[..., str]

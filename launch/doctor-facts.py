@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""doctor-facts.py — what `twinspark doctor` needs of one node beyond `status`'s probe, as JSON (fed
+over ssh, read-only, the standard library only).
+
+  python3 doctor-facts.py --hca rocep1s0f0 --hca roceP2p1s0f0 --container twinspark-serving \
+      --model-dir /home/nvidia/models/DeepSeek-V4-Flash-0731
+
+Reports: the kernel, the driver (nvidia-smi), the host's NCCL package, each HCA's PCIe link (speed
+and width, and the card's capability), whether deep CPU idle states are enabled, swap, earlyoom, the
+serving container's image ID, and two hashes of the weights' manifest (the files the pin checked,
+as the doctor compares them between nodes and with the recipe): all of it, and the drafter's files
+alone (any file whose path names a draft model). A fact that cannot be read is null, with the reason
+under "errors".
+"""
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+
+MANIFEST = ".twinspark-manifest"  # core/contract.py WEIGHTS_MANIFEST (this file runs on a node alone)
+DRAFTER_PATH = re.compile(r"draft|dspark|eagle|mtp", re.I)
+
+
+def run(*argv, timeout=20):
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, str(err)
+    return (proc.stdout.strip(), None) if proc.returncode == 0 else (None, (proc.stderr or proc.stdout).strip()[-300:])
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def link_speed(text):
+    """'32.0 GT/s PCIe' -> 32.0; None when unreadable."""
+    match = re.match(r"([0-9.]+)\s*GT/s", text or "")
+    return float(match.group(1)) if match else None
+
+
+def pcie_link(hca, sysfs="/sys/class/infiniband"):
+    device = os.path.join(sysfs, hca, "device")
+    speed, width = read(os.path.join(device, "current_link_speed")), read(os.path.join(device, "current_link_width"))
+    max_speed, max_width = read(os.path.join(device, "max_link_speed")), read(os.path.join(device, "max_link_width"))
+    if None in (speed, width, max_speed, max_width):
+        return None
+    return {"speed_gts": link_speed(speed), "width": int(width), "max_speed_gts": link_speed(max_speed),
+            "max_width": int(max_width)}
+
+
+def deep_cstates_enabled(cpus="/sys/devices/system/cpu"):
+    """True when any CPU may enter an idle state beyond state0 (polling); None without cpuidle."""
+    flags = [read(path) for path in glob.glob(os.path.join(cpus, "cpu[0-9]*", "cpuidle", "state[1-9]*", "disable"))]
+    flags = [f for f in flags if f is not None]
+    return None if not flags else any(f == "0" for f in flags)
+
+
+def swap_enabled(swaps="/proc/swaps"):
+    text = read(swaps)
+    return None if text is None else len(text.splitlines()) > 1
+
+
+def manifest_hashes(model_dir):
+    """(all files, the drafter's files) as sha256 over the sorted (path, sha256) pairs the pin recorded."""
+    text = read(os.path.join(model_dir, MANIFEST))
+    if text is None:
+        return None, None
+    files = json.loads(text).get("files") or {}
+
+    def digest(paths):
+        pairs = [f"{p}\t{files[p].get('sha256') if isinstance(files[p], dict) else files[p]}" for p in sorted(paths)]
+        return hashlib.sha256("\n".join(pairs).encode()).hexdigest() if pairs else None
+
+    return digest(files), digest([p for p in files if DRAFTER_PATH.search(p)])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hca", action="append", default=[])
+    parser.add_argument("--container", required=True)
+    parser.add_argument("--model-dir", required=True)
+    args = parser.parse_args()
+    errors = {}
+    facts = {"kernel": platform.release()}
+    driver, errors["driver"] = run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+    facts["driver"] = driver.splitlines()[0].strip() if driver else None
+    nccl, errors["nccl"] = run("dpkg-query", "-W", "-f", "${Version}", "libnccl2")
+    facts["nccl"] = nccl.split("-")[0].split("+")[0] if nccl else None
+    facts["pcie"] = {hca: link for hca in args.hca if (link := pcie_link(hca)) is not None}
+    facts["cstates_enabled"] = deep_cstates_enabled()
+    facts["swap_enabled"] = swap_enabled()
+    earlyoom, state = run("systemctl", "is-active", "earlyoom")  # `inactive`/`failed` exit 3; no systemctl: unknown
+    facts["earlyoom_active"] = True if earlyoom == "active" else False if state in ("inactive", "failed") else None
+    image, errors["image"] = run("docker", "inspect", "--format", "{{.Image}}", args.container)
+    facts["image_digest"] = image or None
+    try:
+        facts["model_sha256"], facts["drafter_sha256"] = manifest_hashes(args.model_dir)
+    except (ValueError, AttributeError) as err:
+        facts["model_sha256"] = facts["drafter_sha256"] = None
+        errors["manifest"] = str(err)
+    facts["errors"] = {k: v for k, v in errors.items() if v}
+    print(json.dumps(facts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""`twinspark doctor` (issue 40, first part): its probe reads sysfs, cpuidle, swap and the pin's
+manifest as a node shows them; the tool turns two nodes' facts into the recipe's likely causes,
+costliest first, in a table and in --json."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+from ops_helpers import run_ops
+from toolbox import LAUNCH_DIR, load_launch
+
+from ops import doctor
+from ops.nodes import DOCTOR_PROBE
+
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+RAILS = [{"iface": "enp1s0f0np0", "hca": "rocep1s0f0", "address": "10.0.0.1/24"},
+         {"iface": "enP2p1s0f0np0", "hca": "roceP2p1s0f0", "address": "10.0.1.1/24"}]
+NODES = [{"name": "spark1", "role": "head", "host": "h1", "rayIp": "10.0.0.1", "rails": RAILS, "hostKey": HOST_KEY},
+         {"name": "spark2", "role": "worker", "host": "h2", "rayIp": "10.0.0.2", "rails": RAILS, "hostKey": HOST_KEY}]
+
+
+@pytest.fixture
+def facts_probe():
+    return load_launch("doctor-facts.py")
+
+
+def test_the_probe_reads_pcie_cstates_swap_and_the_manifests_hashes(facts_probe, tmp_path):
+    device = tmp_path / "ib" / "rocep1s0f0" / "device"
+    device.mkdir(parents=True)
+    for name, value in (("current_link_speed", "8.0 GT/s PCIe"), ("current_link_width", "1"),
+                        ("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "4")):
+        (device / name).write_text(value + "\n")
+    assert facts_probe.pcie_link("rocep1s0f0", str(tmp_path / "ib")) == {
+        "speed_gts": 8.0, "width": 1, "max_speed_gts": 32.0, "max_width": 4}
+    assert facts_probe.pcie_link("missing", str(tmp_path / "ib")) is None
+    for cpu, flags in (("cpu0", ("0", "1")), ("cpu1", ("1", "1"))):
+        for i, flag in enumerate(flags, 1):
+            (tmp_path / "cpu" / cpu / "cpuidle" / f"state{i}").mkdir(parents=True)
+            (tmp_path / "cpu" / cpu / "cpuidle" / f"state{i}" / "disable").write_text(flag)
+    assert facts_probe.deep_cstates_enabled(str(tmp_path / "cpu")) is True  # cpu0's state1 may be entered
+    (tmp_path / "cpu" / "cpu0" / "cpuidle" / "state1" / "disable").write_text("1")
+    assert facts_probe.deep_cstates_enabled(str(tmp_path / "cpu")) is False
+    assert facts_probe.deep_cstates_enabled(str(tmp_path / "none")) is None
+    (tmp_path / "swaps").write_text("Filename\tType\tSize\tUsed\tPriority\n")
+    assert facts_probe.swap_enabled(str(tmp_path / "swaps")) is False
+    (tmp_path / "swaps").write_text("Filename\tType\n/swap.img\tfile\n")
+    assert facts_probe.swap_enabled(str(tmp_path / "swaps")) is True
+    files = {"model-00001.safetensors": {"size": 1, "sha256": "a" * 64},
+             "dspark/drafter.safetensors": {"size": 1, "sha256": "b" * 64}}
+    (tmp_path / ".twinspark-manifest").write_text(json.dumps({"repo": "r", "revision": "c", "files": files}))
+    model, drafter = facts_probe.manifest_hashes(str(tmp_path))
+    assert drafter == hashlib.sha256(f"dspark/drafter.safetensors\t{'b' * 64}".encode()).hexdigest()
+    assert model != drafter and len(model) == 64
+    assert facts_probe.manifest_hashes(str(tmp_path / "nothing")) == (None, None)
+
+
+def test_the_probe_runs_alone_and_reports_json(tmp_path):
+    """As ssh feeds it: `python3 -` with the arguments; what it cannot read is null."""
+    proc = subprocess.run([sys.executable, "-", "--hca", "nosuch", "--container", "twinspark-serving", "--model-dir",
+                           str(tmp_path)], input=(LAUNCH_DIR / "doctor-facts.py").read_text(), capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin"}, check=True)
+    facts = json.loads(proc.stdout)
+    assert facts["pcie"] == {} and facts["model_sha256"] is None and isinstance(facts["kernel"], str)
+    assert set(facts) == {"kernel", "driver", "nccl", "pcie", "cstates_enabled", "swap_enabled", "earlyoom_active",
+                          "image_digest", "model_sha256", "drafter_sha256", "errors"}
+
+
+def node_status(mtus, roce_mtus, throttle=(), sm=3003.0):
+    return {"rails": [{"iface": r["iface"], "mtu": m, "roce_active_mtu": a} for r, m, a in zip(RAILS, mtus, roce_mtus)],
+            "gpu": {"sm_clock_mhz": sm, "max_sm_clock_mhz": 3003.0, "throttle": list(throttle)}}
+
+
+HEALTHY_FACTS = {"kernel": "6.17.0-1029-nvidia", "driver": "580.173.02", "nccl": "2.30.7",
+                 "pcie": {r["hca"]: {"speed_gts": 32.0, "width": 4, "max_speed_gts": 32.0, "max_width": 4} for r in RAILS},
+                 "cstates_enabled": False, "swap_enabled": False, "earlyoom_active": True, "image_digest": "sha256:i",
+                 "model_sha256": "m" * 64, "drafter_sha256": "d" * 64, "errors": {}}
+
+
+def fake_runner(answers):
+    """(node name, probe) -> the probe's JSON, as the nodes would print it."""
+    def run(node, args, probe=None):
+        return json.dumps(answers[node["name"], "doctor" if probe == DOCTOR_PROBE else "status"])
+    return run
+
+
+def doctor_flags():
+    return ["doctor", "--nodes", json.dumps(NODES), "--ssh-user", "nvidia", "--recipe", "DeepSeek-V4-Flash-0731",
+            "--dir", "/home/nvidia/models/m"]
+
+
+def test_planted_differences_come_out_costliest_first_with_evidence_and_fix(monkeypatch, capsys):
+    worker = {**HEALTHY_FACTS, "drafter_sha256": "e" * 64,
+              "pcie": {**HEALTHY_FACTS["pcie"], "roceP2p1s0f0": {"speed_gts": 8.0, "width": 1, "max_speed_gts": 32.0,
+                                                                 "max_width": 4}}}
+    answers = {("spark1", "status"): node_status((9000, 9000), (4096, 4096)), ("spark1", "doctor"): HEALTHY_FACTS,
+               ("spark2", "status"): node_status((9000, 1500), (4096, 1024), throttle=("application clocks",), sm=2000),
+               ("spark2", "doctor"): worker}
+    monkeypatch.setattr(doctor, "ssh_runner", lambda *a: fake_runner(answers))
+    code, err, out = run_ops(capsys, *doctor_flags(), "--json")
+    assert code == 1, err
+    found = json.loads(out)["findings"]
+    assert [(f["node"], f["cause"]) for f in found] == [
+        ("spark2", "pcie_link"), ("spark2", "rail_mtu"), ("spark2", "roce_active_mtu"), ("spark2", "drafter"),
+        ("spark2", "gpu_clock_cap")]
+    assert found[0]["evidence"] == "roceP2p1s0f0: 8 GT/s x1, capable of 32 GT/s x4" and "lspci" in found[0]["fix"]
+    assert "likely causes, costliest first" in err and "not record: image_digest" in err  # a person's view, on stderr
+
+    answers[("spark2", "status")], answers[("spark2", "doctor")] = node_status((9000, 9000), (4096, 4096)), HEALTHY_FACTS
+    code, err, out = run_ops(capsys, *doctor_flags())
+    assert code == 0 and "no known cause of a gap against recipe DeepSeek-V4-Flash-0731" in out, out
+
+
+def test_a_node_that_cannot_be_read_is_named_and_the_other_still_judged(monkeypatch, capsys):
+    answers = {("spark1", "status"): node_status((9000, 9000), (4096, 4096)), ("spark1", "doctor"): HEALTHY_FACTS}
+
+    def runner(node, args, probe=None):
+        if node["name"] == "spark2":
+            raise RuntimeError("ssh nvidia@h2 failed: Connection refused")
+        return fake_runner(answers)(node, args, probe)
+
+    monkeypatch.setattr(doctor, "ssh_runner", lambda *a: runner)
+    code, _, out = run_ops(capsys, *doctor_flags(), "--json")
+    report = json.loads(out)
+    assert code == 1 and report["findings"] == []
+    assert report["unreached"] == {"spark2": "ssh nvidia@h2 failed: Connection refused"}
