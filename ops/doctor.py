@@ -7,14 +7,17 @@ earlyoom, the serving image and the weights' and the drafter's hashes (launch/do
 is compared with the fingerprint the recipe's figures were measured on (`baseline.fingerprint` in
 recipes/) and the nodes with each other where the recipe records nothing, and the likely causes are
 printed ranked by what each has cost owners where it was measured (core/fingerprint.py), each with
-its evidence and its fix. Exit 1 when any cause is found. Not yet: the live figures (decode,
-acceptance per position, TTFT) and the NCCL bandwidth of the last `up`.
+its evidence and its fix; read from a stack, the NCCL check's bus bandwidth at the last `up` (its
+own line in the state) is judged too. Exit 1 when any cause is found. Not yet: the live figures
+(decode, acceptance per position, TTFT).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
@@ -30,10 +33,12 @@ from .inputs import InputError, positive_int
 from .nodes import DOCTOR_PROBE, NodeRunner, add_ssh_arguments, check_pinned, ssh_runner
 from .output import add_json_argument, human_console, print_json
 from .status import probe_args
-from .target import add_recipe_argument, add_target_arguments, resolve_target, ssh_user, target_recipe
+from .target import (add_recipe_argument, add_target_arguments, exported_resources, resolve_target, ssh_user,
+                     target_recipe)
 
 STANDS_IN = ("nodes", "ssh_user", "recipe", "dir")
 CAPPING = {"application clocks", "power cap"}  # throttle reasons that mean a cap someone set, not load or heat
+BUSBW_LINE = re.compile(r"busbw ([0-9.]+) GB/s")  # launch/nccl-allreduce-check.py's own line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +96,16 @@ def collect(target, runner: NodeRunner, model_dir: str) -> tuple[dict[str, Finge
             {n: r for n, r in results if not isinstance(r, Fingerprint)})
 
 
+def last_up_busbw(args: argparse.Namespace, head: str) -> Optional[float]:
+    """The all_reduce bus bandwidth the head's NCCL check printed at the last `up` (the stack's state
+    keeps the step's output); None with flags alone, an outputs file, or no such step."""
+    if args.outputs_file or args.nodes:
+        return None
+    stdout = ((exported_resources(args).get(f"{head}-nccl-check") or {}).get("outputs") or {}).get("stdout")
+    found = BUSBW_LINE.findall(stdout) if isinstance(stdout, str) else []
+    return float(found[-1]) if found else None
+
+
 def judge(target, recipe: Recipe, nodes: dict[str, Fingerprint], expected_mtu: Optional[int]) -> list[Finding]:
     head = next(n["name"] for n in target.nodes if n["role"] == "head")
     if head not in nodes:
@@ -126,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
     check_pinned(target.nodes)
     runner = ssh_runner(ssh_user(args, target), args.ssh_key, args.ssh_option)
     nodes, unreached = collect(target, runner, str(model_dir))
+    head = next(n["name"] for n in target.nodes if n["role"] == "head")
+    busbw = last_up_busbw(args, head)
+    if head in nodes and busbw is not None:
+        nodes[head] = replace(nodes[head], nccl_busbw_gbps=busbw)
     expected_mtu = args.expect_mtu or (target.fabric or {}).get("mtu")
     findings = judge(target, recipe, nodes, expected_mtu)
     render(recipe, findings, unreached, human_console(args))

@@ -104,6 +104,18 @@ def stack_outputs(args: argparse.Namespace) -> dict[str, Any]:
     return parse_outputs(proc.stdout, f"`{' '.join(command)}`")
 
 
+def exported_resources(args: argparse.Namespace) -> dict[str, dict]:
+    """{resource name: its state} from `pulumi stack export --show-secrets`; empty where no stack can
+    be read (the tools that use it do without: a repair command's URNs, the last NCCL figure)."""
+    command = pulumi_command(args, "stack", "export", "--show-secrets")
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        resources = json.loads(proc.stdout)["deployment"]["resources"] if proc.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+        return {}
+    return {r["urn"].rsplit("::", 1)[-1]: r for r in resources if isinstance(r, dict) and "urn" in r}
+
+
 def read_outputs_file(path: str) -> dict[str, Any]:
     return check_outputs(read_json_file(path, "--outputs-file"), f"--outputs-file {path}")
 

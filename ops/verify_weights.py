@@ -12,7 +12,6 @@ and serving keeps the weights it loaded.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +27,7 @@ from core import contract
 from .output import add_json_argument, human_console, print_json
 from .inputs import InputError, one_line
 from .nodes import NodeShell, add_ssh_arguments, check_pinned, ssh_shell
-from .target import add_target_arguments, pulumi_command, resolve_target, ssh_user
+from .target import add_target_arguments, exported_resources, resolve_target, ssh_user
 
 WEIGHTS_PROGRAM = Path(__file__).resolve().parent.parent / "launch" / "weights.py"
 TIMEOUT_S = 3 * 3600  # a full model read at a few GB/s takes minutes; a slow disk, longer
@@ -106,14 +105,8 @@ def repair_command(verdicts: list[NodeVerdict], urns: dict[str, str]) -> Optiona
 
 
 def stack_urns(args: argparse.Namespace) -> dict[str, str]:
-    """{resource name: URN} from `pulumi stack export`; empty where no stack can be read."""
-    command = pulumi_command(args, "stack", "export")
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        resources = json.loads(proc.stdout)["deployment"]["resources"] if proc.returncode == 0 else []
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
-        return {}
-    return {r["urn"].rsplit("::", 1)[-1]: r["urn"] for r in resources if isinstance(r, dict) and "urn" in r}
+    """{resource name: URN} from the stack's state; empty where no stack can be read."""
+    return {name: r["urn"] for name, r in exported_resources(args).items()}
 
 
 def report(verdicts: list[NodeVerdict], urns: dict[str, str], console: Console) -> int:

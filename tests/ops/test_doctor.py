@@ -4,6 +4,7 @@ costliest first, in a table and in --json."""
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 
@@ -125,3 +126,31 @@ def test_a_node_that_cannot_be_read_is_named_and_the_other_still_judged(monkeypa
     report = json.loads(out)
     assert code == 1 and report["findings"] == []
     assert report["unreached"] == {"spark2": "ssh nvidia@h2 failed: Connection refused"}
+
+
+def test_read_from_a_stack_the_last_ups_nccl_bandwidth_is_judged(monkeypatch, capsys, tmp_path):
+    """The stack (a stand-in Pulumi CLI answering `stack output` and `stack export` as Pulumi does)
+    names the nodes, the recipe and the model's directory; the head's NCCL check printed 3.1 GB/s at
+    the last `up`, far below the recipe's 21.7: the costliest cause."""
+    outputs = {"nodes": NODES, "sshUser": "nvidia", "recipe": "DeepSeek-V4-Flash-0731", "modelDir": "/home/nvidia/m",
+               "fabric": {"mtu": 9000, "linkSpeedMbps": 200000}}
+    state = {"deployment": {"resources": [
+        {"urn": "urn:pulumi:spark::twinspark::command:remote:Command::spark1-nccl-check",
+         "outputs": {"stdout": "spark1: all_reduce 256 MiB x 20: busbw 3.1 GB/s (algbw 3.1 GB/s), network Socket, "
+                               "sum correct\n"}}]}}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pulumi").write_text(f"""#!{sys.executable}
+import json, sys
+print(json.dumps({outputs!r} if sys.argv[1:3] == ["stack", "output"] else {state!r}))
+""")
+    (bin_dir / "pulumi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    answers = {(n, probe): (node_status((9000, 9000), (4096, 4096)) if probe == "status" else HEALTHY_FACTS)
+               for n in ("spark1", "spark2") for probe in ("status", "doctor")}
+    monkeypatch.setattr(doctor, "ssh_runner", lambda *a: fake_runner(answers))
+    code, err, out = run_ops(capsys, "doctor", "--project-dir", str(tmp_path), "--json")
+    assert code == 1, err
+    [finding] = json.loads(out)["findings"]
+    assert (finding["node"], finding["cause"], finding["evidence"]) == (
+        "spark1", "nccl_busbw", "busbw 3.1 GB/s, the recipe's 21.7 GB/s")
