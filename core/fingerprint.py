@@ -9,7 +9,7 @@ judged, and the report says the baseline does not know it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
 
@@ -151,8 +151,7 @@ CROSS_NODE_FACTS = ("model_sha256", "drafter_sha256", *SOFTWARE_FACTS)
 def with_head_for_unknown(baseline: Fingerprint, head: Fingerprint) -> Fingerprint:
     """The baseline, its unknown hashes and versions taken from the head: where the recipe does not
     record one, the nodes must at least agree with each other (TP ranks on different bytes disagree)."""
-    filled = {name: getattr(head, name) for name in CROSS_NODE_FACTS if getattr(baseline, name) is None}
-    return Fingerprint(**{**baseline.__dict__, **filled})
+    return replace(baseline, **{name: getattr(head, name) for name in CROSS_NODE_FACTS if getattr(baseline, name) is None})
 
 
 def diagnose(nodes: Mapping[str, Fingerprint], baseline: Fingerprint, head: str, expected_mtu: Optional[int] = None,

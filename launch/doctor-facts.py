@@ -3,7 +3,7 @@
 over ssh, read-only, the standard library only).
 
   python3 doctor-facts.py --hca rocep1s0f0 --hca roceP2p1s0f0 --container twinspark-serving \
-      --model-dir /home/nvidia/models/DeepSeek-V4-Flash-0731
+      --manifest /home/nvidia/models/DeepSeek-V4-Flash-0731/.twinspark-manifest
 
 Reports: the kernel, the driver (nvidia-smi), the host's NCCL package, each HCA's PCIe link (speed
 and width, and the card's capability), whether deep CPU idle states are enabled, swap, earlyoom, the
@@ -22,7 +22,6 @@ import platform
 import re
 import subprocess
 
-MANIFEST = ".twinspark-manifest"  # core/contract.py WEIGHTS_MANIFEST (this file runs on a node alone)
 DRAFTER_PATH = re.compile(r"draft|dspark|eagle|mtp", re.I)
 
 
@@ -70,9 +69,9 @@ def swap_enabled(swaps="/proc/swaps"):
     return None if text is None else len(text.splitlines()) > 1
 
 
-def manifest_hashes(model_dir):
+def manifest_hashes(manifest):
     """(all files, the drafter's files) as sha256 over the sorted (path, sha256) pairs the pin recorded."""
-    text = read(os.path.join(model_dir, MANIFEST))
+    text = read(manifest)
     if text is None:
         return None, None
     files = json.loads(text).get("files") or {}
@@ -88,7 +87,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--hca", action="append", default=[])
     parser.add_argument("--container", required=True)
-    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--manifest", required=True, help="the pin's manifest in model.dir")
     args = parser.parse_args()
     errors = {}
     facts = {"kernel": platform.release()}
@@ -104,7 +103,7 @@ def main():
     image, errors["image"] = run("docker", "inspect", "--format", "{{.Image}}", args.container)
     facts["image_digest"] = image or None
     try:
-        facts["model_sha256"], facts["drafter_sha256"] = manifest_hashes(args.model_dir)
+        facts["model_sha256"], facts["drafter_sha256"] = manifest_hashes(args.manifest)
     except (ValueError, AttributeError) as err:
         facts["model_sha256"] = facts["drafter_sha256"] = None
         errors["manifest"] = str(err)

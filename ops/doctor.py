@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def doctor_args(node: dict, model_dir: str) -> list[str]:
-    args = ["--container", contract.SERVING_CONTAINER, "--model-dir", model_dir]
+    args = ["--container", contract.SERVING_CONTAINER, "--manifest", f"{model_dir}/{contract.WEIGHTS_MANIFEST}"]
     for rail in node.get("rails", []):
         args += ["--hca", rail["hca"]]
     return args
@@ -106,15 +106,15 @@ def last_up_busbw(args: argparse.Namespace, head: str) -> Optional[float]:
     return float(found[-1]) if found else None
 
 
-def judge(target, recipe: Recipe, nodes: dict[str, Fingerprint], expected_mtu: Optional[int]) -> list[Finding]:
-    head = next(n["name"] for n in target.nodes if n["role"] == "head")
+def judge(head: str, recipe: Recipe, nodes: dict[str, Fingerprint], expected_mtu: Optional[int]) -> list[Finding]:
     if head not in nodes:
         return []
     baseline = recipe.baseline.fingerprint
     return diagnose(nodes, baseline.fingerprint(), head, expected_mtu or baseline.rail_mtu, baseline.roce_active_mtu)
 
 
-def render(recipe: Recipe, findings: list[Finding], unreached: dict[str, str], console: Console) -> None:
+def render(recipe: Recipe, findings: list[Finding], unreached: dict[str, str], unknown: list[str],
+           console: Console) -> None:
     if findings:
         table = Table(title=f"likely causes, costliest first (against recipe {recipe.name})")
         for column in ("#", "node", "cause", "evidence", "cost where measured", "fix"):
@@ -127,7 +127,6 @@ def render(recipe: Recipe, findings: list[Finding], unreached: dict[str, str], c
         console.print(Text(f"no known cause of a gap against recipe {recipe.name}'s fingerprint", style="green"))
     for node, why in unreached.items():
         console.print(Text(f"{node}: not read: {why}", style="bold red"))
-    unknown = unknown_in_baseline(recipe.baseline.fingerprint.fingerprint())
     console.print(Text(f"the recipe's baseline does not record: {', '.join(unknown) or 'nothing'} "
                        f"({recipe.baseline.fingerprint.source})", style="dim"))
 
@@ -146,10 +145,10 @@ def run(args: argparse.Namespace) -> int:
     if head in nodes and busbw is not None:
         nodes[head] = replace(nodes[head], nccl_busbw_gbps=busbw)
     expected_mtu = args.expect_mtu or (target.fabric or {}).get("mtu")
-    findings = judge(target, recipe, nodes, expected_mtu)
-    render(recipe, findings, unreached, human_console(args))
-    print_json(args, {"recipe": recipe.name, "unreached": unreached,
-                      "baseline_unknown": unknown_in_baseline(recipe.baseline.fingerprint.fingerprint()),
+    findings = judge(head, recipe, nodes, expected_mtu)
+    unknown = unknown_in_baseline(recipe.baseline.fingerprint.fingerprint())
+    render(recipe, findings, unreached, unknown, human_console(args))
+    print_json(args, {"recipe": recipe.name, "unreached": unreached, "baseline_unknown": unknown,
                       "findings": [{"rank": i, "node": f.node, "cause": f.key, "title": f.cause.title,
                                     "evidence": f.evidence, "cost": f.cause.cost, "measured": f.cause.measured,
                                     "fix": f.cause.fix} for i, f in enumerate(findings, 1)]})

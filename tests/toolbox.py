@@ -62,6 +62,15 @@ def install_twinspark(venv: Path) -> Path:
     return venv / "bin"
 
 
+def stand_in_pulumi(bin_dir: Path, program: str) -> str:
+    """A `pulumi` in bin_dir that runs `program` (Python, this interpreter): the Pulumi CLI as a day-2
+    tool meets it, answering what the test needs. The PATH entry to put first."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "pulumi").write_text(f"#!{sys.executable}\n{program}")
+    (bin_dir / "pulumi").chmod(0o755)
+    return str(bin_dir)
+
+
 def agent_cli(name: str) -> str:
     """An agent's CLI as scripts/setup.sh installs it from npm (build/NAME), else one on PATH."""
     for candidate in (ROOT / "build" / name / "node_modules" / ".bin" / name, shutil.which(name)):

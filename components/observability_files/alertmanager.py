@@ -34,15 +34,11 @@ class AlertReceivers:
     email: Optional[AlertEmail] = None  # observability.alertEmail
     email_password: Optional[str] = None  # alertEmailPassword
 
-    @property
-    def any(self) -> bool:
-        return bool(self.webhook_url or self.slack_url or self.ntfy_url or self.email)
-
 
 def receiver_configs(receivers: AlertReceivers) -> dict:
     """The alerts receiver's configs, resolved alerts sent too."""
     configs: dict = {}
-    webhooks = [url for url in (receivers.webhook_url,) if url]
+    webhooks = [receivers.webhook_url] if receivers.webhook_url else []
     if receivers.ntfy_url:
         webhooks.append(f"{receivers.ntfy_url}?{NTFY_ALERTMANAGER_TEMPLATE}")
     if webhooks:

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 from ops_helpers import run_ops
-from toolbox import LAUNCH_DIR, load_launch
+from toolbox import LAUNCH_DIR, load_launch, stand_in_pulumi
 
+from core import contract
 from ops import doctor
 from ops.nodes import DOCTOR_PROBE
 
@@ -50,18 +51,19 @@ def test_the_probe_reads_pcie_cstates_swap_and_the_manifests_hashes(facts_probe,
     assert facts_probe.swap_enabled(str(tmp_path / "swaps")) is True
     files = {"model-00001.safetensors": {"size": 1, "sha256": "a" * 64},
              "dspark/drafter.safetensors": {"size": 1, "sha256": "b" * 64}}
-    (tmp_path / ".twinspark-manifest").write_text(json.dumps({"repo": "r", "revision": "c", "files": files}))
-    model, drafter = facts_probe.manifest_hashes(str(tmp_path))
+    manifest = tmp_path / contract.WEIGHTS_MANIFEST
+    manifest.write_text(json.dumps({"repo": "r", "revision": "c", "files": files}))
+    model, drafter = facts_probe.manifest_hashes(str(manifest))
     assert drafter == hashlib.sha256(f"dspark/drafter.safetensors\t{'b' * 64}".encode()).hexdigest()
     assert model != drafter and len(model) == 64
-    assert facts_probe.manifest_hashes(str(tmp_path / "nothing")) == (None, None)
+    assert facts_probe.manifest_hashes(str(tmp_path / "nothing" / contract.WEIGHTS_MANIFEST)) == (None, None)
 
 
 def test_the_probe_runs_alone_and_reports_json(tmp_path):
     """As ssh feeds it: `python3 -` with the arguments; what it cannot read is null."""
-    proc = subprocess.run([sys.executable, "-", "--hca", "nosuch", "--container", "twinspark-serving", "--model-dir",
-                           str(tmp_path)], input=(LAUNCH_DIR / "doctor-facts.py").read_text(), capture_output=True,
-                          text=True, env={"PATH": "/usr/bin:/bin"}, check=True)
+    proc = subprocess.run([sys.executable, "-", "--hca", "nosuch", "--container", "twinspark-serving", "--manifest",
+                           str(tmp_path / contract.WEIGHTS_MANIFEST)], input=(LAUNCH_DIR / "doctor-facts.py").read_text(),
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=True)
     facts = json.loads(proc.stdout)
     assert facts["pcie"] == {} and facts["model_sha256"] is None and isinstance(facts["kernel"], str)
     assert set(facts) == {"kernel", "driver", "nccl", "pcie", "cstates_enabled", "swap_enabled", "earlyoom_active",
@@ -138,13 +140,9 @@ def test_read_from_a_stack_the_last_ups_nccl_bandwidth_is_judged(monkeypatch, ca
         {"urn": "urn:pulumi:spark::twinspark::command:remote:Command::spark1-nccl-check",
          "outputs": {"stdout": "spark1: all_reduce 256 MiB x 20: busbw 3.1 GB/s (algbw 3.1 GB/s), network Socket, "
                                "sum correct\n"}}]}}
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "pulumi").write_text(f"""#!{sys.executable}
-import json, sys
+    bin_dir = stand_in_pulumi(tmp_path / "bin", f"""import json, sys
 print(json.dumps({outputs!r} if sys.argv[1:3] == ["stack", "output"] else {state!r}))
 """)
-    (bin_dir / "pulumi").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     answers = {(n, probe): (node_status((9000, 9000), (4096, 4096)) if probe == "status" else HEALTHY_FACTS)
                for n in ("spark1", "spark2") for probe in ("status", "doctor")}

@@ -5,11 +5,10 @@ copy; and requirements.lock, the operator's venv, holds every pin of requirement
 import json
 import re
 import subprocess
-import sys
 
 import pytest
 from ssh_fixtures import new_key
-from toolbox import ROOT, free_port, install_twinspark
+from toolbox import ROOT, free_port, install_twinspark, stand_in_pulumi
 
 from ops.__main__ import TOOLS
 from twinspark import __version__
@@ -72,14 +71,11 @@ def test_an_installed_tool_reads_its_node_program_from_the_installed_copy(instal
 def test_a_stack_is_read_in_the_project_dir_named(installed, tmp_path):
     """From anywhere, --project-dir names the project whose stack the Pulumi CLI reads (a stand-in CLI
     records how it was asked and answers as Pulumi does for a stack that is not there)."""
-    bin_dir, asked = tmp_path / "bin", tmp_path / "asked.json"
-    bin_dir.mkdir()
-    (bin_dir / "pulumi").write_text(f"""#!{sys.executable}
-import json, sys
+    asked = tmp_path / "asked.json"
+    bin_dir = stand_in_pulumi(tmp_path / "bin", f"""import json, sys
 json.dump(sys.argv[1:], open({str(asked)!r}, "w"))
 sys.exit("error: no stack named 'nosuch' found")
 """)
-    (bin_dir / "pulumi").chmod(0o755)
     shown = twinspark(installed, tmp_path, "client-setup", "--project-dir", str(ROOT), "--stack", "nosuch",
                       path=f"{bin_dir}:/usr/bin:/bin")
     assert shown.returncode == 2, shown
@@ -90,14 +86,10 @@ sys.exit("error: no stack named 'nosuch' found")
 
 def test_outside_a_project_the_error_names_project_dir(installed, tmp_path):
     """Run away from any checkout, Pulumi finds no project: the tool says where to run or what to pass."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "pulumi").write_text(f"""#!{sys.executable}
-import sys
+    bin_dir = stand_in_pulumi(tmp_path / "bin", f"""import sys
 sys.exit("error: no Pulumi.yaml project file found (searching upwards from {tmp_path}). If you have not created a "
          "project yet, use `pulumi new` to do so: no project file found")
 """)
-    (bin_dir / "pulumi").chmod(0o755)
     shown = twinspark(installed, tmp_path, "client-setup", path=f"{bin_dir}:/usr/bin:/bin")
     assert shown.returncode == 2, shown
     assert shown.stderr == (f"twinspark client-setup: {tmp_path} is not the Pulumi project (no Pulumi.yaml), so no stack "
