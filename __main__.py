@@ -24,6 +24,7 @@ from components.readiness import Readiness, ReadinessArgs
 from components.remote import node_installation
 from components.renames import alias_renamed_nodes
 from components.serving_guard import ServingGuard, ServingGuardArgs
+from components.fabric_requalify import FabricRequalify, requalify_args
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
 from components.serving_image import BaseImagePin, BaseImagePinArgs, ServingImage, ServingImageArgs, ShipFrom
 from components.ssh_access import resolve_ssh_access
@@ -65,21 +66,19 @@ host_preps = {
     for n in cfg.nodes
 }
 host_prep_hashes = [hp.content_hash for hp in host_preps.values()]
-fabric_checks = [
-    FabricCheck(
-        f"{n.name}-fabric",
-        FabricCheckArgs(
-            node_name=n.name,
-            connection=conns[n.name],
-            mtu=cfg.fabric.mtu,
-            link_speed_mbps=cfg.fabric.link_speed_mbps,
-            rails=[RailProbe(r.iface, r.hca, topology.peers_on_rail(n, i)) for i, r in enumerate(n.rails)],
-            host_prep_hashes=host_prep_hashes,
-        ),
-        opts=pulumi.ResourceOptions(depends_on=list(host_preps.values())),
+fabric_args = {
+    n.name: FabricCheckArgs(
+        node_name=n.name,
+        connection=conns[n.name],
+        mtu=cfg.fabric.mtu,
+        link_speed_mbps=cfg.fabric.link_speed_mbps,
+        rails=[RailProbe(r.iface, r.hca, topology.peers_on_rail(n, i)) for i, r in enumerate(n.rails)],
+        host_prep_hashes=host_prep_hashes,
     )
     for n in cfg.nodes
-]
+}
+fabric_checks = [FabricCheck(f"{name}-fabric", args, opts=pulumi.ResourceOptions(depends_on=list(host_preps.values())))
+                 for name, args in fabric_args.items()]
 after_fabric = pulumi.ResourceOptions(depends_on=fabric_checks)
 
 # one digest for every node's FROM and the weight download, resolved once on the head when serving.image is a tag
@@ -169,20 +168,17 @@ bundles = {
     )
     for n in cfg.nodes
 }
-nccl = NcclCheck(
-    "nccl",
-    NcclCheckArgs(
-        ranks=[
-            NcclRank(n.name, conns[n.name], gated_image[n.name], bundles[n.name].env_hash)
-            for n in [head, *cfg.workers]
-        ],
-        master_ip=topology.head_ray_ip,
-        min_bus_bandwidth_gbps=cfg.fabric.min_bus_bandwidth_gbps,
-        pairs=nccl_pairs(topology),  # three nodes or more: each link first
-        join_timeout_s=cfg.fabric.nccl_join_timeout_seconds,
-    ),
-    opts=pulumi.ResourceOptions(depends_on=[*images.values(), *bundles.values()]),
+nccl_args = NcclCheckArgs(
+    ranks=[
+        NcclRank(n.name, conns[n.name], gated_image[n.name], bundles[n.name].env_hash)
+        for n in [head, *cfg.workers]
+    ],
+    master_ip=topology.head_ray_ip,
+    min_bus_bandwidth_gbps=cfg.fabric.min_bus_bandwidth_gbps,
+    pairs=nccl_pairs(topology),  # three nodes or more: each link first
+    join_timeout_s=cfg.fabric.nccl_join_timeout_seconds,
 )
+nccl = NcclCheck("nccl", nccl_args, opts=pulumi.ResourceOptions(depends_on=[*images.values(), *bundles.values()]))
 cluster = ServingCluster(
     "serving",
     ServingClusterArgs(
@@ -205,6 +201,9 @@ cluster = ServingCluster(
     ),
 )
 if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the head's host
+    # what the guard runs when the fabric fails while serving: every node's fabric check and NCCL rank
+    requalify = FabricRequalify("requalify", requalify_args(cfg, topology, conns, ssh.host_keys, fabric_args, nccl_args),
+                                opts=pulumi.ResourceOptions(depends_on=[nccl]))
     ServingGuard(
         f"{head.name}-guard",
         ServingGuardArgs(
@@ -214,9 +213,12 @@ if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the head
             node_names=[n.name for n in cfg.nodes],
             config=cfg.serving.guard,
             tool_parser=cfg.serving.recipe_spec.canary_tool_parser,
+            rails=[(r.iface, r.hca) for r in head.rails],
+            rail_speed_mbps=cfg.fabric.link_speed_mbps,
+            rail_mtu=cfg.fabric.mtu,
         ),
-        # installed once the container it watches exists
-        opts=pulumi.ResourceOptions(depends_on=[cluster.head, cluster.gateway]),
+        # installed once the container it watches exists, and the checks it re-runs
+        opts=pulumi.ResourceOptions(depends_on=[cluster.head, cluster.gateway, requalify]),
     )
 Readiness(
     "readiness",

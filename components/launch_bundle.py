@@ -187,6 +187,8 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("NCCL_SOCKET_IFNAME", fabric.bootstrap_iface),
         ("GLOO_SOCKET_IFNAME", fabric.bootstrap_iface),
         *fabric.nccl_env,
+        ("# NCCL says which network it chose (INIT and NET lines only): the serving guard reads it", None),
+        *contract.NCCL_DEBUG_ENV.items(),
         *([("RAY_memory_monitor_refresh_ms", "0"), ("RAY_DISABLE_MEMORY_MONITOR", "1")] if ray else []),
         # Ray starts one idle Python worker for the first driver; vLLM's workers are actors with
         # processes of their own, so it only idles on the head (~80 MB, ~0.5 CPU-s a minute)
@@ -230,9 +232,10 @@ WRONG_KEY_BURST = 20
 WORKER_CONNECTIONS = 8192
 # an internal location: a request without a valid key is answered there, after the rate limit
 UNAUTHORIZED = "/.twinspark-unauthorized"
+DRAIN_RETRY_AFTER_S = 60  # a re-qualification takes about a minute
 
 
-def render_api_gateway_conf(port: int) -> str:
+def render_api_gateway_conf(port: int, drain_file: str = contract.DRAIN_FILE) -> str:
     """nginx in front of vLLM: every path needs the key but /health, which says only up or down.
 
     The key map is written at container start by api-gateway.sh (from secrets.env, into a
@@ -242,6 +245,8 @@ def render_api_gateway_conf(port: int) -> str:
     """
     run, temp = contract.API_GATEWAY_RUN_DIR, contract.API_GATEWAY_TEMP_DIR
     refuse_odd_paths = "if ($twinspark_plain_path = 0) { return 404; }"
+    # the serving guard's drain (contract.DRAIN_FILE, the folder mounted read-only): checked per request
+    drain = f"if (-f {drain_file}) {{ return 503; }}"
     return f"""# {contract.API_GATEWAY_CONF} — rendered by twinspark; the API on serving.port ({port}).
 user nobody {contract.API_SOCKET_GROUP};  # the group that may open vLLM's socket
 worker_processes 2;
@@ -287,10 +292,14 @@ http {{
         listen [::]:{port};
         {refuse_odd_paths}
         limit_conn twinspark_per_client {REQUESTS_PER_CLIENT};
-        location = /health {{ proxy_pass http://vllm/health; }}
+        location = /health {{
+            {drain}
+            proxy_pass http://vllm/health;
+        }}
         location / {{
             # answered in {UNAUTHORIZED}: a `return` here would answer before the rate limit counts
             if ($twinspark_key_ok = 0) {{ rewrite ^ {UNAUTHORIZED} last; }}
+            {drain}
             proxy_pass http://vllm$uri$is_args$args;
             proxy_http_version 1.1;
             # stream tokens as vLLM sends them; long generations take minutes
@@ -307,6 +316,13 @@ http {{
             try_files /nonexistent =401;
         }}
         error_page 401 @unauthorized;
+        # nginx's own 503s only (vLLM's, while it loads, pass as they are: no proxy_intercept_errors)
+        error_page 503 @draining;
+        location @draining {{
+            add_header Retry-After {DRAIN_RETRY_AFTER_S} always;
+            default_type application/json;
+            return 503 '{{"error":"serving is draining: the fabric is re-qualified (twinspark status says why)"}}\n';
+        }}
         location @unauthorized {{
             add_header WWW-Authenticate Bearer always;
             default_type application/json;

@@ -132,7 +132,9 @@ def gateway_args(node: NodeServingArgs) -> dict:
     assert node.gateway_hash is not None  # the head's bundle holds the gateway's files
     # SIGQUIT is nginx's graceful stop: open streams finish, new connections are refused
     gateway = common_args(node, contract.API_GATEWAY_SCRIPT, node.gateway_hash, "SIGQUIT")
-    return dict(gateway, name=contract.API_GATEWAY_CONTAINER, volumes=[*gateway["volumes"], VLLM_SOCKET_VOLUME],
+    # the serving guard's drain file, read-only: the guard alone writes it, on the host
+    drain = docker.ContainerVolumeArgs(host_path=contract.DRAIN_DIR, container_path=contract.DRAIN_DIR, read_only=True)
+    return dict(gateway, name=contract.API_GATEWAY_CONTAINER, volumes=[*gateway["volumes"], VLLM_SOCKET_VOLUME, drain],
                 # the key map and nginx's pid on a tmpfs of the container's own: never on a disk
                 tmpfs={contract.API_GATEWAY_RUN_DIR: contract.API_GATEWAY_RUN_DIR_TMPFS})
 

@@ -6,6 +6,10 @@ Creates on the head (managed files, launch/managed-file.sh):
   it names one, a completion with a deadline, through the API gateway with the key), the restart
   after repeated failures of an engine that makes no
   progress, the crash-loop hold (its count on disk), and its metrics for the textfile collector;
+- /usr/local/lib/twinspark/fabric_watch.py   launch/fabric_watch.py, which the guard imports: the
+  head's rails and NCCL's network read each look; on a rail down or throttled or NCCL on Socket
+  the guard drains the gateway (contract.DRAIN_FILE), stops serving and runs
+  components/fabric_requalify.py's checks, serving again when they pass, holding when not;
 - /etc/systemd/system/twinspark-serving-guard.service   runs it, restarted (action `service`)
   whenever the unit or the script changes, stopped and disabled on delete.
 On the host, not in a container: it must outlive the vLLM it restarts, and it drives docker.
@@ -27,6 +31,12 @@ from .remote import ManagedFile, launch_file, managed_file_commands, sha256_text
 
 UNIT_PATH = f"/etc/systemd/system/{contract.SERVING_GUARD_UNIT}"
 SCRIPT_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.SERVING_GUARD_SCRIPT}"
+FABRIC_WATCH_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.FABRIC_WATCH_MODULE}"
+# streams in flight get this long to finish once the gateway drains (an agent's turn is seconds
+# to a minute; a rail that is down may never let them finish)
+DRAIN_SECONDS = 30
+# held for the fabric: the checks run again this often (a fabric check and an NCCL run: ~1 min)
+REQUALIFY_INTERVAL_SECONDS = 120
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,11 @@ class ServingGuardArgs:
     node_names: Sequence[str]  # what the hold tells the owner to reboot
     config: GuardConfig
     tool_parser: Optional[str] = None  # the recipe's canaryToolParser: None, no tool call in the canary
+    # the fabric while serving: the head's rails (iface, hca) at fabric.linkSpeedMbps and fabric.mtu,
+    # re-qualified by components/fabric_requalify.py's plan; no rails, no fabric watch
+    rails: Sequence[tuple[str, str]] = ()
+    rail_speed_mbps: int = 0
+    rail_mtu: int = 0
 
 
 def guard_argv(args: ServingGuardArgs) -> list[str]:
@@ -63,15 +78,26 @@ def guard_argv(args: ServingGuardArgs) -> list[str]:
         "--restart-limit", str(c.restart_limit),
         "--window", str(c.restart_window_minutes * 60),
         *(["--tool-parser", args.tool_parser] if args.tool_parser else []),
+        *fabric_flags(args),
     ]
+
+
+def fabric_flags(args: ServingGuardArgs) -> list[str]:
+    if not args.rails:
+        return []
+    flags = [a for iface, hca in args.rails for a in ("--rail", f"{iface}:{hca}")]
+    return flags + ["--rail-speed-mbps", str(args.rail_speed_mbps), "--rail-mtu", str(args.rail_mtu),
+                    "--nccl-debug-dir", contract.NCCL_DEBUG_DIR, "--drain-file", contract.DRAIN_FILE,
+                    "--drain-seconds", str(DRAIN_SECONDS), "--requalify-plan", contract.REQUALIFY_PLAN,
+                    "--requalify-interval", str(REQUALIFY_INTERVAL_SECONDS)]
 
 
 def render_guard_unit(args: ServingGuardArgs) -> str:
     log = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
     # the script's hash is part of the unit: a new script restarts the service as a new unit would
-    script_hash = sha256_text(launch_file(contract.SERVING_GUARD_SCRIPT))
+    script_hash = sha256_text(launch_file(contract.SERVING_GUARD_SCRIPT), launch_file(contract.FABRIC_WATCH_MODULE))
     return f"""# twinspark: the serving guard on the head (canary, wedge, crash-loop hold)
-# {contract.SERVING_GUARD_SCRIPT} sha256 {script_hash}
+# {contract.SERVING_GUARD_SCRIPT} and {contract.FABRIC_WATCH_MODULE} sha256 {script_hash}
 [Unit]
 Description=twinspark serving guard: known-answer canary, wedge detection, crash-loop hold
 After=docker.service network-online.target
@@ -92,6 +118,7 @@ WantedBy=multi-user.target
 def guard_files(args: ServingGuardArgs) -> list[ManagedFile]:
     return [
         ManagedFile("script", SCRIPT_PATH, launch_file(contract.SERVING_GUARD_SCRIPT), mode="0755"),
+        ManagedFile("fabric-watch", FABRIC_WATCH_PATH, launch_file(contract.FABRIC_WATCH_MODULE)),
         ManagedFile("unit", UNIT_PATH, render_guard_unit(args), action="service"),
     ]
 

@@ -77,6 +77,27 @@ SERVING_GUARD_HELD_MARK = "/var/lib/twinspark/serving-guard/held-container"
 # whether serving was held, so the reboot the hold asks for clears the count
 SERVING_GUARD_RESTARTS = "/var/lib/twinspark/serving-guard/restarts.json"
 SERVING_RESTART_POLICY = "unless-stopped"
+# The fabric while serving (launch/fabric_watch.py, imported by the guard): NCCL's INFO lines of
+# the INIT and NET subsystems (a few dozen a start) go to a file per host and process here, so the
+# guard reads which network NCCL chose in vLLM's last start ("Using network IB" or "Socket").
+NCCL_DEBUG_DIR = f"{LOG_DIR}/nccl"
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+                  "NCCL_DEBUG_FILE": f"{NCCL_DEBUG_DIR}/nccl.%h.%p.log"}
+FABRIC_WATCH_MODULE = "fabric_watch.py"
+# The head's drain: while this file exists the API gateway answers 503 with Retry-After (new
+# requests wait elsewhere, streams in flight finish); the guard writes it before it stops serving
+# to re-qualify the fabric. The folder, a tmpfs on the host, is the gateway's read-only.
+DRAIN_DIR = "/run/twinspark-drain"
+DRAIN_FILE = f"{DRAIN_DIR}/draining"
+# The re-qualification (launch/requalify.py, beside the guard): each node's fabric check and NCCL
+# rank as `pulumi up` ran them, its plan (their flags) rendered per node; the head reaches the
+# workers' halves with a key of its own that may run only them (REQUALIFY_KEY's forced command).
+REQUALIFY_SCRIPT = "requalify.py"
+REQUALIFY_DIR = f"{SERVING_GUARD_DIR}/requalify"  # the plan and the checks' scripts, root-owned
+REQUALIFY_PLAN = f"{REQUALIFY_DIR}/plan.json"
+REQUALIFY_KEY = "~/.ssh/twinspark_requalify"
+REQUALIFY_KEY_COMMENT = "twinspark-requalify"
+REQUALIFY_KNOWN_HOSTS = "~/.ssh/twinspark_requalify_known_hosts"
 
 # ---- memory before load (every node, in the boot scripts) -------------------------------------
 MEMORY_CHECK_SCRIPT = "memory-check.py"

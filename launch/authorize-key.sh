@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# authorize-key.sh — let one node's sync key in to this node, from its rail address, to run its
-# forced command (sync-key-command.py) and nothing more.
+# authorize-key.sh — let one node's dedicated key in to this node, from its rail address, to run
+# its forced command and nothing more: the weight copy's sync key (sync-key-command.py), the
+# head's re-qualification key (requalify.py forced). The comment tells the keys apart.
 #
 #   authorize-key.sh add --comment twinspark-weights --owner O \
 #       < 'from="10.0.0.1",command="python3 ...",restrict ssh-ed25519 AAAA... twinspark-weights@spark1'
@@ -25,7 +26,7 @@ comment="" owner=""
 keys_file="$HOME/.ssh/authorized_keys"
 
 main() {
-  local verb="${1:-}" line address thing
+  local verb="${1:-}" line address thing what
   [ $# -gt 0 ] && shift
   parse_flags --comment=comment --owner=owner -- "$@"
   require_flags --comment --owner
@@ -35,31 +36,36 @@ main() {
   [[ $line =~ ^from=\"([^\"]+)\",command=\"[^\"]+\",restrict\ .*\ $comment@ ]] ||
     usage_error "stdin must be one authorized_keys line from=\"ADDRESS\",command=\"...\",restrict ... with comment $comment@HOST"
   address=${BASH_REMATCH[1]}
-  thing="sync-key-authorization@$address"
+  # the weights' key keeps the record name it had before the re-qualification key came
+  case "$comment" in
+    twinspark-weights) thing="sync-key-authorization@$address" ;;
+    *) thing="$comment-authorization@$address" ;;
+  esac
+  what="${comment#twinspark-} key"
   case "$verb" in
     add)
       install -d -m 700 "$(dirname "$keys_file")"
       touch "$keys_file" && chmod 600 "$keys_file"
       claim_owner "$thing" "$owner"
-      if grep -qxF "$line" "$keys_file"; then echo "unchanged: sync key from $address authorized"; return 0; fi
+      if grep -qxF "$line" "$keys_file"; then echo "unchanged: $what from $address authorized"; return 0; fi
       replace_keys_file "$address" "$line"
-      echo "authorized: sync key from $address"
+      echo "authorized: $what from $address"
       ;;
     revoke)
       if ! owned_by "$thing" "$owner"; then
-        echo "kept: sync key authorization from $address (now managed by $(owner_of "$thing"))"
+        echo "kept: $what authorization from $address (now managed by $(owner_of "$thing"))"
         return 0
       fi
       if [ ! -f "$keys_file" ] || ! admitted "$address" <"$keys_file"; then
-        echo "unchanged: no sync key from $address authorized"
+        echo "unchanged: no $what from $address authorized"
         return 0
       fi
       replace_keys_file "$address" ""
-      echo "revoked: sync key from $address (its steps are done)"
+      echo "revoked: $what from $address (its steps are done)"
       ;;
     remove)
       if ! owned_by "$thing" "$owner"; then
-        echo "kept: sync key authorization from $address (now managed by $(owner_of "$thing"))"
+        echo "kept: $what authorization from $address (now managed by $(owner_of "$thing"))"
         return 0
       fi
       release_owner "$thing"

@@ -11,6 +11,8 @@ set -a
 set +a
 log_node=$TWINSPARK_NODE_NAME
 mkdir -p "$TWINSPARK_LOG_DIR"
+# NCCL writes its debug file only into a folder that exists (else to stderr, where nobody reads it)
+[ -z "${NCCL_DEBUG_FILE:-}" ] || mkdir -p "$(dirname "$NCCL_DEBUG_FILE")"
 
 # One log file per stream, on the host (it outlives the container), rotated by logrotate.
 log_to() { exec >>"$TWINSPARK_LOG_DIR/$1" 2>&1; }

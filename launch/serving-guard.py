@@ -36,8 +36,20 @@ for) clears both, and removing the hold file (`python -m ops clear-hold`) clears
 guard then puts the restart policy back and starts serving. A guard that is stopped (disabled,
 removed) puts back a restart policy it lowered, so serving is not left without one.
 
+Fabric while serving (launch/fabric_watch.py, with --rail): every look reads the head's rails
+(link, speed, MTU, RoCE port, error counters, the HCA's PCIe link and AER counters) and, after
+each (re)start, which network NCCL chose in vLLM's processes (--nccl-debug-dir). A rail down or
+below its speed (link or PCIe) on two looks in a row, or NCCL on Socket, is acted on at once:
+the gateway drains (--drain-file: new requests get 503 with Retry-After; streams in flight get up
+to --drain-seconds to finish), serving stops, and --requalify-plan's checks run (launch/
+requalify.py: every node's fabric check, then the NCCL check of every rank). Serving starts again
+when they pass (a serving restart, counted as any other); when they fail the guard holds with
+the checks' failures as the reason, runs them again every --requalify-interval seconds and
+serves again the first time they pass (or after `ops clear-hold`).
+
 With --textfile, each look also writes the guard's metrics for the node exporter's textfile
-collector (twinspark_guard_*: the alerts and the overview's guard row read them).
+collector (twinspark_guard_* and the fabric's twinspark_fabric_*: the alerts and the overview's
+guard row read them).
 
 Its verdict is written to --status-file after every look, for `ops status` and `ops upgrade`.
 """
@@ -45,6 +57,7 @@ Its verdict is written to --status-file after every look, for `ops status` and `
 from __future__ import annotations
 
 import argparse
+import calendar
 import http.client
 import json
 import os
@@ -61,7 +74,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # fabric_watch.py beside it (root-owned, the same install)
+import fabric_watch  # noqa: E402
+
 TICK_S = 2.0
+# a rail must fail on this many looks in a row before serving stops: a flap shorter than a look
+# is not worth a restart (NCCL retries it), one that lasts is
+FABRIC_LOOKS_TO_ACT = 2
+REQUALIFY_TIMEOUT_S = 1800
 # how long the guard watches vLLM's counters after a late round: long enough for a busy
 # engine's streams to emit tokens (several per second each), short beside the deadline
 PROGRESS_WINDOW_S = 5.0
@@ -339,6 +360,14 @@ def inspect(name: str) -> Optional[Container]:
         return None
 
 
+def docker_time(text: str) -> float:
+    """Docker's StartedAt (RFC 3339, nanoseconds, UTC) as a Unix time; 0 when unreadable."""
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z$", text or "")
+    if not match:
+        return 0.0
+    return calendar.timegm(time.strptime(match[1], "%Y-%m-%dT%H:%M:%S")) + float("0" + (match[2] or ""))
+
+
 # ---- the guard -----------------------------------------------------------------------------
 @dataclass
 class Guard:
@@ -356,6 +385,13 @@ class Guard:
     held_at_boot: bool = False  # on disk: serving was held, so the next boot is the hold's cure
     restarts_total: int = 0  # every restart ever counted (the textfile's counter)
     gateway_up: Optional[bool] = None  # the last look at /health got an HTTP answer
+    rails: list = field(default_factory=list)  # fabric_watch.Rail of each of the head's rails
+    fabric_before: dict = field(default_factory=dict)  # iface -> the last look's RailReading
+    fabric_streak: int = 0  # looks in a row with a finding acted on
+    fabric: dict = field(default_factory=dict)  # the last look: findings, NCCL's network, the re-qualification
+    nccl_network: Optional[str] = None
+    requalifications_total: int = 0
+    next_requalify: float = 0.0  # held for the fabric: when the checks run again
 
     @property
     def restarts_file(self) -> Path:
@@ -539,11 +575,15 @@ class Guard:
         container = inspect(self.args.container)
         if container is None:
             return
-        if self.hold():
+        hold = self.hold()
+        if hold:
             self.was_held = True
             self.enforce_hold()
+            if hold.get("kind") == "fabric" and time.monotonic() >= self.next_requalify:
+                self.retry_fabric_hold(hold)
             return
         self.clear_if_released()
+        self.end_drain()
         self.follow_container(container)
         ours = self.lowered_policy_of(container)
         if self.in_window() >= self.args.restart_limit:
@@ -554,6 +594,11 @@ class Guard:
         elif ours:
             self.restore_policy(container)
             return
+        if container.running and self.rails:
+            acted = self.look_at_fabric(container)
+            if acted:
+                self.requalify(acted)
+                return
         health = self.api.health_status()
         self.gateway_up = health is not None
         if not container.running or health != 200:
@@ -561,6 +606,111 @@ class Guard:
         if container.started_at != self.canaried_start or time.monotonic() >= self.next_round:
             self.canaried_start = container.started_at
             self.check()
+
+    # ---- the fabric while serving --------------------------------------------------------
+    def look_at_fabric(self, container: Container) -> Optional[str]:
+        """Read the rails and NCCL's choice; the reason to stop serving, or None."""
+        readings = [fabric_watch.read_rail(rail, Path(self.args.sys_root)) for rail in self.rails]
+        findings = [f for r in readings for f in fabric_watch.judge(r, self.fabric_before.get(r.rail.iface))]
+        self.fabric_before = {r.rail.iface: r for r in readings}
+        if self.args.nccl_debug_dir:
+            network, path = fabric_watch.nccl_network(Path(self.args.nccl_debug_dir), docker_time(container.started_at))
+            self.nccl_network = network
+            if network not in (None, "IB"):
+                findings.append(fabric_watch.Finding("nccl", "nccl", f"NCCL chose {network}, not IB, in the serving "
+                                                                     f"start of {container.started_at} ({path})"))
+        for finding in findings:
+            if finding.message not in self.fabric.get("findings", []):
+                log(f"fabric: {finding.message}")
+        acted = fabric_watch.act_on(findings)
+        self.fabric_streak = self.fabric_streak + 1 if acted else 0
+        self.fabric.update(findings=[f.message for f in findings], nccl_network=self.nccl_network,
+                           readings=readings)
+        if acted and (self.fabric_streak >= FABRIC_LOOKS_TO_ACT or any(f.rail == "nccl" for f in acted)):
+            return "; ".join(f.message for f in acted)
+        return None
+
+    def drain(self, reason: str) -> None:
+        """New requests get the gateway's 503; the ones in flight get --drain-seconds to finish."""
+        write_atomically(Path(self.args.drain_file), reason + "\n")
+        deadline = time.monotonic() + self.args.drain_seconds
+        while time.monotonic() < deadline:
+            load = engine_load(self.args.metrics_url)
+            if load is None or load.running + load.waiting == 0:
+                return
+            time.sleep(1)
+        log(f"drain: requests still running after {self.args.drain_seconds:.0f} s; stopping serving anyway")
+
+    def end_drain(self) -> None:
+        if not self.args.drain_file:
+            return
+        drain = Path(self.args.drain_file)
+        if drain.exists():
+            drain.unlink(missing_ok=True)
+            log("drain ended: the gateway takes requests again")
+
+    def run_checks(self) -> tuple[bool, str]:
+        """launch/requalify.py run: every node's fabric check, then every NCCL rank."""
+        self.requalifications_total += 1
+        started = time.monotonic()
+        try:
+            done = subprocess.run([sys.executable, str(HERE / "requalify.py"), "run", "--plan", self.args.requalify_plan],
+                                  capture_output=True, text=True, timeout=REQUALIFY_TIMEOUT_S)
+            passed, said = done.returncode == 0, (done.stdout + done.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired) as err:
+            passed, said = False, f"the re-qualification did not finish: {err}"
+        for line in said.splitlines():
+            log(f"requalify: {line}")
+        failures = [line for line in said.splitlines() if line.startswith("FAIL ")]
+        summary = "; ".join(failures) if failures else (said.splitlines() or ["no output"])[-1]
+        self.fabric["last_requalification"] = {"at": time.time(), "passed": passed, "summary": summary[-1500:],
+                                               "duration_s": round(time.monotonic() - started, 1)}
+        return passed, summary
+
+    def requalify(self, reason: str) -> None:
+        """Drain, stop serving, run the checks; serve again when they pass, hold when not."""
+        log(f"fabric: {reason}: draining, stopping serving, re-qualifying the fabric and NCCL")
+        self.fabric["requalifying"] = reason
+        self.write_status()
+        self.drain(f"fabric: {reason}")
+        docker("stop", self.args.container, timeout=300)
+        passed, summary = self.run_checks()
+        self.fabric["requalifying"] = None
+        self.fabric_streak, self.fabric_before = 0, {}
+        if passed:
+            self.serve_again(f"fabric re-qualified after: {reason}")
+            return
+        self.next_requalify = time.monotonic() + self.args.requalify_interval
+        write_json(Path(self.args.hold_file), {
+            "kind": "fabric", "since": time.time(),
+            "reason": f"fabric: {reason}. The re-qualification failed: {summary}. Serving stays stopped; the guard "
+                      f"runs the checks again every {self.args.requalify_interval:.0f} s and serves again once they "
+                      "pass (`twinspark clear-hold` tries at once)"})
+        self.was_held = True
+        log(f"HOLD (fabric): {reason}: {summary}")
+        self.enforce_hold()
+
+    def retry_fabric_hold(self, hold: dict) -> None:
+        passed, summary = self.run_checks()
+        if not passed:
+            self.next_requalify = time.monotonic() + self.args.requalify_interval
+            log(f"fabric still failing: {summary}")
+            return
+        Path(self.args.hold_file).unlink(missing_ok=True)
+        self.was_held = False  # a hold the fabric's pass released: the restart count stays
+        self.serve_again(f"fabric re-qualified after the hold: {hold.get('reason', '')[:200]}")
+
+    def serve_again(self, reason: str) -> None:
+        if self.in_window() + 1 > self.args.restart_limit:
+            self.raise_hold(f"{reason}, with the restart limit reached")
+            return
+        self.record_restart(reason)
+        container = inspect(self.args.container)
+        if container is not None and self.lowered_policy_of(container):
+            self.restore_policy(container)  # starts it
+        else:
+            docker("start", self.args.container, timeout=120)
+        self.end_drain()
 
     def write_status(self) -> None:
         write_json(Path(self.args.status_file), {
@@ -573,6 +723,7 @@ class Guard:
             "last_restart": self.restarts[-1] if self.restarts else None,
             "hold": self.hold(),
             "serving_started_at": self.started_at,
+            "fabric": {k: v for k, v in self.fabric.items() if k != "readings"},
         })
         self.write_metrics()
 
@@ -581,7 +732,8 @@ class Guard:
         components/observability_files.py): a busy engine's late round counts as passing."""
         if not self.args.textfile:
             return
-        values = {"twinspark_guard_restarts_total": self.restarts_total, "twinspark_guard_hold": 1 if self.hold() else 0}
+        values: dict[str, float] = {"twinspark_guard_restarts_total": self.restarts_total,
+                                    "twinspark_guard_hold": 1 if self.hold() else 0}
         if self.gateway_up is not None:
             values["twinspark_guard_gateway_up"] = int(self.gateway_up)
         if self.last:  # no canary yet: its series stay absent (TwinsparkCanaryStale watches for that)
@@ -592,8 +744,18 @@ class Guard:
                 "twinspark_guard_canary_last_run_timestamp_seconds": round(self.last["checked_at"], 3),
                 "twinspark_guard_canary_duration_seconds": self.last.get("duration_s", 0),
             })
-        kinds = {name: "counter" if name.endswith("_total") else "gauge" for name in values}
-        text = "".join(f"# TYPE {name} {kinds[name]}\n{name} {value}\n" for name, value in values.items())
+        if self.rails:
+            values["twinspark_guard_requalifications_total"] = self.requalifications_total
+            values["twinspark_guard_draining"] = int(Path(self.args.drain_file).exists())
+            values.update(fabric_watch.metrics(self.fabric.get("readings", []), self.nccl_network))
+        text, typed = "", set()
+        # a family's series together (the text format wants them so), the families in a fixed order
+        for series, value in sorted(values.items(), key=lambda item: item[0].split("{")[0]):
+            name = series.split("{")[0]
+            if name not in typed:  # one TYPE line a family, before its first series
+                typed.add(name)
+                text += f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}\n"
+            text += f"{series} {value}\n"
         write_atomically(Path(self.args.textfile), text)
 
     def withdraw_metrics(self) -> None:
@@ -647,14 +809,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--window", type=int, required=True, help="seconds")
     parser.add_argument("--tool-parser", help="the served tool parser the canary's tool call exercises (the "
                                               "recipe's canaryToolParser); absent: no tool call in the round")
-    return parser.parse_args(argv)
+    fabric = parser.add_argument_group("the fabric while serving (all or none of --rail, --drain-file, --requalify-plan)")
+    fabric.add_argument("--rail", action="append", default=[], metavar="IFACE:HCA", help="a rail of this node")
+    fabric.add_argument("--rail-speed-mbps", type=int, help="each rail's link speed (fabric.linkSpeedMbps)")
+    fabric.add_argument("--rail-mtu", type=int, help="each rail's MTU (fabric.mtu)")
+    fabric.add_argument("--nccl-debug-dir", help="where vLLM's processes write NCCL's INFO lines")
+    fabric.add_argument("--drain-file", help="while it exists the gateway answers 503")
+    fabric.add_argument("--drain-seconds", type=float, default=30.0)
+    fabric.add_argument("--requalify-plan", help="launch/requalify.py's plan")
+    fabric.add_argument("--requalify-interval", type=float, default=60.0, help="held for the fabric: seconds between checks")
+    fabric.add_argument("--sys-root", default="/sys", help="where sysfs is (a test stages one)")
+    args = parser.parse_args(argv)
+    if args.rail and not (args.rail_speed_mbps and args.rail_mtu and args.drain_file and args.requalify_plan):
+        parser.error("--rail needs --rail-speed-mbps, --rail-mtu, --drain-file and --requalify-plan")
+    return args
+
+
+def rails_of(args: argparse.Namespace) -> list:
+    rails = []
+    for spec in args.rail:
+        iface, _, hca = spec.partition(":")
+        rails.append(fabric_watch.Rail(iface, hca, args.rail_speed_mbps, args.rail_mtu))
+    return rails
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     api = Api(args.endpoint.rstrip("/"), args.secrets_file, args.deadline)
     api.reload_key()  # a missing key file stops the guard at once, saying so
-    guard = Guard(args, api)
+    guard = Guard(args, api, rails=rails_of(args))
     guard.load()
     guard.note_boot()
     log(f"watching {args.container} through {args.endpoint}: canary every {args.interval:.0f} s "

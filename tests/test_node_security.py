@@ -10,9 +10,11 @@ import socket
 import string
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from program_harness import ROOT, config_blocks
@@ -301,7 +303,7 @@ UnixServer(sys.argv[1], Upstream).serve_forever()
 """
 
 
-def gateway_bundle(tmp_path, api_key, port):
+def gateway_bundle(tmp_path, api_key, port, drain_file=contract.DRAIN_FILE):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     for name in (contract.PRELUDE, contract.BOOT_COMMON, contract.API_GATEWAY_SCRIPT):
@@ -311,7 +313,7 @@ def gateway_bundle(tmp_path, api_key, port):
     args = launch_bundle.LaunchBundleArgs(HEAD, None, vllm, fabric, "token", "label-key", api_key)
     (bundle / contract.ENV_FILE).write_text(launch_bundle.render_env_file(args))
     (bundle / contract.SECRETS_FILE).write_text(launch_bundle.render_secrets_env(api_key))
-    (bundle / contract.API_GATEWAY_CONF).write_text(launch_bundle.render_api_gateway_conf(port))
+    (bundle / contract.API_GATEWAY_CONF).write_text(launch_bundle.render_api_gateway_conf(port, str(drain_file)))
     (bundle / "upstream.py").write_text(RECORDING_UPSTREAM)
     return bundle
 
@@ -331,7 +333,7 @@ def port_open(port):
 
 
 @contextlib.contextmanager
-def running_gateway(tmp_path, api_key=API_KEY):
+def running_gateway(tmp_path, api_key=API_KEY, drain_file=contract.DRAIN_FILE):
     """The real api-gateway.sh under nginx in front of a recording upstream on vLLM's socket,
     which boot-common.sh's prepare_vllm_socket made (directory, group, umask) as on the head."""
     if shutil.which("nginx") is None:
@@ -339,7 +341,7 @@ def running_gateway(tmp_path, api_key=API_KEY):
     if subprocess.run(["getent", "group", contract.API_SOCKET_GROUP], capture_output=True).returncode:
         pytest.fail(f"needs the serving image's group {contract.API_SOCKET_GROUP} (scripts/test.sh adds it)")
     port = free_port()
-    bundle = gateway_bundle(tmp_path, api_key, port)
+    bundle = gateway_bundle(tmp_path, api_key, port, drain_file)
     seen = tmp_path / "seen"
     upstream = subprocess.Popen(["bash", "-c", f". {bundle}/{contract.BOOT_COMMON} && prepare_vllm_socket && "
                                  f"PYTHONPATH={TESTS_DIR} exec python3 {bundle}/upstream.py {contract.VLLM_SOCKET} {seen}"])
@@ -357,8 +359,8 @@ def running_gateway(tmp_path, api_key=API_KEY):
 
 
 @contextlib.contextmanager
-def serving_gateway(tmp_path, api_key=API_KEY):
-    with running_gateway(tmp_path, api_key) as gw:
+def serving_gateway(tmp_path, api_key=API_KEY, drain_file=contract.DRAIN_FILE):
+    with running_gateway(tmp_path, api_key, drain_file) as gw:
         wait_for(lambda: port_open(gw.port) and os.path.exists(contract.VLLM_SOCKET), "the gateway listening",
                  process=gw.proc)
         yield gw
@@ -401,6 +403,32 @@ def near_misses(key):
     flipped = next(i for i, c in enumerate(key) if c.isalpha())
     return [None, "wrong-key-0123456789", key + "x", key[:-1], "x" + key, key.lower(), key.upper(),
             key[:flipped] + key[flipped].swapcase() + key[flipped + 1:], f"{key} {key}", f"{key}\t"]
+
+
+def test_a_drain_answers_503_with_retry_after_to_the_keyed_and_health_and_ends_with_its_file(tmp_path):
+    """The serving guard's drain (contract.DRAIN_FILE, here in tmp_path): while the file exists a
+    request with the key and /health get nginx's 503 with Retry-After and nothing reaches vLLM; a
+    request without the key is still refused as before; the file gone, requests pass again."""
+    # where nginx's workers (nobody) can look, as in /run/twinspark-drain (root's, 0755)
+    drain = Path(tempfile.mkdtemp(prefix="twinspark-drain-")) / "draining"
+    drain.parent.chmod(0o755)
+    with serving_gateway(tmp_path, drain_file=drain) as gw:
+        assert call(gw.port, "/v1/models", API_KEY) == 200
+        drain.write_text("fabric: rail enp1s0f0np0: link down\n")
+        req = urllib.request.Request(f"http://127.0.0.1:{gw.port}/v1/chat/completions", data=b"{}",
+                                     headers={"Authorization": f"Bearer {API_KEY}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=5)
+        assert refused.value.code == 503
+        assert refused.value.headers["Retry-After"] == str(launch_bundle.DRAIN_RETRY_AFTER_S)
+        assert "draining" in json.loads(refused.value.read())["error"]
+        assert call(gw.port, "/health") == 503
+        assert call(gw.port, "/v1/models", "wrong-key-0123456789") == 401
+        seen_while_draining = list(gw.seen)
+        drain.unlink()
+        assert call(gw.port, "/v1/models", API_KEY) == 200
+        assert gw.seen == seen_while_draining + ["/v1/models"], "nothing reached vLLM while draining"
+    shutil.rmtree(drain.parent)
 
 
 @pytest.mark.parametrize("length", [48, 128, 256])

@@ -108,6 +108,7 @@ def test_component_type_tokens(recipe_run):
         "twinspark:serving_image:BaseImagePin",
         "twinspark:platform_facts:PlatformFacts",
         "twinspark:serving_guard:ServingGuard",
+        "twinspark:fabric_requalify:FabricRequalify",
     }
 
 
@@ -422,8 +423,9 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     # host files (10 + 10 + userns), head bundle (+ gateway), worker bundle, sync key, authorize,
     # the worker's forced command and its weights.py, the kept model revision, observability
     # files on the head (prometheus.yml, rules, datasource, dashboard provider, 3 dashboards,
-    # Grafana password), the guard's script and unit
-    assert len(undoing) == 21 + 12 + 9 + 1 + 1 + 2 + 1 + 8 + 2
+    # Grafana password), the guard's script, fabric watch and unit; the re-qualification's files on
+    # each node (requalify.py, the plan, four checks' files), the head's key and its authorization
+    assert len(undoing) == 21 + 12 + 9 + 1 + 1 + 2 + 1 + 8 + 3 + 2 * 6 + 1 + 1
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 

@@ -41,8 +41,9 @@ elif args[0] == "update":
     state["policy"] = args[1].split("=", 1)[1]
 elif args[0] == "stop":
     state["running"] = False
-elif args[0] in ("start", "restart"):
-    state["running"], state["started_at"] = True, str(time.time())
+elif args[0] in ("start", "restart"):  # StartedAt as docker writes it: RFC 3339, nanoseconds, UTC
+    state["running"] = True
+    state["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + ".%09dZ" % (time.time() % 1 * 1e9)
 json.dump(state, open(path, "w"))
 '''
 
@@ -65,6 +66,8 @@ class Node:
         (tmp_path / "secrets.env").write_text(launch_bundle.render_secrets_env(KEY))
         self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DOCKER_STATE": str(self.state_path)}
         self.proc = None
+        self.guard_script = LAUNCH / contract.SERVING_GUARD_SCRIPT  # where the guard runs from
+        self.fabric_flags: list[str] = []  # tests/test_fabric_watch.py's rails, drain and plan
 
     def set(self, **changes):
         state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
@@ -100,7 +103,7 @@ class Node:
 
     def start(self, failures=2, restart_limit=3, interval=60, tool_parser="deepseek_v4"):
         base = f"http://127.0.0.1:{self.server.server_address[1]}"
-        argv = [sys.executable, str(LAUNCH / contract.SERVING_GUARD_SCRIPT),
+        argv = [sys.executable, str(self.guard_script),
                 "--endpoint", base, "--metrics-url", base + "/metrics",
                 "--secrets-file", str(self.tmp / "secrets.env"), "--container", contract.SERVING_CONTAINER,
                 "--restart-policy", contract.SERVING_RESTART_POLICY, "--status-file", str(self.tmp / "guard" / "status.json"),
@@ -109,7 +112,7 @@ class Node:
                 "--nodes", "spark1 and spark2", "--vllm-log", "/var/log/twinspark/vllm.log",
                 "--interval", str(interval), "--retry-interval", "1", "--deadline", "3",
                 "--failures", str(failures), "--restart-limit", str(restart_limit), "--window", "1800",
-                *(["--tool-parser", tool_parser] if tool_parser else [])]
+                *(["--tool-parser", tool_parser] if tool_parser else []), *self.fabric_flags]
         self.log = open(self.tmp / "guard.log", "w")
         self.proc = subprocess.Popen(argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         return self

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""requalify.py — the fabric re-qualified while serving is drained (stdlib only).
+
+    requalify.py run --plan /usr/local/lib/twinspark/requalify/plan.json      (the head's guard)
+    requalify.py forced --plan /usr/local/lib/twinspark/requalify/plan.json   (a worker, by sshd)
+
+`run` (the serving guard, on the head, after it drained and stopped serving) runs every node's
+fabric check (launch/fabric-check.sh, with the flags `pulumi up` ran it with), then, when all
+pass, every node's rank of the NCCL check (launch/nccl-check.sh and nccl-allreduce-check.py, the
+same run as `up`'s: the serving image, the bundle's environment, the bus-bandwidth floor and
+"IB, not Socket"): this node's here, each worker's over SSH with the head's re-qualification key.
+It prints each node's lines with the node's name in front and exits 0 only when every check passed.
+
+`forced` is that key's forced command on a worker (components/fabric_requalify.py renders the
+authorization): the client's request (SSH_ORIGINAL_COMMAND) may name `fabric` or `nccl-rank` and
+nothing else; the flags are this node's plan's, fixed when the plan was installed.
+
+A plan: {"node": NAME, "fabric": [fabric-check.sh flags], "nccl": [nccl-check.sh flags],
+"peers": [{"node": NAME, "address": RAIL IP}], "user": SSH USER, "key": KEY, "known_hosts": FILE}
+(peers, user, key and known_hosts on the head only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CHECKS_DIR = HERE / "requalify"  # fabric-check.sh, nccl-check.sh, prelude.sh, nccl-allreduce-check.py
+VERBS = ("fabric", "nccl-rank")
+TIMEOUT_S = 1500  # nccl-check.sh's own timeout (1200 s) and the roll call's
+
+
+def local_command(plan: dict, verb: str) -> tuple[list[str], bytes]:
+    """argv and stdin of this node's half of `verb`."""
+    if verb == "fabric":
+        return ["bash", str(CHECKS_DIR / "fabric-check.sh"), *plan["fabric"]], b""
+    return (["bash", str(CHECKS_DIR / "nccl-check.sh"), *plan["nccl"]],
+            (CHECKS_DIR / "nccl-allreduce-check.py").read_bytes())
+
+
+def peer_command(plan: dict, peer: dict, verb: str) -> tuple[list[str], bytes]:
+    """A worker's half: ssh with the re-qualification key; its forced command picks the flags."""
+    return ["ssh", "-i", os.path.expanduser(plan["key"]), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={os.path.expanduser(plan['known_hosts'])}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "ConnectTimeout=10", f"{plan['user']}@{peer['address']}", verb], b""
+
+
+def run_one(node: str, argv: list[str], stdin: bytes) -> tuple[str, int, str]:
+    try:
+        done = subprocess.run(argv, input=stdin, capture_output=True, timeout=TIMEOUT_S)
+        said = (done.stdout + done.stderr).decode("utf-8", "replace")
+        return node, done.returncode, said
+    except subprocess.TimeoutExpired:
+        return node, 124, f"no answer within {TIMEOUT_S} s"
+    except OSError as err:
+        return node, 127, f"{argv[0]}: {err}"
+
+
+def everywhere(plan: dict, verb: str) -> bool:
+    """`verb` on this node and every peer at once (the NCCL ranks must run together); each
+    node's lines printed with its name, the failures' last lines again at the end."""
+    jobs = [(plan["node"], *local_command(plan, verb))]
+    jobs += [(peer["node"], *peer_command(plan, peer, verb)) for peer in plan.get("peers", [])]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        results = list(pool.map(lambda job: run_one(*job), jobs))
+    for node, _, said in results:
+        for line in said.strip().splitlines():
+            print(f"{node} {verb}: {line}", flush=True)
+    failed = [(node, status, said) for node, status, said in results if status != 0]
+    for node, status, said in failed:
+        last = [line for line in said.strip().splitlines() if "FAIL" in line][-3:] or said.strip().splitlines()[-2:]
+        print(f"FAIL {node} {verb} (exit {status}): " + " | ".join(last), flush=True)
+    return not failed
+
+
+def run(plan: dict) -> int:
+    if not everywhere(plan, "fabric"):
+        return 1
+    if not plan["nccl"]:  # fabric.minBusBandwidthGBps 0: the NCCL check is off
+        return 0
+    return 0 if everywhere(plan, "nccl-rank") else 1
+
+
+def forced(plan: dict) -> int:
+    verb = os.environ.get("SSH_ORIGINAL_COMMAND", "").strip()
+    if verb not in VERBS:
+        print(f"requalify: refused {verb[:80]!r}: this key may run only {' or '.join(VERBS)}", file=sys.stderr)
+        return 2
+    argv, stdin = local_command(plan, verb)
+    done = subprocess.run(argv, input=stdin, timeout=TIMEOUT_S)
+    return done.returncode
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("mode", choices=("run", "forced"))
+    parser.add_argument("--plan", required=True)
+    args = parser.parse_args(argv)
+    try:
+        plan = json.loads(Path(args.plan).read_text())
+    except (OSError, ValueError) as err:
+        print(f"requalify: cannot read the plan {args.plan}: {err}", file=sys.stderr)
+        return 2
+    return run(plan) if args.mode == "run" else forced(plan)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
