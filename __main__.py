@@ -11,12 +11,12 @@ import pulumi_random as random
 
 from components import client_outputs as client
 from components.config import Topology, load_secrets, load_stack_config, resolve_node_addresses
-from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe
+from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe, fabric_check_args
 from components.firewall import firewall_policy
 from components.host_prep import HostPrep, HostPrepArgs
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import CopySource, ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
-from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, nccl_pairs
+from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, guard_rank_flags, nccl_pairs
 from components.observability import Observability, ObservabilityArgs, ObservedAccess, alert_receivers
 from components.observability_files import plan_from_config
 from components.platform_facts import NodeFacts, PlatformFacts, PlatformFactsArgs
@@ -202,8 +202,12 @@ cluster = ServingCluster(
 )
 if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the head's host
     # what the guard runs when the fabric fails while serving: every node's fabric check and NCCL rank
-    requalify = FabricRequalify("requalify", requalify_args(cfg, topology, conns, ssh.host_keys, fabric_args, nccl_args),
-                                opts=pulumi.ResourceOptions(depends_on=[nccl]))
+    requalify = FabricRequalify(
+        "requalify",
+        requalify_args(cfg, topology, conns, ssh.host_keys,
+                       fabric_flags={name: fabric_check_args(args) for name, args in fabric_args.items()},
+                       nccl_flags={r.name: guard_rank_flags(nccl_args, r.name) for r in nccl_args.ranks}),
+        opts=pulumi.ResourceOptions(depends_on=[nccl]))
     ServingGuard(
         f"{head.name}-guard",
         ServingGuardArgs(

@@ -26,16 +26,12 @@ from pulumi_command import remote as pulumi_remote
 
 from core import contract
 
-from .fabric_check import FabricCheckArgs, fabric_check_args
-from .model_weights import render_authorized_key_line
-from .nccl_check import NcclCheckArgs, rank_script_args
-from .remote import ManagedFile, NodeScript, launch_file, managed_file_commands, node_command
+from .remote import ManagedFile, NodeScript, launch_file, managed_file_commands, node_command, render_authorized_key_line
 
 KEY_SCRIPT = "sync-key.sh"  # makes any dedicated key: --key, --comment
 HOST_KEY_SCRIPT = "peer-host-key.sh"
 AUTHORIZE_SCRIPT = "authorize-key.sh"
 CHECK_FILES = ("fabric-check.sh", "nccl-check.sh", "prelude.sh", "nccl-allreduce-check.py")
-RERUN = "the serving guard's next re-qualification (twinspark status shows its hold)"
 PLAN_PATH = contract.REQUALIFY_PLAN
 FORCED_COMMAND = ["python3", f"{contract.SERVING_GUARD_DIR}/{contract.REQUALIFY_SCRIPT}", "forced", "--plan", PLAN_PATH]
 
@@ -44,7 +40,7 @@ FORCED_COMMAND = ["python3", f"{contract.SERVING_GUARD_DIR}/{contract.REQUALIFY_
 class RequalifyNode:
     name: str
     connection: pulumi_remote.ConnectionArgs
-    fabric: FabricCheckArgs  # the node's fabric check as `up` runs it
+    fabric_flags: Sequence[str]  # the node's fabric-check.sh flags as `up` runs it (FabricCheck's)
     nccl_flags: pulumi.Input[Sequence[str]]  # its NCCL rank's nccl-check.sh flags; [] when the check is off
     address: str = ""  # a worker: the head reaches it here (its first rail toward the head)
     source_address: str = ""  # a worker: the head's end of that rail (the authorization's from=)
@@ -59,20 +55,12 @@ class FabricRequalifyArgs:
 
 
 def requalify_args(cfg, topology, conns: Mapping[str, pulumi_remote.ConnectionArgs], host_keys: Mapping[str, str],
-                   fabric: Mapping[str, FabricCheckArgs], nccl: NcclCheckArgs) -> FabricRequalifyArgs:
-    """Each node's checks as `up` runs them (its FabricCheckArgs, its NCCL rank of `nccl`); a
-    worker reached over its first rail toward the head."""
-    ranks = [r.name for r in nccl.ranks]
-
-    def rank_flags(name: str) -> pulumi.Input[Sequence[str]]:
-        if nccl.min_bus_bandwidth_gbps <= 0:
-            return []  # the check is off
-        rank = ranks.index(name)
-        return pulumi.Output.from_input(nccl.ranks[rank].image_id).apply(
-            lambda image: rank_script_args(nccl, rank, image, RERUN))
-
+                   fabric_flags: Mapping[str, Sequence[str]],
+                   nccl_flags: Mapping[str, pulumi.Input[Sequence[str]]]) -> FabricRequalifyArgs:
+    """Each node's checks as `up` runs them (FabricCheck's flags, its NCCL rank's); a worker
+    reached over its first rail toward the head."""
     def node(n, rail=None) -> RequalifyNode:
-        return RequalifyNode(n.name, conns[n.name], fabric[n.name], rank_flags(n.name),
+        return RequalifyNode(n.name, conns[n.name], fabric_flags[n.name], nccl_flags[n.name],
                              address=rail.worker_ip if rail else "", source_address=rail.source_ip if rail else "",
                              host_key=host_keys[n.name] if rail else "")
 
@@ -83,7 +71,7 @@ def requalify_args(cfg, topology, conns: Mapping[str, pulumi_remote.ConnectionAr
 def node_plan(node: RequalifyNode, nccl_flags: Sequence[str]) -> dict:
     """A node's own half: the fabric check without the login's memlock (no login here, and the
     limit does not change while serving), its NCCL rank."""
-    return {"node": node.name, "fabric": [*fabric_check_args(node.fabric), "--memlock", "skip"],
+    return {"node": node.name, "fabric": [*node.fabric_flags, "--memlock", "skip"],
             "nccl": list(nccl_flags)}
 
 

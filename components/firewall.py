@@ -46,7 +46,8 @@ class Flow:
 
 FLOWS = (
     Flow("ssh", (contract.SSH_PORT,) * 2, EVERY_NODE, ANYWHERE, ALWAYS,
-         "SSH: the operator, Pulumi's steps, the image's and the weights' copies (keys, not the firewall, decide)"),
+         "SSH: the operator, Pulumi's steps, the image's and the weights' copies, the guard's re-qualification "
+         "(keys, not the firewall, decide)"),
     Flow("public", None, HEAD, ANYWHERE, ALWAYS,
          "`serving.port`, the API gateway (a key on every path but /health), and with observability "
          "`observability.grafanaPort` (Grafana's login)"),
@@ -60,7 +61,7 @@ FLOWS = (
          "NCCL's and GLOO's bootstrap on `fabric.bootstrapIface` (random ports; NCCL's data is RDMA, "
          "which no firewall sees)"),
     Flow("nccl-check", (contract.NCCL_RENDEZVOUS_PORT,) * 2, EVERY_NODE, RAY_PEERS, ALWAYS,
-         "NcclCheck's rendezvous (the first node of each pair)"),
+         "NcclCheck's rendezvous (the first node of each pair), at `up` and in the guard's re-qualification"),
     Flow("mp-master", (contract.MP_MASTER_PORT,) * 2, HEAD, RAY_PEERS, MP,
          "vLLM's master port: torch.distributed's TCPStore, with NO authentication (see below)"),
     Flow("exporters", (contract.NODE_EXPORTER_PORT,) * 2, EVERY_NODE, HEAD_RAY, OBSERVABILITY,

@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shlex
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
@@ -54,7 +53,7 @@ from core.contract import (CONTAINER_SLICE, FIREWALL_TABLE, SERVING_IMAGE_REPOSI
 
 from .config import DEFAULT_HUB_ENDPOINT, CopyRail
 from .remote import (ManagedFile, NodeHandle, NodeScript, launch_file, managed_file_commands, node_command, payloads,
-                     step_fingerprint)
+                     render_authorized_key_line, step_fingerprint)
 
 FETCH_SCRIPT = "fetch-weights.sh"
 SYNC_SCRIPT = "sync-weights.sh"
@@ -222,15 +221,6 @@ def parse_memory_fit(stdout: str) -> dict:
         if "memory-fit {" in line:
             return json.loads(line[line.index("{"):])
     return {}
-
-
-def render_authorized_key_line(source_ip: str, public_key: str, command: Sequence[str]) -> str:
-    """Only from the source's rail address, only `command` whatever the client asks (sshd runs it
-    with the request in SSH_ORIGINAL_COMMAND), no pty, no forwarding."""
-    line = shlex.join(command)
-    if '"' in line or "\\" in line:  # authorized_keys would need them escaped; no flag of ours has one
-        raise ValueError(f"a forced command may hold no double quote or backslash: {line}")
-    return f'from="{source_ip}",command="{line}",restrict {public_key.strip()}\n'
 
 
 KEY_FLAGS = ["--key", SYNC_KEY, "--comment", SYNC_KEY_COMMENT]

@@ -143,6 +143,20 @@ def rank_script_args(args: NcclCheckArgs, rank: int, image_id: str, rerun_all: s
                                        args.join_timeout_s))
 
 
+# what a failing NCCL rank of the serving guard's re-qualification tells the owner to run again
+GUARD_RERUN = "the serving guard's next re-qualification (twinspark status shows its hold)"
+
+
+def guard_rank_flags(args: NcclCheckArgs, name: str) -> pulumi.Input[Sequence[str]]:
+    """`name`'s rank of the all-node run as the serving guard's re-qualification runs it (the
+    flags `up` runs it with); none when the check is off."""
+    if args.min_bus_bandwidth_gbps <= 0:
+        return []
+    rank = [r.name for r in args.ranks].index(name)
+    return pulumi.Output.from_input(args.ranks[rank].image_id).apply(
+        lambda image: rank_script_args(args, rank, image, GUARD_RERUN))
+
+
 def pair_script_args(args: NcclCheckArgs, pair: NcclPair, rank: int, image_id: str, rerun_all: str) -> list[str]:
     """nccl-pair-check.sh's flags for the pair's rank `rank`: its link in words, then nccl-check.sh's."""
     node = pair.nodes[rank]

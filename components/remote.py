@@ -287,3 +287,12 @@ def files_hash(files: Sequence[ManagedFile], key: Optional[pulumi.Input[str]] = 
     return pulumi.Output.all(key, digest).apply(
         lambda kd: hmac.new(kd[0].encode(), kd[1].encode(), hashlib.sha256).hexdigest()
     )
+
+
+def render_authorized_key_line(source_ip: str, public_key: str, command: Sequence[str]) -> str:
+    """Only from the source's rail address, only `command` whatever the client asks (sshd runs it
+    with the request in SSH_ORIGINAL_COMMAND), no pty, no forwarding."""
+    line = shlex.join(command)
+    if '"' in line or "\\" in line:  # authorized_keys would need them escaped; no flag of ours has one
+        raise ValueError(f"a forced command may hold no double quote or backslash: {line}")
+    return f'from="{source_ip}",command="{line}",restrict {public_key.strip()}\n'

@@ -32,11 +32,6 @@ from .remote import ManagedFile, launch_file, managed_file_commands, sha256_text
 UNIT_PATH = f"/etc/systemd/system/{contract.SERVING_GUARD_UNIT}"
 SCRIPT_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.SERVING_GUARD_SCRIPT}"
 FABRIC_WATCH_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.FABRIC_WATCH_MODULE}"
-# streams in flight get this long to finish once the gateway drains (an agent's turn is seconds
-# to a minute; a rail that is down may never let them finish)
-DRAIN_SECONDS = 30
-# held for the fabric: the checks run again this often (a fabric check and an NCCL run: ~1 min)
-REQUALIFY_INTERVAL_SECONDS = 120
 
 
 @dataclass(frozen=True)
@@ -88,8 +83,8 @@ def fabric_flags(args: ServingGuardArgs) -> list[str]:
     flags = [a for iface, hca in args.rails for a in ("--rail", f"{iface}:{hca}")]
     return flags + ["--rail-speed-mbps", str(args.rail_speed_mbps), "--rail-mtu", str(args.rail_mtu),
                     "--nccl-debug-dir", contract.NCCL_DEBUG_DIR, "--drain-file", contract.DRAIN_FILE,
-                    "--drain-seconds", str(DRAIN_SECONDS), "--requalify-plan", contract.REQUALIFY_PLAN,
-                    "--requalify-interval", str(REQUALIFY_INTERVAL_SECONDS)]
+                    "--drain-seconds", str(args.config.drain_seconds), "--requalify-plan", contract.REQUALIFY_PLAN,
+                    "--requalify-interval", str(args.config.requalify_seconds)]
 
 
 def render_guard_unit(args: ServingGuardArgs) -> str:

@@ -77,7 +77,10 @@ LAUNCH_ROLES: list[tuple[str, Callable[[], Iterable[str]] | None]] = [
      "(never in the bundle)", lambda: [contract.STEP_PRELUDE]),
     ("what a step runs on a node, and its payload (stdin after the script)", None),
     ("the serving image's build context", lambda: [serving_image.BUILD_CONTEXT.name + "/"]),
-    ("on the host, as a unit", lambda: [contract.SERVING_GUARD_SCRIPT]),
+    ("on the host, as a unit (the fabric watch it imports beside it)",
+     lambda: [contract.SERVING_GUARD_SCRIPT, contract.FABRIC_WATCH_MODULE]),
+    ("on every node, root-owned beside the guard: the fabric's re-qualification (on a worker, the forced "
+     "command of the head's re-qualification key)", lambda: [contract.REQUALIFY_SCRIPT]),
     (f"on a worker, root-owned: all a sync key may run there (its forced command, beside `{model_weights.WEIGHTS_PROGRAM}`)",
      lambda: [model_weights.FORCED_COMMAND]),
     ("probes `ops` sends over SSH", lambda: [nodes.NODE_PROBE.name, nodes.FACTS_PROBE.name, nodes.DOCTOR_PROBE.name]),

@@ -212,7 +212,7 @@ def metrics(readings: list[RailReading], network: Optional[str]) -> dict[str, fl
             if key in r.pcie:
                 values[f"twinspark_fabric_{name}{{{label}}}"] = r.pcie[key]
         for kind, total in r.aer.items():
-            values[f'twinspark_fabric_aer_errors_total{{{label},severity="{kind}"}}'] = total
+            values[f'twinspark_fabric_aer_errors_total{{{label},kind="{kind}"}}'] = total
     for choice in ("IB", "Socket"):
         if network is not None:
             values[f'twinspark_fabric_nccl_network{{network="{choice}"}}'] = int(network == choice)

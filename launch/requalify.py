@@ -74,8 +74,9 @@ def everywhere(plan: dict, verb: str) -> bool:
             print(f"{node} {verb}: {line}", flush=True)
     failed = [(node, status, said) for node, status, said in results if status != 0]
     for node, status, said in failed:
-        last = [line for line in said.strip().splitlines() if "FAIL" in line][-3:] or said.strip().splitlines()[-2:]
-        print(f"FAIL {node} {verb} (exit {status}): " + " | ".join(last), flush=True)
+        # the first failures: a rail down fails its speed, RoCE and pings after its link, which says why
+        first = [line for line in said.strip().splitlines() if "FAIL" in line][:4] or said.strip().splitlines()[-2:]
+        print(f"FAIL {node} {verb} (exit {status}): " + " | ".join(first), flush=True)
     return not failed
 
 

@@ -684,8 +684,8 @@ class Guard:
         write_json(Path(self.args.hold_file), {
             "kind": "fabric", "since": time.time(),
             "reason": f"fabric: {reason}. The re-qualification failed: {summary}. Serving stays stopped; the guard "
-                      f"runs the checks again every {self.args.requalify_interval:.0f} s and serves again once they "
-                      "pass (`twinspark clear-hold` tries at once)"})
+                      f"runs the checks again every {self.args.requalify_interval:.0f} s (serving.guard.requalifySeconds) "
+                      "and serves again the first time they pass; `twinspark clear-hold` serves at once, unchecked"})
         self.was_held = True
         log(f"HOLD (fabric): {reason}: {summary}")
         self.enforce_hold()

@@ -17,7 +17,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from core import contract
-from components.serving_guard import REQUALIFY_INTERVAL_SECONDS
 from test_serving_guard import Node, wait_on_guard
 from toolbox import load_launch
 
@@ -329,5 +328,6 @@ def test_the_guards_unit_watches_the_heads_rails_and_requalifies_with_the_plan()
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--rail"] == [f"{IFACE}:{HCA}", "enP2p1s0f0np0:roceP2p1s0f0"]
     assert flags["--drain-file"] == contract.DRAIN_FILE and flags["--requalify-plan"] == contract.REQUALIFY_PLAN
     assert flags["--nccl-debug-dir"] == contract.NCCL_DEBUG_DIR
-    assert flags["--requalify-interval"] == str(REQUALIFY_INTERVAL_SECONDS)
+    # the defaults the program runs with
+    assert (flags["--drain-seconds"], flags["--requalify-interval"]) == ("30", "120")
     assert "--rail" not in guard_argv(ServingGuardArgs("spark1", None, 8000, ["spark1"], GuardConfig()))

@@ -16,7 +16,7 @@ from core import contract
 from openai_standin import Behaviour, serve
 from program_harness import ROOT, config_blocks, unwrap
 
-from components import host_prep, launch_bundle, model_weights
+from components import host_prep, launch_bundle, model_weights, remote
 from components.config import CopyRail, parse_stack_config
 from components.client_outputs import render_codex_config, render_codex_model_catalog
 from components.readiness import SCRIPT as WAIT_READY, ReadinessArgs, wait_ready_args
@@ -533,7 +533,7 @@ def test_a_login_beside_an_authorization_always_finds_the_users_own_key(tmp_path
     (home / ".ssh").mkdir(parents=True)
     keys = home / ".ssh" / "authorized_keys"
     keys.write_text("ssh-ed25519 AAAAuser me@laptop\n")
-    line = model_weights.render_authorized_key_line("10.0.0.1", f"ssh-ed25519 AAAAhead {contract.SYNC_KEY_COMMENT}@node",
+    line = remote.render_authorized_key_line("10.0.0.1", f"ssh-ed25519 AAAAhead {contract.SYNC_KEY_COMMENT}@node",
                                                     FORCED)
     done, reads, missing = threading.Event(), [0], []
 
@@ -571,7 +571,7 @@ def test_each_source_of_a_copy_has_its_own_authorization_which_a_new_key_replace
     keys.write_text("ssh-ed25519 AAAAuser me@laptop\n")
 
     def authorize(verb, source_ip, key, owner):
-        line = model_weights.render_authorized_key_line(source_ip, f"ssh-ed25519 {key} {contract.SYNC_KEY_COMMENT}@node",
+        line = remote.render_authorized_key_line(source_ip, f"ssh-ed25519 {key} {contract.SYNC_KEY_COMMENT}@node",
                                                         FORCED)
         proc = subprocess.run(["bash", str(LAUNCH_DIR / "authorize-key.sh"), verb, "--comment", contract.SYNC_KEY_COMMENT,
                                "--owner", owner], input=line, env={**os.environ, "HOME": str(home)},

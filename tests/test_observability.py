@@ -273,6 +273,17 @@ def serving(output_per_min: str, prompt_per_min: str = "0", running: str = "1"):
 GPU_SPARK2, NODE_SPARK1 = {"job": "gpu", "node": "spark2"}, {"job": "node", "node": "spark1"}
 
 
+HCA0_SPARK1 = {"job": "node", "node": "spark1", "rail": "enp1s0f0np0", "device": "rocep1s0f0"}
+
+
+def pcie(width: str, gts: str):
+    """spark1's first HCA's PCIe link now (width, GT/s) against its x16 at 32 GT/s (the guard's textfile)."""
+    return [series("twinspark_fabric_pcie_link_width", HCA0_SPARK1, f"{width}x10"),
+            series("twinspark_fabric_pcie_link_max_width", HCA0_SPARK1, "16x10"),
+            series("twinspark_fabric_pcie_link_speed_gts", HCA0_SPARK1, f"{gts}x10"),
+            series("twinspark_fabric_pcie_link_max_speed_gts", HCA0_SPARK1, "32x10")]
+
+
 def gpu_exporter(collected: str):
     """spark2's GPU exporter answering, nvidia-smi inside it succeeding (1) or not (0)."""
     return [series("up", GPU_SPARK2, "1x10"), series("nvidia_smi_last_collect_success", GPU_SPARK2, f"{collected}x10")]
@@ -301,6 +312,26 @@ ALERT_CASES = [
     ("a long prefill makes no output tokens", "TwinsparkThroughputCollapse", serving("0", prompt_per_min="102000"),
      "30m", None, ""),
     ("prefill down 10x too", "TwinsparkThroughputCollapse", serving("0", prompt_per_min="10200"), "30m", {}, ""),
+    ("NCCL on Socket", "TwinsparkNcclOnSocket",
+     [series("twinspark_fabric_nccl_network", {**NODE_SPARK1, "network": "Socket"}, "0 1x5"),
+      series("twinspark_fabric_nccl_network", {**NODE_SPARK1, "network": "IB"}, "1 0x5")], "3m",
+     {**NODE_SPARK1, "network": "Socket"}, ""),
+    ("NCCL on IB", "TwinsparkNcclOnSocket",
+     [series("twinspark_fabric_nccl_network", {**NODE_SPARK1, "network": "Socket"}, "0x5"),
+      series("twinspark_fabric_nccl_network", {**NODE_SPARK1, "network": "IB"}, "1x5")], "3m", None, ""),
+    ("PCIe link at x4", "TwinsparkPcieLinkDegraded", pcie("4", "32"), "5m", HCA0_SPARK1, ""),
+    ("PCIe link at 2.5 GT/s", "TwinsparkPcieLinkDegraded", pcie("16", "2.5"), "5m", HCA0_SPARK1, ""),
+    ("PCIe link as the card can", "TwinsparkPcieLinkDegraded", pcie("16", "32"), "5m", None, ""),
+    ("AER nonfatal events", "TwinsparkPcieAerErrors",
+     [series("twinspark_fabric_aer_errors_total", {**HCA0_SPARK1, "kind": "nonfatal"}, "0 0 2x8")], "5m",
+     {**HCA0_SPARK1, "kind": "nonfatal"}, ""),
+    ("AER correctable only", "TwinsparkPcieAerErrors",
+     [series("twinspark_fabric_aer_errors_total", {**HCA0_SPARK1, "kind": "correctable"}, "0+5x10"),
+      series("twinspark_fabric_aer_errors_total", {**HCA0_SPARK1, "kind": "fatal"}, "0x10")], "5m", None, ""),
+    ("a re-qualification", "TwinsparkFabricRequalified",
+     [series("twinspark_guard_requalifications_total", NODE_SPARK1, "0 0 1x10")], "5m", NODE_SPARK1, ""),
+    ("no re-qualification", "TwinsparkFabricRequalified",
+     [series("twinspark_guard_requalifications_total", NODE_SPARK1, "0x10")], "5m", None, ""),
     ("rail down", "TwinsparkRailDown", [series("node_network_up", RAIL1_SPARK2, "1 1 0x8")], "5m", RAIL1_SPARK2, ""),
     ("rail up", "TwinsparkRailDown", [series("node_network_up", RAIL1_SPARK2, "1x10")], "5m", None, ""),
     ("LAN down is no rail", "TwinsparkRailDown",

@@ -32,7 +32,7 @@ import pytest
 from core import contract
 from hub_standin import HubStandin
 from program_harness import stack_config
-from components import firewall, model_weights
+from components import firewall, model_weights, remote
 from components.config import Topology, parse_stack_config, resolve_node_addresses
 from components.config import CopyRail
 from components.model_weights import ModelWeightsArgs, NodeAccess
@@ -485,7 +485,7 @@ class Pair:
         # and a login of the operator's own, for the recipe's plain rsync over ssh (the speed's baseline)
         self.login_key = head.home / ".ssh" / "operator"
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", self.login_key)
-        (tmp / "authorized_keys").write_text(model_weights.render_authorized_key_line(
+        (tmp / "authorized_keys").write_text(remote.render_authorized_key_line(
             "10.0.0.1", key.with_suffix(".pub").read_text(), forced) + self.login_key.with_suffix(".pub").read_text())
         # what ModelWeights installs root-owned on the worker (forced_command_files)
         programs = tmp / "sync-key-programs"

@@ -140,6 +140,14 @@ class ServingGuard(ConfigBlock):
         description="this many serving restarts within restartWindowMinutes: no more restarts, serving is held "
         "until a reboot or `twinspark clear-hold`")
     restart_window_minutes: Integer = Field(default=30, ge=1, le=1440, description="the window restartLimit counts over")
+    drain_seconds: Integer = Field(
+        default=30, ge=0, le=600,
+        description="a rail down or throttled, or NCCL on Socket: the gateway answers 503 and requests in flight get "
+        "this long to finish before serving stops for the fabric's re-qualification")
+    requalify_seconds: Integer = Field(
+        default=120, ge=10, le=3600,
+        description="held because the fabric's re-qualification failed: the checks run again this often, and serving "
+        "starts the first time they pass")
 
 
 class Serving(ConfigBlock):

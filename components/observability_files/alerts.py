@@ -45,6 +45,8 @@ def throughput_collapse_expr(floor: float, window: str = "5m") -> tuple[tuple[st
 
 
 CANARY_LAST_RUN = "twinspark_guard_canary_last_run_timestamp_seconds"
+PCIE_WIDTH, PCIE_MAX_WIDTH = "twinspark_fabric_pcie_link_width", "twinspark_fabric_pcie_link_max_width"
+PCIE_SPEED, PCIE_MAX_SPEED = "twinspark_fabric_pcie_link_speed_gts", "twinspark_fabric_pcie_link_max_speed_gts"
 WATCHDOG = "TwinsparkWatchdog"
 
 
@@ -136,6 +138,28 @@ def alert_groups(plan: ObservabilityPlan) -> dict[str, list[AlertRule]]:
                   "RoCE error counters rise on {{ $labels.device }} ({{ $labels.node }}): {{ $value }} in 10 min",
                   "Port errors, discards, link recoveries, sequence errors or retransmission timeouts on a rail: "
                   "a bad cable or overload. See the nodes and fabric dashboard."),
+            _rule("TwinsparkNcclOnSocket", 'twinspark_fabric_nccl_network{network="Socket"}', "== 1", "0m", "critical",
+                  "NCCL chose Socket, not IB, in vLLM's last start on {{ $labels.node }}",
+                  "Every layer's all-reduce crosses TCP (a tenth of the rails' speed or less). The guard drains, "
+                  "re-runs the fabric and NCCL checks and starts serving again; if this returns, the RDMA devices "
+                  f"(/dev/infiniband, NCCL_IB_HCA) are not reaching vLLM: see {contract.SERVING_GUARD_LOG}."),
+            AlertRule("TwinsparkPcieLinkDegraded", (PCIE_WIDTH, PCIE_MAX_WIDTH, PCIE_SPEED, PCIE_MAX_SPEED),
+                      f"({PCIE_WIDTH} < {PCIE_MAX_WIDTH}) or ({PCIE_SPEED} < {PCIE_MAX_SPEED})", "1m", "critical",
+                      "{{ $labels.device }} ({{ $labels.rail }}) on {{ $labels.node }} trains its PCIe link below "
+                      "what it can do",
+                      "A ConnectX-7 at a narrower or slower PCIe link moves a fraction of the cable's 200 Gb/s "
+                      "(~13 Gb/s seen in the field). The guard drains and re-qualifies; reseat the card or check "
+                      "the BIOS's PCIe settings if it persists."),
+            _rule("TwinsparkPcieAerErrors", 'increase(twinspark_fabric_aer_errors_total{kind=~"nonfatal|fatal"}[10m])',
+                  "> 0", "0m", "warning",
+                  "{{ $labels.kind }} PCIe AER events on {{ $labels.device }} ({{ $labels.node }})",
+                  "The HCA's PCIe link reports uncorrected errors: a failing card, riser or slot; expect link "
+                  "retraining or a hang. `journalctl -k | grep -i aer` on the node."),
+            _rule("TwinsparkFabricRequalified", "increase(twinspark_guard_requalifications_total[1h])", "> 0", "0m",
+                  "warning", "The guard re-qualified the fabric on {{ $labels.node }} in the last hour",
+                  "A rail down or throttled, or NCCL on Socket, stopped serving for a drain and a re-qualification "
+                  f"(its reason in {contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}); it may hold serving if the "
+                  "checks failed (TwinsparkGuardHolding)."),
             AlertRule("TwinsparkNcclNotOnRoce", (decoding, rail_bytes),
                       f"{decoding} > 1 and on () {rail_bytes} < {MIN_ROCE_BYTES_PER_S_WHILE_DECODING:g}",
                       "10m", "critical", "Tokens are generated but the RoCE rails are idle",

@@ -16,7 +16,8 @@ Metric names, by source:
   runs Debian's real node exporter on a staged sysfs and procfs).
 - nvidia_gpu_exporter 1.14: nvidia-smi's query fields, `nvidia_smi_<field>` with dots as
   underscores (clocks_event_reasons since driver 535, clocks_throttle_reasons before).
-- the guard's metrics (GUARD_METRICS, a contract: the guard writes them as a textfile).
+- the guard's metrics (GUARD_METRICS and its fabric watch's FABRIC_METRICS, a contract: the guard
+  writes them as a textfile).
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ GUARD_METRICS = {
     "twinspark_guard_restarts_total": "counter: serving restarts the guard performed",
     "twinspark_guard_hold": "gauge: 1 while the guard holds (restart cap reached, waiting for a person)",
     "twinspark_guard_gateway_up": "gauge: 1 when the API gateway answers /health at all (a 502 too), else 0",
+}
+
+# The guard's fabric watch (launch/fabric_watch.py), in the same textfile, on the head: its rails'
+# HCAs and NCCL's choice in vLLM's last start (with --rail; a guard without rails writes none).
+FABRIC_METRICS = {
+    "twinspark_guard_requalifications_total": "counter: fabric re-qualifications the guard ran (a drain each)",
+    "twinspark_guard_draining": "gauge: 1 while the gateway drains for a re-qualification or a fabric hold",
+    "twinspark_fabric_pcie_link_width": "gauge: the HCA's PCIe link width now (lanes), by rail and device",
+    "twinspark_fabric_pcie_link_max_width": "gauge: the width the HCA can train at",
+    "twinspark_fabric_pcie_link_speed_gts": "gauge: the HCA's PCIe link speed now (GT/s)",
+    "twinspark_fabric_pcie_link_max_speed_gts": "gauge: the speed the HCA can train at",
+    # by `kind`, not `severity`: the alert rules' own label would overwrite it
+    "twinspark_fabric_aer_errors_total": "counter: the HCA's PCIe AER events, by kind (correctable, nonfatal, fatal)",
+    "twinspark_fabric_nccl_network": "gauge: 1 for the network NCCL chose in vLLM's last start (IB or Socket)",
 }
 
 # RoCE/InfiniBand error counters (node_exporter infiniband collector); any increase is news.

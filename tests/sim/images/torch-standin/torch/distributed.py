@@ -47,12 +47,19 @@ def _network() -> str:
     return "Socket"
 
 
+# NCCL opens its debug file once a process, truncating it (src/debug.cc ncclDebugInit: fopen(debugFn, "w")):
+# a restarted engine whose PID repeats (a container's PID namespace) leaves no earlier start's lines
+_debug_mode = "w"
+
+
 def _debug(lines: list) -> None:
+    global _debug_mode
     path = os.environ.get("NCCL_DEBUG_FILE")
     if not path or os.environ.get("NCCL_DEBUG") != "INFO":
         return
     path = path.replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
-    with open(path, "a") as out:
+    with open(path, _debug_mode) as out:
+        _debug_mode = "a"
         for line in lines:
             out.write(f"{socket.gethostname()}:{os.getpid()} NCCL INFO {line}\n")
 

@@ -1,0 +1,99 @@
+"""The fabric while serving, on the pair the real engine deployed (issue 40, part 2): the head's
+guard (launch/serving-guard.py with launch/fabric_watch.py) watches its rails and NCCL's choice in
+each engine start; a rail that goes down mid-serving is alerted by the head's Prometheus, drained at
+the gateway, re-qualified (launch/requalify.py: both nodes' fabric checks, the worker's over the
+head's forced-command key, then both NCCL ranks) and held while the checks fail; mended, serving
+comes back by the guard's next re-qualification, no person involved; and an engine start whose NCCL
+fell back to Socket (the vLLM stand-in's nccl-socket-starts knob: no usable RDMA device at that
+start) is caught at once and re-qualified into a start on IB.
+
+It replaces the up-time fabric check's rail-down case of test_engine_sim_weights.py (the same
+fabric-check.sh, its FAIL line naming the rail, is read here from the guard's hold). ~90 s."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from core import contract
+from scenario_kit import HEAD, completion_status, guard_verdict, readiness_s, serving_settings, wait_for, \
+    with_an_empty_restart_count
+from test_engine_sim_healing import prometheus, scrape_s, set_knob
+
+DOWN_RAIL = "rail1"  # NCCL's second rail; rail0 carries Ray, whose loss would end the engine by itself
+GUARD_LOG = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
+
+
+def hold_of(cluster) -> dict:
+    out = cluster.node_exec(HEAD, "cat", contract.SERVING_HOLD, check=False).stdout
+    return json.loads(out) if out.strip() else {}
+
+
+def draining(cluster) -> bool:
+    return cluster.node_exec(HEAD, "test", "-f", contract.DRAIN_FILE, check=False).returncode == 0
+
+
+def alert_state(cluster, name: str) -> str:
+    """pending or firing, or '' (the head's Prometheus: its rule's `for` decides which)."""
+    states = [a["state"] for a in prometheus(cluster, "/api/v1/alerts")["alerts"] if a["labels"]["alertname"] == name]
+    return "firing" if "firing" in states else "pending" if "pending" in states else ""
+
+
+def log_time(line: str) -> float:
+    stamp = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)Z", line)
+    return time.mktime(time.strptime(stamp[1], "%Y-%m-%dT%H:%M:%S")) - time.timezone if stamp else 0.0
+
+
+def guard_lines(cluster, says: str) -> list[str]:
+    log = cluster.node_exec(HEAD, "tail", "-n", "400", GUARD_LOG, check=False).stdout
+    return [line for line in log.splitlines() if says in line]
+
+
+def gateway_503(outputs) -> bool:
+    return completion_status(outputs, outputs["apiKey"]) == 503
+
+
+def test_a_rail_down_mid_serving_is_alerted_drained_held_requalified_and_nccl_on_socket_is_caught(
+        cluster, stack, deployed, report):
+    outputs = stack.outputs()
+    with_an_empty_restart_count(cluster, stack)
+    set_knob(cluster, "nccl-socket-starts", "1")  # the engine's next start: NCCL finds no RDMA device
+    requalify_s = serving_settings(stack)["guard"]["requalifySeconds"]
+    down_at = time.time()
+    cluster.in_netns(HEAD, "ip", "link", "set", DOWN_RAIL, "down")
+    try:
+        wait_for(lambda: draining(cluster), "the gateway drained", 30, interval_s=0.5)
+        report["fabric_rail_down_to_drain_s"] = round(time.time() - down_at, 1)
+        hold = wait_for(lambda: hold_of(cluster).get("kind") == "fabric" and hold_of(cluster), "the fabric's hold", 120)
+        report["fabric_rail_down_to_hold_s"] = round(time.time() - down_at, 1)
+        report["fabric_hold_reason"] = hold["reason"]
+        assert f"rail {DOWN_RAIL}: link down, expected up" in hold["reason"], hold
+        # the checks' own words: the head's fabric check names the rail (fabric-check.sh, as `up` runs it)
+        assert "FAIL sim1 fabric (exit 1): " in hold["reason"] and f"FAIL rail {DOWN_RAIL}: link expected up, " \
+            "measured down" in hold["reason"], hold
+        assert gateway_503(outputs), "a client meets the drain's 503, not a dead socket"
+        assert guard_verdict(cluster)["hold"]["kind"] == "fabric"
+        state = wait_for(lambda: alert_state(cluster, "TwinsparkRailDown"), "TwinsparkRailDown in Prometheus",
+                         3 * scrape_s(stack) + 30)
+        report["fabric_rail_down_alert_state"] = state
+    finally:
+        cluster.in_netns(HEAD, "ip", "link", "set", DOWN_RAIL, "up")
+    mended_at = time.time()
+    # the guard's next re-qualification passes (both fabric checks, both NCCL ranks) and serving
+    # starts; that start's NCCL is on Socket (the knob), caught and re-qualified into one on IB
+    wait_for(lambda: guard_verdict(cluster).get("restarts_in_window") == 2, "the Socket start caught and re-qualified",
+             requalify_s + 2 * readiness_s(stack))
+    verdict = guard_verdict(cluster)
+    assert verdict["hold"] is None and "NCCL chose Socket, not IB" in verdict["last_restart"]["reason"], verdict
+    assert verdict["fabric"]["last_requalification"]["passed"] is True
+    wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, "serving on IB", readiness_s(stack))
+    report["fabric_mended_to_serving_s"] = round(time.time() - mended_at, 1)
+    assert not draining(cluster)
+    wait_for(lambda: guard_verdict(cluster).get("fabric", {}).get("nccl_network") == "IB", "NCCL on IB again", 30)
+    released = guard_lines(cluster, "fabric re-qualified after the hold")
+    caught = guard_lines(cluster, "fabric: NCCL chose Socket, not IB")
+    assert released and caught, "the hold's release and the Socket start, in the guard's log"
+    report["fabric_hold_release_to_socket_caught_s"] = log_time(caught[-1]) - log_time(released[-1])
+    requalified = guard_lines(cluster, "requalify: sim2 nccl-rank:")
+    assert requalified, "the worker's NCCL rank ran through the head's re-qualification key"
