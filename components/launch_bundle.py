@@ -37,7 +37,7 @@ def static_files(executor: str) -> tuple[str, ...]:
     """The launch/ files a node's bundle holds: the boot scripts and membership watch of its executor."""
     membership = contract.MEMBERSHIP_SCRIPT if executor == "ray" else contract.MP_MEMBERSHIP_SCRIPT
     return (contract.PRELUDE, contract.BOOT_COMMON, contract.boot_script("head", executor),
-            contract.boot_script("worker", executor), membership, contract.MEMORY_CHECK_SCRIPT)
+            contract.boot_script("worker", executor), membership, contract.MEMORY_CHECK_SCRIPT, contract.ROCE_GID_SCRIPT)
 
 
 # Ray spawns its workers with oom_score_adj 1000: first in line for the kernel OOM killer,
@@ -167,6 +167,7 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_MODEL_DIR", args.vllm.model.container_dir),
         *args.vllm.serving.memory_budget.env_entries(),
         ("TWINSPARK_HOST_CGROUP_DIR", contract.HOST_CGROUP_DIR),
+        ("TWINSPARK_ROCE_GID_SCRIPT", contract.ROCE_GID_SCRIPT),
         *([("RAY_PORT", str(contract.RAY_PORT))] if ray else []),
         ("TWINSPARK_API_GATEWAY_CONF", contract.API_GATEWAY_CONF),
         ("TWINSPARK_API_GATEWAY_LOG", contract.API_GATEWAY_LOG),

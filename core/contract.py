@@ -101,6 +101,8 @@ REQUALIFY_KNOWN_HOSTS = "~/.ssh/twinspark_requalify_known_hosts"
 
 # ---- memory before load (every node, in the boot scripts) -------------------------------------
 MEMORY_CHECK_SCRIPT = "memory-check.py"
+# NCCL_IB_GID_INDEX read from the HCAs' GID tables at every start (boot-common.sh export_gid_index)
+ROCE_GID_SCRIPT = "roce-gid.py"
 MEMORY_CHECK_STATUS = f"{RUN_DIR}/memory-check.json"
 # The host's cgroup tree inside the serving containers (read-only): the check reads what each
 # slice holds there (a container's own /sys/fs/cgroup is its own cgroup only).

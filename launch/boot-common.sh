@@ -19,6 +19,24 @@ log_to() { exec >>"$TWINSPARK_LOG_DIR/$1" 2>&1; }
 
 membership() { python3 "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_MEMBERSHIP_SCRIPT" "$@"; }
 
+# Before Ray (and so vLLM) starts: NCCL's GID, RoCE v2 over each rail's IPv4 address, read from the
+# HCAs' GID tables now (roce-gid.py; its reasons go to this log): an address change or a driver
+# reload moves the index, so it is resolved at every start and never pinned. A recipe's own
+# NCCL_IB_GID_INDEX wins.
+export_gid_index() {
+  local index
+  [ -n "${NCCL_IB_HCA:-}" ] || return 0
+  if [ -n "${NCCL_IB_GID_INDEX:-}" ]; then
+    log "NCCL_IB_GID_INDEX=$NCCL_IB_GID_INDEX (the environment's)"
+    return 0
+  fi
+  index=$(python3 "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_ROCE_GID_SCRIPT" --hca "$NCCL_IB_HCA") || index=""
+  if [ -n "$index" ]; then
+    export NCCL_IB_GID_INDEX=$index
+    log "NCCL_IB_GID_INDEX=$index (RoCE v2 over IPv4 on $NCCL_IB_HCA)"
+  fi
+}
+
 # Before Ray (and so vLLM) starts: release the model files' page cache, then wait until the
 # memory vLLM will take is available, saying how much is missing and which slice holds it
 # (memory-check.py; the budget's numbers come from twinspark.env).

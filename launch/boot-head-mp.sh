@@ -25,6 +25,7 @@ worker_ips() {
 
 main() {
   memory_check
+  export_gid_index
   prepare_vllm_socket
   log "node rank 0 on $TWINSPARK_NODE_IP:$TWINSPARK_MP_MASTER_PORT; vLLM waits for all ${TWINSPARK_NODE_COUNT} node ranks"
   # its lines go to this log (stdout and stderr are the boot log here); $$ is vLLM after the exec

@@ -11,6 +11,7 @@ log_to "$TWINSPARK_BOOT_LOG"
 
 main() {
   memory_check
+  export_gid_index
   log "starting Ray head on $TWINSPARK_NODE_IP:$RAY_PORT"
   stop_ray
   # No dashboard: nothing here asks it (membership goes to the GCS), its nine module processes

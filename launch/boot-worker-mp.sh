@@ -27,6 +27,7 @@ trap 'log "stop requested (SIGTERM): stopping vLLM" >&2; stop_vllm; exit 0' TERM
 
 main() {
   memory_check
+  export_gid_index
   log "vLLM headless: joining the head's store at $TWINSPARK_HEAD_IP:$TWINSPARK_MP_MASTER_PORT as $TWINSPARK_NODE_IP"
   "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_LAUNCH_VLLM" >>"$TWINSPARK_LOG_DIR/$TWINSPARK_VLLM_LOG" 2>&1 &
   vllm_pid=$!

@@ -31,6 +31,7 @@ join_head() {
 main() {
   stop_ray
   memory_check
+  export_gid_index
   log "joining Ray head $TWINSPARK_HEAD_IP:$RAY_PORT as $TWINSPARK_NODE_IP"
   join_head
   local node_id reason answer

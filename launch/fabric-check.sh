@@ -5,7 +5,8 @@
 #       --rail enp1s0f0np0:rocep1s0f0:10.0.0.2 --rail enP2p1s0f0np0:roceP2p1s0f0:10.0.1.2
 #
 # A rail is IFACE:HCA:PEER[,PEER...]. Checks each rail: link up at the expected speed, the
-# expected MTU, RoCE port ACTIVE with active_mtu 4096, a don't-fragment ping of MTU-28 bytes
+# expected MTU, HCA the one whose port the interface is (rdma link show: a wrong pairing is
+# refused with the right one), RoCE port ACTIVE with active_mtu 4096, a don't-fragment ping of MTU-28 bytes
 # to every peer; and memlock unlimited in this (fresh) login. Prints one FAIL line per failed
 # check naming node, rail, expected and measured value; exits 1 if any failed. --memlock skip
 # leaves out the login's memlock (the serving guard's re-qualification is no login; the limit it
@@ -54,6 +55,26 @@ check_roce() {
   if [ "$active_mtu" = "4096" ]; then ok "rail $iface: RoCE active_mtu 4096"; else fail "rail $iface: RoCE $hca active_mtu expected 4096, measured ${active_mtu:-unknown}"; fi
 }
 
+# The HCA whose port this interface is (iproute2's `rdma link show`: "link HCA/PORT ... netdev IFACE"):
+# a config that pairs the interface with another HCA would give NCCL_IB_HCA the wrong rail.
+check_pairing() {
+  local iface="$1" hca="$2" links owner
+  if ! command -v rdma >/dev/null; then
+    fail "rail $iface: its HCA expected readable, measured rdma missing (apt install iproute2)"
+    return 0
+  fi
+  links=$(rdma link show 2>&1) || { fail "rail $iface: rdma link show failed: $(tail -n 1 <<<"$links")"; return 0; }
+  owner=$(awk -v n="$iface" '$(NF-1) == "netdev" && $NF == n {split($2, port, "/"); print port[1]; exit}' <<<"$links")
+  if [ -z "$owner" ]; then
+    fail "rail $iface: HCA expected $hca, measured none (no RoCE port has $iface as its netdev: is it a ConnectX port?)"
+  elif [ "$owner" = "$hca" ]; then
+    ok "rail $iface: HCA $hca (rdma link show)"
+  else
+    fail "rail $iface: HCA expected $hca, measured $owner: $iface is $owner's port (rdma link show); set hca: $owner" \
+      "on this node's rail with iface: $iface"
+  fi
+}
+
 check_peers() {
   local iface="$1" peers="$2" peer payload=$((mtu - 28))
   local IFS=','
@@ -81,6 +102,7 @@ main() {
   for rail in "${rails[@]}"; do
     IFS=':' read -r iface hca peers <<<"$rail"
     if check_link "$iface"; then
+      check_pairing "$iface" "$hca"
       check_roce "$iface" "$hca"
       check_peers "$iface" "$peers"
     fi

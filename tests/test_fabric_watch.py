@@ -331,3 +331,46 @@ def test_the_guards_unit_watches_the_heads_rails_and_requalifies_with_the_plan()
     # the defaults the program runs with
     assert (flags["--drain-seconds"], flags["--requalify-interval"]) == ("30", "120")
     assert "--rail" not in guard_argv(ServingGuardArgs("spark1", None, 8000, ["spark1"], GuardConfig()))
+
+
+# ---- the RoCE v2 GID over IPv4, for NCCL_IB_GID_INDEX (launch/roce-gid.py) --------------------
+def stage_gids(root: Path, hca: str, iface: str, address: str, ipv4_at: int = 2) -> None:
+    """A ConnectX-7 port's GID table as the kernel fills it: the link-local IPv6 GID as RoCE v1 and
+    v2 first, then each IPv4 address's pair from `ipv4_at` on."""
+    port = root / "class/infiniband" / hca / "ports/1"
+    mapped = "0000:0000:0000:0000:0000:ffff:" + "{:02x}{:02x}:{:02x}{:02x}".format(*map(int, address.split(".")))
+    entries = [("fe80:0000:0000:0000:5e45:22ff:fe10:0001", "IB/RoCE v1"), ("fe80:0000:0000:0000:5e45:22ff:fe10:0001",
+                                                                           "RoCE v2")]
+    entries += [("0000:0000:0000:0000:0000:0000:0000:0000", "")] * (ipv4_at - 2)  # an unused slot
+    entries += [(mapped, "IB/RoCE v1"), (mapped, "RoCE v2")]
+    for index, (gid, kind) in enumerate(entries):
+        write(port / "gids" / str(index), gid)
+        write(port / "gid_attrs/types" / str(index), kind)
+        write(port / "gid_attrs/ndevs" / str(index), iface if kind else "")
+
+
+def roce_gid(root: Path, hcas: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(LAUNCH / "roce-gid.py"), "--hca", hcas, "--sys-root", str(root)],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_the_gid_index_is_the_roce_v2_ipv4_entry_of_every_hca(tmp_path):
+    stage_gids(tmp_path, "rocep1s0f0", "enp1s0f0np0", "10.0.0.1")
+    stage_gids(tmp_path, "roceP2p1s0f0", "enP2p1s0f0np0", "10.0.1.1")
+    done = roce_gid(tmp_path, "rocep1s0f0,roceP2p1s0f0")
+    assert done.stdout == "3\n", done.stderr
+    assert "rocep1s0f0: GID 3 is RoCE v2 over 10.0.0.1 (enp1s0f0np0)" in done.stderr
+    assert roce_gid(tmp_path, "=rocep1s0f0:1,=roceP2p1s0f0:1").stdout == "3\n", "NCCL_IB_HCA's exact-match and port forms"
+
+
+@pytest.mark.parametrize("second_at, why", [
+    (4, "the HCAs' indexes differ and NCCL_IB_GID_INDEX is one for all"),
+    (None, "roceP2p1s0f0: no GID table"),
+])
+def test_no_index_is_given_where_the_hcas_disagree_or_one_has_none(tmp_path, second_at, why):
+    stage_gids(tmp_path, "rocep1s0f0", "enp1s0f0np0", "10.0.0.1")
+    if second_at is not None:
+        stage_gids(tmp_path, "roceP2p1s0f0", "enP2p1s0f0np0", "10.0.1.1", ipv4_at=second_at)
+    done = roce_gid(tmp_path, "rocep1s0f0,roceP2p1s0f0")
+    assert done.returncode == 0 and done.stdout == "", "serving starts; NCCL picks the GID itself"
+    assert why in done.stderr, done.stderr

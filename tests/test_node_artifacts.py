@@ -149,6 +149,25 @@ def test_fabric_check_reports_each_failure_with_node_rail_expected_and_measured(
     assert "ok   rail lo: 8972-byte DF ping to 127.0.0.1" in out
 
 
+@pytest.mark.parametrize("config_hca, says", [
+    ("rocep1s0f0", "ok   rail lo: HCA rocep1s0f0 (rdma link show)"),
+    ("roceP2p1s0f0", "FAIL rail lo: HCA expected roceP2p1s0f0, measured rocep1s0f0: lo is rocep1s0f0's port (rdma "
+                     "link show); set hca: rocep1s0f0 on this node's rail with iface: lo"),
+])
+def test_fabric_check_refuses_an_interface_paired_with_another_hca_naming_the_right_one(tmp_path, config_hca, says):
+    """iproute2's `rdma link show` says which HCA's port each interface is (here `lo` stands in for
+    the first ConnectX-7 port, the second's netdev elsewhere)."""
+    (tmp_path / "rdma").write_text("#!/bin/sh\necho 'link rocep1s0f0/1 state ACTIVE physical_state LINK_UP netdev lo'\n"
+                                   "echo 'link roceP2p1s0f0/1 state ACTIVE physical_state LINK_UP netdev enP2p1s0f0np0'\n")
+    (tmp_path / "rdma").chmod(0o755)
+    proc = subprocess.run(
+        ["bash", str(LAUNCH_DIR / "fabric-check.sh"), "--node", "sparkX", "--mtu", "65536", "--speed-mbps", "200000",
+         "--rail", f"lo:{config_hca}:"],
+        capture_output=True, text=True, env={**os.environ, "PATH": f"{tmp_path}:/usr/sbin:/usr/bin:/sbin:/bin"},
+        timeout=60)
+    assert says in proc.stdout, proc.stdout
+
+
 def run_remote(line, stdin=""):
     return subprocess.run(["bash", "-c", line], input=stdin, capture_output=True, text=True, timeout=60)
 

@@ -1,4 +1,4 @@
-"""The fabric while serving, on the pair the real engine deployed (issue 40, part 2): the head's
+"""The fabric, on the pair the real engine deployed (issue 40, parts 2 and 3). While serving: the head's
 guard (launch/serving-guard.py with launch/fabric_watch.py) watches its rails and NCCL's choice in
 each engine start; a rail that goes down mid-serving is alerted by the head's Prometheus, drained at
 the gateway, re-qualified (launch/requalify.py: both nodes' fabric checks, the worker's over the
@@ -8,21 +8,34 @@ fell back to Socket (the vLLM stand-in's nccl-socket-starts knob: no usable RDMA
 start) is caught at once and re-qualified into a start on IB.
 
 It replaces the up-time fabric check's rail-down case of test_engine_sim_weights.py (the same
-fabric-check.sh, its FAIL line naming the rail, is read here from the guard's hold). ~90 s."""
+fabric-check.sh, its FAIL line naming the rail, is read here from the guard's hold). ~60 s.
+
+Before anything loads: a rail whose configured HCA is not the one its interface belongs to (iproute2's
+`rdma link show`; on the sim's nodes a shim reading the harness's HCA-to-rail map) is refused by the
+fabric check with the right pairing, and nothing after the check runs. ~35 s.
+
+And `twinspark doctor` (issue 40, part 1) on the deployed pair: the worker's rail1 at MTU 1500 (RoCE
+then negotiates 1024) and its GPU clock capped (an nvidia-smi of a GB10 under `nvidia-smi -lgc`,
+tests/sim/faults/nvidia-smi-capped) are named for that node and in the order of what each cost
+owners, neither before they were planted. ~10 s."""
 
 from __future__ import annotations
 
 import json
 import re
 import time
+from pathlib import Path
+
+import pytest
 
 from core import contract
-from scenario_kit import HEAD, completion_status, guard_verdict, readiness_s, serving_settings, wait_for, \
-    with_an_empty_restart_count
+from scenario_kit import HEAD, WORKER, changes, completion_status, guard_verdict, ops_access, readiness_s, run_ops, \
+    serving_settings, wait_for, with_an_empty_restart_count
 from test_engine_sim_healing import prometheus, scrape_s, set_knob
 
 DOWN_RAIL = "rail1"  # NCCL's second rail; rail0 carries Ray, whose loss would end the engine by itself
 GUARD_LOG = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
+CAPPED_NVIDIA_SMI = Path(__file__).resolve().parents[1] / "sim" / "faults" / "nvidia-smi-capped"
 
 
 def hold_of(cluster) -> dict:
@@ -97,3 +110,59 @@ def test_a_rail_down_mid_serving_is_alerted_drained_held_requalified_and_nccl_on
     report["fabric_hold_release_to_socket_caught_s"] = log_time(caught[-1]) - log_time(released[-1])
     requalified = guard_lines(cluster, "requalify: sim2 nccl-rank:")
     assert requalified, "the worker's NCCL rank ran through the head's re-qualification key"
+
+
+def test_a_rail_paired_with_the_wrong_hca_is_refused_with_the_right_pairing_before_anything_loads(cluster, stack,
+                                                                                                 deployed):
+    outputs = stack.outputs()
+    # sim2's HCAs swapped between its rails (the config refuses one HCA on two rails itself): rail0 is
+    # simroce0's port, rail1 simroce1's
+    for rail, hca in ((0, "simroce1"), (1, "simroce0")):
+        stack.set_config(f"nodes[1].rails[{rail}].hca", hca)
+    try:
+        with pytest.raises(AssertionError) as refused:
+            stack.up()
+    finally:
+        for rail, hca in ((0, "simroce0"), (1, "simroce1")):
+            stack.set_config(f"nodes[1].rails[{rail}].hca", hca)
+    said = str(refused.value)
+    for rail, wrong, right in ((0, 1, 0), (1, 0, 1)):
+        assert f"fabric-check sim2: FAIL rail rail{rail}: HCA expected simroce{wrong}, measured simroce{right}: " \
+               f"rail{rail} is simroce{right}'s port (rdma link show); set hca: simroce{right} on this node's rail " \
+               f"with iface: rail{rail}" in said, said
+    assert completion_status(outputs, outputs["apiKey"]) == 200, "serving untouched"
+    mended = changes(stack.up())
+    assert set(mended.values()) <= {"same", "update", "replace"}, mended
+    assert {name for name, op in mended.items() if op != "same"} <= {"sim2-fabric-check"}, mended
+
+
+def doctor(cluster, outputs, operator_home) -> dict:
+    proc = run_ops("doctor", "--json", *ops_access(cluster, outputs, operator_home))
+    assert proc.returncode in (0, 1) and proc.stdout, proc.stderr  # 1: causes found
+    said = json.loads(proc.stdout)
+    assert said["unreached"] == {}, said
+    return said
+
+
+def test_the_doctor_names_planted_differences_costliest_first(cluster, stack, deployed, operator_home, report):
+    outputs = stack.outputs()
+    planted = {"rail_mtu", "roce_active_mtu", "gpu_clock_cap"}
+    before = doctor(cluster, outputs, operator_home)
+    assert not [f for f in before["findings"] if f["node"] == WORKER and f["cause"] in planted], before["findings"]
+    cluster.in_netns(WORKER, "ip", "link", "set", "rail1", "mtu", "1500")
+    cluster.node_exec(WORKER, "install", "-m", "755", str(CAPPED_NVIDIA_SMI), "/usr/local/bin/nvidia-smi")
+    try:
+        after = doctor(cluster, outputs, operator_home)
+    finally:
+        cluster.in_netns(WORKER, "ip", "link", "set", "rail1", "mtu", "9000")
+        cluster.node_exec(WORKER, "rm", "-f", "/usr/local/bin/nvidia-smi")
+    found = [(f["cause"], f["evidence"]) for f in after["findings"] if f["node"] == WORKER and f["cause"] in planted]
+    report["doctor_planted_findings"] = [f"{f['rank']}. {f['node']} {f['cause']}: {f['evidence']}"
+                                         for f in after["findings"]]
+    # costliest first: MTU 1500 and the RoCE MTU it brings (prefill -40 %) before the clock cap
+    # (the two MTU causes cost alike: by name)
+    assert [cause for cause, _ in found] == ["rail_mtu", "roce_active_mtu", "gpu_clock_cap"], after["findings"]
+    assert found[0][1] == "MTU rail1 1500; the recipe's 9000"
+    assert found[1][1] == "RoCE active MTU rail1 1024; the recipe's 4096"
+    assert found[2][1] == "SM clock capped at 1200 MHz of 3003 MHz"
+    assert not [f for f in after["findings"] if f["node"] == HEAD and f["cause"] in planted]
