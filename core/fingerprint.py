@@ -69,7 +69,7 @@ CAUSES: dict[str, Cause] = {
         "`pulumi up` sets both (host prep); something changed them after"),
 }
 
-SOFTWARE_FACTS = ("driver", "kernel", "nccl", "image_digest")
+SOFTWARE_FACTS = ("driver", "kernel", "nccl", "image_digest", "bios", "hca_firmware")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,9 @@ class Fingerprint:
     kernel: Optional[str] = None
     nccl: Optional[str] = None
     image_digest: Optional[str] = None
+    bios: Optional[str] = None  # the board's BIOS version
+    hca_firmware: Optional[str] = None  # the ConnectX firmware versions of the rails' HCAs
+    gid_index: Optional[int] = None  # NCCL_IB_GID_INDEX the last serving start resolved (a fact, not judged)
     model_sha256: Optional[str] = None  # the pinned weights' manifest
     drafter_sha256: Optional[str] = None
     gpu_clock_mhz: Optional[float] = None  # the SM clock cap in force
@@ -109,12 +112,17 @@ def _below(observed: Mapping[str, int], expected: Optional[int]) -> list[str]:
 
 
 def node_findings(node: str, seen: Fingerprint, baseline: Fingerprint, expected_mtu: Optional[int],
-                  expected_roce_mtu: Optional[int]) -> list[Finding]:
-    """One node's differences that explain a slower pair; a fact either side does not know is not judged."""
+                  expected_roce_mtu: Optional[int], head: Optional[str] = None,
+                  from_head: frozenset[str] = frozenset()) -> list[Finding]:
+    """One node's differences that explain a slower pair; a fact either side does not know is not judged.
+    `from_head`: the facts of `baseline` that are the head's (`head`), the recipe recording none."""
     found: list[Finding] = []
 
     def add(key: str, evidence: str) -> None:
         found.append(Finding(key, node, evidence))
+
+    def whose(name: str) -> str:
+        return f"the head {head}'s (the recipe records none)" if name in from_head else "the recipe's"
 
     if seen.nccl_busbw_gbps is not None and baseline.nccl_busbw_gbps and seen.nccl_busbw_gbps < 0.5 * baseline.nccl_busbw_gbps:
         add("nccl_busbw", f"busbw {seen.nccl_busbw_gbps:g} GB/s, the recipe's {baseline.nccl_busbw_gbps:g} GB/s")
@@ -128,14 +136,14 @@ def node_findings(node: str, seen: Fingerprint, baseline: Fingerprint, expected_
     if low_mtu:
         add("rail_mtu", f"MTU {', '.join(low_mtu)}; the recipe's {expected_mtu}")
     if baseline.drafter_sha256 and seen.drafter_sha256 and seen.drafter_sha256 != baseline.drafter_sha256:
-        add("drafter", f"drafter sha256 {seen.drafter_sha256[:12]}, the recipe's {baseline.drafter_sha256[:12]}")
+        add("drafter", f"drafter sha256 {seen.drafter_sha256[:12]}, {whose('drafter_sha256')} {baseline.drafter_sha256[:12]}")
     if seen.gpu_clock_mhz is not None and seen.gpu_clock_max_mhz and seen.gpu_clock_mhz < 0.97 * seen.gpu_clock_max_mhz:
         add("gpu_clock_cap", f"SM clock capped at {seen.gpu_clock_mhz:g} MHz of {seen.gpu_clock_max_mhz:g} MHz")
     if baseline.cstates_enabled is False and seen.cstates_enabled:
         add("cstates", "deep C-states enabled; the recipe ran with them off")
     if baseline.model_sha256 and seen.model_sha256 and seen.model_sha256 != baseline.model_sha256:
-        add("model", f"weights manifest {seen.model_sha256[:12]}, the recipe's {baseline.model_sha256[:12]}")
-    differing = [f"{name} {getattr(seen, name)} (the recipe's {getattr(baseline, name)})" for name in SOFTWARE_FACTS
+        add("model", f"weights manifest {seen.model_sha256[:12]}, {whose('model_sha256')} {baseline.model_sha256[:12]}")
+    differing = [f"{name} {getattr(seen, name)} ({whose(name)} {getattr(baseline, name)})" for name in SOFTWARE_FACTS
                  if getattr(baseline, name) and getattr(seen, name) and getattr(seen, name) != getattr(baseline, name)]
     if differing:
         add("software", "; ".join(differing))
@@ -159,9 +167,10 @@ def diagnose(nodes: Mapping[str, Fingerprint], baseline: Fingerprint, head: str,
     """Every node's findings, the costliest cause first (then by node, for a stable report). `head`: the
     node whose hashes and versions the others must match where the baseline records none."""
     reference = with_head_for_unknown(baseline, nodes[head])
+    from_head = frozenset(name for name in CROSS_NODE_FACTS if getattr(baseline, name) is None)
     found = [f for node, seen in sorted(nodes.items())
-             for f in node_findings(node, seen, baseline if node == head else reference, expected_mtu,
-                                    expected_roce_mtu)]
+             for f in (node_findings(node, seen, baseline, expected_mtu, expected_roce_mtu) if node == head else
+                       node_findings(node, seen, reference, expected_mtu, expected_roce_mtu, head, from_head))]
     return sorted(found, key=lambda f: (-f.cause.cost, f.node, f.key))
 
 

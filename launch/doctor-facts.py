@@ -5,11 +5,12 @@ over ssh, read-only, the standard library only).
   python3 doctor-facts.py --hca rocep1s0f0 --hca roceP2p1s0f0 --container twinspark-serving \
       --manifest /home/nvidia/models/DeepSeek-V4-Flash-0731/.twinspark-manifest
 
-Reports: the kernel, the driver (nvidia-smi), the host's NCCL package, each HCA's PCIe link (speed
+Reports: the kernel, the driver (nvidia-smi), the host's NCCL package, the BIOS version, the HCAs'
+firmware, the GID index the last serving start gave NCCL (its boot log), each HCA's PCIe link (speed
 and width, and the card's capability), whether deep CPU idle states are enabled, swap, earlyoom, the
-serving container's image ID, and two hashes of the weights' manifest (the files the pin checked,
-as the doctor compares them between nodes and with the recipe): all of it, and the drafter's files
-alone (any file whose path names a draft model). A fact that cannot be read is null, with the reason
+serving container's image ID, and two hashes the doctor compares between nodes and with the recipe:
+the weights as the pin's manifest records them, and the drafter's files (any file whose path names
+a draft model) as their bytes are on this disk. A fact that cannot be read is null, with the reason
 under "errors".
 """
 
@@ -69,18 +70,52 @@ def swap_enabled(swaps="/proc/swaps"):
     return None if text is None else len(text.splitlines()) > 1
 
 
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def manifest_hashes(manifest):
-    """(all files, the drafter's files) as sha256 over the sorted (path, sha256) pairs the pin recorded."""
+    """(all files, the drafter's files) as sha256 over sorted (path, sha256) pairs: the weights as the
+    pin recorded them (reading every byte would take minutes), the drafter's files as they are on
+    this disk (small; a drafter of other bytes costs a third of the decode speed, so it is read)."""
     text = read(manifest)
     if text is None:
         return None, None
     files = json.loads(text).get("files") or {}
+    folder = os.path.dirname(manifest)
 
-    def digest(paths):
-        pairs = [f"{p}\t{files[p].get('sha256') if isinstance(files[p], dict) else files[p]}" for p in sorted(paths)]
+    def recorded(path):
+        return files[path].get("sha256") if isinstance(files[path], dict) else files[path]
+
+    def on_disk(path):
+        try:
+            return file_sha256(os.path.join(folder, path))
+        except OSError as err:
+            return f"unreadable ({err.strerror})"
+
+    def digest(paths, sha256_of):
+        pairs = [f"{p}\t{sha256_of(p)}" for p in sorted(paths)]
         return hashlib.sha256("\n".join(pairs).encode()).hexdigest() if pairs else None
 
-    return digest(files), digest([p for p in files if DRAFTER_PATH.search(p)])
+    return digest(files, recorded), digest([p for p in files if DRAFTER_PATH.search(p)], on_disk)
+
+
+def hca_firmware(hcas, sysfs="/sys/class/infiniband"):
+    """The rails' HCAs' firmware versions, the distinct ones sorted (the ports of one card share one)."""
+    versions = sorted({v for hca in hcas if (v := read(os.path.join(sysfs, hca, "fw_ver")))})
+    return ", ".join(versions) or None
+
+
+def gid_index_in_use(log_dir="/var/log/twinspark"):
+    """NCCL_IB_GID_INDEX as the boot script of the last serving start logged it (boot-common.sh)."""
+    found = []
+    for log in glob.glob(os.path.join(log_dir, "boot-*.log")):
+        found += re.findall(r"NCCL_IB_GID_INDEX=(\d+)", read(log) or "")
+    return int(found[-1]) if found else None
 
 
 def main():
@@ -96,6 +131,9 @@ def main():
     nccl, errors["nccl"] = run("dpkg-query", "-W", "-f", "${Version}", "libnccl2")
     facts["nccl"] = nccl.split("-")[0].split("+")[0] if nccl else None
     facts["pcie"] = {hca: link for hca in args.hca if (link := pcie_link(hca)) is not None}
+    facts["bios"] = read("/sys/class/dmi/id/bios_version")
+    facts["hca_firmware"] = hca_firmware(args.hca)
+    facts["gid_index"] = gid_index_in_use()
     facts["cstates_enabled"] = deep_cstates_enabled()
     facts["swap_enabled"] = swap_enabled()
     earlyoom, state = run("systemctl", "is-active", "earlyoom")  # `inactive`/`failed` exit 3; no systemctl: unknown

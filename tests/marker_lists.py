@@ -37,7 +37,7 @@ NEEDS_A_QUIET_MACHINE = {
 PACED_FILES = {
     "test_serving_guard.py", "test_ray_membership.py", "test_mp_executor.py", "test_observability_live.py",
     "test_bench.py", "test_bad_input.py", "test_node_artifacts.py", "test_nccl_ranks.py", "test_nccl_pairs.py",
-    "test_status.py", "test_needle.py", "test_fabric_watch.py",
+    "test_status.py", "test_needle.py", "test_fabric_watch.py", "test_doctor.py",
 }
 NEEDS_ROOT_TESTS = {  # FILE::NAME (without parameters)
     "test_weights.py::test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link",  # network namespaces

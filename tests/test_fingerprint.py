@@ -49,7 +49,7 @@ def test_planted_differences_are_named_in_the_order_of_what_they_cost():
     assert costs == sorted(costs, reverse=True)
     evidence = {f.key: f.evidence for f in found}
     assert evidence["rail_mtu"] == "MTU enP2p1s0f0np0 1500; the recipe's 9000"
-    assert evidence["drafter"] == "drafter sha256 eeeeeeeeeeee, the recipe's dddddddddddd"  # the head's: none recorded
+    assert evidence["drafter"] == "drafter sha256 eeeeeeeeeeee, the head spark1's (the recipe records none) dddddddddddd"
     assert evidence["gpu_clock_cap"] == "SM clock capped at 2000 MHz of 3003 MHz"
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from openai_standin import Behaviour, serve
 from ops_helpers import run_ops
 from toolbox import LAUNCH_DIR, load_launch, stand_in_pulumi
 
@@ -53,9 +54,17 @@ def test_the_probe_reads_pcie_cstates_swap_and_the_manifests_hashes(facts_probe,
              "dspark/drafter.safetensors": {"size": 1, "sha256": "b" * 64}}
     manifest = tmp_path / contract.WEIGHTS_MANIFEST
     manifest.write_text(json.dumps({"repo": "r", "revision": "c", "files": files}))
+    (tmp_path / "dspark").mkdir()
+    (tmp_path / "dspark" / "drafter.safetensors").write_bytes(b"the drafter's bytes")
     model, drafter = facts_probe.manifest_hashes(str(manifest))
-    assert drafter == hashlib.sha256(f"dspark/drafter.safetensors\t{'b' * 64}".encode()).hexdigest()
-    assert model != drafter and len(model) == 64
+    on_disk = hashlib.sha256(b"the drafter's bytes").hexdigest()
+    assert drafter == hashlib.sha256(f"dspark/drafter.safetensors\t{on_disk}".encode()).hexdigest(), \
+        "the drafter as its bytes are, not as the manifest says"
+    assert model == hashlib.sha256("\n".join(f"{p}\t{e['sha256']}" for p, e in sorted(files.items())).encode()).hexdigest()
+    (tmp_path / "dspark" / "drafter.safetensors").write_bytes(b"other bytes")
+    other = hashlib.sha256(b"other bytes").hexdigest()
+    assert facts_probe.manifest_hashes(str(manifest)) == (
+        model, hashlib.sha256(f"dspark/drafter.safetensors\t{other}".encode()).hexdigest())
     assert facts_probe.manifest_hashes(str(tmp_path / "nothing" / contract.WEIGHTS_MANIFEST)) == (None, None)
 
 
@@ -67,7 +76,22 @@ def test_the_probe_runs_alone_and_reports_json(tmp_path):
     facts = json.loads(proc.stdout)
     assert facts["pcie"] == {} and facts["model_sha256"] is None and isinstance(facts["kernel"], str)
     assert set(facts) == {"kernel", "driver", "nccl", "pcie", "cstates_enabled", "swap_enabled", "earlyoom_active",
-                          "image_digest", "model_sha256", "drafter_sha256", "errors"}
+                          "image_digest", "model_sha256", "drafter_sha256", "bios", "hca_firmware", "gid_index", "errors"}
+
+
+def test_the_probe_reads_the_hcas_firmware_and_the_gid_index_serving_started_with(facts_probe, tmp_path):
+    for hca, version in (("rocep1s0f0", "28.45.1020"), ("roceP2p1s0f0", "28.45.1020"), ("other", "28.39.1002")):
+        (tmp_path / "ib" / hca).mkdir(parents=True)
+        (tmp_path / "ib" / hca / "fw_ver").write_text(version + "\n")
+    assert facts_probe.hca_firmware(["rocep1s0f0", "roceP2p1s0f0"], str(tmp_path / "ib")) == "28.45.1020"
+    assert facts_probe.hca_firmware(["rocep1s0f0", "other"], str(tmp_path / "ib")) == "28.39.1002, 28.45.1020"
+    assert facts_probe.hca_firmware(["nosuch"], str(tmp_path / "ib")) is None
+    (tmp_path / "logs").mkdir()
+    assert facts_probe.gid_index_in_use(str(tmp_path / "logs")) is None
+    (tmp_path / "logs" / "boot-head.log").write_text(
+        "10:00:01 boot-head spark1: NCCL_IB_GID_INDEX=3 (RoCE v2 over IPv4 on rocep1s0f0,roceP2p1s0f0)\n"
+        "11:00:01 boot-head spark1: NCCL_IB_GID_INDEX=5 (RoCE v2 over IPv4 on rocep1s0f0,roceP2p1s0f0)\n")
+    assert facts_probe.gid_index_in_use(str(tmp_path / "logs")) == 5, "the last start's"
 
 
 def node_status(mtus, roce_mtus, throttle=(), sm=3003.0):
@@ -104,6 +128,9 @@ def test_planted_differences_come_out_costliest_first_with_evidence_and_fix(monk
     code, err, out = run_ops(capsys, *doctor_flags(), "--json")
     assert code == 1, err
     found = json.loads(out)["findings"]
+    fingerprints = json.loads(out)["fingerprints"]  # what was read, as judged
+    assert fingerprints["spark2"]["drafter_sha256"] == "e" * 64 and fingerprints["spark1"]["rail_mtu"] == {
+        "enp1s0f0np0": 9000, "enP2p1s0f0np0": 9000}
     assert [(f["node"], f["cause"]) for f in found] == [
         ("spark2", "pcie_link"), ("spark2", "rail_mtu"), ("spark2", "roce_active_mtu"), ("spark2", "drafter"),
         ("spark2", "gpu_clock_cap")]
@@ -152,3 +179,56 @@ print(json.dumps({outputs!r} if sys.argv[1:3] == ["stack", "output"] else {state
     [finding] = json.loads(out)["findings"]
     assert (finding["node"], finding["cause"], finding["evidence"]) == (
         "spark1", "nccl_busbw", "busbw 3.1 GB/s, the recipe's 21.7 GB/s")
+
+
+class SpecDecoding(Behaviour):
+    """The stand-in with vLLM's spec decode counters (of 7 draft positions), advancing with each request it
+    answered (the stand-in's own /metrics are vLLM 0.24's without a drafter)."""
+
+    SHARES = (0.93, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
+
+    @property
+    def metrics_text(self) -> str:
+        n, labels = len(self.requests), 'engine="0",model_name="ds-0731"'
+        lines = [f"vllm:spec_decode_num_drafts_total{{{labels}}} {100 * n}",
+                 f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {700 * n}",
+                 f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {int(100 * n * sum(self.SHARES))}"]
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{pos}"}} {int(100 * n * share)}'
+                  for pos, share in enumerate(self.SHARES)]
+        return "\n".join(lines) + "\n"
+
+    @metrics_text.setter
+    def metrics_text(self, _) -> None:  # the dataclass's __init__ sets it; the property answers instead
+        pass
+
+
+def test_live_figures_stand_beside_the_recipes_and_a_shortfall_with_no_cause_says_so(monkeypatch, capsys):
+    """--live against the OpenAI stand-in decoding at 30 tok/s (the recipe: 74.8 single stream) with a
+    healthy fingerprint: the single stream is short, said with no cause to blame; spec decode's
+    acceptance per draft position comes from vLLM's counters over the doctor's own requests."""
+    answers = {(n, probe): (node_status((9000, 9000), (4096, 4096)) if probe == "status" else HEALTHY_FACTS)
+               for n in ("spark1", "spark2") for probe in ("status", "doctor")}
+    monkeypatch.setattr(doctor, "ssh_runner", lambda *a: fake_runner(answers))
+    server = serve(SpecDecoding(api_key="sk-doctor", model="ds-0731", decode_tok_s=30.0, prefill_tok_s=float("inf"),
+                                base_latency_s=0.0))
+    try:
+        code, err, out = run_ops(capsys, *doctor_flags(), "--live", "--endpoint",
+                                 f"http://127.0.0.1:{server.server_address[1]}/v1", "--api-key", "sk-doctor",
+                                 "--model", "ds-0731", "--json")
+    finally:
+        server.shutdown()
+    report = json.loads(out)
+    assert code == 1 and report["findings"] == [], err
+    figures = {f["figure"]: f for f in report["live"]["figures"]}
+    single = next(f for name, f in figures.items() if "single" in name)
+    assert single["recipe"] == 74.8 and single["short"] and 0 < single["measured"] < 40, single
+    spec = report["live"]["spec_decode"]
+    assert spec and [round(p, 2) for p in spec["per_position"]] == list(SpecDecoding.SHARES), spec
+    assert report["live"]["errors"] == []
+    assert "with no known cause in the fingerprint" in err and "measured now, beside the recipe's figures" in err
+
+
+def test_live_needs_the_endpoint_and_says_so(monkeypatch, capsys):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    code, err, _ = run_ops(capsys, *doctor_flags(), "--live")
+    assert code == 2 and "endpoint" in err and "Traceback" not in err, err

@@ -15,9 +15,9 @@ Before anything loads: a rail whose configured HCA is not the one its interface 
 fabric check with the right pairing, and nothing after the check runs. ~35 s.
 
 And `twinspark doctor` (issue 40, part 1) on the deployed pair: the worker's rail1 at MTU 1500 (RoCE
-then negotiates 1024) and its GPU clock capped (an nvidia-smi of a GB10 under `nvidia-smi -lgc`,
-tests/sim/faults/nvidia-smi-capped) are named for that node and in the order of what each cost
-owners, neither before they were planted. ~10 s."""
+then negotiates 1024), its drafter's file of other bytes and its GPU clock capped (an nvidia-smi of a
+GB10 under `nvidia-smi -lgc`, tests/sim/faults/nvidia-smi-capped) are named for that node and in the
+order of what each cost owners, none before they were planted. ~15 s."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sim_model
 
 from core import contract
 from scenario_kit import HEAD, WORKER, changes, completion_status, guard_verdict, ops_access, readiness_s, run_ops, \
@@ -136,8 +137,8 @@ def test_a_rail_paired_with_the_wrong_hca_is_refused_with_the_right_pairing_befo
     assert {name for name, op in mended.items() if op != "same"} <= {"sim2-fabric-check"}, mended
 
 
-def doctor(cluster, outputs, operator_home) -> dict:
-    proc = run_ops("doctor", "--json", *ops_access(cluster, outputs, operator_home))
+def doctor(cluster, outputs, operator_home, *flags: str) -> dict:
+    proc = run_ops("doctor", "--json", *flags, *ops_access(cluster, outputs, operator_home))
     assert proc.returncode in (0, 1) and proc.stdout, proc.stderr  # 1: causes found
     said = json.loads(proc.stdout)
     assert said["unreached"] == {}, said
@@ -146,23 +147,31 @@ def doctor(cluster, outputs, operator_home) -> dict:
 
 def test_the_doctor_names_planted_differences_costliest_first(cluster, stack, deployed, operator_home, report):
     outputs = stack.outputs()
-    planted = {"rail_mtu", "roce_active_mtu", "gpu_clock_cap"}
+    planted = {"rail_mtu", "roce_active_mtu", "drafter", "gpu_clock_cap"}
+    drafter = f"{outputs['modelDir']}/{sim_model.DRAFTER_FILE}"
     before = doctor(cluster, outputs, operator_home)
     assert not [f for f in before["findings"] if f["node"] == WORKER and f["cause"] in planted], before["findings"]
     cluster.in_netns(WORKER, "ip", "link", "set", "rail1", "mtu", "1500")
     cluster.node_exec(WORKER, "install", "-m", "755", str(CAPPED_NVIDIA_SMI), "/usr/local/bin/nvidia-smi")
+    # another drafter's bytes under the same name (the manifest, the head's copy, says otherwise)
+    cluster.node_exec(WORKER, "bash", "-c", f"cp -p {drafter} /tmp/drafter.kept && head -c 1M /dev/urandom > {drafter}")
     try:
-        after = doctor(cluster, outputs, operator_home)
+        after = doctor(cluster, outputs, operator_home, "--live")  # and the endpoint measured, through the gateway
     finally:
         cluster.in_netns(WORKER, "ip", "link", "set", "rail1", "mtu", "9000")
         cluster.node_exec(WORKER, "rm", "-f", "/usr/local/bin/nvidia-smi")
+        cluster.node_exec(WORKER, "mv", "/tmp/drafter.kept", drafter)
     found = [(f["cause"], f["evidence"]) for f in after["findings"] if f["node"] == WORKER and f["cause"] in planted]
     report["doctor_planted_findings"] = [f"{f['rank']}. {f['node']} {f['cause']}: {f['evidence']}"
                                          for f in after["findings"]]
-    # costliest first: MTU 1500 and the RoCE MTU it brings (prefill -40 %) before the clock cap
-    # (the two MTU causes cost alike: by name)
-    assert [cause for cause, _ in found] == ["rail_mtu", "roce_active_mtu", "gpu_clock_cap"], after["findings"]
+    # costliest first: MTU 1500 and the RoCE MTU it brings (prefill -40 %; alike, by name), the drafter
+    # (a third of the decode), the clock cap
+    assert [cause for cause, _ in found] == ["rail_mtu", "roce_active_mtu", "drafter", "gpu_clock_cap"], after["findings"]
     assert found[0][1] == "MTU rail1 1500; the recipe's 9000"
     assert found[1][1] == "RoCE active MTU rail1 1024; the recipe's 4096"
-    assert found[2][1] == "SM clock capped at 1200 MHz of 3003 MHz"
+    assert found[2][1].startswith("drafter sha256 ") and "the head sim1's (the recipe records none)" in found[2][1]
+    assert found[3][1] == "SM clock capped at 1200 MHz of 3003 MHz"
     assert not [f for f in after["findings"] if f["node"] == HEAD and f["cause"] in planted]
+    live = after["live"]  # the stand-in's figures (no pacing, no drafter), beside the recipe's three
+    assert live["errors"] == [] and len(live["figures"]) == 3 and live["single_stream_tok_s"] > 0, live
+    report["doctor_live_figures"] = live["figures"]
