@@ -14,7 +14,9 @@ TWINSPARK_API_GATEWAY_TEMP_DIR (the gateway's workers' own temp folder, issue 37
 firewall by flow with the weight copy's --firewall-set (issue 37: the rails and the other nodes
 no longer get every port), and the copy's --revision the recipe's recorded commit (issue 37: the
 stack serves its recipe's repository, whose code runs), and the sync key's authorization with its
-forced command, the copy's --firewall-set now bound there (issue 37: a copy key only copies).
+forced command, the copy's --firewall-set now bound there (issue 37: a copy key only copies), and
+twinspark.env with NCCL's INFO lines of INIT and NET to a file per process and
+TWINSPARK_ROCE_GID_SCRIPT (issue 40: the guard reads NCCL's network; the GID is resolved at start).
 """
 
 from __future__ import annotations
