@@ -31,7 +31,9 @@ from .remote import ManagedFile, NodeScript, launch_file, managed_file_commands,
 KEY_SCRIPT = "sync-key.sh"  # makes any dedicated key: --key, --comment
 HOST_KEY_SCRIPT = "peer-host-key.sh"
 AUTHORIZE_SCRIPT = "authorize-key.sh"
-CHECK_FILES = ("fabric-check.sh", "nccl-check.sh", "prelude.sh", "nccl-allreduce-check.py")
+# each check's file, by the step that installs it (no `-nccl-` in a step's name: that names the NCCL check's ranks)
+CHECK_FILES = {"fabric-script": "fabric-check.sh", "rank-script": "nccl-check.sh", "prelude": "prelude.sh",
+               "rank-program": "nccl-allreduce-check.py"}
 PLAN_PATH = contract.REQUALIFY_PLAN
 FORCED_COMMAND = ["python3", f"{contract.SERVING_GUARD_DIR}/{contract.REQUALIFY_SCRIPT}", "forced", "--plan", PLAN_PATH]
 
@@ -92,8 +94,8 @@ def requalify_files(args: FabricRequalifyArgs, node: RequalifyNode) -> list[Mana
                          launch_file(contract.REQUALIFY_SCRIPT), mode="0755"),
              ManagedFile("plan", PLAN_PATH, plan)]
     # as run by hand: each script sources the prelude beside it
-    files += [ManagedFile(name.replace(".", "-"), f"{contract.REQUALIFY_DIR}/{name}", launch_file(name), mode="0755")
-              for name in CHECK_FILES]
+    files += [ManagedFile(step, f"{contract.REQUALIFY_DIR}/{name}", launch_file(name), mode="0755")
+              for step, name in CHECK_FILES.items()]
     return files
 
 

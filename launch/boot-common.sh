@@ -11,8 +11,13 @@ set -a
 set +a
 log_node=$TWINSPARK_NODE_NAME
 mkdir -p "$TWINSPARK_LOG_DIR"
-# NCCL writes its debug file only into a folder that exists (else to stderr, where nobody reads it)
-[ -z "${NCCL_DEBUG_FILE:-}" ] || mkdir -p "$(dirname "$NCCL_DEBUG_FILE")"
+# NCCL writes its debug file only into a folder that exists (else to stderr, where nobody reads it);
+# each start leaves one a process: the newest 64 are kept
+if [ -n "${NCCL_DEBUG_FILE:-}" ]; then
+  mkdir -p "$(dirname "$NCCL_DEBUG_FILE")"
+  find "$(dirname "$NCCL_DEBUG_FILE")" -maxdepth 1 -type f -printf '%T@ %p\n' | sort -rn | tail -n +65 |
+    cut -d' ' -f2- | xargs -r rm -f --
+fi
 
 # One log file per stream, on the host (it outlives the container), rotated by logrotate.
 log_to() { exec >>"$TWINSPARK_LOG_DIR/$1" 2>&1; }

@@ -188,19 +188,6 @@ def nccl_network(debug_dir: Path, since: float) -> tuple[Optional[str], Optional
     return ("IB", next(iter(chosen))) if chosen else (None, None)
 
 
-def prune_debug_files(debug_dir: Path, keep: int = 64) -> None:
-    """Each engine start leaves a file per process: keep the newest `keep`."""
-    try:
-        files = sorted((p for p in debug_dir.iterdir() if p.is_file()), key=lambda p: p.stat().st_mtime)
-    except OSError:
-        return
-    for path in files[:-keep]:
-        try:
-            path.unlink()
-        except OSError:
-            pass
-
-
 # ---- metrics for the node exporter's textfile collector -----------------------------------
 def metrics(readings: list[RailReading], network: Optional[str]) -> dict[str, float]:
     """twinspark_fabric_* series (name{labels} -> value): alerts.py's fabric rules read them."""

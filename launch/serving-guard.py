@@ -467,15 +467,17 @@ class Guard:
         if container.running:
             docker("stop", self.args.container)
 
-    def lower_policy(self, container: Container) -> None:
-        """Docker restarts no more; the attempt running now keeps its chance."""
+    def lower_policy(self, container: Container, why: Optional[str] = None) -> None:
+        """Docker restarts no more; the attempt running now keeps its chance. The mark on disk lets
+        a guard that starts again (a crash, a reboot) put the policy back."""
         if container.policy == "no":
             return
         mark = Path(self.args.held_mark)
         mark.parent.mkdir(parents=True, exist_ok=True)
         mark.write_text(container.id + "\n")
         docker("update", "--restart=no", self.args.container)
-        log(f"{self.in_window()} restarts in {self.args.window // 60} min: docker restarts {self.args.container} no more")
+        why = why or f"{self.in_window()} restarts in {self.args.window // 60} min"
+        log(f"{why}: docker restarts {self.args.container} no more")
 
     def restore_policy(self, container: Container) -> None:
         """Ours lowered it, and the hold is gone (a reboot, ops clear-hold) or the window moved on."""
@@ -673,6 +675,9 @@ class Guard:
         self.fabric["requalifying"] = reason
         self.write_status()
         self.drain(f"fabric: {reason}")
+        container = inspect(self.args.container)
+        if container is not None:  # a guard that dies meanwhile finds the mark and starts serving again
+            self.lower_policy(container, "re-qualifying the fabric")
         docker("stop", self.args.container, timeout=300)
         passed, summary = self.run_checks()
         self.fabric["requalifying"] = None

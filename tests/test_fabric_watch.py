@@ -126,12 +126,14 @@ def test_ncclss_choice_is_read_from_the_files_of_this_start_alone(tmp_path):
 
 # ---- requalify.py: the head's run and a worker's forced command -----------------------------
 FAKE_CHECK = """#!/usr/bin/env bash
-# a check's stand-in: records when it ran and with what, passes unless $VERDICTS/NODE-VERB says fail
+# a check's stand-in: records when it ran and with what, passes unless $VERDICTS/NODE-VERB says fail (or hang)
 verb=$(basename "$0" .sh); node=$(cat "$(dirname "$0")/node")
 echo "$node $verb start $(date +%s.%N) $*" >> "$RECORD"
 [ "$verb" = nccl-check ] && { cat > /dev/null; sleep 1; }
 echo "$node $verb end $(date +%s.%N)" >> "$RECORD"
-if [ "$(cat "$VERDICTS/$node-$verb" 2>/dev/null)" = fail ]; then echo "FAIL rail enp1s0f0np0: link expected up"; exit 1; fi
+verdict=$(cat "$VERDICTS/$node-$verb" 2>/dev/null || true)
+[ "$verdict" = hang ] && sleep 600
+if [ "$verdict" = fail ]; then echo "FAIL rail enp1s0f0np0: link expected up"; exit 1; fi
 echo "$verb healthy"
 """
 FAKE_SSH = """#!/usr/bin/env bash
@@ -267,7 +269,10 @@ def test_a_rail_down_drains_stops_requalifies_and_serves_again(fabric_head):
                   head)
     stage_rail(head.sys_root)  # the flap ended: the checks passed
     wait_on_guard(lambda: head.state()["running"] and head.status["restarts_in_window"] == 1, "serving again", head)
-    assert head.calls() == [f"stop {contract.SERVING_CONTAINER}", f"start {contract.SERVING_CONTAINER}"]
+    # the policy lowered first (a guard that dies meanwhile finds the mark and starts serving), put back
+    assert head.calls() == ["update --restart=no " + contract.SERVING_CONTAINER, f"stop {contract.SERVING_CONTAINER}",
+                            f"update --restart={contract.SERVING_RESTART_POLICY} {contract.SERVING_CONTAINER}",
+                            f"start {contract.SERVING_CONTAINER}"]
     log = head.guard_log()
     assert f"fabric: rail {IFACE}: link down, expected up: draining, stopping serving" in log
     assert "drain ended: the gateway takes requests again" in log and not head.drain_file.exists()
@@ -300,6 +305,25 @@ def test_checks_that_fail_hold_serving_with_their_reason_until_they_pass(fabric_
     assert head.state()["policy"] == contract.SERVING_RESTART_POLICY and not head.drain_file.exists()
     assert head.status["restarts_in_window"] == 1, "the hold's release is a restart; the count is kept"
     assert head.checks_run().count("spark1 fabric-check") >= 2
+
+
+def test_a_guard_that_dies_mid_requalification_is_followed_by_one_that_serves_again(fabric_head):
+    """systemd restarts a guard that died (here: killed while its checks hang): the serving container
+    it stopped must not stay stopped — the mark it left says the policy was its to put back."""
+    head = fabric_head.start_watching()
+    wait_on_guard(lambda: head.status["ok"] is True, "a first passing round", head)
+    (head.verdicts / "spark1-fabric-check").write_text("hang")
+    stage_rail(head.sys_root, operstate="down")
+    wait_on_guard(lambda: head.checks_run() == ["spark1 fabric-check"] and not head.state()["running"],
+                  "serving stopped, the checks running", head)
+    head.proc.kill()
+    head.proc.wait()
+    subprocess.run(["pkill", "-f", str(head.tmp / "lib")])  # its re-qualification and the hanging check with it
+    stage_rail(head.sys_root)
+    (head.verdicts / "spark1-fabric-check").unlink()
+    head.start()  # what systemd's Restart=always does
+    wait_on_guard(lambda: head.state()["running"] and head.state()["policy"] == contract.SERVING_RESTART_POLICY,
+                  "serving started by the next guard", head)
 
 
 def test_nccl_on_socket_after_a_start_is_caught_at_once_and_a_start_on_ib_is_not(fabric_head):

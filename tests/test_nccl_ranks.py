@@ -283,7 +283,9 @@ def test_pinning_a_reinstalled_nodes_new_key_makes_everything_on_it_again(progra
     expected = {f"{node}-installation": "replace", "nccl-run": "replace", "spark1-nccl-check": "replace",
                 "spark2-nccl-check": "replace", "spark1-readiness-wait": "replace"}
     if node == "spark2":  # the head sends the weights again, to the worker's new key, and re-forms Ray
-        expected |= {"spark2-weights-host-key": "update", "spark2-weights-sync": "replace",
+        # (and its new key pinned for the guard's re-qualification, in the head's own known_hosts)
+        expected |= {"spark2-weights-host-key": "update", "spark2-requalify-host-key": "update",
+                     "spark2-weights-sync": "replace",
                      "spark2-image-ship": "replace", "spark1-serving-container": "replace"}
     else:  # the head's steps that use the sync key run again: the worker admits it again, then revokes it
         assert steps["spark1-weights-fetch"] == "update"

@@ -99,9 +99,17 @@ def stage_node(root: Path, mtu_rail1: int, head: bool) -> None:
 def write_guard_textfile(path: Path) -> None:
     import argparse
     module = load_launch("serving-guard.py")
-    guard = module.Guard(argparse.Namespace(textfile=str(path), hold_file=str(path.with_name("no-hold"))), None)
+    watch = module.fabric_watch  # the guard's own import
+    rails = [watch.Rail(r.iface, r.hca, 200000, 9000) for r in RAILS]
+    guard = module.Guard(argparse.Namespace(textfile=str(path), hold_file=str(path.with_name("no-hold")),
+                                            drain_file=str(path.with_name("no-drain"))), None, rails=rails)
     guard.gateway_up = True
     guard.last = {"checked_at": time.time(), "ok": True, "duration_s": 1.2}
+    # its fabric watch's look at a healthy head: each HCA at its PCIe link's best, no AER event, NCCL on IB
+    guard.fabric["readings"] = [watch.RailReading(rail, "up", 200000, 9000, "PORT_ACTIVE", 4096, 0,
+                                                  {"width": 4, "max_width": 4, "speed_gts": 32.0, "max_speed_gts": 32.0},
+                                                  dict.fromkeys(watch.AER_KINDS, 0)) for rail in rails]
+    guard.nccl_network = "IB"
     guard.write_metrics()
 
 

@@ -269,7 +269,7 @@ def test_the_unit_runs_the_guard_with_no_secret_in_its_command_line():
     assert "--interval 120" in " ".join(argv) and "--window 1800" in " ".join(argv)
     assert "Restart=always" in unit and "ExecStart=/usr/bin/python3 /usr/local/lib/twinspark/serving-guard.py" in unit
     # a changed script changes the unit, which the managed file's `service` action restarts
-    assert "serving-guard.py sha256 " in unit
+    assert "serving-guard.py and fabric_watch.py sha256 " in unit
 
 
 
