@@ -1,18 +1,20 @@
 """FabricRequalify: what the head's serving guard runs when the fabric fails while it serves.
 
-The guard (components/serving_guard.py) watches the head's rails and NCCL's choice in vLLM's log
-(launch/fabric_watch.py); on a rail down or throttled, or NCCL on Socket, it drains the gateway,
-stops serving and runs launch/requalify.py: every node's fabric check, then every node's NCCL
-rank, with the flags `pulumi up` ran them with, and serves again only when all pass.
+The guard (components/serving_guard.py) watches the head's rails, the workers' (their `look`
+over its key) and NCCL's choice in vLLM's log (launch/fabric_watch.py); on a rail down or
+throttled, or NCCL on Socket, it drains the gateway, stops serving and runs launch/requalify.py:
+every node's fabric check, then every node's NCCL rank, with the flags `pulumi up` ran them with,
+and serves again only when all pass.
 
 Creates, on every node (managed files, root-owned): requalify.py beside the guard, the checks'
 scripts under REQUALIFY_DIR (fabric-check.sh, nccl-check.sh, the prelude they source,
-nccl-allreduce-check.py) and the node's plan (its fabric-check and NCCL-rank flags; on the head
-the workers and the key too). On the head: a key of its own (`{head}-requalify-key`,
-launch/sync-key.sh) and, per worker, the worker's pinned host key for the address it is reached
-at (`{worker}-requalify-host-key`). On each worker: that key authorized from the head's rail
-address only, to run `requalify.py forced` (`{worker}-requalify-authorize`): the `fabric` or
-`nccl-rank` of the worker's own plan and nothing else — no shell, no forwarding, no pty.
+nccl-allreduce-check.py, and fabric_watch.py for a worker's `look` at its own rails) and the
+node's plan (its fabric-check and NCCL-rank flags; on the head the workers and the key too). On
+the head: a key of its own (`{head}-requalify-key`, launch/sync-key.sh) and, per worker, the
+worker's pinned host key for the address it is reached at (`{worker}-requalify-host-key`). On
+each worker: that key authorized from the head's rail address only, to run `requalify.py forced`
+(`{worker}-requalify-authorize`): the `fabric`, `nccl-rank` or `look` of the worker's own plan
+and nothing else — no shell, no forwarding, no pty.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ HOST_KEY_SCRIPT = "peer-host-key.sh"
 AUTHORIZE_SCRIPT = "authorize-key.sh"
 # each check's file, by the step that installs it (no `-nccl-` in a step's name: that names the NCCL check's ranks)
 CHECK_FILES = {"fabric-script": "fabric-check.sh", "rank-script": "nccl-check.sh", "prelude": "prelude.sh",
-               "rank-program": "nccl-allreduce-check.py"}
+               "rank-program": "nccl-allreduce-check.py", "fabric-watch": contract.FABRIC_WATCH_MODULE}
 PLAN_PATH = contract.REQUALIFY_PLAN
 FORCED_COMMAND = ["python3", f"{contract.SERVING_GUARD_DIR}/{contract.REQUALIFY_SCRIPT}", "forced", "--plan", PLAN_PATH]
 

@@ -114,6 +114,25 @@ def read_rail(rail: Rail, sys_root: Path = Path("/sys")) -> RailReading:
     return reading
 
 
+def rails_of_fabric_check(flags: list[str]) -> list[Rail]:
+    """The rails of a fabric-check.sh command line (--mtu M --speed-mbps S --rail IFACE:HCA:PEERS ...):
+    a worker's plan says its rails that way (launch/requalify.py `look`)."""
+    value = {flags[i]: flags[i + 1] for i in range(len(flags) - 1) if flags[i] in ("--mtu", "--speed-mbps")}
+    specs = [flags[i + 1] for i in range(len(flags) - 1) if flags[i] == "--rail"]
+    return [Rail(spec.split(":")[0], spec.split(":")[1], int(value["--speed-mbps"]), int(value["--mtu"]))
+            for spec in specs]
+
+
+def reading_record(reading: RailReading) -> dict:
+    """A reading as JSON (a worker's `look`, read on the head), its rail with it."""
+    return {**{k: v for k, v in vars(reading).items() if k != "rail"}, "rail": vars(reading.rail)}
+
+
+def reading_of(record: dict) -> RailReading:
+    fields = {k: v for k, v in record.items() if k in RailReading.__dataclass_fields__ and k != "rail"}
+    return RailReading(Rail(**record["rail"]), **fields)
+
+
 # ---- what a reading says -------------------------------------------------------------------
 DOWN = "down"  # link or RoCE port not up: NCCL loses the rail
 THROTTLED = "throttled"  # link or PCIe below what the card and the cable can do

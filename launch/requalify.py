@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """requalify.py — the fabric re-qualified while serving is drained (stdlib only).
 
-    requalify.py run --plan /usr/local/lib/twinspark/requalify/plan.json      (the head's guard)
-    requalify.py forced --plan /usr/local/lib/twinspark/requalify/plan.json   (a worker, by sshd)
+    requalify.py run --plan /usr/local/lib/twinspark/requalify/plan.json         (the head's guard)
+    requalify.py peers-look --plan /usr/local/lib/twinspark/requalify/plan.json  (the head's guard)
+    requalify.py forced --plan /usr/local/lib/twinspark/requalify/plan.json      (a worker, by sshd)
 
 `run` (the serving guard, on the head, after it drained and stopped serving) runs every node's
 fabric check (launch/fabric-check.sh, with the flags `pulumi up` ran it with), then, when all
@@ -11,9 +12,15 @@ same run as `up`'s: the serving image, the bundle's environment, the bus-bandwid
 "IB, not Socket"): this node's here, each worker's over SSH with the head's re-qualification key.
 It prints each node's lines with the node's name in front and exits 0 only when every check passed.
 
+`peers-look` (the guard, every few seconds while serving) asks each worker for a `look` at its own
+rails — link, speed, MTU, RoCE port, error counters, the HCA's PCIe link and AER (fabric_watch.py,
+beside the checks) — and prints {worker: {"rails": [...]}} or {worker: {"error": ...}} as JSON: the
+head sees a worker's rail go down even where its own end stays up (a switch), and a worker's
+throttled HCA.
+
 `forced` is that key's forced command on a worker (components/fabric_requalify.py renders the
-authorization): the client's request (SSH_ORIGINAL_COMMAND) may name `fabric` or `nccl-rank` and
-nothing else; the flags are this node's plan's, fixed when the plan was installed.
+authorization): the client's request (SSH_ORIGINAL_COMMAND) may name `fabric`, `nccl-rank` or `look`
+and nothing else; the flags are this node's plan's, fixed when the plan was installed.
 
 A plan: {"node": NAME, "fabric": [fabric-check.sh flags], "nccl": [nccl-check.sh flags],
 "peers": [{"node": NAME, "address": RAIL IP}], "user": SSH USER, "key": KEY, "known_hosts": FILE}
@@ -31,8 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CHECKS_DIR = HERE / "requalify"  # fabric-check.sh, nccl-check.sh, prelude.sh, nccl-allreduce-check.py
-VERBS = ("fabric", "nccl-rank")
+CHECKS_DIR = HERE / "requalify"  # fabric-check.sh, nccl-check.sh, prelude.sh, nccl-allreduce-check.py, fabric_watch.py
+VERBS = ("fabric", "nccl-rank", "look")
+LOOK_TIMEOUT_S = 20
 TIMEOUT_S = 1500  # nccl-check.sh's own timeout (1200 s) and the roll call's
 
 
@@ -88,11 +96,41 @@ def run(plan: dict) -> int:
     return 0 if everywhere(plan, "nccl-rank") else 1
 
 
+def look(plan: dict) -> dict:
+    """This node's rails as the guard's fabric watch reads them (fabric_watch.py beside the checks)."""
+    sys.path.insert(0, str(CHECKS_DIR))
+    import fabric_watch
+    rails = fabric_watch.rails_of_fabric_check(plan["fabric"])
+    # "sys_root": a test's staged sysfs; the program's plans name none
+    root = Path(plan.get("sys_root", "/sys"))
+    return {"node": plan["node"], "rails": [fabric_watch.reading_record(fabric_watch.read_rail(r, root)) for r in rails]}
+
+
+def peers_look(plan: dict) -> dict:
+    """Every worker's `look`, at once: {node: its look, or {"error": why}}."""
+    def one(peer: dict) -> tuple[str, dict]:
+        argv, _ = peer_command(plan, peer, "look")
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=LOOK_TIMEOUT_S)
+            if done.returncode == 0:
+                return peer["node"], json.loads(done.stdout)
+            return peer["node"], {"error": (done.stderr or done.stdout).strip()[-300:] or f"exit {done.returncode}"}
+        except (OSError, subprocess.TimeoutExpired, ValueError) as err:
+            return peer["node"], {"error": f"{type(err).__name__}: {err}"}
+
+    peers = plan.get("peers", [])
+    with ThreadPoolExecutor(max_workers=max(1, len(peers))) as pool:
+        return dict(pool.map(one, peers))
+
+
 def forced(plan: dict) -> int:
     verb = os.environ.get("SSH_ORIGINAL_COMMAND", "").strip()
     if verb not in VERBS:
-        print(f"requalify: refused {verb[:80]!r}: this key may run only {' or '.join(VERBS)}", file=sys.stderr)
+        print(f"requalify: refused {verb[:80]!r}: this key may run only {', '.join(VERBS)}", file=sys.stderr)
         return 2
+    if verb == "look":
+        print(json.dumps(look(plan)))
+        return 0
     argv, stdin = local_command(plan, verb)
     done = subprocess.run(argv, input=stdin, timeout=TIMEOUT_S)
     return done.returncode
@@ -100,7 +138,7 @@ def forced(plan: dict) -> int:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=("run", "forced"))
+    parser.add_argument("mode", choices=("run", "peers-look", "forced"))
     parser.add_argument("--plan", required=True)
     args = parser.parse_args(argv)
     try:
@@ -108,6 +146,9 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as err:
         print(f"requalify: cannot read the plan {args.plan}: {err}", file=sys.stderr)
         return 2
+    if args.mode == "peers-look":
+        print(json.dumps(peers_look(plan)))
+        return 0
     return run(plan) if args.mode == "run" else forced(plan)
 
 

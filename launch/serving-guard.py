@@ -392,6 +392,10 @@ class Guard:
     nccl_network: Optional[str] = None
     requalifications_total: int = 0
     next_requalify: float = 0.0  # held for the fabric: when the checks run again
+    next_worker_look: float = 0.0
+    worker_before: dict = field(default_factory=dict)  # (worker, iface) -> its last look's RailReading
+    worker_streak: int = 0
+    worker_findings: list = field(default_factory=list)  # the workers' last look: fabric_watch.Finding, node-named
 
     @property
     def restarts_file(self) -> Path:
@@ -597,7 +601,7 @@ class Guard:
             self.restore_policy(container)
             return
         if container.running and self.rails:
-            acted = self.look_at_fabric(container)
+            acted = self.look_at_fabric(container) or self.look_at_workers()
             if acted:
                 self.requalify(acted)
                 return
@@ -629,6 +633,44 @@ class Guard:
         self.fabric.update(findings=[f.message for f in findings], nccl_network=self.nccl_network,
                            readings=readings)
         if acted and (self.fabric_streak >= FABRIC_LOOKS_TO_ACT or any(f.rail == "nccl" for f in acted)):
+            return "; ".join(f.message for f in acted)
+        return None
+
+    def look_at_workers(self) -> Optional[str]:
+        """Every --worker-look-interval s, each worker's own rails (requalify.py peers-look, over the
+        re-qualification key): the reason to stop serving, or None. A worker that does not answer is
+        no finding here (rebooting, or its own rail gone: the head's look and the checks say so)."""
+        if time.monotonic() < self.next_worker_look:
+            return None
+        self.next_worker_look = time.monotonic() + self.args.worker_look_interval
+        try:
+            done = subprocess.run([sys.executable, str(HERE / "requalify.py"), "peers-look", "--plan",
+                                   self.args.requalify_plan], capture_output=True, text=True, timeout=60)
+            looks = json.loads(done.stdout) if done.returncode == 0 else {}
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            looks = {}
+        findings = []
+        looked_at = self.fabric.setdefault("workers_looked_at", {})
+        for worker, look in sorted(looks.items()):
+            if "rails" in look:
+                looked_at[worker] = round(time.time(), 1)
+            for record in look.get("rails") or []:
+                try:
+                    reading = fabric_watch.reading_of(record)
+                except (KeyError, TypeError):
+                    continue  # not a reading of this version's: the next `up` installs the same on every node
+                key = (worker, reading.rail.iface)
+                findings += [fabric_watch.Finding(f.kind, f"{worker} {f.rail}", f"{worker} {f.message}")
+                             for f in fabric_watch.judge(reading, self.worker_before.get(key))]
+                self.worker_before[key] = reading
+        for finding in findings:
+            if finding.message not in [f.message for f in self.worker_findings]:
+                log(f"fabric: {finding.message}")
+        self.worker_findings = findings
+        self.fabric["worker_findings"] = [f.message for f in findings]
+        acted = fabric_watch.act_on(findings)
+        self.worker_streak = self.worker_streak + 1 if acted else 0
+        if acted and self.worker_streak >= FABRIC_LOOKS_TO_ACT:
             return "; ".join(f.message for f in acted)
         return None
 
@@ -682,6 +724,7 @@ class Guard:
         passed, summary = self.run_checks()
         self.fabric["requalifying"] = None
         self.fabric_streak, self.fabric_before = 0, {}
+        self.worker_streak, self.worker_before, self.next_worker_look = 0, {}, 0.0
         if passed:
             self.serve_again(f"fabric re-qualified after: {reason}")
             return
@@ -823,6 +866,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     fabric.add_argument("--drain-seconds", type=float, default=30.0)
     fabric.add_argument("--requalify-plan", help="launch/requalify.py's plan")
     fabric.add_argument("--requalify-interval", type=float, default=60.0, help="held for the fabric: seconds between checks")
+    fabric.add_argument("--worker-look-interval", type=float, default=30.0,
+                        help="seconds between looks at the workers' own rails (an SSH login to each: a worker's end of "
+                             "a direct cable going down the head sees at its own end within seconds)")
     fabric.add_argument("--sys-root", default="/sys", help="where sysfs is (a test stages one)")
     args = parser.parse_args(argv)
     if args.rail and not (args.rail_speed_mbps and args.rail_mtu and args.drain_file and args.requalify_plan):

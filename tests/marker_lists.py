@@ -18,8 +18,10 @@ NEEDS_ROOT_FIXTURES = {"private_node", "pair"}  # a mount namespace; two network
 # ops upgrade's flows, whose bench gate measures the stand-in for real (the larger of 10 % and the
 # measured spread): beside the simulator a slower image's bench fell inside a loaded machine's
 # spread and the upgrade passed, at nice 19 and at normal priority alike (docs/testing.md,
-# "Session of 2026-12-05, noon")
-QUIET_FILES = {"test_upgrade.py"}
+# "Session of 2026-12-05, noon"); the fabric watch's real guards (a process ticking every 2 s each, its
+# re-qualifications' subprocesses): beside the simulator at normal priority they took CPU from it (the
+# rehearsal of 8404162, docs/testing.md), before it they fit in the root tests' stage
+QUIET_FILES = {"test_upgrade.py", "test_fabric_watch.py"}
 NEEDS_A_QUIET_MACHINE = {
     # the bench gate at a Spark's pace: a 4x slower decode passed as noise beside the simulator
     "test_bench_gate.py::test_runs_of_an_unchanged_server_never_disagree_and_4x_slower_decodes_always_do",
@@ -28,6 +30,8 @@ NEEDS_A_QUIET_MACHINE = {
     # stalled 90 ms read 129 tok/s single-stream against 100 (the cold rehearsal of 2026-12-06)
     "test_bench.py::test_bench_measures_the_known_rates",
     "test_ray_membership.py::test_the_grace_is_what_the_readme_says_measured_from_the_head_going_silent",
+    # the doctor's --live: ops bench's figures of a stand-in of known rates, judged against the recipe's
+    "test_doctor.py::test_live_figures_stand_beside_the_recipes_and_a_shortfall_with_no_cause_says_so",
 }
 # `paced`: a file whose tests wait on the clock (a guard's rounds, Ray's grace, a heartbeat, NCCL's
 # roll call): scripts/test.sh runs them beside the simulator at normal priority, the rest yielding to
@@ -37,7 +41,7 @@ NEEDS_A_QUIET_MACHINE = {
 PACED_FILES = {
     "test_serving_guard.py", "test_ray_membership.py", "test_mp_executor.py", "test_observability_live.py",
     "test_bench.py", "test_bad_input.py", "test_node_artifacts.py", "test_nccl_ranks.py", "test_nccl_pairs.py",
-    "test_status.py", "test_needle.py", "test_fabric_watch.py", "test_doctor.py",
+    "test_status.py", "test_needle.py",
 }
 NEEDS_ROOT_TESTS = {  # FILE::NAME (without parameters)
     "test_weights.py::test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link",  # network namespaces

@@ -151,6 +151,7 @@ def install_half(lib: Path, node: str, plan: dict) -> None:
     for name in ("fabric-check.sh", "nccl-check.sh"):
         (lib / "requalify" / name).write_text(FAKE_CHECK)
     (lib / "requalify" / "nccl-allreduce-check.py").write_text("print('the check program')\n")
+    shutil.copy(LAUNCH / contract.FABRIC_WATCH_MODULE, lib / "requalify")  # a worker's `look` reads with it
     (lib / "requalify" / "node").write_text(node)
     (lib / "requalify" / "plan.json").write_text(json.dumps({"node": node, **plan}))
 
@@ -210,7 +211,7 @@ def test_a_failing_worker_fabric_check_fails_the_requalification_by_name_and_run
 @pytest.mark.parametrize("asked", ["", "bash", "fabric; id", "nccl-rank --node spark9", "rm -rf /"])
 def test_the_forced_command_runs_only_its_two_verbs(pair, asked):
     done = requalify(pair / "worker", "forced", {"SSH_ORIGINAL_COMMAND": asked})
-    assert done.returncode == 2 and "this key may run only fabric or nccl-rank" in done.stderr
+    assert done.returncode == 2 and "this key may run only fabric, nccl-rank, look" in done.stderr
     assert not (pair / "record").exists(), "nothing ran"
 
 
@@ -219,9 +220,25 @@ class FabricHead(Node):
     """The guard installed as on the head (serving-guard.py, fabric_watch.py, requalify.py in one
     folder, the checks under requalify/), its rails on a staged sysfs, the checks stood in for."""
 
-    def start_watching(self, requalify_interval=2.0, **kwargs):
+    def start_watching(self, requalify_interval=2.0, worker=False, **kwargs):
+        """`worker`: a worker spark2 too, its rails on a sysfs of its own, reached through a stand-in ssh."""
         lib, self.sys_root = self.tmp / "lib", self.tmp / "sys"
-        install_half(lib, "spark1", {"fabric": ["--node", "spark1"], "nccl": ["--node", "spark1"]})
+        plan: dict = {"fabric": ["--node", "spark1"], "nccl": ["--node", "spark1"]}
+        if worker:
+            self.worker_sys, worker_lib = self.tmp / "worker-sys", self.tmp / "worker"
+            stage_rail(self.worker_sys)
+            install_half(worker_lib, "spark2", {"fabric": ["--node", "spark2", "--mtu", str(MTU), "--speed-mbps",
+                                                           str(SPEED), "--rail", f"{IFACE}:{HCA}:10.0.0.1"],
+                                                "nccl": ["--node", "spark2"], "sys_root": str(self.worker_sys)})
+            plan.update(peers=[{"node": "spark2", "address": "10.0.0.2"}], user="twinspark",
+                        key="~/.ssh/twinspark_requalify", known_hosts="~/.ssh/known")
+            ssh_bin = self.tmp / "ssh-bin"
+            ssh_bin.mkdir()
+            (ssh_bin / "ssh").write_text(FAKE_SSH)
+            (ssh_bin / "ssh").chmod(0o755)
+            self.env.update(PATH=f"{ssh_bin}:{self.env['PATH']}", WORKER_LIB=str(worker_lib),
+                            SSH_RECORD=str(self.tmp / "ssh-record"))
+        install_half(lib, "spark1", plan)
         for name in (contract.SERVING_GUARD_SCRIPT, contract.FABRIC_WATCH_MODULE):
             shutil.copy(LAUNCH / name, lib)
         stage_rail(self.sys_root)
@@ -239,7 +256,8 @@ class FabricHead(Node):
         self.fabric_flags = ["--rail", f"{IFACE}:{HCA}", "--rail-speed-mbps", str(SPEED), "--rail-mtu", str(MTU),
                              "--nccl-debug-dir", str(self.debug_dir), "--drain-file", str(self.drain_file),
                              "--drain-seconds", "5", "--requalify-plan", str(lib / "requalify/plan.json"),
-                             "--requalify-interval", str(requalify_interval), "--sys-root", str(self.sys_root)]
+                             "--requalify-interval", str(requalify_interval), "--sys-root", str(self.sys_root),
+                             "--worker-look-interval", "1"]
         return self.start(**kwargs)
 
     def checks_run(self) -> list[str]:
@@ -324,6 +342,38 @@ def test_a_guard_that_dies_mid_requalification_is_followed_by_one_that_serves_ag
     head.start()  # what systemd's Restart=always does
     wait_on_guard(lambda: head.state()["running"] and head.state()["policy"] == contract.SERVING_RESTART_POLICY,
                   "serving started by the next guard", head)
+
+
+def test_a_workers_rail_down_is_seen_through_its_look_and_requalified(fabric_head):
+    """On a switch the head's end stays up when a worker's goes down: the guard asks each worker for
+    a look at its own rails (requalify.py peers-look, the worker's forced `look`)."""
+    head = fabric_head.start_watching(worker=True)
+    wait_on_guard(lambda: head.status["ok"] is True, "a first passing round", head)
+    wait_on_guard(lambda: "look" in (head.tmp / "ssh-record").read_text(), "the worker looked at", head)
+    assert head.checks_run() == []
+    stage_rail(head.worker_sys, operstate="down")
+    wait_on_guard(lambda: {"spark1 fabric-check", "spark2 fabric-check"} <= set(head.checks_run()),
+                  "both nodes' fabric checks", head)
+    stage_rail(head.worker_sys)  # the flap ended
+    wait_on_guard(lambda: head.status["restarts_in_window"] == 1 and head.state()["running"], "serving again", head)
+    assert head.status["last_restart"]["reason"] == f"fabric re-qualified after: spark2 rail {IFACE}: link down, expected up"
+    assert f"fabric: spark2 rail {IFACE}: link down, expected up" in head.guard_log()
+
+
+def test_a_workers_look_reports_its_rails_and_an_unreachable_one_says_why(pair):
+    worker_sys = pair / "worker-sys"
+    stage_rail(worker_sys, width=4)
+    plan = json.loads((pair / "worker/requalify/plan.json").read_text())
+    plan["fabric"] = ["--node", "spark2", "--mtu", str(MTU), "--speed-mbps", str(SPEED), "--rail", f"{IFACE}:{HCA}:10.0.0.1"]
+    (pair / "worker/requalify/plan.json").write_text(json.dumps({**plan, "sys_root": str(worker_sys)}))
+    done = requalify(pair / "head", "peers-look")
+    looks = json.loads(done.stdout)
+    [record] = looks["spark2"]["rails"]
+    reading = fabric_watch.reading_of(record)
+    assert reading.rail == RAIL and reading.pcie["width"] == 4
+    assert [f.kind for f in fabric_watch.judge(reading)] == ["throttled"]
+    (pair / "worker/requalify/plan.json").unlink()  # a worker whose plan is gone answers with an error
+    assert "error" in json.loads(requalify(pair / "head", "peers-look").stdout)["spark2"]
 
 
 def test_nccl_on_socket_after_a_start_is_caught_at_once_and_a_start_on_ib_is_not(fabric_head):

@@ -424,9 +424,11 @@ def test_a_new_host_key_updates_that_nodes_steps_without_replacing_them(program,
     before, after = effective(recipe_run), effective(rekeyed)
     differing = {name for name in before if before[name] != after[name]}
     spark2_steps = {r.name for r in commands(recipe_run) if connection(r)["host"] == "192.168.1.11"}
-    # and what follows the key from elsewhere (tests/test_nccl_ranks.py): its pin on the head, the
-    # node's installation (its image, containers, weights copy), the NCCL run (every rank)
-    assert differing == spark2_steps | {"spark2-weights-host-key", "spark2-installation", "nccl-run"}
+    # and what follows the key from elsewhere (tests/test_nccl_ranks.py): its pins on the head (the
+    # weight copy's, the guard's re-qualification's), the node's installation (its image, containers,
+    # weights copy), the NCCL run (every rank)
+    assert differing == spark2_steps | {"spark2-weights-host-key", "spark2-requalify-host-key", "spark2-installation",
+                                        "nccl-run"}
     for name in spark2_steps:
         b, a = before[name][1], after[name][1]
         assert b["triggers"] == a["triggers"]  # no replacement: pulumi-command's Update runs the step again

@@ -203,13 +203,13 @@ class SpecDecoding(Behaviour):
 
 
 def test_live_figures_stand_beside_the_recipes_and_a_shortfall_with_no_cause_says_so(monkeypatch, capsys):
-    """--live against the OpenAI stand-in decoding at 30 tok/s (the recipe: 74.8 single stream) with a
+    """--live against the OpenAI stand-in decoding at 50 tok/s (the recipe: 74.8 single stream) with a
     healthy fingerprint: the single stream is short, said with no cause to blame; spec decode's
     acceptance per draft position comes from vLLM's counters over the doctor's own requests."""
     answers = {(n, probe): (node_status((9000, 9000), (4096, 4096)) if probe == "status" else HEALTHY_FACTS)
                for n in ("spark1", "spark2") for probe in ("status", "doctor")}
     monkeypatch.setattr(doctor, "ssh_runner", lambda *a: fake_runner(answers))
-    server = serve(SpecDecoding(api_key="sk-doctor", model="ds-0731", decode_tok_s=30.0, prefill_tok_s=float("inf"),
+    server = serve(SpecDecoding(api_key="sk-doctor", model="ds-0731", decode_tok_s=50.0, prefill_tok_s=float("inf"),
                                 base_latency_s=0.0))
     try:
         code, err, out = run_ops(capsys, *doctor_flags(), "--live", "--endpoint",
@@ -221,7 +221,7 @@ def test_live_figures_stand_beside_the_recipes_and_a_shortfall_with_no_cause_say
     assert code == 1 and report["findings"] == [], err
     figures = {f["figure"]: f for f in report["live"]["figures"]}
     single = next(f for name, f in figures.items() if "single" in name)
-    assert single["recipe"] == 74.8 and single["short"] and 0 < single["measured"] < 40, single
+    assert single["recipe"] == 74.8 and single["short"] and 0 < single["measured"] < 0.8 * 74.8, single
     spec = report["live"]["spec_decode"]
     assert spec and [round(p, 2) for p in spec["per_position"]] == list(SpecDecoding.SHARES), spec
     assert report["live"]["errors"] == []

@@ -1,6 +1,7 @@
 """The fabric, on the pair the real engine deployed (issue 40, parts 2 and 3). While serving: the head's
-guard (launch/serving-guard.py with launch/fabric_watch.py) watches its rails and NCCL's choice in
-each engine start; a rail that goes down mid-serving is alerted by the head's Prometheus, drained at
+guard (launch/serving-guard.py with launch/fabric_watch.py) watches its rails, the worker's (a look
+over its re-qualification key every 30 s) and NCCL's choice in each engine start; the head's rail
+that goes down mid-serving is alerted by the head's Prometheus, drained at
 the gateway, re-qualified (launch/requalify.py: both nodes' fabric checks, the worker's over the
 head's forced-command key, then both NCCL ranks) and held while the checks fail; mended, serving
 comes back by the guard's next re-qualification, no person involved; and an engine start whose NCCL
@@ -34,7 +35,9 @@ from scenario_kit import HEAD, WORKER, changes, completion_status, guard_verdict
     serving_settings, wait_for, with_an_empty_restart_count
 from test_engine_sim_healing import prometheus, scrape_s, set_knob
 
-DOWN_RAIL = "rail1"  # NCCL's second rail; rail0 carries Ray, whose loss would end the engine by itself
+# the head's NCCL's second rail (rail0 carries Ray, whose loss would end the engine by itself); a worker's
+# rail down, seen through its `look` over the head's key (every 30 s), is tests/test_fabric_watch.py's
+DOWN_RAIL, DOWN_ON = "rail1", HEAD
 GUARD_LOG = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
 CAPPED_NVIDIA_SMI = Path(__file__).resolve().parents[1] / "sim" / "faults" / "nvidia-smi-capped"
 
@@ -75,24 +78,27 @@ def test_a_rail_down_mid_serving_is_alerted_drained_held_requalified_and_nccl_on
     set_knob(cluster, "nccl-socket-starts", "1")  # the engine's next start: NCCL finds no RDMA device
     requalify_s = serving_settings(stack)["guard"]["requalifySeconds"]
     down_at = time.time()
-    cluster.in_netns(HEAD, "ip", "link", "set", DOWN_RAIL, "down")
+    cluster.in_netns(DOWN_ON, "ip", "link", "set", DOWN_RAIL, "down")
     try:
-        wait_for(lambda: draining(cluster), "the gateway drained", 30, interval_s=0.5)
+        wait_for(lambda: draining(cluster), "the gateway drained", 60, interval_s=0.5)
         report["fabric_rail_down_to_drain_s"] = round(time.time() - down_at, 1)
         hold = wait_for(lambda: hold_of(cluster).get("kind") == "fabric" and hold_of(cluster), "the fabric's hold", 120)
         report["fabric_rail_down_to_hold_s"] = round(time.time() - down_at, 1)
         report["fabric_hold_reason"] = hold["reason"]
-        assert f"rail {DOWN_RAIL}: link down, expected up" in hold["reason"], hold
-        # the checks' own words: the head's fabric check names the rail (fabric-check.sh, as `up` runs it)
-        assert "FAIL sim1 fabric (exit 1): " in hold["reason"] and f"FAIL rail {DOWN_RAIL}: link expected up, " \
-            "measured down" in hold["reason"], hold
+        assert hold["reason"].startswith(f"fabric: rail {DOWN_RAIL}: link down, expected up"), hold
+        # the checks' own words (fabric-check.sh, as `up` runs it): the head's names its link, the
+        # worker's (over the head's key) misses the head's rail address
+        assert "FAIL sim1 fabric (exit 1): " in hold["reason"] and f"FAIL {WORKER} fabric (exit 1): " in hold["reason"]
+        assert f"FAIL rail {DOWN_RAIL}: link expected up, measured down" in hold["reason"], hold
+        # and the worker's own rails were read the way a rail of its alone is caught (its forced `look`)
+        assert WORKER in guard_verdict(cluster)["fabric"].get("workers_looked_at", {}), guard_verdict(cluster)
         assert gateway_503(outputs), "a client meets the drain's 503, not a dead socket"
         assert guard_verdict(cluster)["hold"]["kind"] == "fabric"
         state = wait_for(lambda: alert_state(cluster, "TwinsparkRailDown"), "TwinsparkRailDown in Prometheus",
                          3 * scrape_s(stack) + 30)
         report["fabric_rail_down_alert_state"] = state
     finally:
-        cluster.in_netns(HEAD, "ip", "link", "set", DOWN_RAIL, "up")
+        cluster.in_netns(DOWN_ON, "ip", "link", "set", DOWN_RAIL, "up")
     mended_at = time.time()
     # the guard's next re-qualification passes (both fabric checks, both NCCL ranks) and serving
     # starts; that start's NCCL is on Socket (the knob), caught and re-qualified into one on IB
