@@ -424,8 +424,8 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     # the worker's forced command and its weights.py, the kept model revision, observability
     # files on the head (prometheus.yml, rules, datasource, dashboard provider, 3 dashboards,
     # Grafana password), the guard's script, fabric watch and unit; the re-qualification's files on
-    # each node (requalify.py, the plan, four checks' files), the head's key and its authorization
-    assert len(undoing) == 21 + 13 + 10 + 1 + 1 + 2 + 1 + 8 + 3 + 2 * 6 + 1 + 1
+    # each node (requalify.py, the plan, four checks' files, fabric_watch.py), the head's key and its authorization
+    assert len(undoing) == 21 + 13 + 10 + 1 + 1 + 2 + 1 + 8 + 3 + 2 * 7 + 1 + 1
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 
