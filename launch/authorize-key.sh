@@ -42,6 +42,11 @@ main() {
     *) thing="$comment-authorization@$address" ;;
   esac
   what="${comment#twinspark-} key"
+  # one edit of the file at a time: two keys' steps run at once on a node (the weight copy's and the
+  # re-qualification's), and a read-modify-rename beside another loses that one's line
+  install -d -m 700 "$(dirname "$keys_file")"
+  exec {keys_lock}>"$keys_file.lock"
+  flock "$keys_lock"
   case "$verb" in
     add)
       install -d -m 700 "$(dirname "$keys_file")"

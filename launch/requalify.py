@@ -40,7 +40,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CHECKS_DIR = HERE / "requalify"  # fabric-check.sh, nccl-check.sh, prelude.sh, nccl-allreduce-check.py, fabric_watch.py
 VERBS = ("fabric", "nccl-rank", "look")
-LOOK_TIMEOUT_S = 20
+# a look holds up the guard's loop (its canary) for as long as it takes: a worker that is down (a
+# reboot) costs it a few seconds, not the re-qualification's patience
+LOOK_CONNECT_TIMEOUT_S, LOOK_TIMEOUT_S = 3, 8
 TIMEOUT_S = 1500  # nccl-check.sh's own timeout (1200 s) and the roll call's
 
 
@@ -52,11 +54,11 @@ def local_command(plan: dict, verb: str) -> tuple[list[str], bytes]:
             (CHECKS_DIR / "nccl-allreduce-check.py").read_bytes())
 
 
-def peer_command(plan: dict, peer: dict, verb: str) -> tuple[list[str], bytes]:
+def peer_command(plan: dict, peer: dict, verb: str, connect_timeout_s: int = 10) -> tuple[list[str], bytes]:
     """A worker's half: ssh with the re-qualification key; its forced command picks the flags."""
     return ["ssh", "-i", os.path.expanduser(plan["key"]), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
             "-o", f"UserKnownHostsFile={os.path.expanduser(plan['known_hosts'])}", "-o", "StrictHostKeyChecking=yes",
-            "-o", "ConnectTimeout=10", f"{plan['user']}@{peer['address']}", verb], b""
+            "-o", f"ConnectTimeout={connect_timeout_s}", f"{plan['user']}@{peer['address']}", verb], b""
 
 
 def run_one(node: str, argv: list[str], stdin: bytes) -> tuple[str, int, str]:
@@ -109,7 +111,7 @@ def look(plan: dict) -> dict:
 def peers_look(plan: dict) -> dict:
     """Every worker's `look`, at once: {node: its look, or {"error": why}}."""
     def one(peer: dict) -> tuple[str, dict]:
-        argv, _ = peer_command(plan, peer, "look")
+        argv, _ = peer_command(plan, peer, "look", LOOK_CONNECT_TIMEOUT_S)
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=LOOK_TIMEOUT_S)
             if done.returncode == 0:

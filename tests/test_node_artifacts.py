@@ -576,8 +576,33 @@ def test_a_login_beside_an_authorization_always_finds_the_users_own_key(tmp_path
         reader.join()
     assert reads[0] > 100, reads  # the reader really ran beside the rewrites
     assert missing == [], f"{len(missing)} of {reads[0]} reads lacked the user's key, e.g. {missing[0]!r}"
-    assert sorted(p.name for p in keys.parent.iterdir()) == ["authorized_keys"]  # no temporary left
+    # no temporary left (the lock that orders the edits stays, empty)
+    assert sorted(p.name for p in keys.parent.iterdir()) == ["authorized_keys", "authorized_keys.lock"]
     assert oct(keys.stat().st_mode & 0o777) == "0o600"
+
+
+def test_two_keys_authorized_at_once_on_one_node_both_stay(tmp_path):
+    """The weight copy's key and the guard's re-qualification key are authorized by steps that run at
+    once on a worker (the rehearsal of cdf6d94 lost the sync key's line on the four-node switch: the
+    relay could not ship the image). Twelve adds at once, six sources of each key: every line stays."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    keys = home / ".ssh" / "authorized_keys"
+    keys.write_text("ssh-ed25519 AAAAuser me@laptop\n")
+    adds = []
+    for i in range(6):
+        for comment in (contract.SYNC_KEY_COMMENT, contract.REQUALIFY_KEY_COMMENT):
+            line = remote.render_authorized_key_line(f"10.0.0.{i + 1}", f"ssh-ed25519 AAAA{comment[10:]}{i} {comment}@node",
+                                                     FORCED)
+            adds.append(subprocess.Popen(["bash", str(LAUNCH_DIR / "authorize-key.sh"), "add", "--comment", comment,
+                                          "--owner", f"node-{comment}-{i}"], stdin=subprocess.PIPE, text=True,
+                                         env={**os.environ, "HOME": str(home)}))
+            adds[-1].stdin.write(line)
+            adds[-1].stdin.close()
+    assert [proc.wait(timeout=60) for proc in adds] == [0] * 12
+    held = sorted(row.split()[-2] for row in keys.read_text().splitlines())
+    assert held == sorted(["AAAAuser", *(f"AAAA{c[10:]}{i}" for i in range(6)
+                                         for c in (contract.SYNC_KEY_COMMENT, contract.REQUALIFY_KEY_COMMENT))]), held
 
 
 def test_each_source_of_a_copy_has_its_own_authorization_which_a_new_key_replaces_and_remove_takes_alone(tmp_path):
