@@ -12,7 +12,7 @@ same run as `up`'s: the serving image, the bundle's environment, the bus-bandwid
 "IB, not Socket"): this node's here, each worker's over SSH with the head's re-qualification key.
 It prints each node's lines with the node's name in front and exits 0 only when every check passed.
 
-`peers-look` (the guard, every half minute while serving) asks each worker for a `look` at its own
+`peers-look` (the guard, every 5 min while serving) asks each worker for a `look` at its own
 rails — link, speed, MTU, RoCE port, error counters, the HCA's PCIe link and AER (fabric_watch.py,
 beside the checks) — and prints {worker: {"rails": [...]}} or {worker: {"error": ...}} as JSON: the
 head sees a worker's rail go down even where its own end stays up (a switch), and a worker's

@@ -866,7 +866,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     fabric.add_argument("--drain-seconds", type=float, default=30.0)
     fabric.add_argument("--requalify-plan", help="launch/requalify.py's plan")
     fabric.add_argument("--requalify-interval", type=float, default=60.0, help="held for the fabric: seconds between checks")
-    fabric.add_argument("--worker-look-interval", type=float, default=30.0,
+    # every 5 min: the rehearsals with the look every 30 s ran the simulator 17-26 % slower than the one
+    # without it (docs/testing.md, 2026-12-06), a cost not measured yet; a worker's rail down is also
+    # TwinsparkRailDown's at once, and on a direct cable the head's own end goes down with it
+    fabric.add_argument("--worker-look-interval", type=float, default=300.0,
                         help="seconds between looks at the workers' own rails (an SSH login to each: a worker's end of "
                              "a direct cable going down the head sees at its own end within seconds)")
     fabric.add_argument("--sys-root", default="/sys", help="where sysfs is (a test stages one)")

@@ -1,6 +1,6 @@
 """The fabric, on the pair the real engine deployed (issue 40, parts 2 and 3). While serving: the head's
 guard (launch/serving-guard.py with launch/fabric_watch.py) watches its rails, the worker's (a look
-over its re-qualification key every 30 s) and NCCL's choice in each engine start; the head's rail
+over its re-qualification key every 5 min) and NCCL's choice in each engine start; the head's rail
 that goes down mid-serving is alerted by the head's Prometheus, drained at
 the gateway, re-qualified (launch/requalify.py: both nodes' fabric checks, the worker's over the
 head's forced-command key, then both NCCL ranks) and held while the checks fail; mended, serving
@@ -36,7 +36,7 @@ from scenario_kit import HEAD, WORKER, changes, completion_status, guard_verdict
 from test_engine_sim_healing import prometheus, scrape_s, set_knob
 
 # the head's NCCL's second rail (rail0 carries Ray, whose loss would end the engine by itself); a worker's
-# rail down, seen through its `look` over the head's key (every 30 s), is tests/test_fabric_watch.py's
+# rail down, seen through its `look` over the head's key (every 5 min), is tests/test_fabric_watch.py's
 DOWN_RAIL, DOWN_ON = "rail1", HEAD
 GUARD_LOG = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
 CAPPED_NVIDIA_SMI = Path(__file__).resolve().parents[1] / "sim" / "faults" / "nvidia-smi-capped"
