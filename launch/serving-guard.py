@@ -395,7 +395,6 @@ class Guard:
     next_worker_look: float = 0.0
     worker_before: dict = field(default_factory=dict)  # (worker, iface) -> its last look's RailReading
     worker_streak: int = 0
-    worker_findings: list = field(default_factory=list)  # the workers' last look: fabric_watch.Finding, node-named
 
     @property
     def restarts_file(self) -> Path:
@@ -625,16 +624,9 @@ class Guard:
             if network not in (None, "IB"):
                 findings.append(fabric_watch.Finding("nccl", "nccl", f"NCCL chose {network}, not IB, in the serving "
                                                                      f"start of {container.started_at} ({path})"))
-        for finding in findings:
-            if finding.message not in self.fabric.get("findings", []):
-                log(f"fabric: {finding.message}")
-        acted = fabric_watch.act_on(findings)
-        self.fabric_streak = self.fabric_streak + 1 if acted else 0
-        self.fabric.update(findings=[f.message for f in findings], nccl_network=self.nccl_network,
-                           readings=readings)
-        if acted and (self.fabric_streak >= FABRIC_LOOKS_TO_ACT or any(f.rail == "nccl" for f in acted)):
-            return "; ".join(f.message for f in acted)
-        return None
+        self.fabric_streak, reason = self.weigh(findings, "findings", self.fabric_streak)
+        self.fabric.update(nccl_network=self.nccl_network, readings=readings)
+        return reason
 
     def look_at_workers(self) -> Optional[str]:
         """Every --worker-look-interval s, each worker's own rails (requalify.py peers-look, over the
@@ -663,16 +655,22 @@ class Guard:
                 findings += [fabric_watch.Finding(f.kind, f"{worker} {f.rail}", f"{worker} {f.message}")
                              for f in fabric_watch.judge(reading, self.worker_before.get(key))]
                 self.worker_before[key] = reading
+        self.worker_streak, reason = self.weigh(findings, "worker_findings", self.worker_streak)
+        return reason
+
+    def weigh(self, findings: list, said: str, streak: int) -> tuple[int, Optional[str]]:
+        """Log the findings the last look (self.fabric[said]) had not, keep them there; (the streak of
+        looks with one acted on, the reason to stop serving: such a finding on FABRIC_LOOKS_TO_ACT looks
+        in a row, or NCCL's at once)."""
         for finding in findings:
-            if finding.message not in [f.message for f in self.worker_findings]:
+            if finding.message not in self.fabric.get(said, []):
                 log(f"fabric: {finding.message}")
-        self.worker_findings = findings
-        self.fabric["worker_findings"] = [f.message for f in findings]
+        self.fabric[said] = [f.message for f in findings]
         acted = fabric_watch.act_on(findings)
-        self.worker_streak = self.worker_streak + 1 if acted else 0
-        if acted and self.worker_streak >= FABRIC_LOOKS_TO_ACT:
-            return "; ".join(f.message for f in acted)
-        return None
+        streak = streak + 1 if acted else 0
+        if acted and (streak >= FABRIC_LOOKS_TO_ACT or any(f.rail == "nccl" for f in acted)):
+            return streak, "; ".join(f.message for f in acted)
+        return streak, None
 
     def drain(self, reason: str) -> None:
         """New requests get the gateway's 503; the ones in flight get --drain-seconds to finish."""
