@@ -129,7 +129,12 @@ FAKE_CHECK = """#!/usr/bin/env bash
 # a check's stand-in: records when it ran and with what, passes unless $VERDICTS/NODE-VERB says fail (or hang)
 verb=$(basename "$0" .sh); node=$(cat "$(dirname "$0")/node")
 echo "$node $verb start $(date +%s.%N) $*" >> "$RECORD"
-[ "$verb" = nccl-check ] && { cat > /dev/null; sleep 1; }
+# an NCCL rank's roll call: it ends only once $RANKS ranks (default 1) have started, as a real rank
+# waits for the others (a fixed sleep let one rank end before the other began on a loaded machine)
+if [ "$verb" = nccl-check ]; then
+  cat > /dev/null
+  for _ in $(seq 150); do [ "$(grep -c " nccl-check start " "$RECORD")" -ge "${RANKS:-1}" ] && break; sleep 0.2; done
+fi
 echo "$node $verb end $(date +%s.%N)" >> "$RECORD"
 verdict=$(cat "$VERDICTS/$node-$verb" 2>/dev/null || true)
 [ "$verdict" = hang ] && sleep 600
@@ -170,7 +175,7 @@ def pair(tmp_path, monkeypatch):
     (bin_dir / "ssh").chmod(0o755)
     (tmp_path / "verdicts").mkdir()
     for name, value in (("PATH", f"{bin_dir}:{os.environ['PATH']}"), ("RECORD", tmp_path / "record"),
-                        ("SSH_RECORD", tmp_path / "ssh-record"), ("VERDICTS", tmp_path / "verdicts"),
+                        ("SSH_RECORD", tmp_path / "ssh-record"), ("VERDICTS", tmp_path / "verdicts"), ("RANKS", "2"),
                         ("WORKER_LIB", worker)):
         monkeypatch.setenv(name, str(value))
     return tmp_path
@@ -318,9 +323,10 @@ def test_checks_that_fail_hold_serving_with_their_reason_until_they_pass(fabric_
     assert "nccl-check" not in " ".join(head.checks_run())
     stage_rail(head.sys_root)  # reseated
     (head.verdicts / "spark1-fabric-check").unlink()
-    wait_on_guard(lambda: head.state()["running"] and not head.hold_file.exists(), "served again once the checks pass",
-                  head)
-    assert head.state()["policy"] == contract.SERVING_RESTART_POLICY and not head.drain_file.exists()
+    # the drain ends just after the container starts (serve_again): waited for with it
+    wait_on_guard(lambda: head.state()["running"] and not head.hold_file.exists() and not head.drain_file.exists(),
+                  "served again once the checks pass, the drain ended", head)
+    assert head.state()["policy"] == contract.SERVING_RESTART_POLICY
     assert head.status["restarts_in_window"] == 1, "the hold's release is a restart; the count is kept"
     assert head.checks_run().count("spark1 fabric-check") >= 2
 
