@@ -10,6 +10,7 @@ import pulumi
 import pulumi_random as random
 
 from components import client_outputs as client
+from components.box_recovery import BoxRecovery, box_recovery_args, release_argv
 from components.config import Topology, load_secrets, load_stack_config, resolve_node_addresses
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe, fabric_check_args
 from components.firewall import firewall_policy
@@ -206,7 +207,8 @@ if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the head
         "requalify",
         requalify_args(cfg, topology, conns, ssh.host_keys,
                        fabric_flags={name: fabric_check_args(args) for name, args in fabric_args.items()},
-                       nccl_flags={r.name: guard_rank_flags(nccl_args, r.name) for r in nccl_args.ranks}),
+                       nccl_flags={r.name: guard_rank_flags(nccl_args, r.name) for r in nccl_args.ranks},
+                       release={n.name: release_argv(n.name) for n in cfg.nodes}),
         opts=pulumi.ResourceOptions(depends_on=[nccl]))
     ServingGuard(
         f"{head.name}-guard",
@@ -224,6 +226,10 @@ if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the head
         # installed once the container it watches exists, and the checks it re-runs
         opts=pulumi.ResourceOptions(depends_on=[cluster.head, cluster.gateway, requalify]),
     )
+# every node's recorder (an unclean boot explained, and held out of serving until re-qualified) and, where a
+# node has a `power` plug, the watch on the node after it that power-cycles it when it stops answering
+BoxRecovery("recovery", box_recovery_args(cfg, topology, conns),
+            opts=pulumi.ResourceOptions(depends_on=list(host_preps.values())))
 Readiness(
     "readiness",
     ReadinessArgs(

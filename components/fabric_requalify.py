@@ -49,6 +49,9 @@ class RequalifyNode:
     address: str = ""  # a worker: the head reaches it here (its first rail toward the head)
     source_address: str = ""  # a worker: the head's end of that rail (the authorization's from=)
     host_key: str = ""  # a worker: its pinned SSH host key
+    # what runs as root once every check passed: the node recorder's release of an unclean boot's hold
+    # (components/box_recovery.py's release_argv)
+    release: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -60,13 +63,14 @@ class FabricRequalifyArgs:
 
 def requalify_args(cfg, topology, conns: Mapping[str, pulumi_remote.ConnectionArgs], host_keys: Mapping[str, str],
                    fabric_flags: Mapping[str, Sequence[str]],
-                   nccl_flags: Mapping[str, pulumi.Input[Sequence[str]]]) -> FabricRequalifyArgs:
+                   nccl_flags: Mapping[str, pulumi.Input[Sequence[str]]],
+                   release: Mapping[str, Sequence[str]]) -> FabricRequalifyArgs:
     """Each node's checks as `up` runs them (FabricCheck's flags, its NCCL rank's); a worker
-    reached over its first rail toward the head."""
+    reached over its first rail toward the head; `release`: each node's, once they pass."""
     def node(n, rail=None) -> RequalifyNode:
         return RequalifyNode(n.name, conns[n.name], fabric_flags[n.name], nccl_flags[n.name],
                              address=rail.worker_ip if rail else "", source_address=rail.source_ip if rail else "",
-                             host_key=host_keys[n.name] if rail else "")
+                             host_key=host_keys[n.name] if rail else "", release=release[n.name])
 
     return FabricRequalifyArgs(head=node(cfg.head), workers=[node(w, topology.copy_rails(w)[0]) for w in cfg.workers],
                                ssh_user=cfg.ssh.user)
@@ -76,7 +80,7 @@ def node_plan(node: RequalifyNode, nccl_flags: Sequence[str]) -> dict:
     """A node's own half: the fabric check without the login's memlock (no login here, and the
     limit does not change while serving), its NCCL rank."""
     return {"node": node.name, "fabric": [*node.fabric_flags, "--memlock", "skip"],
-            "nccl": list(nccl_flags)}
+            "nccl": list(nccl_flags), "release": list(node.release), "unclean_boot_hold": contract.UNCLEAN_BOOT_HOLD}
 
 
 def render_plan(args: FabricRequalifyArgs, node: RequalifyNode, nccl_flags: Sequence[str]) -> str:

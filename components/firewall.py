@@ -27,9 +27,10 @@ ANYWHERE = "anywhere"
 RAY_PEERS = "the other nodes' Ray addresses"  # Topology.ray_ip: the first rail; a ring's LAN address
 LAN_PEERS = "the other nodes' LAN addresses"  # `host`, resolved: NCCL's and GLOO's bootstrap (fabric.bootstrapIface)
 HEAD_RAY = "the head's Ray address"  # Prometheus's scrapes
+POWER_WATCHER = "its power watcher's Ray address"  # Topology.power_watcher: the next node in `nodes`
 COPY_SOURCE = "the copy's source, on each rail of the copy, while it runs"  # a set sync-weights.sh fills
 # Which nodes a flow reaches (Flow.to)
-EVERY_NODE, HEAD, WORKERS = "every node", "the head", "the workers"
+EVERY_NODE, HEAD, WORKERS, PLUGGED = "every node", "the head", "the workers", "a node with a `power` plug"
 # When a flow exists (Flow.when): a config value names it
 ALWAYS, RAY, MP, OBSERVABILITY = "always", "serving.executor ray", "serving.executor mp", "observability.enabled"
 
@@ -66,6 +67,8 @@ FLOWS = (
          "vLLM's master port: torch.distributed's TCPStore, with NO authentication (see below)"),
     Flow("exporters", (contract.NODE_EXPORTER_PORT,) * 2, EVERY_NODE, HEAD_RAY, OBSERVABILITY,
          "the node exporter, scraped by the head's Prometheus"),
+    Flow("power-watch", (contract.NODE_EXPORTER_PORT,) * 2, PLUGGED, POWER_WATCHER, OBSERVABILITY,
+         "the node exporter, asked by the power watch for a sign of life (and the head's guard heartbeat)"),
     Flow("gpu-exporter", (contract.GPU_EXPORTER_PORT,) * 2, EVERY_NODE, HEAD_RAY, OBSERVABILITY,
          "the GPU exporter, scraped by the head's Prometheus"),
     Flow("weight-copy", (contract.WEIGHTS_SYNC_PORT,) * 2, WORKERS, COPY_SOURCE, ALWAYS,
@@ -95,6 +98,8 @@ def _applies(flow: Flow, node: Node, topology: Topology) -> bool:
     cfg = topology.cfg
     if flow.to == HEAD and node.role != "head" or flow.to == WORKERS and node.role == "head":
         return False
+    if flow.to == PLUGGED and (node.power is None or topology.power_watcher(node) is None):
+        return False
     return {ALWAYS: True, RAY: cfg.serving.executor == "ray", MP: cfg.serving.executor == "mp",
             OBSERVABILITY: cfg.observability.enabled}[flow.when]
 
@@ -110,6 +115,9 @@ def _sources(flow: Flow, node: Node, topology: Topology) -> tuple[Optional[str],
         return None, tuple(a for m in others for a in topology.lan[m.name])
     if flow.source == HEAD_RAY:
         return _ray_iface(node, topology), (() if node.role == "head" else (topology.head_ray_ip,))
+    if flow.source == POWER_WATCHER:
+        watcher = topology.power_watcher(node)
+        return _ray_iface(node, topology), (topology.ray_ip(watcher),) if watcher else ()
     assert flow.source == RAY_PEERS, flow.source
     return _ray_iface(node, topology), tuple(topology.ray_ip(m) for m in others)
 

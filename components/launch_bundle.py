@@ -164,6 +164,7 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("# where the model is, where the verdict goes, where the host's cgroup tree is mounted", None),
         ("TWINSPARK_MEMORY_CHECK_SCRIPT", contract.MEMORY_CHECK_SCRIPT),
         ("TWINSPARK_MEMORY_CHECK_STATUS", contract.MEMORY_CHECK_STATUS),
+        ("TWINSPARK_UNCLEAN_BOOT_HOLD", contract.UNCLEAN_BOOT_HOLD),
         ("TWINSPARK_MODEL_DIR", args.vllm.model.container_dir),
         *args.vllm.serving.memory_budget.env_entries(),
         ("TWINSPARK_HOST_CGROUP_DIR", contract.HOST_CGROUP_DIR),

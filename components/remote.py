@@ -289,6 +289,28 @@ def files_hash(files: Sequence[ManagedFile], key: Optional[pulumi.Input[str]] = 
     )
 
 
+def render_service_unit(header: str, description: str, ordering: Sequence[str], exec_start: Sequence[str],
+                        log: str, exec_start_pre: Optional[Sequence[str]] = None) -> str:
+    """A twinspark service that runs as long as the host does (restarted 5 s after it exits), its
+    output appended to `log`; `header`: the comment lines on top (what it is, its scripts' hash)."""
+    pre = f"ExecStartPre={shlex.join(exec_start_pre)}\n" if exec_start_pre else ""
+    return f"""{header}
+[Unit]
+Description={description}
+{chr(10).join(ordering)}
+
+[Service]
+{pre}ExecStart={shlex.join(exec_start)}
+Restart=always
+RestartSec=5
+StandardOutput=append:{log}
+StandardError=append:{log}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
 def render_authorized_key_line(source_ip: str, public_key: str, command: Sequence[str]) -> str:
     """Only from the source's rail address, only `command` whatever the client asks (sshd runs it
     with the request in SSH_ORIGINAL_COMMAND), no pty, no forwarding."""

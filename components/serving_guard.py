@@ -17,7 +17,6 @@ On the host, not in a container: it must outlive the vLLM it restarts, and it dr
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -27,7 +26,7 @@ from pulumi_command import remote as pulumi_remote
 from core import contract
 
 from .config import ServingGuard as GuardConfig
-from .remote import ManagedFile, launch_file, managed_file_commands, sha256_text
+from .remote import ManagedFile, launch_file, managed_file_commands, render_service_unit, sha256_text
 
 UNIT_PATH = f"/etc/systemd/system/{contract.SERVING_GUARD_UNIT}"
 SCRIPT_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.SERVING_GUARD_SCRIPT}"
@@ -84,30 +83,19 @@ def fabric_flags(args: ServingGuardArgs) -> list[str]:
     return flags + ["--rail-speed-mbps", str(args.rail_speed_mbps), "--rail-mtu", str(args.rail_mtu),
                     "--nccl-debug-dir", contract.NCCL_DEBUG_DIR, "--drain-file", contract.DRAIN_FILE,
                     "--drain-seconds", str(args.config.drain_seconds), "--requalify-plan", contract.REQUALIFY_PLAN,
-                    "--requalify-interval", str(args.config.requalify_seconds)]
+                    "--requalify-interval", str(args.config.requalify_seconds),
+                    "--unclean-boot-hold", contract.UNCLEAN_BOOT_HOLD]
 
 
 def render_guard_unit(args: ServingGuardArgs) -> str:
     log = f"{contract.LOG_DIR}/{contract.SERVING_GUARD_LOG}"
     # the script's hash is part of the unit: a new script restarts the service as a new unit would
     script_hash = sha256_text(launch_file(contract.SERVING_GUARD_SCRIPT), launch_file(contract.FABRIC_WATCH_MODULE))
-    return f"""# twinspark: the serving guard on the head (canary, wedge, crash-loop hold)
-# {contract.SERVING_GUARD_SCRIPT} and {contract.FABRIC_WATCH_MODULE} sha256 {script_hash}
-[Unit]
-Description=twinspark serving guard: known-answer canary, wedge detection, crash-loop hold
-After=docker.service network-online.target
-Wants=docker.service
-
-[Service]
-ExecStart={shlex.join(guard_argv(args))}
-Restart=always
-RestartSec=5
-StandardOutput=append:{log}
-StandardError=append:{log}
-
-[Install]
-WantedBy=multi-user.target
-"""
+    return render_service_unit(
+        f"# twinspark: the serving guard on the head (canary, wedge, crash-loop hold)\n"
+        f"# {contract.SERVING_GUARD_SCRIPT} and {contract.FABRIC_WATCH_MODULE} sha256 {script_hash}",
+        "twinspark serving guard: known-answer canary, wedge detection, crash-loop hold",
+        ["After=docker.service network-online.target", "Wants=docker.service"], guard_argv(args), log)
 
 
 def guard_files(args: ServingGuardArgs) -> list[ManagedFile]:

@@ -99,6 +99,31 @@ REQUALIFY_KEY = "~/.ssh/twinspark_requalify"
 REQUALIFY_KEY_COMMENT = "twinspark-requalify"
 REQUALIFY_KNOWN_HOSTS = "~/.ssh/twinspark_requalify_known_hosts"
 
+# ---- a box that stops answering (components/box_recovery.py) ------------------------------
+# Every node's recorder (launch/node-recorder.py, a systemd service ordered before docker): at
+# boot it tells a clean shutdown (its own stop wrote the mark) from a freeze or power loss and, after
+# one, keeps the previous boot's kernel log, pstore, GPU Xid lines and its last memory picture in a
+# report; while running it writes that picture to disk every RECORDER_INTERVAL_S.
+NODE_RECORDER_SCRIPT = "node-recorder.py"
+NODE_RECORDER_UNIT = "twinspark-node-recorder.service"
+FORENSICS_DIR = "/var/lib/twinspark/forensics"  # root-only: the reports, the last memory picture, the marks
+RECORDER_INTERVAL_S = 15
+# After an unclean boot, until the fabric and NCCL checks pass again (the head's guard re-qualifies
+# and then releases it on every node): the boot scripts wait while the hold exists (it is in
+# RUN_DIR, which the serving containers mount); the pending record on disk puts it back after a
+# clean reboot that comes first.
+UNCLEAN_BOOT_HOLD = f"{RUN_DIR}/unclean-boot"
+UNCLEAN_BOOT_PENDING = f"{FORENSICS_DIR}/pending-requalification"
+# The power watch (launch/power-watch.py, on the node that watches another, only where that one has
+# a `power` plug): the plug's URL, a secret, root-only.
+POWER_WATCH_SCRIPT = "power-watch.py"
+POWER_WATCH_UNIT = "twinspark-power-watch.service"
+POWER_WATCH_DIR = "/var/lib/twinspark/power-watch"  # per watched node: its plug's URL (0600), its cycles
+POWER_WATCH_PLAN = f"{POWER_WATCH_DIR}/plan.json"
+POWER_WATCH_STATUS = f"{RUN_DIR}/power-watch.json"  # the watch's state, for `twinspark status`
+NODE_RECORDER_LOG = "node-recorder.log"
+POWER_WATCH_LOG = "power-watch.log"
+
 # ---- memory before load (every node, in the boot scripts) -------------------------------------
 MEMORY_CHECK_SCRIPT = "memory-check.py"
 # NCCL_IB_GID_INDEX read from the HCAs' GID tables at every start (boot-common.sh export_gid_index)
@@ -240,6 +265,7 @@ ALERTMANAGER_DATA_DIR = f"{OBSERVABILITY_DIR}/alertmanager"  # silences, notific
 # The node exporter's textfile collector reads DIR/*.prom: where the guard writes its metrics.
 TEXTFILE_DIR = f"{OBSERVABILITY_DIR}/textfile"
 SERVING_GUARD_TEXTFILE = f"{TEXTFILE_DIR}/twinspark-guard.prom"  # the guard's twinspark_guard_* series
+POWER_WATCH_TEXTFILE = f"{TEXTFILE_DIR}/twinspark-power-watch.prom"  # the watcher's twinspark_power_*
 GRAFANA_PASSWORD_FILE = f"{OBSERVABILITY_DIR}/secrets/grafana-admin-password"
 # The images' own users: Prometheus and Alertmanager run as nobody, Grafana as 472 in group root.
 PROMETHEUS_UID = ALERTMANAGER_UID = 65534

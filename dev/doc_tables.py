@@ -81,6 +81,8 @@ LAUNCH_ROLES: list[tuple[str, Callable[[], Iterable[str]] | None]] = [
      lambda: [contract.SERVING_GUARD_SCRIPT, contract.FABRIC_WATCH_MODULE]),
     ("on every node, root-owned beside the guard: the fabric's re-qualification (on a worker, the forced "
      "command of the head's re-qualification key)", lambda: [contract.REQUALIFY_SCRIPT]),
+    ("on every node, as units: the node recorder (an unclean boot's report and hold), and on a node that "
+     "watches another's plug, the power watch", lambda: [contract.NODE_RECORDER_SCRIPT, contract.POWER_WATCH_SCRIPT]),
     (f"on a worker, root-owned: all a sync key may run there (its forced command, beside `{model_weights.WEIGHTS_PROGRAM}`)",
      lambda: [model_weights.FORCED_COMMAND]),
     ("probes `ops` sends over SSH", lambda: [nodes.NODE_PROBE.name, nodes.FACTS_PROBE.name, nodes.DOCTOR_PROBE.name]),

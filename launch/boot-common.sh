@@ -42,6 +42,16 @@ export_gid_index() {
   fi
 }
 
+# Before anything loads: after an unclean boot (a freeze, a panic, a power cut) this node stays out
+# of serving until the head's guard has run the fabric and NCCL checks again and released it
+# (launch/node-recorder.py writes the hold at boot, its `release` removes it).
+wait_while_held() {
+  [ -e "$TWINSPARK_UNCLEAN_BOOT_HOLD" ] || return 0
+  log "held: $(cat "$TWINSPARK_UNCLEAN_BOOT_HOLD" 2>/dev/null || true); waiting for the head's guard to release it"
+  while [ -e "$TWINSPARK_UNCLEAN_BOOT_HOLD" ]; do interruptible sleep 3; done
+  log "released: the fabric and NCCL checks passed again"
+}
+
 # Before Ray (and so vLLM) starts: release the model files' page cache, then wait until the
 # memory vLLM will take is available, saying how much is missing and which slice holds it
 # (memory-check.py; the budget's numbers come from twinspark.env).

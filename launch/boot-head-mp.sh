@@ -24,6 +24,7 @@ worker_ips() {
 }
 
 main() {
+  wait_while_held
   memory_check
   export_gid_index
   prepare_vllm_socket

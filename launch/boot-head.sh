@@ -10,6 +10,7 @@ set -euo pipefail
 log_to "$TWINSPARK_BOOT_LOG"
 
 main() {
+  wait_while_held
   memory_check
   export_gid_index
   log "starting Ray head on $TWINSPARK_NODE_IP:$RAY_PORT"

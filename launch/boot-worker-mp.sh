@@ -26,6 +26,7 @@ stop_vllm() {
 trap 'log "stop requested (SIGTERM): stopping vLLM" >&2; stop_vllm; exit 0' TERM
 
 main() {
+  wait_while_held
   memory_check
   export_gid_index
   log "vLLM headless: joining the head's store at $TWINSPARK_HEAD_IP:$TWINSPARK_MP_MASTER_PORT as $TWINSPARK_NODE_IP"

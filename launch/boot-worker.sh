@@ -30,6 +30,7 @@ join_head() {
 
 main() {
   stop_ray
+  wait_while_held
   memory_check
   export_gid_index
   log "joining Ray head $TWINSPARK_HEAD_IP:$RAY_PORT as $TWINSPARK_NODE_IP"

@@ -140,6 +140,9 @@ MTU = "mtu"
 ERRORS = "errors"
 AER = "aer"
 ACTED_ON = (DOWN, THROTTLED)
+UNCLEAN_BOOT = "unclean-boot"  # a node held out of serving since its unclean boot (launch/node-recorder.py)
+# findings acted on at their first look: NCCL's choice is made once a start, a boot's hold waits for nobody else
+AT_ONCE = ("nccl", "boot")
 
 
 @dataclass(frozen=True)
@@ -179,9 +182,20 @@ def judge(reading: RailReading, before: Optional[RailReading] = None) -> list[Fi
     return found
 
 
+def unclean_boot(hold: Optional[str]) -> Optional[str]:
+    """The node recorder's hold after an unclean boot (its words), or None; one that cannot be read
+    counts as held (the checks then run, and their pass removes it)."""
+    try:
+        return Path(hold).read_text().strip() if hold else None
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"cannot read {hold}: {err.strerror}"
+
+
 def act_on(findings: list[Finding]) -> list[Finding]:
     """The findings that stop serving: NCCL would run without the rail or at a fraction of it."""
-    return [f for f in findings if f.kind in ACTED_ON or f.rail == "nccl"]
+    return [f for f in findings if f.kind in ACTED_ON or f.rail in AT_ONCE]
 
 
 # ---- NCCL's choice in vLLM's last start ----------------------------------------------------

@@ -15,7 +15,9 @@ memory check before load, the host firewall (its boot unit's state, and whether 
 table is loaded now: `sudo -n nft`, as the SSH user has passwordless sudo), and on the head
 (--ray-head) the Ray nodes alive with their GPUs (--mp-head: with serving.executor mp, the node
 ranks joined to rank 0) and the serving guard's verdict and hold; and
-this node's clock. Only reads; needs docker access, nvidia-smi, ibv_devinfo.
+this node's clock; with --recorder its unclean boots' reports (and whether it is held out of
+serving until re-qualified), with --power-watch-status the watch over its peer's power. Only reads;
+needs docker access, nvidia-smi, ibv_devinfo.
 """
 
 import argparse
@@ -160,6 +162,9 @@ def main():
     parser.add_argument("--memory-status", help="the memory check's verdict (JSON)")
     parser.add_argument("--guard-status", help="head: the serving guard's verdict (JSON)")
     parser.add_argument("--hold", help="head: present while serving is held (JSON)")
+    parser.add_argument("--recorder", help="the node recorder (its `list`: unclean boots, held until re-qualified)")
+    parser.add_argument("--forensics-dir", help="the recorder's folder (with --recorder)")
+    parser.add_argument("--power-watch-status", help="the power watch's state, where this node watches another (JSON)")
     parser.add_argument("--firewall-unit", help="the unit that loads the host firewall at boot")
     parser.add_argument("--firewall-table", help="the firewall's nftables table (family inet), with --firewall-unit")
     args = parser.parse_args()
@@ -179,6 +184,14 @@ def main():
     }
     if args.firewall_unit:
         status["firewall"] = firewall_state(args.firewall_unit, args.firewall_table)
+    if args.recorder:
+        out, err = run("sudo", "-n", "python3", args.recorder, "list", "--dir", args.forensics_dir)
+        try:
+            status["recovery"] = json.loads(out) if out is not None else {"error": err}
+        except ValueError:
+            status["recovery"] = {"error": "the recorder's list is not JSON"}
+    if args.power_watch_status:
+        status["power_watch"] = state_file(args.power_watch_status)
     if args.guard_status:
         status["guard"] = state_file(args.guard_status)
         status["hold"] = state_file(args.hold)

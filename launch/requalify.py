@@ -18,11 +18,16 @@ beside the checks) — and prints {worker: {"rails": [...]}} or {worker: {"error
 head sees a worker's rail go down even where its own end stays up (a switch), and a worker's
 throttled HCA.
 
+When every check passed, `run` ends with `release` on every node: the node recorder's (launch/
+node-recorder.py) hold on a node that booted uncleanly is lifted, and that node joins serving again.
+A worker's `look` says whether it is so held ("unclean_boot"), and the guard re-qualifies at once.
+
 `forced` is that key's forced command on a worker (components/fabric_requalify.py renders the
-authorization): the client's request (SSH_ORIGINAL_COMMAND) may name `fabric`, `nccl-rank` or `look`
-and nothing else; the flags are this node's plan's, fixed when the plan was installed.
+authorization): the client's request (SSH_ORIGINAL_COMMAND) may name `fabric`, `nccl-rank`, `look` or
+`release` and nothing else; the flags are this node's plan's, fixed when the plan was installed.
 
 A plan: {"node": NAME, "fabric": [fabric-check.sh flags], "nccl": [nccl-check.sh flags],
+"release": [the node recorder's release argv], "unclean_boot_hold": FILE,
 "peers": [{"node": NAME, "address": RAIL IP}], "user": SSH USER, "key": KEY, "known_hosts": FILE}
 (peers, user, key and known_hosts on the head only).
 """
@@ -39,7 +44,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CHECKS_DIR = HERE / "requalify"  # fabric-check.sh, nccl-check.sh, prelude.sh, nccl-allreduce-check.py, fabric_watch.py
-VERBS = ("fabric", "nccl-rank", "look")
+VERBS = ("fabric", "nccl-rank", "look", "release")
 # a look holds up the guard's loop (its canary) for as long as it takes: a worker that is down (a
 # reboot) costs it a few seconds, not the re-qualification's patience
 LOOK_CONNECT_TIMEOUT_S, LOOK_TIMEOUT_S = 3, 8
@@ -48,6 +53,8 @@ TIMEOUT_S = 1500  # nccl-check.sh's own timeout (1200 s) and the roll call's
 
 def local_command(plan: dict, verb: str) -> tuple[list[str], bytes]:
     """argv and stdin of this node's half of `verb`."""
+    if verb == "release":  # the node recorder's, as root: the unclean boot's hold and its pending record
+        return ["sudo", "-n", *plan["release"]], b""
     if verb == "fabric":
         return ["bash", str(CHECKS_DIR / "fabric-check.sh"), *plan["fabric"]], b""
     return (["bash", str(CHECKS_DIR / "nccl-check.sh"), *plan["nccl"]],
@@ -93,9 +100,10 @@ def everywhere(plan: dict, verb: str) -> bool:
 def run(plan: dict) -> int:
     if not everywhere(plan, "fabric"):
         return 1
-    if not plan["nccl"]:  # fabric.minBusBandwidthGBps 0: the NCCL check is off
-        return 0
-    return 0 if everywhere(plan, "nccl-rank") else 1
+    if plan["nccl"] and not everywhere(plan, "nccl-rank"):  # no flags: fabric.minBusBandwidthGBps 0, no NCCL check
+        return 1
+    # every node passed: a node held out of serving since an unclean boot may serve again
+    return 0 if "release" not in plan or everywhere(plan, "release") else 1
 
 
 def look(plan: dict) -> dict:
@@ -105,7 +113,8 @@ def look(plan: dict) -> dict:
     rails = fabric_watch.rails_of_fabric_check(plan["fabric"])
     # "sys_root": a test's staged sysfs; the program's plans name none
     root = Path(plan.get("sys_root", "/sys"))
-    return {"node": plan["node"], "rails": [fabric_watch.reading_record(fabric_watch.read_rail(r, root)) for r in rails]}
+    return {"node": plan["node"], "rails": [fabric_watch.reading_record(fabric_watch.read_rail(r, root)) for r in rails],
+            "unclean_boot": fabric_watch.unclean_boot(plan.get("unclean_boot_hold"))}
 
 
 def peers_look(plan: dict) -> dict:

@@ -42,7 +42,9 @@ each (re)start, which network NCCL chose in vLLM's processes (--nccl-debug-dir).
 below its speed (link or PCIe) on two looks in a row, or NCCL on Socket, is acted on at once:
 the gateway drains (--drain-file: new requests get 503 with Retry-After; streams in flight get up
 to --drain-seconds to finish), serving stops, and --requalify-plan's checks run (launch/
-requalify.py: every node's fabric check, then the NCCL check of every rank). Serving starts again
+requalify.py: every node's fabric check, then the NCCL check of every rank). So is a node held out
+of serving since its unclean boot (--unclean-boot-hold here; a worker's look says so, and while
+serving is down the workers are looked at every WORKER_LOOK_WHILE_DOWN_S). Serving starts again
 when they pass (a serving restart, counted as any other); when they fail the guard holds with
 the checks' failures as the reason, runs them again every --requalify-interval seconds and
 serves again the first time they pass (or after `ops clear-hold`).
@@ -82,6 +84,9 @@ TICK_S = 2.0
 # a rail must fail on this many looks in a row before serving stops: a flap shorter than a look
 # is not worth a restart (NCCL retries it), one that lasts is
 FABRIC_LOOKS_TO_ACT = 2
+# while not serving (a worker rebooted, its engine gone): the workers' looks this often, not every
+# --worker-look-interval, so one held after an unclean boot is re-qualified in seconds
+WORKER_LOOK_WHILE_DOWN_S = 20
 REQUALIFY_TIMEOUT_S = 1800
 # how long the guard watches vLLM's counters after a late round: long enough for a busy
 # engine's streams to emit tokens (several per second each), short beside the deadline
@@ -393,6 +398,7 @@ class Guard:
     requalifications_total: int = 0
     next_requalify: float = 0.0  # held for the fabric: when the checks run again
     next_worker_look: float = 0.0
+    last_worker_look: float = 0.0
     worker_before: dict = field(default_factory=dict)  # (worker, iface) -> its last look's RailReading
     worker_streak: int = 0
 
@@ -607,6 +613,8 @@ class Guard:
         health = self.api.health_status()
         self.gateway_up = health is not None
         if not container.running or health != 200:
+            # not serving: a worker held since an unclean boot would keep it so, and says so at its look
+            self.next_worker_look = min(self.next_worker_look, self.last_worker_look + WORKER_LOOK_WHILE_DOWN_S)
             return
         if container.started_at != self.canaried_start or time.monotonic() >= self.next_round:
             self.canaried_start = container.started_at
@@ -624,6 +632,9 @@ class Guard:
             if network not in (None, "IB"):
                 findings.append(fabric_watch.Finding("nccl", "nccl", f"NCCL chose {network}, not IB, in the serving "
                                                                      f"start of {container.started_at} ({path})"))
+        held = fabric_watch.unclean_boot(self.args.unclean_boot_hold)
+        if held:
+            findings.append(fabric_watch.Finding(fabric_watch.UNCLEAN_BOOT, "boot", f"this node: {held}"))
         self.fabric_streak, reason = self.weigh(findings, "findings", self.fabric_streak)
         self.fabric.update(nccl_network=self.nccl_network, readings=readings)
         return reason
@@ -634,7 +645,8 @@ class Guard:
         no finding here (rebooting, or its own rail gone: the head's look and the checks say so)."""
         if time.monotonic() < self.next_worker_look:
             return None
-        self.next_worker_look = time.monotonic() + self.args.worker_look_interval
+        self.last_worker_look = time.monotonic()
+        self.next_worker_look = self.last_worker_look + self.args.worker_look_interval
         try:
             done = subprocess.run([sys.executable, str(HERE / "requalify.py"), "peers-look", "--plan",
                                    self.args.requalify_plan], capture_output=True, text=True, timeout=60)
@@ -643,9 +655,12 @@ class Guard:
             looks = {}
         findings = []
         looked_at = self.fabric.setdefault("workers_looked_at", {})
+        self.fabric["worker_errors"] = {worker: look["error"][-300:] for worker, look in looks.items() if "error" in look}
         for worker, look in sorted(looks.items()):
             if "rails" in look:
                 looked_at[worker] = round(time.time(), 1)
+            if look.get("unclean_boot"):
+                findings.append(fabric_watch.Finding(fabric_watch.UNCLEAN_BOOT, "boot", f"{worker}: {look['unclean_boot']}"))
             for record in look.get("rails") or []:
                 try:
                     reading = fabric_watch.reading_of(record)
@@ -668,7 +683,7 @@ class Guard:
         self.fabric[said] = [f.message for f in findings]
         acted = fabric_watch.act_on(findings)
         streak = streak + 1 if acted else 0
-        if acted and (streak >= FABRIC_LOOKS_TO_ACT or any(f.rail == "nccl" for f in acted)):
+        if acted and (streak >= FABRIC_LOOKS_TO_ACT or any(f.rail in fabric_watch.AT_ONCE for f in acted)):
             return streak, "; ".join(f.message for f in acted)
         return streak, None
 
@@ -870,6 +885,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     fabric.add_argument("--worker-look-interval", type=float, default=300.0,
                         help="seconds between looks at the workers' own rails (an SSH login to each: a worker's end of "
                              "a direct cable going down the head sees at its own end within seconds)")
+    fabric.add_argument("--unclean-boot-hold", help="this node's hold after an unclean boot (launch/node-recorder.py): "
+                                                    "while it exists, re-qualify; the workers' looks report theirs")
     fabric.add_argument("--sys-root", default="/sys", help="where sysfs is (a test stages one)")
     args = parser.parse_args(argv)
     if args.rail and not (args.rail_speed_mbps and args.rail_mtu and args.drain_file and args.requalify_plan):

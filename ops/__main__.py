@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from twinspark import __version__
 
-from . import bench, clear_hold, client_setup, doctor, needle, pin_host_keys, status, upgrade, verify_weights
+from . import bench, clear_hold, client_setup, doctor, forensics, needle, pin_host_keys, status, upgrade, verify_weights
 from .inputs import ToolError
 
 class Tool(NamedTuple):
@@ -22,6 +22,7 @@ TOOLS = {
     "status": Tool(status, "nodes, rails, Ray, GPUs, guard, endpoint and spec decode at a glance"),
     "doctor": Tool(doctor, "why the pair may be slower than its recipe: fingerprints compared, causes ranked"),
     "clear-hold": Tool(clear_hold, "serving held by the guard after a restart loop: let it start again"),
+    "forensics": Tool(forensics, "what a node's unclean boots left (kernel log, Xid, memory): the reports, or one"),
     "bench": Tool(bench, "the recipe's benchmarks: decode, concurrency, TTFT, prefill, sweep"),
     "needle": Tool(needle, "long-context retrieval probe: real failures and junk per size"),
     "client-setup": Tool(client_setup, "write Codex and Claude Code configs from the stack outputs"),

@@ -64,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
 def probe_args(node: dict, executor: str = "ray", worker_ips: Sequence[str] = ()) -> list[str]:
     args = ["--name", node["name"], "--container", contract.SERVING_CONTAINER,
             "--memory-status", contract.MEMORY_CHECK_STATUS,
-            "--firewall-unit", contract.FIREWALL_UNIT, "--firewall-table", contract.FIREWALL_TABLE]
+            "--firewall-unit", contract.FIREWALL_UNIT, "--firewall-table", contract.FIREWALL_TABLE,
+            "--recorder", f"{contract.SERVING_GUARD_DIR}/{contract.NODE_RECORDER_SCRIPT}",
+            "--forensics-dir", contract.FORENSICS_DIR, "--power-watch-status", contract.POWER_WATCH_STATUS]
     for rail in node.get("rails", []):
         args += ["--rail", f"{rail['iface']}:{rail['hca']}"]
     if node["role"] == "head" and executor == "mp":
@@ -203,7 +205,7 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
                 found.append(f"{where}: MTU {rail['mtu']}, expected {expect_mtu}")
             if rail["roce_state"] != "PORT_ACTIVE":
                 found.append(f"{where}: RoCE {rail['hca']} {rail['roce_state'] or rail.get('roce_error')}")
-        found += guard_problems(node) + firewall_problems(node)
+        found += guard_problems(node) + firewall_problems(node) + recovery_problems(node)
         ray = node.get("ray")
         if ray is not None:
             alive = [n for n in ray.get("nodes", []) if n["gpus"] >= 1]
@@ -240,6 +242,32 @@ def guard_problems(node: dict) -> list[str]:
                      + "; ".join(guard.get("failures") or []))
     elif guard and guard.get("not_counted") == "key refused":  # clients with the stack's key are refused too
         found.append(f"{name}: {guard.get('note')}")
+    return found
+
+
+RECENT_UNCLEAN_BOOT_S = 7 * 86400
+
+
+def recovery_problems(node: dict) -> list[str]:
+    """Held out of serving since an unclean boot; an unclean boot this week; a peer the power watch
+    power-cycled, or holds because it stayed silent after its cycle: one line each."""
+    found, name = [], node["node"]
+    recovery = as_object(node.get("recovery"))
+    if recovery.get("pending_requalification"):
+        found.append(f"{name}: held out of serving since the unclean boot {recovery['pending_requalification']}, "
+                     "until the fabric and NCCL checks pass (the head's guard runs them)")
+    reports = [as_object(r) for r in recovery.get("reports") or []]
+    recent = [r for r in reports if isinstance(r.get("found_at"), (int, float))
+              and node.get("now", time.time()) - r["found_at"] < RECENT_UNCLEAN_BOOT_S]
+    if recent:
+        found.append(f"{name}: {len(recent)} unclean boot(s) this week, the last: {recent[0].get('summary')} "
+                     f"(`twinspark forensics {name} {recent[0].get('name')}`)")
+    for peer, watch in as_object(as_object(node.get("power_watch")).get("nodes")).items():
+        watch = as_object(watch)
+        if watch.get("held"):
+            found.append(f"{name}: power watch: {as_object(watch['held']).get('reason')}")
+        elif isinstance(watch.get("silent_s"), (int, float)) and watch["silent_s"] > 0:
+            found.append(f"{name}: power watch: {peer} silent for {watch['silent_s']:.0f} s")
     return found
 
 

@@ -16,7 +16,8 @@ no longer get every port), and the copy's --revision the recipe's recorded commi
 stack serves its recipe's repository, whose code runs), and the sync key's authorization with its
 forced command, the copy's --firewall-set now bound there (issue 37: a copy key only copies), and
 twinspark.env with NCCL's INFO lines of INIT and NET to a file per process and
-TWINSPARK_ROCE_GID_SCRIPT (issue 40: the guard reads NCCL's network; the GID is resolved at start).
+TWINSPARK_ROCE_GID_SCRIPT (issue 40: the guard reads NCCL's network; the GID is resolved at start),
+and TWINSPARK_UNCLEAN_BOOT_HOLD (issue 40: a node waits out of serving after an unclean boot).
 """
 
 from __future__ import annotations

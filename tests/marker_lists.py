@@ -44,6 +44,8 @@ PACED_FILES = {
     "test_status.py", "test_needle.py",
     # the memory check's first verdict within 10 s: starved at nice 19 in the rehearsal of 8bb55a5
     "test_memory_guard.py",
+    # the recorder's first memory picture and the plug's and sshd's answers, waited for within seconds
+    "test_box_recovery.py",
 }
 NEEDS_ROOT_TESTS = {  # FILE::NAME (without parameters)
     "test_weights.py::test_copy_speed_against_rsync_over_ssh_on_the_same_data_and_link",  # network namespaces

@@ -15,6 +15,7 @@ from vllm_recording import recorded_metrics, sample_names
 from components.config import parse_stack_config
 from components.observability_files import (
     FABRIC_METRICS,
+    POWER_WATCH_METRICS,
     GUARD_METRICS,
     ROCE_ERROR_COUNTERS,
     alert_groups,
@@ -68,7 +69,7 @@ GPU_EXPORTER_METRICS = {
     for r in ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap")
 }
 KNOWN_METRICS = (VLLM_METRICS | PROMETHEUS_METRICS | NODE_EXPORTER_METRICS | GPU_EXPORTER_METRICS | set(GUARD_METRICS)
-                 | set(FABRIC_METRICS))
+                 | set(FABRIC_METRICS) | set(POWER_WATCH_METRICS))
 
 PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left",
                 "group_right", "inf", "nan", "atan2"}

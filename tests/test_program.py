@@ -109,6 +109,7 @@ def test_component_type_tokens(recipe_run):
         "twinspark:platform_facts:PlatformFacts",
         "twinspark:serving_guard:ServingGuard",
         "twinspark:fabric_requalify:FabricRequalify",
+        "twinspark:box_recovery:BoxRecovery",
     }
 
 
@@ -424,8 +425,9 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     # the worker's forced command and its weights.py, the kept model revision, observability
     # files on the head (prometheus.yml, rules, datasource, dashboard provider, 3 dashboards,
     # Grafana password), the guard's script, fabric watch and unit; the re-qualification's files on
-    # each node (requalify.py, the plan, four checks' files, fabric_watch.py), the head's key and its authorization
-    assert len(undoing) == 21 + 13 + 10 + 1 + 1 + 2 + 1 + 8 + 3 + 2 * 7 + 1 + 1
+    # each node (requalify.py, the plan, four checks' files, fabric_watch.py), the head's key and its authorization;
+    # each node's recorder (its script and unit; no plug in the recipe stack: no power watch)
+    assert len(undoing) == 21 + 13 + 10 + 1 + 1 + 2 + 1 + 8 + 3 + 2 * 7 + 1 + 1 + 2 * 2
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 
@@ -535,10 +537,17 @@ def test_secrets_stay_secret(program, recipe_config):
     recipe_config["twinspark:hfToken"] = "hf_user_token_456"
     recipe_config["twinspark:grafanaAdminPassword"] = "grafana-pw-chosen-789"
     recipe_config["twinspark:alertWebhookUrl"] = "https://hooks.example.test/T0KEN-in-the-path"
+    worker = recipe_config["twinspark:nodes"][1]
+    recipe_config["twinspark:nodes"] = [recipe_config["twinspark:nodes"][0],
+                                        {**worker, "power": {"kind": "shelly", "url": "http://admin:PLUG-pw@192.0.2.60"}}]
     # set_all_config cannot mark values secret; the program must wrap them itself
     run = program(recipe_config)
     assert run.error is None, run.error
-    for secret in ("sk-user-chosen-key-123", "hf_user_token_456", "grafana-pw-chosen-789", "T0KEN-in-the-path"):
+    # the plug's URL: a root-only file on the node that watches the plugged one, and nowhere else
+    plug = runner_call(run.named("spark1-recovery-plug-url-spark2"))
+    assert plug.payload == "http://admin:PLUG-pw@192.0.2.60\n" and flag_value(plug.args, "--mode") == "0600"
+    for secret in ("sk-user-chosen-key-123", "hf_user_token_456", "grafana-pw-chosen-789", "T0KEN-in-the-path",
+                   "PLUG-pw"):
         for r in run.resources:
             assert not plain_occurrences(r.inputs, secret), f"{secret} in plain inputs of {r.name}"
             for field in ("create", "delete", "update", "command", "envs", "labels", "entrypoints", "triggers"):

@@ -20,7 +20,7 @@ What `serving.extraArgs` may hold lives beside the recipes: core/vllm_flags.py.
 """
 
 from core.vllm_flags import FLAGS_NOT_IN_EXTRA_ARGS
-from .blocks import AlertEmail, ConfigBlock, ModelConfig, Node, Observability, Serving, ServingGuard
+from .blocks import AlertEmail, ConfigBlock, ModelConfig, Node, Observability, PowerWatch, Serving, ServingGuard
 from .errors import NAMESPACE, config_error, format_key_path
 from .loading import load_stack_config, parse_stack_config, stack_config_keys, stack_file_config
 from .node_addresses import resolve_node_addresses
@@ -33,7 +33,8 @@ from .values import DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK
 __all__ = [
     "CopyRail", "Link", "NodeFabric", "Topology",
     "DEFAULT_HUB_ENDPOINT", "FLAGS_NOT_IN_EXTRA_ARGS", "NAMESPACE", "OPTIONAL_STRUCTURED_KEYS", "SERVING_IMAGE_LOCK",
-    "STRUCTURED_KEYS", "AlertEmail", "ConfigBlock", "ModelConfig", "Node", "Observability", "Serving", "ServingGuard",
+    "STRUCTURED_KEYS", "AlertEmail", "ConfigBlock", "ModelConfig", "Node", "Observability", "PowerWatch", "Serving",
+    "ServingGuard",
     "StackConfig", "_checked_secrets", "config_error", "format_key_path", "load_secrets", "load_stack_config", "parameter_table",
     "parse_stack_config", "resolve_node_addresses", "shape_rules", "stack_config_keys", "stack_file_config",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel, to_snake
 
 from core import recipes, vllm_flags
@@ -68,6 +68,27 @@ class Rail(ConfigBlock):
         return ipaddress.IPv4Interface(self.address).network
 
 
+def _undecrypted(value: Any) -> Any:
+    """A stack file read as text (the maintainers' tools, the sim's harness) holds a secret as
+    {"secure": CIPHERTEXT}; such a reader never needs the value, so it stands as these words.
+    `pulumi up` is given the decrypted text."""
+    return UNDECRYPTED if isinstance(value, dict) and set(value) == {"secure"} else value
+
+
+UNDECRYPTED = "(encrypted in the stack file)"
+PLUG_URL_SHAPE = r"https?://[^/?#\s]+(/[^?#\s]*)?"
+
+
+class PowerPlug(ConfigBlock):
+    kind: Literal["shelly", "shelly-rpc", "tasmota"] = Field(
+        description="the plug's HTTP API: `shelly` (Gen1, `/relay/0?turn=`), `shelly-rpc` (Gen2 and later, "
+        "`/rpc/Switch.Set`) or `tasmota` (`/cm?cmnd=Power`)")
+    url: Annotated[SecretStr, BeforeValidator(_undecrypted)] = Field(
+        description="the plug's address as an http(s) URL with no query, credentials in it if it asks for them, a "
+        "secret (`pulumi config set --secret --path 'nodes[1].power.url' http://admin:PASSWORD@192.168.1.60`): only "
+        "the node that watches this one holds it (root-only)")
+
+
 class Node(ConfigBlock):
     name: NodeName = Field(description="short name used in resource names (`{node}-{capability}-{step}`)")
     former_name: Optional[NodeName] = Field(
@@ -82,6 +103,10 @@ class Node(ConfigBlock):
     rails: list[Rail] = Field(
         min_length=1, description="the QSFP rails; direct and switch: the first carries Ray and the weight copy's "
         "control connection (ring: see docs/operating.md, Three or more Sparks)")
+    power: Optional[PowerPlug] = Field(
+        default=None, description="a smart plug or PDU outlet this node is plugged into: when the node stops "
+        "answering (SSH, its exporter, the guard) for `powerWatch.missSeconds`, the node that watches it (the next "
+        "in this list) power-cycles it (docs/operating.md, A box that stops answering); unset: nobody does")
 
 
 class Fabric(ConfigBlock):
@@ -353,6 +378,17 @@ class Observability(ConfigBlock):
         default=None, description="alerts by email through your SMTP server (`to`, `from`, `smarthost`, `username`, "
         "`requireTls`); with `alertSlackWebhookUrl`, `alertNtfyUrl` and `alertWebhookUrl` the receivers Alertmanager "
         "sends to (see docs/observability.md)")
+
+
+class PowerWatch(ConfigBlock):
+    miss_seconds: Integer = Field(
+        default=180, ge=15, le=3600,
+        description="a node with a `power` plug that shows no sign of life (the SSH banner, its node exporter, on the "
+        "head the guard's heartbeat) this long is power-cycled")
+    off_seconds: Integer = Field(default=10, ge=1, le=300, description="the plug stays off this long in a power cycle")
+    window_seconds: Integer = Field(
+        default=3600, ge=60, le=86400,
+        description="at most one power cycle of a node in this window: still silent after one, it is held for a person")
 
 
 class PlatformConfig(ConfigBlock):

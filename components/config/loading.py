@@ -15,6 +15,7 @@ import yaml
 from pulumi.runtime import config as runtime_config
 from pydantic import ValidationError
 
+from .blocks import PLUG_URL_SHAPE
 from .errors import NAMESPACE, CrossFieldError, config_error, format_key_path
 from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig
 from .secret_keys import SECRET_KEYS
@@ -58,7 +59,10 @@ SSH_PLAIN_FIELDS = ("user", "privateKeyPath", "trustOnFirstUse")
 
 
 def _may_hold_secret(loc: tuple[Any, ...]) -> bool:
-    return bool(loc) and loc[0] == "ssh" and (len(loc) != 2 or loc[1] not in SSH_PLAIN_FIELDS)
+    in_ssh = bool(loc) and loc[0] == "ssh" and (len(loc) != 2 or loc[1] not in SSH_PLAIN_FIELDS)
+    # a node's plug: its URL is a secret, and so may be any misspelt key beside it
+    in_plug = len(loc) >= 3 and loc[0] == "nodes" and loc[2] == "power" and loc[3:] != ("kind",)
+    return in_ssh or in_plug
 
 
 def _url_with_credentials(loc: tuple[Any, ...], value: Any) -> bool:
@@ -125,7 +129,21 @@ def load_stack_config(config: Optional[pulumi.Config] = None) -> StackConfig:
                                 "mapping or list as in Pulumi.spark.yaml")
     raw = {k: v for k, v in raw.items() if v is not None or k in STRUCTURED_KEYS}
     cfg, invalid = _stack_config_problems(raw) if not unstructured else (None, unstructured)
+    if cfg is not None:
+        invalid += _plug_url_problems(cfg)
     if problems or invalid:
         raise config_error(problems + invalid)
     assert cfg is not None  # nothing invalid: validated
+    if any(n.power for n in cfg.nodes) and not runtime_config.is_config_secret(config.full_key("nodes")):
+        pulumi.log.warn(f"{NAMESPACE}:nodes: a node's power.url is stored in plain text in the stack file: "
+                        f"`pulumi config set --secret --path 'nodes[N].power.url' ...` encrypts it")
     return cfg
+
+
+def _plug_url_problems(cfg: StackConfig) -> list[str]:
+    """Each plug's URL that is no http(s) URL, in words that never show it (it is a secret). Here,
+    not in the schema: the tools that read a stack file see only its ciphertext."""
+    return [f"{NAMESPACE}:nodes[{i}].power.url: not an http(s) URL with no query (value not shown: a secret) — "
+            "expected the plug's address, like http://192.168.1.60 or http://admin:PASSWORD@192.168.1.60"
+            for i, n in enumerate(cfg.nodes)
+            if n.power is not None and not re.fullmatch(PLUG_URL_SHAPE, n.power.url.get_secret_value())]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import string
 
 from pydantic import BaseModel
+from pydantic.alias_generators import to_snake
 
 from .blocks import RECIPE_KEYS, ConfigBlock
 from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig
@@ -43,7 +44,7 @@ def parameter_table() -> str:
             rows.append(f"| `{key}` | {default} | {field.description} |")
 
     for block in STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS:
-        model = StackConfig.model_fields[block].annotation
+        model = StackConfig.model_fields[to_snake(block)].annotation  # powerWatch: power_watch
         inner = getattr(model, "__args__", (model,))[0]
         assert isinstance(inner, type) and issubclass(inner, BaseModel)  # a block, or a list or Optional of one
         walk(inner, f"{block}{'[]' if block == 'nodes' else ''}.")

@@ -20,11 +20,11 @@ from pydantic.alias_generators import to_snake
 
 from core import contract
 
-from .blocks import ConfigBlock, Fabric, ModelConfig, Node, Observability, PlatformConfig, Serving, SshConfig
+from .blocks import ConfigBlock, Fabric, ModelConfig, Node, Observability, PlatformConfig, PowerWatch, Serving, SshConfig
 from .errors import CrossFieldError
 
 STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "model", "serving")
-OPTIONAL_STRUCTURED_KEYS = ("observability", "platform")  # omitted: the block's defaults
+OPTIONAL_STRUCTURED_KEYS = ("observability", "platform", "powerWatch")  # omitted: the block's defaults
 
 
 class StackConfig(ConfigBlock):
@@ -35,6 +35,7 @@ class StackConfig(ConfigBlock):
     serving: Serving
     observability: Observability = Field(default_factory=Observability)
     platform: PlatformConfig = Field(default_factory=PlatformConfig)
+    power_watch: PowerWatch = Field(default_factory=PowerWatch)
 
     @property
     def head(self) -> Node:

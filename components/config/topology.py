@@ -114,6 +114,14 @@ class Topology:
     def ray_ip(self, node: Node) -> str:
         return self.lan[node.name][0] if self.is_ring else node.rails[0].ip
 
+    def power_watcher(self, node: Node) -> Optional[Node]:
+        """Who power-cycles `node` through its plug when it stops answering: the next node in the
+        stack's list (the last node's is the first; on a pair each watches the other); None alone."""
+        nodes = self.cfg.nodes
+        if len(nodes) < 2:
+            return None
+        return nodes[(nodes.index(node) + 1) % len(nodes)]
+
     @property
     def head_ray_ip(self) -> str:
         """Ray's head, vLLM's master and NcclCheck's rendezvous."""

@@ -193,6 +193,15 @@ def alert_groups(plan: ObservabilityPlan) -> dict[str, list[AlertRule]]:
             _rule("TwinsparkMemoryLow", f"{mem_avail} / {mem_total}", "< 0.05", "5m", "warning",
                   "{{ $labels.node }} has {{ $value | humanizePercentage }} of its unified memory available",
                   "The GPU and the OS share this memory: the kernel OOM killer is next."),
+            _rule("TwinsparkNodePowerCycled", "increase(twinspark_power_cycles_total[1h])", "> 0", "0m", "critical",
+                  "{{ $labels.watched }} stopped answering and was power-cycled through its plug",
+                  "No SSH banner, exporter or guard heartbeat for powerWatch.missSeconds: frozen (unified memory "
+                  "exhausted? a driver fault?). What the boot before left: `twinspark forensics "
+                  "{{ $labels.watched }}`; it serves again once the fabric and NCCL checks pass."),
+            _rule("TwinsparkPowerWatchHeld", "twinspark_power_watch_held", "== 1", "0m", "critical",
+                  "{{ $labels.watched }} is still silent after its power cycle",
+                  "No second cycle within powerWatch.windowSeconds: the box needs a person (power, cabling, a "
+                  "boot that does not finish). The hold ends when it answers again."),
             _rule("TwinsparkOomKill", f"increase(node_vmstat_oom_kill{{{node}}}[10m])", "> 0", "0m", "critical",
                   "The kernel OOM killer fired on {{ $labels.node }}",
                   "One killed Ray worker kills the whole engine (recipe gotcha 13): `dmesg | grep -i oom`."),

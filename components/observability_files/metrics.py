@@ -17,7 +17,7 @@ Metric names, by source:
 - nvidia_gpu_exporter 1.14: nvidia-smi's query fields, `nvidia_smi_<field>` with dots as
   underscores (clocks_event_reasons since driver 535, clocks_throttle_reasons before).
 - the guard's metrics (GUARD_METRICS and its fabric watch's FABRIC_METRICS, a contract: the guard
-  writes them as a textfile).
+  writes them as a textfile), and the power watch's (POWER_WATCH_METRICS, likewise).
 """
 
 from __future__ import annotations
@@ -48,6 +48,15 @@ FABRIC_METRICS = {
     # by `kind`, not `severity`: the alert rules' own label would overwrite it
     "twinspark_fabric_aer_errors_total": "counter: the HCA's PCIe AER events, by kind (correctable, nonfatal, fatal)",
     "twinspark_fabric_nccl_network": "gauge: 1 for the network NCCL chose in vLLM's last start (IB or Socket)",
+}
+
+# The power watch (launch/power-watch.py), in contract.POWER_WATCH_TEXTFILE on the node that watches
+# another: by `watched`, not `node` (the scrape's own label names the watcher).
+POWER_WATCH_METRICS = {
+    "twinspark_power_watch_sign": "gauge: 1 while a watched node shows that sign of life (ssh, exporter, guard)",
+    "twinspark_power_watch_silent_seconds": "gauge: how long a watched node has shown no sign of life",
+    "twinspark_power_cycles_total": "counter: power cycles of a watched node through its plug",
+    "twinspark_power_watch_held": "gauge: 1 while a watched node stays silent after its power cycle (no second one)",
 }
 
 # RoCE/InfiniBand error counters (node_exporter infiniband collector); any increase is news.

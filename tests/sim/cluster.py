@@ -316,13 +316,49 @@ class SimCluster:
             sh("ip", "addr", "del", f"{self.gateway(node)}/24", "dev", self.lan_iface, check=False)
         sh("rm", "-rf", "--one-file-system", self.state_dir(node), check=False)
 
-    def reboot(self, *nodes: str) -> None:
-        """Power the nodes off (every process of them killed at once), then boot each again from
-        its disk, in the order given: files and docker's containers stay; /run, processes and the
-        daemon start fresh, and so do the units the program enabled."""
+    def reboot(self, *nodes: str, clean: bool = True) -> None:
+        """Reboot the nodes, then boot each again from its disk, in the order given: files and
+        docker's containers stay; /run, processes and the daemon start fresh, and so do the units
+        the program enabled. `clean` (as `sudo reboot`): the services the program enabled are
+        stopped first (the node recorder's stop marks the clean end), then the power goes; not
+        clean: the power goes at once (every process killed), as a power cut's."""
         for node in nodes:
+            if clean:
+                self.stop_services(node)
             self._power_off(self.nodes[node])
         for node in nodes:
+            self._power_on(self.nodes[node])
+
+    def stop_services(self, node: str) -> None:
+        """What a shutdown does first: every service the program started stopped (tests/sim/shims/systemctl)."""
+        self.node_exec(node, "bash", "-c", 'for f in /run/twinspark-sim/units/*.pid; do [ -e "$f" ] || continue; '
+                       'systemctl stop "$(basename "$f" .pid)"; done', check=False, timeout=60)
+
+    def freeze(self, node: str) -> list[int]:
+        """The node stops answering, as a GB10 out of unified memory does: SIGSTOP to every process
+        of it (its PID 1's descendants, containers included), the kernel's share (its network
+        namespace still completes a TCP handshake) left as it is. Returns the stopped PIDs."""
+        init = self.nodes[node].init_pid
+        stopped, todo = [], [init]
+        while todo:
+            pid = todo.pop()
+            try:
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    todo += [int(c) for c in (task / "children").read_text().split()]
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            except (OSError, ProcessLookupError):
+                continue
+        return stopped
+
+    def power_off(self, node: str) -> None:
+        """The plug switched off (tests/sim/plug_standin.py): every process killed, frozen or not."""
+        if self.nodes[node].init_pid:
+            self._power_off(self.nodes[node])
+
+    def power_on(self, node: str) -> None:
+        """The plug switched on: the node boots from its disk."""
+        if not self.nodes[node].init_pid:
             self._power_on(self.nodes[node])
 
     def reinstall(self, node: str) -> None:

@@ -36,6 +36,10 @@ for i in 0:stdin 1:stdout 2:stderr; do ln -s "/proc/self/fd/${i%%:*}" "$root/dev
 mknod -m 0666 "$root/dev/infiniband/rdma_cm" c 10 58
 for i in 0 1 2 3; do mknod -m 0666 "$root/dev/infiniband/uverbs$i" c 231 $((192 + i)); done
 mount -t tmpfs tmpfs "$root/run"
+# a boot id of this boot's own (the kernel's is the machine's, the same at every sim reboot): the
+# node recorder tells one boot from the next by it (launch/node-recorder.py)
+cat /proc/sys/kernel/random/uuid > "$root/run/twinspark-sim-boot-id"
+mount --bind "$root/run/twinspark-sim-boot-id" "$root/proc/sys/kernel/random/boot_id"
 mkdir -p "$root/var/lib/docker"
 mount --bind "$state/docker" "$root/var/lib/docker"
 hostname "$name"

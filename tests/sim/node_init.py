@@ -127,16 +127,32 @@ def own_host_keys(etc_ssh: Path) -> None:
 ENABLED_UNITS = Path("/var/lib/twinspark-sim/enabled")  # tests/sim/shims/systemctl's record of `enable`
 
 
-def start_enabled_units() -> None:
+def start_enabled_units(before_docker: bool) -> None:
+    """The enabled units ordered Before=docker.service (the node recorder), or the rest."""
     for unit in sorted(ENABLED_UNITS.glob("*")) if ENABLED_UNITS.is_dir() else []:
-        subprocess.run(["systemctl", "start", unit.name], check=False, capture_output=True)
+        unit_file = Path("/etc/systemd/system") / unit.name
+        ordered_before = unit_file.exists() and "Before=docker.service" in unit_file.read_text()
+        if ordered_before == before_docker:
+            subprocess.run(["systemctl", "start", unit.name], check=False, capture_output=True)
+
+
+def new_kernel_log() -> None:
+    """The previous boot's kernel lines become journald's `-b -1` (tests/sim/shims/journalctl)."""
+    log = Path("/var/log/twinspark-sim/kernel.log")
+    if log.exists():
+        log.replace(log.with_name("kernel.prev"))
+
+
+PLUG_NAME = "plug.twinspark-sim"  # the host of sim2's power.url in Pulumi.sim.yaml (tests/sim/plug_standin.py)
 
 
 def name_hub(hub: str, gateway: str) -> None:
     """The stack's hub name (model.hubEndpoint's host) is the stand-in on this machine, at the
-    node's gateway (scripts/sim.sh and the engine sim's `hub` fixture serve it there)."""
+    node's gateway (scripts/sim.sh and the engine sim's `hub` fixture serve it there); so is the plug's."""
     if hub:
         add_host(gateway, hub.rsplit(":", 1)[0])
+    if gateway:
+        add_host(gateway, PLUG_NAME)
 
 
 def main() -> int:
@@ -167,8 +183,10 @@ def main() -> int:
          "-o", f"KexAlgorithms={SIM_KEX}"],
         stdout=sshd_log, stderr=subprocess.STDOUT,
     )
+    new_kernel_log()
+    start_enabled_units(before_docker=True)  # as systemd orders them: the node recorder's boot step first
     dockerd = start_dockerd()
-    start_enabled_units()  # as systemd does at boot: the units the program enabled (the serving guard)
+    start_enabled_units(before_docker=False)  # then the rest the program enabled (the serving guard)
     Path("/run/node-ready").write_text(str(os.getpid()))
 
     def stop(*_):

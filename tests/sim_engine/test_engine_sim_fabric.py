@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -31,8 +32,10 @@ import pytest
 import sim_model
 
 from core import contract
-from scenario_kit import HEAD, WORKER, changes, completion_status, guard_verdict, ops_access, readiness_s, run_ops, \
-    serving_settings, wait_for, with_an_empty_restart_count
+from cluster import SITE_LANS
+from plug_standin import PlugStandin
+from scenario_kit import HEAD, SITE, WORKER, changes, completion_status, guard_verdict, ops_access, readiness_s, \
+    run_ops, serves, serving_settings, wait_for, with_an_empty_restart_count
 from test_engine_sim_healing import prometheus, scrape_s, set_knob
 
 # the head's NCCL's second rail (rail0 carries Ray, whose loss would end the engine by itself); a worker's
@@ -181,3 +184,63 @@ def test_the_doctor_names_planted_differences_costliest_first(cluster, stack, de
     live = after["live"]  # the stand-in's figures (no pacing, no drafter), beside the recipe's three
     assert live["errors"] == [] and len(live["figures"]) == 3 and live["single_stream_tok_s"] > 0, live
     report["doctor_live_figures"] = live["figures"]
+
+
+# ---- a box that stops answering (issue 40, part 4) ------------------------------------------------
+XID_LINE = ("2026-12-06T10:00:00+0000 sim2 kernel: NVRM: Xid (PCI:000f:01:00): 79, pid='<unknown>', name=<unknown>, "
+            "GPU has fallen off the bus.")
+
+
+def recorder(cluster, node: str, *verb: str) -> dict:
+    done = cluster.node_exec(node, "python3", f"{contract.SERVING_GUARD_DIR}/{contract.NODE_RECORDER_SCRIPT}", *verb,
+                             "--dir", contract.FORENSICS_DIR)
+    return json.loads(done.stdout)
+
+
+def watch_lines(cluster, says: str) -> list[str]:
+    log = cluster.node_exec(HEAD, "cat", f"{contract.LOG_DIR}/{contract.POWER_WATCH_LOG}", check=False).stdout
+    return [line for line in log.splitlines() if says in line]
+
+
+def test_a_frozen_worker_is_power_cycled_through_its_plug_explained_and_serves_only_once_requalified(
+        cluster, stack, deployed, operator_home, report):
+    """sim2 frozen (every process SIGSTOPped, as a GB10 out of unified memory): sim1's power watch
+    finds no SSH banner, exporter or answer for powerWatch.missSeconds and switches sim2's plug (the
+    stand-in) off and on; sim2 boots, its recorder finds the unclean end and keeps the report (the
+    Xid line of its last kernel log, its last memory picture), and sim2 waits out of serving until
+    the head's guard has re-qualified the fabric and released it. ~90 s."""
+    outputs = stack.outputs()
+    with_an_empty_restart_count(cluster, stack)
+    timings = stack.stack_file()["config"]["twinspark:powerWatch"]
+    cluster.node_exec(WORKER, "bash", "-c", f"echo {shlex.quote(XID_LINE)} >> /var/log/twinspark-sim/kernel.log")
+    with PlugStandin(cluster, SITE_LANS[SITE]) as plug:
+        frozen_at = time.time()
+        cluster.freeze(WORKER)
+        wait_for(lambda: [e for e in plug.events if e[1:] == (WORKER, "off")], "the watch's power cycle",
+                 timings["missSeconds"] + 60)
+        off_at = next(t for t, node, turn in plug.events if (node, turn) == (WORKER, "off"))
+        wait_for(plug.booted.is_set, f"{WORKER} booted by its plug", 120)
+        assert [turn for _, node, turn in plug.events if node == WORKER] == ["off", "on"], plug.events
+        booted_at = time.time()
+        listing = recorder(cluster, WORKER, "list")
+        assert listing["pending_requalification"], listing
+        name = listing["pending_requalification"]
+        held = cluster.node_exec(WORKER, "cat", contract.UNCLEAN_BOOT_HOLD, check=False).stdout
+        assert name in held, "held out of serving at boot, before docker started its container"
+        wait_for(lambda: serves(outputs), "serving again once re-qualified", readiness_s(stack) + 120)
+        served_at = time.time()
+    said = recorder(cluster, WORKER, "show", name)
+    assert "Xid" in said["cause"] and "79" in said["cause"] and said["xid_lines"] == [XID_LINE], said
+    assert said["memory_picture"]["meminfo_bytes"]["MemTotal"] > 0
+    assert said["last_memory_picture_at"] <= frozen_at + 1, "the picture is from before the freeze"
+    assert recorder(cluster, WORKER, "list")["pending_requalification"] is None
+    assert recorder(cluster, WORKER, "show", name)["requalified_at"] > booted_at
+    assert [line for line in guard_lines(cluster, "fabric: sim2: unclean boot") if "re-qualifying" in line], \
+        guard_lines(cluster, "fabric:")
+    assert watch_lines(cluster, "sim2: power-cycled"), watch_lines(cluster, "sim2")
+    # the tools list it, the status names it
+    proc = run_ops("forensics", "--json", WORKER, *ops_access(cluster, outputs, operator_home))
+    assert proc.returncode == 0 and name in proc.stdout and "Xid" in proc.stdout, proc.stdout + proc.stderr
+    report["power_cycle_detection_s"] = round(off_at - frozen_at, 1)
+    report["power_cycle_boot_s"] = round(booted_at - off_at, 1)
+    report["power_cycle_to_serving_s"] = round(served_at - booted_at, 1)
