@@ -7,8 +7,8 @@ Creates on every node (managed files, root-owned):
   picture) under contract.FORENSICS_DIR; with the serving guard on, the node then waits out of
   serving until the guard's re-qualification releases it (launch/requalify.py).
 On each node that watches a node with a `power` plug (Topology.power_watcher: the next node):
-- /usr/local/lib/twinspark/power-watch.py, its plan (the watched nodes' addresses and plugs'
-  kinds, powerWatch's timings), each plug's URL (a secret, 0600) and twinspark-power-watch.service.
+- /usr/local/lib/twinspark/power-watch.py, its plan (the watched node's addresses and plug's
+  kind, powerWatch's timings), the plug's URL (a secret, 0600) and twinspark-power-watch.service.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .remote import ManagedFile, launch_file, managed_file_commands, render_serv
 RECORDER_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.NODE_RECORDER_SCRIPT}"
 WATCH_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.POWER_WATCH_SCRIPT}"
 WATCH_INTERVAL_S = 5
+PLUG_URL_PATH = f"{contract.POWER_WATCH_DIR}/plug.url"  # the watched node's plug's URL: a secret, root-only
 
 
 @dataclass(frozen=True)
@@ -41,16 +42,15 @@ class WatchedNode:
     exporter_url: str = ""  # with observability: its node exporter, over the rail
     guard_textfile: str = ""  # the head with its guard: the guard's metrics file, as the exporter names it
 
-    @property
-    def url_file(self) -> str:
-        return f"{contract.POWER_WATCH_DIR}/{self.name}.url"
 
 
 @dataclass(frozen=True)
 class RecoveryNode:
     name: str
     connection: pulumi_remote.ConnectionArgs
-    watches: Sequence[WatchedNode] = ()  # the nodes whose plugs this one switches
+    # the node whose plug this one switches (Topology.power_watcher: each node has one watcher, so
+    # each watcher at most one such node)
+    watched: Optional[WatchedNode] = None
 
 
 @dataclass(frozen=True)
@@ -64,18 +64,18 @@ class BoxRecoveryArgs:
 def box_recovery_args(cfg: StackConfig, topology: Topology,
                       conns: Mapping[str, pulumi_remote.ConnectionArgs]) -> BoxRecoveryArgs:
     observed, guarded = cfg.observability.enabled, cfg.serving.guard.enabled
-    watches: dict[str, list[WatchedNode]] = {n.name: [] for n in cfg.nodes}
+    watched: dict[str, WatchedNode] = {}
     for node in cfg.nodes:
         watcher = topology.power_watcher(node)
         if node.power is None or watcher is None:
             continue
-        watches[watcher.name].append(WatchedNode(
+        watched[watcher.name] = (WatchedNode(
             node.name, topology.lan[node.name][0], node.power.kind,
             node.power.url,
             exporter_url=f"http://{topology.ray_ip(node)}:{contract.NODE_EXPORTER_PORT}/metrics" if observed else "",
             guard_textfile=PurePosixPath(contract.SERVING_GUARD_TEXTFILE).name
             if observed and guarded and node.role == "head" else ""))
-    return BoxRecoveryArgs([RecoveryNode(n.name, conns[n.name], watches[n.name]) for n in cfg.nodes],
+    return BoxRecoveryArgs([RecoveryNode(n.name, conns[n.name], watched.get(n.name)) for n in cfg.nodes],
                            cfg.power_watch, hold_until_requalified=guarded, metrics=observed)
 
 
@@ -104,10 +104,11 @@ def render_recorder_unit(node: str, hold: bool) -> str:
         exec_start_pre=[*python, "boot", *recorder_flags(node, hold)])
 
 
-def render_watch_plan(watches: Sequence[WatchedNode], timings: PowerWatch) -> str:
+def render_watch_plan(w: WatchedNode, timings: PowerWatch) -> str:
+    """Named by no node's name in a path or a step: renaming the watched node updates the plan in place."""
     return json.dumps({
-        "nodes": [{"node": w.name, "host": w.address, "plug_kind": w.plug_kind, "plug_url_file": w.url_file,
-                   "exporter_url": w.exporter_url, "guard_textfile": w.guard_textfile} for w in watches],
+        "nodes": [{"node": w.name, "host": w.address, "plug_kind": w.plug_kind, "plug_url_file": PLUG_URL_PATH,
+                   "exporter_url": w.exporter_url, "guard_textfile": w.guard_textfile}],
         "miss_seconds": timings.miss_seconds, "off_seconds": timings.off_seconds,
         "window_seconds": timings.window_seconds, "interval": WATCH_INTERVAL_S}, indent=1) + "\n"
 
@@ -128,10 +129,10 @@ def recovery_files(args: BoxRecoveryArgs, node: RecoveryNode) -> list[ManagedFil
     files = [ManagedFile("recorder-script", RECORDER_PATH, launch_file(contract.NODE_RECORDER_SCRIPT), mode="0755"),
              ManagedFile("recorder-unit", f"/etc/systemd/system/{contract.NODE_RECORDER_UNIT}",
                          render_recorder_unit(node.name, args.hold_until_requalified), action="service")]
-    if node.watches:
-        files += [ManagedFile(f"plug-url-{w.name}", w.url_file, pulumi.Output.secret(w.plug_url.get_secret_value() + "\n"),
-                              mode="0600") for w in node.watches]
-        plan = render_watch_plan(node.watches, args.timings)
+    if node.watched:
+        files.append(ManagedFile("plug-url", PLUG_URL_PATH,
+                                 pulumi.Output.secret(node.watched.plug_url.get_secret_value() + "\n"), mode="0600"))
+        plan = render_watch_plan(node.watched, args.timings)
         files += [ManagedFile("watch-script", WATCH_PATH, launch_file(contract.POWER_WATCH_SCRIPT), mode="0755"),
                   ManagedFile("watch-plan", contract.POWER_WATCH_PLAN, plan),
                   ManagedFile("watch-unit", f"/etc/systemd/system/{contract.POWER_WATCH_UNIT}",

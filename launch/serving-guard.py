@@ -86,7 +86,7 @@ TICK_S = 2.0
 FABRIC_LOOKS_TO_ACT = 2
 # while not serving (a worker rebooted, its engine gone): the workers' looks this often, not every
 # --worker-look-interval, so one held after an unclean boot is re-qualified in seconds
-WORKER_LOOK_WHILE_DOWN_S = 20
+WORKER_LOOK_WHILE_DOWN_S = 10
 REQUALIFY_TIMEOUT_S = 1800
 # how long the guard watches vLLM's counters after a late round: long enough for a busy
 # engine's streams to emit tokens (several per second each), short beside the deadline
@@ -399,6 +399,7 @@ class Guard:
     next_requalify: float = 0.0  # held for the fabric: when the checks run again
     next_worker_look: float = 0.0
     last_worker_look: float = 0.0
+    acted_kinds: set = field(default_factory=set)  # the kinds of findings the last re-qualification acted on
     worker_before: dict = field(default_factory=dict)  # (worker, iface) -> its last look's RailReading
     worker_streak: int = 0
 
@@ -684,6 +685,7 @@ class Guard:
         acted = fabric_watch.act_on(findings)
         streak = streak + 1 if acted else 0
         if acted and (streak >= FABRIC_LOOKS_TO_ACT or any(f.rail in fabric_watch.AT_ONCE for f in acted)):
+            self.acted_kinds = {f.kind for f in acted}
             return streak, "; ".join(f.message for f in acted)
         return streak, None
 
@@ -739,7 +741,10 @@ class Guard:
         self.fabric_streak, self.fabric_before = 0, {}
         self.worker_streak, self.worker_before, self.next_worker_look = 0, {}, 0.0
         if passed:
-            self.serve_again(f"fabric re-qualified after: {reason}")
+            # an unclean boot's hold alone: its reboot (the head's) or the engine's exit it caused (a worker's) was
+            # counted already, so a panic loop is held after the same number of boots as without the recorder
+            self.serve_again(f"fabric re-qualified after: {reason}",
+                             counted=self.acted_kinds != {fabric_watch.UNCLEAN_BOOT})
             return
         self.next_requalify = time.monotonic() + self.args.requalify_interval
         write_json(Path(self.args.hold_file), {
@@ -761,13 +766,19 @@ class Guard:
         self.was_held = False  # a hold the fabric's pass released: the restart count stays
         self.serve_again(f"fabric re-qualified after the hold: {hold.get('reason', '')[:200]}")
 
-    def serve_again(self, reason: str) -> None:
-        if self.in_window() + 1 > self.args.restart_limit:
-            self.raise_hold(f"{reason}, with the restart limit reached")
-            return
-        self.record_restart(reason)
+    def serve_again(self, reason: str, counted: bool = True) -> None:
+        """Start serving after a re-qualification that passed. Not `counted`: no restart recorded, and at the
+        restart limit the policy stays lowered (the last allowed attempt: a next crash or panic is held)."""
+        if counted:
+            if self.in_window() + 1 > self.args.restart_limit:
+                self.raise_hold(f"{reason}, with the restart limit reached")
+                return
+            self.record_restart(reason)
+        else:
+            log(f"serving again: {reason}")
         container = inspect(self.args.container)
-        if container is not None and self.lowered_policy_of(container):
+        if container is not None and self.lowered_policy_of(container) and (
+                counted or self.in_window() < self.args.restart_limit):
             self.restore_policy(container)  # starts it
         else:
             docker("start", self.args.container, timeout=120)

@@ -245,23 +245,15 @@ def guard_problems(node: dict) -> list[str]:
     return found
 
 
-RECENT_UNCLEAN_BOOT_S = 7 * 86400
-
-
 def recovery_problems(node: dict) -> list[str]:
-    """Held out of serving since an unclean boot; an unclean boot this week; a peer the power watch
-    power-cycled, or holds because it stayed silent after its cycle: one line each."""
+    """Held out of serving since an unclean boot; a peer the power watch finds silent, or holds
+    because it stayed silent after its cycle: one line each. Unclean boots already re-qualified are
+    history (recovery_text shows them), no problem now."""
     found, name = [], node["node"]
     recovery = as_object(node.get("recovery"))
     if recovery.get("pending_requalification"):
         found.append(f"{name}: held out of serving since the unclean boot {recovery['pending_requalification']}, "
-                     "until the fabric and NCCL checks pass (the head's guard runs them)")
-    reports = [as_object(r) for r in recovery.get("reports") or []]
-    recent = [r for r in reports if isinstance(r.get("found_at"), (int, float))
-              and node.get("now", time.time()) - r["found_at"] < RECENT_UNCLEAN_BOOT_S]
-    if recent:
-        found.append(f"{name}: {len(recent)} unclean boot(s) this week, the last: {recent[0].get('summary')} "
-                     f"(`twinspark forensics {name} {recent[0].get('name')}`)")
+                     f"until the fabric and NCCL checks pass (the head's guard runs them; `twinspark forensics {name}`)")
     for peer, watch in as_object(as_object(node.get("power_watch")).get("nodes")).items():
         watch = as_object(watch)
         if watch.get("held"):
@@ -321,8 +313,19 @@ def gpu_text(gpu: dict) -> str:
     return text + (f"\nthrottled: {', '.join(throttled)}" if throttled else "")
 
 
+RECENT_UNCLEAN_BOOT_S = 7 * 86400
+
+
+def recovery_text(node: dict) -> str:
+    """This week's unclean boots, the last one's cause: what `twinspark forensics NODE` shows whole."""
+    reports = [as_object(r) for r in as_object(node.get("recovery")).get("reports") or []]
+    now = node.get("now") if isinstance(node.get("now"), (int, float)) else time.time()
+    recent = [r for r in reports if isinstance(r.get("found_at"), (int, float)) and now - r["found_at"] < RECENT_UNCLEAN_BOOT_S]
+    return f"unclean boots this week: {len(recent)} (last: {recent[0].get('name')})" if recent else ""
+
+
 def guard_text(node: dict) -> str:
-    parts = []
+    parts = [text] if (text := recovery_text(node)) else []
     memory = as_object(node.get("memory_check"))
     if "message" in memory:
         parts.append(f"memory: {'ok' if memory.get('ok') else 'WAITING'} ({shown(memory.get('available_gib'))} GiB "

@@ -306,9 +306,9 @@ def test_the_next_node_watches_a_plugged_one_and_only_it_holds_the_url():
     topology = Topology(cfg, resolve_node_addresses(cfg.nodes))
     head, worker = cfg.nodes
     args = box_recovery_args(cfg, topology, {n.name: None for n in cfg.nodes})
-    watches = {n.name: [w.name for w in n.watches] for n in args.nodes}
-    assert watches == {head.name: [worker.name], worker.name: []}, "a pair: the head watches the plugged worker"
-    plan = json.loads(render_watch_plan(args.nodes[0].watches, cfg.power_watch))
+    watches = {n.name: n.watched and n.watched.name for n in args.nodes}
+    assert watches == {head.name: worker.name, worker.name: None}, "a pair: the head watches the plugged worker"
+    plan = json.loads(render_watch_plan(args.nodes[0].watched, cfg.power_watch))
     assert plan["miss_seconds"] == 180 and plan["window_seconds"] == 3600, "the defaults"
     assert plan["nodes"][0]["exporter_url"] == f"http://{worker.rails[0].ip}:{contract.NODE_EXPORTER_PORT}/metrics"
     assert "s3cret" not in json.dumps(plan)

@@ -32,6 +32,7 @@ from observability_helpers import dashboard_targets, every_rule, promql_of, reci
 from openai_standin import Behaviour, serve
 
 from components.config import AlertEmail
+from core import contract
 from components.observability import node_exporter_command
 from components.observability_files import (
     GUARD_METRICS,
@@ -92,8 +93,19 @@ def stage_node(root: Path, mtu_rail1: int, head: bool) -> None:
     write(root, "proc/net/dev", header + rows)
     (root / "rootfs").mkdir(exist_ok=True)
     (root / "textfile").mkdir(exist_ok=True)
-    if head:  # the guard's own writer, after a passing round with the gateway up
+    if head:  # the guard's own writer, after a passing round with the gateway up; the power watch's over the worker
         write_guard_textfile(root / "textfile" / "twinspark-guard.prom")
+        write_power_watch_textfile(root / "textfile" / Path(contract.POWER_WATCH_TEXTFILE).name)
+
+
+def write_power_watch_textfile(path: Path) -> None:
+    """The power watch's own writer, the worker answering and never cycled."""
+    module = load_launch("power-watch.py")
+    plan = {"nodes": [{"node": "spark2", "host": "192.0.2.12", "plug_kind": "shelly", "plug_url_file": ""}],
+            "miss_seconds": 180, "off_seconds": 10, "window_seconds": 3600, "interval": 5}
+    watch = module.PowerWatch(plan, path.parent, textfile=str(path))
+    watch.step(watch.watched[0], {"ssh": True, "exporter": True}, time.time())
+    watch.write_outputs(time.time())
 
 
 def write_guard_textfile(path: Path) -> None:

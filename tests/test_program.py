@@ -544,7 +544,7 @@ def test_secrets_stay_secret(program, recipe_config):
     run = program(recipe_config)
     assert run.error is None, run.error
     # the plug's URL: a root-only file on the node that watches the plugged one, and nowhere else
-    plug = runner_call(run.named("spark1-recovery-plug-url-spark2"))
+    plug = runner_call(run.named("spark1-recovery-plug-url"))
     assert plug.payload == "http://admin:PLUG-pw@192.0.2.60\n" and flag_value(plug.args, "--mode") == "0600"
     for secret in ("sk-user-chosen-key-123", "hf_user_token_456", "grafana-pw-chosen-789", "T0KEN-in-the-path",
                    "PLUG-pw"):

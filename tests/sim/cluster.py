@@ -127,7 +127,8 @@ def sim_nodes(stack_nodes: list[dict], count: int, topology: str = "switch") -> 
         raise ValueError(f"--nodes {count}: a cluster has a head and at least one worker (2 or more)")
     if count > 9:
         raise ValueError(f"--nodes {count}: the sim's address plan holds at most 9 nodes")
-    template = {k: v for k, v in stack_nodes[-1].items() if k != "hostKey"}  # a new node has its own
+    # a new node has a host key of its own, and no plug (sim2's plug is sim2's)
+    template = {k: v for k, v in stack_nodes[-1].items() if k not in ("hostKey", "power")}
     nodes = [dict(n) for n in stack_nodes[:count]]
     for i in range(len(nodes) + 1, count + 1):
         rails = [{**r, "address": f"10.0.{k}.{i}/24"} for k, r in enumerate(template["rails"])]
