@@ -43,7 +43,6 @@ class WatchedNode:
     guard_textfile: str = ""  # the head with its guard: the guard's metrics file, as the exporter names it
 
 
-
 @dataclass(frozen=True)
 class RecoveryNode:
     name: str
@@ -69,12 +68,11 @@ def box_recovery_args(cfg: StackConfig, topology: Topology,
         watcher = topology.power_watcher(node)
         if node.power is None or watcher is None:
             continue
-        watched[watcher.name] = (WatchedNode(
-            node.name, topology.lan[node.name][0], node.power.kind,
-            node.power.url,
+        watched[watcher.name] = WatchedNode(
+            node.name, topology.lan[node.name][0], node.power.kind, node.power.url,
             exporter_url=f"http://{topology.ray_ip(node)}:{contract.NODE_EXPORTER_PORT}/metrics" if observed else "",
             guard_textfile=PurePosixPath(contract.SERVING_GUARD_TEXTFILE).name
-            if observed and guarded and node.role == "head" else ""))
+            if observed and guarded and node.role == "head" else "")
     return BoxRecoveryArgs([RecoveryNode(n.name, conns[n.name], watched.get(n.name)) for n in cfg.nodes],
                            cfg.power_watch, hold_until_requalified=guarded, metrics=observed)
 
@@ -145,6 +143,12 @@ class BoxRecovery(pulumi.ComponentResource):
         super().__init__("twinspark:box_recovery:BoxRecovery", name, None, opts)
         self.commands: list[pulumi_remote.Command] = []
         for node in args.nodes:
-            self.commands += managed_file_commands(node.name, "recovery", node.connection, recovery_files(args, node),
-                                                   parent=self)
+            files = recovery_files(args, node)
+            # each unit after the files it runs (its script, the watch's plan and plug URL): started before them it
+            # would exit at once and be restarted 5 s later
+            installed = managed_file_commands(node.name, "recovery", node.connection,
+                                              [f for f in files if f.action != "service"], parent=self)
+            self.commands += installed + managed_file_commands(
+                node.name, "recovery", node.connection, [f for f in files if f.action == "service"], parent=self,
+                depends_on=installed)
         self.register_outputs({})

@@ -264,11 +264,13 @@ def managed_file_script(node: str, capability: str, f: ManagedFile) -> NodeScrip
 
 
 def managed_file_commands(
-    node: str, capability: str, conn: pulumi_remote.ConnectionArgs, files: Sequence[ManagedFile], parent: pulumi.Resource
+    node: str, capability: str, conn: pulumi_remote.ConnectionArgs, files: Sequence[ManagedFile], parent: pulumi.Resource,
+    depends_on: Sequence[pulumi.Resource] = (),
 ) -> list[pulumi_remote.Command]:
     """One idempotent install/remove command per file, named {node}-{capability}-{step}."""
     return [
-        node_command(f"{node}-{capability}-{f.step}", conn, managed_file_script(node, capability, f), parent=parent)
+        node_command(f"{node}-{capability}-{f.step}", conn, managed_file_script(node, capability, f), parent=parent,
+                     depends_on=depends_on)
         for f in files
     ]
 

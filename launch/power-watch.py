@@ -11,7 +11,7 @@ not only the kernel's handshake), its node exporter answering, and — on the he
 guard's heartbeat (its metrics file's age in that exporter's output). When none has come for
 `miss_seconds` the plug is switched off, `off_seconds` later on again; never a second time within
 `window_seconds`: a node still silent after its cycle is held (logged, in the status and the
-metrics; the next `pulumi up` or the node answering again releases it), for a person to look at.
+metrics; it ends when the node answers again), for a person to look at.
 
 The plan (non-secret; components/box_recovery.py renders it) names each watched node, its addresses,
 its plug's kind (shelly: Gen1 `/relay/0?turn=`, shelly-rpc: Gen2+ `/rpc/Switch.Set`, tasmota:

@@ -322,3 +322,24 @@ def test_a_bad_plug_url_is_refused_without_showing_it(program, recipe_config):
     run = program(recipe_config)
     assert run.error and "twinspark:nodes[1].power.url: not an http(s) URL" in run.error["message"], run.error
     assert "s3cret" not in run.error["message"] and run.resources == []
+
+
+@pytest.mark.parametrize("secret", [False, True])
+def test_a_plug_url_kept_in_plain_text_is_warned_about(capsys, secret):
+    """`pulumi config set --secret --path 'nodes[1].power.url'` makes the engine list twinspark:nodes
+    among the secret keys; without --secret the URL sits readable in the stack file."""
+    from pulumi.runtime import config as runtime_config
+
+    from components.config import load_stack_config
+
+    values = {f"twinspark:{k}": json.dumps(v) for k, v in plugged().items()}
+    config = runtime_config.CONFIG.set(values)
+    secret_keys = runtime_config._SECRET_KEYS.set({"twinspark:nodes"} if secret else set())
+    try:
+        cfg = load_stack_config()
+    finally:
+        runtime_config.CONFIG.reset(config)
+        runtime_config._SECRET_KEYS.reset(secret_keys)
+    warnings = capsys.readouterr().err
+    assert cfg.nodes[1].power is not None and "s3cret" not in warnings
+    assert ("power.url is stored in plain text" in warnings) is not secret, warnings
