@@ -27,7 +27,6 @@ from core import contract
 from .config import PowerWatch, StackConfig, Topology
 from .remote import ManagedFile, launch_file, managed_file_commands, render_service_unit, sha256_text
 
-RECORDER_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.NODE_RECORDER_SCRIPT}"
 WATCH_PATH = f"{contract.SERVING_GUARD_DIR}/{contract.POWER_WATCH_SCRIPT}"
 WATCH_INTERVAL_S = 5
 PLUG_URL_PATH = f"{contract.POWER_WATCH_DIR}/plug.url"  # the watched node's plug's URL: a secret, root-only
@@ -84,11 +83,11 @@ def recorder_flags(node: str, hold: bool) -> list[str]:
 
 def release_argv(node: str) -> list[str]:
     """What the re-qualification runs (as root) on each node once every check passed."""
-    return ["/usr/bin/python3", RECORDER_PATH, "release", *recorder_flags(node, hold=True)]
+    return ["/usr/bin/python3", contract.NODE_RECORDER, "release", *recorder_flags(node, hold=True)]
 
 
 def render_recorder_unit(node: str, hold: bool) -> str:
-    python = ["/usr/bin/python3", RECORDER_PATH]
+    python = ["/usr/bin/python3", contract.NODE_RECORDER]
     log = f"{contract.LOG_DIR}/{contract.NODE_RECORDER_LOG}"
     script_hash = sha256_text(launch_file(contract.NODE_RECORDER_SCRIPT))  # a new script restarts the service
     return render_service_unit(
@@ -124,7 +123,7 @@ def render_watch_unit(metrics: bool, plan: str) -> str:
 
 
 def recovery_files(args: BoxRecoveryArgs, node: RecoveryNode) -> list[ManagedFile]:
-    files = [ManagedFile("recorder-script", RECORDER_PATH, launch_file(contract.NODE_RECORDER_SCRIPT), mode="0755"),
+    files = [ManagedFile("recorder-script", contract.NODE_RECORDER, launch_file(contract.NODE_RECORDER_SCRIPT), mode="0755"),
              ManagedFile("recorder-unit", f"/etc/systemd/system/{contract.NODE_RECORDER_UNIT}",
                          render_recorder_unit(node.name, args.hold_until_requalified), action="service")]
     if node.watched:

@@ -105,6 +105,7 @@ REQUALIFY_KNOWN_HOSTS = "~/.ssh/twinspark_requalify_known_hosts"
 # one, keeps the previous boot's kernel log, pstore, GPU Xid lines and its last memory picture in a
 # report; while running it writes that picture to disk every RECORDER_INTERVAL_S.
 NODE_RECORDER_SCRIPT = "node-recorder.py"
+NODE_RECORDER = f"{SERVING_GUARD_DIR}/{NODE_RECORDER_SCRIPT}"  # on every node: the unit, the tools and the release run it
 NODE_RECORDER_UNIT = "twinspark-node-recorder.service"
 FORENSICS_DIR = "/var/lib/twinspark/forensics"  # root-only: the reports, the last memory picture, the marks
 RECORDER_INTERVAL_S = 15

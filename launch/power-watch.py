@@ -115,6 +115,28 @@ def switch_plug(kind: str, url: str, on: bool, timeout: float = 10) -> Optional[
         return f"the plug did not answer ({type(err).__name__})"
 
 
+# ---- what it writes ----------------------------------------------------------------------------
+def write_atomically(path: Path, text: str) -> None:
+    """Whole or not at all; a name starting with a dot and not ending in .prom (the textfile
+    collector skips it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text)
+    part.replace(path)
+
+
+def textfile_text(series: dict[str, float]) -> str:
+    """The text format: a family's series together, one TYPE line before them (counters end in _total)."""
+    text, typed = "", set()
+    for name_and_labels, value in sorted(series.items(), key=lambda item: item[0].split("{")[0]):
+        name = name_and_labels.split("{")[0]
+        if name not in typed:
+            typed.add(name)
+            text += f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}\n"
+        text += f"{name_and_labels} {value}\n"
+    return text
+
+
 # ---- the watch -------------------------------------------------------------------------------
 @dataclass
 class Watched:
@@ -149,10 +171,7 @@ class PowerWatch:
             return {}
 
     def _save(self, w: Watched) -> None:
-        path = self._state_file(w)
-        part = path.with_name(f".{path.name}.part")
-        part.write_text(json.dumps({"cycles": w.cycles, "held": w.held}) + "\n")
-        part.replace(path)
+        write_atomically(self._state_file(w), json.dumps({"cycles": w.cycles, "held": w.held}) + "\n")
 
     def look(self, w: Watched) -> dict:
         """The signs, asked at once: a silent node's look takes one timeout, not one per sign."""
@@ -217,34 +236,23 @@ class PowerWatch:
         log(f"{w.node}: power-cycled (off {self.plan['off_seconds']} s, on again)")
 
     def write_outputs(self, now: float) -> None:
-        status = {"updated_at": now, "nodes": {w.node: {
-            "signs": w.signs, "silent_s": round(now - w.missing_since, 1) if w.missing_since else 0,
-            "cycles": w.cycles, "held": w.held, "plug": w.plug_kind} for w in self.watched}}
-        lines = []
-        for name, kind, help_text in (
-                ("twinspark_power_watch_sign", "gauge", "a watched node's sign of life (1 answering)"),
-                ("twinspark_power_watch_silent_seconds", "gauge", "how long a watched node has shown no sign of life"),
-                ("twinspark_power_cycles_total", "counter", "power cycles of a watched node through its plug"),
-                ("twinspark_power_watch_held", "gauge", "1: still silent after its power cycle; no second one")):
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-            for w in self.watched:
-                # `watched`, not `node`: the scrape's own `node` label names the watcher
-                label = f'watched="{w.node}"'
-                if name.endswith("_sign"):
-                    lines += [f'{name}{{{label},sign="{s}"}} {int(up)}' for s, up in w.signs.items()]
-                elif name.endswith("silent_seconds"):
-                    lines.append(f'{name}{{{label}}} {round(now - w.missing_since, 1) if w.missing_since else 0}')
-                elif name.endswith("cycles_total"):
-                    lines.append(f'{name}{{{label}}} {len(w.cycles)}')
-                else:
-                    lines.append(f'{name}{{{label}}} {int(bool(w.held))}')
-        for path, text in ((self.textfile, "\n".join(lines) + "\n"), (self.status, json.dumps(status) + "\n")):
-            if path:
-                target = Path(path)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                part = target.with_name(f".{target.name}.part")
-                part.write_text(text)
-                part.replace(target)
+        """The status JSON, and POWER_WATCH_METRICS for the textfile collector (their meaning is in
+        components/observability_files/metrics.py, as the guard's is)."""
+        status: dict = {"updated_at": now, "nodes": {}}
+        series: dict[str, float] = {}
+        for w in self.watched:
+            silent = round(now - w.missing_since, 1) if w.missing_since else 0
+            status["nodes"][w.node] = {"signs": w.signs, "silent_s": silent, "cycles": w.cycles, "held": w.held,
+                                       "plug": w.plug_kind}
+            label = f'watched="{w.node}"'  # not `node`: the scrape's own `node` label names the watcher
+            series.update({f'twinspark_power_watch_sign{{{label},sign="{sign}"}}': int(up) for sign, up in w.signs.items()})
+            series.update({f"twinspark_power_watch_silent_seconds{{{label}}}": silent,
+                           f"twinspark_power_cycles_total{{{label}}}": len(w.cycles),
+                           f"twinspark_power_watch_held{{{label}}}": int(bool(w.held))})
+        if self.textfile:
+            write_atomically(Path(self.textfile), textfile_text(series))
+        if self.status:
+            write_atomically(Path(self.status), json.dumps(status) + "\n")
 
     def run(self) -> None:
         log(f"watching {', '.join(w.node for w in self.watched)}: a power cycle after {self.plan['miss_seconds']} s "

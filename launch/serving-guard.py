@@ -399,7 +399,6 @@ class Guard:
     next_requalify: float = 0.0  # held for the fabric: when the checks run again
     next_worker_look: float = 0.0
     last_worker_look: float = 0.0
-    acted_kinds: set = field(default_factory=set)  # the kinds of findings the last re-qualification acted on
     worker_before: dict = field(default_factory=dict)  # (worker, iface) -> its last look's RailReading
     worker_streak: int = 0
 
@@ -622,8 +621,8 @@ class Guard:
             self.check()
 
     # ---- the fabric while serving --------------------------------------------------------
-    def look_at_fabric(self, container: Container) -> Optional[str]:
-        """Read the rails and NCCL's choice; the reason to stop serving, or None."""
+    def look_at_fabric(self, container: Container) -> list:
+        """Read the rails and NCCL's choice; the findings to stop serving for, or none."""
         readings = [fabric_watch.read_rail(rail, Path(self.args.sys_root)) for rail in self.rails]
         findings = [f for r in readings for f in fabric_watch.judge(r, self.fabric_before.get(r.rail.iface))]
         self.fabric_before = {r.rail.iface: r for r in readings}
@@ -636,16 +635,16 @@ class Guard:
         held = fabric_watch.unclean_boot(self.args.unclean_boot_hold)
         if held:
             findings.append(fabric_watch.Finding(fabric_watch.UNCLEAN_BOOT, "boot", f"this node: {held}"))
-        self.fabric_streak, reason = self.weigh(findings, "findings", self.fabric_streak)
+        self.fabric_streak, acted = self.weigh(findings, "findings", self.fabric_streak)
         self.fabric.update(nccl_network=self.nccl_network, readings=readings)
-        return reason
+        return acted
 
-    def look_at_workers(self) -> Optional[str]:
+    def look_at_workers(self) -> list:
         """Every --worker-look-interval s, each worker's own rails (requalify.py peers-look, over the
-        re-qualification key): the reason to stop serving, or None. A worker that does not answer is
+        re-qualification key): the findings to stop serving for, or none. A worker that does not answer is
         no finding here (rebooting, or its own rail gone: the head's look and the checks say so)."""
         if time.monotonic() < self.next_worker_look:
-            return None
+            return []
         self.last_worker_look = time.monotonic()
         self.next_worker_look = self.last_worker_look + self.args.worker_look_interval
         try:
@@ -671,13 +670,13 @@ class Guard:
                 findings += [fabric_watch.Finding(f.kind, f"{worker} {f.rail}", f"{worker} {f.message}")
                              for f in fabric_watch.judge(reading, self.worker_before.get(key))]
                 self.worker_before[key] = reading
-        self.worker_streak, reason = self.weigh(findings, "worker_findings", self.worker_streak)
-        return reason
+        self.worker_streak, acted = self.weigh(findings, "worker_findings", self.worker_streak)
+        return acted
 
-    def weigh(self, findings: list, said: str, streak: int) -> tuple[int, Optional[str]]:
+    def weigh(self, findings: list, said: str, streak: int) -> tuple[int, list]:
         """Log the findings the last look (self.fabric[said]) had not, keep them there; (the streak of
-        looks with one acted on, the reason to stop serving: such a finding on FABRIC_LOOKS_TO_ACT looks
-        in a row, or NCCL's at once)."""
+        looks with one acted on, the findings to stop serving for: such a finding on FABRIC_LOOKS_TO_ACT
+        looks in a row, or NCCL's or an unclean boot's at once; none otherwise)."""
         for finding in findings:
             if finding.message not in self.fabric.get(said, []):
                 log(f"fabric: {finding.message}")
@@ -685,9 +684,8 @@ class Guard:
         acted = fabric_watch.act_on(findings)
         streak = streak + 1 if acted else 0
         if acted and (streak >= FABRIC_LOOKS_TO_ACT or any(f.rail in fabric_watch.AT_ONCE for f in acted)):
-            self.acted_kinds = {f.kind for f in acted}
-            return streak, "; ".join(f.message for f in acted)
-        return streak, None
+            return streak, acted
+        return streak, []
 
     def drain(self, reason: str) -> None:
         """New requests get the gateway's 503; the ones in flight get --drain-seconds to finish."""
@@ -726,8 +724,9 @@ class Guard:
                                                "duration_s": round(time.monotonic() - started, 1)}
         return passed, summary
 
-    def requalify(self, reason: str) -> None:
+    def requalify(self, acted: list) -> None:
         """Drain, stop serving, run the checks; serve again when they pass, hold when not."""
+        reason = "; ".join(f.message for f in acted)
         log(f"fabric: {reason}: draining, stopping serving, re-qualifying the fabric and NCCL")
         self.fabric["requalifying"] = reason
         self.write_status()
@@ -744,7 +743,7 @@ class Guard:
             # an unclean boot's hold alone: its reboot (the head's) or the engine's exit it caused (a worker's) was
             # counted already, so a panic loop is held after the same number of boots as without the recorder
             self.serve_again(f"fabric re-qualified after: {reason}",
-                             counted=self.acted_kinds != {fabric_watch.UNCLEAN_BOOT})
+                             counted={f.kind for f in acted} != {fabric_watch.UNCLEAN_BOOT})
             return
         self.next_requalify = time.monotonic() + self.args.requalify_interval
         write_json(Path(self.args.hold_file), {

@@ -25,8 +25,6 @@ from .nodes import add_ssh_arguments, check_pinned, ssh_shell
 from .output import add_json_argument, human_console, print_json
 from .target import add_target_arguments, resolve_target, ssh_user
 
-RECORDER = f"{contract.SERVING_GUARD_DIR}/{contract.NODE_RECORDER_SCRIPT}"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("node", nargs="?", help="only this node's reports")
@@ -37,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def recorder_command(*args: str) -> str:
-    return "sudo -n python3 " + shlex.join([RECORDER, *args, "--dir", contract.FORENSICS_DIR])
+    return "sudo -n python3 " + shlex.join([contract.NODE_RECORDER, *args, "--dir", contract.FORENSICS_DIR])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -65,7 +65,7 @@ def probe_args(node: dict, executor: str = "ray", worker_ips: Sequence[str] = ()
     args = ["--name", node["name"], "--container", contract.SERVING_CONTAINER,
             "--memory-status", contract.MEMORY_CHECK_STATUS,
             "--firewall-unit", contract.FIREWALL_UNIT, "--firewall-table", contract.FIREWALL_TABLE,
-            "--recorder", f"{contract.SERVING_GUARD_DIR}/{contract.NODE_RECORDER_SCRIPT}",
+            "--recorder", contract.NODE_RECORDER,
             "--forensics-dir", contract.FORENSICS_DIR, "--power-watch-status", contract.POWER_WATCH_STATUS]
     for rail in node.get("rails", []):
         args += ["--rail", f"{rail['iface']}:{rail['hca']}"]

@@ -453,6 +453,12 @@ def readiness_s(stack) -> float:
     return serving_settings(stack)["readinessTimeoutMinutes"] * 60
 
 
+def recorder(cluster, node: str, *verb: str) -> dict:
+    """The node recorder's `list` or `show NAME` on a node, as JSON (launch/node-recorder.py)."""
+    done = cluster.node_exec(node, "python3", contract.NODE_RECORDER, *verb, "--dir", contract.FORENSICS_DIR)
+    return json.loads(done.stdout)
+
+
 def run_ops(*args: str) -> subprocess.CompletedProcess:
     with TIMELINE.span("ops", args[0]):
         return subprocess.run([sys.executable, "-m", "ops", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)

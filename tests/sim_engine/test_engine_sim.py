@@ -18,7 +18,8 @@ import pytest
 from core import contract
 import sim_images
 from scenario_kit import (HEAD, ROOT, STACK, changes, completion, completion_status, containers, copy_again_args, flag,
-                          guard_verdict, hub_commit, name_of, rails_throttled, serving_answers, sync_key_access, urn_of,
+                          guard_verdict, hub_commit, name_of, rails_throttled, recorder, serving_answers, sync_key_access,
+                          urn_of,
                           vllm_argv, wait_for)
 
 INTERRUPTED_COPY_RATE = "50mbit"  # the head's egress on each rail while an up is interrupted mid-copy
@@ -376,8 +377,7 @@ def test_both_nodes_power_cycled_serve_again_without_a_manual_step_and_the_next_
     counted = json.loads(cluster.node_exec(HEAD, "cat", contract.SERVING_GUARD_RESTARTS).stdout)
     assert "the head rebooted" in [r["reason"] for r in counted["restarts"]], counted
     for node in ("sim1", "sim2"):  # each boot's report kept, each released by the re-qualification
-        listing = json.loads(cluster.node_exec(node, "python3", f"{contract.SERVING_GUARD_DIR}/{contract.NODE_RECORDER_SCRIPT}",
-                                               "list", "--dir", contract.FORENSICS_DIR).stdout)
+        listing = recorder(cluster, node, "list")
         assert listing["pending_requalification"] is None and listing["reports"], (node, listing)
     run = stack.up()
     assert set(run.summary) == {"same"}, run.summary

@@ -35,7 +35,7 @@ from core import contract
 from cluster import SITE_LANS
 from plug_standin import PlugStandin
 from scenario_kit import HEAD, SITE, WORKER, changes, completion_status, guard_verdict, ops_access, readiness_s, \
-    run_ops, serves, serving_settings, wait_for, with_an_empty_restart_count
+    recorder, run_ops, serves, serving_settings, wait_for, with_an_empty_restart_count
 from test_engine_sim_healing import prometheus, scrape_s, set_knob
 
 # the head's NCCL's second rail (rail0 carries Ray, whose loss would end the engine by itself); a worker's
@@ -189,12 +189,6 @@ def test_the_doctor_names_planted_differences_costliest_first(cluster, stack, de
 # ---- a box that stops answering (issue 40, part 4) ------------------------------------------------
 XID_LINE = ("2026-12-06T10:00:00+0000 sim2 kernel: NVRM: Xid (PCI:000f:01:00): 79, pid='<unknown>', name=<unknown>, "
             "GPU has fallen off the bus.")
-
-
-def recorder(cluster, node: str, *verb: str) -> dict:
-    done = cluster.node_exec(node, "python3", f"{contract.SERVING_GUARD_DIR}/{contract.NODE_RECORDER_SCRIPT}", *verb,
-                             "--dir", contract.FORENSICS_DIR)
-    return json.loads(done.stdout)
 
 
 def watch_lines(cluster, says: str) -> list[str]:
