@@ -74,6 +74,7 @@ fabric_args = {
         mtu=cfg.fabric.mtu,
         link_speed_mbps=cfg.fabric.link_speed_mbps,
         rails=[RailProbe(r.iface, r.hca, topology.peers_on_rail(n, i)) for i, r in enumerate(n.rails)],
+        far_ends=topology.far_ends(n),
         host_prep_hashes=host_prep_hashes,
     )
     for n in cfg.nodes

@@ -32,6 +32,7 @@ class FabricCheckArgs:
     mtu: int
     link_speed_mbps: int
     rails: Sequence[RailProbe]
+    far_ends: Sequence[tuple[str, str, str]]  # (address, node, iface) of every other node's rails
     host_prep_hashes: Sequence[pulumi.Input[str]]  # every node's: the pings cross them all
 
 
@@ -39,6 +40,8 @@ def fabric_check_args(args: FabricCheckArgs) -> list[str]:
     flags = ["--node", args.node_name, "--mtu", str(args.mtu), "--speed-mbps", str(args.link_speed_mbps)]
     for rail in args.rails:
         flags += ["--rail", f"{rail.iface}:{rail.hca}:{','.join(rail.peers)}"]
+    for address, node, iface in args.far_ends:
+        flags += ["--far-end", f"{address}={node}:{iface}"]
     return flags
 
 

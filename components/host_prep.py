@@ -6,6 +6,7 @@ Creates, per node, one idempotent remote command per managed file (launch/manage
 - /etc/netplan/99-qsfp.yaml (mode 600)       the rails only; applied outside the SSH session
 - /etc/logrotate.d/twinspark                 the host log directory, rotated by size and day
 - /etc/sysctl.d/99-twinspark-hang-recovery.conf   panic on a soft/hard lockup, reboot 30 s after
+- /etc/sysctl.d/99-twinspark-rails.conf       each rail answers ARP for its own address only
 - /etc/systemd/system.conf.d/99-twinspark-watchdog.conf   systemd pets the hardware watchdog
 - /etc/sysctl.d/99-twinspark-userns.conf     head only: unprivileged userns for codex's sandbox
 - /etc/twinspark/firewall.nft               the host firewall (nftables, inet: IPv4 and IPv6),
@@ -42,6 +43,11 @@ USERNS_SYSCTL_PATH = "/etc/sysctl.d/99-twinspark-userns.conf"
 USERNS_KEY = "kernel.apparmor_restrict_unprivileged_userns"
 USERNS_UBUNTU_DEFAULT = f"{USERNS_KEY}=1"
 HANG_SYSCTL_PATH = "/etc/sysctl.d/99-twinspark-hang-recovery.conf"
+RAIL_SYSCTL_PATH = "/etc/sysctl.d/99-twinspark-rails.conf"
+# per rail -> (ours, the kernel's default, restored on remove): ARP answered only for the rail's own
+# address, and asked from it. Two rails of one host otherwise answer for each other (ARP flux), and
+# a crossed cable would look healthy to ARP; so the fabric check can tell which far end a cable reaches.
+RAIL_ARP = {"arp_ignore": (1, 0), "arp_announce": (2, 0)}
 WATCHDOG_PATH = "/etc/systemd/system.conf.d/99-twinspark-watchdog.conf"
 # A hard-locked Spark answers nothing until someone power-cycles it: panic on a soft or hard
 # lockup and reboot 30 s later instead; docker then brings serving back on its own.
@@ -115,6 +121,23 @@ def render_logrotate() -> str:
 def render_hang_sysctl() -> str:
     lines = "".join(f"{key} = {ours}\n" for key, (ours, _) in HANG_RECOVERY.items())
     return f"# twinspark: a lockup panics the kernel, and a panic reboots after {PANIC_REBOOT_SECONDS} s\n" + lines
+
+
+def rail_sysctl_key(iface: str, name: str) -> str:
+    # the slash form: an interface name may hold a dot (a VLAN's), which the dotted form would split
+    return f"net/ipv4/conf/{iface}/{name}"
+
+
+def render_rail_sysctl(node: Node) -> str:
+    lines = "".join(f"{rail_sysctl_key(rail.iface, name)} = {ours}\n"
+                    for rail in node.rails for name, (ours, _) in RAIL_ARP.items())
+    return ("# twinspark: each QSFP rail answers ARP for its own address only (no ARP flux between the two\n"
+            "# rails; the fabric check tells which far end a cable reaches by who answers)\n" + lines)
+
+
+def rail_sysctl_defaults(node: Node) -> str:
+    return " ".join(f"{rail_sysctl_key(rail.iface, name)}={default}"
+                    for rail in node.rails for name, (_, default) in RAIL_ARP.items())
 
 
 def render_watchdog() -> str:
@@ -199,6 +222,8 @@ def managed_files(node: Node, mtu: int, firewall: FirewallPolicy, gpu_clock_cap_
         ManagedFile("logrotate", LOGROTATE_PATH, render_logrotate()),
         ManagedFile("hang-recovery", HANG_SYSCTL_PATH, render_hang_sysctl(), action="sysctl",
                     undo=HANG_RECOVERY_DEFAULTS),
+        ManagedFile("rail-arp", RAIL_SYSCTL_PATH, render_rail_sysctl(node), action="sysctl",
+                    undo=rail_sysctl_defaults(node)),
         ManagedFile("watchdog", WATCHDOG_PATH, render_watchdog(), action="systemd"),
         ManagedFile("firewall", contract.FIREWALL_RULES_PATH, render_firewall(node, firewall), mode="0600",
                     action="nftables", undo=f"inet {contract.FIREWALL_TABLE}"),

@@ -63,13 +63,23 @@ CAUSES: dict[str, Cause] = {
         "the software differs from the recipe's (driver, kernel, NCCL, image)", 0.02,
         "each difference's cost is unmeasured: they rank below every measured cause",
         "move to the recipe's versions where they differ (README Prerequisites; serving.image)"),
+    "power_mode": Cause(
+        "the platform or the CPUs run in a power-saving mode", 0.03,
+        "unmeasured on a Spark: a power-saving profile or governor holds the clocks down; it ranks just above "
+        "the unmeasured software differences",
+        "`echo performance | sudo tee /sys/firmware/acpi/platform_profile` (or balanced), and the CPU governor "
+        "`schedutil` or `performance` (cpupower frequency-set -g)"),
     "memory_pressure": Cause(
         "swap is on or earlyoom is off: memory pressure is not stopped before it reaches the engine", 0.01,
         "stability, not speed: a swapping node stalls the whole TP group (gotcha 13)",
         "`pulumi up` sets both (host prep); something changed them after"),
 }
 
-SOFTWARE_FACTS = ("driver", "kernel", "nccl", "image_digest", "bios", "hca_firmware")
+SOFTWARE_FACTS = ("driver", "kernel", "nccl", "nccl_image", "image_digest", "bios", "hca_firmware")
+# ACPI platform profiles that trade speed for power (the kernel's sysfs-platform_profile)
+POWER_SAVING_PROFILES = ("low-power", "quiet", "cool")
+# cpufreq drivers whose `powersave` governor still scales with load (their own P-state logic)
+DYNAMIC_POWERSAVE_DRIVERS = ("intel_pstate", "amd-pstate", "amd-pstate-epp")
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,8 @@ class Fingerprint:
 
     driver: Optional[str] = None
     kernel: Optional[str] = None
-    nccl: Optional[str] = None
+    nccl: Optional[str] = None  # the host's package
+    nccl_image: Optional[str] = None  # the NCCL the serving processes loaded (the recipe's one `nccl`)
     image_digest: Optional[str] = None
     bios: Optional[str] = None  # the board's BIOS version
     hca_firmware: Optional[str] = None  # the ConnectX firmware versions of the rails' HCAs
@@ -94,6 +105,10 @@ class Fingerprint:
     nccl_busbw_gbps: Optional[float] = None
     swap_enabled: Optional[bool] = None
     earlyoom_active: Optional[bool] = None
+    platform_profile: Optional[str] = None  # ACPI's (performance, balanced, low-power, ...)
+    cpu_governor: Optional[str] = None
+    cpufreq_driver: Optional[str] = None
+    page_cache_gib: Optional[float] = None  # a fact shown, not judged (it is reclaimed when the engine asks)
 
 
 @dataclass(frozen=True)
@@ -147,6 +162,11 @@ def node_findings(node: str, seen: Fingerprint, baseline: Fingerprint, expected_
                  if getattr(baseline, name) and getattr(seen, name) and getattr(seen, name) != getattr(baseline, name)]
     if differing:
         add("software", "; ".join(differing))
+    saving = [f"platform profile {seen.platform_profile}"] if seen.platform_profile in POWER_SAVING_PROFILES else []
+    if seen.cpu_governor == "powersave" and seen.cpufreq_driver not in DYNAMIC_POWERSAVE_DRIVERS:
+        saving.append(f"CPU governor powersave ({seen.cpufreq_driver or 'unknown driver'})")
+    if saving:
+        add("power_mode", ", ".join(saving))
     if seen.swap_enabled or seen.earlyoom_active is False:
         add("memory_pressure", ", ".join(part for part, on in (("swap on", seen.swap_enabled),
                                                                 ("earlyoom off", seen.earlyoom_active is False)) if on))

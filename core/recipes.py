@@ -63,7 +63,7 @@ class BaselineFingerprint(_Data):
 
     driver: Optional[str] = None
     kernel: Optional[str] = None
-    nccl: Optional[str] = None
+    nccl: Optional[str] = None  # the NCCL the recipe ran (nccl-tests and vLLM alike): the host's and the image's
     image_digest: Optional[str] = None
     model_sha256: Optional[str] = None
     drafter_sha256: Optional[str] = None
@@ -74,7 +74,8 @@ class BaselineFingerprint(_Data):
     source: str = Field(description="where these facts come from, and which are unknown")
 
     def fingerprint(self) -> Fingerprint:
-        return Fingerprint(driver=self.driver, kernel=self.kernel, nccl=self.nccl, image_digest=self.image_digest,
+        return Fingerprint(driver=self.driver, kernel=self.kernel, nccl=self.nccl, nccl_image=self.nccl,
+                           image_digest=self.image_digest,
                            model_sha256=self.model_sha256, drafter_sha256=self.drafter_sha256,
                            cstates_enabled=self.cstates_enabled, nccl_busbw_gbps=self.nccl_busbw_gbps)
 

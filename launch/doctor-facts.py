@@ -5,12 +5,14 @@ over ssh, read-only, the standard library only).
   python3 doctor-facts.py --hca rocep1s0f0 --hca roceP2p1s0f0 --container twinspark-serving \
       --manifest /home/nvidia/models/DeepSeek-V4-Flash-0731/.twinspark-manifest
 
-Reports: the kernel, the driver (nvidia-smi), the host's NCCL package, the BIOS version, the HCAs'
-firmware, the GID index the last serving start gave NCCL (its boot log), each HCA's PCIe link (speed
-and width, and the card's capability), whether deep CPU idle states are enabled, swap, earlyoom, the
-serving container's image ID, and two hashes the doctor compares between nodes and with the recipe:
-the weights as the pin's manifest records them, and the drafter's files (any file whose path names
-a draft model) as their bytes are on this disk. A fact that cannot be read is null, with the reason
+Reports: the kernel, the driver (nvidia-smi), the host's NCCL package and the NCCL the serving
+processes loaded (NCCL's INFO files in the container), the BIOS version, the HCAs' firmware, the
+power mode (ACPI platform profile, CPU governor), the page cache's size, the GID index the last
+serving start gave NCCL (its boot log), each HCA's PCIe link (speed and width, and the card's
+capability), whether deep CPU idle states are enabled, swap, earlyoom, the serving container's
+image ID, and two hashes the doctor compares between nodes and with the recipe: the weights as
+the pin's manifest records them, and the drafter's files (any file whose path names a draft
+model) as their bytes are on this disk. A fact that cannot be read is null, with the reason
 under "errors".
 """
 
@@ -63,6 +65,34 @@ def deep_cstates_enabled(cpus="/sys/devices/system/cpu"):
     flags = [read(path) for path in glob.glob(os.path.join(cpus, "cpu[0-9]*", "cpuidle", "state[1-9]*", "disable"))]
     flags = [f for f in flags if f is not None]
     return None if not flags else any(f == "0" for f in flags)
+
+
+def nccl_in_use(container, debug_dir):
+    """The NCCL the serving processes loaded (the image's, not the host's package): "NCCL version X"
+    in the newest of NCCL's INFO files (NCCL_DEBUG_FILE, one a process), without its "+cudaY". Read
+    inside the serving container: the files are root's and not world-readable (vLLM's umask)."""
+    newest_first = ('cd "$1" && for f in $(ls -t); do grep -h -m 1 -o "NCCL INFO NCCL version [^ ]*" "$f" && break; '
+                    'done')
+    said, _ = run("docker", "exec", container, "sh", "-c", newest_first, "sh", debug_dir)
+    return said.rsplit(" ", 1)[-1].split("+")[0] if said else None
+
+
+def power_mode(sysfs="/sys"):
+    """The ACPI platform profile and cpu0's frequency governor and driver; each None where absent."""
+    cpufreq = os.path.join(sysfs, "devices/system/cpu/cpu0/cpufreq")
+    return {"platform_profile": read(os.path.join(sysfs, "firmware/acpi/platform_profile")),
+            "governor": read(os.path.join(cpufreq, "scaling_governor")),
+            "cpufreq_driver": read(os.path.join(cpufreq, "scaling_driver"))}
+
+
+def page_cache_gib(meminfo="/proc/meminfo"):
+    """Cached + Buffers in GiB: on a Spark's unified memory what the page cache holds is not the GPU's."""
+    fields = dict(line.split(":", 1) for line in (read(meminfo) or "").splitlines() if ":" in line)
+    try:
+        kib = sum(int(fields[name].split()[0]) for name in ("Cached", "Buffers"))
+    except (KeyError, ValueError, IndexError):
+        return None
+    return round(kib / 2**20, 1)
 
 
 def swap_enabled(swaps="/proc/swaps"):
@@ -123,6 +153,7 @@ def main():
     parser.add_argument("--hca", action="append", default=[])
     parser.add_argument("--container", required=True)
     parser.add_argument("--manifest", required=True, help="the pin's manifest in model.dir")
+    parser.add_argument("--nccl-debug-dir", required=True, help="where the serving processes write NCCL's INFO lines")
     args = parser.parse_args()
     errors = {}
     facts = {"kernel": platform.release()}
@@ -130,6 +161,9 @@ def main():
     facts["driver"] = driver.splitlines()[0].strip() if driver else None
     nccl, errors["nccl"] = run("dpkg-query", "-W", "-f", "${Version}", "libnccl2")
     facts["nccl"] = nccl.split("-")[0].split("+")[0] if nccl else None
+    facts["nccl_image"] = nccl_in_use(args.container, args.nccl_debug_dir)
+    facts["power"] = power_mode()
+    facts["page_cache_gib"] = page_cache_gib()
     facts["pcie"] = {hca: link for hca in args.hca if (link := pcie_link(hca)) is not None}
     facts["bios"] = read("/sys/class/dmi/id/bios_version")
     facts["hca_firmware"] = hca_firmware(args.hca)

@@ -2,21 +2,24 @@
 # fabric-check.sh — verify this node's QSFP fabric before anything loads a model (recipe §1).
 #
 #   fabric-check.sh --node spark1 --mtu 9000 --speed-mbps 200000 \
-#       --rail enp1s0f0np0:rocep1s0f0:10.0.0.2 --rail enP2p1s0f0np0:roceP2p1s0f0:10.0.1.2
+#       --rail enp1s0f0np0:rocep1s0f0:10.0.0.2 --rail enP2p1s0f0np0:roceP2p1s0f0:10.0.1.2 \
+#       --far-end 10.0.0.2=spark2:enp1s0f0np0 --far-end 10.0.1.2=spark2:enP2p1s0f0np0
 #
-# A rail is IFACE:HCA:PEER[,PEER...]. Checks each rail: link up at the expected speed, the
-# expected MTU, HCA the one whose port the interface is (rdma link show: a wrong pairing is
-# refused with the right one), RoCE port ACTIVE with active_mtu 4096, a don't-fragment ping of MTU-28 bytes
-# to every peer; and memlock unlimited in this (fresh) login. Prints one FAIL line per failed
-# check naming node, rail, expected and measured value; exits 1 if any failed. --memlock skip
-# leaves out the login's memlock (the serving guard's re-qualification is no login; the limit it
-# checks does not change while serving).
+# A rail is IFACE:HCA:PEER[,PEER...]; a far end ADDR=NODE:IFACE is a rail of another node (all of
+# them). Checks each rail: link up at the expected speed, the expected MTU, HCA the one whose port
+# the interface is (rdma link show: a wrong pairing is refused with the right one), RoCE port
+# ACTIVE with active_mtu 4096, a don't-fragment ping of MTU-28 bytes to every peer — and when one
+# goes unanswered, which far end the rail's cable does reach (LLDP, else an ARP probe: crossed
+# cables named with the port to move them to); and memlock unlimited in this (fresh) login.
+# Prints one FAIL line per failed check naming node, rail, expected and measured value; exits 1
+# if any failed. --memlock skip leaves out the login's memlock (the serving guard's
+# re-qualification is no login; the limit it checks does not change while serving).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=prelude.sh
 [ -n "${TWINSPARK_PRELUDE:-}" ] || . "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 
 node="" mtu="" speed_mbps="" memlock="check"
-rails=()
+rails=() far_ends=()
 failures=0
 
 ok() { log "ok   $*"; }
@@ -75,15 +78,70 @@ check_pairing() {
   fi
 }
 
+# The far end a rail address is (NODE's IFACE), from --far-end; the address alone if none names it.
+far_end_name() {
+  local entry far
+  for entry in "${far_ends[@]}"; do
+    far=${entry#*=}
+    if [ "${entry%%=*}" = "$1" ]; then echo "${far%%:*}'s ${far#*:}"; return; fi
+  done
+  echo "$1"
+}
+
+# ARP answered for ADDR on IFACE within the probe just sent: REACHABLE, confirmed at most 3 s ago
+# (`ip -s neigh`'s "used USED/CONFIRMED/UPDATED"; an older confirmation is another cabling's).
+arp_answered() {
+  ip -s neigh show dev "$1" to "$2" 2>/dev/null | awk '
+    { for (i = 1; i < NF; i++) if ($i == "used") { split($(i + 1), t, "/"); age = t[2] + 0 } }
+    $NF == "REACHABLE" && age <= 3 { found = 1 }
+    END { exit !found }'
+}
+
+# Which far end IFACE's cable reaches, for a FAIL line. LLDP where lldpd runs; else an ARP probe of
+# every other node's rail address: each rail answers ARP only for its own address (HostPrep's
+# arp_ignore=1), so an address that answers on this cable is the rail at its other end.
+cable_reaches() {
+  local iface="$1" expected="$2" lldp chassis port entry addr reached=()
+  if command -v lldpcli >/dev/null && lldp=$(lldpcli -f keyvalue show neighbors ports "$iface" 2>/dev/null); then
+    chassis=$(awk -F= -v k="lldp.$iface.chassis.name" '$1 == k { print substr($0, length(k) + 2); exit }' <<<"$lldp")
+    port=$(awk -F= -v i="lldp.$iface.port." '
+      index($1, i) == 1 { f[substr($1, length(i) + 1)] = substr($0, length($1) + 2) }
+      END { print (f["ifname"] != "" ? f["ifname"] : (f["descr"] != "" ? f["descr"] : f["mac"])) }' <<<"$lldp")
+    if [ -n "$chassis" ]; then
+      echo "LLDP: its cable reaches ${chassis}'s ${port:-unnamed port}, expected $(far_end_name "$expected")"
+      return
+    fi
+  fi
+  for entry in "${far_ends[@]}"; do
+    ping -q -n -c 1 -W 1 -I "$iface" "${entry%%=*}" >/dev/null 2>&1 &
+  done
+  wait
+  for entry in "${far_ends[@]}"; do
+    addr=${entry%%=*}
+    if arp_answered "$iface" "$addr"; then reached+=("$addr"); fi
+  done
+  if [ "${#reached[@]}" -eq 0 ]; then
+    echo "nothing on its cable answers ARP for any other node's rail: unplugged, or the far end's rail down or without its address"
+  elif [ "${#reached[@]}" -gt 1 ]; then
+    echo "its cable reaches a node that answers ARP for several rails (${reached[*]}): is HostPrep's arp_ignore there?"
+  elif [ "${reached[0]}" = "$expected" ]; then
+    echo "its cable reaches $(far_end_name "$expected") (ARP answered), which drops the ping: an MTU below $mtu or a firewall there"
+  else
+    echo "its cable reaches $(far_end_name "${reached[0]}") (${reached[0]} answered ARP on $iface), not" \
+      "$(far_end_name "$expected"): crossed cables: plug it into $(far_end_name "$expected")"
+  fi
+}
+
 check_peers() {
-  local iface="$1" peers="$2" peer payload=$((mtu - 28))
-  local IFS=','
-  for peer in $peers; do
+  local iface="$1" peer payload=$((mtu - 28)) peers
+  IFS=',' read -ra peers <<<"$2"
+  for peer in "${peers[@]}"; do
     [ -n "$peer" ] || continue
     if ping -q -M "do" -s "$payload" -c 2 -i 0.2 -W 2 -I "$iface" "$peer" >/dev/null 2>&1; then
-      ok "rail $iface: ${payload}-byte DF ping to $peer"
+      ok "rail $iface: ${payload}-byte DF ping to $peer ($(far_end_name "$peer"))"
     else
-      fail "rail $iface: ${payload}-byte don't-fragment ping to $peer expected answered, measured no reply"
+      fail "rail $iface: ${payload}-byte don't-fragment ping to $peer expected answered, measured no reply;" \
+        "$(cable_reaches "$iface" "$peer")"
     fi
   done
 }
@@ -95,7 +153,8 @@ check_memlock() {
 }
 
 main() {
-  parse_flags --node=node --mtu=mtu --speed-mbps=speed_mbps --rail=rails[] --memlock=memlock -- "$@"
+  parse_flags --node=node --mtu=mtu --speed-mbps=speed_mbps --rail=rails[] --far-end=far_ends[] \
+    --memlock=memlock -- "$@"
   require_flags --node --mtu --speed-mbps --rail
   log_node=$node
   local rail iface hca peers

@@ -222,11 +222,13 @@ def nccl_network(debug_dir: Path, since: float) -> tuple[Optional[str], Optional
 
 
 # ---- metrics for the node exporter's textfile collector -----------------------------------
-def metrics(readings: list[RailReading], network: Optional[str]) -> dict[str, float]:
-    """twinspark_fabric_* series (name{labels} -> value): alerts.py's fabric rules read them."""
+def metrics(readings: list[RailReading], network: Optional[str], peer: Optional[str] = None) -> dict[str, float]:
+    """twinspark_fabric_* series (name{labels} -> value): alerts.py's fabric rules read them. `peer`:
+    a worker's readings (its look), labelled peer="<worker>", which Prometheus makes their `node`
+    (components/observability_files/prometheus.py, PEER_LABEL)."""
     values: dict[str, float] = {}
     for r in readings:
-        label = f'rail="{r.rail.iface}",device="{r.rail.hca}"'
+        label = (f'peer="{peer}",' if peer else "") + f'rail="{r.rail.iface}",device="{r.rail.hca}"'
         for key, name in (("width", "pcie_link_width"), ("max_width", "pcie_link_max_width"),
                           ("speed_gts", "pcie_link_speed_gts"), ("max_speed_gts", "pcie_link_max_speed_gts")):
             if key in r.pcie:

@@ -87,6 +87,9 @@ FABRIC_LOOKS_TO_ACT = 2
 # while not serving (a worker rebooted, its engine gone): the workers' looks this often, not every
 # --worker-look-interval, so one held after an unclean boot is re-qualified in seconds
 WORKER_LOOK_WHILE_DOWN_S = 10
+# a worker's series (from its looks) are exported this many --worker-look-interval after its last
+# look, then withdrawn: a worker that stopped answering has no PCIe link to report
+WORKER_READINGS_KEPT_LOOKS = 3
 REQUALIFY_TIMEOUT_S = 1800
 # how long the guard watches vLLM's counters after a late round: long enough for a busy
 # engine's streams to emit tokens (several per second each), short beside the deadline
@@ -400,6 +403,7 @@ class Guard:
     next_worker_look: float = 0.0
     last_worker_look: float = 0.0
     worker_before: dict = field(default_factory=dict)  # (worker, iface) -> its last look's RailReading
+    worker_readings: dict = field(default_factory=dict)  # worker -> (when, its last look's RailReadings)
     worker_streak: int = 0
 
     @property
@@ -661,6 +665,7 @@ class Guard:
                 looked_at[worker] = round(time.time(), 1)
             if look.get("unclean_boot"):
                 findings.append(fabric_watch.Finding(fabric_watch.UNCLEAN_BOOT, "boot", f"{worker}: {look['unclean_boot']}"))
+            readings = []
             for record in look.get("rails") or []:
                 try:
                     reading = fabric_watch.reading_of(record)
@@ -670,6 +675,9 @@ class Guard:
                 findings += [fabric_watch.Finding(f.kind, f"{worker} {f.rail}", f"{worker} {f.message}")
                              for f in fabric_watch.judge(reading, self.worker_before.get(key))]
                 self.worker_before[key] = reading
+                readings.append(reading)
+            if readings:
+                self.worker_readings[worker] = (time.time(), readings)
         self.worker_streak, acted = self.weigh(findings, "worker_findings", self.worker_streak)
         return acted
 
@@ -819,6 +827,11 @@ class Guard:
             values["twinspark_guard_requalifications_total"] = self.requalifications_total
             values["twinspark_guard_draining"] = int(Path(self.args.drain_file).exists())
             values.update(fabric_watch.metrics(self.fabric.get("readings", []), self.nccl_network))
+            # the workers' rails as their last looks read them (PCIe link, AER), while those are recent
+            recent = time.time() - WORKER_READINGS_KEPT_LOOKS * self.args.worker_look_interval
+            for worker, (looked, readings) in sorted(self.worker_readings.items()):
+                if looked >= recent:
+                    values.update(fabric_watch.metrics(readings, None, peer=worker))
         text, typed = "", set()
         # a family's series together (the text format wants them so), the families in a fixed order
         for series, value in sorted(values.items(), key=lambda item: item[0].split("{")[0]):

@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def doctor_args(node: dict, model_dir: str) -> list[str]:
-    args = ["--container", contract.SERVING_CONTAINER, "--manifest", f"{model_dir}/{contract.WEIGHTS_MANIFEST}"]
+    args = ["--container", contract.SERVING_CONTAINER, "--manifest", f"{model_dir}/{contract.WEIGHTS_MANIFEST}",
+            "--nccl-debug-dir", contract.NCCL_DEBUG_DIR]
     for rail in node.get("rails", []):
         args += ["--hca", rail["hca"]]
     return args
@@ -78,11 +79,12 @@ def node_fingerprint(status: dict, facts: dict) -> Fingerprint:
     rails = [r for r in status.get("rails") or [] if isinstance(r, dict)]
     gpu: dict = status["gpu"] if isinstance(status.get("gpu"), dict) else {}
     capped = bool(CAPPING & set(gpu.get("throttle") or []))
+    power: dict = facts["power"] if isinstance(facts.get("power"), dict) else {}
     pcie = {hca: (link["speed_gts"], link["width"], link["max_speed_gts"], link["max_width"])
             for hca, link in (facts.get("pcie") or {}).items()
             if None not in (link.get("speed_gts"), link.get("width"), link.get("max_speed_gts"), link.get("max_width"))}
     return Fingerprint(
-        driver=facts.get("driver"), kernel=facts.get("kernel"), nccl=facts.get("nccl"),
+        driver=facts.get("driver"), kernel=facts.get("kernel"), nccl=facts.get("nccl"), nccl_image=facts.get("nccl_image"),
         image_digest=facts.get("image_digest"), bios=facts.get("bios"), hca_firmware=facts.get("hca_firmware"),
         gid_index=facts.get("gid_index"), model_sha256=facts.get("model_sha256"),
         drafter_sha256=facts.get("drafter_sha256"),
@@ -90,7 +92,9 @@ def node_fingerprint(status: dict, facts: dict) -> Fingerprint:
         cstates_enabled=facts.get("cstates_enabled"),
         rail_mtu={r["iface"]: r["mtu"] for r in rails if isinstance(r.get("mtu"), int)},
         roce_active_mtu={r["iface"]: r["roce_active_mtu"] for r in rails if isinstance(r.get("roce_active_mtu"), int)},
-        pcie=pcie, swap_enabled=facts.get("swap_enabled"), earlyoom_active=facts.get("earlyoom_active"))
+        pcie=pcie, swap_enabled=facts.get("swap_enabled"), earlyoom_active=facts.get("earlyoom_active"),
+        platform_profile=power.get("platform_profile"), cpu_governor=power.get("governor"),
+        cpufreq_driver=power.get("cpufreq_driver"), page_cache_gib=facts.get("page_cache_gib"))
 
 
 def collect(target, runner: NodeRunner, model_dir: str) -> tuple[dict[str, Fingerprint], dict[str, str]]:
@@ -222,8 +226,12 @@ def run(args: argparse.Namespace) -> int:
     if short and not findings:
         console.print(Text(f"short of the recipe ({', '.join(short)}) with no known cause in the fingerprint: "
                            "`twinspark bench --compare recipe` measures it in full", style="bold yellow"))
-    gids = ", ".join(f"{node} {fp.gid_index if fp.gid_index is not None else 'unset'}" for node, fp in sorted(nodes.items()))
-    console.print(Text(f"NCCL_IB_GID_INDEX of the last serving start: {gids}", style="dim"))
+    for label, shown in (("NCCL_IB_GID_INDEX of the last serving start", lambda fp: fp.gid_index),
+                         ("page cache (Cached + Buffers), GiB", lambda fp: fp.page_cache_gib),
+                         ("power (ACPI platform profile / CPU governor)",
+                          lambda fp: f"{fp.platform_profile or 'none'} / {fp.cpu_governor or 'none'}")):
+        each = ", ".join(f"{node} {'unknown' if shown(fp) is None else shown(fp)}" for node, fp in sorted(nodes.items()))
+        console.print(Text(f"{label}: {each}", style="dim"))
     print_json(args, {"recipe": recipe.name, "unreached": unreached, "baseline_unknown": unknown, "live": live,
                       "fingerprints": {node: asdict(fp) for node, fp in sorted(nodes.items())},
                       "findings": [{"rank": i, "node": f.node, "cause": f.key, "title": f.cause.title,

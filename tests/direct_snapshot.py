@@ -17,7 +17,8 @@ stack serves its recipe's repository, whose code runs), and the sync key's autho
 forced command, the copy's --firewall-set now bound there (issue 37: a copy key only copies), and
 twinspark.env with NCCL's INFO lines of INIT and NET to a file per process and
 TWINSPARK_ROCE_GID_SCRIPT (issue 40: the guard reads NCCL's network; the GID is resolved at start),
-and TWINSPARK_UNCLEAN_BOOT_HOLD (issue 40: a node waits out of serving after an unclean boot).
+and TWINSPARK_UNCLEAN_BOOT_HOLD (issue 40: a node waits out of serving after an unclean boot),
+and the fabric check's --far-end flags (issue 40: a crossed cable is named with its far end).
 """
 
 from __future__ import annotations

@@ -357,6 +357,9 @@ def test_a_workers_rail_down_is_seen_through_its_look_and_requalified(fabric_hea
     wait_on_guard(lambda: head.status["ok"] is True, "a first passing round", head)
     wait_on_guard(lambda: "look" in (head.tmp / "ssh-record").read_text(), "the worker looked at", head)
     assert head.checks_run() == []
+    # the worker's PCIe link as its look read it, in the head's textfile under the worker's name
+    worker_width = ("twinspark_fabric_pcie_link_width", (("device", HCA), ("peer", "spark2"), ("rail", IFACE)))
+    wait_on_guard(lambda: textfile_series(head).get(worker_width) == 16, "the worker's series", head)
     stage_rail(head.worker_sys, operstate="down")
     wait_on_guard(lambda: {"spark1 fabric-check", "spark2 fabric-check"} <= set(head.checks_run()),
                   "both nodes' fabric checks", head)

@@ -65,3 +65,19 @@ def test_the_costliest_causes_outrank_the_rest_and_each_says_its_fix():
 def test_a_fact_the_recipe_records_is_judged_against_it_on_the_head_too():
     head = replace(HEALTHY, kernel="6.8.0-1015-nvidia")
     assert judged({"spark1": head, "spark2": head}) == [("spark1", "software"), ("spark2", "software")]
+
+
+def test_the_images_nccl_and_a_power_saving_mode_are_judged():
+    """The NCCL vLLM loaded is held to the recipe's one NCCL as the host's package is; a power-saving
+    platform profile, or a `powersave` governor that really holds the clocks (not intel_pstate's), is named."""
+    head = replace(HEALTHY, nccl_image="2.30.7", platform_profile="performance", cpu_governor="schedutil",
+                   cpufreq_driver="cppc_cpufreq")
+    assert judged({"spark1": head, "spark2": head}) == []
+    worker = replace(head, nccl_image="2.27.3", platform_profile="low-power")
+    found = diagnose({"spark1": head, "spark2": worker}, BASELINE, "spark1", 9000, 4096)
+    assert [(f.node, f.key) for f in found] == [("spark2", "power_mode"), ("spark2", "software")]
+    assert {f.key: f.evidence for f in found} == {"power_mode": "platform profile low-power",
+                                                  "software": "nccl_image 2.27.3 (the recipe's 2.30.7)"}
+    held = replace(head, cpu_governor="powersave")
+    assert judged({"spark1": head, "spark2": held}) == [("spark2", "power_mode")]
+    assert judged({"spark1": head, "spark2": replace(held, cpufreq_driver="intel_pstate")}) == []

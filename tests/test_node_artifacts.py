@@ -168,6 +168,47 @@ def test_fabric_check_refuses_an_interface_paired_with_another_hca_naming_the_ri
     assert says in proc.stdout, proc.stdout
 
 
+FAR_ENDS = ["--far-end", "10.0.0.2=spark2:enp1s0f0np0", "--far-end", "10.0.1.2=spark2:enP2p1s0f0np0"]
+ARP = {"answered": "10.0.1.2 dev lo lladdr 02:00:00:00:01:02 used 0/0/0probes 1 REACHABLE",
+       "long_ago": "10.0.1.2 dev lo lladdr 02:00:00:00:01:02 used 40/40/40probes 1 REACHABLE",
+       "failed": "10.0.0.2 dev lo  used 1/1/1probes 3 FAILED"}
+
+
+@pytest.mark.parametrize("neighbours, lldp, says", [
+    ({"10.0.1.2": "answered", "10.0.0.2": "failed"}, None,
+     "its cable reaches spark2's enP2p1s0f0np0 (10.0.1.2 answered ARP on lo), not spark2's enp1s0f0np0: crossed "
+     "cables: plug it into spark2's enp1s0f0np0"),
+    ({"10.0.0.2": "answered"}, None,
+     "its cable reaches spark2's enp1s0f0np0 (ARP answered), which drops the ping: an MTU below 65536 or a firewall"),
+    ({}, None, "nothing on its cable answers ARP for any other node's rail: unplugged, or the far end's rail down"),
+    ({"10.0.1.2": "long_ago"}, None, "nothing on its cable answers ARP"),  # another cabling's confirmation
+    ({"10.0.0.2": "answered", "10.0.1.2": "answered"}, None,
+     "its cable reaches a node that answers ARP for several rails (10.0.0.2 10.0.1.2): is HostPrep's arp_ignore"),
+    ({}, "lldp.lo.chassis.name=spark2\nlldp.lo.port.mac=02:00:00:00:01:02\nlldp.lo.port.descr=enP2p1s0f0np0",
+     "LLDP: its cable reaches spark2's enP2p1s0f0np0, expected spark2's enp1s0f0np0"),
+], ids=["crossed", "drops-the-ping", "unplugged", "stale-answer", "arp-flux", "lldp"])
+def test_an_unanswered_rail_says_which_far_end_its_cable_reaches(tmp_path, neighbours, lldp, says):
+    """The DF ping to the peer's rail0 address goes unanswered (a stand-in ping that never gets a
+    reply); `ip -s neigh` (a stand-in answering as the kernel's table would after the probe) says
+    which other rail answered ARP on this cable, or lldpd's neighbour says it."""
+    (tmp_path / "ping").write_text("#!/bin/sh\nexit 1\n")
+    table = "".join(f'  *" to {addr}") echo "{ARP[state]}" ;;\n' for addr, state in neighbours.items())
+    (tmp_path / "ip").write_text(f'#!/bin/sh\ncase "$*" in\n{table}esac\n')
+    if lldp:
+        (tmp_path / "lldpcli").write_text(f"#!/bin/sh\nprintf '{lldp}\\n'\n")
+    for tool in tmp_path.iterdir():
+        tool.chmod(0o755)
+    proc = subprocess.run(
+        ["bash", str(LAUNCH_DIR / "fabric-check.sh"), "--node", "sparkX", "--mtu", "65536", "--speed-mbps", "200000",
+         "--rail", "lo:rocep1s0f0:10.0.0.2", *FAR_ENDS],
+        capture_output=True, text=True, env={**os.environ, "PATH": f"{tmp_path}:/usr/sbin:/usr/bin:/sbin:/bin"},
+        timeout=60)
+    assert proc.returncode == 1, proc.stdout
+    line = next(line for line in proc.stdout.splitlines() if "don't-fragment ping to 10.0.0.2" in line)
+    assert "FAIL rail lo: 65508-byte don't-fragment ping to 10.0.0.2 expected answered, measured no reply; " in line
+    assert says in line, line
+
+
 def run_remote(line, stdin=""):
     return subprocess.run(["bash", "-c", line], input=stdin, capture_output=True, text=True, timeout=60)
 

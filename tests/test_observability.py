@@ -41,6 +41,7 @@ from program_harness import ROOT, flag_value, flag_values, plain_occurrences, ru
 
 from core import contract
 from components.config import AlertEmail, parse_stack_config
+from components.observability_files.prometheus import PEER_RELABELS
 from components.observability_files import (
     GUARD_METRICS,
     AlertReceivers,
@@ -235,8 +236,11 @@ def test_scrapes_go_over_the_first_rail_and_vllm_over_loopback():
     assert targets("prometheus") == {"127.0.0.1:9090": "spark1"}
     assert config["rule_files"] == [f"/etc/prometheus/rules/{RULES_FILE}"]
     assert "alerting" not in config  # no webhook: alerts stay in Prometheus and Grafana
-    relabels = {(r["regex"], r["replacement"]) for r in jobs["node"]["metric_relabel_configs"]}
-    assert ("spark2;(enP2p1s0f0np0|roceP2p1s0f0)", "1") in relabels and len(relabels) == 4
+    relabels = jobs["node"]["metric_relabel_configs"]
+    # a worker's series the head's guard writes (peer="<worker>") become the worker's, then every rail is labelled
+    assert relabels[:3] == PEER_RELABELS
+    rails = {(r["regex"], r["replacement"]) for r in relabels[3:]}
+    assert ("spark2;(enP2p1s0f0np0|roceP2p1s0f0)", "1") in rails and len(rails) == 4
     with_webhook = yaml.safe_load(render_prometheus_config(recipe_plan(alertmanager=True)))
     assert with_webhook["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9093"]
 

@@ -114,7 +114,8 @@ def write_guard_textfile(path: Path) -> None:
     watch = module.fabric_watch  # the guard's own import
     rails = [watch.Rail(r.iface, r.hca, 200000, 9000) for r in RAILS]
     guard = module.Guard(argparse.Namespace(textfile=str(path), hold_file=str(path.with_name("no-hold")),
-                                            drain_file=str(path.with_name("no-drain"))), None, rails=rails)
+                                            drain_file=str(path.with_name("no-drain")), worker_look_interval=300),
+                         None, rails=rails)
     guard.gateway_up = True
     guard.last = {"checked_at": time.time(), "ok": True, "duration_s": 1.2}
     # its fabric watch's look at a healthy head: each HCA at its PCIe link's best, no AER event, NCCL on IB
@@ -122,6 +123,8 @@ def write_guard_textfile(path: Path) -> None:
                                                   {"width": 4, "max_width": 4, "speed_gts": 32.0, "max_speed_gts": 32.0},
                                                   dict.fromkeys(watch.AER_KINDS, 0)) for rail in rails]
     guard.nccl_network = "IB"
+    # and the worker's, from its last look (written here, under the worker's name)
+    guard.worker_readings = {"spark2": (time.time(), guard.fabric["readings"])}
     guard.write_metrics()
 
 
@@ -388,6 +391,13 @@ def test_every_target_is_up_and_rail_labels_land_on_the_real_exporters_series(li
     state = api(port, "/api/v1/query", query='node_infiniband_state_id{rail="1"}')["data"]["result"]
     assert {(r["metric"]["node"], r["metric"]["device"], r["value"][1]) for r in state} == {
         ("spark1", "roceP2p1s0f0", "4"), ("spark2", "roceP2p1s0f0", "4")}
+    # the worker's PCIe series come from the head's exporter (the guard's textfile) under the worker's name
+    width = api(port, "/api/v1/query", query="twinspark_fabric_pcie_link_width")["data"]["result"]
+    assert {(r["metric"]["node"], r["metric"]["role"], r["metric"]["device"], r["metric"]["rail"],
+             r["metric"]["instance"]) for r in width} == {
+        (node, role, r.hca, str(i), f"127.0.0.2:{plan.node_exporter_port}")
+        for node, role in (("spark1", "head"), ("spark2", "worker")) for i, r in enumerate(RAILS)}
+    assert not [r for r in width if "peer" in r["metric"]]
 
 
 def test_every_dashboard_query_and_alert_signal_returns_data(live):

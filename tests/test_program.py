@@ -421,13 +421,14 @@ def test_steps_that_undo_themselves_are_replaced_delete_first(recipe_run):
     """`pulumi up --replace` on a file, the sync key or its authorization must not end with
     the old delete removing what the new create just installed (issue 8, item 1)."""
     undoing = [r for r in recipe_run.of_type(COMMAND) if r.inputs.get("delete")]
-    # host files (10 + 10 + userns), head bundle (+ gateway), worker bundle (each with roce-gid.py), sync key, authorize,
+    # host files (11 + 11 + userns: the rails' ARP sysctl among them), head bundle (+ gateway), worker bundle
+    # (each with roce-gid.py), sync key, authorize,
     # the worker's forced command and its weights.py, the kept model revision, observability
     # files on the head (prometheus.yml, rules, datasource, dashboard provider, 3 dashboards,
     # Grafana password), the guard's script, fabric watch and unit; the re-qualification's files on
     # each node (requalify.py, the plan, four checks' files, fabric_watch.py), the head's key and its authorization;
     # each node's recorder (its script and unit; no plug in the recipe stack: no power watch)
-    assert len(undoing) == 21 + 13 + 10 + 1 + 1 + 2 + 1 + 8 + 3 + 2 * 7 + 1 + 1 + 2 * 2
+    assert len(undoing) == 23 + 13 + 10 + 1 + 1 + 2 + 1 + 8 + 3 + 2 * 7 + 1 + 1 + 2 * 2
     assert [r.name for r in undoing if not r.delete_before_replace] == []
 
 

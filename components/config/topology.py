@@ -111,6 +111,11 @@ class Topology:
         k = self.rails_toward(node, peer).index(rail)
         return [self.rails_toward(peer, node)[k].ip]
 
+    def far_ends(self, node: Node) -> list[tuple[str, str, str]]:
+        """(address, node, iface) of every other node's rails: what a rail of `node` may find at the
+        other end of its cable (the fabric check names a crossed cable's far end with them)."""
+        return [(r.ip, n.name, r.iface) for n in self.cfg.nodes if n.name != node.name for r in n.rails]
+
     def ray_ip(self, node: Node) -> str:
         return self.lan[node.name][0] if self.is_ring else node.rails[0].ip
 

@@ -41,7 +41,8 @@ GUARD_METRICS = {
 FABRIC_METRICS = {
     "twinspark_guard_requalifications_total": "counter: fabric re-qualifications the guard ran (a drain each)",
     "twinspark_guard_draining": "gauge: 1 while the gateway drains for a re-qualification or a fabric hold",
-    "twinspark_fabric_pcie_link_width": "gauge: the HCA's PCIe link width now (lanes), by rail and device",
+    "twinspark_fabric_pcie_link_width": "gauge: the HCA's PCIe link width now (lanes), by node, rail and device "
+                                        "(a worker's from the guard's looks)",
     "twinspark_fabric_pcie_link_max_width": "gauge: the width the HCA can train at",
     "twinspark_fabric_pcie_link_speed_gts": "gauge: the HCA's PCIe link speed now (GT/s)",
     "twinspark_fabric_pcie_link_max_speed_gts": "gauge: the speed the HCA can train at",

@@ -15,6 +15,16 @@ CONTAINER_RULES_DIR = f"{contract.PROMETHEUS_CONTAINER_CONFIG_DIR}/rules"
 PROMETHEUS_HOST_DIR = f"{contract.OBSERVABILITY_CONFIG_DIR}/prometheus"
 
 
+# The head's guard writes each worker's PCIe and AER series (from its looks, launch/fabric_watch.py
+# metrics) labelled peer="<worker>": they become that worker's, as if its own exporter had them.
+PEER_LABEL = "peer"
+PEER_RELABELS = [
+    {"source_labels": [PEER_LABEL], "regex": "(.+)", "target_label": "node"},
+    {"source_labels": [PEER_LABEL], "regex": "(.+)", "target_label": "role", "replacement": "worker"},
+    {"regex": PEER_LABEL, "action": "labeldrop"},
+]
+
+
 def _rail_relabels(plan: ObservabilityPlan) -> list[dict]:
     """Label the series of each rail's netdev and RDMA device with rail="<index>"."""
     relabels = []
@@ -65,7 +75,7 @@ def render_prometheus_config(plan: ObservabilityPlan, rules_dir: str = CONTAINER
         {
             "job_name": JOB_NODE,
             "static_configs": _per_node_targets(plan, plan.node_exporter_port),
-            "metric_relabel_configs": _rail_relabels(plan),
+            "metric_relabel_configs": PEER_RELABELS + _rail_relabels(plan),
         },
         {"job_name": JOB_GPU, "static_configs": _per_node_targets(plan, plan.gpu_exporter_port)},
         {

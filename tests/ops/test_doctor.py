@@ -68,15 +68,50 @@ def test_the_probe_reads_pcie_cstates_swap_and_the_manifests_hashes(facts_probe,
     assert facts_probe.manifest_hashes(str(tmp_path / "nothing" / contract.WEIGHTS_MANIFEST)) == (None, None)
 
 
+def test_the_probe_reads_the_nccl_vllm_loaded_the_power_mode_and_the_page_cache(facts_probe, tmp_path, monkeypatch):
+    # `docker exec CONTAINER sh -c ...` stood in by running the command here, on a staged folder
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "docker").write_text('#!/bin/sh\n[ "$1 $2" = "exec twinspark-serving" ] || exit 1\n'
+                                             'shift 2\nexec "$@"\n')
+    (tmp_path / "bin" / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    nccl = tmp_path / "nccl"
+    nccl.mkdir()
+    assert facts_probe.nccl_in_use("twinspark-serving", str(nccl)) is None
+    (nccl / "nccl.spark1.100.log").write_text("spark1:100 NCCL INFO NCCL version 2.27.3+cuda12.9\n")
+    (nccl / "nccl.spark1.200.log").write_text("spark1:200 NCCL INFO NCCL version 2.30.7+cuda13.3\n"
+                                              "spark1:200 NCCL INFO Using network IB\n")
+    (nccl / "nccl.spark1.300.log").write_text("spark1:300 NCCL INFO Using network IB\n")  # the NCCL check's: no version
+    os.utime(nccl / "nccl.spark1.100.log", (1, 1))
+    os.utime(nccl / "nccl.spark1.200.log", (2, 2))
+    assert facts_probe.nccl_in_use("twinspark-serving", str(nccl)) == "2.30.7", "the newest start's, without +cuda"
+    assert facts_probe.nccl_in_use("another", str(nccl)) is None  # no such container
+    cpufreq = tmp_path / "sys/devices/system/cpu/cpu0/cpufreq"
+    cpufreq.mkdir(parents=True)
+    (cpufreq / "scaling_governor").write_text("powersave\n")
+    (cpufreq / "scaling_driver").write_text("cppc_cpufreq\n")
+    assert facts_probe.power_mode(str(tmp_path / "sys")) == {"platform_profile": None, "governor": "powersave",
+                                                             "cpufreq_driver": "cppc_cpufreq"}
+    (tmp_path / "sys/firmware/acpi").mkdir(parents=True)
+    (tmp_path / "sys/firmware/acpi/platform_profile").write_text("low-power\n")
+    assert facts_probe.power_mode(str(tmp_path / "sys"))["platform_profile"] == "low-power"
+    (tmp_path / "meminfo").write_text("MemTotal: 128000000 kB\nBuffers: 1048576 kB\nCached: 12582912 kB\n")
+    assert facts_probe.page_cache_gib(str(tmp_path / "meminfo")) == 13.0
+    assert facts_probe.page_cache_gib(str(tmp_path / "nothing")) is None
+
+
 def test_the_probe_runs_alone_and_reports_json(tmp_path):
     """As ssh feeds it: `python3 -` with the arguments; what it cannot read is null."""
     proc = subprocess.run([sys.executable, "-", "--hca", "nosuch", "--container", "twinspark-serving", "--manifest",
-                           str(tmp_path / contract.WEIGHTS_MANIFEST)], input=(LAUNCH_DIR / "doctor-facts.py").read_text(),
+                           str(tmp_path / contract.WEIGHTS_MANIFEST), "--nccl-debug-dir", str(tmp_path / "nccl")],
+                          input=(LAUNCH_DIR / "doctor-facts.py").read_text(),
                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=True)
     facts = json.loads(proc.stdout)
     assert facts["pcie"] == {} and facts["model_sha256"] is None and isinstance(facts["kernel"], str)
-    assert set(facts) == {"kernel", "driver", "nccl", "pcie", "cstates_enabled", "swap_enabled", "earlyoom_active",
-                          "image_digest", "model_sha256", "drafter_sha256", "bios", "hca_firmware", "gid_index", "errors"}
+    assert set(facts) == {"kernel", "driver", "nccl", "nccl_image", "power", "page_cache_gib", "pcie", "cstates_enabled",
+                          "swap_enabled", "earlyoom_active", "image_digest", "model_sha256", "drafter_sha256", "bios",
+                          "hca_firmware", "gid_index", "errors"}
+    assert facts["nccl_image"] is None and isinstance(facts["page_cache_gib"], float)
 
 
 def test_the_probe_reads_the_hcas_firmware_and_the_gid_index_serving_started_with(facts_probe, tmp_path):
@@ -99,7 +134,9 @@ def node_status(mtus, roce_mtus, throttle=(), sm=3003.0):
             "gpu": {"sm_clock_mhz": sm, "max_sm_clock_mhz": 3003.0, "throttle": list(throttle)}}
 
 
-HEALTHY_FACTS = {"kernel": "6.17.0-1029-nvidia", "driver": "580.173.02", "nccl": "2.30.7",
+HEALTHY_FACTS = {"kernel": "6.17.0-1029-nvidia", "driver": "580.173.02", "nccl": "2.30.7", "nccl_image": "2.30.7",
+                 "power": {"platform_profile": "performance", "governor": "schedutil", "cpufreq_driver": "cppc_cpufreq"},
+                 "page_cache_gib": 3.2,
                  "pcie": {r["hca"]: {"speed_gts": 32.0, "width": 4, "max_speed_gts": 32.0, "max_width": 4} for r in RAILS},
                  "cstates_enabled": False, "swap_enabled": False, "earlyoom_active": True, "image_digest": "sha256:i",
                  "model_sha256": "m" * 64, "drafter_sha256": "d" * 64, "errors": {}}
@@ -136,6 +173,8 @@ def test_planted_differences_come_out_costliest_first_with_evidence_and_fix(monk
         ("spark2", "gpu_clock_cap")]
     assert found[0]["evidence"] == "roceP2p1s0f0: 8 GT/s x1, capable of 32 GT/s x4" and "lspci" in found[0]["fix"]
     assert "likely causes, costliest first" in err and "not record: image_digest" in err  # a person's view, on stderr
+    assert "page cache (Cached + Buffers), GiB: spark1 3.2, spark2 3.2" in err
+    assert "power (ACPI platform profile / CPU governor): spark1 performance / schedutil" in err
 
     answers[("spark2", "status")], answers[("spark2", "doctor")] = node_status((9000, 9000), (4096, 4096)), HEALTHY_FACTS
     code, err, out = run_ops(capsys, *doctor_flags())

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
@@ -186,6 +187,7 @@ class SimNode:
     netns: str
     init_pid: int = 0
     launcher: Optional[subprocess.Popen] = None
+    cables: dict[str, str] = field(default_factory=dict)  # rail iface -> its cable's end in the fabric netns
 
     @property
     def name(self) -> str:
@@ -436,6 +438,18 @@ class SimCluster:
         return subprocess.Popen(self._nsenter(node) + [str(a) for a in argv], stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
+    def cross_cables(self, node: str) -> None:
+        """The node's two rails' cables swapped at its end (rail0's plugged where rail1's was): the
+        fabric's other ends stay; done again, they are as cabled."""
+        first, second = (self.nodes[node].cables[rail.iface] for rail in self.nodes[node].spec.rails[:2])
+        bridges = {end: self._bridge_of(end) for end in (first, second)}
+        self._in_fabric("link", "set", first, "master", bridges[second])
+        self._in_fabric("link", "set", second, "master", bridges[first])
+
+    def _bridge_of(self, cable_end: str) -> str:
+        link = json.loads(sh("ip", "-j", "-n", self.fabric_ns, "link", "show", cable_end).stdout)
+        return link[0]["master"]
+
     def in_netns(self, node: str, *argv, check: bool = True):
         return sh("ip", "netns", "exec", self.nodes[node].netns, *argv, check=check)
 
@@ -506,6 +520,7 @@ class SimCluster:
             sh("ip", "-n", ns, "addr", "add", rail.address, "dev", rail.iface)
             sh("ip", "-n", ns, "link", "set", rail.iface, "up")
             self._in_fabric("link", "set", outer, "master", self.bridges[rail.network], "up")
+            node.cables[rail.iface] = outer
 
     def _boot(self, node: SimNode) -> None:
         pubkey = self.key.with_suffix(".pub")

@@ -70,6 +70,8 @@ def test_host_prep_applied_each_effect_once_and_a_second_run_changes_nothing(clu
     assert any(f"sysctl -q -p {host_prep.USERNS_SYSCTL_PATH}" in c for c in calls[HEAD]), calls[HEAD]
     assert not any(host_prep.USERNS_SYSCTL_PATH in c for c in calls[WORKER]), calls[WORKER]  # the head's alone
     assert any(f"sysctl -q -p {host_prep.HANG_SYSCTL_PATH}" in c for c in calls[WORKER]), calls[WORKER]
+    # each rail answers ARP for its own address alone (the shim applies a rail's keys in the node's netns)
+    assert cluster.in_netns(WORKER, "cat", "/proc/sys/net/ipv4/conf/rail1/arp_ignore").stdout.strip() == "1"
 
     # each stored step run again: the idempotence a second run must show
     state = stack.export(show_secrets=True)
@@ -109,8 +111,9 @@ def test_the_fabric_check_the_engine_ran_passed_every_check_of_every_rail(cluste
                 assert f"ok   rail {rail.iface}: {check}" in said, (node, rail.iface, check, said)
             for peer, peer_node in cluster.nodes.items():
                 if peer != node:
-                    address = peer_node.spec.rails[i].address.split("/")[0]
-                    assert f"ok   rail {rail.iface}: {fabric.mtu - 28}-byte DF ping to {address}" in said, (node, peer, said)
+                    far_end = peer_node.spec.rails[i]  # which rail of the peer this rail's cable reaches, named
+                    assert (f"ok   rail {rail.iface}: {fabric.mtu - 28}-byte DF ping to {far_end.ip} "
+                            f"({peer}'s {far_end.iface})") in said, (node, peer, said)
 
 
 # ---- 3. the model's commit and its download ---------------------------------------------------------

@@ -144,24 +144,33 @@ def test_a_copy_tool_that_lies_is_caught_by_the_workers_verification(cluster, st
 
 # ---- the fabric, re-checked after a cabling change ---------------------------------------------
 # (a rail down: test_engine_sim_fabric.py, where the guard's re-qualification runs the same check)
+def rail1_mtu(mtu: int):
+    return lambda cluster: cluster.in_netns(WORKER, "ip", "link", "set", "rail1", "mtu", str(mtu))
+
+
 @pytest.mark.parametrize("break_it, mend_it, checked, says", [
-    (["link", "set", "rail1", "mtu", "1500"], ["link", "set", "rail1", "mtu", "9000"], "sim2-fabric-check",
-     "fabric-check sim2: FAIL rail rail1: MTU expected 9000, measured 1500"),
-    (["addr", "del", "10.0.0.2/24", "dev", "rail0"], ["addr", "add", "10.0.0.2/24", "dev", "rail0"], "sim1-fabric-check",
-     "fabric-check sim1: FAIL rail rail0: 8972-byte don't-fragment ping to 10.0.0.2 expected answered, measured no reply"),
-], ids=["mtu-1500", "silent-peer"])
+    (rail1_mtu(1500), rail1_mtu(9000), "sim2-fabric-check",
+     ["fabric-check sim2: FAIL rail rail1: MTU expected 9000, measured 1500"]),
+    # the worker's two cables swapped at its end: each of the head's rails reaches the other rail
+    (lambda cluster: cluster.cross_cables(WORKER), lambda cluster: cluster.cross_cables(WORKER), "sim1-fabric-check",
+     [f"fabric-check sim1: FAIL rail rail{mine}: 8972-byte don't-fragment ping to 10.0.{mine}.2 expected answered, "
+      f"measured no reply; its cable reaches sim2's rail{other} (10.0.{other}.2 answered ARP on rail{mine}), not "
+      f"sim2's rail{mine}: crossed cables: plug it into sim2's rail{mine}" for mine, other in ((0, 1), (1, 0))]),
+], ids=["mtu-1500", "crossed-cables"])
 def test_a_replaced_fabric_check_names_the_broken_rail_and_passes_once_mended(
         cluster, stack, deployed, break_it, mend_it, checked, says, report, request):
-    """A rail Ray's traffic uses (rail0) that goes silent takes the TP group down with it; once
-    mended, serving comes back by itself. The re-check alone never restarts serving."""
+    """A rail Ray's traffic uses (rail0) that goes silent (crossed cables) takes the TP group down
+    with it; once mended, serving comes back by itself. The re-check alone never restarts serving."""
     outputs = stack.outputs()
-    cluster.in_netns(WORKER, "ip", *break_it)
+    break_it(cluster)
     try:
         with pytest.raises(AssertionError) as failed:
             replace(stack, checked)
     finally:
-        cluster.in_netns(WORKER, "ip", *mend_it)
-    assert checked in str(failed.value) and says in str(failed.value), failed.value
+        mend_it(cluster)
+    for line in says:
+        assert checked in str(failed.value) and line in str(failed.value), failed.value
+    report[f"fabric_{request.node.callspec.id}_said"] = [line for line in str(failed.value).splitlines() if " FAIL " in line]
     mended = time.monotonic()
     wait_for(lambda: completion_status(outputs, outputs["apiKey"]) == 200, "serving once the rail is mended",
              readiness_s(stack))
@@ -169,3 +178,5 @@ def test_a_replaced_fabric_check_names_the_broken_rail_and_passes_once_mended(
     replace(stack, checked)
     said = step_output(stack, checked)
     assert "fabric healthy" in said, said  # memlock too: the nodes preload memlock-granted.c
+    peer = "sim2" if checked.startswith("sim1") else "sim1"
+    assert f"ok   rail rail0: 8972-byte DF ping to 10.0.0.{peer[-1]} ({peer}'s rail0)" in said, said

@@ -25,6 +25,7 @@ def test_destroy_leaves_the_nodes_as_before_the_first_up(cluster, stack, fresh_u
     assert any(f"sysctl -q -w {host_prep.USERNS_UBUNTU_DEFAULT}" in c for c in reverted[HEAD]), reverted[HEAD]
     assert not any(host_prep.USERNS_KEY in c for c in reverted[WORKER]), reverted[WORKER]  # never set there
     assert any(f"sysctl -q -w {host_prep.HANG_RECOVERY_DEFAULTS}" in c for c in reverted[WORKER]), reverted[WORKER]
+    assert cluster.in_netns(WORKER, "cat", "/proc/sys/net/ipv4/conf/rail0/arp_ignore").stdout.strip() == "0"
     for node, calls in reverted.items():
         assert any(f"systemctl disable --quiet {contract.FIREWALL_UNIT}" in c for c in calls), (node, calls)
         # a fresh login's memlock is the machine's own again, as before the first up (limits.d file gone)
