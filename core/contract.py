@@ -43,6 +43,9 @@ BOOT_COMMON = "boot-common.sh"
 RAY_TOKEN_FILE = "ray-token"  # every node, mode 600: Ray's token authentication
 API_GATEWAY_SCRIPT = "api-gateway.sh"  # head: entrypoint of the API gateway container
 API_GATEWAY_CONF = "api-gateway.conf"  # head: nginx config (the key itself is added at start)
+# several models behind the gateway's one port: each request to the lane serving its `model`
+# (issue 41; built and measured, not yet installed by the program)
+LANE_ROUTER_SCRIPT = "lane-router.py"
 # inside the gateway container, a tmpfs of its own (mode 700): nginx's pid and the key map
 # (api-key.conf, mode 600), so the key never lands on a disk
 API_GATEWAY_RUN_DIR = "/run/twinspark-api-gateway"

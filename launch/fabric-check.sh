@@ -97,9 +97,9 @@ arp_answered() {
     END { exit !found }'
 }
 
-# Which far end IFACE's cable reaches, for a FAIL line. LLDP where lldpd runs; else an ARP probe of
-# every other node's rail address: each rail answers ARP only for its own address (HostPrep's
-# arp_ignore=1), so an address that answers on this cable is the rail at its other end.
+# Which far end IFACE's cable reaches, for a FAIL line. LLDP where lldpd runs; else a probe of every
+# other node's rail address from this rail: each rail answers ARP only for its own address
+# (HostPrep's arp_ignore=1), so an address that answers on this cable is the rail at its other end.
 cable_reaches() {
   local iface="$1" expected="$2" lldp chassis port entry addr reached=()
   if command -v lldpcli >/dev/null && lldp=$(lldpcli -f keyvalue show neighbors ports "$iface" 2>/dev/null); then
@@ -112,20 +112,25 @@ cable_reaches() {
       return
     fi
   fi
+  # a small ping answered (the far end's reply came back on this cable), or its ARP answered just now
+  # (a crossed cable: the reply leaves by the other one)
+  local pings=() i=0
   for entry in "${far_ends[@]}"; do
     ping -q -n -c 1 -W 1 -I "$iface" "${entry%%=*}" >/dev/null 2>&1 &
+    pings+=("$!")
   done
-  wait
   for entry in "${far_ends[@]}"; do
     addr=${entry%%=*}
-    if arp_answered "$iface" "$addr"; then reached+=("$addr"); fi
+    if wait "${pings[$i]}" || arp_answered "$iface" "$addr"; then reached+=("$addr"); fi
+    i=$((i + 1))
   done
   if [ "${#reached[@]}" -eq 0 ]; then
     echo "nothing on its cable answers ARP for any other node's rail: unplugged, or the far end's rail down or without its address"
   elif [ "${#reached[@]}" -gt 1 ]; then
     echo "its cable reaches a node that answers ARP for several rails (${reached[*]}): is HostPrep's arp_ignore there?"
   elif [ "${reached[0]}" = "$expected" ]; then
-    echo "its cable reaches $(far_end_name "$expected") (ARP answered), which drops the ping: an MTU below $mtu or a firewall there"
+    echo "its cable reaches $(far_end_name "$expected") (it answers), which the full-size ping does not: an MTU below" \
+      "$mtu on the way, or a firewall there"
   else
     echo "its cable reaches $(far_end_name "${reached[0]}") (${reached[0]} answered ARP on $iface), not" \
       "$(far_end_name "$expected"): crossed cables: plug it into $(far_end_name "$expected")"

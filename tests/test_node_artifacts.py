@@ -174,24 +174,30 @@ ARP = {"answered": "10.0.1.2 dev lo lladdr 02:00:00:00:01:02 used 0/0/0probes 1 
        "failed": "10.0.0.2 dev lo  used 1/1/1probes 3 FAILED"}
 
 
-@pytest.mark.parametrize("neighbours, lldp, says", [
-    ({"10.0.1.2": "answered", "10.0.0.2": "failed"}, None,
+@pytest.mark.parametrize("neighbours, small_ping_answered_by, lldp, says", [
+    ({"10.0.1.2": "answered", "10.0.0.2": "failed"}, None, None,
      "its cable reaches spark2's enP2p1s0f0np0 (10.0.1.2 answered ARP on lo), not spark2's enp1s0f0np0: crossed "
      "cables: plug it into spark2's enp1s0f0np0"),
-    ({"10.0.0.2": "answered"}, None,
-     "its cable reaches spark2's enp1s0f0np0 (ARP answered), which drops the ping: an MTU below 65536 or a firewall"),
-    ({}, None, "nothing on its cable answers ARP for any other node's rail: unplugged, or the far end's rail down"),
-    ({"10.0.1.2": "long_ago"}, None, "nothing on its cable answers ARP"),  # another cabling's confirmation
-    ({"10.0.0.2": "answered", "10.0.1.2": "answered"}, None,
+    ({"10.0.0.2": "answered"}, None, None,
+     "its cable reaches spark2's enp1s0f0np0 (it answers), which the full-size ping does not: an MTU below 65536 on"),
+    # its ARP entry confirmed long ago (traffic keeps it REACHABLE, no new ARP asked), a small ping answered now
+    ({"10.0.0.2": "long_ago"}, "10.0.0.2", None,
+     "its cable reaches spark2's enp1s0f0np0 (it answers), which the full-size ping does not"),
+    ({}, None, None, "nothing on its cable answers ARP for any other node's rail: unplugged, or the far end's rail down"),
+    ({"10.0.1.2": "long_ago"}, None, None, "nothing on its cable answers ARP"),  # another cabling's confirmation
+    ({"10.0.0.2": "answered", "10.0.1.2": "answered"}, None, None,
      "its cable reaches a node that answers ARP for several rails (10.0.0.2 10.0.1.2): is HostPrep's arp_ignore"),
-    ({}, "lldp.lo.chassis.name=spark2\nlldp.lo.port.mac=02:00:00:00:01:02\nlldp.lo.port.descr=enP2p1s0f0np0",
+    ({}, None, "lldp.lo.chassis.name=spark2\nlldp.lo.port.mac=02:00:00:00:01:02\nlldp.lo.port.descr=enP2p1s0f0np0",
      "LLDP: its cable reaches spark2's enP2p1s0f0np0, expected spark2's enp1s0f0np0"),
-], ids=["crossed", "drops-the-ping", "unplugged", "stale-answer", "arp-flux", "lldp"])
-def test_an_unanswered_rail_says_which_far_end_its_cable_reaches(tmp_path, neighbours, lldp, says):
-    """The DF ping to the peer's rail0 address goes unanswered (a stand-in ping that never gets a
-    reply); `ip -s neigh` (a stand-in answering as the kernel's table would after the probe) says
-    which other rail answered ARP on this cable, or lldpd's neighbour says it."""
-    (tmp_path / "ping").write_text("#!/bin/sh\nexit 1\n")
+], ids=["crossed", "drops-the-ping", "small-ping-answered", "unplugged", "stale-answer", "arp-flux", "lldp"])
+def test_an_unanswered_rail_says_which_far_end_its_cable_reaches(tmp_path, neighbours, small_ping_answered_by, lldp,
+                                                                  says):
+    """The DF ping to the peer's rail0 address goes unanswered (a stand-in ping: a full-size one never,
+    a small one only from `small_ping_answered_by`); `ip -s neigh` (a stand-in answering as the
+    kernel's table would after the probe) says which rail answered ARP on this cable, or lldpd's
+    neighbour says it."""
+    (tmp_path / "ping").write_text('#!/bin/sh\ncase "$*" in *"-M do"*) exit 1 ;; '
+                                   f'*" {small_ping_answered_by}") exit 0 ;; esac\nexit 1\n')
     table = "".join(f'  *" to {addr}") echo "{ARP[state]}" ;;\n' for addr, state in neighbours.items())
     (tmp_path / "ip").write_text(f'#!/bin/sh\ncase "$*" in\n{table}esac\n')
     if lldp:

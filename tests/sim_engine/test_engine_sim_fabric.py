@@ -181,10 +181,11 @@ def test_the_doctor_names_planted_differences_costliest_first(cluster, stack, de
     assert found[2][1].startswith("drafter sha256 ") and "the head sim1's (the recipe records none)" in found[2][1]
     assert found[3][1] == "SM clock capped at 1200 MHz of 3003 MHz"
     assert not [f for f in after["findings"] if f["node"] == HEAD and f["cause"] in planted]
-    # the NCCL the engine's processes loaded, from their INFO lines: the head's stand-in writes them;
-    # no rank of it runs in the worker's Ray container here, so the worker's is unknown (a Spark's ranks write theirs)
+    # the NCCL the engine's processes loaded, from their INFO lines: the head's stand-in writes them; the
+    # worker has them only where a rank of the stand-in ran there (an mp scenario before: a Spark's ranks always do)
     fingerprints = after["fingerprints"]
-    assert (fingerprints[HEAD]["nccl_image"], fingerprints[WORKER]["nccl_image"]) == ("2.30.7", None), fingerprints
+    assert fingerprints[HEAD]["nccl_image"] == "2.30.7", fingerprints
+    assert fingerprints[WORKER]["nccl_image"] in (None, "2.30.7"), fingerprints
     assert all(fp["page_cache_gib"] >= 0 for fp in fingerprints.values()), fingerprints
     live = after["live"]  # the stand-in's figures (no pacing, no drafter), beside the recipe's three
     assert live["errors"] == [] and len(live["figures"]) == 3 and live["single_stream_tok_s"] > 0, live

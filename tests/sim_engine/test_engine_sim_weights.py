@@ -150,7 +150,9 @@ def rail1_mtu(mtu: int):
 
 @pytest.mark.parametrize("break_it, mend_it, checked, says", [
     (rail1_mtu(1500), rail1_mtu(9000), "sim2-fabric-check",
-     ["fabric-check sim2: FAIL rail rail1: MTU expected 9000, measured 1500"]),
+     ["fabric-check sim2: FAIL rail rail1: MTU expected 9000, measured 1500",
+      "fabric-check sim2: FAIL rail rail1: 8972-byte don't-fragment ping to 10.0.1.1 expected answered, measured no "
+      "reply; its cable reaches sim1's rail1 (it answers), which the full-size ping does not: an MTU below 9000"]),
     # the worker's two cables swapped at its end: each of the head's rails reaches the other rail
     (lambda cluster: cluster.cross_cables(WORKER), lambda cluster: cluster.cross_cables(WORKER), "sim1-fabric-check",
      [f"fabric-check sim1: FAIL rail rail{mine}: 8972-byte don't-fragment ping to 10.0.{mine}.2 expected answered, "
