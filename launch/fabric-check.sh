@@ -88,6 +88,8 @@ far_end_name() {
   echo "$1"
 }
 
+root_or_sudo() { [ "$(id -u)" -eq 0 ] || echo "sudo -n"; }
+
 # ARP answered for ADDR on IFACE within the probe just sent: REACHABLE, confirmed at most 3 s ago
 # (`ip -s neigh`'s "used USED/CONFIRMED/UPDATED"; an older confirmation is another cabling's).
 arp_answered() {
@@ -116,6 +118,9 @@ cable_reaches() {
   # (a crossed cable: the reply leaves by the other one)
   local pings=() i=0
   for entry in "${far_ends[@]}"; do
+    # what the table learnt before (another cabling's answer, kept fresh by traffic) is forgotten first,
+    # where this login may (sudo, or root in the guard's re-qualification)
+    $(root_or_sudo) ip neigh flush dev "$iface" to "${entry%%=*}" >/dev/null 2>&1 || true
     ping -q -n -c 1 -W 1 -I "$iface" "${entry%%=*}" >/dev/null 2>&1 &
     pings+=("$!")
   done
