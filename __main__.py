@@ -32,9 +32,8 @@ from components.ssh_access import resolve_ssh_access
 
 require_engine_support()
 cfg = load_stack_config()
-for warning in (cfg.recipe_repo_warning, cfg.parallelism_warning, cfg.remote_code_warning):  # allowed, said out loud
-    if warning:
-        pulumi.log.warn(warning)
+for warning in cfg.warnings:  # allowed, said out loud
+    pulumi.log.warn(warning)
 pulumi.runtime.register_stack_transformation(alias_renamed_nodes(cfg.nodes))  # nodes[i].formerName
 addresses = resolve_node_addresses(cfg.nodes)  # names, for the firewall: resolved before any resource
 topology = Topology(cfg, addresses)  # rail peers, Ray's addresses, NCCL's ring env, the copy's rails
@@ -62,7 +61,7 @@ host_preps = {
         HostPrepArgs(node=n, connection=conns[n.name], mtu=cfg.fabric.mtu,
                      firewall=firewall_policy(n, topology),
                      gpu_clock_cap_mhz=cfg.serving.gpu_clock_cap_mhz,
-                     cotenant_memory_percent=cfg.serving.cotenant_memory_percent),
+                     cotenant_memory_percent=cfg.node_memory_budget(n).cotenant_percent),
     )
     for n in cfg.nodes
 }

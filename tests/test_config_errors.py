@@ -513,14 +513,24 @@ def test_grafanas_port_is_free_while_observability_is_off():
     assert parse_stack_config(cfg).head_public_ports == (3000,)
 
 
+def as_one_lane(blocks):
+    """The same stack written as one entry of `lanes` on both nodes."""
+    cfg = copy.deepcopy(blocks)
+    cfg["lanes"] = [{"name": "main", "nodes": [n["name"] for n in cfg["nodes"]], "model": cfg.pop("model")}]
+    return cfg
+
+
 def number_fields(model=None, prefix=()):
     """(path, type) of every int and float field of the schema, nested blocks and lists included."""
     from typing import Annotated, Union, get_args, get_origin
 
     from components.config import ConfigBlock, StackConfig
+    from components.config.blocks import LANE_SERVING_KEYS
 
     for name, field in (model or StackConfig).model_fields.items():
         path = prefix + (field.alias or name,)
+        if path[:3] == ("lanes", 0, "serving") and len(path) > 3 and path[3] not in LANE_SERVING_KEYS:
+            continue  # the stack's serving key, refused in a lane
         annotation = field.annotation
         if get_origin(annotation) is Union:
             annotation = next(a for a in get_args(annotation) if a is not type(None))
@@ -549,7 +559,7 @@ def test_the_number_walk_sees_the_plain_fields():
 @pytest.mark.parametrize("path", [p for p, _ in NUMBER_FIELDS], ids=lambda p: ".".join(map(str, p)))
 def test_a_yaml_boolean_is_no_number_in_any_field(path):
     """YAML `true` must not become 1 (port 1, one day of retention, a 1 s scrape)."""
-    cfg = copy.deepcopy(BASE)
+    cfg = as_one_lane(BASE) if path[0] == "lanes" else copy.deepcopy(BASE)
     put(cfg, path, True)
     assert_refused(cfg, format_key_path(path), ["YAML boolean"])
 
@@ -558,7 +568,7 @@ def test_a_yaml_boolean_is_no_number_in_any_field(path):
 @pytest.mark.parametrize("path", FLOAT_FIELDS, ids=lambda p: ".".join(map(str, p)))
 def test_a_float_field_takes_finite_numbers_only(path, value):
     """An infinite NcclCheck floor can never be met; `pulumi config set --path` writes 'inf' as a string."""
-    cfg = copy.deepcopy(BASE)
+    cfg = as_one_lane(BASE) if path[0] == "lanes" else copy.deepcopy(BASE)
     put(cfg, path, value)
     assert_refused(cfg, format_key_path(path), ["finite number"])
 
@@ -680,7 +690,7 @@ def test_parallelism_defaults_to_tp_over_every_node_without_pp():
     assert (cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.world_size) == (2, 1, 2)
     argv = vllm_argv(VllmServe(cfg.serving, cfg.model, cfg.tensor_parallel_size, cfg.pipeline_parallel_size))
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and "--pipeline-parallel-size" not in argv
-    assert cfg.parallelism_warning is None
+    assert cfg.warnings == []
 
 
 @pytest.mark.parametrize("nodes, serving, key, fragments", [
@@ -718,7 +728,7 @@ def test_pp3_on_three_nodes_serves_the_seeds_model_with_a_warning():
     argv = vllm_argv(VllmServe(stack.serving, stack.model, stack.tensor_parallel_size, stack.pipeline_parallel_size))
     at = argv.index("--tensor-parallel-size")
     assert argv[at:at + 4] == ["--tensor-parallel-size", "1", "--pipeline-parallel-size", "3"]
-    assert "recipe DeepSeek-V4-Flash-0731 was proven with tp only" in stack.parallelism_warning
+    assert "recipe DeepSeek-V4-Flash-0731 was proven with tp only" in (stack.served_lanes[0].parallelism_warning or "")
 
 
 def test_a_layout_check_needs_the_recipes_own_model():

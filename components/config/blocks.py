@@ -19,6 +19,7 @@ from core.memory_budget import memory_budget as budget_of
 from .errors import CrossFieldError
 from .values import (DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK, Acknowledgeable, AptPackage, CommitSha, CotenantMemory,
                      DockerPlatform, EmailAddress, HcaName, HostName, HubEndpoint, IfaceName, ImageRef, Integer, KvCacheDtype,
+                     LaneName,
                      ModelDir, NodeName, NonEmpty, Number, PinnedHostKey, PinnedImage, Port, RailAddress, RayVersion,
                      RepoId, ServedName, SmtpHost, UserName, locked_version)
 
@@ -396,3 +397,23 @@ class PlatformConfig(ConfigBlock):
         default_factory=list,
         description="what the platform gate lets pass: known-issue ids (known-issues.toml) and node differences "
         "`mismatch:driver`, `mismatch:kernel`; nodes on different images are never let pass")
+
+
+# The serving keys that describe one lane's engine (what it serves and how); the rest of `serving`
+# (image, port, guard, ...) is the stack's, one for every lane.
+LANE_SERVING_KEYS = ("recipe", "profile", "maxModelLen", "gpuMemoryUtilization", "kvCacheDtype", "extraArgs",
+                     "tensorParallel", "pipelineParallel", "executor")
+
+
+class LaneConfig(ConfigBlock):
+    """One model served on a set of nodes (issue 41): its own engine, routed to by its served name."""
+
+    name: LaneName = Field(description="the lane's short name (in its containers', sockets' and resources' names)")
+    nodes: list[NodeName] = Field(
+        min_length=1, description="the nodes whose GPUs serve it, by `name`: tensorParallel × pipelineParallel spans "
+        "them; a node may serve several lanes when their memory shares fit it together")
+    model: ModelConfig = Field(description="what it serves: the keys of `model`")
+    # merged by StackConfig before validation: the stack's `serving`, this lane's keys over it
+    serving: Serving = Field(
+        description="its own values of the lane keys of `serving` (" + ", ".join(LANE_SERVING_KEYS) + "); an "
+        "unset one is the stack's `serving` value, or the lane recipe's")

@@ -13,29 +13,159 @@ import functools
 import importlib.util
 import ipaddress
 from pathlib import Path
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 from pydantic import BaseModel, Field, model_validator
-from pydantic.alias_generators import to_snake
+from pydantic.alias_generators import to_camel, to_snake
 
 from core import contract
 
-from .blocks import ConfigBlock, Fabric, ModelConfig, Node, Observability, PlatformConfig, PowerWatch, Serving, SshConfig
+from core.memory_budget import BudgetError, MemoryBudget
+from core.memory_budget import memory_budget as budget_of
+
+from .blocks import (LANE_SERVING_KEYS, ConfigBlock, Fabric, LaneConfig, ModelConfig, Node, Observability, PlatformConfig,
+                     PowerWatch, Serving, SshConfig)
 from .errors import CrossFieldError
 
-STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "model", "serving")
-OPTIONAL_STRUCTURED_KEYS = ("observability", "platform", "powerWatch")  # omitted: the block's defaults
+STRUCTURED_KEYS = ("ssh", "nodes", "fabric", "serving")
+# omitted: the block's defaults; `model` xor `lanes` (StackConfig._one_model_or_lanes)
+OPTIONAL_STRUCTURED_KEYS = ("model", "lanes", "observability", "platform", "powerWatch")
+DEFAULT_LANE = "default"  # the one lane of a stack without `lanes`: its name appears in no resource
 
+
+@dataclass(frozen=True)
+class ServedLane:
+    """One engine: a model served on some nodes with the lane keys of `serving` (issue 41). A stack
+    without `lanes` has one, of `model` and `serving` on every node, whose keys are named as before."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    model: ModelConfig
+    serving: Serving
+    prefix: str  # where its keys are in the stack config: "" or "lanes[i]."
+
+    def key(self, path: str) -> str:
+        """A key path of the lane as the user wrote it: 'serving.tensorParallel' -> 'lanes[1].serving.tensorParallel'."""
+        return self.prefix + path
+
+    @property
+    def nodes_key(self) -> str:
+        return self.key("nodes")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes)  # one GB10 GPU per Spark: one rank each
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return self.serving.pipeline_parallel
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """serving.tensorParallel, or unset the lane's node count ÷ PP (its node count without PP)."""
+        return self.serving.tensor_parallel or self.world_size // self.pipeline_parallel_size
+
+    @property
+    def model_revision(self) -> Optional[str]:
+        """The commit to serve: model.revision, else the one serving.recipe was proven at when
+        model.repo is the recipe's repository; None: the hub's at the first `pulumi up`, kept."""
+        recipe = self.serving.recipe_spec
+        return self.model.revision or (recipe.revision if self.model.repo == recipe.repo else None)
+
+    @property
+    def parallelism_warning(self) -> Optional[str]:
+        """PP on a recipe proven without it: allowed (it is what 3 nodes may need), said out loud."""
+        recipe = self.serving.recipe_spec
+        if self.pipeline_parallel_size == 1 or "pp" in recipe.parallelism:
+            return None
+        return (f"{self.key('serving.pipelineParallel')} {self.pipeline_parallel_size}: recipe {recipe.name} was "
+                f"proven with {', '.join(recipe.parallelism)} only, not pipeline parallelism: its flags (speculative "
+                "decoding above all) and its baseline are unproven at this layout; vLLM refuses at load what it cannot "
+                "run")
+
+    @property
+    def remote_code_warning(self) -> Optional[str]:
+        """Another repository than the recipe's, its code run, no commit set: said out loud."""
+        recipe = self.serving.recipe_spec
+        if not recipe.vllm.trust_remote_code or self.model.repo == recipe.repo or self.model.revision:
+            return None
+        return (f"{self.key('serving.recipe')} {recipe.name} runs the model's own code (--trust-remote-code) and "
+                f"{self.key('model.revision')} is unset: {self.model.repo}'s code as the hub serves it at the first "
+                "`pulumi up` runs as root on every node; set it to a commit you have reviewed")
+
+    @property
+    def recipe_repo_warning(self) -> Optional[str]:
+        """model.repo is not the repository the chosen recipe was proven on: said, not refused (a
+        fine-tune or a mirror of the same model is served with the recipe's flags on purpose)."""
+        recipe = self.serving.recipe_spec
+        if self.model.repo == recipe.repo:
+            return None
+        return (f"{self.key('model.repo')} {self.model.repo} is not {recipe.repo}, the repository of "
+                f"{self.key('serving.recipe')} {recipe.name}: the recipe's flags, environment and parsers are applied "
+                f"to {self.model.repo} as they are; choose the recipe made for it if there is one (see Models in "
+                "docs/configuration.md)")
+
+    @property
+    def warnings(self) -> list[str]:
+        """What is allowed and said out loud, in this order."""
+        return [w for w in (self.recipe_repo_warning, self.parallelism_warning, self.remote_code_warning) if w]
 
 class StackConfig(ConfigBlock):
     ssh: SshConfig
     nodes: list[Node] = Field(min_length=1)
     fabric: Fabric
-    model: ModelConfig
+    # the field's name is not `model`: the property `model` is the one lane's (pydantic reserves model_*)
+    single_model: Optional[ModelConfig] = Field(default=None, alias="model")
     serving: Serving
+    lanes: Optional[list[LaneConfig]] = Field(default=None, min_length=1)
     observability: Observability = Field(default_factory=Observability)
     platform: PlatformConfig = Field(default_factory=PlatformConfig)
     power_watch: PowerWatch = Field(default_factory=PowerWatch)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lanes_over_the_stack_serving(cls, data: Any) -> Any:
+        """Each lane's `serving`: the stack's keys as written, the lane's own lane keys over them
+        (validated as one `serving` block, so the lane's recipe fills what neither sets)."""
+        if not isinstance(data, dict) or not isinstance(data.get("lanes"), list):
+            return data
+        stack = data.get("serving") if isinstance(data.get("serving"), dict) else {}
+        lanes = []
+        for i, lane in enumerate(data["lanes"]):
+            own = lane.get("serving", {}) if isinstance(lane, dict) else None
+            if not isinstance(own, dict):
+                lanes.append(lane)  # not a mapping: pydantic says what is expected
+                continue
+            for key in own:
+                if to_camel(key) not in LANE_SERVING_KEYS:
+                    raise CrossFieldError(f"lanes[{i}].serving.{key}", repr(own[key]),
+                                          f"a lane key ({', '.join(LANE_SERVING_KEYS)}); serving.{to_camel(key)} is "
+                                          "the stack's, one for every lane: set it under serving")
+            lanes.append({**lane, "serving": {**stack, **own}})
+        return {**data, "lanes": lanes}
+
+    @property
+    def served_lanes(self) -> list[ServedLane]:
+        """Every engine the stack serves: its `lanes`, or the one lane of `model` and `serving` on every node."""
+        if self.lanes is None:
+            assert self.single_model is not None  # _one_model_or_lanes
+            return [ServedLane(DEFAULT_LANE, tuple(self.nodes), self.single_model, self.serving, "")]
+        by_name = {n.name: n for n in self.nodes}
+        return [ServedLane(lane.name, tuple(by_name[name] for name in lane.nodes), lane.model, lane.serving,
+                           f"lanes[{i}].") for i, lane in enumerate(self.lanes)]
+
+    @property
+    def only_lane(self) -> ServedLane:
+        """The lane of a stack that serves one (what the program deploys until several are wired)."""
+        lanes = self.served_lanes
+        if len(lanes) != 1:
+            raise ValueError(f"{len(lanes)} lanes: this part of twinspark serves one")
+        return lanes[0]
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.only_lane.model
 
     @property
     def head(self) -> Node:
@@ -47,7 +177,7 @@ class StackConfig(ConfigBlock):
 
     @property
     def world_size(self) -> int:
-        return len(self.nodes)  # one GB10 GPU per Spark: one rank each
+        return self.only_lane.world_size
 
     @property
     def members(self) -> str:
@@ -57,12 +187,11 @@ class StackConfig(ConfigBlock):
 
     @property
     def pipeline_parallel_size(self) -> int:
-        return self.serving.pipeline_parallel
+        return self.only_lane.pipeline_parallel_size
 
     @property
     def tensor_parallel_size(self) -> int:
-        """serving.tensorParallel, or unset the node count ÷ PP (the node count without PP)."""
-        return self.serving.tensor_parallel or self.world_size // self.pipeline_parallel_size
+        return self.only_lane.tensor_parallel_size
 
     @property
     def parallelism_in_words(self) -> str:
@@ -70,6 +199,20 @@ class StackConfig(ConfigBlock):
         if pp == 1:
             return f"tensor parallel over {n} DGX Sparks"
         return f"{'' if tp == 1 else f'tensor parallel {tp} × '}pipeline parallel {pp} over {n} DGX Sparks"
+
+    @property
+    def warnings(self) -> list[str]:
+        """Every lane's allowed-but-said choices (a recipe on another repository, PP unproven, remote code unpinned)."""
+        return [w for lane in self.served_lanes for w in lane.warnings]
+
+    def lanes_on(self, node: Node) -> list[ServedLane]:
+        return [lane for lane in self.served_lanes if node in lane.nodes]
+
+    def node_memory_budget(self, node: Node) -> MemoryBudget:
+        """The node's budget (core/memory_budget.py): its lanes' shares together; validated, so it adds up."""
+        # rounded to the budget's basis points: 0.45 + 0.40 is 0.8500000000000001 in floats
+        return budget_of(round(sum(lane.serving.gpu_memory_utilization for lane in self.lanes_on(node)), 4),
+                         self.serving.cotenant_memory_max)
 
     @property
     def head_public_ports_by_key(self) -> dict[str, int]:
@@ -114,109 +257,133 @@ class StackConfig(ConfigBlock):
                 "fabric.minBusBandwidthGBps", self.fabric.min_bus_bandwidth_gbps,
                 "0 on a single-node stack (NcclCheck measures the cable between nodes; alone, it can never pass)")
         self._configured_ports_apart()
-        self._nodes_the_recipe_supports()
-        self._remote_code_is_pinned()
-        self._parallelism_spans_the_nodes()
-        self._layout_splits_the_model()
+        self._one_model_or_lanes()
+        for lane in self.served_lanes:
+            self._nodes_the_recipe_supports(lane)
+            self._remote_code_is_pinned(lane)
+            self._parallelism_spans_the_nodes(lane)
+            self._layout_splits_the_model(lane)
+        self._memory_budget_of_every_node_adds_up()
         return self
 
-    def _parallelism_spans_the_nodes(self) -> None:
-        """One rank per node: TP × PP = the node count, or a rank has no GPU (or a GPU no rank)."""
-        n, pp, tp_set = self.world_size, self.pipeline_parallel_size, self.serving.tensor_parallel
+    def _one_model_or_lanes(self) -> None:
+        """`model` (one lane on every node) or `lanes`; lanes named apart, served apart, each on nodes of the stack,
+        and every node serving one."""
+        if self.lanes is None:
+            if self.single_model is None:
+                raise CrossFieldError("model", "missing", "the model block of the config contract (see "
+                                      "Pulumi.spark.yaml), or `lanes`, each with its own model")
+            return
+        if self.single_model is not None:
+            raise CrossFieldError("model", self.single_model.repo, "no `model` beside `lanes`: each lane names its "
+                                  "own (lanes[N].model); move this one into the lane that serves it")
+        _require_distinct(self.lanes, "lanes", "name")
+        names = [n.name for n in self.nodes]
+        served: dict[str, int] = {}
+        for i, lane in enumerate(self.lanes):
+            for j, name in enumerate(lane.nodes):
+                if name not in names:
+                    raise CrossFieldError(f"lanes[{i}].nodes[{j}]", name, f"the name of a node: {' or '.join(names)}")
+                if name in lane.nodes[:j]:
+                    raise CrossFieldError(f"lanes[{i}].nodes[{j}]", name, "each node once (one rank on its GPU)")
+            holder = next((k for k, other in enumerate(self.lanes[:i]) if other.model.dir == lane.model.dir), None)
+            if holder is not None and (self.lanes[holder].model.repo, self.lanes[holder].model.revision) != \
+                    (lane.model.repo, lane.model.revision):
+                raise CrossFieldError(f"lanes[{i}].model.dir", lane.model.dir,
+                                      f"a directory other than lanes[{holder}].model.dir: it holds "
+                                      f"{self.lanes[holder].model.repo} (one directory, one checkout of one commit)")
+            j = served.setdefault(lane.model.served_name, i)
+            if j != i:
+                raise CrossFieldError(f"lanes[{i}].model.servedName", lane.model.served_name,
+                                      f"a name other than lanes[{j}]'s: requests go to the lane whose name they ask for")
+        idle = [n for n in names if not any(n in lane.nodes for lane in self.lanes)]
+        if idle:
+            raise CrossFieldError("lanes", f"no lane on {', '.join(idle)}",
+                                  "every node in some lane's nodes (or take the node out of `nodes`)")
+
+    def _memory_budget_of_every_node_adds_up(self) -> None:
+        """A node's lanes together: their shares + the co-tenants' caps + headroom <= its memory (one lane's own
+        budget is its `serving`'s check, named there)."""
+        for node in self.nodes:
+            lanes = self.lanes_on(node)
+            if len(lanes) < 2:
+                continue
+            try:
+                self.node_memory_budget(node)
+            except BudgetError as err:
+                shares = " + ".join(f"lane {lane.name} {lane.serving.gpu_memory_utilization:g}" for lane in lanes)
+                raise CrossFieldError(lanes[-1].key("serving.gpuMemoryUtilization"),
+                                      f"{node.name} holds {shares}",
+                                      f"shares that fit {node.name} together: {err}") from None
+
+    @staticmethod
+    def _parallelism_spans_the_nodes(lane: ServedLane) -> None:
+        """One rank per node: TP × PP = the lane's node count, or a rank has no GPU (or a GPU no rank)."""
+        n, pp, tp_set = lane.world_size, lane.pipeline_parallel_size, lane.serving.tensor_parallel
         rules = shape_rules()
         layouts = " or ".join(rules.layout_option(t, p) for t, p in rules.layouts_of(n))
         if tp_set is None and n % pp:
-            raise CrossFieldError("serving.pipelineParallel", pp,
+            raise CrossFieldError(lane.key("serving.pipelineParallel"), pp,
                                    f"a pipelineParallel that divides the node count {n} (tensorParallel, unset, is "
                                    f"the node count ÷ pipelineParallel): with {n} nodes set {layouts}")
-        if self.tensor_parallel_size * pp != n:
+        if lane.tensor_parallel_size * pp != n:
             assert tp_set is not None  # unset, TP is n ÷ pp, which the check above found whole
-            key = "serving.tensorParallel" if "pipeline_parallel" not in self.serving.model_fields_set \
-                else "serving.pipelineParallel"
+            key = lane.key("serving.tensorParallel" if "pipeline_parallel" not in lane.serving.model_fields_set
+                           else "serving.pipelineParallel")
             raise CrossFieldError(key, f"tensorParallel {tp_set} × pipelineParallel {pp} = {tp_set * pp} ranks on "
                                    f"{n} nodes",
                                    f"tensorParallel × pipelineParallel = {n}, the node count (one rank on each "
                                    f"node's GPU): with {n} nodes set {layouts}")
 
-    def _layout_splits_the_model(self) -> None:
+    @staticmethod
+    def _layout_splits_the_model(lane: ServedLane) -> None:
         """Where the recipe records its model's shape, a TP × PP it cannot split stops here,
         before any resource, with the layouts that work (the rules: launch/model-shape.py's)."""
-        recipe = self.serving.recipe_spec
-        if recipe.shape is None or self.model.repo != recipe.repo:  # another model: judged after the pin
+        recipe = lane.serving.recipe_spec
+        if recipe.shape is None or lane.model.repo != recipe.repo:  # another model: judged after the pin
             return
-        shape, tp, pp = recipe.shape.as_config_json(), self.tensor_parallel_size, self.pipeline_parallel_size
+        shape, tp, pp = recipe.shape.as_config_json(), lane.tensor_parallel_size, lane.pipeline_parallel_size
         rules = shape_rules()
         fails = [line.removeprefix("FAIL ") for line in rules.head_lines(shape, tp, pp) if line.startswith("FAIL")]
         if not fails:
             return
-        works = [rules.layout_option(t, p) for t, p in rules.workable_layouts(shape, self.world_size)]
-        key = "serving.pipelineParallel" if all(f.startswith("hidden layers") for f in fails) else \
-            "serving.tensorParallel"
-        advice = (f"with {self.world_size} nodes set {' or '.join(works)}" if works else
-                  f"no TP × PP of {self.world_size} nodes splits it: another node count")
+        n = lane.world_size
+        works = [rules.layout_option(t, p) for t, p in rules.workable_layouts(shape, n)]
+        key = lane.key("serving.pipelineParallel" if all(f.startswith("hidden layers") for f in fails) else
+                       "serving.tensorParallel")
+        advice = (f"with {n} nodes set {' or '.join(works)}" if works else
+                  f"no TP × PP of {n} nodes splits it: another node count")
         figures = (f"{recipe.shape.attention_heads} attention heads, {recipe.shape.kv_heads or 'one per head'} KV "
                    f"heads{', latent' if recipe.shape.kv_lora_rank else ''}, {recipe.shape.hidden_layers} layers")
-        raise CrossFieldError(key, f"TP={tp} × PP={pp} on {self.world_size} nodes: " + "; ".join(fails),
+        raise CrossFieldError(key, f"TP={tp} × PP={pp} on {n} nodes: " + "; ".join(fails),
                                f"a layout model {recipe.repo} splits over (recipe {recipe.name}'s shape: {figures}): "
                                f"{advice}")
 
-    @property
-    def parallelism_warning(self) -> Optional[str]:
-        """PP on a recipe proven without it: allowed (it is what 3 nodes may need), said out loud."""
-        recipe = self.serving.recipe_spec
-        if self.pipeline_parallel_size == 1 or "pp" in recipe.parallelism:
-            return None
-        return (f"serving.pipelineParallel {self.pipeline_parallel_size}: recipe {recipe.name} was proven with "
-                f"{', '.join(recipe.parallelism)} only, not pipeline parallelism: its flags (speculative decoding "
-                "above all) and its baseline are unproven at this layout; vLLM refuses at load what it cannot run")
-
-    def _nodes_the_recipe_supports(self) -> None:
-        """As many nodes as the recipe was proven on: TP × PP spans them all (world_size)."""
-        recipe = self.serving.recipe_spec
-        if not recipe.nodes.min <= len(self.nodes) <= recipe.nodes.max:
+    @staticmethod
+    def _nodes_the_recipe_supports(lane: ServedLane) -> None:
+        """As many nodes as the recipe was proven on: TP × PP spans the lane's nodes (world_size)."""
+        recipe = lane.serving.recipe_spec
+        if not recipe.nodes.min <= lane.world_size <= recipe.nodes.max:
             span = (f"{recipe.nodes.min}" if recipe.nodes.min == recipe.nodes.max
                     else f"{recipe.nodes.min} to {recipe.nodes.max}")
-            raise CrossFieldError("nodes", f"{len(self.nodes)} nodes",
+            raise CrossFieldError(lane.nodes_key, f"{lane.world_size} nodes",
                                    f"{span} nodes, what serving.recipe {recipe.name} supports (its nodes in recipes/), "
                                    "or a recipe made for this many")
 
     @property
     def model_revision(self) -> Optional[str]:
-        """The commit to serve: model.revision, else the one serving.recipe was proven at when
-        model.repo is the recipe's repository; None: the hub's at the first `pulumi up`, kept."""
-        recipe = self.serving.recipe_spec
-        return self.model.revision or (recipe.revision if self.model.repo == recipe.repo else None)
+        return self.only_lane.model_revision
 
-    def _remote_code_is_pinned(self) -> None:
+    @staticmethod
+    def _remote_code_is_pinned(lane: ServedLane) -> None:
         """`--trust-remote-code` runs the repository's Python as root on every node: only at a
         commit someone chose, never whatever the hub serves on the day of the first `pulumi up`."""
-        recipe = self.serving.recipe_spec
-        if recipe.vllm.trust_remote_code and self.model.repo == recipe.repo and self.model_revision is None:
+        recipe = lane.serving.recipe_spec
+        if recipe.vllm.trust_remote_code and lane.model.repo == recipe.repo and lane.model_revision is None:
             raise CrossFieldError(
-                "model.revision", f"unset, and serving.recipe {recipe.name} runs {self.model.repo}'s own code "
+                lane.key("model.revision"), f"unset, and serving.recipe {recipe.name} runs {lane.model.repo}'s own code "
                 f"(--trust-remote-code: {recipe.vllm.trust_remote_code_reason}) with no commit recorded",
                 "the 40-hex commit of that repository you have reviewed (its code then runs at that commit only)")
-
-    @property
-    def remote_code_warning(self) -> Optional[str]:
-        """Another repository than the recipe's, its code run, no commit set: said out loud."""
-        recipe = self.serving.recipe_spec
-        if not recipe.vllm.trust_remote_code or self.model.repo == recipe.repo or self.model.revision:
-            return None
-        return (f"serving.recipe {recipe.name} runs the model's own code (--trust-remote-code) and model.revision is "
-                f"unset: {self.model.repo}'s code as the hub serves it at the first `pulumi up` runs as root on every "
-                "node; set model.revision to a commit you have reviewed")
-
-    @property
-    def recipe_repo_warning(self) -> Optional[str]:
-        """model.repo is not the repository the chosen recipe was proven on: said, not refused (a
-        fine-tune or a mirror of the same model is served with the recipe's flags on purpose)."""
-        recipe = self.serving.recipe_spec
-        if self.model.repo == recipe.repo:
-            return None
-        return (f"model.repo {self.model.repo} is not {recipe.repo}, the repository of serving.recipe {recipe.name}: "
-                f"the recipe's flags, environment and parsers are applied to {self.model.repo} as they are; choose "
-                "the recipe made for it if there is one (see Models in docs/configuration.md)")
 
     def _former_names_are_free(self) -> None:
         """A formerName becomes aliases to the resources of that name (components/renames.py): one

@@ -102,6 +102,9 @@ HostKey = Annotated[str, _matches(r"(ssh-|ecdsa-)\S+ \S+",
 RepoId = _text(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*",
                "a Hugging Face repository OWNER/NAME, each part letters, digits, '_', '.' or '-' and starting "
                "with a letter or digit")
+# a lane's name goes into container, socket and resource names: short, plain, lowercase
+LaneName = _text(r"[a-z]([a-z0-9-]{0,14}[a-z0-9])?",
+                 "1 to 16 lowercase letters, digits or '-', starting with a letter and ending with a letter or digit")
 ServedName = _text(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
                    "1 to 128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit")
 ImageRef = _text(r"[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?",

@@ -21,7 +21,7 @@ from pulumi.automation import errors as auto_errors
 from pulumi.automation._cmd import CommandResult
 from rich.console import Console
 
-from components.config import STRUCTURED_KEYS, parse_stack_config
+from components.config import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, parse_stack_config
 from components.serving_image import repository
 from openai_standin import Behaviour, serve
 from ops import bench, bench_requests, upgrade, upgrade_gates, upgrade_records
@@ -29,6 +29,8 @@ from ops.__main__ import build_parser, main as ops_main
 from ops.inputs import ToolError
 from ops.stack import PreviewReport, Writes, apply_writes, cli_value
 from program_harness import ROOT, config_blocks, flag_value, runner_call
+
+STACK_KEYS = STRUCTURED_KEYS + OPTIONAL_STRUCTURED_KEYS  # what `pulumi up` reads
 
 GOOD = "ghcr.io/anemll/dspark-vllm-gx10:0.1.1"
 HUB_HEAD = "c" * 40  # the commit an unset model.revision serves, in the fake World
@@ -48,7 +50,7 @@ class World:
     make the guard hold, :slow decode 4x slower, :guard-silent stop the guard's verdicts."""
 
     def __init__(self):
-        self.cfg = parse_stack_config({k: v for k, v in original_blocks().items() if k in STRUCTURED_KEYS})
+        self.cfg = parse_stack_config({k: v for k, v in original_blocks().items() if k in STACK_KEYS})
         self.behaviour = Behaviour(**RATES)
         self.server = serve(self.behaviour)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
@@ -148,7 +150,7 @@ class FakeStack:
         if self.planned_up_failures:
             raise command_error(stderr=self.planned_up_failures.pop(0))
         try:
-            cfg = parse_stack_config({k: v for k, v in self.blocks.items() if k in STRUCTURED_KEYS})
+            cfg = parse_stack_config({k: v for k, v in self.blocks.items() if k in STACK_KEYS})
         except RunError as err:
             raise command_error(stdout=f"error: an unhandled error occurred: {err}") from None
         try:

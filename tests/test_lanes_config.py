@@ -1,0 +1,112 @@
+"""Lanes (issue 41): several models, each on its own nodes, in one stack config; the one-lane stack as before."""
+
+import copy
+
+import pytest
+from program_harness import config_blocks
+
+from components.config import parse_stack_config
+from components.config.loading import _lanes_not_yet_deployed
+from test_config_errors import assert_refused
+
+BASE = config_blocks()  # spark1 (head) and spark2, DeepSeek's recipe on both
+
+
+def two_lanes(**changes):
+    """BASE as two lanes, one per node: gpt-oss-120b's recipe (1 or 2 nodes) on each, two served names."""
+    cfg = copy.deepcopy(BASE)
+    del cfg["model"]
+    del cfg["serving"]["gpuMemoryUtilization"]  # each lane's recipe's, or its own
+    cfg["lanes"] = [
+        {"name": "coder", "nodes": ["spark1"],
+         "model": {"repo": "openai/gpt-oss-120b", "dir": "/home/nvidia/models/gpt-oss-120b", "servedName": "coder"},
+         "serving": {"recipe": "gpt-oss-120b", "gpuMemoryUtilization": 0.45}},
+        {"name": "fast", "nodes": ["spark2"],
+         "model": {"repo": "openai/gpt-oss-20b", "dir": "/home/nvidia/models/gpt-oss-20b", "servedName": "fast"},
+         "serving": {"recipe": "gpt-oss-120b", "maxModelLen": 65536}},
+    ]
+    for path, value in changes.items():
+        lane, key = path.split(".", 1)
+        target = cfg["lanes"][int(lane)]
+        *parents, last = key.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[last] = value
+    return cfg
+
+
+def test_a_stack_without_lanes_is_one_lane_of_model_and_serving_on_every_node():
+    cfg = parse_stack_config(copy.deepcopy(BASE))
+    [lane] = cfg.served_lanes
+    assert (lane.name, [n.name for n in lane.nodes], lane.prefix) == ("default", ["spark1", "spark2"], "")
+    assert lane.model is cfg.model and lane.serving is cfg.serving
+    assert (lane.tensor_parallel_size, lane.pipeline_parallel_size) == (2, 1)
+    # the budget every node had: the one lane's share (HostPrep's caps and twinspark.env are unchanged)
+    for node in cfg.nodes:
+        assert cfg.node_memory_budget(node) == cfg.serving.memory_budget
+    assert _lanes_not_yet_deployed(cfg) == []
+
+
+def test_two_lanes_one_per_node_take_their_recipes_values_and_the_stacks_serving():
+    raw = two_lanes()
+    raw["serving"]["kvCacheDtype"] = "fp8_e4m3"  # the stack's, for every lane that sets none
+    cfg = parse_stack_config(raw)
+    coder, fast = cfg.served_lanes
+    assert [(lane.name, [n.name for n in lane.nodes], lane.tensor_parallel_size) for lane in cfg.served_lanes] == \
+        [("coder", ["spark1"], 1), ("fast", ["spark2"], 1)]
+    assert (coder.serving.gpu_memory_utilization, fast.serving.gpu_memory_utilization) == (0.45, 0.70)  # own, recipe's
+    assert (coder.serving.max_model_len, fast.serving.max_model_len) == (1048576, 65536)  # the stack's, own
+    assert coder.serving.kv_cache_dtype == fast.serving.kv_cache_dtype == "fp8_e4m3"
+    assert coder.serving.port == fast.serving.port == cfg.serving.port  # the stack's, one endpoint
+    assert coder.key("serving.recipe") == "lanes[0].serving.recipe"
+    # another repository than the recipe's: said, with the lane's own key
+    assert cfg.warnings == ["lanes[1].model.repo openai/gpt-oss-20b is not openai/gpt-oss-120b, the repository of "
+                            "lanes[1].serving.recipe gpt-oss-120b: the recipe's flags, environment and parsers are "
+                            "applied to openai/gpt-oss-20b as they are; choose the recipe made for it if there is one "
+                            "(see Models in docs/configuration.md)"]
+    assert [cfg.node_memory_budget(n).model_share for n in cfg.nodes] == [0.45, 0.70]
+    [refusal] = _lanes_not_yet_deployed(cfg)
+    assert "twinspark:lanes: 2 lanes — expected one for now" in refusal
+
+
+def test_two_lanes_on_one_node_fit_together_or_are_refused_naming_the_node_and_both_shares():
+    raw = two_lanes(**{"1.nodes": ["spark1", "spark2"], "1.serving.gpuMemoryUtilization": 0.40})
+    cfg = parse_stack_config(raw)
+    spark1 = cfg.nodes[0]
+    assert [lane.name for lane in cfg.lanes_on(spark1)] == ["coder", "fast"]
+    budget = cfg.node_memory_budget(spark1)
+    assert (budget.model_share, budget.cotenant_percent) == (0.85, 5)  # auto: half of what 0.85 + 5% leave
+    assert_refused(two_lanes(**{"1.nodes": ["spark1", "spark2"]}), "twinspark:lanes[1].serving.gpuMemoryUtilization",
+                   ["spark1 holds lane coder 0.45 + lane fast 0.7", "shares that fit spark1 together",
+                    "over 100% of the node's memory"])
+
+
+@pytest.mark.parametrize("change, key, fragments", [
+    ({"0.nodes": ["spark3"]}, "twinspark:lanes[0].nodes[0]", ["spark3", "the name of a node: spark1 or spark2"]),
+    ({"0.nodes": ["spark1", "spark1"]}, "twinspark:lanes[0].nodes[1]", ["each node once"]),
+    ({"1.model.servedName": "coder"}, "twinspark:lanes[1].model.servedName",
+     ["coder", "a name other than lanes[0]'s", "requests go to the lane"]),
+    ({"1.name": "coder"}, "twinspark:lanes[1].name", ["lanes[0].name"]),
+    ({"1.model.dir": "/home/nvidia/models/gpt-oss-120b"}, "twinspark:lanes[1].model.dir",
+     ["a directory other than lanes[0].model.dir: it holds openai/gpt-oss-120b"]),
+    ({"1.name": "Fast Lane"}, "twinspark:lanes[1].name", ["1 to 16 lowercase letters"]),
+    ({"1.nodes": ["spark1"]}, "twinspark:lanes", ["no lane on spark2", "every node in some lane's nodes"]),
+    ({"1.serving.port": 9000}, "twinspark:lanes[1].serving.port",
+     ["9000", "a lane key (recipe, profile", "serving.port is the stack's"]),
+    ({"1.serving.recipe": "DeepSeek-V4-Flash-0731"}, "twinspark:lanes[1].nodes",
+     ["1 nodes", "2 to 3 nodes, what serving.recipe DeepSeek-V4-Flash-0731 supports"]),
+    ({"1.serving.tensorParallel": 2}, "twinspark:lanes[1].serving.tensorParallel",
+     ["tensorParallel 2 × pipelineParallel 1 = 2 ranks on 1 nodes"]),
+    ({"1.serving.profile": "multiagent"}, "twinspark:lanes[1].serving.profile", ["one of recipe gpt-oss-120b's"]),
+])
+def test_a_lane_that_cannot_be_served_is_refused_by_its_own_key(change, key, fragments):
+    assert_refused(two_lanes(**change), key, fragments)
+
+
+def test_model_beside_lanes_and_neither_are_refused():
+    raw = two_lanes()
+    raw["model"] = copy.deepcopy(BASE["model"])
+    assert_refused(raw, "twinspark:model", ["no `model` beside `lanes`", "lanes[N].model"])
+    raw = copy.deepcopy(BASE)
+    del raw["model"]
+    assert_refused(raw, "twinspark:model", ["missing", "or `lanes`"])
