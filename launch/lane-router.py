@@ -3,13 +3,17 @@
 names (issue 41; the standard library only, as the image's python3 runs it).
 
     lane-router.py --listen /run/twinspark-router/router.sock \
-        --lane coder=/run/twinspark-vllm/coder.sock --lane fast=/run/twinspark-vllm/fast.sock \
+        --lane coder=/run/twinspark-vllm/coder.sock --lane fast=10.0.0.2:8001 \
         --drain-dir /run/twinspark-drain
+
+A lane is a unix socket (an engine on this node) or HOST:PORT (its gateway on another node, which
+checks the key again: the request's Authorization header goes through as it came).
 
 It sits behind the API gateway (nginx keeps the key, the limits, the path check and /health) on a
 unix socket. A request's `model` (the JSON body's top-level key) picks the lane whose engine serves
 that name, as that engine's own /v1/models lists it (read at start and again when a name is not
-known: a lane swapped to another model is found without a restart); a request without `model` goes
+known: a lane swapped to another model is found without a restart; asked with the key of the request
+being answered, as a lane's gateway wants one and the router keeps none); a request without `model` goes
 to the first lane, as vLLM serves its first name then. The request is passed on unchanged and the
 answer streamed back byte for byte (SSE included); a client that leaves closes the lane's
 connection, so vLLM aborts the request. `GET /v1/models` lists every lane's models. An unknown
@@ -137,16 +141,24 @@ def requested_model(request: Request) -> Optional[str]:
     return model if isinstance(model, str) and model else None
 
 
+async def open_lane(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A unix socket's path, or HOST:PORT."""
+    if address.startswith("/"):
+        return await asyncio.open_unix_connection(address)
+    host, _, port = address.rpartition(":")
+    return await asyncio.open_connection(host, int(port))
+
+
 class Router:
     def __init__(self, lanes: dict[str, str], drain_dir: Optional[str]):
-        self.lanes = lanes  # name -> the lane engine's socket, in the stack's order (the first: no `model`)
+        self.lanes = lanes  # name -> the lane's socket or HOST:PORT, in the stack's order (the first: no `model`)
         self.drain_dir = Path(drain_dir) if drain_dir else None
         self.models: dict[str, str] = {}  # served name -> lane
         self.listed: dict[str, list] = {}  # lane -> its /v1/models `data`
 
     # ---- the lanes' engines ------------------------------------------------------------------
     async def ask(self, lane: str, request: bytes) -> bytes:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.lanes[lane]), MODELS_TIMEOUT_S)
+        reader, writer = await asyncio.wait_for(open_lane(self.lanes[lane]), MODELS_TIMEOUT_S)
         try:
             writer.write(request)
             await writer.drain()
@@ -154,12 +166,15 @@ class Router:
         finally:
             writer.close()
 
-    async def refresh(self) -> None:
-        """Each lane's served names, from its engine's /v1/models (a lane that does not answer keeps
-        what it listed last)."""
+    async def refresh(self, authorization: Optional[str] = None) -> None:
+        """Each lane's served names, from its engine's /v1/models (a lane that does not answer, or
+        wants a key this request did not bring, keeps what it listed last)."""
+        key = f"Authorization: {authorization}\r\n" if authorization else ""
+        question = f"GET /v1/models HTTP/1.1\r\nHost: lane\r\n{key}Connection: close\r\n\r\n".encode("latin-1")
+
         async def one(lane: str) -> None:
             try:
-                answer = await self.ask(lane, b"GET /v1/models HTTP/1.1\r\nHost: lane\r\nConnection: close\r\n\r\n")
+                answer = await self.ask(lane, question)
                 status = int(answer.split(b" ", 2)[1])
                 data = json.loads(answer.split(b"\r\n\r\n", 1)[1]).get("data") if status == 200 else None
             except (OSError, ValueError, IndexError, asyncio.TimeoutError, AttributeError):
@@ -170,11 +185,11 @@ class Router:
         self.models = {entry["id"]: lane for lane in self.lanes for entry in self.listed.get(lane, [])
                        if isinstance(entry, dict) and isinstance(entry.get("id"), str)}
 
-    async def lane_for(self, model: Optional[str]) -> Optional[str]:
+    async def lane_for(self, model: Optional[str], authorization: Optional[str]) -> Optional[str]:
         if model is None:
             return next(iter(self.lanes))
         if model not in self.models:
-            await self.refresh()  # a lane swapped to another model since
+            await self.refresh(authorization)  # a lane swapped to another model since, or not yet asked
         return self.models.get(model)
 
     def drained(self, lane: str) -> bool:
@@ -191,12 +206,12 @@ class Router:
             if request is None:
                 return
             if request.method == "GET" and request.path.split("?")[0].rstrip("/") == "/v1/models":
-                await self.refresh()
+                await self.refresh(request.header("authorization"))
                 listed = [entry for lane in self.lanes for entry in self.listed.get(lane, [])]
                 writer.write(http_response(200, "OK", json.dumps({"object": "list", "data": listed}).encode()))
                 return
             model = requested_model(request)
-            lane = await self.lane_for(model)
+            lane = await self.lane_for(model, request.header("authorization"))
             if lane is None:
                 writer.write(unknown_model(request.path, model or ""))
                 return
@@ -217,7 +232,7 @@ class Router:
                     writer: asyncio.StreamWriter) -> None:
         """The request to the lane's engine, its answer back as it comes; either side closing ends both."""
         try:
-            up_reader, up_writer = await asyncio.open_unix_connection(self.lanes[lane])
+            up_reader, up_writer = await open_lane(self.lanes[lane])
         except OSError as err:
             body = {"error": {"message": f"lane {lane} is not serving: {err.strerror}", "type": "ServiceUnavailable",
                               "param": None, "code": 503}}
@@ -243,10 +258,12 @@ class Router:
 
 
 def parse_lane(value: str) -> tuple[str, str]:
-    name, sep, socket_path = value.partition("=")
-    if not sep or not name or not socket_path.startswith("/"):
-        raise argparse.ArgumentTypeError(f"--lane expects NAME=/absolute/socket/path, got {value!r}")
-    return name, socket_path
+    name, sep, address = value.partition("=")
+    host, colon, port = address.rpartition(":")
+    tcp = bool(colon and host and port.isdigit() and 0 < int(port) < 65536)
+    if not sep or not name or not (address.startswith("/") or tcp):
+        raise argparse.ArgumentTypeError(f"--lane expects NAME=/absolute/socket/path or NAME=HOST:PORT, got {value!r}")
+    return name, address
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -272,7 +289,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--listen", required=True, help="the unix socket the gateway proxies to")
     parser.add_argument("--lane", type=parse_lane, action="append", required=True,
-                        help="NAME=SOCKET: a lane's engine; the first also serves requests that name no model")
+                        help="NAME=SOCKET or NAME=HOST:PORT: a lane's engine or gateway; the first also serves "
+                        "requests that name no model")
     parser.add_argument("--drain-dir", help="while DIR/<lane> exists that lane answers 503")
     args = parser.parse_args(argv)
     names = [name for name, _ in args.lane]

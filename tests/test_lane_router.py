@@ -132,8 +132,50 @@ def test_a_lane_swapped_to_another_model_is_found_without_a_restart(router):
     assert call(router, "POST", "/v1/chat/completions", chat("gpt-oss-20b"))[0] == 404
 
 
+def test_a_lane_on_another_node_is_reached_through_its_gateway_with_the_requests_own_key(tmp_path):
+    """A lane's engine on another node sits behind that node's gateway, which checks the key again: the
+    router keeps no key, it passes the request's on, and learns that lane's models with it."""
+    local = Behaviour(api_key=None, model="qwen3-coder", decode_tok_s=200.0)
+    remote = Behaviour(api_key="sk-lane", model="gpt-oss-20b", decode_tok_s=200.0)
+    servers = [make_server(local, uds=str(tmp_path / "coder.sock")), make_server(remote, "127.0.0.1", 0)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    listen = tmp_path / "router.sock"
+    proc = subprocess.Popen([sys.executable, str(ROUTER), "--listen", str(listen),
+                             "--lane", f"coder={tmp_path / 'coder.sock'}",
+                             "--lane", f"fast=127.0.0.1:{servers[1].server_address[1]}"], stderr=subprocess.PIPE)
+    try:
+        wait_for(listen.exists, "the router listening", 10)
+        router = {"socket": str(listen)}
+
+        def ask(model, key):
+            conn = UnixConnection(str(listen))
+            headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(chat(model)), headers=headers)
+            reply = conn.getresponse()
+            return reply.status, json.loads(reply.read())
+
+        # without a key the remote lane's models are not known: the name is unknown to the router
+        assert ask("gpt-oss-20b", None)[0] == 404 and not remote.requests
+        status, body = ask("gpt-oss-20b", "sk-lane")
+        assert (status, body["model"]) == (200, "gpt-oss-20b")
+        assert ask("gpt-oss-20b", "sk-wrong")[0] == 401  # the lane's gateway refused it, not the router
+        assert ask("qwen3-coder", None)[0] == 200 and len(local.requests) == 1
+        conn = UnixConnection(router["socket"])
+        conn.request("GET", "/v1/models", headers={"Authorization": "Bearer sk-lane"})
+        assert [m["id"] for m in json.loads(conn.getresponse().read())["data"]] == ["qwen3-coder", "gpt-oss-20b"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
 @pytest.mark.parametrize("argv, says", [
-    (["--lane", "coder"], "--lane expects NAME=/absolute/socket/path, got 'coder'"),
+    (["--lane", "coder"], "--lane expects NAME=/absolute/socket/path or NAME=HOST:PORT, got 'coder'"),
+    (["--lane", "coder=10.0.0.2"], "got 'coder=10.0.0.2'"),
+    (["--lane", "coder=10.0.0.2:70000"], "got 'coder=10.0.0.2:70000'"),
     (["--lane", "a=/x.sock", "--lane", "a=/y.sock"], "--lane names must differ, got a, a"),
 ])
 def test_bad_lanes_are_refused_by_name(tmp_path, argv, says):
