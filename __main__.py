@@ -15,6 +15,7 @@ from components.config import Topology, load_secrets, load_stack_config, resolve
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe, fabric_check_args
 from components.firewall import firewall_policy
 from components.host_prep import HostPrep, HostPrepArgs
+from components.lanes import LaneFront, LaneParts, lane_front_args
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import CopySource, ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, guard_rank_flags, nccl_pairs
@@ -38,7 +39,7 @@ pulumi.runtime.register_stack_transformation(alias_renamed_nodes(cfg.nodes))  # 
 addresses = resolve_node_addresses(cfg.nodes)  # names, for the firewall: resolved before any resource
 topology = Topology(cfg, addresses)  # rail peers, Ray's addresses, NCCL's ring env, the copy's rails
 ssh = resolve_ssh_access(cfg)  # key, agent, host keys: checked before any resource exists
-secrets = load_secrets(hub_endpoint=cfg.model.hub_endpoint)  # the HF token goes only over https
+secrets = load_secrets(hub_endpoints=cfg.hub_endpoints)  # the HF token goes only over https
 receivers = alert_receivers(cfg.observability, secrets)  # Slack, ntfy, email, webhook: a half-set one refused here
 # an Input[str]: mypy types Output.secret(<an Output[str]>) as Output[Never]
 api_key: pulumi.Input[str] = secrets["apiKey"] or random.RandomPassword("api-key", length=48, special=False).result
@@ -86,9 +87,12 @@ after_fabric = pulumi.ResourceOptions(depends_on=fabric_checks)
 base_image = BaseImagePin("image-pin", BaseImagePinArgs(image=cfg.serving.image, platform=cfg.serving.platform,
                                                      connection=conns[head.name]),
                           opts=after_fabric)
-access = {n.name: NodeAccess(n.name, conns[n.name], topology.copy_rails(n) if n.role == "worker" else (),
-                             installations[n.name])
-          for n in cfg.nodes}
+access: dict[str, NodeAccess] = {}
+images: dict[str, ServingImage] = {}
+weights: dict[str, ModelWeights] = {}  # by lane
+readiness: list[Readiness] = []
+# one lane: the stack itself, every resource named as before; several: each a one-lane stack of its own
+lanes = [LaneParts(lane, cfg.lane_view(lane), cfg.several_lanes) for lane in cfg.served_lanes]
 
 
 def serving_image(n, ship_from=None) -> ServingImage:
@@ -108,140 +112,161 @@ def serving_image(n, ship_from=None) -> ServingImage:
     )
 
 
-# one serving image for the cluster: built on the head, shipped to each worker over the rail (with
-# the weight copy's sync key: its authorization opens for the ships too)
-images = {head.name: serving_image(head)}
-ships = {w.name: ShipFrom(head_name=head.name, head_connection=conns[head.name], image_name=images[head.name].image_name,
-                          image_id=images[head.name].image_id, to=f"{cfg.ssh.user}@{access[w.name].copy_ip}")
-         for w in cfg.workers}
-relays = {name: CopySource(access[source], rails) for name, (source, rails) in topology.weight_relays().items()}
-weights = ModelWeights(
-    "weights",
-    ModelWeightsArgs(
-        repo=cfg.model.repo,
-        revision=cfg.model_revision,
-        dir=cfg.model.dir,
-        downloader_image=base_image.reference,
-        ssh_user=cfg.ssh.user,
-        head=access[head.name],
-        workers=[access[w.name] for w in cfg.workers],
-        hf_token=hf_token,
-        tensor_parallel_size=cfg.tensor_parallel_size,
-        pipeline_parallel_size=cfg.pipeline_parallel_size,
-        gpu_memory_utilization=cfg.serving.gpu_memory_utilization,
-        hub_endpoint=cfg.model.hub_endpoint,
-        memory_fit=memory_fit_args(cfg.serving),
-        relays=relays,
-        copy_after=topology.weight_copy_queue(),
-        image_ships={name: ship.run(name) for name, ship in ships.items()},
-    ),
-    opts=after_fabric,
-)
-for w in cfg.workers:
-    images[w.name] = serving_image(w, replace(ships[w.name], peer_trust=weights.peer_trust[w.name]))
-weights.revoke_after({w.name: images[w.name].ship for w in cfg.workers})  # the sync keys' steps done: keys taken back
+for part in lanes:  # each lane's image and weights: on its head, copied to its workers
+    view, vtopology = part.view, Topology(part.view, addresses)
+    vhead = view.head
+    access.update({n.name: NodeAccess(n.name, conns[n.name], vtopology.copy_rails(n) if n.role == "worker" else (),
+                                      installations[n.name])
+                   for n in view.nodes})
+    # one serving image for the lane: built on its head, shipped to each worker over the rail (with
+    # the weight copy's sync key: its authorization opens for the ships too)
+    images[vhead.name] = serving_image(vhead)
+    ships = {w.name: ShipFrom(head_name=vhead.name, head_connection=conns[vhead.name],
+                              image_name=images[vhead.name].image_name, image_id=images[vhead.name].image_id,
+                              to=f"{cfg.ssh.user}@{access[w.name].copy_ip}")
+             for w in view.workers}
+    relays = {name: CopySource(access[source], rails) for name, (source, rails) in vtopology.weight_relays().items()}
+    weights[part.lane.name] = ModelWeights(
+        part.name("weights"),
+        ModelWeightsArgs(
+            repo=view.model.repo,
+            revision=view.model_revision,
+            dir=view.model.dir,
+            downloader_image=base_image.reference,
+            ssh_user=cfg.ssh.user,
+            head=access[vhead.name],
+            workers=[access[w.name] for w in view.workers],
+            hf_token=hf_token,
+            tensor_parallel_size=view.tensor_parallel_size,
+            pipeline_parallel_size=view.pipeline_parallel_size,
+            gpu_memory_utilization=view.serving.gpu_memory_utilization,
+            hub_endpoint=view.model.hub_endpoint,
+            memory_fit=memory_fit_args(view.serving),
+            relays=relays,
+            copy_after=vtopology.weight_copy_queue(),
+            image_ships={name: ship.run(name) for name, ship in ships.items()},
+        ),
+        opts=after_fabric,
+    )
+    for w in view.workers:
+        images[w.name] = serving_image(w, replace(ships[w.name], peer_trust=weights[part.lane.name].peer_trust[w.name]))
+    weights[part.lane.name].revoke_after({w.name: images[w.name].ship for w in view.workers})  # the sync keys' steps done
 # the platform gate: every node's facts, judged before the NCCL check and the containers
+lane_heads = {part.view.head.name for part in lanes}
 platform = PlatformFacts(
     "platform",
     PlatformFactsArgs(
-        nodes=[NodeFacts(n.name, conns[n.name], images[n.name].image_id, built_here=n.role == "head")
+        nodes=[NodeFacts(n.name, conns[n.name], images[n.name].image_id, built_here=n.name in lane_heads)
                for n in cfg.nodes],
         base_image=base_image.reference,
         acknowledged=cfg.platform.acknowledge,
     ),
 )
 gated_image = {n.name: platform.gated(images[n.name].image_id) for n in cfg.nodes}
-vllm = VllmServe(serving=cfg.serving, model=cfg.model, tensor_parallel_size=cfg.tensor_parallel_size,
-                 pipeline_parallel_size=cfg.pipeline_parallel_size)
-bundles = {
-    n.name: LaunchBundle(
-        f"{n.name}-bundle",
-        LaunchBundleArgs(
-            node=n,
-            connection=conns[n.name],
-            vllm=vllm,
-            fabric=topology.node_fabric(n),
-            ray_token=ray_token,
-            label_key=label_key,
-            api_key=api_key if n.role == "head" else None,
-        ),
-        opts=after_fabric,
+bundles: dict[str, LaunchBundle] = {}
+for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, guard and readiness wait
+    view, vtopology = part.view, Topology(part.view, addresses)
+    vhead = view.head
+    vllm = VllmServe(serving=view.serving, model=view.model, tensor_parallel_size=view.tensor_parallel_size,
+                     pipeline_parallel_size=view.pipeline_parallel_size)
+    for n in view.nodes:
+        bundles[n.name] = LaunchBundle(
+            f"{n.name}-bundle",
+            LaunchBundleArgs(
+                node=n,
+                connection=conns[n.name],
+                vllm=vllm,
+                fabric=vtopology.node_fabric(n),
+                ray_token=ray_token,
+                label_key=label_key,
+                api_key=api_key if n.role == "head" else None,
+            ),
+            opts=after_fabric,
+        )
+    nccl_args = NcclCheckArgs(
+        ranks=[NcclRank(n.name, conns[n.name], gated_image[n.name], bundles[n.name].env_hash) for n in view.nodes],
+        master_ip=vtopology.head_ray_ip,
+        min_bus_bandwidth_gbps=cfg.fabric.min_bus_bandwidth_gbps,
+        pairs=nccl_pairs(vtopology),  # three nodes or more: each link first
+        join_timeout_s=cfg.fabric.nccl_join_timeout_seconds,
     )
-    for n in cfg.nodes
-}
-nccl_args = NcclCheckArgs(
-    ranks=[
-        NcclRank(n.name, conns[n.name], gated_image[n.name], bundles[n.name].env_hash)
-        for n in [head, *cfg.workers]
-    ],
-    master_ip=topology.head_ray_ip,
-    min_bus_bandwidth_gbps=cfg.fabric.min_bus_bandwidth_gbps,
-    pairs=nccl_pairs(topology),  # three nodes or more: each link first
-    join_timeout_s=cfg.fabric.nccl_join_timeout_seconds,
-)
-nccl = NcclCheck("nccl", nccl_args, opts=pulumi.ResourceOptions(depends_on=[*images.values(), *bundles.values()]))
-cluster = ServingCluster(
-    "serving",
-    ServingClusterArgs(
-        nodes=[
-            NodeServingArgs(
-                node_name=n.name,
-                role=n.role,
-                provider=images[n.name].provider,
-                image_id=gated_image[n.name],
-                bundle_hash=bundles[n.name].content_hash,
-                ready_after=[bundles[n.name], weights, nccl],
-                installation=installations[n.name],
-                gateway_hash=bundles[n.name].gateway_hash,
-                executor=cfg.serving.executor,
-            )
-            for n in cfg.nodes
-        ],
-        model_dir=cfg.model.dir,
-        model_container_dir=cfg.model.container_dir,
-    ),
-)
-if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the head's host
-    # what the guard runs when the fabric fails while serving: every node's fabric check and NCCL rank
-    requalify = FabricRequalify(
-        "requalify",
-        requalify_args(cfg, topology, conns, ssh.host_keys,
-                       fabric_flags={name: fabric_check_args(args) for name, args in fabric_args.items()},
-                       nccl_flags={r.name: guard_rank_flags(nccl_args, r.name) for r in nccl_args.ranks},
-                       release={n.name: release_argv(n.name) for n in cfg.nodes}),
-        opts=pulumi.ResourceOptions(depends_on=[nccl]))
-    ServingGuard(
-        f"{head.name}-guard",
-        ServingGuardArgs(
-            head_name=head.name,
-            connection=conns[head.name],
-            port=cfg.serving.port,
-            node_names=[n.name for n in cfg.nodes],
-            config=cfg.serving.guard,
-            tool_parser=cfg.serving.recipe_spec.canary_tool_parser,
-            rails=[(r.iface, r.hca) for r in head.rails],
-            rail_speed_mbps=cfg.fabric.link_speed_mbps,
-            rail_mtu=cfg.fabric.mtu,
+    # a lane on one node beside others has no fabric of its own to check (one stack's one lane keeps its check)
+    fabric_used = view.world_size > 1 or not cfg.several_lanes
+    checks = [NcclCheck(part.name("nccl"), nccl_args,
+                        opts=pulumi.ResourceOptions(depends_on=[*(images[n.name] for n in view.nodes),
+                                                                *(bundles[n.name] for n in view.nodes)]))] \
+        if fabric_used else []
+    cluster = ServingCluster(
+        part.name("serving"),
+        ServingClusterArgs(
+            nodes=[
+                NodeServingArgs(
+                    node_name=n.name,
+                    role=n.role,
+                    provider=images[n.name].provider,
+                    image_id=gated_image[n.name],
+                    bundle_hash=bundles[n.name].content_hash,
+                    ready_after=[bundles[n.name], weights[part.lane.name], *checks],
+                    installation=installations[n.name],
+                    gateway_hash=bundles[n.name].gateway_hash,
+                    executor=view.serving.executor,
+                )
+                for n in view.nodes
+            ],
+            model_dir=view.model.dir,
+            model_container_dir=view.model.container_dir,
         ),
-        # installed once the container it watches exists, and the checks it re-runs
-        opts=pulumi.ResourceOptions(depends_on=[cluster.head, cluster.gateway, requalify]),
     )
+    if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the lane head's host
+        watched: list[pulumi.Resource] = [cluster.head, cluster.gateway]
+        if fabric_used:
+            # what the guard runs when the fabric fails while serving: every node's fabric check and NCCL rank
+            watched.append(FabricRequalify(
+                part.name("requalify"),
+                requalify_args(view, vtopology, conns, ssh.host_keys,
+                               fabric_flags={n.name: fabric_check_args(fabric_args[n.name]) for n in view.nodes},
+                               nccl_flags={r.name: guard_rank_flags(nccl_args, r.name) for r in nccl_args.ranks},
+                               release={n.name: release_argv(n.name) for n in view.nodes}),
+                opts=pulumi.ResourceOptions(depends_on=checks)))
+        ServingGuard(
+            f"{vhead.name}-guard",
+            ServingGuardArgs(
+                head_name=vhead.name,
+                connection=conns[vhead.name],
+                port=view.serving.port,
+                node_names=[n.name for n in view.nodes],
+                config=cfg.serving.guard,
+                tool_parser=view.serving.recipe_spec.canary_tool_parser,
+                rails=[(r.iface, r.hca) for r in vhead.rails] if fabric_used else [],
+                rail_speed_mbps=cfg.fabric.link_speed_mbps,
+                rail_mtu=cfg.fabric.mtu,
+            ),
+            # installed once the container it watches exists, and the checks it re-runs
+            opts=pulumi.ResourceOptions(depends_on=watched),
+        )
+    readiness.append(Readiness(
+        part.name("readiness"),
+        ReadinessArgs(
+            head_name=vhead.name,
+            connection=conns[vhead.name],
+            port=view.serving.port,
+            served_name=view.model.served_name,
+            timeout_minutes=cfg.serving.readiness_timeout_minutes,
+            api_key=api_key,
+            serving=[cluster.head, cluster.gateway],
+        ),
+    ))
+if cfg.several_lanes:  # the head's one endpoint: its front gateway, and the router to each lane's gateway
+    LaneFront("lanes", lane_front_args(
+        cfg, topology, conns[head.name],
+        NodeServingArgs(node_name=head.name, role=head.role, provider=images[head.name].provider,
+                        image_id=gated_image[head.name], bundle_hash=bundles[head.name].content_hash, ready_after=[],
+                        installation=installations[head.name]),
+        label_key, after=readiness))
 # every node's recorder (an unclean boot explained, and held out of serving until re-qualified) and, where a
 # node has a `power` plug, the watch on the node after it that power-cycles it when it stops answering
 BoxRecovery("recovery", box_recovery_args(cfg, topology, conns),
             opts=pulumi.ResourceOptions(depends_on=list(host_preps.values())))
-Readiness(
-    "readiness",
-    ReadinessArgs(
-        head_name=head.name,
-        connection=conns[head.name],
-        port=cfg.serving.port,
-        served_name=cfg.model.served_name,
-        timeout_minutes=cfg.serving.readiness_timeout_minutes,
-        api_key=api_key,
-        serving=[cluster.head, cluster.gateway],
-    ),
-)
 
 if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the head, exporters on every node
     grafana_password = secrets["grafanaAdminPassword"] or random.RandomPassword(
@@ -267,21 +292,28 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
     pulumi.export("prometheusUrl", client.prometheus_url())
     pulumi.export("prometheusTunnel", client.prometheus_tunnel(cfg))
 
+# what clients are told: the first lane's model (one lane: the stack's) at the stack's one endpoint
+first, served = weights[lanes[0].lane.name], cfg.client_view(cfg.served_lanes[0])
 pulumi.export("endpoint", client.endpoint_url(cfg))
-pulumi.export("model", cfg.model.served_name)
-pulumi.export("recipe", cfg.serving.recipe)
-pulumi.export("executor", cfg.serving.executor)  # ops status: Ray's membership or mp's node ranks
-pulumi.export("memoryFit", weights.memory_fit)  # the estimate before the load (model-shape.py check)
-pulumi.export("modelRevision", weights.revision)  # the commit every node holds (model.revision or resolved once)
-pulumi.export("modelDir", cfg.model.dir)  # where every node holds it (ops verify-weights)
+pulumi.export("model", served.model.served_name)
+pulumi.export("recipe", served.serving.recipe)
+pulumi.export("executor", served.serving.executor)  # ops status: Ray's membership or mp's node ranks
+pulumi.export("memoryFit", first.memory_fit)  # the estimate before the load (model-shape.py check)
+pulumi.export("modelRevision", first.revision)  # the commit every node holds (model.revision or resolved once)
+pulumi.export("modelDir", served.model.dir)  # where every node holds it (ops verify-weights)
 pulumi.export("apiKey", pulumi.Output.secret(api_key))
 pulumi.export("healthUrl", client.endpoint_base(cfg) + "/health")
 pulumi.export("metricsUrl", client.endpoint_base(cfg) + "/metrics")
-pulumi.export("codexConfig", client.render_codex_config(cfg))
-pulumi.export("codexModelCatalog", client.render_codex_model_catalog(cfg))
-pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_claude_code_env(cfg, key)))
+pulumi.export("codexConfig", client.render_codex_config(served))
+pulumi.export("codexModelCatalog", client.render_codex_model_catalog(served))
+pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_claude_code_env(served, key)))
 pulumi.export("claudeCodeSettings", client.render_claude_code_settings())
-pulumi.export("openaiEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_openai_env(cfg, key)))
+pulumi.export("openaiEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_openai_env(served, key)))
+if cfg.several_lanes:  # each lane: its model, nodes and recipe (`twinspark status` and the clients, by lane)
+    pulumi.export("lanes", {part.lane.name: {"model": part.view.model.served_name, "recipe": part.view.serving.recipe,
+                                             "nodes": [n.name for n in part.lane.nodes],
+                                             "revision": weights[part.lane.name].revision}
+                            for part in lanes})
 pulumi.export("nodes", client.nodes_output(cfg, ssh.host_keys, topology))
 pulumi.export("fabric", client.fabric_output(cfg))
 pulumi.export("sshUser", cfg.ssh.user)

@@ -31,8 +31,12 @@ POWER_WATCHER = "its power watcher's Ray address"  # Topology.power_watcher: the
 COPY_SOURCE = "the copy's source, on each rail of the copy, while it runs"  # a set sync-weights.sh fills
 # Which nodes a flow reaches (Flow.to)
 EVERY_NODE, HEAD, WORKERS, PLUGGED = "every node", "the head", "the workers", "a node with a `power` plug"
+LANE_HEADS = "a worker that heads a lane"
 # When a flow exists (Flow.when): a config value names it
-ALWAYS, RAY, MP, OBSERVABILITY = "always", "serving.executor ray", "serving.executor mp", "observability.enabled"
+ALWAYS, OBSERVABILITY = "always", "observability.enabled"
+RAY = "serving.executor ray, a lane across nodes"  # the node's lane's executor (one lane: the stack's)
+MP = "serving.executor mp, a lane across nodes"
+SEVERAL_LANES = "several `lanes`"
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ FLOWS = (
          "the GPU exporter, scraped by the head's Prometheus"),
     Flow("weight-copy", (contract.WEIGHTS_SYNC_PORT,) * 2, WORKERS, COPY_SOURCE, ALWAYS,
          "the weight copy's rsync daemons (a secret per copy; the port shut again when the copy ends)"),
+    Flow("lane-gateway", (contract.LANE_GATEWAY_PORT,) * 2, LANE_HEADS, HEAD_RAY, SEVERAL_LANES,
+         "the lane's gateway, which the head's lane router hands the lane's requests to (the key checked again)"),
 )
 
 
@@ -100,8 +106,11 @@ def _applies(flow: Flow, node: Node, topology: Topology) -> bool:
         return False
     if flow.to == PLUGGED and (node.power is None or topology.power_watcher(node) is None):
         return False
-    return {ALWAYS: True, RAY: cfg.serving.executor == "ray", MP: cfg.serving.executor == "mp",
-            OBSERVABILITY: cfg.observability.enabled}[flow.when]
+    if flow.to == LANE_HEADS and (node.role == "head" or all(cfg.lane_head(lane) != node for lane in cfg.lanes_on(node))):
+        return False
+    executors = {lane.serving.executor for lane in cfg.lanes_on(node) if lane.world_size > 1}
+    return {ALWAYS: True, RAY: "ray" in executors, MP: "mp" in executors, OBSERVABILITY: cfg.observability.enabled,
+            SEVERAL_LANES: cfg.several_lanes}[flow.when]
 
 
 def _sources(flow: Flow, node: Node, topology: Topology) -> tuple[Optional[str], tuple[str, ...]]:

@@ -237,24 +237,49 @@ UNAUTHORIZED = "/.twinspark-unauthorized"
 DRAIN_RETRY_AFTER_S = 60  # a re-qualification takes about a minute
 
 
-def render_api_gateway_conf(port: int, drain_file: str = contract.DRAIN_FILE) -> str:
+@dataclass(frozen=True)
+class GatewayRole:
+    """What a gateway stands in front of: a lane's vLLM (its socket, the guard's drain, /metrics for
+    Prometheus), or with several lanes the head's front, in front of the lane router."""
+
+    conf: str = contract.API_GATEWAY_CONF
+    upstream: str = f"unix:{contract.VLLM_SOCKET}"
+    error_log: str = contract.API_GATEWAY_LOG
+    drain_file: Optional[str] = contract.DRAIN_FILE  # None: no drain here (each lane's gateway has its own)
+    metrics: bool = True  # vLLM's /metrics on the head's loopback
+
+
+FRONT = GatewayRole(contract.API_FRONT_CONF, f"127.0.0.1:{contract.LANE_ROUTER_PORT}", contract.API_FRONT_LOG,
+                    drain_file=None, metrics=False)
+
+
+def render_api_gateway_conf(port: int, role: GatewayRole = GatewayRole()) -> str:
     """nginx in front of vLLM: every path needs the key but /health, which says only up or down.
 
     The key map is written at container start by api-gateway.sh (from secrets.env, into a
     private tmpfs file), so this file holds no secret. vLLM listens on a Unix socket only the
     gateway's workers (group API_SOCKET_GROUP) can open; a request reaches it on the one path
-    that was checked ($uri, equal to the raw path once PLAIN_REQUEST_PATH holds).
+    that was checked ($uri, equal to the raw path once PLAIN_REQUEST_PATH holds). The front (several
+    lanes) is the same gateway in front of the router, which hands each request to its lane's gateway.
     """
     run, temp = contract.API_GATEWAY_RUN_DIR, contract.API_GATEWAY_TEMP_DIR
     refuse_odd_paths = "if ($twinspark_plain_path = 0) { return 404; }"
     # the serving guard's drain (contract.DRAIN_FILE, the folder mounted read-only): checked per request
-    drain = f"if (-f {drain_file}) {{ return 503; }}"
-    return f"""# {contract.API_GATEWAY_CONF} — rendered by twinspark; the API on serving.port ({port}).
+    drain = f"if (-f {role.drain_file}) {{ return 503; }}" if role.drain_file else ""
+    metrics = f"""
+    # Prometheus (on the head's network) reads vLLM's /metrics here, and nothing else
+    server {{
+        listen 127.0.0.1:{contract.METRICS_LOOPBACK_PORT};
+        {refuse_odd_paths}
+        location = /metrics {{ proxy_pass http://vllm/metrics; }}
+        location / {{ return 404; }}
+    }}""" if role.metrics else ""
+    return f"""# {role.conf} — rendered by twinspark; the API on serving.port ({port}).
 user nobody {contract.API_SOCKET_GROUP};  # the group that may open vLLM's socket
 worker_processes 2;
 worker_rlimit_nofile {2 * WORKER_CONNECTIONS + 1024};
 pid {run}/nginx.pid;
-error_log {contract.LOG_DIR}/{contract.API_GATEWAY_LOG} warn;
+error_log {contract.LOG_DIR}/{role.error_log} warn;
 events {{ worker_connections {WORKER_CONNECTIONS}; }}
 http {{
     access_log off;
@@ -288,7 +313,7 @@ http {{
     # A fresh connection per request (nginx's default, Connection: close): a kept-alive one can
     # be closed by uvicorn (5 s keep-alive) just as a request goes out on it, and nginx does not
     # retry a POST, so the client would get a 502.
-    upstream vllm {{ server unix:{contract.VLLM_SOCKET}; }}
+    upstream vllm {{ server {role.upstream}; }}
     server {{
         listen {port};
         listen [::]:{port};
@@ -330,14 +355,7 @@ http {{
             default_type application/json;
             return 401 '{{"error":"a valid API key is required (Authorization: Bearer ...)"}}\n';
         }}
-    }}
-    # Prometheus (on the head's network) reads vLLM's /metrics here, and nothing else
-    server {{
-        listen 127.0.0.1:{contract.METRICS_LOOPBACK_PORT};
-        {refuse_odd_paths}
-        location = /metrics {{ proxy_pass http://vllm/metrics; }}
-        location / {{ return 404; }}
-    }}
+    }}{metrics}
 }}
 """
 

@@ -43,9 +43,14 @@ BOOT_COMMON = "boot-common.sh"
 RAY_TOKEN_FILE = "ray-token"  # every node, mode 600: Ray's token authentication
 API_GATEWAY_SCRIPT = "api-gateway.sh"  # head: entrypoint of the API gateway container
 API_GATEWAY_CONF = "api-gateway.conf"  # head: nginx config (the key itself is added at start)
-# several models behind the gateway's one port: each request to the lane serving its `model`
-# (issue 41; built and measured, not yet installed by the program)
+# Several lanes (issue 41): the head's front gateway (nginx, the key) on serving.port hands every
+# request to the router on the head's loopback, which passes it to the gateway of the lane serving
+# its `model`: each lane's head runs the lane's own gateway (the key checked again) on this port.
 LANE_ROUTER_SCRIPT = "lane-router.py"
+API_FRONT_CONF = "api-front.conf"  # the head's front gateway's nginx config (several lanes)
+API_FRONT_LOG = "api-front.log"
+LANE_GATEWAY_PORT = 8101  # every lane head's gateway, when the stack serves several lanes
+LANE_ROUTER_PORT = 8102  # the router, on the head's loopback
 # inside the gateway container, a tmpfs of its own (mode 700): nginx's pid and the key map
 # (api-key.conf, mode 600), so the key never lands on a disk
 API_GATEWAY_RUN_DIR = "/run/twinspark-api-gateway"
@@ -217,7 +222,9 @@ NCCL_CHECK_CONTAINER = "twinspark-nccl-check"
 # One name on every node whatever its role: a role change replaces the node's container in
 # place (the old one stops first) instead of starting a second one beside it.
 SERVING_CONTAINER = "twinspark-serving"
-API_GATEWAY_CONTAINER = "twinspark-api-gateway"  # head only
+API_GATEWAY_CONTAINER = "twinspark-api-gateway"  # head only (several lanes: every lane's head)
+API_FRONT_CONTAINER = "twinspark-api-front"  # several lanes: the head's one endpoint
+LANE_ROUTER_CONTAINER = "twinspark-lane-router"  # several lanes: on the head
 
 
 # The recipe's docker options (§4), for the serving containers and NcclCheck's `docker run`.

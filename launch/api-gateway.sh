@@ -51,8 +51,11 @@ main() {
   mkdir -p "$TWINSPARK_LOG_DIR"
   write_key_map
   make_temp_dirs
-  log "API gateway: nginx with $TWINSPARK_API_GATEWAY_CONF (log: $TWINSPARK_LOG_DIR/$TWINSPARK_API_GATEWAY_LOG)"
-  exec nginx -e stderr -g 'daemon off;' -c "$BUNDLE/$TWINSPARK_API_GATEWAY_CONF"
+  # $1: another config of the bundle (several lanes: the head's front, api-front.conf)
+  local conf=${1:-$TWINSPARK_API_GATEWAY_CONF}
+  [[ $conf =~ ^[a-z-]+\.conf$ && -f $BUNDLE/$conf ]] || die "no gateway config $conf in $BUNDLE"
+  log "API gateway: nginx with $conf (log: $TWINSPARK_LOG_DIR/${conf%.conf}.log)"
+  exec nginx -e stderr -g 'daemon off;' -c "$BUNDLE/$conf"
 }
 
 main "$@"

@@ -2,7 +2,7 @@
 """lane-router.py — one endpoint, several models: each request to the lane serving the model it
 names (issue 41; the standard library only, as the image's python3 runs it).
 
-    lane-router.py --listen /run/twinspark-router/router.sock \
+    lane-router.py --listen 127.0.0.1:8102 \
         --lane coder=/run/twinspark-vllm/coder.sock --lane fast=10.0.0.2:8001 \
         --drain-dir /run/twinspark-drain
 
@@ -10,7 +10,7 @@ A lane is a unix socket (an engine on this node) or HOST:PORT (its gateway on an
 checks the key again: the request's Authorization header goes through as it came).
 
 It sits behind the API gateway (nginx keeps the key, the limits, the path check and /health) on a
-unix socket. A request's `model` (the JSON body's top-level key) picks the lane whose engine serves
+unix socket or the head's loopback. A request's `model` (the JSON body's top-level key) picks the lane whose engine serves
 that name, as that engine's own /v1/models lists it (read at start and again when a name is not
 known: a lane swapped to another model is found without a restart; asked with the key of the request
 being answered, as a lane's gateway wants one and the router keeps none); a request without `model` goes
@@ -141,12 +141,19 @@ def requested_model(request: Request) -> Optional[str]:
     return model if isinstance(model, str) and model else None
 
 
-async def open_lane(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+def address(value: str) -> tuple[str, int]:
+    """HOST:PORT -> (HOST, PORT); ValueError where it is not one."""
+    host, colon, port = value.rpartition(":")
+    if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(value)
+    return host, int(port)
+
+
+async def open_lane(lane: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A unix socket's path, or HOST:PORT."""
-    if address.startswith("/"):
-        return await asyncio.open_unix_connection(address)
-    host, _, port = address.rpartition(":")
-    return await asyncio.open_connection(host, int(port))
+    if lane.startswith("/"):
+        return await asyncio.open_unix_connection(lane)
+    return await asyncio.open_connection(*address(lane))
 
 
 class Router:
@@ -258,25 +265,41 @@ class Router:
 
 
 def parse_lane(value: str) -> tuple[str, str]:
-    name, sep, address = value.partition("=")
-    host, colon, port = address.rpartition(":")
-    tcp = bool(colon and host and port.isdigit() and 0 < int(port) < 65536)
-    if not sep or not name or not (address.startswith("/") or tcp):
+    name, sep, lane = value.partition("=")
+    if not sep or not name or not (lane.startswith("/") or is_address(lane)):
         raise argparse.ArgumentTypeError(f"--lane expects NAME=/absolute/socket/path or NAME=HOST:PORT, got {value!r}")
-    return name, address
+    return name, lane
+
+
+def is_address(value: str) -> bool:
+    try:
+        address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_listen(value: str) -> str:
+    if not (value.startswith("/") or is_address(value)):
+        raise argparse.ArgumentTypeError(f"--listen expects /absolute/socket/path or HOST:PORT, got {value!r}")
+    return value
 
 
 async def serve(args: argparse.Namespace) -> None:
     router = Router(dict(args.lane), args.drain_dir)
     await router.refresh()
-    listen = Path(args.listen)
-    listen.unlink(missing_ok=True)
-    old_umask = os.umask(0o007)  # the gateway's group reaches it, no one else (as vLLM's socket)
-    try:
-        server = await asyncio.start_unix_server(router.handle, str(listen), limit=HEAD_LIMIT)
-    finally:
-        os.umask(old_umask)
-    log(f"listening on {listen}: lanes {', '.join(f'{n} ({len(router.listed.get(n, []))} models)' for n in router.lanes)}")
+    if args.listen.startswith("/"):
+        listen = Path(args.listen)
+        listen.unlink(missing_ok=True)
+        old_umask = os.umask(0o007)  # the gateway's group reaches it, no one else (as vLLM's socket)
+        try:
+            server = await asyncio.start_unix_server(router.handle, str(listen), limit=HEAD_LIMIT)
+        finally:
+            os.umask(old_umask)
+    else:  # loopback: whoever reaches it still meets each lane's gateway, which checks the key
+        host, port = address(args.listen)
+        server = await asyncio.start_server(router.handle, host, port, limit=HEAD_LIMIT)
+    log(f"listening on {args.listen}: lanes {', '.join(f'{n} ({len(router.listed.get(n, []))} models)' for n in router.lanes)}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -287,7 +310,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--listen", required=True, help="the unix socket the gateway proxies to")
+    parser.add_argument("--listen", type=parse_listen, required=True,
+                        help="the unix socket or HOST:PORT the gateway proxies to")
     parser.add_argument("--lane", type=parse_lane, action="append", required=True,
                         help="NAME=SOCKET or NAME=HOST:PORT: a lane's engine or gateway; the first also serves "
                         "requests that name no model")

@@ -65,8 +65,11 @@ def test_two_lanes_one_per_node_take_their_recipes_values_and_the_stacks_serving
                             "applied to openai/gpt-oss-20b as they are; choose the recipe made for it if there is one "
                             "(see Models in docs/configuration.md)"]
     assert [cfg.node_memory_budget(n).model_share for n in cfg.nodes] == [0.45, 0.70]
+    # one node per lane, one lane per node: deployed once the dashboards are off
     [refusal] = _lanes_not_yet_deployed(cfg)
-    assert "twinspark:lanes: 2 lanes — expected one for now" in refusal
+    assert refusal.startswith("twinspark:observability.enabled: true with several lanes — expected false")
+    raw["observability"] = {"enabled": False}
+    assert _lanes_not_yet_deployed(parse_stack_config(raw)) == []
 
 
 def test_two_lanes_on_one_node_fit_together_or_are_refused_naming_the_node_and_both_shares():
@@ -76,6 +79,9 @@ def test_two_lanes_on_one_node_fit_together_or_are_refused_naming_the_node_and_b
     assert [lane.name for lane in cfg.lanes_on(spark1)] == ["coder", "fast"]
     budget = cfg.node_memory_budget(spark1)
     assert (budget.model_share, budget.cotenant_percent) == (0.85, 5)  # auto: half of what 0.85 + 5% leave
+    assert [p.split(" — ")[0] for p in _lanes_not_yet_deployed(cfg)] == [
+        "twinspark:lanes[1].nodes: 2 nodes", "twinspark:lanes: spark1 serves coder, fast",
+        "twinspark:observability.enabled: true with several lanes"]
     assert_refused(two_lanes(**{"1.nodes": ["spark1", "spark2"]}), "twinspark:lanes[1].serving.gpuMemoryUtilization",
                    ["spark1 holds lane coder 0.45 + lane fast 0.7", "shares that fit spark1 together",
                     "over 100% of the node's memory"])
@@ -110,3 +116,72 @@ def test_model_beside_lanes_and_neither_are_refused():
     raw = copy.deepcopy(BASE)
     del raw["model"]
     assert_refused(raw, "twinspark:model", ["missing", "or `lanes`"])
+
+
+def test_a_lanes_view_is_a_one_lane_stack_headed_where_its_gateway_runs():
+    raw = two_lanes()
+    raw["observability"] = {"enabled": False}
+    cfg = parse_stack_config(raw)
+    coder, fast = (cfg.lane_view(lane) for lane in cfg.served_lanes)
+    assert [(n.name, n.role) for n in coder.nodes] == [("spark1", "head")]
+    assert [(n.name, n.role) for n in fast.nodes] == [("spark2", "head")]  # the stack's worker heads its lane
+    assert (fast.model.served_name, fast.tensor_parallel_size, fast.serving.max_model_len) == ("fast", 1, 65536)
+    assert coder.serving.port == fast.serving.port == 8101 != cfg.serving.port  # behind the head's front
+    assert not fast.several_lanes and cfg.several_lanes
+    one = parse_stack_config(copy.deepcopy(BASE))
+    assert one.lane_view(one.only_lane) is one  # one lane: the stack itself, every resource as before
+
+
+# ---- the program: two lanes, one per node -----------------------------------------------------
+def lanes_stack_config():
+    from program_harness import stack_config
+
+    config = stack_config()
+    blocks = two_lanes()
+    del config["twinspark:model"]
+    config["twinspark:serving"] = blocks["serving"]
+    config["twinspark:lanes"] = blocks["lanes"]
+    config["twinspark:observability"] = {"enabled": False}
+    return config
+
+
+def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_router(program):
+    from program_harness import runner_call
+
+    run = program(lanes_stack_config())
+    assert run.error is None, run.error
+    for node, lane, model in (("spark1", "coder", "coder"), ("spark2", "fast", "fast")):
+        # each node heads its own lane: vLLM, its gateway on the lane port, its guard, its own weights
+        container = run.named(f"{node}-serving-container").inputs
+        assert container["entrypoints"] == ["/bin/bash", "/twinspark/boot-head.sh"], node
+        assert f"{node}-serving-gateway" in run.by_name and f"{node}-guard" in run.by_name
+        conf = runner_call(run.named(f"{node}-bundle-api-gateway-conf")).payload
+        assert "listen 8101;" in conf and "unix:/run/twinspark-vllm/vllm.sock" in conf
+        wait = runner_call(run.named(f"{node}-readiness-wait")).args
+        assert "http://127.0.0.1:8101" in wait and model in wait, wait
+        assert run.named(f"{lane}-weights").type == "twinspark:model_weights:ModelWeights"
+        launch = runner_call(run.named(f"{node}-bundle-launch-vllm-sh")).payload
+        assert f"--served-model-name {model}" in launch and "--tensor-parallel-size 1" in launch
+    assert not run.of_type("twinspark:nccl_check:NcclCheck"), "no fabric between single-node lanes to check"
+    # each lane head builds its own image and downloads its own weights: nothing is shipped or copied between lanes
+    names = [r.name for r in run.resources]
+    assert {"spark1-weights-fetch", "spark2-weights-fetch"} <= set(names)
+    assert not [n for n in names if n.endswith(("-image-ship", "-weights-sync", "-weights-sync-key"))], names
+    router = run.named("spark1-lane-router").inputs
+    assert router["entrypoints"][-4:] == ["--lane", "coder=127.0.0.1:8101", "--lane", "fast=10.0.0.2:8101"]
+    assert router["user"] == "nobody"
+    front = run.named("spark1-api-front").inputs
+    assert front["entrypoints"] == ["/bin/bash", "/twinspark/api-gateway.sh", "api-front.conf"]
+    front_conf = runner_call(run.named("spark1-lanes-api-front-conf")).payload
+    assert "listen 8000;" in front_conf and "server 127.0.0.1:8102;" in front_conf
+    # the worker's lane gateway is open to the head's rail address alone; the head's is on loopback
+    walls = {node: runner_call(run.named(f"{node}-hostprep-firewall")).payload for node in ("spark1", "spark2")}
+    assert 'iifname "enp1s0f0np0" ip saddr 10.0.0.1 tcp dport 8101 accept  # lane-gateway' in walls["spark2"]
+    assert "lane-gateway" not in walls["spark1"]
+    assert "ray-gcs" not in walls["spark1"] and "ray-workers" not in walls["spark2"]  # no lane spans the nodes
+    lanes = run.outputs["lanes"]["value"]
+    revisions = {lane: lanes[lane].pop("revision") for lane in lanes}  # each resolved on its own hub repository
+    assert all(len(r) == 40 for r in revisions.values()) and len(set(revisions.values())) == 2, revisions
+    assert lanes == {"coder": {"model": "coder", "recipe": "gpt-oss-120b", "nodes": ["spark1"]},
+                     "fast": {"model": "fast", "recipe": "gpt-oss-120b", "nodes": ["spark2"]}}
+    assert run.outputs["model"]["value"] == "coder" and run.outputs["endpoint"]["value"].endswith(":8000/v1")

@@ -313,7 +313,8 @@ def gateway_bundle(tmp_path, api_key, port, drain_file=contract.DRAIN_FILE):
     args = launch_bundle.LaunchBundleArgs(HEAD, None, vllm, fabric, "token", "label-key", api_key)
     (bundle / contract.ENV_FILE).write_text(launch_bundle.render_env_file(args))
     (bundle / contract.SECRETS_FILE).write_text(launch_bundle.render_secrets_env(api_key))
-    (bundle / contract.API_GATEWAY_CONF).write_text(launch_bundle.render_api_gateway_conf(port, str(drain_file)))
+    role = launch_bundle.GatewayRole(drain_file=str(drain_file))
+    (bundle / contract.API_GATEWAY_CONF).write_text(launch_bundle.render_api_gateway_conf(port, role))
     (bundle / "upstream.py").write_text(RECORDING_UPSTREAM)
     return bundle
 

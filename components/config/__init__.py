@@ -25,7 +25,7 @@ from .errors import NAMESPACE, config_error, format_key_path
 from .loading import load_stack_config, parse_stack_config, stack_config_keys, stack_file_config
 from .node_addresses import resolve_node_addresses
 from .parameter_table import parameter_table
-from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, StackConfig, shape_rules
+from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, ServedLane, StackConfig, shape_rules
 from .topology import CopyRail, Link, NodeFabric, Topology
 from .secret_keys import _checked_secrets, load_secrets
 from .values import DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK
@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_HUB_ENDPOINT", "FLAGS_NOT_IN_EXTRA_ARGS", "NAMESPACE", "OPTIONAL_STRUCTURED_KEYS", "SERVING_IMAGE_LOCK",
     "STRUCTURED_KEYS", "AlertEmail", "ConfigBlock", "ModelConfig", "Node", "Observability", "PowerWatch", "Serving",
     "ServingGuard",
+    "ServedLane",
     "StackConfig", "_checked_secrets", "config_error", "format_key_path", "load_secrets", "load_stack_config", "parameter_table",
     "parse_stack_config", "resolve_node_addresses", "shape_rules", "stack_config_keys", "stack_file_config",
 ]

@@ -154,10 +154,17 @@ def _plug_url_problems(cfg: StackConfig) -> list[str]:
 
 
 def _lanes_not_yet_deployed(cfg: StackConfig) -> list[str]:
-    """Several lanes validate (the config, the memory of every node's lanes together) but are not deployed yet:
-    refused before any resource rather than half-built (issue 41 in progress)."""
-    if len(cfg.served_lanes) < 2:
+    """What the config allows for several lanes but this version does not deploy yet (issue 41 in progress):
+    refused before any resource rather than half-built. Deployed: one node per lane, one lane per node."""
+    if not cfg.several_lanes:
         return []
-    return [f"{NAMESPACE}:lanes: {len(cfg.served_lanes)} lanes — expected one for now: this version checks a config "
-            "of several lanes but does not yet deploy their engines, router and guards (see Several models in "
-            "docs/architecture.md); serve one lane (`model` and `serving`, or a single entry in `lanes`)"]
+    problems = [f"{NAMESPACE}:lanes[{i}].nodes: {len(lane.nodes)} nodes — expected one node per lane for now: a "
+                "lane across nodes (its own Ray cluster and NCCL check) beside another lane is not deployed yet"
+                for i, lane in enumerate(cfg.served_lanes) if len(lane.nodes) > 1]
+    problems += [f"{NAMESPACE}:lanes: {node.name} serves {', '.join(lane.name for lane in cfg.lanes_on(node))} — "
+                 "expected one lane per node for now: two engines on one node are not deployed yet"
+                 for node in cfg.nodes if len(cfg.lanes_on(node)) > 1]
+    if cfg.observability.enabled:
+        problems.append(f"{NAMESPACE}:observability.enabled: true with several lanes — expected false for now: the "
+                        "dashboards and scrapes are one lane's (dashboards by lane are not built yet)")
+    return problems

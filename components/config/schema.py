@@ -130,7 +130,7 @@ class StackConfig(ConfigBlock):
         (validated as one `serving` block, so the lane's recipe fills what neither sets)."""
         if not isinstance(data, dict) or not isinstance(data.get("lanes"), list):
             return data
-        stack = data.get("serving") if isinstance(data.get("serving"), dict) else {}
+        stack = data["serving"] if isinstance(data.get("serving"), dict) else {}
         lanes = []
         for i, lane in enumerate(data["lanes"]):
             own = lane.get("serving", {}) if isinstance(lane, dict) else None
@@ -204,6 +204,37 @@ class StackConfig(ConfigBlock):
     def warnings(self) -> list[str]:
         """Every lane's allowed-but-said choices (a recipe on another repository, PP unproven, remote code unpinned)."""
         return [w for lane in self.served_lanes for w in lane.warnings]
+
+    @property
+    def several_lanes(self) -> bool:
+        return len(self.served_lanes) > 1
+
+    def lane_head(self, lane: ServedLane) -> Node:
+        """Where the lane's engine and gateway run: the stack's head when the lane has it, else its first node."""
+        return self.head if self.head in lane.nodes else lane.nodes[0]
+
+    def lane_view(self, lane: ServedLane) -> "StackConfig":
+        """The stack as the lane's engine sees it: its nodes (its head the head), model and serving; with several
+        lanes its gateway on contract.LANE_GATEWAY_PORT, behind the head's front. One lane: the stack itself."""
+        if not self.several_lanes:
+            return self
+        head = self.lane_head(lane)
+        nodes = [n.model_copy(update={"role": "head" if n == head else "worker"}) for n in lane.nodes]
+        serving = lane.serving.model_copy(update={"port": contract.LANE_GATEWAY_PORT})
+        return self.model_copy(update={"nodes": [nodes[lane.nodes.index(head)], *(n for n in nodes if n.role == "worker")],
+                                       "single_model": lane.model, "serving": serving, "lanes": None})
+
+    def client_view(self, lane: ServedLane) -> "StackConfig":
+        """The stack as a client of `lane` sees it: every node, the lane's model and serving at serving.port."""
+        if not self.several_lanes:
+            return self
+        return self.model_copy(update={"single_model": lane.model, "lanes": None,
+                                       "serving": lane.serving.model_copy(update={"port": self.serving.port})})
+
+    @property
+    def hub_endpoints(self) -> dict[str, str]:
+        """Each lane's model.hubEndpoint, by its key (where the HF token goes)."""
+        return {lane.key("model.hubEndpoint"): lane.model.hub_endpoint for lane in self.served_lanes}
 
     def lanes_on(self, node: Node) -> list[ServedLane]:
         return [lane for lane in self.served_lanes if node in lane.nodes]

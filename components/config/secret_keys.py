@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import string
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
 import pulumi
 from pulumi.runtime import config as runtime_config
@@ -81,21 +81,23 @@ def secret_problem(key: str, value: str) -> Optional[str]:
 
 
 def load_secrets(config: Optional[pulumi.Config] = None,
-                 hub_endpoint: str = DEFAULT_HUB_ENDPOINT) -> dict[str, Optional[pulumi.Output[str]]]:
+                 hub_endpoints: Optional[Mapping[str, str]] = None) -> dict[str, Optional[pulumi.Output[str]]]:
     """Every secret key, validated and wrapped as a secret at once; None where unset.
-    `hub_endpoint` (model.hubEndpoint): where the HF token goes, which must be https."""
-    values = _checked_secrets(config or pulumi.Config(NAMESPACE), hub_endpoint)
+    `hub_endpoints` (each lane's model.hubEndpoint, by its key): where the HF token goes, which must be https."""
+    values = _checked_secrets(config or pulumi.Config(NAMESPACE), hub_endpoints)
     return {key: None if value is None else pulumi.Output.secret(value) for key, value in values.items()}
 
 
-def _checked_secrets(config: pulumi.Config, hub_endpoint: str = DEFAULT_HUB_ENDPOINT) -> dict[str, Optional[str]]:
+def _checked_secrets(config: pulumi.Config, hub_endpoints: Optional[Mapping[str, str]] = None) -> dict[str, Optional[str]]:
     """The plain values, for load_secrets only: refused unless valid, warned about if stored plain."""
     values, problems = {}, []
-    if config.get("hfToken") is not None and not hub_endpoint.startswith("https://"):
-        # huggingface_hub sends it as a header on every request to the endpoint
-        problems.append(f"{NAMESPACE}:hfToken: set, and twinspark:model.hubEndpoint is {hub_endpoint}: the token "
-                        "would cross the network in the clear — expected an https:// model.hubEndpoint (or no "
-                        "hfToken, for a mirror that needs none)")
+    endpoints = hub_endpoints or {"model.hubEndpoint": DEFAULT_HUB_ENDPOINT}
+    for key, hub_endpoint in endpoints.items():
+        if config.get("hfToken") is not None and not hub_endpoint.startswith("https://"):
+            # huggingface_hub sends it as a header on every request to the endpoint
+            problems.append(f"{NAMESPACE}:hfToken: set, and {NAMESPACE}:{key} is {hub_endpoint}: the token "
+                            f"would cross the network in the clear — expected an https:// {key} (or no "
+                            "hfToken, for a mirror that needs none)")
     for key in SECRET_KEYS:
         values[key] = value = config.get(key)
         if value is not None and (problem := secret_problem(key, value)):
