@@ -15,7 +15,7 @@ from components.config import Topology, load_secrets, load_stack_config, resolve
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe, fabric_check_args
 from components.firewall import firewall_policy
 from components.host_prep import HostPrep, HostPrepArgs
-from components.lanes import LaneFront, LaneParts, lane_front_args
+from components.lanes import lane_addresses, lane_parts
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import CopySource, ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, guard_rank_flags, nccl_pairs
@@ -92,7 +92,7 @@ images: dict[str, ServingImage] = {}
 weights: dict[str, ModelWeights] = {}  # by lane
 readiness: list[Readiness] = []
 # one lane: the stack itself, every resource named as before; several: each a one-lane stack of its own
-lanes = [LaneParts(lane, cfg.lane_view(lane), cfg.several_lanes) for lane in cfg.served_lanes]
+lanes = lane_parts(cfg)
 
 
 def serving_image(n, ship_from=None) -> ServingImage:
@@ -180,6 +180,7 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
                 ray_token=ray_token,
                 label_key=label_key,
                 api_key=api_key if n.role == "head" else None,
+                front_port=cfg.serving.port if cfg.several_lanes and n == head else None,
             ),
             opts=after_fabric,
         )
@@ -215,6 +216,9 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
             ],
             model_dir=view.model.dir,
             model_container_dir=view.model.container_dir,
+            several_lanes=cfg.several_lanes,
+            router_lanes=lane_addresses(cfg, topology) if cfg.several_lanes and vhead == head else (),
+            front_after=list(readiness),  # the other lanes' (the head's lane comes last)
         ),
     )
     if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the lane head's host
@@ -256,13 +260,6 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
             serving=[cluster.head, cluster.gateway],
         ),
     ))
-if cfg.several_lanes:  # the head's one endpoint: its front gateway, and the router to each lane's gateway
-    LaneFront("lanes", lane_front_args(
-        cfg, topology, conns[head.name],
-        NodeServingArgs(node_name=head.name, role=head.role, provider=images[head.name].provider,
-                        image_id=gated_image[head.name], bundle_hash=bundles[head.name].content_hash, ready_after=[],
-                        installation=installations[head.name]),
-        label_key, after=readiness))
 # every node's recorder (an unclean boot explained, and held out of serving until re-qualified) and, where a
 # node has a `power` plug, the watch on the node after it that power-cycles it when it stops answering
 BoxRecovery("recovery", box_recovery_args(cfg, topology, conns),
@@ -274,7 +271,8 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
     Observability(
         "observability",
         ObservabilityArgs(
-            plan=plan_from_config(cfg, alertmanager=receivers is not None, topology=topology),
+            # several lanes: the head's lane's engine (dashboards by lane are not built yet)
+            plan=plan_from_config(cfg.client_view(cfg.head_lane), alertmanager=receivers is not None, topology=topology),
             access={n.name: ObservedAccess(n.name, conns[n.name], images[n.name].provider, installations[n.name])
                     for n in cfg.nodes},
             grafana_admin_password=grafana_password,
@@ -292,8 +290,8 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
     pulumi.export("prometheusUrl", client.prometheus_url())
     pulumi.export("prometheusTunnel", client.prometheus_tunnel(cfg))
 
-# what clients are told: the first lane's model (one lane: the stack's) at the stack's one endpoint
-first, served = weights[lanes[0].lane.name], cfg.client_view(cfg.served_lanes[0])
+# what clients are told: the head's lane's model (one lane: the stack's) at the stack's one endpoint
+first, served = weights[cfg.head_lane.name], cfg.client_view(cfg.head_lane)
 pulumi.export("endpoint", client.endpoint_url(cfg))
 pulumi.export("model", served.model.served_name)
 pulumi.export("recipe", served.serving.recipe)

@@ -1,35 +1,24 @@
-"""Lanes (issue 41): each lane's resources, and the head's one endpoint in front of several lanes.
+"""Lanes (issue 41): each lane's view of the stack and its resources' names, and where the router finds them.
 
 A stack serves one lane, as it always did (its resources named as before), or several: then each
 lane is a one-lane stack of its own (StackConfig.lane_view: its nodes, model and serving, its head
-the stack's head where the lane has it) whose gateway listens on contract.LANE_GATEWAY_PORT, its
-resources named `{lane}-...`, and the head runs LaneFront:
-
-- the lane router (launch/lane-router.py) in a container of its own, as nobody, on the head's
-  loopback (contract.LANE_ROUTER_PORT): each request to the gateway of the lane serving the
-  `model` it names, the head's own lane on loopback and another node's over the first rail (the
-  `lane-gateway` flow of the firewall admits the head's address alone);
-- the front gateway on serving.port: the lane gateways' nginx and key check, in front of the router.
-
-Every lane's gateway checks the key again, so the router holds no secret and nothing reaches an
-engine on the router's word alone.
+the stack's head where the lane has it) whose gateway listens on contract.LANE_GATEWAY_PORT. The head's
+lane keeps the stack's resource names (a stack that takes on a second lane downloads nothing again on
+the head); another lane's are `{lane}-...`. On the head (components/serving_cluster.py) the lane router
+(launch/lane-router.py; its own container, as nobody, on loopback LANE_ROUTER_PORT) hands each request
+to the gateway of the lane serving the `model` it names, and the stack's gateway on serving.port is
+its front (the same nginx and key check). Every lane's gateway checks the key again, so the router
+holds no secret and nothing reaches an engine on the router's word alone; a worker's lane gateway
+admits the head's rail address alone (the firewall's `lane-gateway` flow).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
-
-import pulumi
-import pulumi_docker as docker
-from pulumi_command import remote as pulumi_remote
 
 from core import contract
 
 from .config import ServedLane, StackConfig, Topology
-from .launch_bundle import FRONT, bundle_file, render_api_gateway_conf
-from .remote import files_hash, launch_file, managed_file_commands
-from .serving_cluster import NodeServingArgs, common_args
 
 
 @dataclass(frozen=True)
@@ -38,10 +27,17 @@ class LaneParts:
 
     lane: ServedLane
     view: StackConfig
-    several: bool  # the stack serves several lanes: the lane's own resources carry its name
+    named: bool  # another lane than the head's, beside it: its own resources carry its name
 
     def name(self, resource: str) -> str:
-        return f"{self.lane.name}-{resource}" if self.several else resource
+        return f"{self.lane.name}-{resource}" if self.named else resource
+
+
+def lane_parts(cfg: StackConfig) -> list[LaneParts]:
+    """Every lane, the head's last (its front waits for the others to serve)."""
+    head = cfg.head_lane
+    parts = [LaneParts(lane, cfg.lane_view(lane), lane != head) for lane in cfg.served_lanes]
+    return sorted(parts, key=lambda part: not part.named)
 
 
 def lane_addresses(cfg: StackConfig, topology: Topology) -> list[tuple[str, str]]:
@@ -50,60 +46,3 @@ def lane_addresses(cfg: StackConfig, topology: Topology) -> list[tuple[str, str]
         head = cfg.lane_head(lane)
         return "127.0.0.1" if head == cfg.head else topology.ray_ip(head)
     return [(lane.name, f"{host(lane)}:{contract.LANE_GATEWAY_PORT}") for lane in cfg.served_lanes]
-
-
-def router_argv(lanes: Sequence[tuple[str, str]]) -> list[str]:
-    return ["python3", f"{contract.CONTAINER_BUNDLE_DIR}/{contract.LANE_ROUTER_SCRIPT}",
-            "--listen", f"127.0.0.1:{contract.LANE_ROUTER_PORT}",
-            *(arg for name, at in lanes for arg in ("--lane", f"{name}={at}"))]
-
-
-@dataclass(frozen=True)
-class LaneFrontArgs:
-    head: NodeServingArgs  # the head's image, provider and installation (its bundle already holds the key)
-    connection: pulumi_remote.ConnectionArgs
-    port: int  # serving.port
-    lanes: Sequence[tuple[str, str]]  # lane_addresses
-    label_key: pulumi.Input[str]
-    after: Sequence[pulumi.Resource]  # every lane's readiness: the front opens once they serve
-
-
-def lane_front_args(cfg: StackConfig, topology: Topology, connection: pulumi_remote.ConnectionArgs,
-                    head: NodeServingArgs, label_key: pulumi.Input[str],
-                    after: Sequence[pulumi.Resource]) -> LaneFrontArgs:
-    return LaneFrontArgs(head, connection, cfg.serving.port, lane_addresses(cfg, topology), label_key, after)
-
-
-def front_files(args: LaneFrontArgs):
-    return [bundle_file(contract.API_FRONT_CONF, render_api_gateway_conf(args.port, FRONT), "0644"),
-            bundle_file(contract.LANE_ROUTER_SCRIPT, launch_file(contract.LANE_ROUTER_SCRIPT), "0755")]
-
-
-def router_container_args(args: LaneFrontArgs, label: pulumi.Input[str]) -> dict:
-    base = common_args(args.head, contract.LANE_ROUTER_SCRIPT, label, "SIGTERM")
-    return dict(base, name=contract.LANE_ROUTER_CONTAINER, entrypoints=router_argv(args.lanes), user="nobody")
-
-
-def front_container_args(args: LaneFrontArgs, label: pulumi.Input[str]) -> dict:
-    # SIGQUIT is nginx's graceful stop: open streams finish, new connections are refused
-    base = common_args(args.head, contract.API_GATEWAY_SCRIPT, label, "SIGQUIT")
-    return dict(base, name=contract.API_FRONT_CONTAINER, entrypoints=[*base["entrypoints"], contract.API_FRONT_CONF],
-                # the key map and nginx's pid on a tmpfs of the container's own: never on a disk
-                tmpfs={contract.API_GATEWAY_RUN_DIR: contract.API_GATEWAY_RUN_DIR_TMPFS})
-
-
-class LaneFront(pulumi.ComponentResource):
-    def __init__(self, name: str, args: LaneFrontArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("twinspark:lanes:LaneFront", name, None, opts)
-        head = args.head.node_name
-        files = front_files(args)
-        commands = managed_file_commands(head, "lanes", args.connection, files, parent=self,
-                                         depends_on=list(args.after))
-        label = files_hash(files, key=args.label_key)
-        placed = pulumi.ResourceOptions(parent=self, provider=args.head.provider, depends_on=commands,
-                                        delete_before_replace=True, replace_with=[args.head.installation])
-        self.router = docker.Container(f"{head}-lane-router", **router_container_args(args, label), opts=placed)
-        self.front = docker.Container(f"{head}-api-front", **front_container_args(args, label),
-                                      opts=pulumi.ResourceOptions.merge(placed, pulumi.ResourceOptions(
-                                          depends_on=[self.router])))
-        self.register_outputs({})

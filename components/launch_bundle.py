@@ -93,6 +93,7 @@ class LaunchBundleArgs:
     ray_token: pulumi.Input[str]
     label_key: pulumi.Input[str]  # keys the content hashes (secret)
     api_key: Optional[pulumi.Input[str]]  # the head's secrets.env; None on workers
+    front_port: Optional[int] = None  # several lanes, the stack's head: serving.port, the front gateway's (and the router)
 
 
 def vllm_serve_args(vllm: VllmServe, rank: Optional[MpRank] = None) -> list[list[str]]:
@@ -380,9 +381,13 @@ def gateway_files(args: LaunchBundleArgs) -> list[ManagedFile]:
     """The head's API gateway: its entrypoint, its nginx config and the key it checks."""
     assert args.api_key is not None  # the head's bundle alone has a gateway, and an API key
     secrets = pulumi.Output.secret(args.api_key).apply(render_secrets_env)
+    front = [bundle_file(contract.API_FRONT_CONF, render_api_gateway_conf(args.front_port, FRONT), "0644"),
+             bundle_file(contract.LANE_ROUTER_SCRIPT, launch_file(contract.LANE_ROUTER_SCRIPT), "0755")] \
+        if args.front_port else []
     return [
         bundle_file(contract.API_GATEWAY_SCRIPT, launch_file(contract.API_GATEWAY_SCRIPT), "0755"),
         bundle_file(contract.API_GATEWAY_CONF, render_api_gateway_conf(args.vllm.serving.port), "0644"),
+        *front,
         bundle_file(contract.SECRETS_FILE, secrets, "0600"),
     ]
 

@@ -64,6 +64,11 @@ class ServingClusterArgs:
     nodes: Sequence[NodeServingArgs]
     model_dir: str  # on the host
     model_container_dir: str
+    # several lanes (components/lanes.py): this lane's gateway is a lane gateway (LANE_GATEWAY_PORT, its own
+    # container name); the head's lane also runs the router and, as the stack's gateway, the front
+    several_lanes: bool = False
+    router_lanes: Sequence[tuple[str, str]] = ()  # the head's lane: (lane, HOST:PORT of its gateway) for the router
+    front_after: Sequence[pulumi.Resource] = ()  # the head's lane: the other lanes' readiness, before the front opens
 
 
 # vLLM's API socket: in the head's serving container, which creates it, and the API gateway,
@@ -127,16 +132,40 @@ def container_args(args: ServingClusterArgs, node: NodeServingArgs) -> dict:
     )
 
 
-def gateway_args(node: NodeServingArgs) -> dict:
-    """The head's API gateway: the serving image's nginx, nothing of the GPU."""
+def nginx_args(node: NodeServingArgs, volumes: Sequence[docker.ContainerVolumeArgs] = ()) -> dict:
+    """An API gateway: the serving image's nginx, nothing of the GPU."""
     assert node.gateway_hash is not None  # the head's bundle holds the gateway's files
     # SIGQUIT is nginx's graceful stop: open streams finish, new connections are refused
     gateway = common_args(node, contract.API_GATEWAY_SCRIPT, node.gateway_hash, "SIGQUIT")
-    # the serving guard's drain file, read-only: the guard alone writes it, on the host
-    drain = docker.ContainerVolumeArgs(host_path=contract.DRAIN_DIR, container_path=contract.DRAIN_DIR, read_only=True)
-    return dict(gateway, name=contract.API_GATEWAY_CONTAINER, volumes=[*gateway["volumes"], VLLM_SOCKET_VOLUME, drain],
+    return dict(gateway, name=contract.API_GATEWAY_CONTAINER, volumes=[*gateway["volumes"], *volumes],
                 # the key map and nginx's pid on a tmpfs of the container's own: never on a disk
                 tmpfs={contract.API_GATEWAY_RUN_DIR: contract.API_GATEWAY_RUN_DIR_TMPFS})
+
+
+def gateway_args(node: NodeServingArgs) -> dict:
+    """The head's API gateway in front of vLLM's socket."""
+    # the serving guard's drain file, read-only: the guard alone writes it, on the host
+    drain = docker.ContainerVolumeArgs(host_path=contract.DRAIN_DIR, container_path=contract.DRAIN_DIR, read_only=True)
+    return nginx_args(node, [VLLM_SOCKET_VOLUME, drain])
+
+
+def router_argv(lanes: Sequence[tuple[str, str]]) -> list[str]:
+    return ["python3", f"{contract.CONTAINER_BUNDLE_DIR}/{contract.LANE_ROUTER_SCRIPT}",
+            "--listen", f"127.0.0.1:{contract.LANE_ROUTER_PORT}",
+            *(arg for name, at in lanes for arg in ("--lane", f"{name}={at}"))]
+
+
+def router_args(head: NodeServingArgs, lanes: Sequence[tuple[str, str]]) -> dict:
+    """Several lanes: the lane router on the head's loopback, as nobody (it holds no secret)."""
+    assert head.gateway_hash is not None  # the head's bundle holds the router
+    base = common_args(head, contract.LANE_ROUTER_SCRIPT, head.gateway_hash, "SIGTERM")
+    return dict(base, name=contract.LANE_ROUTER_CONTAINER, entrypoints=router_argv(lanes), user="nobody")
+
+
+def front_args(head: NodeServingArgs) -> dict:
+    """Several lanes: the stack's gateway on serving.port, in front of the router (api-front.conf)."""
+    front = nginx_args(head)
+    return dict(front, entrypoints=[*front["entrypoints"], contract.API_FRONT_CONF])
 
 
 class ServingCluster(pulumi.ComponentResource):
@@ -145,13 +174,24 @@ class ServingCluster(pulumi.ComponentResource):
         self.workers = [self._container(args, node, []) for node in args.nodes if node.role == "worker"]
         head = next(n for n in args.nodes if n.role == "head")
         self.head = self._container(args, head, self.workers)
+
+        def placed(*after: pulumi.Resource) -> pulumi.ResourceOptions:
+            return pulumi.ResourceOptions(parent=self, provider=head.provider, depends_on=[*head.ready_after, *after],
+                                          delete_before_replace=True, replace_with=[head.installation])
+
         # independent of vLLM's restarts: clients get a 502 while it reloads, not a refused port
-        self.gateway = docker.Container(
-            f"{head.node_name}-serving-gateway",
-            **gateway_args(head),
-            opts=pulumi.ResourceOptions(parent=self, provider=head.provider, depends_on=list(head.ready_after),
-                                        delete_before_replace=True, replace_with=[head.installation]),
-        )
+        if not args.several_lanes:
+            self.gateway = docker.Container(f"{head.node_name}-serving-gateway", **gateway_args(head), opts=placed())
+        else:  # the lane's own gateway; the head's lane's the stack's gateway too, as the front of the router
+            self.gateway = docker.Container(f"{head.node_name}-lane-gateway",
+                                            **dict(gateway_args(head), name=contract.LANE_GATEWAY_CONTAINER),
+                                            opts=placed())
+            if args.router_lanes:
+                router = docker.Container(f"{head.node_name}-lane-router", **router_args(head, args.router_lanes),
+                                          opts=placed())
+                # the resource of the one-lane gateway (the same port): replaced in place when lanes come or go
+                docker.Container(f"{head.node_name}-serving-gateway", **front_args(head),
+                                 opts=placed(router, self.gateway, *args.front_after))
         self.register_outputs({"headContainerId": self.head.id})
 
     def _container(self, args: ServingClusterArgs, node: NodeServingArgs, after: list) -> docker.Container:

@@ -222,8 +222,8 @@ NCCL_CHECK_CONTAINER = "twinspark-nccl-check"
 # One name on every node whatever its role: a role change replaces the node's container in
 # place (the old one stops first) instead of starting a second one beside it.
 SERVING_CONTAINER = "twinspark-serving"
-API_GATEWAY_CONTAINER = "twinspark-api-gateway"  # head only (several lanes: every lane's head)
-API_FRONT_CONTAINER = "twinspark-api-front"  # several lanes: the head's one endpoint
+API_GATEWAY_CONTAINER = "twinspark-api-gateway"  # head only: on serving.port (several lanes: the router's front)
+LANE_GATEWAY_CONTAINER = "twinspark-lane-gateway"  # several lanes: every lane head's own, on LANE_GATEWAY_PORT
 LANE_ROUTER_CONTAINER = "twinspark-lane-router"  # several lanes: on the head
 
 

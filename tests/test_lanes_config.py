@@ -65,11 +65,8 @@ def test_two_lanes_one_per_node_take_their_recipes_values_and_the_stacks_serving
                             "applied to openai/gpt-oss-20b as they are; choose the recipe made for it if there is one "
                             "(see Models in docs/configuration.md)"]
     assert [cfg.node_memory_budget(n).model_share for n in cfg.nodes] == [0.45, 0.70]
-    # one node per lane, one lane per node: deployed once the dashboards are off
-    [refusal] = _lanes_not_yet_deployed(cfg)
-    assert refusal.startswith("twinspark:observability.enabled: true with several lanes — expected false")
-    raw["observability"] = {"enabled": False}
-    assert _lanes_not_yet_deployed(parse_stack_config(raw)) == []
+    assert _lanes_not_yet_deployed(cfg) == []  # one node per lane, one lane per node: deployed
+    assert cfg.head_lane == coder
 
 
 def test_two_lanes_on_one_node_fit_together_or_are_refused_naming_the_node_and_both_shares():
@@ -80,8 +77,7 @@ def test_two_lanes_on_one_node_fit_together_or_are_refused_naming_the_node_and_b
     budget = cfg.node_memory_budget(spark1)
     assert (budget.model_share, budget.cotenant_percent) == (0.85, 5)  # auto: half of what 0.85 + 5% leave
     assert [p.split(" — ")[0] for p in _lanes_not_yet_deployed(cfg)] == [
-        "twinspark:lanes[1].nodes: 2 nodes", "twinspark:lanes: spark1 serves coder, fast",
-        "twinspark:observability.enabled: true with several lanes"]
+        "twinspark:lanes[1].nodes: 2 nodes", "twinspark:lanes: spark1 serves coder, fast"]
     assert_refused(two_lanes(**{"1.nodes": ["spark1", "spark2"]}), "twinspark:lanes[1].serving.gpuMemoryUtilization",
                    ["spark1 holds lane coder 0.45 + lane fast 0.7", "shares that fit spark1 together",
                     "over 100% of the node's memory"])
@@ -119,9 +115,7 @@ def test_model_beside_lanes_and_neither_are_refused():
 
 
 def test_a_lanes_view_is_a_one_lane_stack_headed_where_its_gateway_runs():
-    raw = two_lanes()
-    raw["observability"] = {"enabled": False}
-    cfg = parse_stack_config(raw)
+    cfg = parse_stack_config(two_lanes())
     coder, fast = (cfg.lane_view(lane) for lane in cfg.served_lanes)
     assert [(n.name, n.role) for n in coder.nodes] == [("spark1", "head")]
     assert [(n.name, n.role) for n in fast.nodes] == [("spark2", "head")]  # the stack's worker heads its lane
@@ -141,7 +135,6 @@ def lanes_stack_config():
     del config["twinspark:model"]
     config["twinspark:serving"] = blocks["serving"]
     config["twinspark:lanes"] = blocks["lanes"]
-    config["twinspark:observability"] = {"enabled": False}
     return config
 
 
@@ -154,12 +147,15 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
         # each node heads its own lane: vLLM, its gateway on the lane port, its guard, its own weights
         container = run.named(f"{node}-serving-container").inputs
         assert container["entrypoints"] == ["/bin/bash", "/twinspark/boot-head.sh"], node
-        assert f"{node}-serving-gateway" in run.by_name and f"{node}-guard" in run.by_name
+        gateway = run.named(f"{node}-lane-gateway").inputs
+        assert gateway["name"] == "twinspark-lane-gateway" and f"{node}-guard" in run.by_name
         conf = runner_call(run.named(f"{node}-bundle-api-gateway-conf")).payload
         assert "listen 8101;" in conf and "unix:/run/twinspark-vllm/vllm.sock" in conf
         wait = runner_call(run.named(f"{node}-readiness-wait")).args
         assert "http://127.0.0.1:8101" in wait and model in wait, wait
-        assert run.named(f"{lane}-weights").type == "twinspark:model_weights:ModelWeights"
+        # the head's lane keeps the stack's names (its weights are not fetched again when a lane is added)
+        assert run.named("weights" if lane == "coder" else f"{lane}-weights").type == \
+            "twinspark:model_weights:ModelWeights"
         launch = runner_call(run.named(f"{node}-bundle-launch-vllm-sh")).payload
         assert f"--served-model-name {model}" in launch and "--tensor-parallel-size 1" in launch
     assert not run.of_type("twinspark:nccl_check:NcclCheck"), "no fabric between single-node lanes to check"
@@ -170,9 +166,14 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
     router = run.named("spark1-lane-router").inputs
     assert router["entrypoints"][-4:] == ["--lane", "coder=127.0.0.1:8101", "--lane", "fast=10.0.0.2:8101"]
     assert router["user"] == "nobody"
-    front = run.named("spark1-api-front").inputs
-    assert front["entrypoints"] == ["/bin/bash", "/twinspark/api-gateway.sh", "api-front.conf"]
-    front_conf = runner_call(run.named("spark1-lanes-api-front-conf")).payload
+    # the stack's gateway (the one-lane gateway's resource and container, replaced in place) fronts the router
+    front = run.named("spark1-serving-gateway")
+    assert front.inputs["entrypoints"] == ["/bin/bash", "/twinspark/api-gateway.sh", "api-front.conf"]
+    assert front.inputs["name"] == "twinspark-api-gateway" and not [
+        v for v in front.inputs.get("volumes", []) if v["hostPath"] in ("/run/twinspark-vllm", "/run/twinspark-drain")]
+    assert run.depends_on(front, "fast-readiness") and run.depends_on(front, "spark1-lane-router")
+    assert "spark2-serving-gateway" not in run.by_name
+    front_conf = runner_call(run.named("spark1-bundle-api-front-conf")).payload
     assert "listen 8000;" in front_conf and "server 127.0.0.1:8102;" in front_conf
     # the worker's lane gateway is open to the head's rail address alone; the head's is on loopback
     walls = {node: runner_call(run.named(f"{node}-hostprep-firewall")).payload for node in ("spark1", "spark2")}

@@ -213,6 +213,11 @@ class StackConfig(ConfigBlock):
         """Where the lane's engine and gateway run: the stack's head when the lane has it, else its first node."""
         return self.head if self.head in lane.nodes else lane.nodes[0]
 
+    @property
+    def head_lane(self) -> ServedLane:
+        """The lane the stack's head heads (every node is in a lane, and a lane with the head is headed there)."""
+        return next(lane for lane in self.served_lanes if self.lane_head(lane) == self.head)
+
     def lane_view(self, lane: ServedLane) -> "StackConfig":
         """The stack as the lane's engine sees it: its nodes (its head the head), model and serving; with several
         lanes its gateway on contract.LANE_GATEWAY_PORT, behind the head's front. One lane: the stack itself."""
