@@ -13,11 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from core import contract
 import sim_images
-from scenario_kit import (HEAD, ROOT, STACK, changes, completion, completion_status, containers, copy_again_args, flag,
+from scenario_kit import (HEAD, ROOT, STACK, WORKER, changes, completion, completion_status, containers, copy_again_args, flag,
                           guard_verdict, hub_commit, name_of, rails_throttled, recorder, serving_answers, sync_key_access,
                           urn_of,
                           vllm_argv, wait_for)
@@ -281,15 +282,18 @@ def test_an_upgrade_whose_canary_fails_is_rolled_back_by_digest_and_commit_thoug
     assert set(stack.up().summary) == {"same"}
 
 
-def test_a_profile_change_then_a_second_recipe_restart_vllm_with_their_flags_and_serve(cluster, stack, deployed,
-                                                                                       report):
+def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_their_flags_and_serve(
+        cluster, stack, deployed, report):
     """Two changes a user makes, each its own `up` and restart: the default recipe's `multiagent`
-    profile, then another recipe (gpt-oss-120b, at its only profile, `default`); one `up` back to
-    the default recipe at its default profile ends both (each change once returned alone: docs/
-    testing.md, "Moves")."""
+    profile, then another recipe (gpt-oss-120b, at its only profile, `default`) served as two lanes
+    (issue 41), one on each node behind the one endpoint: a request to each model answered by that
+    lane's engine, an unknown model refused with vLLM's 404; one `up` back to the default stack (one
+    lane across both, the default recipe at its default profile) ends both (each change once returned
+    alone: docs/testing.md, "Moves")."""
     from core import recipes
 
     second = recipes.recipe_named("gpt-oss-120b")
+    original = stack.config_file.read_text()
     assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"  # the default profile
     stack.set_config("serving.profile", "multiagent")
     try:
@@ -309,27 +313,53 @@ def test_a_profile_change_then_a_second_recipe_restart_vllm_with_their_flags_and
         outputs = stack.outputs()
         assert completion(outputs, outputs["apiKey"]).status_code == 200
 
-        stack.cli("config", "rm", "--path", "twinspark:serving.kvCacheDtype")  # the recipe's own
-        stack.set_config("serving.profile", "default")  # the second recipe's only one
-        stack.set_config("serving.recipe", second.name)
+        write_lanes(stack, second.name, {"coder": HEAD, "fast": WORKER})
         run = stack.up()
-        report["second_recipe_up_s"] = run.seconds
-        report["second_recipe_changes"] = changes(run)
-        argv = vllm_argv(cluster)
-        assert flag(argv, "--tool-call-parser") == second.vllm.tool_call_parser
-        assert flag(argv, "--reasoning-parser") == second.vllm.reasoning_parser
-        assert "--speculative-config" not in argv and "deepseek_v4" not in " ".join(argv)
+        report["second_recipe_lanes_up_s"] = run.seconds
+        report["second_recipe_lanes_changes"] = changes(run)
+        for node, model in ((HEAD, "sim-coder"), (WORKER, "sim-fast")):
+            argv = json.loads(cluster.node_exec(node, "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)["argv"]
+            assert flag(argv, "--served-model-name") == model and flag(argv, "--tensor-parallel-size") == "1", argv
+            assert flag(argv, "--tool-call-parser") == second.vllm.tool_call_parser
+            assert flag(argv, "--reasoning-parser") == second.vllm.reasoning_parser
+            assert "--speculative-config" not in argv and "deepseek_v4" not in " ".join(argv)
         assert changes(run).get("sim1-observability-dashboard-spec-decode") == "delete"  # it does not speculate
-        assert stack.outputs()["recipe"] == second.name
-        assert serving_answers(stack) == 200
+        outputs = stack.outputs()
+        assert outputs["recipe"] == second.name and sorted(outputs["lanes"]) == ["coder", "fast"]
+        key = {"Authorization": f"Bearer {outputs['apiKey']}"}
+        for model in ("sim-coder", "sim-fast"):  # each lane's own engine answers, through the one endpoint
+            answer = httpx.post(f"{outputs['endpoint']}/chat/completions", headers=key, timeout=30,
+                                json={"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+            assert (answer.status_code, answer.json().get("model")) == (200, model), answer.text
+        unknown = httpx.post(f"{outputs['endpoint']}/chat/completions", headers=key, timeout=30,
+                             json={"model": "no-such-model", "max_tokens": 8,
+                                   "messages": [{"role": "user", "content": "hi"}]})
+        assert (unknown.status_code, unknown.json()["error"]["type"]) == (404, "NotFoundError"), unknown.text
+        listed = httpx.get(f"{outputs['endpoint']}/models", headers=key, timeout=30).json()
+        assert [m["id"] for m in listed["data"]] == ["sim-coder", "sim-fast"], listed
+        assert httpx.get(f"{outputs['endpoint']}/models", timeout=30).status_code == 401  # the front checks the key
     finally:
-        stack.set_config("serving.recipe", recipes.DEFAULT_RECIPE)
-        stack.set_config("serving.profile", "default")
-        stack.set_config("serving.kvCacheDtype", "fp8_ds_mla")
-        stack.up()
+        stack.config_file.write_text(original)
+        back = stack.up()
+        report["lanes_back_to_one_up_s"] = back.seconds
     assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"
     assert serving_answers(stack) == 200
 
+
+def write_lanes(stack, recipe: str, placement: dict[str, str]) -> None:
+    """The stack file's `model` made one lane per node (`placement`: lane -> node), each serving the same
+    weights under the name sim-<lane>, with `recipe` at its default profile and its own KV dtype."""
+    import yaml
+
+    data = stack.stack_file()
+    config = data["config"]
+    model = config.pop("twinspark:model")
+    serving = config["twinspark:serving"]
+    serving.pop("kvCacheDtype", None)  # the recipe's own
+    serving.update(recipe=recipe, profile="default")
+    config["twinspark:lanes"] = [{"name": lane, "nodes": [node], "model": {**model, "servedName": f"sim-{lane}"}}
+                                 for lane, node in placement.items()]
+    stack.config_file.write_text(yaml.safe_dump(data, sort_keys=False))
 
 def test_a_key_rotation_through_up_changes_nothing_but_the_key(cluster, stack, deployed, report):
     """Issue 21 item 2 for real: the gateway and the guard follow the new key; vLLM keeps serving
