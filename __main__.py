@@ -164,6 +164,7 @@ platform = PlatformFacts(
 )
 gated_image = {n.name: platform.gated(images[n.name].image_id) for n in cfg.nodes}
 bundles: dict[str, LaunchBundle] = {}
+cluster = ServingCluster("serving")  # every lane's containers: a node keeps its container's resource whatever it serves
 for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, guard and readiness wait
     view, vtopology = part.view, Topology(part.view, addresses)
     vhead = view.head
@@ -197,32 +198,27 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
                         opts=pulumi.ResourceOptions(depends_on=[*(images[n.name] for n in view.nodes),
                                                                 *(bundles[n.name] for n in view.nodes)]))] \
         if fabric_used else []
-    cluster = ServingCluster(
-        part.name("serving"),
-        ServingClusterArgs(
-            nodes=[
-                NodeServingArgs(
-                    node_name=n.name,
-                    role=n.role,
-                    provider=images[n.name].provider,
-                    image_id=gated_image[n.name],
-                    bundle_hash=bundles[n.name].content_hash,
-                    ready_after=[bundles[n.name], weights[part.lane.name], *checks],
-                    installation=installations[n.name],
-                    gateway_hash=bundles[n.name].gateway_hash,
-                    executor=view.serving.executor,
-                )
-                for n in view.nodes
-            ],
-            model_dir=view.model.dir,
-            model_container_dir=view.model.container_dir,
-            several_lanes=cfg.several_lanes,
-            router_lanes=lane_addresses(cfg, topology) if cfg.several_lanes and vhead == head else (),
-            front_after=list(readiness),  # the other lanes' (the head's lane comes last)
-        ),
-    )
+    serving_nodes = {
+        n.name: NodeServingArgs(
+            node_name=n.name,
+            role=n.role,
+            provider=images[n.name].provider,
+            image_id=gated_image[n.name],
+            bundle_hash=bundles[n.name].content_hash,
+            ready_after=[bundles[n.name], weights[part.lane.name], *checks],
+            installation=installations[n.name],
+            gateway_hash=bundles[n.name].gateway_hash,
+            executor=view.serving.executor,
+        )
+        for n in view.nodes
+    }
+    if vhead == head:
+        head_serving = serving_nodes[head.name]
+    served = cluster.serve(ServingClusterArgs(nodes=list(serving_nodes.values()), model_dir=view.model.dir,
+                                              model_container_dir=view.model.container_dir,
+                                              several_lanes=cfg.several_lanes))
     if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the lane head's host
-        watched: list[pulumi.Resource] = [cluster.head, cluster.gateway]
+        watched: list[pulumi.Resource] = [served.head, served.gateway]
         if fabric_used:
             # what the guard runs when the fabric fails while serving: every node's fabric check and NCCL rank
             watched.append(FabricRequalify(
@@ -257,9 +253,11 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
             served_name=view.model.served_name,
             timeout_minutes=cfg.serving.readiness_timeout_minutes,
             api_key=api_key,
-            serving=[cluster.head, cluster.gateway],
+            serving=[served.head, served.gateway],
         ),
     ))
+if cfg.several_lanes:  # the head's one endpoint: the router, and the stack's gateway in front of it
+    cluster.front(head_serving, lane_addresses(cfg, topology), after=readiness)
 # every node's recorder (an unclean boot explained, and held out of serving until re-qualified) and, where a
 # node has a `power` plug, the watch on the node after it that power-cycles it when it stops answering
 BoxRecovery("recovery", box_recovery_args(cfg, topology, conns),
@@ -291,22 +289,22 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
     pulumi.export("prometheusTunnel", client.prometheus_tunnel(cfg))
 
 # what clients are told: the head's lane's model (one lane: the stack's) at the stack's one endpoint
-first, served = weights[cfg.head_lane.name], cfg.client_view(cfg.head_lane)
+first, client_cfg = weights[cfg.head_lane.name], cfg.client_view(cfg.head_lane)
 pulumi.export("endpoint", client.endpoint_url(cfg))
-pulumi.export("model", served.model.served_name)
-pulumi.export("recipe", served.serving.recipe)
-pulumi.export("executor", served.serving.executor)  # ops status: Ray's membership or mp's node ranks
+pulumi.export("model", client_cfg.model.served_name)
+pulumi.export("recipe", client_cfg.serving.recipe)
+pulumi.export("executor", client_cfg.serving.executor)  # ops status: Ray's membership or mp's node ranks
 pulumi.export("memoryFit", first.memory_fit)  # the estimate before the load (model-shape.py check)
 pulumi.export("modelRevision", first.revision)  # the commit every node holds (model.revision or resolved once)
-pulumi.export("modelDir", served.model.dir)  # where every node holds it (ops verify-weights)
+pulumi.export("modelDir", client_cfg.model.dir)  # where every node holds it (ops verify-weights)
 pulumi.export("apiKey", pulumi.Output.secret(api_key))
 pulumi.export("healthUrl", client.endpoint_base(cfg) + "/health")
 pulumi.export("metricsUrl", client.endpoint_base(cfg) + "/metrics")
-pulumi.export("codexConfig", client.render_codex_config(served))
-pulumi.export("codexModelCatalog", client.render_codex_model_catalog(served))
-pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_claude_code_env(served, key)))
+pulumi.export("codexConfig", client.render_codex_config(client_cfg))
+pulumi.export("codexModelCatalog", client.render_codex_model_catalog(client_cfg))
+pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_claude_code_env(client_cfg, key)))
 pulumi.export("claudeCodeSettings", client.render_claude_code_settings())
-pulumi.export("openaiEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_openai_env(served, key)))
+pulumi.export("openaiEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_openai_env(client_cfg, key)))
 if cfg.several_lanes:  # each lane: its model, nodes and recipe (`twinspark status` and the clients, by lane)
     pulumi.export("lanes", {part.lane.name: {"model": part.view.model.served_name, "recipe": part.view.serving.recipe,
                                              "nodes": [n.name for n in part.lane.nodes],

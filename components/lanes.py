@@ -4,7 +4,9 @@ A stack serves one lane, as it always did (its resources named as before), or se
 lane is a one-lane stack of its own (StackConfig.lane_view: its nodes, model and serving, its head
 the stack's head where the lane has it) whose gateway listens on contract.LANE_GATEWAY_PORT. The head's
 lane keeps the stack's resource names (a stack that takes on a second lane downloads nothing again on
-the head); another lane's are `{lane}-...`. On the head (components/serving_cluster.py) the lane router
+the head); another lane's are `{lane}-...`, but every node's containers stay under the one
+`serving` component (a node that changes lanes keeps its container's resource: replaced in place,
+never a second container of the same name). On the head (components/serving_cluster.py) the lane router
 (launch/lane-router.py; its own container, as nobody, on loopback LANE_ROUTER_PORT) hands each request
 to the gateway of the lane serving the `model` it names, and the stack's gateway on serving.port is
 its front (the same nginx and key check). Every lane's gateway checks the key again, so the router
@@ -34,10 +36,8 @@ class LaneParts:
 
 
 def lane_parts(cfg: StackConfig) -> list[LaneParts]:
-    """Every lane, the head's last (its front waits for the others to serve)."""
     head = cfg.head_lane
-    parts = [LaneParts(lane, cfg.lane_view(lane), lane != head) for lane in cfg.served_lanes]
-    return sorted(parts, key=lambda part: not part.named)
+    return [LaneParts(lane, cfg.lane_view(lane), lane != head) for lane in cfg.served_lanes]
 
 
 def lane_addresses(cfg: StackConfig, topology: Topology) -> list[tuple[str, str]]:

@@ -61,15 +61,14 @@ class NodeServingArgs:
 
 @dataclass(frozen=True)
 class ServingClusterArgs:
+    """One lane's engine (one lane: the stack's)."""
+
     nodes: Sequence[NodeServingArgs]
     model_dir: str  # on the host
     model_container_dir: str
-    # several lanes (components/lanes.py): this lane's gateway is a lane gateway (LANE_GATEWAY_PORT, its own
-    # container name); the head's lane also runs the router and, as the stack's gateway, the front
+    # several lanes (components/lanes.py): the lane's gateway is a lane gateway (LANE_GATEWAY_PORT, its own
+    # container name)
     several_lanes: bool = False
-    router_lanes: Sequence[tuple[str, str]] = ()  # the head's lane: (lane, HOST:PORT of its gateway) for the router
-    front_after: Sequence[pulumi.Resource] = ()  # the head's lane: the other lanes' readiness, before the front opens
-
 
 # vLLM's API socket: in the head's serving container, which creates it, and the API gateway,
 # which alone opens it; no other container mounts it (Grafana, Prometheus, the exporters).
@@ -168,31 +167,45 @@ def front_args(head: NodeServingArgs) -> dict:
     return dict(front, entrypoints=[*front["entrypoints"], contract.API_FRONT_CONF])
 
 
+@dataclass(frozen=True)
+class LaneContainers:
+    head: docker.Container  # the lane's engine (vLLM as PID 1)
+    gateway: docker.Container  # the lane's gateway in front of it
+
+
 class ServingCluster(pulumi.ComponentResource):
-    def __init__(self, name: str, args: ServingClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
+    """Every lane's containers under one component: a node's container keeps its resource (and the one
+    docker name) whichever lane it serves, so a lane added or taken away replaces it in place."""
+
+    def __init__(self, name: str, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:serving_cluster:ServingCluster", name, None, opts)
-        self.workers = [self._container(args, node, []) for node in args.nodes if node.role == "worker"]
+
+    def serve(self, args: ServingClusterArgs) -> LaneContainers:
+        workers = [self._container(args, node, []) for node in args.nodes if node.role == "worker"]
         head = next(n for n in args.nodes if n.role == "head")
-        self.head = self._container(args, head, self.workers)
-
-        def placed(*after: pulumi.Resource) -> pulumi.ResourceOptions:
-            return pulumi.ResourceOptions(parent=self, provider=head.provider, depends_on=[*head.ready_after, *after],
-                                          delete_before_replace=True, replace_with=[head.installation])
-
+        engine = self._container(args, head, workers)
         # independent of vLLM's restarts: clients get a 502 while it reloads, not a refused port
-        if not args.several_lanes:
-            self.gateway = docker.Container(f"{head.node_name}-serving-gateway", **gateway_args(head), opts=placed())
-        else:  # the lane's own gateway; the head's lane's the stack's gateway too, as the front of the router
-            self.gateway = docker.Container(f"{head.node_name}-lane-gateway",
-                                            **dict(gateway_args(head), name=contract.LANE_GATEWAY_CONTAINER),
-                                            opts=placed())
-            if args.router_lanes:
-                router = docker.Container(f"{head.node_name}-lane-router", **router_args(head, args.router_lanes),
-                                          opts=placed())
-                # the resource of the one-lane gateway (the same port): replaced in place when lanes come or go
-                docker.Container(f"{head.node_name}-serving-gateway", **front_args(head),
-                                 opts=placed(router, self.gateway, *args.front_after))
-        self.register_outputs({"headContainerId": self.head.id})
+        if args.several_lanes:  # the lane's own; the stack's gateway is the router's front (front below)
+            gateway = docker.Container(f"{head.node_name}-lane-gateway",
+                                       **dict(gateway_args(head), name=contract.LANE_GATEWAY_CONTAINER),
+                                       opts=self._placed(head))
+        else:
+            gateway = docker.Container(f"{head.node_name}-serving-gateway", **gateway_args(head), opts=self._placed(head))
+            self.register_outputs({"headContainerId": engine.id})
+        return LaneContainers(engine, gateway)
+
+    def front(self, head: NodeServingArgs, lanes: Sequence[tuple[str, str]], after: Sequence[pulumi.Resource]) -> None:
+        """Several lanes, on the head: the router (`lanes`: each lane and its gateway's HOST:PORT) and the stack's
+        gateway in front of it, once `after` (every lane's readiness) is done."""
+        router = docker.Container(f"{head.node_name}-lane-router", **router_args(head, lanes), opts=self._placed(head))
+        # the one-lane gateway's resource and container (the same port): replaced in place when lanes come or go
+        docker.Container(f"{head.node_name}-serving-gateway", **front_args(head),
+                         opts=self._placed(head, router, *after))
+        self.register_outputs({})
+
+    def _placed(self, head: NodeServingArgs, *after: pulumi.Resource) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self, provider=head.provider, depends_on=[*head.ready_after, *after],
+                                      delete_before_replace=True, replace_with=[head.installation])
 
     def _container(self, args: ServingClusterArgs, node: NodeServingArgs, after: list) -> docker.Container:
         return docker.Container(

@@ -159,6 +159,10 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
         launch = runner_call(run.named(f"{node}-bundle-launch-vllm-sh")).payload
         assert f"--served-model-name {model}" in launch and "--tensor-parallel-size 1" in launch
     assert not run.of_type("twinspark:nccl_check:NcclCheck"), "no fabric between single-node lanes to check"
+    # every node's containers under the one `serving` component, as with one lane: a node that changes lanes
+    # replaces its container in place (a second parent would create one beside it, of the same docker name)
+    assert {run.named(f"{node}-serving-container").parent for node in ("spark1", "spark2")} == \
+        {run.named("serving").urn}
     # each lane head builds its own image and downloads its own weights: nothing is shipped or copied between lanes
     names = [r.name for r in run.resources]
     assert {"spark1-weights-fetch", "spark2-weights-fetch"} <= set(names)
