@@ -30,6 +30,7 @@ from components.fabric_requalify import FabricRequalify, requalify_args
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
 from components.serving_image import BaseImagePin, BaseImagePinArgs, ServingImage, ServingImageArgs, ShipFrom
 from components.ssh_access import resolve_ssh_access
+from core.contract import metrics_loopback_port
 
 require_engine_support()
 cfg = load_stack_config()
@@ -270,7 +271,8 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
         "observability",
         ObservabilityArgs(
             # several lanes: the head's lane's engine (dashboards by lane are not built yet)
-            plan=plan_from_config(cfg.client_view(cfg.head_lane), alertmanager=receivers is not None, topology=topology),
+            plan=plan_from_config(cfg.client_view(cfg.head_lane), alertmanager=receivers is not None, topology=topology,
+                                  vllm_port=metrics_loopback_port(cfg.lane_view(cfg.head_lane).serving.port)),
             access={n.name: ObservedAccess(n.name, conns[n.name], images[n.name].provider, installations[n.name])
                     for n in cfg.nodes},
             grafana_admin_password=grafana_password,

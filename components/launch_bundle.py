@@ -270,7 +270,7 @@ def render_api_gateway_conf(port: int, role: GatewayRole = GatewayRole()) -> str
     metrics = f"""
     # Prometheus (on the head's network) reads vLLM's /metrics here, and nothing else
     server {{
-        listen 127.0.0.1:{contract.METRICS_LOOPBACK_PORT};
+        listen 127.0.0.1:{contract.metrics_loopback_port(port)};
         {refuse_odd_paths}
         location = /metrics {{ proxy_pass http://vllm/metrics; }}
         location / {{ return 404; }}

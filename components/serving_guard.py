@@ -55,7 +55,7 @@ def guard_argv(args: ServingGuardArgs) -> list[str]:
         "--endpoint", f"http://127.0.0.1:{args.port}",
         "--secrets-file", f"{contract.BUNDLE_DIR}/{contract.SECRETS_FILE}",
         # the API gateway's loopback listener: vLLM's /metrics alone
-        "--metrics-url", f"http://127.0.0.1:{contract.METRICS_LOOPBACK_PORT}/metrics",
+        "--metrics-url", f"http://127.0.0.1:{contract.metrics_loopback_port(args.port)}/metrics",
         "--container", contract.SERVING_CONTAINER,
         "--restart-policy", contract.SERVING_RESTART_POLICY,
         "--status-file", contract.SERVING_GUARD_STATUS,

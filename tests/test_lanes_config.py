@@ -151,6 +151,8 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
         assert gateway["name"] == "twinspark-lane-gateway" and f"{node}-guard" in run.by_name
         conf = runner_call(run.named(f"{node}-bundle-api-gateway-conf")).payload
         assert "listen 8101;" in conf and "unix:/run/twinspark-vllm/vllm.sock" in conf
+        # its /metrics apart from the one-lane gateway's 8100, which still runs while a stack takes on lanes
+        assert "listen 127.0.0.1:8103;" in conf and "8100" not in conf
         wait = runner_call(run.named(f"{node}-readiness-wait")).args
         assert "http://127.0.0.1:8101" in wait and model in wait, wait
         # the head's lane keeps the stack's names (its weights are not fetched again when a lane is added)
@@ -178,7 +180,7 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
     assert run.depends_on(front, "fast-readiness") and run.depends_on(front, "spark1-lane-router")
     assert "spark2-serving-gateway" not in run.by_name
     front_conf = runner_call(run.named("spark1-bundle-api-front-conf")).payload
-    assert "listen 8000;" in front_conf and "server 127.0.0.1:8102;" in front_conf
+    assert "listen 8000;" in front_conf and "server 127.0.0.1:8102;" in front_conf and "/metrics" not in front_conf
     # the worker's lane gateway is open to the head's rail address alone; the head's is on loopback
     walls = {node: runner_call(run.named(f"{node}-hostprep-firewall")).payload for node in ("spark1", "spark2")}
     assert 'iifname "enp1s0f0np0" ip saddr 10.0.0.1 tcp dport 8101 accept  # lane-gateway' in walls["spark2"]

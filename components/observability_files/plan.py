@@ -53,14 +53,16 @@ class ObservabilityPlan:
         return next(n for n in self.nodes if n.role == "head")
 
 
-def plan_from_config(cfg: StackConfig, alertmanager: bool, topology: Optional[Topology] = None) -> ObservabilityPlan:
+def plan_from_config(cfg: StackConfig, alertmanager: bool, topology: Optional[Topology] = None,
+                     vllm_port: int = contract.METRICS_LOOPBACK_PORT) -> ObservabilityPlan:
     """The stack's facts the monitoring stack needs (alertmanager: an alert webhook is set;
-    topology: None, the config's with the nodes' addresses resolved now)."""
+    topology: None, the config's with the nodes' addresses resolved now; vllm_port: where the head's
+    gateway serves vLLM's /metrics on loopback)."""
     topology = topology or Topology(cfg, resolve_node_addresses(cfg.nodes))
     return ObservabilityPlan(
         nodes=tuple(ObservedNode(n.name, n.role, topology.ray_ip(n),
                                  tuple(ObservedRail(r.iface, r.hca) for r in n.rails)) for n in cfg.nodes),
-        vllm_port=contract.METRICS_LOOPBACK_PORT,
+        vllm_port=vllm_port,
         expected_mtu=cfg.fabric.mtu,
         expected_link_speed_mbps=cfg.fabric.link_speed_mbps,
         bootstrap_iface=cfg.fabric.bootstrap_iface,
