@@ -161,6 +161,7 @@ platform = PlatformFacts(
                for n in cfg.nodes],
         base_image=base_image.reference,
         acknowledged=cfg.platform.acknowledge,
+        engines=[[n.name for n in part.view.nodes] for part in lanes],
     ),
 )
 gated_image = {n.name: platform.gated(images[n.name].image_id) for n in cfg.nodes}

@@ -43,6 +43,7 @@ class PlatformFactsArgs:
     nodes: Sequence[NodeFacts]
     base_image: pulumi.Input[str]  # the pinned REPO@sha256:... the image was built from
     acknowledged: Sequence[str]  # platform.acknowledge
+    engines: Sequence[Sequence[str]] = ()  # the nodes of each lane's engine (one lane: every node), one build each
 
 
 def facts_args(node_name: str, image_id: str, base_image: Optional[str]) -> list[str]:
@@ -58,9 +59,9 @@ def parsed(outs: Sequence[str], names: Sequence[str]) -> dict[str, dict]:
         raise pulumi.RunError(f"platform gate: {err}") from None
 
 
-def verdict(facts_by_node: dict[str, dict], acknowledged: Sequence[str]) -> str:
+def verdict(facts_by_node: dict[str, dict], acknowledged: Sequence[str], engines: Sequence[Sequence[str]] = ()) -> str:
     """'passed', or a RunError with every finding's text: `pulumi up` stops before the containers."""
-    findings = platform_gate.evaluate(facts_by_node, list(acknowledged))
+    findings = platform_gate.evaluate(facts_by_node, list(acknowledged), groups=engines)
     if findings:
         raise pulumi.RunError(platform_gate.refusal(findings))
     return "passed"
@@ -81,7 +82,7 @@ class PlatformFacts(pulumi.ComponentResource):
         names = list(self.commands)
         self.facts: pulumi.Output[dict] = pulumi.Output.all(*(c.stdout for c in self.commands.values())).apply(
             lambda outs: parsed(outs, names))
-        self.verdict = self.facts.apply(lambda facts: verdict(facts, args.acknowledged))
+        self.verdict = self.facts.apply(lambda facts: verdict(facts, args.acknowledged, args.engines))
         self.register_outputs({"facts": self.facts, "verdict": self.verdict})
 
     def gated(self, value: pulumi.Input[str]) -> pulumi.Output[str]:

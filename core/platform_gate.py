@@ -25,7 +25,7 @@ import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Mapping, Optional
+from typing import Annotated, Mapping, Optional, Sequence
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
@@ -42,7 +42,7 @@ FACTS: dict[str, str] = {
     "bios_date": "/sys/class/dmi/id/bios_date, as YYYY-MM-DD",
     "cma_total_kb": "CmaTotal in /proc/meminfo",
     "cma_free_kb": "CmaFree in /proc/meminfo",
-    "image": "the serving image's ID on this node: one build for the cluster, the same on every node",
+    "image": "the serving image's ID on this node: one build for each engine (the cluster's, or each lane's), the same on its nodes",
     "image_base": "the pinned base image reference the serving image was checked to start with",
     "vllm": "vLLM in the serving image",
     "torch": "PyTorch in the serving image",
@@ -172,25 +172,33 @@ def _show(value: Optional[str]) -> str:
     return "unreadable" if value is None else repr(value)
 
 
-def mismatches(facts_by_node: Mapping[str, Mapping[str, Optional[str]]]) -> list[Finding]:
+def mismatches(facts_by_node: Mapping[str, Mapping[str, Optional[str]]],
+               groups: Sequence[Sequence[str]] = ()) -> list[Finding]:
+    """MUST_MATCH across every node; the build's facts (NEVER_ACKNOWLEDGED) within each of `groups` (the
+    nodes of one engine: a lane's; none given, every node is one)."""
     found = []
+    every_node = [list(facts_by_node)]
     for fact in MUST_MATCH:
-        values = {node: facts.get(fact) for node, facts in facts_by_node.items()}
-        if len(set(values.values())) <= 1:
-            continue
-        first, *others = values.items()
-        other = next((node, v) for node, v in others if v != first[1])
-        every = ", ".join(f"{node} has {_show(v)}" for node, v in values.items())
-        why = ("every node must run the same build (a tensor-parallel group on two builds hangs or computes "
-               "garbage); this cannot be acknowledged" if fact in NEVER_ACKNOWLEDGED
-               else f"acknowledge with {MISMATCH_PREFIX}{fact}")
-        found.append(Finding(
-            MISMATCH_PREFIX + fact,
-            f"nodes differ in {fact} ({FACTS[fact]}): {first[0]} has {_show(first[1])}, {other[0]} has "
-            f"{_show(other[1])}" + (f" ({every})" if len(values) > 2 else "") + f" — {why}",
-            acknowledgeable=fact not in NEVER_ACKNOWLEDGED,
-        ))
+        for group in (groups or every_node) if fact in NEVER_ACKNOWLEDGED else every_node:
+            found += _mismatch(fact, {node: facts_by_node[node].get(fact) for node in group})
     return found
+
+
+def _mismatch(fact: str, values: Mapping[str, Optional[str]]) -> list[Finding]:
+    if len(set(values.values())) <= 1:
+        return []
+    first, *others = values.items()
+    other = next((node, v) for node, v in others if v != first[1])
+    every = ", ".join(f"{node} has {_show(v)}" for node, v in values.items())
+    why = ("every node of an engine must run the same build (a tensor-parallel group on two builds hangs or "
+           "computes garbage); this cannot be acknowledged" if fact in NEVER_ACKNOWLEDGED
+           else f"acknowledge with {MISMATCH_PREFIX}{fact}")
+    return [Finding(
+        MISMATCH_PREFIX + fact,
+        f"nodes differ in {fact} ({FACTS[fact]}): {first[0]} has {_show(first[1])}, {other[0]} has "
+        f"{_show(other[1])}" + (f" ({every})" if len(values) > 2 else "") + f" — {why}",
+        acknowledgeable=fact not in NEVER_ACKNOWLEDGED,
+    )]
 
 
 def known_issue_findings(
@@ -216,9 +224,11 @@ def evaluate(
     facts_by_node: Mapping[str, Mapping[str, Optional[str]]],
     acknowledged: tuple[str, ...] | list[str] = (),
     issues: Optional[tuple[KnownIssue, ...]] = None,
+    groups: Sequence[Sequence[str]] = (),
 ) -> list[Finding]:
-    """Everything that refuses this platform: findings not acknowledged (the image never is)."""
-    findings = mismatches(facts_by_node) + known_issue_findings(
+    """Everything that refuses this platform: findings not acknowledged (the image never is); `groups`: the
+    nodes of each engine (several lanes), whose build alone must be one."""
+    findings = mismatches(facts_by_node, groups) + known_issue_findings(
         facts_by_node, known_issues() if issues is None else issues)
     return [f for f in findings if not (f.acknowledgeable and f.key in acknowledged)]
 

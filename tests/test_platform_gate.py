@@ -72,6 +72,18 @@ def test_nothing_acknowledges_two_images():
     assert "mismatch:image" not in gate.acknowledgeable()
 
 
+def test_each_lanes_engine_has_one_build_and_lanes_may_differ_but_not_in_the_driver():
+    """Several lanes (issue 41): two engines, each on its own node, each built on its own head."""
+    other_build = {**RECIPE, "image": "sha256:" + "2" * 64, "torch": "2.99.0"}
+    lanes = [["a"], ["b"]]
+    assert [f.key for f in gate.evaluate({"a": RECIPE, "b": other_build}, groups=lanes)] == []
+    assert [f.key for f in gate.evaluate({"a": RECIPE, "b": {**other_build, "driver": "1.0"}}, groups=lanes)] == [
+        "mismatch:driver"]
+    # one engine over two nodes is still one build, whatever other lanes run
+    three = {"a": RECIPE, "b": other_build, "c": RECIPE}
+    assert [f.key for f in gate.evaluate(three, groups=[["a", "b"], ["c"]])] == ["mismatch:image", "mismatch:torch"]
+
+
 ENTRY = """
 [[issue]]
 id = "x"
