@@ -42,7 +42,7 @@ FACTS: dict[str, str] = {
     "bios_date": "/sys/class/dmi/id/bios_date, as YYYY-MM-DD",
     "cma_total_kb": "CmaTotal in /proc/meminfo",
     "cma_free_kb": "CmaFree in /proc/meminfo",
-    "image": "the serving image's ID on this node: one build for each engine (the cluster's, or each lane's), the same on its nodes",
+    "image": "the serving image's ID on this node: one build for each engine (the cluster's, or a lane's), the same on its nodes",
     "image_base": "the pinned base image reference the serving image was checked to start with",
     "vllm": "vLLM in the serving image",
     "torch": "PyTorch in the serving image",
