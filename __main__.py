@@ -15,7 +15,7 @@ from components.config import Topology, load_secrets, load_stack_config, resolve
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe, fabric_check_args
 from components.firewall import firewall_policy
 from components.host_prep import HostPrep, HostPrepArgs
-from components.lanes import lane_addresses, lane_parts
+from components.lanes import LaneSwap, LaneSwapArgs, lane_addresses, lane_parts
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import CopySource, ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, guard_rank_flags, nccl_pairs
@@ -184,6 +184,7 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
                 label_key=label_key,
                 api_key=api_key if n.role == "head" else None,
                 front_port=cfg.serving.port if cfg.several_lanes and n == head else None,
+                lane_gateway=cfg.several_lanes,
             ),
             opts=after_fabric,
         )
@@ -200,6 +201,11 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
                         opts=pulumi.ResourceOptions(depends_on=[*(images[n.name] for n in view.nodes),
                                                                 *(bundles[n.name] for n in view.nodes)]))] \
         if fabric_used else []
+    # several lanes: the lane's gateway drained before its containers are swapped, opened after
+    swap = LaneSwap(part.name("swap"), LaneSwapArgs(
+        vhead.name, conns[vhead.name], view.serving.port, cfg.serving.guard.drain_seconds,
+        swapped_by=[x for n in view.nodes for x in (gated_image[n.name], bundles[n.name].content_hash)] +
+        [bundles[vhead.name].gateway_hash or ""])) if cfg.several_lanes else None
     serving_nodes = {
         n.name: NodeServingArgs(
             node_name=n.name,
@@ -207,7 +213,7 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
             provider=images[n.name].provider,
             image_id=gated_image[n.name],
             bundle_hash=bundles[n.name].content_hash,
-            ready_after=[bundles[n.name], weights[part.lane.name], *checks],
+            ready_after=[bundles[n.name], weights[part.lane.name], *checks, *([swap.drain] if swap else [])],
             installation=installations[n.name],
             gateway_hash=bundles[n.name].gateway_hash,
             executor=view.serving.executor,
@@ -256,6 +262,7 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
             timeout_minutes=cfg.serving.readiness_timeout_minutes,
             api_key=api_key,
             serving=[served.head, served.gateway],
+            after=[swap.open_after([served.head, served.gateway])] if swap else [],
         ),
     ))
 if cfg.several_lanes:  # the head's one endpoint: the router, and the stack's gateway in front of it

@@ -17,10 +17,15 @@ admits the head's rail address alone (the firewall's `lane-gateway` flow).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import pulumi
+from pulumi_command import remote as pulumi_remote
 
 from core import contract
 
 from .config import ServedLane, StackConfig, Topology
+from .remote import NodeScript, node_command
 
 
 @dataclass(frozen=True)
@@ -46,3 +51,43 @@ def lane_addresses(cfg: StackConfig, topology: Topology) -> list[tuple[str, str]
         head = cfg.lane_head(lane)
         return "127.0.0.1" if head == cfg.head else topology.ray_ip(head)
     return [(lane.name, f"{host(lane)}:{contract.LANE_GATEWAY_PORT}") for lane in cfg.served_lanes]
+
+
+DRAIN_SCRIPT = "lane-drain.sh"  # a lane's gateway drained before `up` swaps its engine, opened after
+
+
+@dataclass(frozen=True)
+class LaneSwapArgs:
+    node_name: str  # the lane's head, whose gateway is drained
+    connection: pulumi_remote.ConnectionArgs
+    port: int  # its gateway's (the engine's /metrics beside it: contract.metrics_loopback_port)
+    deadline_s: int  # serving.guard.drainSeconds: how long running requests get to finish
+    swapped_by: Sequence[pulumi.Input[str]]  # what replaces the lane's containers: images, bundle and gateway hashes
+
+
+def drain_flags(args: LaneSwapArgs) -> list[str]:
+    return ["--node", args.node_name, "--drain-file", contract.DRAIN_FILE]
+
+
+class LaneSwap(pulumi.ComponentResource):
+    """A lane's engine swapped while the other lanes serve: whenever what replaces its containers
+    changes, its gateway turns new requests away and its running ones finish (up to the deadline)
+    before the containers go (`drain`, which they wait on); `open_after` takes the drain away once the
+    new ones are in place. The other lanes' gateways, engines and the router are not touched."""
+
+    def __init__(self, name: str, args: LaneSwapArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("twinspark:lanes:LaneSwap", name, None, opts)
+        self._args = args
+        metrics = f"http://127.0.0.1:{contract.metrics_loopback_port(args.port)}/metrics"
+        self.drain = node_command(
+            f"{args.node_name}-lane-drain", args.connection,
+            NodeScript(DRAIN_SCRIPT, ["drain", *drain_flags(args), "--metrics-url", metrics,
+                                                    "--deadline-s", str(args.deadline_s)]),
+            parent=self, triggers=list(args.swapped_by))
+        self.register_outputs({})
+
+    def open_after(self, containers: Sequence[pulumi.CustomResource]) -> pulumi.Resource:
+        return node_command(
+            f"{self._args.node_name}-lane-open", self._args.connection,
+            NodeScript(DRAIN_SCRIPT, ["open", *drain_flags(self._args)]),
+            parent=self, triggers=[*self._args.swapped_by, *(c.id for c in containers)], depends_on=list(containers))

@@ -94,6 +94,7 @@ class LaunchBundleArgs:
     label_key: pulumi.Input[str]  # keys the content hashes (secret)
     api_key: Optional[pulumi.Input[str]]  # the head's secrets.env; None on workers
     front_port: Optional[int] = None  # several lanes, the stack's head: serving.port, the front gateway's (and the router)
+    lane_gateway: bool = False  # several lanes: this node heads a lane, its gateway drained for a swap
 
 
 def vllm_serve_args(vllm: VllmServe, rank: Optional[MpRank] = None) -> list[list[str]]:
@@ -248,8 +249,12 @@ class GatewayRole:
     error_log: str = contract.API_GATEWAY_LOG
     drain_file: Optional[str] = contract.DRAIN_FILE  # None: no drain here (each lane's gateway has its own)
     metrics: bool = True  # vLLM's /metrics on the head's loopback
+    draining: str = "serving is draining: the fabric is re-qualified (twinspark status says why)"
 
 
+# several lanes: each lane's own gateway, drained too while `up` swaps the lane's engine (launch/lane-drain.sh)
+LANE = GatewayRole(draining="this lane is draining: its engine is being swapped by pulumi up, or the fabric "
+                   "re-qualified (twinspark status says why)")
 FRONT = GatewayRole(contract.API_FRONT_CONF, f"127.0.0.1:{contract.LANE_ROUTER_PORT}", contract.API_FRONT_LOG,
                     drain_file=None, metrics=False)
 
@@ -349,7 +354,7 @@ http {{
         location @draining {{
             add_header Retry-After {DRAIN_RETRY_AFTER_S} always;
             default_type application/json;
-            return 503 '{{"error":"serving is draining: the fabric is re-qualified (twinspark status says why)"}}\n';
+            return 503 '{{"error":"{role.draining}"}}\n';
         }}
         location @unauthorized {{
             add_header WWW-Authenticate Bearer always;
@@ -386,7 +391,8 @@ def gateway_files(args: LaunchBundleArgs) -> list[ManagedFile]:
         if args.front_port else []
     return [
         bundle_file(contract.API_GATEWAY_SCRIPT, launch_file(contract.API_GATEWAY_SCRIPT), "0755"),
-        bundle_file(contract.API_GATEWAY_CONF, render_api_gateway_conf(args.vllm.serving.port), "0644"),
+        bundle_file(contract.API_GATEWAY_CONF,
+                    render_api_gateway_conf(args.vllm.serving.port, LANE if args.lane_gateway else GatewayRole()), "0644"),
         *front,
         bundle_file(contract.SECRETS_FILE, secrets, "0600"),
     ]

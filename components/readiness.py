@@ -31,6 +31,7 @@ class ReadinessArgs:
     timeout_minutes: int
     api_key: pulumi.Input[str]
     serving: Sequence[docker.Container]  # the head's serving and API gateway containers
+    after: Sequence[pulumi.Resource] = ()  # several lanes: the lane's gateway opened again after a swap
 
 
 def wait_ready_args(args: ReadinessArgs) -> list[str]:
@@ -55,6 +56,6 @@ class Readiness(pulumi.ComponentResource):
         self.command = node_command(
             f"{args.head_name}-readiness-wait", args.connection,
             NodeScript(SCRIPT, wait_ready_args(args), secrets={"VLLM_API_KEY": args.api_key}),
-            parent=self, triggers=[c.id for c in args.serving], depends_on=list(args.serving),
+            parent=self, triggers=[c.id for c in args.serving], depends_on=[*args.serving, *args.after],
         )
         self.register_outputs({})

@@ -86,8 +86,8 @@ LAUNCH_ROLES: list[tuple[str, Callable[[], Iterable[str]] | None]] = [
     (f"on a worker, root-owned: all a sync key may run there (its forced command, beside `{model_weights.WEIGHTS_PROGRAM}`)",
      lambda: [model_weights.FORCED_COMMAND]),
     ("probes `ops` sends over SSH", lambda: [nodes.NODE_PROBE.name, nodes.FACTS_PROBE.name, nodes.DOCTOR_PROBE.name]),
-    ("beside the API gateway: the lanes' router, each request to the engine serving the model it names (issue 41: "
-     "built and measured, not yet installed by the program)", lambda: [contract.LANE_ROUTER_SCRIPT]),
+    ("several lanes, on the head in a container of its own: the lanes' router, each request to the gateway of the "
+     "lane serving the model it names", lambda: [contract.LANE_ROUTER_SCRIPT]),
 ]
 
 def launch_roles_table() -> str:

@@ -161,6 +161,13 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
         launch = runner_call(run.named(f"{node}-bundle-launch-vllm-sh")).payload
         assert f"--served-model-name {model}" in launch and "--tensor-parallel-size 1" in launch
     assert not run.of_type("twinspark:nccl_check:NcclCheck"), "no fabric between single-node lanes to check"
+    for node in ("spark1", "spark2"):  # each lane swapped with a drain: its containers wait for it, readiness after
+        drain = runner_call(run.named(f"{node}-lane-drain")).args
+        assert drain[:1] == ["drain"] and "http://127.0.0.1:8103/metrics" in drain and "--deadline-s" in drain
+        assert run.depends_on(run.named(f"{node}-serving-container"), f"{node}-lane-drain")
+        assert run.depends_on(run.named(f"{node}-lane-gateway"), f"{node}-lane-drain")
+        assert run.depends_on(run.named(f"{node}-readiness-wait"), f"{node}-lane-open")
+        assert "this lane is draining" in runner_call(run.named(f"{node}-bundle-api-gateway-conf")).payload
     # every node's containers under the one `serving` component, as with one lane: a node that changes lanes
     # replaces its container in place (a second parent would create one beside it, of the same docker name)
     assert {run.named(f"{node}-serving-container").parent for node in ("spark1", "spark2")} == \
@@ -192,3 +199,73 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
     assert lanes == {"coder": {"model": "coder", "recipe": "gpt-oss-120b", "nodes": ["spark1"]},
                      "fast": {"model": "fast", "recipe": "gpt-oss-120b", "nodes": ["spark2"]}}
     assert run.outputs["model"]["value"] == "coder" and run.outputs["endpoint"]["value"].endswith(":8000/v1")
+
+
+# ---- a lane's swap: launch/lane-drain.sh against a stand-in engine's /metrics ----------------
+class Gauge:
+    """vLLM's running-requests gauge as /metrics shows it, counting down one per scrape to `floor`."""
+
+    def __init__(self, start: int, floor: int = 0):
+        self.value, self.floor = start, floor
+
+    def serve(self):
+        import http.server
+        import threading
+
+        gauge = self
+
+        class Metrics(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = (f'vllm:num_requests_running{{engine="0",model_name="m"}} {gauge.value}.0\n'
+                        'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n').encode()
+                gauge.value = max(gauge.floor, gauge.value - 1)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+
+def lane_drain(*args):
+    import subprocess
+
+    from toolbox import LAUNCH_DIR
+
+    return subprocess.run(["bash", str(LAUNCH_DIR / "lane-drain.sh"), *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("start, floor, says", [
+    (2, 0, "drained: no request running"),  # the running streams end: the swap goes on at once
+    (1, 1, "deadline: 1 still running after 2 s; the swap goes on"),  # one never ends
+])
+def test_a_drain_turns_new_requests_away_and_waits_for_the_running_ones(tmp_path, start, floor, says):
+    server = Gauge(start, floor).serve()
+    drain_file = tmp_path / "drain" / "draining"
+    try:
+        done = lane_drain("drain", "--node", "sim2", "--drain-file", str(drain_file), "--deadline-s", "2",
+                          "--metrics-url", f"http://127.0.0.1:{server.server_address[1]}/metrics")
+    finally:
+        server.shutdown()
+    assert done.returncode == 0 and says in done.stdout + done.stderr, done.stdout + done.stderr
+    assert drain_file.read_text().startswith("swap: ")  # the lane's gateway answers 503 while it is there
+    opened = lane_drain("open", "--node", "sim2", "--drain-file", str(drain_file))
+    assert opened.returncode == 0 and not drain_file.exists(), opened.stderr
+
+
+def test_an_engine_that_does_not_answer_has_nothing_to_drain(tmp_path):
+    from toolbox import free_port
+
+    drain_file = tmp_path / "draining"
+    done = lane_drain("drain", "--node", "sim2", "--drain-file", str(drain_file), "--deadline-s", "2",
+                      "--metrics-url", f"http://127.0.0.1:{free_port()}/metrics")
+    assert done.returncode == 0 and "nothing to drain" in done.stdout + done.stderr and not drain_file.exists()
+    bad = lane_drain("drain", "--node", "sim2", "--drain-file", str(drain_file), "--deadline-s", "soon",
+                     "--metrics-url", "http://127.0.0.1:1/metrics")
+    assert bad.returncode != 0 and "--deadline-s must be whole seconds, not 'soon'" in bad.stderr
