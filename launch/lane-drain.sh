@@ -15,6 +15,9 @@ set -euo pipefail
 
 node="" drain_file="" metrics_url="" deadline_s=""
 
+# the drain folder is root's (the guard writes it too); a step runs as the SSH user, with sudo
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
+
 running() {  # the engine's running requests (vLLM's gauge, summed); fails where nothing answers
   local metrics
   metrics=$(curl -fsS --max-time 5 "$metrics_url") || return 1
@@ -29,8 +32,8 @@ drain() {
     log "the engine does not answer at $metrics_url: nothing to drain"
     return
   fi
-  mkdir -p "$(dirname "$drain_file")"
-  printf 'swap: the lane'"'"'s engine is being replaced by pulumi up\n' >"$drain_file"
+  as_root mkdir -p "$(dirname "$drain_file")"
+  printf 'swap: the lane'"'"'s engine is being replaced by pulumi up\n' | as_root tee "$drain_file" >/dev/null
   log "draining: new requests get 503; $count running, up to ${deadline_s} s to finish"
   local deadline=$((SECONDS + deadline_s))
   while [ "$count" -gt 0 ] && [ "$SECONDS" -lt "$deadline" ]; do
@@ -46,7 +49,7 @@ drain() {
 
 open_lane() {
   require_flags --node --drain-file
-  rm -f "$drain_file"
+  as_root rm -f "$drain_file"
   log "open: the lane's gateway takes requests again"
 }
 

@@ -10,11 +10,13 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from core import contract
 import sim_images
@@ -338,6 +340,37 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
         listed = httpx.get(f"{outputs['endpoint']}/models", headers=key, timeout=30).json()
         assert [m["id"] for m in listed["data"]] == ["sim-coder", "sim-fast"], listed
         assert httpx.get(f"{outputs['endpoint']}/models", timeout=30).status_code == 401  # the front checks the key
+
+        # one lane swapped while the other serves (issue 41 part 3): a stream to each lane, then the fast
+        # lane's maxModelLen changed by `up`: the coder lane's stream runs to its end untouched, the fast
+        # lane's ends before its engine is replaced (its gateway drained first), and only its containers go
+        for node in (HEAD, WORKER):
+            paced_engine(cluster, node, seqs=4, tok_s=25)
+        wait_for(lambda: all(lane_answers(outputs, m) for m in ("sim-coder", "sim-fast")), "both lanes paced", 120)
+        streams: dict[str, tuple[bool, float]] = {}
+        threads = [threading.Thread(target=lambda m=m: streams.__setitem__(m, stream_lane(outputs, m, 200)))
+                   for m in ("sim-coder", "sim-fast")]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.5)  # both streams under way
+        data = stack.stack_file()
+        data["config"]["twinspark:lanes"][1]["serving"] = {"maxModelLen": 16384}
+        stack.config_file.write_text(yaml.safe_dump(data, sort_keys=False))
+        run = stack.up()
+        for thread in threads:
+            thread.join(timeout=120)
+        swapped = changes(run)
+        report["lane_swap_up_s"] = run.seconds
+        report["lane_swap_changes"] = swapped
+        assert streams["sim-coder"][0] and streams["sim-fast"][0], streams  # both read to their [DONE]
+        assert "replace" in swapped.get(f"{WORKER}-serving-container", ""), swapped
+        assert not [name for name in swapped if name.startswith(f"{HEAD}-")], swapped  # the other lane untouched
+        started = container_started_at(cluster, WORKER, contract.SERVING_CONTAINER)
+        assert started > streams["sim-fast"][1], (started, streams)  # swapped only once its stream had ended
+        report["lane_swap_after_stream_s"] = round(started - streams["sim-fast"][1], 1)
+        argv = json.loads(cluster.node_exec(WORKER, "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)["argv"]
+        assert flag(argv, "--max-model-len") == "16384"
+        wait_for(lambda: lane_answers(outputs, "sim-fast"), "the swapped lane serving", 60)
     finally:
         stack.config_file.write_text(original)
         back = stack.up()
@@ -346,11 +379,51 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
     assert serving_answers(stack) == 200
 
 
+def paced_engine(cluster, node: str, seqs: int, tok_s: int) -> None:
+    """The node's vLLM stand-in restarted to decode at most `seqs` requests at `tok_s` tokens a second each."""
+    knobs = "/run/twinspark-sim"  # the stand-in's (tests/sim/bin/vllm), inside the container
+    done = cluster.ssh(node, f"docker exec {contract.SERVING_CONTAINER} sh -c 'mkdir -p {knobs} && "
+                             f"echo {seqs} {tok_s} > {knobs}/vllm-load' && docker restart {contract.SERVING_CONTAINER}")
+    assert done.returncode == 0, done.stderr
+
+
+def lane_answers(outputs: dict, model: str) -> bool:
+    try:
+        return httpx.post(f"{outputs['endpoint']}/chat/completions", timeout=30,
+                          headers={"Authorization": f"Bearer {outputs['apiKey']}"},
+                          json={"model": model, "max_tokens": 2,
+                                "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def stream_lane(outputs: dict, model: str, tokens: int) -> tuple[bool, float]:
+    """One streamed completion to `model` through the endpoint: read to its [DONE]?, and when it ended."""
+    body = ""
+    try:
+        with httpx.stream("POST", f"{outputs['endpoint']}/completions", timeout=180,
+                          headers={"Authorization": f"Bearer {outputs['apiKey']}"},
+                          json={"model": model, "prompt": "a long story", "max_tokens": tokens,
+                                "stream": True}) as answer:
+            for text in answer.iter_text():
+                body += text
+    except httpx.HTTPError:
+        pass
+    return body.rstrip().endswith("[DONE]"), time.time()
+
+
+def container_started_at(cluster, node: str, container: str) -> float:
+    """When the node's container last started (docker's clock: this machine's, as the nodes are namespaces)."""
+    from datetime import datetime
+
+    stamp = cluster.ssh(node, f"docker inspect -f '{{{{.State.StartedAt}}}}' {container}").stdout.strip()
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(whole + "+00:00").timestamp() + float("0." + (fraction or "0"))
+
+
 def write_lanes(stack, recipe: str, placement: dict[str, str]) -> None:
     """The stack file's `model` made one lane per node (`placement`: lane -> node), each serving the same
     weights under the name sim-<lane>, with `recipe` at its default profile and its own KV dtype."""
-    import yaml
-
     data = stack.stack_file()
     config = data["config"]
     model = config.pop("twinspark:model")
