@@ -5,6 +5,7 @@ as it is made and a client that leaves aborts it, and one lane's drain leaves th
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -43,23 +44,16 @@ def call(router, method, path, body=None):
     return reply.status, dict(reply.getheaders()), reply.read()
 
 
-@pytest.fixture
-def router(tmp_path):
-    behaviours, servers = {}, []
-    for lane, model in LANES.items():
-        behaviours[lane] = Behaviour(api_key=None, model=model, decode_tok_s=200.0)
-        server = make_server(behaviours[lane], uds=str(tmp_path / f"{lane}.sock"))
+@contextlib.contextmanager
+def router_before(servers, listen, *lanes: str):
+    """The router on `listen` (its --lane and other flags: `lanes`) in front of `servers`, each serving on a thread."""
+    for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-    drain = tmp_path / "drain"
-    drain.mkdir()
-    listen = tmp_path / "router.sock"
-    proc = subprocess.Popen([sys.executable, str(ROUTER), "--listen", str(listen),
-                             *(a for lane in LANES for a in ("--lane", f"{lane}={tmp_path / lane}.sock")),
-                             "--drain-dir", str(drain)], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(ROUTER), "--listen", str(listen), *lanes],
+                            stderr=subprocess.PIPE, text=True)
     try:
         wait_for(listen.exists, "the router listening", 10)
-        yield {"socket": str(listen), "drain": drain, "behaviours": behaviours, "proc": proc}
+        yield proc
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -67,6 +61,17 @@ def router(tmp_path):
             server.shutdown()
             server.server_close()
 
+
+@pytest.fixture
+def router(tmp_path):
+    behaviours = {lane: Behaviour(api_key=None, model=model, decode_tok_s=200.0) for lane, model in LANES.items()}
+    servers = [make_server(behaviours[lane], uds=str(tmp_path / f"{lane}.sock")) for lane in LANES]
+    drain = tmp_path / "drain"
+    drain.mkdir()
+    listen = tmp_path / "router.sock"
+    with router_before(servers, listen, *(a for lane in LANES for a in ("--lane", f"{lane}={tmp_path / lane}.sock")),
+                       "--drain-dir", str(drain)) as proc:
+        yield {"socket": str(listen), "drain": drain, "behaviours": behaviours, "proc": proc}
 
 def chat(model=None, stream=False, max_tokens=8):
     body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": max_tokens,
@@ -138,15 +143,9 @@ def test_a_lane_on_another_node_is_reached_through_its_gateway_with_the_requests
     local = Behaviour(api_key=None, model="qwen3-coder", decode_tok_s=200.0)
     remote = Behaviour(api_key="sk-lane", model="gpt-oss-20b", decode_tok_s=200.0)
     servers = [make_server(local, uds=str(tmp_path / "coder.sock")), make_server(remote, "127.0.0.1", 0)]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
     listen = tmp_path / "router.sock"
-    proc = subprocess.Popen([sys.executable, str(ROUTER), "--listen", str(listen),
-                             "--lane", f"coder={tmp_path / 'coder.sock'}",
-                             "--lane", f"fast=127.0.0.1:{servers[1].server_address[1]}"], stderr=subprocess.PIPE)
-    try:
-        wait_for(listen.exists, "the router listening", 10)
-        router = {"socket": str(listen)}
+    with router_before(servers, listen, "--lane", f"coder={tmp_path / 'coder.sock'}",
+                       "--lane", f"fast=127.0.0.1:{servers[1].server_address[1]}"):
 
         def ask(model, key):
             conn = UnixConnection(str(listen))
@@ -161,15 +160,9 @@ def test_a_lane_on_another_node_is_reached_through_its_gateway_with_the_requests
         assert (status, body["model"]) == (200, "gpt-oss-20b")
         assert ask("gpt-oss-20b", "sk-wrong")[0] == 401  # the lane's gateway refused it, not the router
         assert ask("qwen3-coder", None)[0] == 200 and len(local.requests) == 1
-        conn = UnixConnection(router["socket"])
+        conn = UnixConnection(str(listen))
         conn.request("GET", "/v1/models", headers={"Authorization": "Bearer sk-lane"})
         assert [m["id"] for m in json.loads(conn.getresponse().read())["data"]] == ["qwen3-coder", "gpt-oss-20b"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        for server in servers:
-            server.shutdown()
-            server.server_close()
 
 
 @pytest.mark.parametrize("argv, says", [

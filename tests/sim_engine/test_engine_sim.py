@@ -20,10 +20,9 @@ import yaml
 
 from core import contract
 import sim_images
-from scenario_kit import (HEAD, ROOT, STACK, WORKER, changes, completion, completion_status, containers, copy_again_args, flag,
-                          guard_verdict, hub_commit, name_of, rails_throttled, recorder, serving_answers, sync_key_access,
-                          urn_of,
-                          vllm_argv, wait_for)
+from scenario_kit import (HEAD, ROOT, STACK, WORKER, changes, completion, completion_status, containers,
+                          copy_again_args, flag, guard_verdict, hub_commit, name_of, rails_throttled, recorder,
+                          serving_answers, serving_events, serving_pid, sync_key_access, urn_of, vllm_argv, wait_for)
 
 INTERRUPTED_COPY_RATE = "50mbit"  # the head's egress on each rail while an up is interrupted mid-copy
 
@@ -348,7 +347,9 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
             paced_engine(cluster, node, seqs=4, tok_s=25)
         wait_for(lambda: all(lane_answers(outputs, m) for m in ("sim-coder", "sim-fast")), "both lanes paced", 120)
         streams: dict[str, tuple[bool, float]] = {}
-        threads = [threading.Thread(target=lambda m=m: streams.__setitem__(m, stream_lane(outputs, m, 200)))
+        # 20 s a stream, longer than the `up` takes to reach the containers (fetch and shape check first:
+        # ~10 s): without the drain the fast lane's stream was cut (with 8 s streams it was not, drain or none)
+        threads = [threading.Thread(target=lambda m=m: streams.__setitem__(m, stream_lane(outputs, m, 500)))
                    for m in ("sim-coder", "sim-fast")]
         for thread in threads:
             thread.start()
@@ -371,6 +372,14 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
         argv = json.loads(cluster.node_exec(WORKER, "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)["argv"]
         assert flag(argv, "--max-model-len") == "16384"
         wait_for(lambda: lane_answers(outputs, "sim-fast"), "the swapped lane serving", 60)
+
+        # a lane's engine killed: that lane's restarts (its own container, its own guard), the other's does not
+        since = time.time()
+        cluster.node_exec(WORKER, "kill", "-9", serving_pid(cluster, WORKER))
+        wait_for(lambda: serving_events(cluster, WORKER, since, "start"), "the fast lane's engine started again", 60)
+        wait_for(lambda: lane_answers(outputs, "sim-fast"), "the fast lane serving again", 90)
+        report["lane_killed_to_serving_s"] = round(time.time() - since, 1)
+        assert serving_events(cluster, HEAD, since, "die") == [] and lane_answers(outputs, "sim-coder")
     finally:
         stack.config_file.write_text(original)
         back = stack.up()
