@@ -189,7 +189,9 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
             opts=after_fabric,
         )
     nccl_args = NcclCheckArgs(
-        ranks=[NcclRank(n.name, conns[n.name], gated_image[n.name], bundles[n.name].env_hash) for n in view.nodes],
+        # the head's rank first: rank 0 holds the roll call at master_ip (after a role swap, not nodes[0])
+        ranks=[NcclRank(n.name, conns[n.name], gated_image[n.name], bundles[n.name].env_hash)
+               for n in [vhead, *view.workers]],
         master_ip=vtopology.head_ray_ip,
         min_bus_bandwidth_gbps=cfg.fabric.min_bus_bandwidth_gbps,
         pairs=nccl_pairs(vtopology),  # three nodes or more: each link first

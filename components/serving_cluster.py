@@ -70,6 +70,7 @@ class ServingClusterArgs:
     # container name)
     several_lanes: bool = False
 
+
 # vLLM's API socket: in the head's serving container, which creates it, and the API gateway,
 # which alone opens it; no other container mounts it (Grafana, Prometheus, the exporters).
 VLLM_SOCKET_VOLUME = docker.ContainerVolumeArgs(host_path=contract.VLLM_SOCKET_DIR, container_path=contract.VLLM_SOCKET_DIR)

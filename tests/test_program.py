@@ -167,7 +167,14 @@ def test_rays_token_is_new_for_a_new_set_of_machines_only(program, recipe_config
     for node in swapped["twinspark:nodes"]:
         node["role"] = "worker" if node["role"] == "head" else "head"
     swapped["twinspark:serving"]["profile"] = "multiagent"
-    assert ray_token_keepers(program(swapped)) == kept
+    swapped_run = program(swapped)
+    assert ray_token_keepers(swapped_run) == kept
+    # the new head's NCCL rank is rank 0, which holds the roll call at its own rail address (the
+    # rehearsal of 5b1ada3 failed here: ranks in `nodes` order made spark1 rank 0 at spark2's address)
+    for node, rank in (("spark2", "0"), ("spark1", "1")):
+        argv = runner_call(swapped_run.named(f"{node}-nccl-check")).args
+        check = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--check-arg"]  # the rank program's own
+        assert check[check.index("--rank") + 1] == rank, (node, check)
     grown = three_node_config(json.loads(json.dumps(recipe_config)))
     grown["twinspark:serving"]["pipelineParallel"] = 3
     assert ray_token_keepers(program(grown)) != kept
