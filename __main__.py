@@ -93,7 +93,7 @@ images: dict[str, ServingImage] = {}
 weights: dict[str, ModelWeights] = {}  # by lane
 readiness: list[Readiness] = []
 # one lane: the stack itself, every resource named as before; several: each a one-lane stack of its own
-lanes = lane_parts(cfg)
+lanes = lane_parts(cfg, addresses)
 
 
 def serving_image(n, ship_from=None) -> ServingImage:
@@ -114,7 +114,7 @@ def serving_image(n, ship_from=None) -> ServingImage:
 
 
 for part in lanes:  # each lane's image and weights: on its head, copied to its workers
-    view, vtopology = part.view, Topology(part.view, addresses)
+    view, vtopology = part.view, part.topology
     vhead = view.head
     access.update({n.name: NodeAccess(n.name, conns[n.name], vtopology.copy_rails(n) if n.role == "worker" else (),
                                       installations[n.name])
@@ -168,7 +168,7 @@ gated_image = {n.name: platform.gated(images[n.name].image_id) for n in cfg.node
 bundles: dict[str, LaunchBundle] = {}
 cluster = ServingCluster("serving")  # every lane's containers: a node keeps its container's resource whatever it serves
 for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, guard and readiness wait
-    view, vtopology = part.view, Topology(part.view, addresses)
+    view, vtopology = part.view, part.topology
     vhead = view.head
     vllm = VllmServe(serving=view.serving, model=view.model, tensor_parallel_size=view.tensor_parallel_size,
                      pipeline_parallel_size=view.pipeline_parallel_size)

@@ -17,7 +17,7 @@ admits the head's rail address alone (the firewall's `lane-gateway` flow).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import pulumi
 from pulumi_command import remote as pulumi_remote
@@ -34,15 +34,18 @@ class LaneParts:
 
     lane: ServedLane
     view: StackConfig
+    topology: Topology  # the view's: its head's Ray address, its copy's rails, its NCCL pairs
     named: bool  # another lane than the head's, beside it: its own resources carry its name
 
     def name(self, resource: str) -> str:
         return f"{self.lane.name}-{resource}" if self.named else resource
 
 
-def lane_parts(cfg: StackConfig) -> list[LaneParts]:
+def lane_parts(cfg: StackConfig, addresses: Mapping[str, Sequence[str]]) -> list[LaneParts]:
+    """Every lane; `addresses`: the nodes' resolved LAN addresses (resolve_node_addresses)."""
     head = cfg.head_lane
-    return [LaneParts(lane, cfg.lane_view(lane), lane != head) for lane in cfg.served_lanes]
+    views = [(lane, cfg.lane_view(lane)) for lane in cfg.served_lanes]
+    return [LaneParts(lane, view, Topology(view, addresses), lane != head) for lane, view in views]
 
 
 def lane_addresses(cfg: StackConfig, topology: Topology) -> list[tuple[str, str]]:
