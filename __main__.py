@@ -20,7 +20,7 @@ from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import CopySource, ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, guard_rank_flags, nccl_pairs
 from components.observability import Observability, ObservabilityArgs, ObservedAccess, alert_receivers
-from components.observability_files import plan_from_config
+from components.observability_files import plan_from_config, scraped_over_the_rail
 from components.platform_facts import NodeFacts, PlatformFacts, PlatformFactsArgs
 from components.readiness import Readiness, ReadinessArgs
 from components.remote import node_installation
@@ -30,7 +30,6 @@ from components.fabric_requalify import FabricRequalify, requalify_args
 from components.serving_cluster import NodeServingArgs, ServingCluster, ServingClusterArgs, require_engine_support
 from components.serving_image import BaseImagePin, BaseImagePinArgs, ServingImage, ServingImageArgs, ShipFrom
 from components.ssh_access import resolve_ssh_access
-from core.contract import metrics_loopback_port
 
 require_engine_support()
 cfg = load_stack_config()
@@ -185,6 +184,7 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
                 api_key=api_key if n.role == "head" else None,
                 front_port=cfg.serving.port if cfg.several_lanes and n == head else None,
                 lane_gateway=cfg.several_lanes,
+                metrics_address=scraped_over_the_rail(cfg, topology, n),
             ),
             opts=after_fabric,
         )
@@ -280,9 +280,7 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
     Observability(
         "observability",
         ObservabilityArgs(
-            # several lanes: the head's lane's engine (dashboards by lane are not built yet)
-            plan=plan_from_config(cfg.client_view(cfg.head_lane), alertmanager=receivers is not None, topology=topology,
-                                  vllm_port=metrics_loopback_port(cfg.lane_view(cfg.head_lane).serving.port)),
+            plan=plan_from_config(cfg, alertmanager=receivers is not None, topology=topology),  # every lane's engine
             access={n.name: ObservedAccess(n.name, conns[n.name], images[n.name].provider, installations[n.name])
                     for n in cfg.nodes},
             grafana_admin_password=grafana_password,
@@ -301,7 +299,8 @@ if cfg.observability.enabled:  # Prometheus, Grafana (and Alertmanager) on the h
     pulumi.export("prometheusTunnel", client.prometheus_tunnel(cfg))
 
 # what clients are told: the head's lane's model (one lane: the stack's) at the stack's one endpoint
-first, client_cfg = weights[cfg.head_lane.name], cfg.client_view(cfg.head_lane)
+client_views = cfg.client_views
+first, client_cfg = weights[cfg.head_lane.name], client_views[0]
 pulumi.export("endpoint", client.endpoint_url(cfg))
 pulumi.export("model", client_cfg.model.served_name)
 pulumi.export("recipe", client_cfg.serving.recipe)
@@ -312,16 +311,13 @@ pulumi.export("modelDir", client_cfg.model.dir)  # where every node holds it (op
 pulumi.export("apiKey", pulumi.Output.secret(api_key))
 pulumi.export("healthUrl", client.endpoint_base(cfg) + "/health")
 pulumi.export("metricsUrl", client.endpoint_base(cfg) + "/metrics")
-pulumi.export("codexConfig", client.render_codex_config(client_cfg))
-pulumi.export("codexModelCatalog", client.render_codex_model_catalog(client_cfg))
-pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_claude_code_env(client_cfg, key)))
+pulumi.export("codexConfig", client.render_codex_config(client_views))
+pulumi.export("codexModelCatalog", client.render_codex_model_catalog(client_views))
+pulumi.export("claudeCodeEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_claude_code_env(client_views, key)))
 pulumi.export("claudeCodeSettings", client.render_claude_code_settings())
 pulumi.export("openaiEnv", pulumi.Output.secret(api_key).apply(lambda key: client.render_openai_env(client_cfg, key)))
-if cfg.several_lanes:  # each lane: its model, nodes and recipe (`twinspark status` and the clients, by lane)
-    pulumi.export("lanes", {part.lane.name: {"model": part.view.model.served_name, "recipe": part.view.serving.recipe,
-                                             "nodes": [n.name for n in part.lane.nodes],
-                                             "revision": weights[part.lane.name].revision}
-                            for part in lanes})
+if cfg.several_lanes:  # each lane as it is served: the day-2 tools' --model, and `preview` naming the lanes it touches
+    pulumi.export("lanes", client.lanes_output(cfg, {name: w.revision for name, w in weights.items()}))
 pulumi.export("nodes", client.nodes_output(cfg, ssh.host_keys, topology))
 pulumi.export("fabric", client.fabric_output(cfg))
 pulumi.export("sshUser", cfg.ssh.user)

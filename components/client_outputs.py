@@ -4,11 +4,15 @@ Every figure derives from the config: the context window is serving.maxModelLen,
 compaction fences never exceed it.
 
 - codexConfig:       ~/.codex/config.toml (wire_api "responses", auto-compaction fence)
-- codexModelCatalog: the model catalog JSON Codex reads via model_catalog_json
+- codexModelCatalog: the model catalog JSON Codex reads via model_catalog_json: every lane's model
+                     with its window and fence
 - claudeCodeEnv:     ANTHROPIC_* lines for Claude Code (vLLM serves /v1/messages); secret
 - claudeCodeSettings: what ~/.claude/settings.json must hold (client-setup merges it in)
 - openaiEnv:         the endpoint and key as OpenAI's clients, Open WebUI and Codex's profile read
                      them, in a file both a shell (`set -a`) and `docker run --env-file` take; secret
+
+Each takes the stack's client views (StackConfig.client_views: one a lane, the head's lane first,
+the clients' default); one lane renders as before lanes existed.
 """
 
 from __future__ import annotations
@@ -16,11 +20,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from core import contract
 
-from .config import StackConfig, Topology
+from .config import LANE_SERVING_KEYS, StackConfig, Topology
 
 # Agent sessions degrade past a model's fence (DeepSeek: ~150k of history with the native fp8
 # KV, ~100-120k with nvfp4 KV, seed gotchas 12 and 14): auto-compaction is the fence, and the
@@ -30,9 +34,11 @@ FENCE_SHARE_OF_CONTEXT = 0.9
 CODEX_PROVIDER_ID = "twinspark"
 CODEX_KEY_VARIABLE = "VLLM_API_KEY"  # the variable Codex's provider entry reads the key from (env_key)
 CODEX_PROFILE = "twinspark"  # `codex -p twinspark`: ops client-setup writes ~/.codex/twinspark.config.toml
-# Claude Code asks for a model by its tier (background work goes to Haiku's): each tier names the
-# one model served here, or vLLM answers 404 (vLLM's Claude Code guide, docs/serving/integrations)
-CLAUDE_CODE_TIERS = ("OPUS", "SONNET", "HAIKU")
+# Claude Code asks for a model by its tier (background work: titles, summaries, goes to Haiku's): each tier
+# names a model served here, or vLLM answers 404 (vLLM's Claude Code guide, docs/serving/integrations).
+# The head's lane answers the main tiers; with several lanes, the next lane the background one.
+CLAUDE_CODE_MAIN_TIERS = ("OPUS", "SONNET")
+CLAUDE_CODE_BACKGROUND_TIER = "HAIKU"
 
 
 def endpoint_base(cfg: StackConfig) -> str:
@@ -71,15 +77,20 @@ def catalog_file_name(cfg: StackConfig) -> str:
     return f"{cfg.model.served_name}-model-catalog.json"
 
 
-def render_codex_config(cfg: StackConfig) -> str:
+def render_codex_config(views: Sequence[StackConfig]) -> str:
+    """The profile: the first view's model by default; with several lanes each model's fence is its catalog
+    entry's (a fence here would hold every model to the default's)."""
+    cfg, others = views[0], views[1:]
     name = cfg.model.served_name
+    fence = "" if others else f"model_auto_compact_token_limit = {auto_compact_limit(cfg)}\n"
+    also = "".join(f"# also served here: {v.model.served_name} ({v.model.repo}, {v.serving.max_model_len:,} tokens): "
+                   f"codex -p {CODEX_PROFILE} -m {v.model.served_name}\n" for v in others)
     return f"""# Codex's profile for twinspark ({cfg.model.repo}): ~/.codex/{CODEX_PROFILE}.config.toml, then, with the
 # key from the openaiEnv output's file: set -a && . ~/.config/twinspark/openai.env && set +a && codex -p {CODEX_PROFILE}
-model = "{name}"
+{also}model = "{name}"
 model_provider = "{CODEX_PROVIDER_ID}"
 model_catalog_json = "~/.codex/{catalog_file_name(cfg)}"
-model_auto_compact_token_limit = {auto_compact_limit(cfg)}
-
+{fence}
 [model_providers.{CODEX_PROVIDER_ID}]
 name = "{name} on twinspark (local vLLM)"
 base_url = "{endpoint_url(cfg)}"
@@ -88,8 +99,9 @@ env_key = "{CODEX_KEY_VARIABLE}"
 """
 
 
-def render_codex_model_catalog(cfg: StackConfig) -> str:
-    """One catalog entry: every field Codex's parser requires, with this model's facts."""
+def codex_catalog_entry(cfg: StackConfig, priority: int, fence: bool) -> dict:
+    """Every field Codex's parser requires, with this model's facts (`fence`: its own auto-compaction
+    limit, where the profile sets none for all)."""
     name = cfg.model.served_name
     entry = {
         "slug": name,
@@ -104,7 +116,7 @@ def render_codex_model_catalog(cfg: StackConfig) -> str:
         "shell_type": "shell_command",
         "visibility": "list",
         "supported_in_api": True,
-        "priority": 1,
+        "priority": priority,
         "support_verbosity": False,
         "apply_patch_tool_type": "freeform",
         "truncation_policy": {"mode": "tokens", "limit": 10000},
@@ -117,17 +129,27 @@ def render_codex_model_catalog(cfg: StackConfig) -> str:
             "what you did and what you could not check."
         ),
     }
-    return json.dumps({"models": [entry]}, indent=2) + "\n"
+    return {**entry, "auto_compact_token_limit": auto_compact_limit(cfg)} if fence else entry
 
 
-def render_claude_code_env(cfg: StackConfig, api_key: str) -> str:
-    """Lines to `source`: every value shell-quoted, so none can run as code ($(...), `...`, ;)."""
+def render_codex_model_catalog(views: Sequence[StackConfig]) -> str:
+    """One entry a served model, the default first."""
+    several = len(views) > 1
+    return json.dumps({"models": [codex_catalog_entry(v, priority, several) for priority, v in enumerate(views, 1)]},
+                      indent=2) + "\n"
+
+
+def render_claude_code_env(views: Sequence[StackConfig], api_key: str) -> str:
+    """Lines to `source`: every value shell-quoted, so none can run as code ($(...), `...`, ;). The main
+    tiers and the context are the first view's model's; the background tier the next view's, if any."""
+    main, background = views[0], views[1] if len(views) > 1 else views[0]
     values = {
-        "ANTHROPIC_BASE_URL": endpoint_base(cfg),
-        "ANTHROPIC_MODEL": cfg.model.served_name,
-        **{f"ANTHROPIC_DEFAULT_{tier}_MODEL": cfg.model.served_name for tier in CLAUDE_CODE_TIERS},
+        "ANTHROPIC_BASE_URL": endpoint_base(main),
+        "ANTHROPIC_MODEL": main.model.served_name,
+        **{f"ANTHROPIC_DEFAULT_{tier}_MODEL": main.model.served_name for tier in CLAUDE_CODE_MAIN_TIERS},
+        f"ANTHROPIC_DEFAULT_{CLAUDE_CODE_BACKGROUND_TIER}_MODEL": background.model.served_name,
         "ANTHROPIC_AUTH_TOKEN": api_key,
-        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(claude_code_max_context(cfg)),
+        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(claude_code_max_context(main)),
     }
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
 
@@ -154,6 +176,19 @@ def render_claude_code_settings() -> str:
     cache; Claude Code reads the switch only from its settings file, not from the shell (vLLM's
     guide). Nothing secret: the key stays in the env file."""
     return json.dumps({"env": {"CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}}, indent=2) + "\n"
+
+
+def lanes_output(cfg: StackConfig, revisions: Mapping[str, object]) -> dict:
+    """Several lanes: each lane's model, recipe, nodes, revision (`revisions`: the commit each lane's weights
+    hold) and its lane keys of `serving` as it is served, so `pulumi preview` shows which lanes a change
+    touches (its Outputs: `~ lanes: { ~ fast: { ~ serving: { ~ maxModelLen: ...`)."""
+    out = {}
+    for lane in cfg.served_lanes:
+        serving = lane.serving.model_dump(by_alias=True, mode="json")
+        out[lane.name] = {"model": lane.model.served_name, "recipe": lane.serving.recipe,
+                          "nodes": [n.name for n in lane.nodes], "revision": revisions[lane.name],
+                          "serving": {key: serving[key] for key in LANE_SERVING_KEYS}}
+    return out
 
 
 def nodes_output(cfg: StackConfig, host_keys: Mapping[str, str], topology: Topology) -> list[dict]:

@@ -37,6 +37,7 @@ ALWAYS, OBSERVABILITY = "always", "observability.enabled"
 RAY = "serving.executor ray, a lane across nodes"  # the node's lane's executor (one lane: the stack's)
 MP = "serving.executor mp, a lane across nodes"
 SEVERAL_LANES = "several `lanes`"
+LANES_OBSERVED = "several `lanes`, observability.enabled"
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ FLOWS = (
          "the weight copy's rsync daemons (a secret per copy; the port shut again when the copy ends)"),
     Flow("lane-gateway", (contract.LANE_GATEWAY_PORT,) * 2, LANE_HEADS, HEAD_RAY, SEVERAL_LANES,
          "the lane's gateway, which the head's lane router hands the lane's requests to (the key checked again)"),
+    Flow("lane-metrics", (contract.LANE_METRICS_PORT,) * 2, LANE_HEADS, HEAD_RAY, LANES_OBSERVED,
+         "the lane's vLLM /metrics (its gateway's, no key: this port serves nothing else), scraped by the head's "
+         "Prometheus"),
 )
 
 
@@ -110,7 +114,7 @@ def _applies(flow: Flow, node: Node, topology: Topology) -> bool:
         return False
     executors = {lane.serving.executor for lane in cfg.lanes_on(node) if lane.world_size > 1}
     return {ALWAYS: True, RAY: "ray" in executors, MP: "mp" in executors, OBSERVABILITY: cfg.observability.enabled,
-            SEVERAL_LANES: cfg.several_lanes}[flow.when]
+            SEVERAL_LANES: cfg.several_lanes, LANES_OBSERVED: cfg.several_lanes and cfg.observability.enabled}[flow.when]
 
 
 def _sources(flow: Flow, node: Node, topology: Topology) -> tuple[Optional[str], tuple[str, ...]]:

@@ -95,6 +95,9 @@ class LaunchBundleArgs:
     api_key: Optional[pulumi.Input[str]]  # the head's secrets.env; None on workers
     front_port: Optional[int] = None  # several lanes, the stack's head: serving.port, the front gateway's (and the router)
     lane_gateway: bool = False  # several lanes: this node heads a lane, its gateway drained for a swap
+    # several lanes, a worker that heads a lane: its Ray address, where its gateway also serves vLLM's /metrics
+    # to the head's Prometheus (the firewall's `lane-metrics` admits the head alone)
+    metrics_address: Optional[str] = None
 
 
 def vllm_serve_args(vllm: VllmServe, rank: Optional[MpRank] = None) -> list[list[str]]:
@@ -259,7 +262,7 @@ FRONT = GatewayRole(contract.API_FRONT_CONF, f"127.0.0.1:{contract.LANE_ROUTER_P
                     drain_file=None, metrics=False)
 
 
-def render_api_gateway_conf(port: int, role: GatewayRole = GatewayRole()) -> str:
+def render_api_gateway_conf(port: int, role: GatewayRole = GatewayRole(), metrics_address: Optional[str] = None) -> str:
     """nginx in front of vLLM: every path needs the key but /health, which says only up or down.
 
     The key map is written at container start by api-gateway.sh (from secrets.env, into a
@@ -267,15 +270,19 @@ def render_api_gateway_conf(port: int, role: GatewayRole = GatewayRole()) -> str
     gateway's workers (group API_SOCKET_GROUP) can open; a request reaches it on the one path
     that was checked ($uri, equal to the raw path once PLAIN_REQUEST_PATH holds). The front (several
     lanes) is the same gateway in front of the router, which hands each request to its lane's gateway.
+    `metrics_address`: an address /metrics is served on beside loopback (LaunchBundleArgs.metrics_address).
     """
     run, temp = contract.API_GATEWAY_RUN_DIR, contract.API_GATEWAY_TEMP_DIR
     refuse_odd_paths = "if ($twinspark_plain_path = 0) { return 404; }"
     # the serving guard's drain (contract.DRAIN_FILE, the folder mounted read-only): checked per request
     drain = f"if (-f {role.drain_file}) {{ return 503; }}" if role.drain_file else ""
+    metrics_port = contract.metrics_loopback_port(port)
+    # a worker's lane: the head's Prometheus reads it over the rail, the firewall admitting the head alone
+    also_listen = f"\n        listen {metrics_address}:{metrics_port};" if metrics_address else ""
     metrics = f"""
     # Prometheus (on the head's network) reads vLLM's /metrics here, and nothing else
     server {{
-        listen 127.0.0.1:{contract.metrics_loopback_port(port)};
+        listen 127.0.0.1:{metrics_port};{also_listen}
         {refuse_odd_paths}
         location = /metrics {{ proxy_pass http://vllm/metrics; }}
         location / {{ return 404; }}
@@ -392,7 +399,8 @@ def gateway_files(args: LaunchBundleArgs) -> list[ManagedFile]:
     return [
         bundle_file(contract.API_GATEWAY_SCRIPT, launch_file(contract.API_GATEWAY_SCRIPT), "0755"),
         bundle_file(contract.API_GATEWAY_CONF,
-                    render_api_gateway_conf(args.vllm.serving.port, LANE if args.lane_gateway else GatewayRole()), "0644"),
+                    render_api_gateway_conf(args.vllm.serving.port, LANE if args.lane_gateway else GatewayRole(),
+                                            args.metrics_address), "0644"),
         *front,
         bundle_file(contract.SECRETS_FILE, secrets, "0600"),
     ]

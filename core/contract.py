@@ -182,12 +182,14 @@ MP_MASTER_PORT = 29501
 # Below Ray's worker ports (10002-19999) and the kernel's ephemeral range, where Ray's own
 # processes could hold it first.
 METRICS_LOOPBACK_PORT = 8100
-LANE_METRICS_LOOPBACK_PORT = 8103  # several lanes: a lane gateway's, apart from the one-lane gateway's it replaces
+# several lanes: a lane gateway's, apart from the one-lane gateway's it replaces; on loopback, and on a worker
+# that heads a lane also on its Ray address, for the head's Prometheus alone (the firewall's `lane-metrics`)
+LANE_METRICS_PORT = 8103
 
 
 def metrics_loopback_port(gateway_port: int) -> int:
     """Where the gateway on `gateway_port` serves vLLM's /metrics on loopback (the guard and Prometheus read it)."""
-    return LANE_METRICS_LOOPBACK_PORT if gateway_port == LANE_GATEWAY_PORT else METRICS_LOOPBACK_PORT
+    return LANE_METRICS_PORT if gateway_port == LANE_GATEWAY_PORT else METRICS_LOOPBACK_PORT
 
 # Ray's defaults for the ports the boot scripts leave unset (`ray start --help`)
 RAY_CLIENT_PORT = 10001

@@ -86,6 +86,13 @@ class Fabric(Lenient):
     linkSpeedMbps: Optional[int] = None
 
 
+class Lane(Lenient):
+    """One lane of a stack that serves several (the `lanes` output, issue 41)."""
+    model: str  # its served name
+    recipe: str
+    nodes: list[str]
+
+
 class StackOutputs(Lenient):
     """The outputs the tools read; each is optional here, and asked for where a tool needs it."""
     endpoint: Optional[str] = None
@@ -97,6 +104,7 @@ class StackOutputs(Lenient):
     nodes: Optional[list[Node]] = None
     sshUser: Optional[str] = None
     fabric: Optional[Fabric] = None
+    lanes: Optional[dict[str, Lane]] = None  # several lanes: each by its name; one lane: absent
     codexConfig: Optional[str] = None
     codexModelCatalog: Optional[str] = None
     claudeCodeEnv: Optional[str] = None

@@ -242,6 +242,11 @@ def run(args: argparse.Namespace) -> int:
              "open_webui": f"docker run --env-file {args.openai_env_file} ..."}
     console.print(Text.assemble("Claude Code: ", (start["claude_code"], "bold"), "; Codex: ", (start["codex"], "bold"),
                                 "; Open WebUI: ", (start["open_webui"], "bold")))
+    # several lanes: the other models behind the endpoint (Codex's catalog lists them, Claude Code's Haiku tier asks one)
+    others = [lane["model"] for lane in (target.outputs.get("lanes") or {}).values()
+              if lane["model"] != target.outputs.get("model")]
+    if others:
+        console.print(Text(f"Also served: {', '.join(others)} (Codex: add -m NAME; any client: the request's model)"))
     print_json(args, {"files": [{"path": str(f.path), "action": f.action, "backup": str(f.backup) if f.backup else None}
-                                for f in written], "start": start})
+                                for f in written], "start": start, "also_served": others})
     return 0

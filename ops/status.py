@@ -177,6 +177,9 @@ def problems(report: dict, expect_mtu: int, expect_speed: int) -> list[str]:
                      f"{ep['expected_model']}")
     elif ep.get("error"):
         found.append(f"endpoint {ep['url']}: /metrics {ep['error']}")
+    for name, lane in (report.get("lanes") or {}).items():  # each lane's model served (its router's answer)
+        if "models" in ep and lane["model"] not in ep["models"] and lane["model"] != ep.get("expected_model"):
+            found.append(f"lane {name} ({', '.join(lane['nodes'])}): {ep['url']} does not serve its model {lane['model']}")
     platforms = {n["node"]: n.get("platform", {}).get("facts") for n in report["nodes"]}
     if platforms and all(platforms.values()):
         found += [f"platform: {f.text}" for f in platform_gate.evaluate(platforms, report.get("acknowledged", []))]
@@ -368,7 +371,7 @@ def collect(target, runner: NodeRunner) -> dict:
     with ThreadPoolExecutor(max_workers=max(1, len(target.nodes))) as pool:
         nodes = list(pool.map(one, target.nodes))
     return {"endpoint": endpoint_status(target.base_url, target.api_key, target.model), "nodes": nodes,
-            "acknowledged": acknowledged}
+            "acknowledged": acknowledged, "lanes": target.outputs.get("lanes") or {}}
 
 
 def render(report: dict, found: list[str], console: Console) -> None:
@@ -421,6 +424,15 @@ def render(report: dict, found: list[str], console: Console) -> None:
         endpoint.add_row("spec-decode acceptance", f"{sd['acceptance']:.0%}")
         endpoint.add_row("per draft position", " ".join(f"{p:.0%}" for p in sd["per_position"]))
     console.print(endpoint)
+    if report.get("lanes"):
+        lanes = Table(title="lanes (one model each, behind the endpoint)")
+        for col in ("lane", "model", "recipe", "nodes", "served"):
+            lanes.add_column(col)
+        for name, lane in report["lanes"].items():
+            served = lane["model"] in (ep.get("models") or [])
+            lanes.add_row(*(Text(v) for v in (name, lane["model"], lane["recipe"], ", ".join(lane["nodes"]))),
+                          Text("yes") if served else Text("NOT SERVED", style=red))
+        console.print(lanes)
     for line in found:
         console.print(Text("UNHEALTHY ", style=red) + Text(line))
     if not found:

@@ -33,6 +33,7 @@ class Target:
     ssh_user: Optional[str] = None
     fabric: dict[str, Any] = field(default_factory=dict)  # {"mtu": .., "linkSpeedMbps": ..}
     recipe: Optional[str] = None  # the serving recipe's name: the stack's `recipe` output or --recipe
+    lane: Optional[str] = None  # of a stack with several lanes: the one serving `model`
     max_model_len: Optional[int] = None  # the served model's context, as check_endpoint found it
 
     @property
@@ -51,7 +52,8 @@ def add_target_arguments(parser: argparse.ArgumentParser, endpoint: bool = True,
     if endpoint:
         group.add_argument("--endpoint", help="OpenAI base URL, e.g. http://192.168.1.10:8000/v1")
         group.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="default: $VLLM_API_KEY")
-        group.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
+        group.add_argument("--model", help="served model name (default: the stack's `model` output, its head's lane; "
+                                           "else the first one /v1/models lists)")
     if nodes:
         group.add_argument("--nodes", help="JSON list of nodes as in the `nodes` stack output")
 
@@ -205,16 +207,33 @@ def resolve_target(args: argparse.Namespace, stands_in: Sequence[str] = ("endpoi
         heads = [n["name"] for n in nodes if n["role"] == "head"]
         if len(heads) != 1:
             raise TargetError(f"nodes: expected exactly one with role head, found {len(heads)}")
+    model = getattr(args, "model", None) or outputs.get("model") or ""
+    # a lane's recipe where the model is one of the stack's lanes (a flag's --endpoint is not the stack's)
+    lane, lane_recipe = lane_serving(outputs, model) if endpoint == outputs.get("endpoint") else (None, None)
     return Target(
         endpoint=endpoint,
         api_key=getattr(args, "api_key", None) or outputs.get("apiKey") or "",
-        model=getattr(args, "model", None) or outputs.get("model") or "",
+        model=model,
         nodes=nodes,
         outputs=outputs,
         ssh_user=outputs.get("sshUser"),
         fabric=outputs.get("fabric") or {},
-        recipe=getattr(args, "recipe", None) or outputs.get("recipe"),
+        recipe=getattr(args, "recipe", None) or lane_recipe or outputs.get("recipe"),
+        lane=lane,
     )
+
+
+def lane_serving(outputs: dict[str, Any], model: str) -> tuple[Optional[str], Optional[str]]:
+    """The lane of a stack with several that serves `model`, and its recipe; (None, None) for a stack of one
+    lane. TargetError naming every lane's model where none serves it."""
+    lanes = outputs.get("lanes") or {}
+    if not lanes or not model:
+        return None, None
+    for name, lane in lanes.items():
+        if lane["model"] == model:
+            return name, lane["recipe"]
+    served = ", ".join(f"{lane['model']} (lane {name})" for name, lane in lanes.items())
+    raise TargetError(f"--model {model!r}: no lane of the stack serves it; it serves {served}: pass one of them")
 
 
 def target_recipe(target: Target, default: Optional[str] = None) -> recipes.Recipe:

@@ -111,4 +111,4 @@ def dashboard_targets(plan=None) -> list[tuple[str, str, str]]:
 
 
 def promql_of(expr: str) -> str:
-    return expr.replace("$node", ".*")  # the dashboard variable, as "All" sends it
+    return expr.replace("$node", ".*").replace("$lane", ".*")  # the dashboards' variables, as "All" sends them

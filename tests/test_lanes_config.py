@@ -1,6 +1,7 @@
 """Lanes (issue 41): several models, each on its own nodes, in one stack config; the one-lane stack as before."""
 
 import copy
+import json
 
 import pytest
 from program_harness import config_blocks
@@ -126,6 +127,40 @@ def test_a_lanes_view_is_a_one_lane_stack_headed_where_its_gateway_runs():
     assert one.lane_view(one.only_lane) is one  # one lane: the stack itself, every resource as before
 
 
+# ---- monitoring by lane ---------------------------------------------------------------------------
+def test_prometheus_scrapes_each_lanes_engine_and_the_dashboards_and_alerts_keep_lanes_apart(tmp_path):
+    import dataclasses
+
+    import yaml
+    from observability_helpers import dashboard_targets, every_rule
+    from test_observability import check_exprs_parse
+
+    from components.observability_files import plan_from_config, render_dashboards, render_prometheus_config
+
+    plan = plan_from_config(parse_stack_config(two_lanes()), alertmanager=False)
+    assert plan.panels == ("overview", "nodes")  # neither lane's recipe speculates: its dashboard drawn all the same
+    plan = dataclasses.replace(plan, panels=("overview", "spec-decode", "nodes"))
+    vllm_job = yaml.safe_load(render_prometheus_config(plan))["scrape_configs"][0]
+    assert vllm_job["job_name"] == "vllm" and vllm_job["static_configs"] == [  # the worker's over its rail
+        {"targets": ["127.0.0.1:8103"], "labels": {"node": "spark1", "role": "head", "lane": "coder"}},
+        {"targets": ["10.0.0.2:8103"], "labels": {"node": "spark2", "role": "worker", "lane": "fast"}}]
+    engine_queries = [(title, expr) for _, title, expr in dashboard_targets(plan) if 'job="vllm"' in expr]
+    assert len(engine_queries) >= 25
+    # every engine query picks the lanes the variable names and adds up each lane apart
+    assert [q for q in engine_queries if 'lane=~"$lane"' not in q[1] or "sum(" in q[1] or "max(" in q[1]] == []
+    overview = json.loads(render_dashboards(plan)["twinspark-overview.json"])
+    assert [(v["name"], v["query"], v["allValue"]) for v in overview["templating"]["list"]] == [
+        ("lane", 'label_values(up{job="vllm"}, lane)', ".+")]  # All: every lane, not a series without one
+    legends = [t["legendFormat"] for p in overview["panels"] for t in p.get("targets", []) if 'job="vllm"' in t["expr"]]
+    assert legends and all(legend.startswith("{{lane}}") for legend in legends), legends
+    # one lane's engine crawling is not hidden by another's tokens
+    [collapse] = [r for r in every_rule(plan) if r.alert == "TwinsparkThroughputCollapse"]
+    assert collapse.expr.count("sum by (lane)") == 3 and collapse.expr.count("on (lane)") == 2, collapse.expr
+    exprs = [e for _, e in engine_queries] + list(collapse.signals) + [collapse.expr]
+    proc = check_exprs_parse(tmp_path, exprs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 # ---- the program: two lanes, one per node -----------------------------------------------------
 def lanes_stack_config():
     from program_harness import stack_config
@@ -193,79 +228,31 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
     assert 'iifname "enp1s0f0np0" ip saddr 10.0.0.1 tcp dport 8101 accept  # lane-gateway' in walls["spark2"]
     assert "lane-gateway" not in walls["spark1"]
     assert "ray-gcs" not in walls["spark1"] and "ray-workers" not in walls["spark2"]  # no lane spans the nodes
+    # the worker's lane engine /metrics: on its rail address too, for the head's Prometheus alone
+    assert 'iifname "enp1s0f0np0" ip saddr 10.0.0.1 tcp dport 8103 accept  # lane-metrics' in walls["spark2"]
+    assert "lane-metrics" not in walls["spark1"]
+    worker_conf = runner_call(run.named("spark2-bundle-api-gateway-conf")).payload
+    assert "listen 127.0.0.1:8103;\n        listen 10.0.0.2:8103;" in worker_conf
+    assert "listen 10." not in runner_call(run.named("spark1-bundle-api-gateway-conf")).payload
     lanes = run.outputs["lanes"]["value"]
     revisions = {lane: lanes[lane].pop("revision") for lane in lanes}  # each resolved on its own hub repository
     assert all(len(r) == 40 for r in revisions.values()) and len(set(revisions.values())) == 2, revisions
+    # each lane's lane keys as served: what `pulumi preview`'s outputs diff shows a change to one lane by
+    served = {lane: lanes[lane].pop("serving") for lane in lanes}
+    assert {lane: (s["maxModelLen"], s["gpuMemoryUtilization"], s["profile"]) for lane, s in served.items()} == {
+        "coder": (1048576, 0.45, "default"), "fast": (65536, 0.7, "default")}, served
+    assert set(served["fast"]) == {"recipe", "profile", "maxModelLen", "gpuMemoryUtilization", "kvCacheDtype",
+                                   "extraArgs", "tensorParallel", "pipelineParallel", "executor"}
     assert lanes == {"coder": {"model": "coder", "recipe": "gpt-oss-120b", "nodes": ["spark1"]},
                      "fast": {"model": "fast", "recipe": "gpt-oss-120b", "nodes": ["spark2"]}}
     assert run.outputs["model"]["value"] == "coder" and run.outputs["endpoint"]["value"].endswith(":8000/v1")
-
-
-# ---- a lane's swap: launch/lane-drain.sh against a stand-in engine's /metrics ----------------
-class Gauge:
-    """vLLM's running-requests gauge as /metrics shows it, counting down one per scrape to `floor`."""
-
-    def __init__(self, start: int, floor: int = 0):
-        self.value, self.floor = start, floor
-
-    def serve(self):
-        import http.server
-        import threading
-
-        gauge = self
-
-        class Metrics(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = (f'vllm:num_requests_running{{engine="0",model_name="m"}} {gauge.value}.0\n'
-                        'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n').encode()
-                gauge.value = max(gauge.floor, gauge.value - 1)
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        return server
-
-
-def lane_drain(*args):
-    import subprocess
-
-    from toolbox import LAUNCH_DIR
-
-    return subprocess.run(["bash", str(LAUNCH_DIR / "lane-drain.sh"), *args], capture_output=True, text=True,
-                          timeout=60)
-
-
-@pytest.mark.parametrize("start, floor, says", [
-    (2, 0, "drained: no request running"),  # the running streams end: the swap goes on at once
-    (1, 1, "deadline: 1 still running after 2 s; the swap goes on"),  # one never ends
-])
-def test_a_drain_turns_new_requests_away_and_waits_for_the_running_ones(tmp_path, start, floor, says):
-    server = Gauge(start, floor).serve()
-    drain_file = tmp_path / "drain" / "draining"
-    try:
-        done = lane_drain("drain", "--node", "sim2", "--drain-file", str(drain_file), "--deadline-s", "2",
-                          "--metrics-url", f"http://127.0.0.1:{server.server_address[1]}/metrics")
-    finally:
-        server.shutdown()
-    assert done.returncode == 0 and says in done.stdout + done.stderr, done.stdout + done.stderr
-    assert drain_file.read_text().startswith("swap: ")  # the lane's gateway answers 503 while it is there
-    opened = lane_drain("open", "--node", "sim2", "--drain-file", str(drain_file))
-    assert opened.returncode == 0 and not drain_file.exists(), opened.stderr
-
-
-def test_an_engine_that_does_not_answer_has_nothing_to_drain(tmp_path):
-    from toolbox import free_port
-
-    drain_file = tmp_path / "draining"
-    done = lane_drain("drain", "--node", "sim2", "--drain-file", str(drain_file), "--deadline-s", "2",
-                      "--metrics-url", f"http://127.0.0.1:{free_port()}/metrics")
-    assert done.returncode == 0 and "nothing to drain" in done.stdout + done.stderr and not drain_file.exists()
-    bad = lane_drain("drain", "--node", "sim2", "--drain-file", str(drain_file), "--deadline-s", "soon",
-                     "--metrics-url", "http://127.0.0.1:1/metrics")
-    assert bad.returncode != 0 and "--deadline-s must be whole seconds, not 'soon'" in bad.stderr
+    # the clients are told every lane's model with its own window and fence, the head's lane first (their default)
+    catalog = json.loads(run.outputs["codexModelCatalog"]["value"])["models"]
+    assert [(m["slug"], m["priority"], m["context_window"], m["auto_compact_token_limit"]) for m in catalog] == \
+        [("coder", 1, 1048576, 110000), ("fast", 2, 65536, 58982)]  # the recipe's fence, or 90 % of the window
+    codex = run.outputs["codexConfig"]["value"]
+    assert 'model = "coder"' in codex and "codex -p twinspark -m fast" in codex
+    assert "model_auto_compact_token_limit" not in codex  # it would hold the fast model to the coder's fence
+    claude = run.outputs["claudeCodeEnv"]["value"]
+    assert "ANTHROPIC_DEFAULT_SONNET_MODEL=coder" in claude and "ANTHROPIC_DEFAULT_HAIKU_MODEL=fast" in claude
+    assert "CLAUDE_CODE_MAX_CONTEXT_TOKENS=120000" in claude  # the main model's

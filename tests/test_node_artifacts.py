@@ -408,9 +408,9 @@ def test_readiness_times_out_with_the_log_tail(fake_endpoint, tmp_path):
 def test_codex_accepts_the_generated_config_and_catalog(tmp_path):
     home = tmp_path / "codex-home"
     home.mkdir()
-    (home / "config.toml").write_text(render_codex_config(CFG))
+    (home / "config.toml").write_text(render_codex_config([CFG]))
     catalog = tmp_path / "catalog.json"
-    catalog.write_text(render_codex_model_catalog(CFG))
+    catalog.write_text(render_codex_model_catalog([CFG]))
     proc = subprocess.run(
         [agent_cli("codex"), "debug", "models", "-c", f'model_catalog_json="{catalog}"'],
         capture_output=True, text=True, timeout=120, env={**os.environ, "CODEX_HOME": str(home)},

@@ -38,6 +38,7 @@ from components.observability_files import (
     GUARD_METRICS,
     AlertReceivers,
     RULES_FILE,
+    ObservedEngine,
     ObservedNode,
     ObservedRail,
     render_alert_rules,
@@ -318,7 +319,8 @@ def live(tmp_path_factory):
     plan = replace(
         base,
         nodes=(ObservedNode("spark1", "head", "127.0.0.2", RAILS), ObservedNode("spark2", "worker", "127.0.0.3", RAILS)),
-        vllm_port=vllm.server_address[1], prometheus_port=free_port(), node_exporter_port=free_port(),
+        engines=(ObservedEngine(f"127.0.0.1:{vllm.server_address[1]}", "spark1", "head"),),
+        prometheus_port=free_port(), node_exporter_port=free_port(),
         gpu_exporter_port=free_port(), alertmanager_port=free_port(),
     )
     procs, logs = [], []
@@ -381,7 +383,7 @@ def test_every_target_is_up_and_rail_labels_land_on_the_real_exporters_series(li
     port = plan.prometheus_port
     targets = wait_for(lambda: all_targets_up(port), "all six targets up", 30, interval_s=0.5, ignoring=(OSError,))
     assert {(t["labels"]["job"], t["labels"]["node"], t["scrapeUrl"].split("/")[2]) for t in targets} == {
-        ("vllm", "spark1", f"127.0.0.1:{plan.vllm_port}"), ("prometheus", "spark1", f"127.0.0.1:{plan.prometheus_port}"),
+        ("vllm", "spark1", plan.engines[0].address), ("prometheus", "spark1", f"127.0.0.1:{plan.prometheus_port}"),
         ("node", "spark1", f"127.0.0.2:{plan.node_exporter_port}"), ("node", "spark2", f"127.0.0.3:{plan.node_exporter_port}"),
         ("gpu", "spark1", f"127.0.0.2:{plan.gpu_exporter_port}"), ("gpu", "spark2", f"127.0.0.3:{plan.gpu_exporter_port}")}
     mtu = api(port, "/api/v1/query", query="node_network_mtu_bytes")["data"]["result"]

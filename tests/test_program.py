@@ -646,7 +646,7 @@ def test_claude_code_env_cannot_run_code_when_sourced(tmp_path, api_key):
 
     cfg = parse_stack_config(config_blocks())
     env_file = tmp_path / "claude-code.env"
-    env_file.write_text(render_claude_code_env(cfg, api_key))
+    env_file.write_text(render_claude_code_env([cfg], api_key))
     proc = subprocess.run(["bash", "-c", f'source {shlex.quote(str(env_file))} && printf %s "$ANTHROPIC_AUTH_TOKEN"'],
                           cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr

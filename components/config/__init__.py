@@ -20,7 +20,8 @@ What `serving.extraArgs` may hold lives beside the recipes: core/vllm_flags.py.
 """
 
 from core.vllm_flags import FLAGS_NOT_IN_EXTRA_ARGS
-from .blocks import AlertEmail, ConfigBlock, ModelConfig, Node, Observability, PowerWatch, Serving, ServingGuard
+from .blocks import (LANE_SERVING_KEYS, AlertEmail, ConfigBlock, ModelConfig, Node, Observability, PowerWatch, Serving,
+                     ServingGuard)
 from .errors import NAMESPACE, config_error, format_key_path
 from .loading import load_stack_config, parse_stack_config, stack_config_keys, stack_file_config
 from .node_addresses import resolve_node_addresses
@@ -32,7 +33,8 @@ from .values import DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK
 
 __all__ = [
     "CopyRail", "Link", "NodeFabric", "Topology",
-    "DEFAULT_HUB_ENDPOINT", "FLAGS_NOT_IN_EXTRA_ARGS", "NAMESPACE", "OPTIONAL_STRUCTURED_KEYS", "SERVING_IMAGE_LOCK",
+    "DEFAULT_HUB_ENDPOINT", "FLAGS_NOT_IN_EXTRA_ARGS", "LANE_SERVING_KEYS", "NAMESPACE", "OPTIONAL_STRUCTURED_KEYS",
+    "SERVING_IMAGE_LOCK",
     "STRUCTURED_KEYS", "AlertEmail", "ConfigBlock", "ModelConfig", "Node", "Observability", "PowerWatch", "Serving",
     "ServingGuard",
     "ServedLane",

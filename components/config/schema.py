@@ -237,6 +237,13 @@ class StackConfig(ConfigBlock):
                                        "serving": lane.serving.model_copy(update={"port": self.serving.port})})
 
     @property
+    def client_views(self) -> list["StackConfig"]:
+        """What clients are told, one view a lane: the head's lane first (their default), then the others in
+        `lanes` order."""
+        head = self.head_lane
+        return [self.client_view(lane) for lane in (head, *(lane for lane in self.served_lanes if lane.name != head.name))]
+
+    @property
     def hub_endpoints(self) -> dict[str, str]:
         """Each lane's model.hubEndpoint, by its key (where the HF token goes)."""
         return {lane.key("model.hubEndpoint"): lane.model.hub_endpoint for lane in self.served_lanes}

@@ -249,7 +249,7 @@ PORTS_IN_USE = (
     ((contract.RAY_CLIENT_PORT,) * 2, "the Ray client server's"),
     ((contract.METRICS_LOOPBACK_PORT,) * 2, "the API gateway's, for vLLM's /metrics on loopback"),
     ((contract.LANE_GATEWAY_PORT,) * 2, "a lane's gateway's (several lanes)"),
-    ((contract.LANE_METRICS_LOOPBACK_PORT,) * 2, "a lane gateway's, for vLLM's /metrics on loopback (several lanes)"),
+    ((contract.LANE_METRICS_PORT,) * 2, "a lane gateway's, for vLLM's /metrics (several lanes)"),
     ((contract.LANE_ROUTER_PORT,) * 2, "the lane router's, on the head's loopback (several lanes)"),
     (contract.RAY_WORKER_PORTS, "one of Ray's worker ports"),
     ((contract.NCCL_RENDEZVOUS_PORT,) * 2, "NcclCheck's NCCL rendezvous"),

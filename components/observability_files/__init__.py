@@ -17,14 +17,16 @@ from .alerts import WATCHDOG, alert_groups, render_alert_rules
 from .dashboards import render_dashboards
 from .grafana import GRAFANA_HOST_DIR, HOME_DASHBOARD, grafana_files, panel_list
 from .metrics import FABRIC_METRICS, GUARD_METRICS, POWER_WATCH_METRICS, ROCE_ERROR_COUNTERS
-from .plan import ObservabilityPlan, ObservedNode, ObservedRail, RenderedFile, plan_from_config
+from .plan import (ObservabilityPlan, ObservedEngine, ObservedNode, ObservedRail, RenderedFile, plan_from_config,
+                   scraped_over_the_rail)
 from .prometheus import PROMETHEUS_HOST_DIR, RULES_FILE, prometheus_files, render_prometheus_config
 
 __all__ = [
     "ALERTMANAGER_CONFIG", "ALERTMANAGER_HOST_DIR", "AlertReceivers", "FABRIC_METRICS", "GRAFANA_HOST_DIR", "GUARD_METRICS",
     "POWER_WATCH_METRICS",
     "HOME_DASHBOARD", "panel_list",
-    "PROMETHEUS_HOST_DIR", "ROCE_ERROR_COUNTERS", "RULES_FILE", "WATCHDOG", "ObservabilityPlan", "ObservedNode",
-    "ObservedRail", "RenderedFile", "alert_groups", "grafana_files", "plan_from_config", "prometheus_files",
+    "PROMETHEUS_HOST_DIR", "ROCE_ERROR_COUNTERS", "RULES_FILE", "WATCHDOG", "ObservabilityPlan", "ObservedEngine",
+    "ObservedNode", "ObservedRail", "RenderedFile", "alert_groups", "grafana_files", "plan_from_config", "prometheus_files",
     "render_alert_rules", "render_alertmanager_config", "render_dashboards", "render_prometheus_config",
+    "scraped_over_the_rail",
 ]

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from core import contract
 
-from .metrics import JOB_GPU, JOB_NODE, JOB_VLLM, REAL_FILESYSTEMS, THROTTLE_SELECTOR, roce_errors_increase
+from .metrics import (JOB_GPU, JOB_NODE, JOB_VLLM, REAL_FILESYSTEMS, THROTTLE_SELECTOR, EngineSeries,
+                      roce_errors_increase)
 from .plan import ObservabilityPlan, yaml_text
 
 ROCE_PORT_ACTIVE = 4  # /sys/class/infiniband/<hca>/ports/1/state "4: ACTIVE"
@@ -30,17 +31,18 @@ def _rule(alert: str, signal: str, condition: str, for_: str, severity: str, sum
     return AlertRule(alert, (signal, *also), f"{signal} {condition}", for_, severity, summary, description)
 
 
-def throughput_collapse_expr(floor: float, window: str = "5m") -> tuple[tuple[str, ...], str]:
+def throughput_collapse_expr(floor: float, window: str = "5m", by_lane: bool = False) -> tuple[tuple[str, ...], str]:
     """Requests run, yet both decode and prefill crawl: what NCCL on TCP looks like.
 
     Requests running keeps an idle server quiet; the prefill side keeps a long prompt (no
     output tokens for minutes, thousands of prompt tokens a second) quiet.
     """
-    vllm = f'job="{JOB_VLLM}"'
-    output = f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[{window}]))"
-    prompt = f"sum(rate(vllm:prompt_tokens_total{{{vllm}}}[{window}]))"
-    running = f"sum(avg_over_time(vllm:num_requests_running{{{vllm}}}[{window}]))"
-    expr = f"({output} < {floor:g}) and on () ({prompt} < {20 * floor:g}) and on () ({running} >= 1)"
+    vllm, engines = f'job="{JOB_VLLM}"', EngineSeries(by_lane)  # several lanes: each lane's engine on its own
+    output = engines.sum(f"rate(vllm:generation_tokens_total{{{vllm}}}[{window}])")
+    prompt = engines.sum(f"rate(vllm:prompt_tokens_total{{{vllm}}}[{window}])")
+    running = engines.sum(f"avg_over_time(vllm:num_requests_running{{{vllm}}}[{window}])")
+    on = engines.matching
+    expr = f"({output} < {floor:g}) and {on} ({prompt} < {20 * floor:g}) and {on} ({running} >= 1)"
     return (output, prompt, running), expr
 
 
@@ -57,7 +59,8 @@ def alert_groups(plan: ObservabilityPlan) -> dict[str, list[AlertRule]]:
     drafted = f"sum by (node) (rate(vllm:spec_decode_num_draft_tokens_total{{{vllm}}}[10m]))"
     decoding = f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[5m]))"
     rail_bytes = f'sum(rate(node_infiniband_port_data_transmitted_bytes_total{{{node}, rail!=""}}[5m]))'
-    collapse_signals, collapse_expr = throughput_collapse_expr(s.throughput_floor_tokens_per_second)
+    collapse_signals, collapse_expr = throughput_collapse_expr(s.throughput_floor_tokens_per_second,
+                                                               by_lane=bool(plan.lanes))
     gpu_up, gpu_collect = f"up{{{gpu}}}", f"nvidia_smi_last_collect_success{{{gpu}}}"
     avail = f"node_filesystem_avail_bytes{{{REAL_FILESYSTEMS}}}"
     size = f"node_filesystem_size_bytes{{{REAL_FILESYSTEMS}}}"

@@ -18,7 +18,8 @@ from grafana_foundation_sdk.models import common as gcommon_model
 from grafana_foundation_sdk.models import dashboard as gmodel
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from .metrics import JOB_GPU, JOB_NODE, JOB_VLLM, REAL_FILESYSTEMS, THROTTLE_SELECTOR, roce_errors_increase
+from .metrics import (JOB_GPU, JOB_NODE, JOB_VLLM, REAL_FILESYSTEMS, THROTTLE_SELECTOR, EngineSeries,
+                      roce_errors_increase)
 from .plan import ObservabilityPlan
 
 DATASOURCE_UID = "twinspark-prometheus"  # the provisioned Prometheus datasource every panel queries
@@ -97,80 +98,95 @@ def _dashboard(title: str, uid: str, description: str) -> gdash.Dashboard:
     )
 
 
+def _with_lane_variable(engines: EngineSeries, dashboard: gdash.Dashboard) -> gdash.Dashboard:
+    """Several lanes: the `lane` variable the vLLM panels filter on (all of them at first)."""
+    if not engines.by_lane:
+        return dashboard
+    return dashboard.with_variable(
+        gdash.QueryVariable("lane").label("lane").datasource(_DS)
+        .query(f'label_values(up{{job="{JOB_VLLM}"}}, lane)')
+        .multi(True).include_all(True).all_value(".+")  # every lane, not the one-lane series of before the lanes
+        .refresh(gmodel.VariableRefresh.ON_DASHBOARD_LOAD))
+
+
 def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
-    vllm = f'job="{JOB_VLLM}"'
-    itl = "histogram_quantile({q}, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{%s}}[5m])))" % vllm
-    ttft = "histogram_quantile({q}, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{%s}}[5m])))" % vllm
-    e2e = "histogram_quantile({q}, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{{%s}}[5m])))" % vllm
-    queued = "histogram_quantile({q}, sum by (le) (rate(vllm:request_queue_time_seconds_bucket{{%s}}[5m])))" % vllm
-    prompt = "histogram_quantile({q}, sum by (le) (rate(vllm:request_prompt_tokens_bucket{{%s}}[15m])))" % vllm
+    engines = EngineSeries(bool(plan.lanes))
+    vllm, total, legend = engines.selector, engines.sum, engines.legend
+    itl = engines.quantile("vllm:inter_token_latency_seconds_bucket", "5m")
+    ttft = engines.quantile("vllm:time_to_first_token_seconds_bucket", "5m")
+    e2e = engines.quantile("vllm:e2e_request_latency_seconds_bucket", "5m")
+    queued = engines.quantile("vllm:request_queue_time_seconds_bucket", "5m")
+    prompt = engines.quantile("vllm:request_prompt_tokens_bucket", "15m")
+    kv_used = (f"max by (lane) (vllm:kv_cache_usage_perc{{{vllm}}})" if engines.by_lane
+               else f"max(vllm:kv_cache_usage_perc{{{vllm}}})")
     return (
-        _dashboard("twinspark — overview", "twinspark-overview",
-                   "Is it serving, how fast, and how full: vLLM's own metrics from the head.")
+        _with_lane_variable(engines, _dashboard("twinspark — overview", "twinspark-overview",
+                                         "Is it serving, how fast, and how full: vLLM's own metrics from the head."
+                                         + (" One line a lane (the lane variable picks)." if engines.by_lane else "")))
         .with_row(gdash.Row("Serving"))
         .with_panel(_stat("Serving", "Prometheus reaches vLLM's /metrics on the head.", "none",
-                          [(f"up{{{vllm}}}", "{{node}}")], thresholds=[(None, "red"), (1, "green")],
+                          [(f"up{{{vllm}}}", legend("{{node}}"))], thresholds=[(None, "red"), (1, "green")],
                           mappings=[gmodel.ValueMap(options={k: gmodel.ValueMappingResult(text=t, color=c)
                                                              for k, (t, c) in UP_DOWN.items()})]))
         .with_panel(_stat("Requests running", "vllm:num_requests_running", "none",
-                          [(f"sum(vllm:num_requests_running{{{vllm}}})", "running")]))
+                          [(total(f"vllm:num_requests_running{{{vllm}}}"), legend("running"))]))
         .with_panel(_stat("Requests waiting", "vllm:num_requests_waiting", "none",
-                          [(f"sum(vllm:num_requests_waiting{{{vllm}}})", "waiting")],
+                          [(total(f"vllm:num_requests_waiting{{{vllm}}}"), legend("waiting"))],
                           thresholds=[(None, "green"), (1, "orange")]))
         .with_panel(_stat("Output tok/s", "Generated tokens per second over the last minute.", TOKENS_PER_S,
-                          [(f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[1m]))", "tok/s")]))
+                          [(total(f"rate(vllm:generation_tokens_total{{{vllm}}}[1m])"), legend("tok/s"))]))
         .with_panel(_stat("KV cache used", "vllm:kv_cache_usage_perc.",
                           "percentunit",
-                          [(f"max(vllm:kv_cache_usage_perc{{{vllm}}})", "KV")],
+                          [(kv_used, legend("KV"))],
                           thresholds=[(None, "green"), (0.9, "orange"), (0.97, "red")]))
         .with_panel(_stat("Alerts firing", "Alert rules firing now (the list is below).", "none",
                           [('count(ALERTS{alertstate="firing"}) or vector(0)', "firing")],
                           thresholds=[(None, "green"), (1, "red")]))
         .with_panel(_timeseries("Requests running / waiting", "Scheduler queue.", "none",
-                                [(f"sum(vllm:num_requests_running{{{vllm}}})", "running"),
-                                 (f"sum(vllm:num_requests_waiting{{{vllm}}})", "waiting")]))
+                                [(total(f"vllm:num_requests_running{{{vllm}}}"), legend("running")),
+                                 (total(f"vllm:num_requests_waiting{{{vllm}}}"), legend("waiting"))]))
         .with_panel(_timeseries("Tokens per second", "Output (decode) and prompt (prefill) tokens per second.",
                                 TOKENS_PER_S,
-                                [(f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[1m]))", "output"),
-                                 (f"sum(rate(vllm:prompt_tokens_total{{{vllm}}}[1m]))", "prompt")]))
+                                [(total(f"rate(vllm:generation_tokens_total{{{vllm}}}[1m])"), legend("output")),
+                                 (total(f"rate(vllm:prompt_tokens_total{{{vllm}}}[1m])"), legend("prompt"))]))
         .with_panel(_timeseries("Time to first token", "p50 and p95 over 5 min.", "s",
-                                [(ttft.format(q="0.5"), "p50"), (ttft.format(q="0.95"), "p95")]))
+                                [(ttft.format(q="0.5"), legend("p50")), (ttft.format(q="0.95"), legend("p95"))]))
         .with_panel(_timeseries("Inter-token latency", "p50 and p95 over 5 min.", "s",
-                                [(itl.format(q="0.5"), "p50"), (itl.format(q="0.95"), "p95")]))
+                                [(itl.format(q="0.5"), legend("p50")), (itl.format(q="0.95"), legend("p95"))]))
         .with_panel(_timeseries("KV cache used", "Fraction of KV-cache blocks in use.", "percentunit",
-                                [(f"max(vllm:kv_cache_usage_perc{{{vllm}}})",
-                                  "KV cache")], span=8, min=0, max=1))
+                                [(kv_used, legend("KV cache"))], span=8, min=0, max=1))
         .with_panel(_timeseries("Preemptions", "Requests evicted for lack of KV cache, per 5 min.", "short",
-                                [(f"sum(increase(vllm:num_preemptions_total{{{vllm}}}[5m]))", "preemptions")],
+                                [(total(f"increase(vllm:num_preemptions_total{{{vllm}}}[5m])"), legend("preemptions"))],
                                 span=8))
         .with_panel(_timeseries("Prefix-cache hit rate", "Cached tokens / queried tokens over 5 min.",
                                 "percentunit",
-                                [(f"sum(rate(vllm:prefix_cache_hits_total{{{vllm}}}[5m])) / "
-                                  f"sum(rate(vllm:prefix_cache_queries_total{{{vllm}}}[5m]))", "hit rate")],
+                                [(f"{total(f'rate(vllm:prefix_cache_hits_total{{{vllm}}}[5m])')} / "
+                                  f"{total(f'rate(vllm:prefix_cache_queries_total{{{vllm}}}[5m])')}", legend("hit rate"))],
                                 span=8, min=0, max=1))
         .with_row(gdash.Row("Requests: latency, outcomes, prompt sizes"))
         .with_panel(_timeseries("End-to-end request latency", "p50 and p95 over 5 min, queue to last token.", "s",
-                                [(e2e.format(q="0.5"), "p50"), (e2e.format(q="0.95"), "p95")], span=8))
+                                [(e2e.format(q="0.5"), legend("p50")), (e2e.format(q="0.95"), legend("p95"))], span=8))
         .with_panel(_timeseries("Queue time", "p50 and p95 over 5 min a request waited for the scheduler.", "s",
-                                [(queued.format(q="0.5"), "p50"), (queued.format(q="0.95"), "p95")], span=8))
+                                [(queued.format(q="0.5"), legend("p50")), (queued.format(q="0.95"), legend("p95"))],
+                                span=8))
         .with_panel(_timeseries("Requests finished, by reason", "Per second: stop, length (cut at max tokens), "
                                 "abort (the client left), error.", "reqps",
-                                [(f"sum by (finished_reason) (rate(vllm:request_success_total{{{vllm}}}[5m]))",
-                                  "{{finished_reason}}")], span=8))
+                                [(total(f"rate(vllm:request_success_total{{{vllm}}}[5m])", by="finished_reason"),
+                                  legend("{{finished_reason}}"))], span=8))
         .with_panel(_timeseries("HTTP responses, by status", "Per second, as vLLM's API server answered the gateway.",
                                 "reqps",
-                                [(f"sum by (status) (rate(http_requests_total{{{vllm}}}[5m]))", "{{status}}")],
+                                [(total(f"rate(http_requests_total{{{vllm}}}[5m])", by="status"), legend("{{status}}"))],
                                 span=8))
         .with_panel(_timeseries("Prompt sizes against the compaction fence",
                                 f"p50, p95 and p99 prompt tokens over 15 min; the red line is the agents' "
                                 f"auto-compaction fence ({plan.compaction_fence_tokens:,} tokens): prompts near it "
                                 "are sessions about to compact (gotcha 12).", "short",
-                                [(prompt.format(q="0.5"), "p50"), (prompt.format(q="0.95"), "p95"),
-                                 (prompt.format(q="0.99"), "p99")], span=8, line_at=plan.compaction_fence_tokens))
+                                [(prompt.format(q="0.5"), legend("p50")), (prompt.format(q="0.95"), legend("p95")),
+                                 (prompt.format(q="0.99"), legend("p99"))], span=8, line_at=plan.compaction_fence_tokens))
         .with_panel(_timeseries("Tool-call parser", "Per second, by outcome: a model's tool calls the parser found "
                                 "(tool_call) or did not (no_tool_call).", "short",
-                                [(f"sum by (outcome, mode) (rate(vllm:tool_call_parser_invocations_total{{{vllm}}}"
-                                  "[5m]))", "{{outcome}} ({{mode}})")], span=8))
+                                [(total(f"rate(vllm:tool_call_parser_invocations_total{{{vllm}}}[5m])",
+                                        by="outcome, mode"), legend("{{outcome}} ({{mode}})"))], span=8))
         .with_row(gdash.Row("Guard: canary, restarts, hold (filled once the guard writes its metrics)"))
         .with_panel(_state("Canary", "Last canary result (twinspark_guard_canary_success).",
                            [("twinspark_guard_canary_success", "{{node}}")], {"1": ("PASS", "green"), "0": ("FAIL", "red")},
@@ -190,48 +206,51 @@ def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
 
 
 def _spec_decode(plan: ObservabilityPlan) -> gdash.Dashboard:
-    vllm = f'job="{JOB_VLLM}"'
+    engines = EngineSeries(bool(plan.lanes))
+    vllm, total, legend = engines.selector, engines.sum, engines.legend
     acc, draft_tok, drafts = (
         f"vllm:spec_decode_num_accepted_tokens_total{{{vllm}}}",
         f"vllm:spec_decode_num_draft_tokens_total{{{vllm}}}",
         f"vllm:spec_decode_num_drafts_total{{{vllm}}}",
     )
 
+    def rate(series: str, window: str) -> str:
+        return total(f"rate({series}[{window}])")
+
     def per_pos(window: str) -> str:
-        return (
-            f"sum by (position) (rate(vllm:spec_decode_num_accepted_tokens_per_pos_total{{{vllm}}}[{window}])) "
-            f"/ on () group_left () sum(rate({drafts}[{window}]))"
-        )
+        return (f"{total(f'rate(vllm:spec_decode_num_accepted_tokens_per_pos_total{{{vllm}}}[{window}])', by='position')} "
+                f"/ {engines.matching} group_left () {rate(drafts, window)}")
 
     return (
-        _dashboard("twinspark — speculative decoding", "twinspark-spec-decode",
-                   "How much the draft (DSpark/MTP) buys: acceptance overall and per draft position.")
+        _with_lane_variable(engines, _dashboard("twinspark — speculative decoding", "twinspark-spec-decode",
+                                         "How much the draft (DSpark/MTP) buys: acceptance overall and per draft "
+                                         "position."))
         .with_panel(_stat("Acceptance rate (10 min)", "Accepted / drafted tokens.", "percentunit",
-                          [(f"sum(rate({acc}[10m])) / sum(rate({draft_tok}[10m]))", "acceptance")], span=6,
+                          [(f"{rate(acc, '10m')} / {rate(draft_tok, '10m')}", legend("acceptance"))], span=6,
                           thresholds=[(None, "red"), (plan.settings.spec_decode_min_acceptance, "orange"),
                                       (0.5, "green")]))
         .with_panel(_stat("Mean accepted length (10 min)",
                           "1 + accepted tokens per draft (the bonus token counts, as vLLM logs it).", "suffix: tokens",
-                          [(f"1 + sum(rate({acc}[10m])) / sum(rate({drafts}[10m]))", "tokens per step")], span=6))
+                          [(f"1 + {rate(acc, '10m')} / {rate(drafts, '10m')}", legend("tokens per step"))], span=6))
         .with_panel(_stat("Drafted tok/s", "Draft tokens proposed per second (1 min).", TOKENS_PER_S,
-                          [(f"sum(rate({draft_tok}[1m]))", "drafted")], span=6))
+                          [(rate(draft_tok, "1m"), legend("drafted"))], span=6))
         .with_panel(_stat("Accepted tok/s", "Draft tokens accepted per second (1 min).", TOKENS_PER_S,
-                          [(f"sum(rate({acc}[1m]))", "accepted")], span=6))
+                          [(rate(acc, "1m"), legend("accepted"))], span=6))
         .with_panel(_timeseries("Acceptance rate", "Accepted / drafted tokens, 5 min windows.", "percentunit",
-                                [(f"sum(rate({acc}[5m])) / sum(rate({draft_tok}[5m]))", "acceptance")],
+                                [(f"{rate(acc, '5m')} / {rate(draft_tok, '5m')}", legend("acceptance"))],
                                 min=0, max=1))
         .with_panel(_timeseries("Mean accepted length", "1 + accepted tokens per draft, 5 min windows.", "suffix: tokens",
-                                [(f"1 + sum(rate({acc}[5m])) / sum(rate({drafts}[5m]))", "mean length")]))
+                                [(f"1 + {rate(acc, '5m')} / {rate(drafts, '5m')}", legend("mean length"))]))
         .with_panel(_timeseries("Acceptance per draft position",
                                 "Share of drafts whose token at this position was accepted (position 0 first).",
-                                "percentunit", [(per_pos("5m"), "position {{position}}")], span=24,
+                                "percentunit", [(per_pos("5m"), legend("position {{position}}"))], span=24,
                                 min=0, max=1))
         .with_panel(_timeseries("Drafted vs accepted tok/s", "Draft tokens proposed and accepted per second.",
                                 TOKENS_PER_S,
-                                [(f"sum(rate({draft_tok}[1m]))", "drafted"), (f"sum(rate({acc}[1m]))", "accepted"),
-                                 (f"sum(rate(vllm:generation_tokens_total{{{vllm}}}[1m]))", "output tok/s")]))
+                                [(rate(draft_tok, "1m"), legend("drafted")), (rate(acc, "1m"), legend("accepted")),
+                                 (rate(f"vllm:generation_tokens_total{{{vllm}}}", "1m"), legend("output tok/s"))]))
         .with_panel(_timeseries("Drafts per second", "Speculative steps per second.", "suffix: /s",
-                                [(f"sum(rate({drafts}[1m]))", "drafts/s")]))
+                                [(rate(drafts, "1m"), legend("drafts/s"))]))
     )
 
 

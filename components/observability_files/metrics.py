@@ -22,8 +22,42 @@ Metric names, by source:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Prometheus jobs (the `job` label).
 JOB_VLLM, JOB_NODE, JOB_GPU, JOB_PROMETHEUS = "vllm", "node", "gpu", "prometheus"
+
+
+@dataclass(frozen=True)
+class EngineSeries:
+    """vLLM's series as the panels pick and add them up and the alerts add them up: one lane, all of them (the
+    files as before lanes); several, each lane on its own (the dashboards' `lane` variable picks which)."""
+
+    by_lane: bool
+
+    @property
+    def selector(self) -> str:
+        """The dashboards' (the lane variable picks); an alert matches every lane: f'job="{JOB_VLLM}"'."""
+        return f'job="{JOB_VLLM}", lane=~"$lane"' if self.by_lane else f'job="{JOB_VLLM}"'
+
+    def sum(self, expr: str, by: str = "") -> str:
+        """sum [by (by[, lane])] (expr)"""
+        labels = ", ".join(label for label in (by, "lane" if self.by_lane else "") if label)
+        return f"sum by ({labels}) ({expr})" if labels else f"sum({expr})"
+
+    def quantile(self, bucket: str, window: str) -> str:
+        """A histogram's quantile over `window`, its {q} formatted later (the selector's braces kept)."""
+        added = self.sum(f"rate({bucket}{{{self.selector}}}[{window}])", by="le")
+        return "histogram_quantile({q}, %s)" % added.replace("{", "{{").replace("}", "}}")
+
+    def legend(self, name: str) -> str:
+        return f"{{{{lane}}}} {name}" if self.by_lane else name
+
+    @property
+    def matching(self) -> str:
+        """How two sums are matched in a binary operation: lane with lane."""
+        return "on (lane)" if self.by_lane else "on ()"
+
 
 # The guard (launch/serving-guard.py) reports through node-exporter's textfile collector, in
 # contract.SERVING_GUARD_TEXTFILE on the head.

@@ -1,6 +1,6 @@
-"""prometheus.yml: vLLM's /metrics on the head's loopback (the gateway), node + GPU exporters on every
-node's Ray address (Topology.ray_ip), rail labels on the fabric series; with the alert rules, the
-files the Prometheus container reads."""
+"""prometheus.yml: vLLM's /metrics on the head's loopback (the gateway; several lanes: each lane's
+gateway, labelled lane), node + GPU exporters on every node's Ray address (Topology.ray_ip), rail
+labels on the fabric series; with the alert rules, the files the Prometheus container reads."""
 
 from __future__ import annotations
 
@@ -66,10 +66,12 @@ def render_prometheus_config(plan: ObservabilityPlan, rules_dir: str = CONTAINER
     config["scrape_configs"] = [
         {
             # The API gateway serves vLLM's /metrics alone on the head's loopback; Prometheus
-            # shares the head's network namespace, so it reads them without the key.
+            # shares the head's network namespace, so it reads them without the key. Several lanes:
+            # each lane's gateway, a worker's on its Ray address (the firewall admits the head alone).
             "job_name": JOB_VLLM,
             "static_configs": [
-                {"targets": [f"127.0.0.1:{plan.vllm_port}"], "labels": {"node": head.name, "role": head.role}}
+                {"targets": [e.address], "labels": {"node": e.node, "role": e.role, **({"lane": e.lane} if e.lane else {})}}
+                for e in plan.engines
             ],
         },
         {

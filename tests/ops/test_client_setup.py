@@ -23,8 +23,8 @@ def stack_outputs_for_tests():
     from components.config import parse_stack_config
 
     cfg = parse_stack_config(config_blocks())
-    return {"codexConfig": render_codex_config(cfg), "codexModelCatalog": render_codex_model_catalog(cfg),
-            "claudeCodeEnv": render_claude_code_env(cfg, "sk-outputs-key"),
+    return {"codexConfig": render_codex_config([cfg]), "codexModelCatalog": render_codex_model_catalog([cfg]),
+            "claudeCodeEnv": render_claude_code_env([cfg], "sk-outputs-key"),
             "claudeCodeSettings": render_claude_code_settings(), "openaiEnv": render_openai_env(cfg, "sk-outputs-key"),
             "model": "ds-0731",
             "endpoint": "http://192.168.1.10:8000/v1"}

@@ -398,6 +398,19 @@ def serving_pid(cluster, node: str) -> str:
     return cluster.ssh(node, f"docker inspect --format '{{{{.State.Pid}}}}' {contract.SERVING_CONTAINER}").stdout.strip()
 
 
+def prometheus(cluster, path: str, query: str = "") -> dict:
+    """The head's Prometheus (loopback only), asked on the head."""
+    url = f"http://127.0.0.1:{contract.PROMETHEUS_PORT}{path}"
+    out = cluster.node_exec(HEAD, "curl", "-sfG", url, *(["--data-urlencode", f"query={query}"] if query else []),
+                            check=False)
+    return json.loads(out.stdout)["data"] if out.returncode == 0 else {"result": [], "alerts": []}  # not up yet
+
+
+def scrape_s(stack) -> float:
+    """One scrape and one rule evaluation (observability.scrapeIntervalSeconds, default 15)."""
+    return stack.stack_file()["config"].get("twinspark:observability", {}).get("scrapeIntervalSeconds", 15)
+
+
 def guard_verdict(cluster) -> dict:
     out = cluster.node_exec(HEAD, "cat", contract.SERVING_GUARD_STATUS, check=False).stdout
     return json.loads(out) if out.strip() else {}

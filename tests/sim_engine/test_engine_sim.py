@@ -21,8 +21,9 @@ import yaml
 from core import contract
 import sim_images
 from scenario_kit import (HEAD, ROOT, STACK, WORKER, changes, completion, completion_status, containers,
-                          copy_again_args, flag, guard_verdict, hub_commit, name_of, rails_throttled, recorder,
-                          serving_answers, serving_events, serving_pid, sync_key_access, urn_of, vllm_argv, wait_for)
+                          copy_again_args, flag, guard_verdict, hub_commit, name_of, prometheus, rails_throttled,
+                          recorder, scrape_s, serving_answers, serving_events, serving_pid, sync_key_access, urn_of,
+                          vllm_argv, wait_for)
 
 INTERRUPTED_COPY_RATE = "50mbit"  # the head's egress on each rail while an up is interrupted mid-copy
 
@@ -366,12 +367,22 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
         assert streams["sim-coder"][0] and streams["sim-fast"][0], streams  # both read to their [DONE]
         assert "replace" in swapped.get(f"{WORKER}-serving-container", ""), swapped
         assert not [name for name in swapped if name.startswith(f"{HEAD}-")], swapped  # the other lane untouched
+        # the lanes output names the lane the change touched, as `pulumi preview`'s outputs diff shows it
+        after = stack.outputs()["lanes"]
+        assert [lane for lane in after if after[lane] != outputs["lanes"][lane]] == ["fast"], (outputs["lanes"], after)
+        assert after["fast"]["serving"]["maxModelLen"] == 16384
         started = container_started_at(cluster, WORKER, contract.SERVING_CONTAINER)
         assert started > streams["sim-fast"][1], (started, streams)  # swapped only once its stream had ended
         report["lane_swap_after_stream_s"] = round(started - streams["sim-fast"][1], 1)
         argv = json.loads(cluster.node_exec(WORKER, "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)["argv"]
         assert flag(argv, "--max-model-len") == "16384"
         wait_for(lambda: lane_answers(outputs, "sim-fast"), "the swapped lane serving", 60)
+        # each lane's engine scraped by the head's Prometheus, labelled by lane: the worker's over its rail,
+        # through the firewall's lane-metrics flow (issue 41 part 4)
+        wait_for(lambda: engines_up(cluster) == [("coder", "sim1", "1"), ("fast", "sim2", "1")],
+                 "Prometheus scraping each lane's engine", 4 * scrape_s(stack) + 30,
+                 why=lambda: json.dumps([(t["scrapeUrl"], t["health"], t["lastError"]) for t in
+                                         prometheus(cluster, "/api/v1/targets").get("activeTargets", [])]))
 
         # a lane's engine killed: that lane's restarts (its own container, its own guard), the other's does not
         since = time.time()
@@ -386,6 +397,13 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
         report["lanes_back_to_one_up_s"] = back.seconds
     assert flag(vllm_argv(cluster), "--max-num-seqs") == "6"
     assert serving_answers(stack) == 200
+
+
+def engines_up(cluster) -> list[tuple[str, str, str]]:
+    """(lane, node, up) of every lane's engine the head's Prometheus scrapes (the one-lane gateway's series,
+    from before the lanes, stays in its lookback for 5 min: it has no lane)."""
+    return sorted((r["metric"]["lane"], r["metric"]["node"], r["value"][1])
+                  for r in prometheus(cluster, "/api/v1/query", 'up{job="vllm", lane!=""}')["result"])
 
 
 def paced_engine(cluster, node: str, seqs: int, tok_s: int) -> None:

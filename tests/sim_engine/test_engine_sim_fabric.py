@@ -34,9 +34,9 @@ import sim_model
 from core import contract
 from cluster import SITE_LANS
 from plug_standin import PlugStandin
-from scenario_kit import HEAD, SITE, WORKER, changes, completion_status, guard_verdict, ops_access, readiness_s, \
-    recorder, run_ops, serves, serving_settings, wait_for, with_an_empty_restart_count
-from test_engine_sim_healing import prometheus, scrape_s, set_knob
+from scenario_kit import HEAD, SITE, WORKER, changes, completion_status, guard_verdict, ops_access, prometheus, \
+    readiness_s, recorder, run_ops, scrape_s, serves, serving_settings, wait_for, with_an_empty_restart_count
+from test_engine_sim_healing import set_knob
 
 # the head's NCCL's second rail (rail0 carries Ray, whose loss would end the engine by itself); a worker's
 # rail down, seen through its `look` over the head's key (every 5 min), is tests/test_fabric_watch.py's

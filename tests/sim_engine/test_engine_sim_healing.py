@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from core import contract
-from scenario_kit import (HEAD, WORKER, flag, guard_round_s, guard_verdict, node_processes, ops_access, readiness_s,
-                          pause, run_ops, serves, serving_events, serving_pid, serving_settings, urn_of, vllm_argv,
-                          wait_for, with_an_empty_restart_count)
+from scenario_kit import (HEAD, WORKER, flag, guard_round_s, guard_verdict, node_processes, ops_access, prometheus,
+                          readiness_s, pause, run_ops, scrape_s, serves, serving_events, serving_pid, serving_settings,
+                          urn_of, vllm_argv, wait_for, with_an_empty_restart_count)
 
 SERVING = contract.SERVING_CONTAINER
 BOOT_WORKER_LOG = f"{contract.LOG_DIR}/{contract.boot_log('worker')}"
@@ -60,19 +60,6 @@ def set_knob(cluster, name: str, value: str) -> None:
     `docker restart`, as the container's own files are)."""
     done = cluster.ssh(HEAD, f"docker exec {SERVING} sh -c 'mkdir -p {KNOBS} && echo {value} > {KNOBS}/{name}'")
     assert done.returncode == 0, done.stderr
-
-
-def prometheus(cluster, path: str, query: str = "") -> dict:
-    """The head's Prometheus (loopback only), asked on the head."""
-    url = f"http://127.0.0.1:{contract.PROMETHEUS_PORT}{path}"
-    out = cluster.node_exec(HEAD, "curl", "-sfG", url, *(["--data-urlencode", f"query={query}"] if query else []),
-                            check=False)
-    return json.loads(out.stdout)["data"] if out.returncode == 0 else {"result": [], "alerts": []}  # not up yet
-
-
-def scrape_s(stack) -> float:
-    """One scrape and one rule evaluation (observability.scrapeIntervalSeconds, default 15)."""
-    return stack.stack_file()["config"].get("twinspark:observability", {}).get("scrapeIntervalSeconds", 15)
 
 
 def guard_series(cluster, name: str) -> list[float]:
