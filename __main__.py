@@ -265,6 +265,7 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
             api_key=api_key,
             serving=[served.head, served.gateway],
             after=[swap.open_after([served.head, served.gateway])] if swap else [],
+            lane_gateway=cfg.several_lanes,
         ),
     ))
 if cfg.several_lanes:  # the head's one endpoint: the router, and the stack's gateway in front of it

@@ -32,6 +32,7 @@ class ReadinessArgs:
     api_key: pulumi.Input[str]
     serving: Sequence[docker.Container]  # the head's serving and API gateway containers
     after: Sequence[pulumi.Resource] = ()  # several lanes: the lane's gateway opened again after a swap
+    lane_gateway: bool = False  # several lanes: the gateway whose state a timeout reports is the lane's
 
 
 def wait_ready_args(args: ReadinessArgs) -> list[str]:
@@ -40,7 +41,7 @@ def wait_ready_args(args: ReadinessArgs) -> list[str]:
         "--model", args.served_name,
         "--timeout-s", str(args.timeout_minutes * 60),
         "--container", contract.SERVING_CONTAINER,
-        "--container", contract.API_GATEWAY_CONTAINER,
+        "--container", contract.LANE_GATEWAY_CONTAINER if args.lane_gateway else contract.API_GATEWAY_CONTAINER,
         "--log", f"{contract.LOG_DIR}/{contract.boot_log('head')}",
         "--log", f"{contract.LOG_DIR}/{contract.VLLM_LOG}",
         "--log", f"{contract.LOG_DIR}/{contract.API_GATEWAY_LOG}",

@@ -190,6 +190,7 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
         assert "listen 127.0.0.1:8103;" in conf and "8100" not in conf
         wait = runner_call(run.named(f"{node}-readiness-wait")).args
         assert "http://127.0.0.1:8101" in wait and model in wait, wait
+        assert "twinspark-lane-gateway" in wait and "twinspark-api-gateway" not in wait  # a timeout names its state
         # the head's lane keeps the stack's names (its weights are not fetched again when a lane is added)
         assert run.named("weights" if lane == "coder" else f"{lane}-weights").type == \
             "twinspark:model_weights:ModelWeights"
