@@ -11,8 +11,8 @@ compaction fences never exceed it.
 - openaiEnv:         the endpoint and key as OpenAI's clients, Open WebUI and Codex's profile read
                      them, in a file both a shell (`set -a`) and `docker run --env-file` take; secret
 
-Each takes the stack's client views (StackConfig.client_views: one a lane, the head's lane first,
-the clients' default); one lane renders as before lanes existed.
+Codex's and Claude Code's take the stack's client views (StackConfig.client_views: one a lane, the
+head's lane first, the clients' default); one lane renders as before lanes existed.
 """
 
 from __future__ import annotations
