@@ -117,8 +117,7 @@ def _overview(plan: ObservabilityPlan) -> gdash.Dashboard:
     e2e = engines.quantile("vllm:e2e_request_latency_seconds_bucket", "5m")
     queued = engines.quantile("vllm:request_queue_time_seconds_bucket", "5m")
     prompt = engines.quantile("vllm:request_prompt_tokens_bucket", "15m")
-    kv_used = (f"max by (lane) (vllm:kv_cache_usage_perc{{{vllm}}})" if engines.by_lane
-               else f"max(vllm:kv_cache_usage_perc{{{vllm}}})")
+    kv_used = engines.max(f"vllm:kv_cache_usage_perc{{{vllm}}}")
     return (
         _with_lane_variable(engines, _dashboard("twinspark — overview", "twinspark-overview",
                                          "Is it serving, how fast, and how full: vLLM's own metrics from the head."

@@ -42,8 +42,15 @@ class EngineSeries:
 
     def sum(self, expr: str, by: str = "") -> str:
         """sum [by (by[, lane])] (expr)"""
+        return self._aggregate("sum", expr, by)
+
+    def max(self, expr: str) -> str:
+        """max [by (lane)] (expr)"""
+        return self._aggregate("max", expr, "")
+
+    def _aggregate(self, op: str, expr: str, by: str) -> str:
         labels = ", ".join(label for label in (by, "lane" if self.by_lane else "") if label)
-        return f"sum by ({labels}) ({expr})" if labels else f"sum({expr})"
+        return f"{op} by ({labels}) ({expr})" if labels else f"{op}({expr})"
 
     def quantile(self, bucket: str, window: str) -> str:
         """A histogram's quantile over `window`, its {q} formatted later (the selector's braces kept)."""

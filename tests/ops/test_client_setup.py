@@ -17,16 +17,21 @@ from toolbox import agent_cli, one_clear_line
 from program_harness import config_blocks
 
 
-def stack_outputs_for_tests():
+def rendered_client_outputs(views, api_key: str) -> dict:
+    """The client outputs as the program renders them from the stack's client views."""
     from components.client_outputs import (render_claude_code_env, render_claude_code_settings, render_codex_config,
                                            render_codex_model_catalog, render_openai_env)
+
+    return {"codexConfig": render_codex_config(views), "codexModelCatalog": render_codex_model_catalog(views),
+            "claudeCodeEnv": render_claude_code_env(views, api_key), "claudeCodeSettings": render_claude_code_settings(),
+            "openaiEnv": render_openai_env(views[0], api_key)}
+
+
+def stack_outputs_for_tests():
     from components.config import parse_stack_config
 
     cfg = parse_stack_config(config_blocks())
-    return {"codexConfig": render_codex_config([cfg]), "codexModelCatalog": render_codex_model_catalog([cfg]),
-            "claudeCodeEnv": render_claude_code_env([cfg], "sk-outputs-key"),
-            "claudeCodeSettings": render_claude_code_settings(), "openaiEnv": render_openai_env(cfg, "sk-outputs-key"),
-            "model": "ds-0731",
+    return {**rendered_client_outputs(cfg.client_views, "sk-outputs-key"), "model": "ds-0731",
             "endpoint": "http://192.168.1.10:8000/v1"}
 
 

@@ -74,18 +74,14 @@ def test_status_names_a_lane_whose_model_the_endpoint_does_not_serve(endpoint, t
 
 def lanes_client_outputs(endpoint: str, api_key: str) -> dict:
     """A two-lane stack's client outputs as the program renders them (coder on spark1, fast on spark2)."""
+    from test_client_setup import rendered_client_outputs
     from test_lanes_config import two_lanes
 
-    from components.client_outputs import (render_claude_code_env, render_claude_code_settings, render_codex_config,
-                                           render_codex_model_catalog, render_openai_env)
     from components.config import parse_stack_config
 
-    views = parse_stack_config(two_lanes()).client_views
-    return {"codexConfig": render_codex_config(views).replace("http://192.168.1.10:8000/v1", endpoint),
-            "codexModelCatalog": render_codex_model_catalog(views),
-            "claudeCodeEnv": render_claude_code_env(views, api_key), "claudeCodeSettings": render_claude_code_settings(),
-            "openaiEnv": render_openai_env(views[0], api_key), "endpoint": endpoint, "apiKey": api_key,
-            "model": "coder", "lanes": LANES}
+    outputs = rendered_client_outputs(parse_stack_config(two_lanes()).client_views, api_key)
+    outputs["codexConfig"] = outputs["codexConfig"].replace("http://192.168.1.10:8000/v1", endpoint)
+    return {**outputs, "endpoint": endpoint, "apiKey": api_key, "model": "coder", "lanes": LANES}
 
 
 def test_codex_lists_every_lanes_model_with_its_window_and_asks_another_lane_by_name(endpoint, tmp_path, capsys):
