@@ -15,7 +15,7 @@ from components.config import Topology, load_secrets, load_stack_config, resolve
 from components.fabric_check import FabricCheck, FabricCheckArgs, RailProbe, fabric_check_args
 from components.firewall import firewall_policy
 from components.host_prep import HostPrep, HostPrepArgs
-from components.lanes import LaneSwap, LaneSwapArgs, lane_addresses, lane_parts
+from components.lanes import LaneSwap, LaneSwapArgs, lane_addresses, lane_parts, serving_order
 from components.launch_bundle import LaunchBundle, LaunchBundleArgs, VllmServe
 from components.model_weights import CopySource, ModelWeights, ModelWeightsArgs, NodeAccess, memory_fit_args
 from components.nccl_check import NcclCheck, NcclCheckArgs, NcclRank, guard_rank_flags, nccl_pairs
@@ -166,7 +166,7 @@ platform = PlatformFacts(
 gated_image = {n.name: platform.gated(images[n.name].image_id) for n in cfg.nodes}
 bundles: dict[str, LaunchBundle] = {}
 cluster = ServingCluster("serving")  # every lane's containers: a node keeps its container's resource whatever it serves
-for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, guard and readiness wait
+for part in serving_order(lanes):  # each lane's engine: its bundles, NCCL check, containers, guard and readiness wait
     view, vtopology = part.view, part.topology
     vhead = view.head
     vllm = VllmServe(serving=view.serving, model=view.model, tensor_parallel_size=view.tensor_parallel_size,
@@ -226,7 +226,8 @@ for part in lanes:  # each lane's engine: its bundles, NCCL check, containers, g
         head_serving = serving_nodes[head.name]
     served = cluster.serve(ServingClusterArgs(nodes=list(serving_nodes.values()), model_dir=view.model.dir,
                                               model_container_dir=view.model.container_dir,
-                                              several_lanes=cfg.several_lanes))
+                                              several_lanes=cfg.several_lanes,
+                                              stack_head_lane=cfg.several_lanes and vhead == head))
     if cfg.serving.guard.enabled:  # canary, wedge and crash-loop guard, on the lane head's host
         watched: list[pulumi.Resource] = [served.head, served.gateway]
         if fabric_used:

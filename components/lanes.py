@@ -48,6 +48,11 @@ def lane_parts(cfg: StackConfig, addresses: Mapping[str, Sequence[str]]) -> list
     return [LaneParts(lane, view, Topology(view, addresses), lane != head) for lane, view in views]
 
 
+def serving_order(parts: Sequence[LaneParts]) -> list[LaneParts]:
+    """The lanes in the order their engines are placed: the stack head's last (ServingCluster says why)."""
+    return sorted(parts, key=lambda part: not part.named)
+
+
 def lane_addresses(cfg: StackConfig, topology: Topology) -> list[tuple[str, str]]:
     """(lane, HOST:PORT of its gateway) as the router on the head reaches them, in the stack's order."""
     def host(lane: ServedLane) -> str:

@@ -14,7 +14,7 @@ one stopped (60 s grace) before the new one starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import pulumi
@@ -69,6 +69,8 @@ class ServingClusterArgs:
     # several lanes (components/lanes.py): the lane's gateway is a lane gateway (LANE_GATEWAY_PORT, its own
     # container name)
     several_lanes: bool = False
+    # several lanes, the stack head's: registered after every other lane's engine (ServingCluster)
+    stack_head_lane: bool = False
 
 
 # vLLM's API socket: in the head's serving container, which creates it, and the API gateway,
@@ -176,15 +178,27 @@ class LaneContainers:
 
 class ServingCluster(pulumi.ComponentResource):
     """Every lane's containers under one component: a node's container keeps its resource (and the one
-    docker name) whichever lane it serves, so a lane added or taken away replaces it in place."""
+    docker name) whichever lane it serves, so a lane added or taken away replaces it in place.
+
+    The stack head's lane is served last, its engine registered only once every other lane's engine is
+    in place: the one-lane stack's head container names the workers' in its `replace_with`, and the engine
+    (v3.274.1, step_generator.go) cascades that from the OLD state without checking whether the head's own
+    replacement already deleted it. Registered first, the head's old container gets a second delete whose
+    `docker rm` returns while the first still removes it, and its replacement finds the name taken
+    ("Conflict. The container name ... is already in use"). Registered after, the worker's replacement
+    deletes it once and the head's own sees it pending (as in one lane, where the head waits on its workers)."""
 
     def __init__(self, name: str, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("twinspark:serving_cluster:ServingCluster", name, None, opts)
+        self._engines: list[docker.Container] = []  # every lane's engine containers placed so far
 
     def serve(self, args: ServingClusterArgs) -> LaneContainers:
+        if args.stack_head_lane:
+            args = replace(args, nodes=[replace(n, ready_after=[*n.ready_after, *self._engines]) for n in args.nodes])
         workers = [self._container(args, node, []) for node in args.nodes if node.role == "worker"]
         head = next(n for n in args.nodes if n.role == "head")
         engine = self._container(args, head, workers)
+        self._engines += [*workers, engine]
         # independent of vLLM's restarts: clients get a 502 while it reloads, not a refused port
         if args.several_lanes:  # the lane's own; the stack's gateway is the router's front (front below)
             gateway = docker.Container(f"{head.node_name}-lane-gateway",

@@ -204,6 +204,12 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
         assert run.depends_on(run.named(f"{node}-lane-gateway"), f"{node}-lane-drain")
         assert run.depends_on(run.named(f"{node}-readiness-wait"), f"{node}-lane-open")
         assert "this lane is draining" in runner_call(run.named(f"{node}-bundle-api-gateway-conf")).payload
+    # the stack head's engine placed after the other lane's (ServingCluster says why: one lane -> two, the engine
+    # would delete the head's old container twice), but never replaced with it: each lane swaps alone
+    head_engine, other_engine = run.named("spark1-serving-container"), run.named("spark2-serving-container")
+    assert run.depends_on(head_engine, "spark2-serving-container")
+    assert not run.depends_on(other_engine, "spark1-serving-container")
+    assert other_engine.urn not in head_engine.replace_with
     # every node's containers under the one `serving` component, as with one lane: a node that changes lanes
     # replaces its container in place (a second parent would create one beside it, of the same docker name)
     assert {run.named(f"{node}-serving-container").parent for node in ("spark1", "spark2")} == \

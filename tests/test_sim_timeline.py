@@ -62,6 +62,18 @@ def test_a_runs_slowest_steps_are_its_engine_stamps():
     assert timeline.step_trace(events) == [["sim1-readiness-wait create", 0, 30], ["sim1-docker create", 0, 1]]
 
 
+def test_a_resource_deleted_twice_for_one_replacement_is_named():
+    """The cold rehearsal of 4ac9c2c: the engine deleted sim1's old serving container twice (the
+    second `docker rm` returned early) and its replacement found the name taken."""
+    def outputs(name, op):
+        return {"timestamp": 1, "resOutputsEvent": {"metadata": {"urn": f"urn:pulumi:sim::twinspark::t::{name}", "op": op}}}
+    events = [outputs("sim1-serving-container", "delete-replaced"), outputs("sim2-serving-container", "delete-replaced"),
+              outputs("sim1-serving-container", "create-replacement"), outputs("sim2-serving-container", "delete")]
+    assert timeline.deleted_twice(events) == []
+    events.append(outputs("sim1-serving-container", "delete-replaced"))
+    assert timeline.deleted_twice(events) == ["sim1-serving-container"]
+
+
 def test_the_command_reads_a_written_timeline_and_refuses_a_missing_one(tmp_path, capsys):
     line = timeline.Timeline()
     line.phase = "tests/sim_engine/test_x.py::test_a::call"

@@ -30,7 +30,7 @@ from cluster import SIM_STACK, SimCluster
 from core import contract
 from ops.verify_weights import copy_again_steps
 from program_harness import SECRET_SIG
-from timeline import TIMELINE, slowest_steps, step_trace
+from timeline import TIMELINE, deleted_twice, slowest_steps, step_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 # The engine writes the stack's state once a command, not at every step: a fresh up's checkpoints
@@ -118,6 +118,9 @@ class EngineStack:
                     pass
             details["steps"], details["trace"] = slowest_steps(events), step_trace(events)
         run = EngineRun(events, seconds, proc.stdout[-4000:] + proc.stderr[-4000:])
+        if twice := deleted_twice(events):
+            raise AssertionError(f"pulumi {' '.join(args)} deleted {', '.join(twice)} twice for one replacement "
+                                 f"(exit {proc.returncode}):\n{run.errors()}")
         if proc.returncode != 0:
             raise AssertionError(f"pulumi {' '.join(args)} failed ({proc.returncode}):\n{run.errors() or run.text}")
         return run

@@ -17,7 +17,7 @@ import json
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -83,6 +83,15 @@ def engine_steps(events: list[dict]) -> list[tuple[int, str, int, int, str]]:
                     label = f"{meta['urn'].rsplit('::', 1)[-1]} {meta.get('op', '')}".strip()
                     steps.append((order, label, start - stamps[0], event["timestamp"] - start, meta.get("op", "same")))
     return steps
+
+
+def deleted_twice(events: list[dict]) -> list[str]:
+    """Resources a run deleted more than once for their replacement: a second provider delete of the
+    same container can return while the first still removes it, and the replacement's create then
+    finds the name taken (components/serving_cluster.py, ServingCluster)."""
+    ops = Counter(e["resOutputsEvent"]["metadata"]["urn"].rsplit("::", 1)[-1] for e in events
+                  if e.get("resOutputsEvent", {}).get("metadata", {}).get("op") == "delete-replaced")
+    return sorted(name for name, count in ops.items() if count > 1)
 
 
 def slowest_steps(events: list[dict], count: int = 6) -> dict[str, int]:
