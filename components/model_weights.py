@@ -12,15 +12,17 @@ Creates:
 - per worker: `{worker}-weights-forced-command` and `-forced-command-weights` (root-owned
   launch/sync-key-command.py and the weights.py it runs: all a sync key may do there),
   `{worker}-weights-host-key` (launch/peer-host-key.sh on the head: the worker's
-  pinned host key for its rail addresses, in the known_hosts the copy and the shape check
-  read) and `{worker}-weights-authorize` (launch/authorize-key.sh: that key, restricted to
+  pinned host key for its rail addresses, in the known_hosts the copy and the image ship
+  read), `{worker}-weights-memory` (model-shape-check.sh memory: its MemTotal, read on the worker
+  itself, no key needed) and `{worker}-weights-authorize` (launch/authorize-key.sh: that key, restricted to
   the head's rail address and to the forced command bound to the model directory, the
   revision and the copy's rails, in the worker's authorized_keys; opened only when a step
-  that uses it runs, and taken back by `{worker}-weights-revoke` once they are done:
-  revoke_after);
+  that uses it runs (the image ship and the copy: steps that exist exactly while the worker is a
+  worker, so a failed `up` can never leave one run without its authorization), and taken back by
+  `{worker}-weights-revoke` once they are done: revoke_after);
 - on the head: `{head}-weights-shape-check` (launch/model-shape-check.sh with model-shape.py: config.json's heads
   must split over TP, its layers over PP, and the weights and one sequence of maxModelLen fit
-  gpuMemoryUtilization x each node's MemTotal, read over the rail), so a model that cannot
+  gpuMemoryUtilization x each node's MemTotal, the workers' from their memory steps), so a model that cannot
   load stops `pulumi up` before the copy;
 - per worker: `{worker}-weights-sync` (launch/sync-weights.sh on the worker's source: rsync
   daemons on the worker's rail addresses for the copy only, many streams over every rail, a
@@ -73,8 +75,8 @@ MAX_STREAMS_PER_RAIL = 4
 @dataclass(frozen=True)
 class NodeAccess(NodeHandle):
     # a worker's: the rails of its link to the head (Topology.copy_rails: every rail, or in a ring
-    # those of its cable to the head), the first carrying the control connection — the image, the
-    # shape check's read and, unless it has a relay, the weight copy cross them; the head's: none
+    # those of its cable to the head), the first carrying the control connection — the image ship
+    # and, unless it has a relay, the weight copy cross them; the head's: none
     copy_rails: Sequence[CopyRail] = ()
     installation: Optional[pulumi.Resource] = None  # a worker as installed: a reinstall copies again
 
@@ -200,11 +202,19 @@ def parse_revision(stdout: str) -> str:
     return lines[-1]
 
 
-def shape_check_args(args: ModelWeightsArgs) -> list[str]:
-    flags = ["--node", args.head.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST,
-             "--key", SYNC_KEY, "--known-hosts", SYNC_KNOWN_HOSTS]
-    flags += [a for w in args.workers for a in ("--peer", f"{w.name}={args.ssh_user}@{w.copy_ip}")]
+def shape_check_args(args: ModelWeightsArgs, workers_memory: Sequence[str]) -> list[str]:
+    """`workers_memory`: each worker's NODE=KB, as its memory step printed it (parse_memory_kb)."""
+    flags = ["check", "--node", args.head.name, "--dir", args.dir, "--manifest", WEIGHTS_MANIFEST]
+    flags += [a for kb in workers_memory for a in ("--memory-kb", kb)]
     return flags + shape_args(args)
+
+
+def parse_memory_kb(stdout: str, node: str) -> str:
+    """A worker's memory step's `memory-kb NODE=KB` line, as NODE=KB."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(f"memory-kb {node}="):
+            return line.split(" ", 1)[1]
+    raise ValueError(f"{node}: the memory step printed no 'memory-kb {node}=KB' line: {stdout[-300:]!r}")
 
 
 def memory_fit_args(serving) -> list[str]:
@@ -264,16 +274,22 @@ class ModelWeights(pulumi.ComponentResource):
         # each node a copy leaves from has its own sync key: the head, and any relay (a switch of four)
         senders = [head, *{r.node.name: r.node for r in args.relays.values()}.values()] if args.workers else []
         sync_keys = {sender.name: self._sync_key(sender, relay=sender is not head) for sender in senders}
+        # each worker's MemTotal for the shape check, read on the worker (a reinstall reads it again)
+        workers_memory = [node_command(
+            f"{w.name}-weights-memory", w.connection, NodeScript(SHAPE_SCRIPT, ["memory", "--node", w.name]),
+            parent=self, replace_with=[w.installation] if w.installation else (),
+        ).stdout.apply(functools.partial(parse_memory_kb, node=w.name)) for w in args.workers]
+        shape_run = NodeScript(SHAPE_SCRIPT, pulumi.Output.all(*workers_memory).apply(
+            lambda kbs: shape_check_args(args, kbs)), payload=launch_file(SHAPE_PROGRAM))
         # The steps that reach a worker with a sync key, each run known before any of them is made:
         # a worker's authorization opens for exactly these and is revoked once they are done.
-        shape_run = NodeScript(SHAPE_SCRIPT, shape_check_args(args), payload=launch_file(SHAPE_PROGRAM))
         sync_runs = {w.name: NodeScript(SYNC_SCRIPT, self.revision.apply(functools.partial(sync_args, args, w)),
                                         payload=program)  # no secret of the stack's: the copy draws its own
                      for w in args.workers}
         key_users: dict[tuple[str, str], list[pulumi.Output[str]]] = {}  # (worker, source) -> fingerprints
         for worker in args.workers:
             source = copy_source(args, worker)
-            from_head = [step_fingerprint(head.connection, shape_run, [args.repo])]
+            from_head = []
             if worker.name in args.image_ships:
                 from_head.append(step_fingerprint(head.connection, args.image_ships[worker.name]))
             copy = step_fingerprint(source.node.connection, sync_runs[worker.name], [args.repo])
@@ -283,7 +299,7 @@ class ModelWeights(pulumi.ComponentResource):
         self._key_users = key_users
         # (name, worker, source, the authorized_keys line, the step): what revoke_after takes back
         self._authorizations: list[tuple[str, NodeAccess, CopySource, pulumi.Output[str], pulumi_remote.Command]] = []
-        # per worker, what lets the head in (the shape check's read, the image ship, the copy):
+        # per worker, what lets the head in (the image ship, the copy):
         # the worker's pinned key on the head, the head's sync key on the worker
         ways_in: dict[str, list[pulumi_remote.Command]] = {}
         for worker in args.workers:
@@ -292,10 +308,9 @@ class ModelWeights(pulumi.ComponentResource):
                                                 programs)
         # the same ways in carry the serving image to the workers (serving_image.ShipFrom)
         self.peer_trust: dict[str, list[pulumi_remote.Command]] = ways_in
-        # the workers' memory is read with the sync key, so after the authorizations
         self.shape_check = node_command(
             f"{head.name}-weights-shape-check", head.connection, shape_run,
-            parent=self, triggers=[args.repo], depends_on=[self.fetch, *(c for w in ways_in.values() for c in w)],
+            parent=self, triggers=[args.repo], depends_on=[self.fetch],
         )
         self.memory_fit: pulumi.Output[dict] = self.shape_check.stdout.apply(parse_memory_fit)
         # A copy runs on its source: a reinstalled worker's new key re-runs none of it, so the copy
@@ -322,8 +337,8 @@ class ModelWeights(pulumi.ComponentResource):
         self.register_outputs({"revision": self.revision})
 
     def revoke_after(self, image_ships: Mapping[str, pulumi_remote.Command]) -> list[pulumi_remote.Command]:
-        """Each sync key's authorization taken back once its steps are done: the shape check and
-        the image ship (`image_ships`, by worker) for the head's key, the copy (verified) for the
+        """Each sync key's authorization taken back once its steps are done: the image ship
+        (`image_ships`, by worker) for the head's key, the copy (verified) for the
         key it leaves from. It runs again whenever one of those runs again, and after every
         authorization: it shares the authorization's triggers (what makes each step run again) and
         adds its line and the IDs of the authorization and of the steps (a step made anew, say
@@ -331,8 +346,8 @@ class ModelWeights(pulumi.ComponentResource):
         revokes = []
         for authorize_name, worker, source, line, authorize in self._authorizations:
             users = [self._syncs[worker.name]] if copy_source(self._args, worker).node is source.node else []
-            if source.node.name == self._args.head.name:
-                users += [self.shape_check, *([image_ships[worker.name]] if worker.name in image_ships else [])]
+            if source.node.name == self._args.head.name and worker.name in image_ships:
+                users.append(image_ships[worker.name])
             flags = ["--comment", SYNC_KEY_COMMENT, "--owner", authorize_name]
             revokes.append(node_command(
                 authorize_name.removesuffix("authorize") + "revoke", worker.connection,

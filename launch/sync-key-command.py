@@ -12,7 +12,6 @@ root-owned beside weights.py (ModelWeights' `{worker}-weights-forced-command*` s
         --state-dir .local/state/twinspark/weights-sync
 
 The verbs (the client's command line; anything else is refused and nothing runs):
-    meminfo              /proc/meminfo (model-shape-check.sh reads MemTotal)
     nproc                the cores this node gives a session (the copy's stream count)
     image-id IMAGE       the ID of IMAGE (REPO:TAG only), or nothing (ship-image.sh)
     image-load           `docker load` of stdin (ship-image.sh)
@@ -44,7 +43,7 @@ sys.path.insert(0, str(HERE))  # weights.py beside it (root-owned, the same inst
 import weights  # noqa: E402
 MODULE, RSYNC_USER = "model", "twinspark"  # sync-weights.sh's send_stream names both
 MAX_MANIFEST_BYTES = 64 << 20
-VERBS = ("meminfo", "nproc", "image-id", "image-load", "manifest", "verify", "follow", "daemons-start",
+VERBS = ("nproc", "image-id", "image-load", "manifest", "verify", "follow", "daemons-start",
          "daemons-stop")
 
 
@@ -228,9 +227,6 @@ def daemons_stop(bound) -> int:
 
 def run(bound, request: list[str]) -> int:
     verb, rest = (request[0], request[1:]) if request else ("", [])
-    if verb == "meminfo" and not rest:
-        sys.stdout.write(Path("/proc/meminfo").read_text())
-        return 0
     if verb == "nproc" and not rest:
         print(nproc())
         return 0

@@ -18,7 +18,9 @@ forced command, the copy's --firewall-set now bound there (issue 37: a copy key 
 twinspark.env with NCCL's INFO lines of INIT and NET to a file per process and
 TWINSPARK_ROCE_GID_SCRIPT (issue 40: the guard reads NCCL's network; the GID is resolved at start),
 and TWINSPARK_UNCLEAN_BOOT_HOLD (issue 40: a node waits out of serving after an unclean boot),
-and the fabric check's --far-end flags (issue 40: a crossed cable is named with its far end).
+and the fabric check's --far-end flags (issue 40: a crossed cable is named with its far end),
+and the shape check's workers' memory as each worker's own step read it (--memory-kb, no --peer/--key:
+issue 41, the copy key no longer opens for a check; a one-time re-run of the check, no restart).
 """
 
 from __future__ import annotations

@@ -56,6 +56,9 @@ def node_answer(name, inputs):
         return f"12:00:00 ship-image: loaded\n{argv[argv.index('--id') + 1]}\n"
     if "sync-key" in name:
         return "ssh-ed25519 AAAAC3NzaFAKEKEY twinspark-weights@" + name.rsplit("-", 1)[-1]
+    if name.endswith("-weights-memory"):  # as model-shape-check.sh memory: a Spark's 121 GiB
+        argv = shlex.split(inputs["create"])
+        return f"memory-kb {argv[argv.index('--node') + 1]}={121 << 20}\n"
     if name.endswith("-weights-revision"):  # as fetch-weights.sh resolve: a log line, then the commit
         argv = shlex.split(inputs["create"])
         asked = argv[argv.index("--revision") + 1] if "--revision" in argv else ""

@@ -453,28 +453,29 @@ def local_memtotal_kb():
                 if line.startswith("MemTotal:"))
 
 
+def run_script(tmp_path, script: str, argv: list[str], payload: str = "") -> subprocess.CompletedProcess:
+    """A launch script exactly as the program sends it, with an `ssh` on the PATH that fails the test if
+    called (the shape check reaches no other node)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "ssh").write_text(f"#!/bin/bash\necho \"$*\" >> {tmp_path}/ssh-calls\nexit 255\n")
+    (bin_dir / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", "-c", script_command(script, argv)], input=script_text(script) + payload,
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert not (tmp_path / "ssh-calls").exists(), (tmp_path / "ssh-calls").read_text()
+    return proc
+
+
 def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, memory_fit=(), pp=1):
-    """model-shape-check exactly as the program sends it, on a generated model directory; the
-    peers' /proc/meminfo come from a stand-in `ssh` that records whom it was asked and, like
-    the real one, reads its stdin away unless given -n."""
+    """model-shape-check exactly as the program sends it, on a generated model directory, each peer's
+    MemTotal as its memory step printed it."""
     model = tmp_path / "model"
     model.mkdir()
     if config is not None:
         (model / "config.json").write_text(json.dumps(config))
     (model / ".twinspark-manifest").write_text(json.dumps(
         {"revision": "0" * 40, "files": {name: {"size": size, "sha256": "0" * 64} for name, size in sizes.items()}}))
-    bin_dir, calls = tmp_path / "bin", tmp_path / "ssh-calls"
-    bin_dir.mkdir()
-    table = "".join(f"nvidia@10.0.0.{i + 2} {kb}\n" for i, kb in enumerate(peers_kb))
-    (bin_dir / "ssh").write_text(
-        "#!/bin/bash\n"
-        f'echo "$*" >> {calls}\n'
-        '[ "$1" = -n ] || cat >/dev/null\n'
-        '[ "${*: -1}" = meminfo ] || { echo "only the forced command\'s verbs" >&2; exit 1; }\n'
-        'peer=${*: -2:1}\n'
-        f"printf 'MemFree:  1 kB\\nMemTotal: %s kB\\n' \"$(awk -v p=\"$peer\" '$1 == p {{print $2}}' <<'EOF'\n{table}EOF\n)\"\n"
-    )
-    (bin_dir / "ssh").chmod(0o755)
     workers = [model_weights.NodeAccess(f"spark{i + 2}", None, [CopyRail(f"10.0.0.{i + 2}", "10.0.0.1")])
                for i in range(len(peers_kb))]
     args = model_weights.ModelWeightsArgs(
@@ -482,11 +483,21 @@ def run_shape_check(tmp_path, config, sizes, tp, peers_kb=(), utilization=0.85, 
         head=model_weights.NodeAccess("spark1", None), workers=workers, hf_token=None,
         revision=None,
         tensor_parallel_size=tp, gpu_memory_utilization=utilization, memory_fit=memory_fit, pipeline_parallel_size=pp)
-    line = script_command(model_weights.SHAPE_SCRIPT, model_weights.shape_check_args(args))
-    stdin = script_text(model_weights.SHAPE_SCRIPT) + launch_file(model_weights.SHAPE_PROGRAM)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)}
-    proc = subprocess.run(["bash", "-c", line], input=stdin, capture_output=True, text=True, env=env, timeout=60)
-    return proc, (calls.read_text().splitlines() if calls.exists() else [])
+    printed = [model_weights.parse_memory_kb(f"memory-kb {w.name}={kb}\n", w.name) for w, kb in zip(workers, peers_kb)]
+    return run_script(tmp_path, model_weights.SHAPE_SCRIPT, model_weights.shape_check_args(args, printed),
+                      launch_file(model_weights.SHAPE_PROGRAM))
+
+
+def test_a_workers_memory_step_prints_its_memtotal_for_the_shape_check(tmp_path):
+    proc = run_script(tmp_path, model_weights.SHAPE_SCRIPT, ["memory", "--node", "spark2"])
+    assert proc.returncode == 0, proc.stderr
+    assert model_weights.parse_memory_kb(proc.stdout, "spark2") == f"spark2={local_memtotal_kb()}"
+    with pytest.raises(ValueError, match="spark3: the memory step printed no 'memory-kb spark3=KB' line"):
+        model_weights.parse_memory_kb(proc.stdout, "spark3")
+    bad = run_script(tmp_path, model_weights.SHAPE_SCRIPT, ["memory"])
+    assert bad.returncode == 2 and "--node" in bad.stderr, bad.stderr
+    typo = run_script(tmp_path, model_weights.SHAPE_SCRIPT, ["--node", "spark2"])
+    assert typo.returncode == 2 and "expected 'memory' or 'check' first, got '--node'" in typo.stderr, typo.stderr
 
 
 SHARDS = {"model-00001-of-00002.safetensors": 3 * GIB, "model-00002-of-00002.safetensors": GIB,
@@ -495,21 +506,18 @@ SHARDS = {"model-00001-of-00002.safetensors": 3 * GIB, "model-00002-of-00002.saf
 
 def test_shape_check_passes_a_model_that_splits_and_fits(tmp_path):
     big = 64 << 20  # kB: 64 GiB on the peer
-    proc, ssh_calls = run_shape_check(tmp_path, {"num_attention_heads": 64, "num_key_value_heads": 8}, SHARDS, tp=2,
-                                      peers_kb=[big])
+    proc = run_shape_check(tmp_path, {"num_attention_heads": 64, "num_key_value_heads": 8}, SHARDS, tp=2,
+                           peers_kb=[big])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "model-shape-check spark1: ok   attention heads: 64 over TP 2, 32 per node" in out, out
     assert "ok   KV heads: 8 over TP 2, 4 per node" in out, out
     assert "ok   weights: 4.0 GiB of safetensors, 2.0 GiB per node over TP 2" in out, out
     assert "within 0.85 × MemTotal on every node (spark1 " in out and ", spark2 64.0 GiB)" in out, out
-    # the peer is asked over its rail address, with the sync key and the sync's known_hosts only
-    assert len(ssh_calls) == 1 and ssh_calls[0].endswith("nvidia@10.0.0.2 meminfo"), ssh_calls
-    assert "-i " + str(tmp_path) + "/.ssh/twinspark_weights" in ssh_calls[0] and "BatchMode=yes" in ssh_calls[0]
 
 
 def test_shape_check_fails_a_third_node_the_heads_cannot_split_over(tmp_path):
-    proc, _ = run_shape_check(tmp_path, {"num_attention_heads": 64, "num_key_value_heads": 8}, SHARDS, tp=3,
+    proc = run_shape_check(tmp_path, {"num_attention_heads": 64, "num_key_value_heads": 8}, SHARDS, tp=3,
                               peers_kb=[64 << 20, 64 << 20])
     assert proc.returncode == 1, proc.stdout
     assert "FAIL attention heads: 64 not divisible by TP 3 (the node count)" in proc.stdout, proc.stdout
@@ -524,7 +532,7 @@ SEED_SHAPE = {"num_attention_heads": 64, "num_key_value_heads": 1, "num_hidden_l
 
 
 def test_shape_check_splits_the_layers_over_pp_stages_and_the_heads_over_tp_only(tmp_path):
-    proc, _ = run_shape_check(tmp_path, SEED_SHAPE, SHARDS, tp=1, pp=3, peers_kb=[64 << 20] * 2)
+    proc = run_shape_check(tmp_path, SEED_SHAPE, SHARDS, tp=1, pp=3, peers_kb=[64 << 20] * 2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "ok   attention heads: 64 over TP 1, 64 per node" in out, out
@@ -534,7 +542,7 @@ def test_shape_check_splits_the_layers_over_pp_stages_and_the_heads_over_tp_only
 
 
 def test_shape_check_refuses_more_pp_stages_than_layers_and_says_no_layout_works(tmp_path):
-    proc, _ = run_shape_check(tmp_path, {"num_attention_heads": 8, "num_hidden_layers": 2}, SHARDS, tp=1, pp=3,
+    proc = run_shape_check(tmp_path, {"num_attention_heads": 8, "num_hidden_layers": 2}, SHARDS, tp=1, pp=3,
                               peers_kb=[64 << 20] * 2)
     assert proc.returncode == 1, proc.stdout
     assert "FAIL hidden layers: 2 fewer than PP 3 stages" in proc.stdout, proc.stdout
@@ -561,7 +569,7 @@ def test_layers_split_as_vllms_get_pp_indices_does(layers, pp, split):
     ({"text_config": {"num_attention_heads": 40, "num_key_value_heads": 8}}, 2, "ok   attention heads: 40 over TP 2"),
 ])
 def test_shape_check_follows_vllms_head_rules(tmp_path, config, tp, line):
-    proc, _ = run_shape_check(tmp_path, config, SHARDS, tp=tp, peers_kb=[64 << 20] * (tp - 1))
+    proc = run_shape_check(tmp_path, config, SHARDS, tp=tp, peers_kb=[64 << 20] * (tp - 1))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert line in proc.stdout, proc.stdout
 
@@ -569,21 +577,21 @@ def test_shape_check_follows_vllms_head_rules(tmp_path, config, tp, line):
 def test_shape_check_fails_weights_beyond_the_smallest_nodes_memory(tmp_path):
     small = 2 << 20  # kB: 2 GiB on the peer, 1.7 GiB of it for vLLM at 0.85
     sizes = {"model-00001.safetensors": 5 * GIB, "model-00002.safetensors": GIB}  # 3 GiB per node at TP 2
-    proc, _ = run_shape_check(tmp_path, {"num_attention_heads": 64}, sizes, tp=2, peers_kb=[small])
+    proc = run_shape_check(tmp_path, {"num_attention_heads": 64}, sizes, tp=2, peers_kb=[small])
     assert proc.returncode == 1, proc.stdout
     assert ("FAIL weights: 6.0 GiB of safetensors need 3.0 GiB per node over TP 2, but 0.85 × spark2's "
             "MemTotal 2.0 GiB leaves 1.7 GiB") in proc.stdout, proc.stdout
 
 
 def test_shape_check_without_heads_in_config_checks_memory_and_says_so(tmp_path):
-    proc, _ = run_shape_check(tmp_path, {"architectures": ["Custom"]}, SHARDS, tp=2, peers_kb=[64 << 20])
+    proc = run_shape_check(tmp_path, {"architectures": ["Custom"]}, SHARDS, tp=2, peers_kb=[64 << 20])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "skip attention heads: config.json names no num_attention_heads" in proc.stdout, proc.stdout
     assert "ok   weights:" in proc.stdout
 
 
 def test_shape_check_fails_without_config_json(tmp_path):
-    proc, _ = run_shape_check(tmp_path, None, SHARDS, tp=1)
+    proc = run_shape_check(tmp_path, None, SHARDS, tp=1)
     assert proc.returncode == 1
     assert "FAIL config.json: missing" in proc.stdout, proc.stdout
 

@@ -119,8 +119,8 @@ def test_component_type_tokens(recipe_run):
         ("spark1-fabric-check", ["spark1-hostprep-netplan", "spark2-hostprep-netplan", "spark2-hostprep-memlock-limits"]),
         ("spark2-fabric-check", ["spark1-hostprep-netplan", "spark2-hostprep-netplan"]),
         ("spark1-weights-fetch", ["spark1-fabric-check", "spark2-fabric-check"]),
-        # the shape check reads the fetched config.json and every node's memory (over the rail)
-        ("spark1-weights-shape-check", ["spark1-weights-fetch", "spark2-weights-authorize"]),
+        # the shape check reads the fetched config.json and every node's memory (each worker's from its own step)
+        ("spark1-weights-shape-check", ["spark1-weights-fetch", "spark2-weights-memory"]),
         # no 167 GB copy of a model that cannot load
         ("spark2-weights-sync", ["spark1-weights-fetch", "spark2-weights-authorize", "spark1-weights-shape-check"]),
         ("spark1-image-build", ["spark1-fabric-check"]),
@@ -129,7 +129,7 @@ def test_component_type_tokens(recipe_run):
         ("spark2-image-ship", ["spark1-image-build", "spark2-weights-host-key", "spark2-weights-authorize"]),
         # the sync key runs only its forced command, installed first; taken back once its steps are done
         ("spark2-weights-authorize", ["spark2-weights-forced-command", "spark2-weights-forced-command-weights"]),
-        ("spark2-weights-revoke", ["spark2-weights-sync", "spark1-weights-shape-check", "spark2-image-ship"]),
+        ("spark2-weights-revoke", ["spark2-weights-sync", "spark2-image-ship"]),
         ("spark2-nccl-check", ["spark2-image-ship", "spark2-bundle-twinspark-env"]),
         ("spark2-serving-container", ["spark2-image-ship", "spark2-bundle-launch-vllm-sh", "spark2-bundle-twinspark-env",
                                       "spark2-weights-sync", "spark1-weights-shape-check", "spark1-nccl-check",
@@ -492,8 +492,12 @@ def test_model_shape_check_knows_tp_memory_share_and_every_peer(recipe_run):
     assert flag_value(call.args, "--manifest") == ".twinspark-manifest"
     assert flag_value(call.args, "--tensor-parallel-size") == "2"
     assert flag_value(call.args, "--gpu-memory-utilization") == "0.85"
-    assert flag_values(call.args, "--peer") == ["spark2=nvidia@10.0.0.2"]  # its rail address: the sync key's way in
-    assert flag_value(call.args, "--key") == "~/.ssh/twinspark_weights"
+    assert call.args[0] == "check" and flag_values(call.args, "--memory-kb") == ["spark2=126877696"]  # as spark2 said
+    # read on the worker itself, over its own connection: no key of the head's reaches it for the check
+    memory = recipe_run.named("spark2-weights-memory")
+    assert runner_call(memory).args == ["memory", "--node", "spark2"] and memory.inputs["triggers"] == ["ssh://nvidia@192.168.1.11"]
+    assert "--key" not in call.args and "--peer" not in call.args
+    assert memory.replace_with == [recipe_run.named("spark2-installation").urn]  # a reinstall reads it again
     assert call.payload == launch_file("model-shape.py")  # its `check`
     # the fetch checks the same on the hub's listing before it downloads: both programs, framed
     shape, weights = launch_file("model-shape.py"), launch_file("weights.py")
@@ -515,29 +519,33 @@ def test_weights_copy_goes_over_the_first_rail(recipe_run):
 
 def key_windows(run) -> tuple[list, list]:
     """The head's key on spark2: the authorization's triggers; the revocation's, less the line, the
-    authorization's ID and the IDs of the steps it follows (the copy, the shape check, the ship: an
-    authorization or a step made anew runs it again)."""
+    authorization's ID and the IDs of the steps it follows (the copy, the ship: an authorization or a
+    step made anew runs it again)."""
     opened, revoked = (run.named(f"spark2-weights-{step}").inputs["triggers"] for step in ("authorize", "revoke"))
-    assert len(revoked) == len(opened) + 5 and revoked[len(opened)] == stdin_of(run, "spark2-weights-authorize"), revoked
+    assert len(revoked) == len(opened) + 4 and revoked[len(opened)] == stdin_of(run, "spark2-weights-authorize"), revoked
     return opened, revoked[:len(opened)]
 
 
 def test_the_sync_keys_authorization_opens_again_exactly_when_a_step_that_uses_it_runs_again(program, recipe_config,
                                                                                               recipe_run):
     """The authorization and its revocation share one trigger per step that uses the key: a change
-    that re-runs one of those steps (here the shape check's, by maxModelLen) opens it again; one
-    that re-runs none of them (the API key) leaves both alone."""
+    that re-runs one of those steps (here the ship's, by the serving image) opens it again; one that
+    re-runs none of them (the API key; maxModelLen, which re-runs the shape check: it reads each
+    worker's memory from the worker's own step, never with the key) leaves both alone."""
     opened, revoked = key_windows(recipe_run)
-    assert opened == revoked and len(opened) == 1 + 3  # the worker's identity; the shape check, the ship, the copy
+    assert opened == revoked and len(opened) == 1 + 2  # the worker's identity; the ship, the copy
     rekeyed = program({**recipe_config, "twinspark:apiKey": "sk-another-key-of-the-users-0123456789"})
     assert rekeyed.error is None, rekeyed.error
     assert key_windows(rekeyed) == (opened, revoked)
-    recipe_config["twinspark:serving"] = {**recipe_config["twinspark:serving"], "maxModelLen": 65536}
-    reshaped = program(recipe_config)
+    reshaped = program({**recipe_config, "twinspark:serving": {**recipe_config["twinspark:serving"], "maxModelLen": 65536}})
     assert reshaped.error is None, reshaped.error
     assert args_of(reshaped, "spark1-weights-shape-check") != args_of(recipe_run, "spark1-weights-shape-check")
-    again, revoked_again = key_windows(reshaped)
-    assert again == revoked_again and sum(a != b for a, b in zip(again, opened)) == 1  # the shape check's alone
+    assert key_windows(reshaped) == (opened, revoked)
+    reimaged = program({**recipe_config, "twinspark:serving": {**recipe_config["twinspark:serving"],
+                                                               "aptPackages": ["infiniband-diags=44.0-2"]}})
+    assert reimaged.error is None, reimaged.error
+    again, revoked_again = key_windows(reimaged)
+    assert again == revoked_again and sum(a != b for a, b in zip(again, opened)) == 1  # the ship's alone
 
 
 def test_secrets_stay_secret(program, recipe_config):
@@ -720,8 +728,8 @@ def test_three_nodes(program, recipe_config):
     for step in ("spark1-weights-shape-check", "spark1-weights-fetch"):  # before the download and after it
         shape = runner_call(run.named(step)).args
         assert (flag_value(shape, "--tensor-parallel-size"), flag_value(shape, "--pipeline-parallel-size")) == ("1", "3")
-    peers = flag_values(args_of(run, "spark1-weights-shape-check"), "--peer")
-    assert peers == ["spark2=nvidia@10.0.0.2", "spark3=nvidia@10.0.0.3"]
+    peers = flag_values(args_of(run, "spark1-weights-shape-check"), "--memory-kb")
+    assert peers == ["spark2=126877696", "spark3=126877696"]
     argv = launch_argv(run)
     assert (flag_value(argv, "--tensor-parallel-size"), flag_value(argv, "--pipeline-parallel-size")) == ("1", "3")
     description = json.loads(run.outputs["codexModelCatalog"]["value"])["models"][0]["description"]

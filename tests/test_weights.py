@@ -730,7 +730,7 @@ def test_the_sync_key_only_copies(pair):
                               input=stdin, capture_output=True, text=True, timeout=30)
 
     refused = "spark2: this key only copies weights: refused"
-    for command in (["id"], ["cat", "/etc/shadow"], ["sh", "-c", "id"], ["meminfo;", "id"], ["verify", "--full"],
+    for command in (["id"], ["cat", "/etc/shadow"], ["sh", "-c", "id"], ["meminfo"], ["nproc;", "id"], ["verify", "--full"],
                     ["image-id", "ubuntu:24.04"], ["daemons-start", "--rail", "10.0.0.2=10.0.0.99"], []):
         out = as_key(*command)
         assert out.returncode != 0 and "uid=" not in out.stdout and "root:" not in out.stdout, (command, out.stdout)
@@ -743,8 +743,7 @@ def test_the_sync_key_only_copies(pair):
         out = as_key("manifest", stdin=json.dumps(forged))
         assert out.returncode == 1 and "the manifest must be JSON {revision: " in out.stderr, out.stderr
         assert not (pair.worker_dir / contract.WEIGHTS_MANIFEST).exists()
-    # what it is for still works: memory for the shape check, the cores for the stream count
-    assert as_key("meminfo").stdout.startswith("MemTotal:")
+    # what it is for still works: the cores for the stream count (the shape check reads no memory with it)
     assert int(as_key("nproc").stdout) >= 1
     assert pair.sync(pair.revision).returncode == 0
 
