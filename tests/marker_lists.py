@@ -7,8 +7,8 @@ lists, tests/test_markers.py checks the lists name tests that exist."""
 # (dockerd, sshd on port 22). By file, or by a fixture that sets such a machine up.
 # The root lists are what failed when the rest ran as an unprivileged user (docs/testing.md, "A
 # fast loop"); tests/test_markers.py holds every file that makes a namespace to them.
-NEEDS_ENGINE = {"test_engine_providers.py", "test_engine_docker_provider.py", "test_engine_installed_plugins.py",
-                "test_engine_language_host.py"}
+NEEDS_ENGINE = {"test_engine_providers.py", "test_engine_command_triggers.py", "test_engine_docker_provider.py",
+                "test_engine_installed_plugins.py", "test_engine_language_host.py"}
 NEEDS_ROOT_FILES = {"test_node_security.py", "test_sim_images.py", "test_node_access.py", "test_pin_host_keys.py"}
 NEEDS_ROOT_FIXTURES = {"private_node", "pair"}  # a mount namespace; two network namespaces cabled
 # `quiet`: a test whose figures are the machine's own pace: scripts/test.sh runs it with the engine's

@@ -15,87 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from engine_project import SECRET_SIG, Stack, resources_of
 from ssh_fixtures import OTHER_HOST_KEY, Sshd, new_key
-
-ROOT = Path(__file__).resolve().parent.parent
-SECRET_SIG = "4dabf18193072939515e22adb298388d"  # the engine's mark of a secret value
-
-PROGRAM = r'''
-import json, os
-import pulumi
-import pulumi_random as random
-from pulumi_command import local, remote
-
-spec = json.load(open(os.environ["ENGINE_TEST_SPEC"]))
-for name, args in spec.get("passwords", {}).items():
-    pulumi.export(name, random.RandomPassword(name, **args).result)
-for name, args in spec.get("ids", {}).items():
-    rid = random.RandomId(name, **args)
-    pulumi.export(name, {"id": rid.id, "hex": rid.hex, "b64Std": rid.b64_std, "b64Url": rid.b64_url, "dec": rid.dec})
-for name, args in spec.get("local", {}).items():
-    pulumi.export(name, local.Command(name, **args).stdout)
-for name, args in spec.get("remote", {}).items():
-    opts = pulumi.ResourceOptions(ignore_changes=args.pop("ignore_changes", None))
-    args = dict(args, connection=remote.ConnectionArgs(**args["connection"]))
-    pulumi.export(name, remote.Command(name, **args, opts=opts).stdout)
-'''
-
-
-class Stack:
-    """A file-backend stack of PROGRAM, whose resources come from a spec rewritten between runs."""
-
-    def __init__(self, tmp: Path, env: dict[str, str]):
-        self.dir = tmp / "project"
-        self.dir.mkdir()
-        (tmp / "state").mkdir()
-        self.spec_file = tmp / "spec.json"
-        (self.dir / "Pulumi.yaml").write_text(
-            "name: engine-providers\nruntime:\n  name: python\n  options:\n    toolchain: pip\n"
-            f"    virtualenv: {ROOT / '.venv'}\n")
-        (self.dir / "__main__.py").write_text(PROGRAM)
-        self.env = {**env, "PULUMI_BACKEND_URL": f"file://{tmp / 'state'}", "PULUMI_CONFIG_PASSPHRASE": "test",
-                    "ENGINE_TEST_SPEC": str(self.spec_file)}
-        self.pulumi("stack", "init", "test")
-
-    def pulumi(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run(["pulumi", *args, "--non-interactive"], cwd=self.dir, env=self.env,
-                              capture_output=True, text=True, timeout=300)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"pulumi {' '.join(args)}: rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-        return proc
-
-    def set(self, spec: dict) -> None:
-        self.spec_file.write_text(json.dumps(spec))
-
-    def up(self, *extra: str) -> dict[str, int]:
-        """The engine's own count of each kind of step (its summary event)."""
-        proc = self.pulumi("up", "--yes", "--skip-preview", "--json", *extra)
-        summary = None
-        for line in proc.stdout.splitlines():
-            if line.startswith("{"):
-                summary = json.loads(line).get("summaryEvent", summary)
-        assert summary is not None, proc.stdout
-        return summary["resourceChanges"]
-
-    def preview_ops(self) -> dict[str, str]:
-        """name -> the step the engine plans for it."""
-        steps = json.loads(self.pulumi("preview", "--json").stdout)["steps"]
-        return {s["urn"].rsplit("::", 1)[1]: s["op"] for s in steps}
-
-    def outputs(self, secrets: bool = False) -> dict:
-        return json.loads(self.pulumi("stack", "output", "--json", *(["--show-secrets"] if secrets else [])).stdout)
-
-    def export(self, secrets: bool = False) -> str:
-        return self.pulumi("stack", "export", *(["--show-secrets"] if secrets else [])).stdout
 
 
 @pytest.fixture
 def stack(tmp_path, engine_env):
     return Stack(tmp_path, engine_env)
-
-
-def resources_of(export: str, type_: str) -> list[dict]:
-    return [r for r in json.loads(export)["deployment"]["resources"] if r["type"] == type_]
 
 
 def test_random_password_is_a_secret_of_its_length_and_random_id_encodes_one_value(stack):
@@ -136,47 +62,6 @@ def test_random_password_is_a_secret_of_its_length_and_random_id_encodes_one_val
     assert len(stack.outputs(secrets=True)["pw"]) == 40
     assert stack.outputs()["rid"]["id"] != rid["id"]
     assert stack.up("--expect-no-changes") == {"same": 3}
-
-
-def test_triggers_replace_a_command_and_create_updates_it(stack, tmp_path):
-    """Triggers added replace by the provider's own diff (pulumi-command tags `triggers`
-    replaceOnChanges); a changed element replaces by the SDK's replace_on_changes=["triggers[*]"]
-    too. Any other change is an update, which runs `create` again when there is no `update`.
-    A replacement runs the old one's `delete`, PULUMI_COMMAND_STDOUT set to its stdout."""
-    log = tmp_path / "runs.log"
-
-    def command(version: str, *triggers: str) -> dict:
-        args = {"create": f"echo run >> {log}; echo {version}",
-                "delete": f'echo "deleted $PULUMI_COMMAND_STDOUT" >> {log}'}
-        return {"local": {"c": {**args, "triggers": list(triggers)} if triggers else args}}
-
-    def runs() -> int:
-        return log.read_text().count("run")
-
-    stack.set(command("v1"))
-    assert stack.up() == {"create": 2}
-    assert stack.outputs()["c"] == "v1" and runs() == 1
-
-    stack.set(command("v1", "a"))
-    assert stack.preview_ops()["c"] == "replace"
-    assert stack.up() == {"replace": 1, "same": 1}
-    assert runs() == 2
-    # the replaced one's delete ran, with its previous stdout in the environment
-    assert log.read_text().splitlines() == ["run", "run", "deleted v1"]
-
-    stack.set(command("v1", "b"))
-    assert stack.preview_ops()["c"] == "replace"
-    assert stack.up() == {"replace": 1, "same": 1}
-    assert runs() == 3
-
-    stack.set(command("v2", "b"))
-    assert stack.preview_ops()["c"] == "update"
-    assert stack.up() == {"update": 1, "same": 1}
-    assert stack.outputs()["c"] == "v2"  # the update ran `create` again
-    assert runs() == 4
-
-    assert stack.up("--expect-no-changes") == {"same": 2}
-    assert runs() == 4 and log.read_text().count("deleted") == 2
 
 
 def test_a_failing_command_fails_the_up_with_its_exit_code_and_output(stack):

@@ -53,8 +53,8 @@ def test_the_shape_check_refuses_before_the_copy_and_prints_the_estimate(tmp_pat
     config = {"num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 32, "head_dim": 128}
     fit = ["--kv-cache-dtype", "bfloat16", "--max-model-len", "1048576",
            "--kv-bytes-per-token", "0", "--overhead-gib", "1"]
-    proc, _ = run_shape_check(tmp_path, config, {"m.safetensors": 4 * GIB}, tp=2, peers_kb=[64 << 20],
-                              memory_fit=fit)
+    proc = run_shape_check(tmp_path, config, {"m.safetensors": 4 * GIB}, tp=2, peers_kb=[64 << 20],
+                           memory_fit=fit)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL memory fit: 2.0 GiB weights per node" in proc.stdout and "65536 B/token" in proc.stdout
     assert parse_memory_fit(proc.stdout)["maxModelLen"] == 1048576
@@ -72,8 +72,8 @@ def test_a_shape_that_gives_no_kv_size_skips_the_fit_instead_of_refusing_it(tmp_
     figure) made 0 B a token, 0 tokens, and refused every maxModelLen."""
     config = {"num_attention_heads": 64, "num_key_value_heads": 8}  # no num_hidden_layers, no head size
     fit = ["--kv-cache-dtype", "fp8", "--max-model-len", "32768", "--kv-bytes-per-token", "0", "--overhead-gib", "1"]
-    proc, _ = run_shape_check(tmp_path, config, {"m.safetensors": 4 * GIB}, tp=2, peers_kb=[64 << 20],
-                              memory_fit=fit)
+    proc = run_shape_check(tmp_path, config, {"m.safetensors": 4 * GIB}, tp=2, peers_kb=[64 << 20],
+                           memory_fit=fit)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "skip memory fit: config.json gives no KV size per token" in proc.stdout
     assert parse_memory_fit(proc.stdout) == {}

@@ -124,19 +124,20 @@ def test_a_bit_rotten_below_the_filesystem_is_named_by_verify_weights_and_the_re
     assert serving_containers(cluster) == serving and serving_answers(stack) == 200
 
 
-@pytest.mark.parametrize("fault, message", [("missing", ": missing"), ("truncated", ": 1048576 bytes, expected ")])
-def test_a_copy_tool_that_lies_is_caught_by_the_workers_verification(cluster, stack, deployed, fault, message):
-    d, (_, _, shard, *_) = model_dir(stack), shards(cluster, stack)
-    cluster.node_exec(WORKER, "rm", "-f", f"{d}/{shard}")  # something to copy
-    cluster.node_exec(HEAD, "bash", "-c", f"mkdir -p /etc/twinspark-sim && echo '{fault} {shard}' > "
-                      f"/etc/twinspark-sim/rsync-fault && install -m 755 {RSYNC_FAULTY} /usr/local/bin/rsync")
+def test_a_copy_tool_that_lies_is_caught_by_the_workers_verification(cluster, stack, deployed):
+    """Both lies at once, one shard each (one failing `up` names both; a stand-in rsync on the head)."""
+    d, (_, _, missing, truncated, *_) = model_dir(stack), shards(cluster, stack)
+    cluster.node_exec(WORKER, "rm", "-f", f"{d}/{missing}", f"{d}/{truncated}")  # something to copy
+    cluster.node_exec(HEAD, "bash", "-c", f"mkdir -p /etc/twinspark-sim && printf 'missing {missing}\\ntruncated "
+                      f"{truncated}\\n' > /etc/twinspark-sim/rsync-fault && install -m 755 {RSYNC_FAULTY} /usr/local/bin/rsync")
     try:
         with pytest.raises(AssertionError) as caught:
             copy_again(stack)
     finally:
         cluster.node_exec(HEAD, "rm", "-f", "/usr/local/bin/rsync")
     said = str(caught.value)
-    assert f"FAIL sim2: {shard}{message}" in said, said
+    assert f"FAIL sim2: {missing}: missing" in said, said
+    assert f"FAIL sim2: {truncated}: 1048576 bytes, expected " in said, said
     assert "verification failed for sim2 (nvidia@10.0.0.2:" in said, said
     copy_again(stack)  # a clean copy repairs it
     assert worker_matches_head(cluster, stack)
