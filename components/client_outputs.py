@@ -179,14 +179,16 @@ def render_claude_code_settings() -> str:
 
 
 def lanes_output(cfg: StackConfig, revisions: Mapping[str, object]) -> dict:
-    """Several lanes: each lane's model, recipe, nodes, revision (`revisions`: the commit each lane's weights
-    hold) and its lane keys of `serving` as it is served, so `pulumi preview` shows which lanes a change
-    touches (its Outputs: `~ lanes: { ~ fast: { ~ serving: { ~ maxModelLen: ...`)."""
+    """Several lanes: each lane's model, recipe, nodes, head (the node whose guard watches its engine),
+    revision (`revisions`: the commit each lane's weights hold) and its lane keys of `serving` as it is
+    served, so `pulumi preview` shows which lanes a change touches (its Outputs:
+    `~ lanes: { ~ fast: { ~ serving: { ~ maxModelLen: ...`)."""
     out = {}
     for lane in cfg.served_lanes:
         serving = lane.serving.model_dump(by_alias=True, mode="json")
         out[lane.name] = {"model": lane.model.served_name, "recipe": lane.serving.recipe,
-                          "nodes": [n.name for n in lane.nodes], "revision": revisions[lane.name],
+                          "nodes": [n.name for n in lane.nodes], "head": cfg.lane_head(lane).name,
+                          "revision": revisions[lane.name],
                           "serving": {key: serving[key] for key in LANE_SERVING_KEYS}}
     return out
 

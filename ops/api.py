@@ -91,6 +91,8 @@ class Lane(Lenient):
     model: str  # its served name
     recipe: str
     nodes: list[str]
+    head: Optional[str] = None  # the node whose guard watches its engine (a stack deployed before: none)
+    revision: Optional[str] = None  # the commit its weights hold
 
 
 class StackOutputs(Lenient):

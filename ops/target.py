@@ -249,15 +249,24 @@ def target_recipe(target: Target, default: Optional[str] = None) -> recipes.Reci
         raise TargetError(f"recipe {name!r}: {err}") from None
 
 
-def target_from_outputs(outputs: dict[str, Any], source: str) -> Target:
-    """The stack's own endpoint, key, model, nodes and SSH user, nothing overridden."""
+def target_from_outputs(outputs: dict[str, Any], source: str, model: Optional[str] = None) -> Target:
+    """The stack's own endpoint, key, model, nodes and SSH user, nothing overridden; `model`: one lane's
+    of a stack with several (its recipe too; TargetError naming the lanes where none serves it)."""
     outputs = check_outputs(outputs, source)
     missing = [key for key in ("endpoint", "apiKey", "model", "nodes", "sshUser") if not outputs.get(key)]
     if missing:
         raise TargetError(f"{source}: no {', '.join(missing)} (has the stack been deployed with `pulumi up`?)")
-    return Target(endpoint=outputs["endpoint"], api_key=outputs["apiKey"], model=outputs["model"],
+    lane, lane_recipe = lane_serving(outputs, model) if model else (None, None)
+    return Target(endpoint=outputs["endpoint"], api_key=outputs["apiKey"], model=model or outputs["model"],
                   nodes=outputs["nodes"], outputs=outputs, ssh_user=outputs["sshUser"],
-                  fabric=outputs.get("fabric") or {}, recipe=outputs.get("recipe"))
+                  fabric=outputs.get("fabric") or {}, recipe=lane_recipe or outputs.get("recipe"), lane=lane)
+
+
+def engine_head(target: Target) -> dict[str, Any]:
+    """The node whose guard watches the target's engine: the stack's head, or its lane's head (the `lanes`
+    output names it)."""
+    head = (target.outputs.get("lanes") or {}).get(target.lane, {}).get("head") if target.lane else None
+    return next(n for n in target.nodes if (n["name"] == head if head else n["role"] == "head"))
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """upgrade — change settings, deploy them, and keep them only if serving passes the gates.
 
     python -m ops upgrade --stack spark --set serving.image=REPO:TAG [--set serving.maxModelLen=65536 ...]
+    python -m ops upgrade --stack spark --model fast --set serving.maxModelLen=65536   (one lane of several)
 
 1. Every --set is checked before anything changes: a key upgrade may change (`serving.*`,
    `model.revision`), the whole config as the program will read it (components/config.py), and
@@ -24,6 +25,11 @@
    canary must pass again, and the outputs must show the recorded digest, commit and launch
    bundles. On success the bench result becomes the stack's baseline:
    .twinspark/baselines/<stack>.json in the checkout (the previous one kept beside it).
+
+With --model (a stack with several lanes): the settings are that lane's (its lane keys of `serving` and
+its model.revision, written as lanes[i].serving.X and lanes[i].model.revision), the gates ask its model
+and read its head's guard, its baseline is its own (.twinspark/baselines/<stack>-<lane>.json) and the
+rollback returns to its commit; the other lanes serve on (the program swaps the lane alone, with a drain).
 
 Exit codes: 0 upgraded; 1 a gate failed and serving is back on the previous settings; 2 bad
 input (nothing changed); 3 ROLLBACK FAILED, serving not verified back; 4 another update holds
@@ -128,7 +134,8 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
     stack = opening(open_stack, work_dir)(args.stack)
     config = stack.config()
     known_good = known_good_from(stack.outputs())
-    plan = plan_upgrade(config, args.settings, known_good)
+    plan = plan_upgrade(config, args.settings, known_good, args.model)
+    model = plan.lane.model if plan.lane else None
     show_changes(plan, console)
     if plan.after == plan.before:
         console.print(Text("nothing to change: the stack already has these settings"))
@@ -148,10 +155,10 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
                       bench_deadline_s=args.bench_deadline_min * 60, gate=args.gate,
                       recipe_tolerance=args.recipe_tolerance)
     with upgrade_lock(work_dir, stack.name):
-        target = target_from_outputs(stack.outputs(), f"stack {stack.name} outputs")
+        target = target_from_outputs(stack.outputs(), f"stack {stack.name} outputs", model)
         if access_check_for is not None:  # a node refused (its host key, the credentials) ends it here
             access_check_for(target)()
-        path = baseline_path(work_dir, stack.name)
+        path = baseline_path(work_dir, stack.name, plan.lane.name if plan.lane else None)
         if options.gate == GATE_RECIPE:  # the recipe's figures judge: no stored baseline is measured or read
             upgrade = Upgrade(stack, plan, options, console, guard_probe_for, work_dir, hold_release_for,
                               reports=outcome["gates"])
@@ -174,6 +181,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_project_dir_argument(p)
     p.add_argument("--set", dest="settings", action="append", type=parse_setting, required=True, metavar="KEY=VALUE",
                    help="serving.<key> or model.revision, repeatable; a list as JSON: serving.extraArgs='[\"--x\"]'")
+    p.add_argument("--model", help="a stack with several lanes: the served model (or lane name) whose lane the --set "
+                                   "keys change (its lane keys of serving, and model.revision); default: the stack's")
     p.add_argument("--dry-run", action="store_true", help="show the preview of what would change; change nothing")
     p.add_argument("--tolerance", type=positive_float, default=0.10, help="allowed worsening against the baseline (0.10 = 10%%), "
                    "or a figure's run-to-run spread when larger")

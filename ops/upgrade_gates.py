@@ -1,7 +1,8 @@
 """The gates a deployment must pass before `ops upgrade` keeps it, and again after a rollback:
-readiness (/health, /v1/models), the canary (the head's serving guard, over SSH as `ops status`
-reaches the nodes) and the bench (the stored baseline, or with --gate recipe the recipe's figures);
-with the SSH checks before anything changes and the hold's release before a rollback."""
+readiness (/health, /v1/models), the canary (the serving guard on the engine's head, a lane's own with
+`--model`, over SSH as `ops status` reaches the nodes) and the bench (the stored baseline, or with
+--gate recipe the recipe's figures); with the SSH checks before anything changes and the hold's
+release before a rollback."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from .clear_hold import release_hold
 from .inputs import EndpointError, InputError, ToolError
 from .nodes import HostKeyRefused, agent_options, ssh_runner, ssh_shell
 from .stack import one_line_error
-from .target import Target, check_endpoint
+from .target import Target, check_endpoint, engine_head
 from .upgrade_plan import Plan
 from .upgrade_records import read_baseline, record_baseline
 
@@ -74,7 +75,7 @@ def ssh_hold_release(ssh_user: Optional[str], ssh_key: Optional[str], ssh_option
                      ) -> Callable[[Target], Callable[[], None]]:
     """Removes the head's hold file over SSH, as `ops clear-hold` does (the guard then lets serving start)."""
     def for_target(target: Target) -> Callable[[], None]:
-        head = next(n for n in target.nodes if n["role"] == "head")
+        head = engine_head(target)
         user = ssh_user or target.ssh_user
         assert user is not None  # target_from_outputs requires the stack's sshUser
         shell = ssh_shell(user, ssh_key, ssh_options)
@@ -87,7 +88,7 @@ def ssh_guard_probe(ssh_user: Optional[str], ssh_key: Optional[str], ssh_options
                     ) -> Callable[[Target], GuardProbe]:
     """Reads the head's guard verdict over SSH exactly as `ops status` reaches the nodes."""
     def for_target(target: Target) -> GuardProbe:
-        head = next(n for n in target.nodes if n["role"] == "head")
+        head = engine_head(target)
         user = ssh_user or target.ssh_user
         assert user is not None  # target_from_outputs requires the stack's sshUser
         run = ssh_runner(user, ssh_key, ssh_options)

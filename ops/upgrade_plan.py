@@ -72,10 +72,45 @@ class Plan:
     changes: list[Change]
     forward: Writes  # the new settings
     backward: Writes  # the rollback: the previous ones, pinned to what served (KnownGood)
-    before: schema.StackConfig  # as the program reads them
+    before: schema.StackConfig  # as the program reads them; a lane's view where `lane` is set
     after: schema.StackConfig
     undo: Writes = Writes()  # the previous ones as they were written: when nothing was deployed
     pinned: dict[str, str] = field(default_factory=dict)  # key -> the digest or commit the rollback writes
+    lane: Optional["LaneChoice"] = None  # `upgrade --model`: the lane whose settings change
+
+
+@dataclass(frozen=True)
+class LaneChoice:
+    """`upgrade --model`: one lane of a stack with several, by its served name."""
+    model: str
+    name: str
+    index: int  # in the stack's `lanes` config
+
+
+def lane_choice(cfg: schema.StackConfig, model: str) -> LaneChoice:
+    """The lane of the stack serving `model` (its served name, or the lane's name); InputError naming every
+    lane's model otherwise."""
+    if cfg.lanes is None:
+        raise InputError(f"--model {model!r}: this stack serves one model, not lanes: drop --model (its --set keys "
+                         "are the stack's)")
+    for index, lane in enumerate(cfg.served_lanes):  # in the order of the `lanes` config
+        if model in (lane.model.served_name, lane.name):
+            return LaneChoice(lane.model.served_name, lane.name, index)
+    raise InputError(f"--model {model!r}: no lane serves it; the lanes serve "
+                     + ", ".join(f"{lane.model.served_name} (lane {lane.name})" for lane in cfg.served_lanes)
+                     + ": pass one of them")
+
+
+def lane_key(key: str, lane: Optional[LaneChoice]) -> str:
+    """A --set key as written for the lane: `serving.X` (a lane key) -> `lanes[i].serving.X`, `model.revision` ->
+    `lanes[i].model.revision`; another key with --model is the stack's (InputError)."""
+    if lane is None:
+        return key
+    block, name = key.split(".", 1)
+    if block == "serving" and name not in schema.LANE_SERVING_KEYS:
+        raise InputError(f"--set {key} with --model: {key} is the stack's, one for every lane (a lane has its own "
+                         f"{', '.join(schema.LANE_SERVING_KEYS)} and model.revision): drop --model to change it")
+    return f"lanes[{lane.index}].{key}"
 
 
 @dataclass(frozen=True)
@@ -86,11 +121,12 @@ class KnownGood:
     model_revision: Optional[str]  # the commit every node holds (modelRevision)
     launch_bundles: dict[str, str]  # node -> its launch bundle's hash (keyed: says nothing of its secrets)
     image_ids: dict[str, str]  # node -> the serving image ID it runs (platform facts)
+    lane_revisions: dict[str, str] = field(default_factory=dict)  # several lanes: lane -> the commit it holds
 
     def record(self, config: dict[str, Any]) -> dict[str, Any]:
         return {"image_reference": self.image_reference, "image_tag": self.image_tag,
                 "model_revision": self.model_revision, "launch_bundles": self.launch_bundles,
-                "image_ids": self.image_ids, "config": config}
+                "image_ids": self.image_ids, "lane_revisions": self.lane_revisions, "config": config}
 
 
 def known_good_from(outputs: dict[str, Any]) -> KnownGood:
@@ -99,7 +135,10 @@ def known_good_from(outputs: dict[str, Any]) -> KnownGood:
     facts = platform["facts"] if isinstance(platform.get("facts"), dict) else {}
     bundles = outputs["launchBundles"] if isinstance(outputs.get("launchBundles"), dict) else {}
     revision = outputs.get("modelRevision")
+    lanes = outputs["lanes"] if isinstance(outputs.get("lanes"), dict) else {}
     return KnownGood(
+        lane_revisions={n: lane["revision"] for n, lane in lanes.items()
+                        if isinstance(lane, dict) and isinstance(lane.get("revision"), str)},
         image_reference=image.get("reference") if isinstance(image.get("reference"), str) else None,
         image_tag=image.get("tag") if isinstance(image.get("tag"), str) else None,
         model_revision=revision if isinstance(revision, str) else None,
@@ -113,21 +152,28 @@ def known_good_from(outputs: dict[str, Any]) -> KnownGood:
 PINNED_BY = {"serving.image": ("serving.image", "serving.platform"), "model.revision": ("model.revision",)}
 
 
-def pins(changes: list[Change], known_good: KnownGood) -> dict[str, str]:
-    """The keys the rollback writes as what served (digest, commit), not as they were written."""
+def pins(changes: list[Change], known_good: KnownGood, lane: Optional[LaneChoice] = None) -> dict[str, str]:
+    """The keys the rollback writes as what served (digest, commit), not as they were written; a lane's
+    commit where `lane` is upgraded."""
     changed = {c.key for c in changes}
-    served = {"serving.image": known_good.image_reference, "model.revision": known_good.model_revision}
+    served = {"serving.image": known_good.image_reference,
+              "model.revision": known_good.lane_revisions.get(lane.name) if lane else known_good.model_revision}
     what = {"serving.image": "servingImage.reference (the digest that serves)",
-            "model.revision": "modelRevision (the commit that serves)"}
+            "model.revision": f"lanes.{lane.name}.revision (the commit that serves)" if lane
+            else "modelRevision (the commit that serves)"}
     result = {}
     for key, triggers in PINNED_BY.items():
-        if changed & set(triggers):
+        if changed & {lane_key(t, lane) for t in triggers if not lane or lane_key_allowed(t)}:
             pin = served[key]
             if not pin:
                 raise InputError(f"the stack's outputs name no {what[key]}, so a rollback could not return to it: "
                                  "run `pulumi up` with this version of twinspark first; nothing changed")
-            result[key] = pin
+            result[lane_key(key, lane) if lane and lane_key_allowed(key) else key] = pin
     return result
+
+
+def lane_key_allowed(key: str) -> bool:
+    return key == "model.revision" or key.removeprefix("serving.") in schema.LANE_SERVING_KEYS
 
 
 def requested_writes(setting: Setting, is_list: bool) -> tuple[list[str], list[tuple[str, str]]]:
@@ -170,16 +216,22 @@ def validated(blocks: dict[str, Any], what: str) -> schema.StackConfig:
         raise InputError(f"{what}: {'; '.join(problems) or err}") from None
 
 
-def plan_upgrade(blocks: dict[str, Any], settings: list[Setting], known_good: Optional[KnownGood] = None) -> Plan:
+def plan_upgrade(blocks: dict[str, Any], settings: list[Setting], known_good: Optional[KnownGood] = None,
+                 model: Optional[str] = None) -> Plan:
     """The writes there and back, checked before anything changes. InputError on bad input.
     `known_good` (what serves now): the rollback writes its digest and commit where the program
-    would resolve the previous text again; without it, the previous text as it was."""
+    would resolve the previous text again; without it, the previous text as it was. `model`: the
+    settings are the lane's serving it (`lanes[i].serving.X`, `lanes[i].model.revision`), and the plan's
+    before and after are that lane's view."""
     keys = upgradable_keys()
+    before = validated(blocks, "the stack's current config is invalid")
+    lane = lane_choice(before, model) if model else None
+    settings = [Setting(lane_key(s.key, lane), s.text) for s in settings]
+    keys.update({lane_key(k, lane): is_list for k, is_list in keys.items() if lane and lane_key_allowed(k)})
     seen = [s.key for s in settings]
     twice = sorted({k for k in seen if seen.count(k) > 1})
     if twice:
         raise InputError(f"--set {', '.join(twice)} given more than once")
-    before = validated(blocks, "the stack's current config is invalid")
     forward = combined(requested_writes(setting, keys[setting.key]) for setting in settings)
     after_blocks = apply_writes(blocks, forward)
     after = validated(after_blocks, "the new settings are refused")
@@ -193,7 +245,13 @@ def plan_upgrade(blocks: dict[str, Any], settings: list[Setting], known_good: Op
         raise InputError("the previous values of " + ", ".join(c.key for c in changes) + " cannot be written back "
                          "exactly with `pulumi config set --path` (it stores 'true' and whole numbers as such): "
                          "change them with `pulumi config` and `pulumi up`")
-    pinned = pins(changes, known_good) if known_good else {}
+    pinned = pins(changes, known_good, lane) if known_good else {}
     backward = combined([restoring_writes(c.key, pinned.get(c.key, c.before)) for c in changes]
                         + [([], [(key, value)]) for key, value in pinned.items() if key not in seen])
-    return Plan(changes, forward, backward, before, after, undo, pinned)
+    if lane:
+        before, after = lane_view(before, lane), lane_view(after, lane)
+    return Plan(changes, forward, backward, before, after, undo, pinned, lane)
+
+
+def lane_view(cfg: schema.StackConfig, lane: LaneChoice) -> schema.StackConfig:
+    return cfg.lane_view(next(served for served in cfg.served_lanes if served.name == lane.name))

@@ -16,8 +16,9 @@ BASELINE_DIR = Path(".twinspark") / "baselines"  # under the checkout
 KNOWN_GOOD_DIR = Path(".twinspark") / "known-good"  # what served before the last upgrade, per stack
 
 
-def baseline_path(work_dir: Path, stack_name: str) -> Path:
-    return work_dir / BASELINE_DIR / f"{stack_name.replace('/', '--')}.json"
+def baseline_path(work_dir: Path, stack_name: str, lane: Optional[str] = None) -> Path:
+    """The stack's bench baseline; a lane's own where `upgrade --model` picks one of several."""
+    return work_dir / BASELINE_DIR / f"{stack_name.replace('/', '--')}{f'-{lane}' if lane else ''}.json"
 
 
 def read_baseline(path: Path) -> dict:

@@ -63,8 +63,13 @@ class Upgrade:
             return GateResult("readiness", False, f"pulumi up failed: {one_line_error(err)}")
         return None
 
+    def target(self) -> Target:
+        """The stack's endpoint; `upgrade --model`: its lane's model, recipe and head."""
+        return target_from_outputs(self.stack.outputs(), f"stack {self.stack.name} outputs",
+                                   self.plan.lane.model if self.plan.lane else None)
+
     def serving_gates(self, up_finished: float) -> tuple[list[GateResult], Target]:
-        target = target_from_outputs(self.stack.outputs(), f"stack {self.stack.name} outputs")
+        target = self.target()
         results = [wait_for_endpoint(target, self.options.readiness_timeout_s, self.options.poll_s)]
         if results[-1].ok:
             results.append(wait_for_canary(self.guard_probe_for(target), up_finished,
@@ -85,7 +90,7 @@ class Upgrade:
         if self.hold_release_for is None:
             return
         try:
-            target = target_from_outputs(self.stack.outputs(), f"stack {self.stack.name} outputs")
+            target = self.target()
             reading = self.guard_probe_for(target)()
             verdict = GuardVerdict.model_validate(reading.get("status"))
             head_offset = float(reading["now"]) - time.time()  # the head's clock against ours
@@ -127,6 +132,7 @@ class Upgrade:
         differ = [f"{what}: {a!r} before the upgrade, {b!r} now" for what, a, b in (
             ("servingImage.reference", then.image_reference, now.image_reference),
             ("modelRevision", then.model_revision, now.model_revision),
+            *((f"lanes.{n}.revision", r, now.lane_revisions.get(n)) for n, r in then.lane_revisions.items()),
             *((f"launchBundles.{n}", h, now.launch_bundles.get(n)) for n, h in then.launch_bundles.items()))
             if a != b]
         if differ:
