@@ -341,8 +341,10 @@ class ModelWeights(pulumi.ComponentResource):
         (`image_ships`, by worker) for the head's key, the copy (verified) for the
         key it leaves from. It runs again whenever one of those runs again, and after every
         authorization: it shares the authorization's triggers (what makes each step run again) and
-        adds its line and the IDs of the authorization and of the steps (a step made anew, say
-        after an interrupted `up`, has a new one)."""
+        adds its line, the IDs of the authorization and of the steps (a step made anew, say after an
+        interrupted `up`, has a new one) and the authorization's output, stamped at each opening: a
+        step that failed leaves the key admitted, and an `up` back to the earlier settings opens it
+        again (its triggers changed) and so closes it, where the revoke's own triggers are as before."""
         revokes = []
         for authorize_name, worker, source, line, authorize in self._authorizations:
             users = [self._syncs[worker.name]] if copy_source(self._args, worker).node is source.node else []
@@ -352,7 +354,8 @@ class ModelWeights(pulumi.ComponentResource):
             revokes.append(node_command(
                 authorize_name.removesuffix("authorize") + "revoke", worker.connection,
                 NodeScript(AUTHORIZE_SCRIPT, ["revoke", *flags], payload=line), parent=self,
-                triggers=[*self._key_users[(worker.name, source.node.name)], line, authorize.id, *(u.id for u in users)],
+                triggers=[*self._key_users[(worker.name, source.node.name)], line, authorize.id, *(u.id for u in users),
+                          authorize.stdout],
                 depends_on=users,
             ))
         return revokes

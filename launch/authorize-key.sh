@@ -52,9 +52,14 @@ main() {
       install -d -m 700 "$(dirname "$keys_file")"
       touch "$keys_file" && chmod 600 "$keys_file"
       claim_owner "$thing" "$owner"
-      if grep -qxF "$line" "$keys_file"; then echo "unchanged: $what from $address authorized"; return 0; fi
+      # stamped: each opening prints anew, and the revoke (its triggers hold this output) runs after it even
+      # where its steps' fingerprints went back to what they were (a failed step, then a revert)
+      if grep -qxF "$line" "$keys_file"; then
+        echo "unchanged: $what from $address authorized (checked $(date -u +%FT%T.%NZ))"
+        return 0
+      fi
       replace_keys_file "$address" "$line"
-      echo "authorized: $what from $address"
+      echo "authorized: $what from $address (opened $(date -u +%FT%T.%NZ))"
       ;;
     revoke)
       if ! owned_by "$thing" "$owner"; then

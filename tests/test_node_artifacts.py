@@ -697,6 +697,27 @@ def test_each_source_of_a_copy_has_its_own_authorization_which_a_new_key_replace
     assert authorize("remove", "10.0.0.1", "AAAAhead", "spark4-weights-authorize") == ["AAAAuser"]
 
 
+def test_each_opening_prints_anew_so_the_revoke_that_follows_it_runs_again(tmp_path):
+    """The revoke's triggers hold the authorization's output: an `up` that opens the key again (a failed
+    step's settings reverted) changes it even where the key was already admitted."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    line = remote.render_authorized_key_line("10.0.0.1", f"ssh-ed25519 AAAAhead {contract.SYNC_KEY_COMMENT}@node",
+                                             FORCED)
+
+    def add() -> str:
+        proc = subprocess.run(["bash", str(LAUNCH_DIR / "authorize-key.sh"), "add", "--comment", contract.SYNC_KEY_COMMENT,
+                               "--owner", "spark2-weights-authorize"], input=line, env={**os.environ, "HOME": str(home)},
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    first, again = add(), add()
+    assert re.fullmatch(r"authorized: weights key from 10\.0\.0\.1 \(opened [0-9T:.-]+Z\)\n", first), first
+    assert re.fullmatch(r"unchanged: weights key from 10\.0\.0\.1 authorized \(checked [0-9T:.-]+Z\)\n", again), again
+    assert again.split("(")[1] != first.split("(")[1]
+
+
 def test_an_authorization_without_its_forced_command_is_refused(tmp_path):
     """The line authorize-key.sh takes names the source and the forced command: a bare key (a login) is refused."""
     home = tmp_path / "home"

@@ -519,10 +519,12 @@ def test_weights_copy_goes_over_the_first_rail(recipe_run):
 
 def key_windows(run) -> tuple[list, list]:
     """The head's key on spark2: the authorization's triggers; the revocation's, less the line, the
-    authorization's ID and the IDs of the steps it follows (the copy, the ship: an authorization or a
-    step made anew runs it again)."""
+    authorization's ID, the IDs of the steps it follows (the copy, the ship: an authorization or a
+    step made anew runs it again) and the authorization's output."""
     opened, revoked = (run.named(f"spark2-weights-{step}").inputs["triggers"] for step in ("authorize", "revoke"))
-    assert len(revoked) == len(opened) + 4 and revoked[len(opened)] == stdin_of(run, "spark2-weights-authorize"), revoked
+    assert len(revoked) == len(opened) + 5 and revoked[len(opened)] == stdin_of(run, "spark2-weights-authorize"), revoked
+    # the opening's stamped output last: an opening after a failed step closes the key again
+    assert revoked[-1] == run.named("spark2-weights-authorize").outputs["stdout"], revoked
     return opened, revoked[:len(opened)]
 
 
