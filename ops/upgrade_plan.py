@@ -154,25 +154,26 @@ PINNED_BY = {"serving.image": ("serving.image", "serving.platform"), "model.revi
 
 def pins(changes: list[Change], known_good: KnownGood, lane: Optional[LaneChoice] = None) -> dict[str, str]:
     """The keys the rollback writes as what served (digest, commit), not as they were written; a lane's
-    commit where `lane` is upgraded."""
+    commit where `lane` is upgraded (its other keys are resolved by nothing)."""
     changed = {c.key for c in changes}
-    served = {"serving.image": known_good.image_reference,
-              "model.revision": known_good.lane_revisions.get(lane.name) if lane else known_good.model_revision}
-    what = {"serving.image": "servingImage.reference (the digest that serves)",
-            "model.revision": f"lanes.{lane.name}.revision (the commit that serves)" if lane
-            else "modelRevision (the commit that serves)"}
-    result = {}
-    for key, triggers in PINNED_BY.items():
-        if changed & {lane_key(t, lane) for t in triggers if not lane or lane_key_allowed(t)}:
-            pin = served[key]
-            if not pin:
-                raise InputError(f"the stack's outputs name no {what[key]}, so a rollback could not return to it: "
-                                 "run `pulumi up` with this version of twinspark first; nothing changed")
-            result[lane_key(key, lane) if lane and lane_key_allowed(key) else key] = pin
-    return result
+    if lane:
+        key = lane_key("model.revision", lane)
+        return {key: served_pin(known_good.lane_revisions.get(lane.name), f"lanes.{lane.name}.revision (the commit "
+                                "that serves)")} if key in changed else {}
+    served = {"serving.image": (known_good.image_reference, "servingImage.reference (the digest that serves)"),
+              "model.revision": (known_good.model_revision, "modelRevision (the commit that serves)")}
+    return {key: served_pin(*served[key]) for key, triggers in PINNED_BY.items() if changed & set(triggers)}
+
+
+def served_pin(pin: Optional[str], what: str) -> str:
+    if not pin:
+        raise InputError(f"the stack's outputs name no {what}, so a rollback could not return to it: run `pulumi up` "
+                         "with this version of twinspark first; nothing changed")
+    return pin
 
 
 def lane_key_allowed(key: str) -> bool:
+    """A key a lane has of its own (`upgrade --model` writes it at the lane's path)."""
     return key == "model.revision" or key.removeprefix("serving.") in schema.LANE_SERVING_KEYS
 
 
