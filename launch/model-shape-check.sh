@@ -23,7 +23,7 @@ set -euo pipefail
 
 node="" dir="" manifest="" tp="" pp=1 utilization="" program=""
 kv_dtype="" max_len="" kv_bytes="" overhead=""  # the memory fit's: passed on, empty where not set
-peers=()  # NODE=KB: each worker's MemTotal
+workers_memory=()  # NODE=KB: each worker's MemTotal, as its memory step read it
 
 memtotal_kb() { awk '$1 == "MemTotal:" {print $2; exit}' /proc/meminfo; }
 
@@ -39,7 +39,7 @@ memory() {
 
 check() {
   parse_flags --node=node --dir=dir --manifest=manifest --tensor-parallel-size=tp \
-    --pipeline-parallel-size=pp --gpu-memory-utilization=utilization --memory-kb=peers[] \
+    --pipeline-parallel-size=pp --gpu-memory-utilization=utilization --memory-kb=workers_memory[] \
     --kv-cache-dtype=kv_dtype --max-model-len=max_len --kv-bytes-per-token=kv_bytes \
     --overhead-gib=overhead -- "$@"
   require_flags --node --dir --manifest --tensor-parallel-size --gpu-memory-utilization
@@ -47,7 +47,7 @@ check() {
   read_payload program model-shape.py
   [ -s "$dir/$manifest" ] || die "$dir/$manifest missing: the weights here are not complete (run fetch-weights.sh)"
   local memory=(--memory-kb "$node=$(memtotal_kb)") peer
-  for peer in "${peers[@]}"; do
+  for peer in "${workers_memory[@]}"; do
     [[ $peer =~ ^[^=]+=[0-9]+$ ]] || usage_error "--memory-kb must be NODE=KB, got '$peer'"
     memory+=(--memory-kb "$peer")
   done

@@ -135,7 +135,6 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
     config = stack.config()
     known_good = known_good_from(stack.outputs())
     plan = plan_upgrade(config, args.settings, known_good, args.model)
-    model = plan.lane.model if plan.lane else None
     show_changes(plan, console)
     if plan.after == plan.before:
         console.print(Text("nothing to change: the stack already has these settings"))
@@ -155,7 +154,7 @@ def run_upgrade(args: argparse.Namespace, console: Console, open_stack: Callable
                       bench_deadline_s=args.bench_deadline_min * 60, gate=args.gate,
                       recipe_tolerance=args.recipe_tolerance)
     with upgrade_lock(work_dir, stack.name):
-        target = target_from_outputs(stack.outputs(), f"stack {stack.name} outputs", model)
+        target = target_from_outputs(stack.outputs(), f"stack {stack.name} outputs", plan.model)
         if access_check_for is not None:  # a node refused (its host key, the credentials) ends it here
             access_check_for(target)()
         path = baseline_path(work_dir, stack.name, plan.lane.name if plan.lane else None)

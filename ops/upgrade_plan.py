@@ -78,6 +78,11 @@ class Plan:
     pinned: dict[str, str] = field(default_factory=dict)  # key -> the digest or commit the rollback writes
     lane: Optional["LaneChoice"] = None  # `upgrade --model`: the lane whose settings change
 
+    @property
+    def model(self) -> Optional[str]:
+        """The served model the gates ask for: the lane's, or None for the stack's own."""
+        return self.lane.model if self.lane else None
+
 
 @dataclass(frozen=True)
 class LaneChoice:
@@ -106,8 +111,7 @@ def lane_key(key: str, lane: Optional[LaneChoice]) -> str:
     `lanes[i].model.revision`; another key with --model is the stack's (InputError)."""
     if lane is None:
         return key
-    block, name = key.split(".", 1)
-    if block == "serving" and name not in schema.LANE_SERVING_KEYS:
+    if not lane_key_allowed(key):
         raise InputError(f"--set {key} with --model: {key} is the stack's, one for every lane (a lane has its own "
                          f"{', '.join(schema.LANE_SERVING_KEYS)} and model.revision): drop --model to change it")
     return f"lanes[{lane.index}].{key}"
@@ -227,13 +231,13 @@ def plan_upgrade(blocks: dict[str, Any], settings: list[Setting], known_good: Op
     keys = upgradable_keys()
     before = validated(blocks, "the stack's current config is invalid")
     lane = lane_choice(before, model) if model else None
+    is_list = {lane_key(s.key, lane): keys[s.key] for s in settings}  # a lane's path, the key's kind of value
     settings = [Setting(lane_key(s.key, lane), s.text) for s in settings]
-    keys.update({lane_key(k, lane): is_list for k, is_list in keys.items() if lane and lane_key_allowed(k)})
     seen = [s.key for s in settings]
     twice = sorted({k for k in seen if seen.count(k) > 1})
     if twice:
         raise InputError(f"--set {', '.join(twice)} given more than once")
-    forward = combined(requested_writes(setting, keys[setting.key]) for setting in settings)
+    forward = combined(requested_writes(setting, is_list[setting.key]) for setting in settings)
     after_blocks = apply_writes(blocks, forward)
     after = validated(after_blocks, "the new settings are refused")
     changes = [Change(s.key, value_at(blocks, s.key, UNSET), value_at(after_blocks, s.key, UNSET)) for s in settings]

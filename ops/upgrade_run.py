@@ -65,8 +65,7 @@ class Upgrade:
 
     def target(self) -> Target:
         """The stack's endpoint; `upgrade --model`: its lane's model, recipe and head."""
-        return target_from_outputs(self.stack.outputs(), f"stack {self.stack.name} outputs",
-                                   self.plan.lane.model if self.plan.lane else None)
+        return target_from_outputs(self.stack.outputs(), f"stack {self.stack.name} outputs", self.plan.model)
 
     def serving_gates(self, up_finished: float) -> tuple[list[GateResult], Target]:
         target = self.target()
