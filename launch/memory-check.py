@@ -4,7 +4,7 @@
   memory-check.py --model-dir /models/M --utilization 0.85 --status /run/twinspark/memory-check.json \
       --node spark2 [--cotenant-slices user.slice,system.slice --cotenant-percent 5 --headroom-percent 5 \
       --container-slice twinspark.slice --cgroup-root /host/sys/fs/cgroup] [--meminfo /proc/meminfo] \
-      [--retry-seconds 30]
+      [--retry-seconds 2] [--say-seconds 30]
 
 First it releases the page cache that the model's files fill (posix_fadvise DONTNEED on each:
 the copy and any earlier load left them cached, and on the Spark's unified memory cached pages
@@ -18,8 +18,10 @@ says who holds more than the budget gives it, from the host's cgroup tree: a co-
 (what its processes hold that the kernel cannot reclaim, cgroup v2 or v1), the serving slice
 (a previous engine's processes), or nothing in those slices — memory that a crashed engine may
 have leaked, which only a reboot frees. It says so with the numbers (stdout and --status,
-which `ops status` shows) and checks again every --retry-seconds; it returns once the memory
-is there. Standard library only.
+which `ops status` shows) and checks again every --retry-seconds (a few seconds: reading meminfo
+and the cgroups costs nothing, and memory a co-tenant frees is then seen at once, not up to half a
+minute later), saying so again when the cause changes or every --say-seconds; it returns once the
+memory is there. Standard library only.
 """
 
 from __future__ import annotations
@@ -152,7 +154,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--status", required=True)
     parser.add_argument("--node", default=socket.gethostname())
     parser.add_argument("--meminfo", default="/proc/meminfo")
-    parser.add_argument("--retry-seconds", type=float, default=30.0)
+    parser.add_argument("--retry-seconds", type=float, default=2.0)
+    parser.add_argument("--say-seconds", type=float, default=30.0, help="a WAIT line again, the cause unchanged")
     parser.add_argument("--cotenant-slices", default="", help="the co-tenants' slices, comma-separated")
     parser.add_argument("--cotenant-percent", default="", help="each co-tenant slice's cap; empty: uncapped")
     parser.add_argument("--headroom-percent", type=float, default=0.0)
@@ -164,12 +167,15 @@ def main(argv: list[str]) -> int:
     if args.container_slice:
         allowed[args.container_slice] = 0.0  # before load, nothing of the budget is the serving slice's yet
     files = release_page_cache(args.model_dir)
+    said: tuple = ()  # (the cause, when) of the last WAIT line
     while True:
         held = {name: cgroup_held(args.cgroup_root, name) for name in allowed}
         result = verdict(meminfo(args.meminfo), args.utilization, held, allowed, args.headroom_percent / 100)
         write_status(args.status, {"node": args.node, "checked_at": time.time(), "model_files_released": files,
                                    **result})
-        print(f"{'ok  ' if result['ok'] else 'WAIT'} {args.node}: {result['message']}", flush=True)
+        if result["ok"] or not said or said[0] != result.get("cause") or time.monotonic() - said[1] >= args.say_seconds:
+            print(f"{'ok  ' if result['ok'] else 'WAIT'} {args.node}: {result['message']}", flush=True)
+            said = (result.get("cause"), time.monotonic())
         if result["ok"]:
             return 0
         time.sleep(args.retry_seconds)

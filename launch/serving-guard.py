@@ -18,11 +18,12 @@ round, so a rotated key is followed) — the path clients use:
   answers /health, but never finishes one).
 What a failed round means:
 - a wrong or malformed answer counts, however busy the engine;
-- late answers count only when the engine makes no progress: after a late round the guard reads
-  vLLM's own counters (--metrics-url) over PROGRESS_WINDOW_S; requests pending and tokens being
-  generated is a busy engine (the canary queued behind real work), which is never restarted;
+- late answers count only when the engine makes no progress: the guard reads vLLM's own
+  counters (--metrics-url) over the round's last PROGRESS_WINDOW_S (at most half the deadline);
+  requests pending and tokens being generated is a busy engine (the canary queued behind real
+  work), which is never restarted;
 - the gateway refusing the key (401/403) is the gateway's answer, never the engine failing.
-A counted round is retried after --retry-interval; --failures counted rounds in a row restart the
+A counted round is retried --retry-interval after it began; --failures counted rounds in a row restart the
 serving container (`docker restart`), logged with the reason.
 
 Crash-loop guard: every serving restart — docker's own (the container's RestartCount), the
@@ -68,6 +69,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -86,12 +88,12 @@ TICK_S = 2.0
 FABRIC_LOOKS_TO_ACT = 2
 # while not serving (a worker rebooted, its engine gone): the workers' looks this often, not every
 # --worker-look-interval, so one held after an unclean boot is re-qualified in seconds
-WORKER_LOOK_WHILE_DOWN_S = 10
+WORKER_LOOK_WHILE_DOWN_S = 3
 # a worker's series (from its looks) are exported this many --worker-look-interval after its last
 # look, then withdrawn: a worker that stopped answering has no PCIe link to report
 WORKER_READINGS_KEPT_LOOKS = 3
 REQUALIFY_TIMEOUT_S = 1800
-# how long the guard watches vLLM's counters after a late round: long enough for a busy
+# how long the guard watches vLLM's counters at the end of a round: long enough for a busy
 # engine's streams to emit tokens (several per second each), short beside the deadline
 PROGRESS_WINDOW_S = 5.0
 CANARY_TOOL = {
@@ -325,18 +327,40 @@ def engine_load(url: str) -> Optional[EngineLoad]:
                       sums["vllm:generation_tokens_total"])
 
 
-def busy_not_wedged(url: str, window_s: float) -> Optional[str]:
-    """Why late answers are no wedge (requests pending, tokens being generated), or None."""
-    before = engine_load(url)
-    time.sleep(window_s)
-    after = engine_load(url)
-    if before is None or after is None:
+class ProgressWatch:
+    """vLLM's counters over the last part of a canary round, read while the round runs: once
+    deadline - window seconds in, and again when the round ends late. The canary's own first
+    tokens come before the window, so a wedge shows none in it, while a busy engine's streams
+    do; no window of its own after the round (it cost every late round PROGRESS_WINDOW_S more)."""
+
+    def __init__(self, url: str, deadline_s: float):
+        self.url = url
+        self.window_s = min(PROGRESS_WINDOW_S, deadline_s / 2)
+        self.before: Optional[EngineLoad] = None
+        self.read_at = 0.0
+        self.ended = threading.Event()
+        self.reader = threading.Thread(target=self.read_before, args=(deadline_s - self.window_s,), daemon=True)
+        self.reader.start()
+
+    def read_before(self, after_s: float) -> None:
+        if not self.ended.wait(after_s):
+            self.read_at, self.before = time.monotonic(), engine_load(self.url)
+
+    def end(self) -> None:
+        """The round answered in time: no reading wanted."""
+        self.ended.set()
+
+    def busy_not_wedged(self) -> Optional[str]:
+        """Why late answers are no wedge (requests pending, tokens being generated), or None."""
+        self.reader.join()
+        after = engine_load(self.url)
+        if self.before is None or after is None:
+            return None
+        produced = after.generated - self.before.generated
+        if after.running + after.waiting > 0 and produced > 0:
+            return (f"busy, not wedged: {after.running:.0f} running, {after.waiting:.0f} waiting, "
+                    f"{produced:.0f} tokens in {time.monotonic() - self.read_at:.0f} s")
         return None
-    produced = after.generated - before.generated
-    if after.running + after.waiting > 0 and produced > 0:
-        return (f"busy, not wedged: {after.running:.0f} running, {after.waiting:.0f} waiting, "
-                f"{produced:.0f} tokens in {window_s:.0f} s")
-    return None
 
 
 # ---- docker --------------------------------------------------------------------------------
@@ -387,6 +411,8 @@ class Guard:
     started_at: str = ""
     canaried_start: str = ""
     next_round: float = 0.0
+    round_ran: bool = False  # the last tick ran a canary round
+    held_rails_failing: bool = False  # held for the fabric: the head's rails failed at the last look
     consecutive: int = 0
     last: dict = field(default_factory=dict)  # the last round: checked_at, ok, failures, duration_s, note
     was_held: bool = False  # saw the hold file: its removal (ops clear-hold) clears the count
@@ -553,8 +579,13 @@ class Guard:
         self.consecutive = 0
 
     def check(self) -> None:
+        self.round_ran = True
+        # rounds are spaced from their starts: a late round has already waited its deadline,
+        # so the next one (a retry above all) does not wait the spacing again after it
         started = time.monotonic()
+        progress = ProgressWatch(self.args.metrics_url, self.args.deadline)
         failures = canary_round(self.api, self.args.tool_parser)
+        progress.end()
         messages = [str(f) for f in failures]
         # ok: the round passed (None: failed but not counted, see not_counted and note)
         self.last = {"checked_at": time.time(), "ok": not failures, "failures": messages,
@@ -563,30 +594,39 @@ class Guard:
             if self.consecutive:
                 log("canary passes again")
             self.consecutive = 0
-            self.next_round = time.monotonic() + self.args.interval
+            self.next_round = started + self.args.interval
             return
         kinds = {f.kind for f in failures}
         if REFUSED in kinds:  # a key rotation under way, or a gateway with another key: not the engine
             self.last.update(ok=None, not_counted="key refused",
                              note="the gateway refused the key (not counted): " + "; ".join(messages))
             log(f"canary not counted: {messages[0]}")
-            self.next_round = time.monotonic() + self.args.retry_interval
+            self.next_round = started + self.args.retry_interval
             return
         if kinds == {LATE}:
-            busy = busy_not_wedged(self.args.metrics_url, PROGRESS_WINDOW_S)
+            busy = progress.busy_not_wedged()
             if busy:
                 self.last.update(ok=None, not_counted="busy", note=busy)
                 log(f"canary late, {busy}: not counted")
                 self.consecutive = 0
-                self.next_round = time.monotonic() + self.args.interval
+                self.next_round = started + self.args.interval
                 return
         self.consecutive += 1
         log(f"canary failed ({self.consecutive}/{self.args.failures}): " + "; ".join(messages))
-        self.next_round = time.monotonic() + self.args.retry_interval
+        self.next_round = started + self.args.retry_interval
         if self.consecutive >= self.args.failures:
             self.restart_serving(messages)
 
+    def pause_s(self) -> float:
+        """Until the next tick: TICK_S, or less when the next canary round falls due sooner (a retry
+        right after a late round: at once); one not run because serving was down waits the full tick."""
+        until_round = self.next_round - time.monotonic()
+        if self.round_ran and until_round < TICK_S:
+            return max(0.0, until_round)
+        return TICK_S
+
     def tick(self) -> None:
+        self.round_ran = False
         container = inspect(self.args.container)
         if container is None:
             return
@@ -594,7 +634,7 @@ class Guard:
         if hold:
             self.was_held = True
             self.enforce_hold()
-            if hold.get("kind") == "fabric" and time.monotonic() >= self.next_requalify:
+            if hold.get("kind") == "fabric" and (self.head_rails_mended() or time.monotonic() >= self.next_requalify):
                 self.retry_fabric_hold(hold)
             return
         self.clear_if_released()
@@ -754,6 +794,8 @@ class Guard:
                              counted={f.kind for f in acted} != {fabric_watch.UNCLEAN_BOOT})
             return
         self.next_requalify = time.monotonic() + self.args.requalify_interval
+        # a rail of the head's among the causes: its reading healthy again re-qualifies at once (head_rails_mended)
+        self.held_rails_failing = any(f.rail in {rail.iface for rail in self.rails} for f in acted)
         write_json(Path(self.args.hold_file), {
             "kind": "fabric", "since": time.time(),
             "reason": f"fabric: {reason}. The re-qualification failed: {summary}. Serving stays stopped; the guard "
@@ -762,6 +804,17 @@ class Guard:
         self.was_held = True
         log(f"HOLD (fabric): {reason}: {summary}")
         self.enforce_hold()
+
+    def head_rails_mended(self) -> bool:
+        """Held for the fabric: the head's rails are read every tick (sysfs, nothing more); one that
+        failed at the last look and none now (a cable plugged back, a card reseated) re-qualifies at
+        once, not up to --requalify-interval later."""
+        failing = bool(fabric_watch.act_on([f for rail in self.rails for f in fabric_watch.judge(
+            fabric_watch.read_rail(rail, Path(self.args.sys_root)))]))
+        mended, self.held_rails_failing = self.held_rails_failing and not failing, failing
+        if mended:
+            log("fabric: the head's rails read healthy again: re-qualifying now")
+        return mended
 
     def retry_fabric_hold(self, hold: dict) -> None:
         passed, summary = self.run_checks()
@@ -943,7 +996,7 @@ def main(argv: list[str]) -> int:
             except Exception as err:  # noqa: BLE001 — keep guarding whatever broke; say what it was
                 log(f"check skipped: {type(err).__name__}: {err}")
             guard.write_status()
-            time.sleep(TICK_S)
+            time.sleep(guard.pause_s())
     finally:
         guard.release_on_stop()
         guard.withdraw_metrics()

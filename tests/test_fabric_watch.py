@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from components.config import ServingGuard as GuardConfig
 from core import contract
 from test_serving_guard import Node, wait_on_guard
 from toolbox import load_launch
@@ -329,6 +330,20 @@ def test_checks_that_fail_hold_serving_with_their_reason_until_they_pass(fabric_
     assert head.state()["policy"] == contract.SERVING_RESTART_POLICY
     assert head.status["restarts_in_window"] == 1, "the hold's release is a restart; the count is kept"
     assert head.checks_run().count("spark1 fabric-check") >= 2
+
+
+def test_a_rail_mended_while_held_is_requalified_at_once_not_at_the_next_interval(fabric_head):
+    """Issue 42 item 4: held for the fabric, the head's rails are read every tick; the cable back
+    in re-qualifies at once (at the program's default interval, 120 s, the wait was up to that)."""
+    head = fabric_head.start_watching(requalify_interval=GuardConfig().requalify_seconds)
+    wait_on_guard(lambda: head.status["ok"] is True, "a first passing round", head)
+    (head.verdicts / "spark1-fabric-check").write_text("fail")
+    stage_rail(head.sys_root, operstate="down")
+    wait_on_guard(lambda: head.hold_file.exists(), "the fabric's hold", head)
+    stage_rail(head.sys_root)  # plugged back
+    (head.verdicts / "spark1-fabric-check").unlink()
+    wait_on_guard(lambda: head.state()["running"] and not head.hold_file.exists(), "served again", head)
+    assert "the head's rails read healthy again: re-qualifying now" in head.guard_log()
 
 
 def test_a_guard_that_dies_mid_requalification_is_followed_by_one_that_serves_again(fabric_head):

@@ -68,10 +68,12 @@ def test_memory_that_should_be_free_but_is_not_holds_the_start_until_it_is(tmp_p
     assert "95.0 GiB available" in waiting["message"] and "6.7 GiB that should be free is not" in waiting["message"]
     # no slice tree given: it cannot tell a co-tenant from a leak, and says both
     assert "What holds it is unknown" in waiting["message"] and "only a reboot frees" in waiting["message"]
+    time.sleep(1.0)  # checked again every 0.2 s meanwhile, the cause unchanged
     (tmp_path / "meminfo").write_text(meminfo(119.7, 110.0, 100.0))  # the co-tenant went away
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert "WAIT spark2: not enough memory" in out and "ok   spark2:" in out
+    assert out.count("WAIT spark2") == 1, "checked often, said once while the cause stays the same"
     assert status(tmp_path)["ok"] is True
 
 

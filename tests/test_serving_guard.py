@@ -397,3 +397,31 @@ def test_the_guard_writes_its_metrics_for_the_textfile_collector(head):
     assert series["twinspark_guard_hold"] == 0 and series["twinspark_guard_restarts_total"] == 0
     assert abs(series["twinspark_guard_canary_last_run_timestamp_seconds"] - time.time()) < 30
     assert oct(head.textfile.stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_retry_after_a_late_round_runs_at_once_and_rounds_are_spaced_from_their_starts(monkeypatch):
+    """Issue 42 item 4: a late round has already waited its deadline; neither the retry's spacing
+    nor the guard's tick is waited again after it (each cost a wedge's every round seconds)."""
+    guard = load_guard()
+    clock = [1000.0]
+    monkeypatch.setattr(guard.time, "monotonic", lambda: clock[0])
+
+    def late_round(*_):
+        clock[0] += 6.0  # the deadline, waited
+        return [guard.CanaryFailure("/v1/completions: stream stalled (nothing for 6 s)", guard.LATE)]
+
+    monkeypatch.setattr(guard, "canary_round", late_round)
+    monkeypatch.setattr(guard, "ProgressWatch", lambda *_: type("Watch", (), {
+        "end": lambda self: None, "busy_not_wedged": lambda self: None})())
+    args = guard.parse_args(["--endpoint", "http://127.0.0.1:1", "--secrets-file", "/dev/null", "--metrics-url",
+                             "http://127.0.0.1:1/metrics", "--container", "c", "--status-file", "/dev/null",
+                             "--restarts-file", "/dev/null", "--hold-file", "/dev/null", "--interval", "5",
+                             "--retry-interval", "2", "--deadline", "6", "--failures", "3", "--restart-limit", "3",
+                             "--window", "120", "--restart-policy", "always", "--held-mark", "/dev/null",
+                             "--nodes", "sim1 and sim2", "--vllm-log", "/dev/null"])
+    watch = guard.Guard(args, api=None)
+    watch.check()
+    assert watch.consecutive == 1 and watch.next_round == 1002.0, "the retry is due 2 s after the round began"
+    assert watch.pause_s() == 0.0, "a round due now runs at the next tick, at once"
+    watch.round_ran = False  # a tick that found serving down ran no round: no busy loop
+    assert watch.pause_s() == guard.TICK_S
