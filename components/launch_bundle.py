@@ -115,7 +115,7 @@ def vllm_serve_args(vllm: VllmServe, rank: Optional[MpRank] = None) -> list[list
         *([["--pipeline-parallel-size", str(vllm.pipeline_parallel_size)]] if vllm.pipeline_parallel_size > 1 else []),
         *executor_args(s.executor, rank),
         *serve_lines(s.recipe_spec, s.profile, kv_cache_dtype=s.kv_cache_dtype, max_model_len=s.max_model_len,
-                     gpu_memory_utilization=s.gpu_memory_utilization),
+                     gpu_memory_utilization=s.gpu_memory_utilization, load_format=s.load_format),
     ]
     if s.extra_args:
         lines.append(list(s.extra_args))

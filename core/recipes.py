@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from core import contract
+from core import contract, loaders
 from core.fingerprint import Fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +115,8 @@ class VllmFlags(_Data):
     reasoning_parser: Optional[str] = None
     enable_auto_tool_choice: bool = True
     kv_cache_dtype: str
+    # `--load-format` (core/loaders.py): rendered only when not vLLM's own `auto`
+    load_format: str = loaders.DEFAULT
     quantization: Optional[str] = None
     moe_backend: Optional[str] = None
     attention_backend: Optional[str] = None
@@ -246,6 +248,9 @@ def _name_problems(recipe: Recipe) -> list[str]:
               ("vllm.attentionBackend", v.attention_backend, "attention_backends"),
               ("vllm.speculative.method", v.speculative and v.speculative.method, "speculative_methods")]
     problems = []
+    loader = loaders.loader_problem(v.load_format, names["load_formats"]["names"])
+    if loader:
+        problems.append(f"vllm.loadFormat: {v.load_format!r} is not {loader}")
     for key, value, kind in checks:
         known = names[kind]["names"]
         if value is not None and value not in known:
@@ -324,7 +329,7 @@ PROFILE_FLAGS = ("--max-num-seqs", "--speculative-config")
 
 
 def serve_lines(recipe: Recipe, profile: str, *, kv_cache_dtype: str, max_model_len: int,
-                gpu_memory_utilization: float) -> list[list[str]]:
+                gpu_memory_utilization: float, load_format: str = loaders.DEFAULT) -> list[list[str]]:
     """The recipe's part of `vllm serve`, one flag group per line, in the seed's order; the values
     config keys override come in as arguments."""
     v, chosen = recipe.vllm, recipe.profiles[profile]
@@ -336,7 +341,8 @@ def serve_lines(recipe: Recipe, profile: str, *, kv_cache_dtype: str, max_model_
         lines.append(["--enable-auto-tool-choice"])
     lines.append(["--kv-cache-dtype", kv_cache_dtype])
     optional = (("--quantization", v.quantization), ("--moe-backend", v.moe_backend),
-                ("--attention-backend", v.attention_backend), ("--block-size", v.block_size))
+                ("--attention-backend", v.attention_backend), ("--block-size", v.block_size),
+                ("--load-format", None if load_format == loaders.DEFAULT else load_format))
     lines += [[flag, str(value)] for flag, value in optional if value is not None]
     lines += [["--max-model-len", str(max_model_len)], ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"],
               ["--max-num-seqs", str(chosen.max_num_seqs)]]

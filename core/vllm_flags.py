@@ -27,6 +27,7 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
     "--max-model-len": "set serving.maxModelLen",
     "--gpu-memory-utilization": "set serving.gpuMemoryUtilization",
     "--kv-cache-dtype": "set serving.kvCacheDtype",
+    "--load-format": "set serving.loadFormat",
     "--tensor-parallel-size": "set serving.tensorParallel (tensorParallel × pipelineParallel = the node count)",
     "--pipeline-parallel-size": "set serving.pipelineParallel (tensorParallel × pipelineParallel = the node count)",
     "--distributed-executor-backend": "set serving.executor (ray or mp)",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from components.config import SERVING_IMAGE_LOCK, StackConfig
+from components.config.values import LOADER_LOCK
 from private_dockerd import Docker
 from sim_registry import CACHE, ROOT, Registry, log, run, sim_ca, split_reference
 
@@ -129,15 +130,17 @@ def hub_requirement() -> str:
     raise SystemExit("sim_images: requirements-dev.txt pins no huggingface_hub==VERSION")
 
 
-def download_hub_wheels(requirement: str, dest: Path) -> None:
-    """As download_wheels (left as it is: its source keys the rootfs), for the stand-ins' layer."""
+def download_layer_wheels(dest: Path, *requirements: str) -> None:
+    """As download_wheels (left as it is: its source keys the rootfs), for the stand-ins' layer:
+    pip's REQUIREMENTS arguments (a requirement, or `--no-deps --require-hashes -r LOCK`)."""
     if (dest / ".complete").exists():
         return
     platforms = [f"manylinux_2_{v}_x86_64" for v in range(36, 16, -1)] + ["manylinux2014_x86_64"]
     env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"}
     run(sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", "3.11",
         "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none",
-        *[a for p in platforms for a in ("--platform", p)], "--progress-bar", "off", "-d", dest, requirement, env=env)
+        *[a for p in platforms for a in ("--platform", p)], "--progress-bar", "off", "-d", dest, *requirements,
+        env=env)
     (dest / ".complete").touch()
 
 
@@ -197,8 +200,8 @@ def base_recipe(stack: StackConfig) -> ImageRecipe:
     # the hub stand-in is served over https with a certificate of the sim's CA: the base trusts it
     # alone (SSL_CERT_FILE, which huggingface_hub's HTTP client reads), as a Spark's image trusts the hub's
     ca = sim_ca()
-    standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", TORCH_STANDIN, hub, download_hub_wheels,
-                ca)
+    standins = (ROOT / "tests/sim/bin/vllm", ROOT / "tests/openai_standin.py", TORCH_STANDIN, hub, download_layer_wheels,
+                ca, LOADER_LOCK)
 
     def build(docker: Docker, registry: Registry, local: str) -> None:
         rootfs = CACHE / "rootfs" / f"{rootfs_key[:16]}.tar"
@@ -223,8 +226,15 @@ def base_recipe(stack: StackConfig) -> ImageRecipe:
             shutil.copytree(TORCH_STANDIN, ctx / "torch-standin", ignore=shutil.ignore_patterns("__pycache__"))
             wheels = CACHE / "wheels" / f"{hub.replace('==', '-')}-cp311-{arch}"
             log(f"downloading {hub} wheels into {wheels}")
-            download_hub_wheels(hub, wheels)
+            download_layer_wheels(wheels, hub)
             shutil.copytree(wheels, ctx / "hub-wheels", ignore=shutil.ignore_patterns(".complete"))
+            # the weight loaders the serving Dockerfile installs where its base lacks them: held here,
+            # so its locked install finds them (the sim's nodes reach no index), as a vLLM image would
+            wheels = CACHE / "wheels" / f"loader-lock-{key_of(LOADER_LOCK)[:16]}-cp311-{arch}"
+            log(f"downloading {LOADER_LOCK.name} wheels into {wheels}")
+            download_layer_wheels(wheels, "--no-deps", "--require-hashes", "-r", str(LOADER_LOCK))
+            shutil.copytree(wheels, ctx / "loader-wheels", ignore=shutil.ignore_patterns(".complete"))
+            shutil.copy(LOADER_LOCK, ctx / LOADER_LOCK.name)
             # the stand-ins and the hub client on python's path and PATH, apart from the rootfs:
             # a change to them rebuilds this small layer only (pip: from the wheels, no index)
             (ctx / "Dockerfile").write_text(
@@ -234,11 +244,14 @@ def base_recipe(stack: StackConfig) -> ImageRecipe:
                 "COPY hub-wheels /tmp/hub-wheels\n"
                 "RUN pip install --no-index --find-links /tmp/hub-wheels --no-cache-dir --no-warn-script-location "
                 f"--progress-bar off '{hub}' && rm -rf /tmp/hub-wheels\n"
+                f"COPY loader-wheels /tmp/loader-wheels\nCOPY {LOADER_LOCK.name} /tmp/{LOADER_LOCK.name}\n"
+                "RUN pip install --no-index --find-links /tmp/loader-wheels --no-cache-dir --no-deps --require-hashes "
+                f"--progress-bar off -r /tmp/{LOADER_LOCK.name} && rm -rf /tmp/loader-wheels /tmp/{LOADER_LOCK.name}\n"
                 "COPY vllm /usr/local/bin/vllm\n"
                 f"COPY sim-ca.crt {SIM_CA_IN_IMAGE}\n"
                 f"ENV SSL_CERT_FILE={SIM_CA_IN_IMAGE}\n"
                 "LABEL org.opencontainers.image.description=\"twinspark sim serving base: Debian bookworm, "
-                f"ray[default]=={ray}, nginx, {hub}, the vLLM and torch STAND-INs\"\n")
+                f"ray[default]=={ray}, nginx, {hub}, the weight loaders, the vLLM and torch STAND-INs\"\n")
             docker("build", "--network", "none", "--platform", stack.serving.platform, "-t", local, ctx)
         docker("image", "rm", rootfs_image)
 

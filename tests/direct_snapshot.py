@@ -20,7 +20,10 @@ TWINSPARK_ROCE_GID_SCRIPT (issue 40: the guard reads NCCL's network; the GID is 
 and TWINSPARK_UNCLEAN_BOOT_HOLD (issue 40: a node waits out of serving after an unclean boot),
 and the fabric check's --far-end flags (issue 40: a crossed cable is named with its far end),
 and the shape check's workers' memory as each worker's own step read it (--memory-kb, no --peer/--key:
-issue 41, the copy key no longer opens for a check; a one-time re-run of the check, no restart).
+issue 41, the copy key no longer opens for a check; a one-time re-run of the check, no restart),
+and the serving image's tag and ID (issue 42: the image carries the weight loaders serving.loadFormat
+chooses from, loader-requirements.lock; a one-time rebuild and restart, after which choosing a loader
+is a restart alone).
 """
 
 from __future__ import annotations

@@ -327,9 +327,9 @@ def test_the_whole_build_context_names_the_images_tag():
     from components.serving_image import build_context, build_tag
 
     context = build_context()
-    assert {"Dockerfile", "ray-requirements.lock", "locked-install.sh"} <= set(context)
+    assert {"Dockerfile", "ray-requirements.lock", "loader-requirements.lock", "locked-install.sh"} <= set(context)
     tag = build_tag(context, {"BASE_IMAGE": "b"})
-    for name in ("ray-requirements.lock", "locked-install.sh", "Dockerfile"):
+    for name in ("ray-requirements.lock", "loader-requirements.lock", "locked-install.sh", "Dockerfile"):
         assert build_tag({**context, name: context[name] + "\n"}, {"BASE_IMAGE": "b"}) != tag, name
     assert build_tag(context, {"BASE_IMAGE": "c"}) != tag
 

@@ -9,7 +9,7 @@ import pulumi
 import pytest
 
 from core import contract
-from core import recipes
+from core import loaders, recipes
 from components.config import parse_stack_config
 from program_harness import ROOT, flag_value, runner_call, stack_config
 from ssh_fixtures import pinned
@@ -290,3 +290,42 @@ def test_the_models_code_runs_only_at_a_recorded_commit():
     assert "twinspark:model.revision:" in str(err.value) and "--trust-remote-code" in str(err.value), err.value
     config["model"]["revision"] = "0123456789abcdef0123456789abcdef01234567"
     assert parse_stack_config(config).model_revision == "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_every_loader_twinspark_serves_with_is_a_load_format_vllm_registers():
+    registered = recipes.vllm_names()["load_formats"]["names"]
+    assert set(loaders.LOADERS) <= set(registered) and loaders.DEFAULT in loaders.LOADERS
+    assert all(recipe.vllm.load_format in loaders.LOADERS for recipe in CATALOG.values())
+
+
+def test_a_chosen_loader_is_rendered_and_the_default_renders_none(program, seed_run):
+    """Issue 42 item 1: `serving.loadFormat` (or the recipe's) is vLLM's `--load-format`; vLLM's own
+    `auto` adds no flag, so a stack that chooses nothing keeps its launch script."""
+    launch = json.dumps(seed_run.named("spark1-bundle-launch-vllm-sh").inputs)
+    assert "--load-format" not in launch
+    config = on_recipe(recipes.DEFAULT_RECIPE)
+    config["twinspark:serving"]["loadFormat"] = "instanttensor"
+    run = program(config)
+    assert run.error is None, run.error
+    for node in ("spark1", "spark2"):
+        assert "--load-format instanttensor" in json.dumps(run.named(f"{node}-bundle-launch-vllm-sh").inputs)
+
+
+@pytest.mark.parametrize("value, said", [
+    ("dummy", "vLLM's 'dummy' reads another format or none (dummy weights) and is not served here"),
+    ("fastsafetensor", "a --load-format vLLM registers, and one of twinspark's loaders: auto, safetensors, "
+                       "fastsafetensors, instanttensor, runai_streamer"),
+])
+def test_a_loader_twinspark_does_not_serve_with_is_refused_before_any_resource(program, value, said):
+    config = on_recipe(recipes.DEFAULT_RECIPE)
+    config["twinspark:serving"]["loadFormat"] = value
+    result = program(config)
+    assert result.resources == [], "refused before anything is registered"
+    assert f"twinspark:serving.loadFormat: {value!r}" in result.error["message"] and said in result.error["message"]
+
+
+def test_the_load_format_is_not_an_extra_arg(program):
+    config = on_recipe(recipes.DEFAULT_RECIPE)
+    config["twinspark:serving"]["extraArgs"] = ["--load-format", "fastsafetensors"]
+    result = program(config)
+    assert result.resources == [] and "set serving.loadFormat" in result.error["message"], result.error

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel, to_snake
 
-from core import recipes, vllm_flags
+from core import loaders, recipes, vllm_flags
 from core.memory_budget import HEADROOM_PERCENT, MIN_AUTO_COTENANT_PERCENT, BudgetError, MemoryBudget
 from core.memory_budget import memory_budget as budget_of
 from .errors import CrossFieldError
@@ -25,7 +25,7 @@ from .values import (DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK, Acknowledgeable, 
 
 # Keys whose unset value is the chosen recipe's (Serving._recipe_values)
 MAX_MODEL_LEN_LIMIT = 2**24  # 16,777,216: no model's context comes near; rendered into the launch script
-RECIPE_KEYS = ("serving.maxModelLen", "serving.gpuMemoryUtilization", "serving.kvCacheDtype")
+RECIPE_KEYS = ("serving.maxModelLen", "serving.gpuMemoryUtilization", "serving.kvCacheDtype", "serving.loadFormat")
 
 
 class ConfigBlock(BaseModel):
@@ -203,6 +203,11 @@ class Serving(ConfigBlock):
         default=None,
         description="a KV-cache dtype vLLM registers; DeepSeek: keep the native fp8 (gotcha 14), any other value "
         "tightens the compaction fence to 110k")
+    load_format: str = Field(  # type: ignore[assignment]  # None until _recipe_values: never once validated
+        default=None,
+        description="how vLLM reads the weights (`--load-format`): `auto` (vLLM's own reader), `safetensors`, "
+        "`fastsafetensors`, `instanttensor` or `runai_streamer` (each reads the downloaded safetensors; the "
+        "serving image carries their packages); unset: the recipe's measured choice (see Models)")
     extra_args: list[str] = Field(
         default_factory=list,
         description="more vLLM flags, appended last; refused: a flag a config key, the recipe or the profile sets, "
@@ -281,6 +286,9 @@ class Serving(ConfigBlock):
         if self.profile not in spec.profiles:
             known = " or ".join(repr(p) for p in spec.profiles)
             raise CrossFieldError("profile", repr(self.profile), f"one of recipe {spec.name}'s profiles: {known}")
+        loader = loaders.loader_problem(self.load_format, recipes.vllm_names()["load_formats"]["names"])
+        if loader:
+            raise CrossFieldError("loadFormat", repr(self.load_format), loader)
         names = recipes.vllm_names()["kv_cache_dtypes"]
         if self.kv_cache_dtype not in names["names"]:
             raise CrossFieldError("kvCacheDtype", repr(self.kv_cache_dtype),
@@ -401,7 +409,7 @@ class PlatformConfig(ConfigBlock):
 
 # The serving keys that describe one lane's engine (what it serves and how); the rest of `serving`
 # (image, port, guard, ...) is the stack's, one for every lane.
-LANE_SERVING_KEYS = ("recipe", "profile", "maxModelLen", "gpuMemoryUtilization", "kvCacheDtype", "extraArgs",
+LANE_SERVING_KEYS = ("recipe", "profile", "maxModelLen", "gpuMemoryUtilization", "kvCacheDtype", "loadFormat", "extraArgs",
                      "tensorParallel", "pipelineParallel", "executor")
 
 

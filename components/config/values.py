@@ -133,6 +133,8 @@ HubEndpoint = Annotated[str, AfterValidator(_hub_endpoint)]
 RayVersion = _text(r"\d+\.\d+\.\d+", "a Ray version MAJOR.MINOR.PATCH, like 2.57.0")
 # The Python packages the serving image adds, locked with their hashes (Dockerfile, locked-install.sh)
 SERVING_IMAGE_LOCK = Path(__file__).resolve().parents[2] / "launch" / "serving-image" / "ray-requirements.lock"
+# the weight loaders the serving image adds where its base lacks them (core/loaders.py, locked-install.sh)
+LOADER_LOCK = SERVING_IMAGE_LOCK.with_name("loader-requirements.lock")
 AptPackage = _text(r"[a-z0-9][a-z0-9+.-]+=[A-Za-z0-9.+~:-]+",
                    "a Debian package at an exact version, NAME=VERSION like nginx=1.22.1-9+deb12u11 (`apt-cache "
                    "policy NAME` in the base image shows the versions)")

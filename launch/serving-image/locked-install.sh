@@ -2,11 +2,15 @@
 # locked-install.sh — what the serving image adds to its pinned base, every package locked
 # (run by the Dockerfile, once, on the head):
 #
-#   locked-install.sh LOCK_FILE 'nginx=1.22.1-9+deb12u11 nginx-common=1.22.1-9+deb12u11' GROUP GID
+#   locked-install.sh LOCK_FILE 'nginx=1.22.1-9+deb12u11 nginx-common=1.22.1-9+deb12u11' GROUP GID LOADER_LOCK
 #
 # - Python: `pip install --require-hashes -r LOCK_FILE` (ray-requirements.lock). A requirement
 #   the base already holds at the locked version is taken as it is (pip fetches nothing for
 #   it); any other is downloaded and must match one of the lock's hashes.
+# - the weight loaders (LOADER_LOCK, loader-requirements.lock: core/loaders.py's packages): each one
+#   the base does not hold, from the lock with its hashes and --no-deps (their requirements are
+#   vLLM's own, torch and numpy: the base's stay). One the base holds is kept at its version: it is
+#   vLLM's choice, matched to the vLLM it runs with.
 # - apt: each package at the exact version given (serving.aptPackages). apt installs a package
 #   already there at that version without a package list, so an offline base with empty
 #   sources (the simulator's) builds too.
@@ -14,7 +18,7 @@
 # own dependencies stay the base's), and apt pulling in any package not given at a version.
 set -euo pipefail
 
-lock=$1 apt_packages=$2 group=$3 gid=$4
+lock=$1 apt_packages=$2 group=$3 gid=$4 loader_lock=$5
 
 die() { echo "locked-install: ERROR: $*" >&2; exit 1; }
 
@@ -47,6 +51,31 @@ apt_locked() {
 to serving.aptPackages as NAME=VERSION"
 }
 
+# the lock's requirement blocks (NAME==VERSION and its --hash lines) whose distribution is not installed
+missing_from_base() {
+  python3 - "$1" <<'EOF'
+import importlib.metadata
+import re
+import sys
+
+for block in re.split(r"\n(?=\S)", open(sys.argv[1]).read()):
+    name = re.match(r"([A-Za-z0-9_.-]+)==", block)
+    if name:
+        try:
+            importlib.metadata.version(name[1])
+        except importlib.metadata.PackageNotFoundError:
+            print(block.strip())
+EOF
+}
+
+loaders_locked() {
+  local missing=/tmp/twinspark-image/loaders-missing.lock
+  missing_from_base "$loader_lock" >"$missing"
+  [ -s "$missing" ] || return 0
+  python3 -m pip install --no-cache-dir --disable-pip-version-check --no-deps --require-hashes -r "$missing"
+}
+
 python_locked
+loaders_locked
 apt_locked
 groupadd --gid "$gid" "$group"

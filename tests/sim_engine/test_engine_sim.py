@@ -347,7 +347,8 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
             thread.start()
         time.sleep(1.5)  # both streams under way
         data = stack.stack_file()
-        data["config"]["twinspark:lanes"][1]["serving"] = {"maxModelLen": 16384}
+        # and its weights read by another loader (issue 42 item 1): the image carries instanttensor
+        data["config"]["twinspark:lanes"][1]["serving"] = {"maxModelLen": 16384, "loadFormat": "instanttensor"}
         stack.config_file.write_text(yaml.safe_dump(data, sort_keys=False))
         run = stack.up()
         for thread in threads:
@@ -361,12 +362,14 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
         # the lanes output names the lane the change touched, as `pulumi preview`'s outputs diff shows it
         after = stack.outputs()["lanes"]
         assert [lane for lane in after if after[lane] != outputs["lanes"][lane]] == ["fast"], (outputs["lanes"], after)
-        assert after["fast"]["serving"]["maxModelLen"] == 16384
+        assert after["fast"]["serving"]["maxModelLen"] == 16384 and after["fast"]["serving"]["loadFormat"] == "instanttensor"
         started = container_started_at(cluster, WORKER, contract.SERVING_CONTAINER)
         assert started > streams["sim-fast"][1], (started, streams)  # swapped only once its stream had ended
         report["lane_swap_after_stream_s"] = round(started - streams["sim-fast"][1], 1)
         argv = json.loads(cluster.node_exec(WORKER, "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout)["argv"]
-        assert flag(argv, "--max-model-len") == "16384"
+        assert flag(argv, "--max-model-len") == "16384" and flag(argv, "--load-format") == "instanttensor"
+        log = cluster.node_exec(WORKER, "cat", f"{contract.LOG_DIR}/{contract.VLLM_LOG}").stdout
+        assert "loading weights with --load-format instanttensor (instanttensor from /" in log, log[-2000:]
         wait_for(lambda: lane_answers(outputs, "sim-fast"), "the swapped lane serving", 60)
         # each lane's engine scraped by the head's Prometheus, labelled by lane: the worker's over its rail,
         # through the firewall's lane-metrics flow (issue 41 part 4)
