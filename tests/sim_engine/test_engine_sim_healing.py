@@ -273,7 +273,9 @@ def wide_restart_window(stack):
 def test_a_crash_loop_is_held_until_cleared(cluster, stack, wide_restart_window, fresh_guard, operator_home, report):
     limit = serving_settings(stack)["guard"]["restartLimit"]
     since = time.time()
-    set_knob(cluster, "vllm-fail-starts", str(limit + 2))
+    # the hand restart's start, then docker's `limit` (the last of them the attempt the guard lets run
+    # at the limit): every one dies, and the next start, after clear-hold, serves
+    set_knob(cluster, "vllm-fail-starts", str(limit + 1))
     cluster.ssh(HEAD, f"docker restart {SERVING}")  # the engine now dies at every start
     wait_for(lambda: guard_verdict(cluster).get("hold"), "the guard holding serving", wide_restart_window)
     policy_starts = len(serving_events(cluster, HEAD, since, "start")) - 1  # less the hand restart's
@@ -296,7 +298,7 @@ def test_a_crash_loop_is_held_until_cleared(cluster, stack, wide_restart_window,
         stack.up("--replace", urn_of(stack, "sim1-readiness-wait"))
     report["held_readiness_refused_s"] = round(time.monotonic() - started, 1)
     assert "serving is held: restart loop" in str(refused.value), refused.value
-    # ops status names it; ops clear-hold lets the engine try again (its last bad start, then it serves)
+    # ops status names it; ops clear-hold lets the engine try again: it serves
     access = ops_access(cluster, stack.outputs(), operator_home)
     held = run_ops("status", "--json", *access)
     assert held.returncode == 1, held.stdout + held.stderr
