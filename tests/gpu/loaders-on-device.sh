@@ -164,6 +164,14 @@ case ${1:-} in
       python3 -c 'import vllm, fastsafetensors, instanttensor, runai_model_streamer as r
 from importlib.metadata import version
 print("versions:", *(f"{n} {version(n)}" for n in ("vllm", "fastsafetensors", "instanttensor", "runai-model-streamer", "torch")))' 2>&1 | tail -3
+      python3 -c 'from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER as loaders
+parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+action = next(a for a in parser._actions if "--load-format" in a.option_strings)
+print("parser --load-format: type", getattr(action.type, "__name__", action.type), "choices", action.choices, "default", action.default)
+print("loaders:", {k: v.__name__ for k, v in loaders.items()})
+print("parsed:", [parser.parse_args(["--load-format", f]).load_format for f in ("instanttensor", "FastSafetensors", "runai_streamer", "no-such-loader")])' 2>&1 | tail -4
       for _ in $(seq 300); do [ -e "$state/gen.rc" ] && break; sleep 1; done
       echo "checkpoint: rc $(cat "$state/gen.rc" 2>/dev/null || echo 'not done')"; cat "$state/gen.log"; du -sb "$model"
       if [ ! -e "$state/readback" ]; then
