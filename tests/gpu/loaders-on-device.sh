@@ -70,6 +70,8 @@ install_wheels() {
      w=${first%.split-aa}; cat "$w".split-* > "$w" && rm -f "$w".split-*; done)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     /tmp/wheels/*.whl || return 1
+  # the bytecode now, on every core, so that the first server started does not pay it alone
+  python3 -m compileall -q -j 0 /tmp/site > /dev/null 2>&1
   touch /tmp/site/.installed
 }
 
