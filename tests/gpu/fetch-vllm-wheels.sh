@@ -47,4 +47,4 @@ rm -rf .whl/pieces
 for ((p = 1; p <= part; p++)); do
   printf '.whl/part%s\t%s MiB\t%s files\n' "$p" "$((used[$p] / 1024 / 1024))" "$(find ".whl/part$p" -type f | wc -l)"
 done
-echo "total: $(du -sm --apparent-size "$wheels" | cut -f1) MiB in $(find "$wheels" -name '*.whl' | wc -l) wheels, $part parts"
+echo "downloaded: $(du -sm --apparent-size "$wheels" | cut -f1) MiB in $(find "$wheels" -name '*.whl' | wc -l) wheels; packed (SKIP left out): $part parts"
