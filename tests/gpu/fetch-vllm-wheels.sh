@@ -5,9 +5,12 @@
 # NAME.whl.split-aa, -ab, ... (in consecutive parts); the device side rebuilds it with
 # `cat NAME.whl.split-* > NAME.whl` (vllm-single-gpu.sh does). Parts are hard links: no copy.
 # .whl/ must be ignored (.git/info/exclude: /.whl/), as the device README says.
+# PART_MIB (default 60): the parts' size; a call carries 64 MiB with the tree, so a tree of ~17 MiB
+# leaves ~46. SKIP: names (as in the list) downloaded but not packed, e.g. SKIP=ray where the run
+# needs no Ray (loaders-on-device.sh: plain `vllm serve`, one GPU).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-limit=$((60 * 1024 * 1024))
+limit=$((${PART_MIB:-60} * 1024 * 1024))
 wheels=.whl/wheels
 mkdir -p "$wheels"
 grep -E '^[A-Za-z0-9_.-]+==' tests/gpu/vllm-wheels.txt > .whl/requirements.txt
@@ -18,7 +21,10 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   -d "$wheels" -r .whl/requirements.txt
 
 rm -rf .whl/part* .whl/pieces && mkdir -p .whl/pieces
+skip=$(for n in ${SKIP:-}; do printf '%s\n' "$n" | tr '-' '_'; done)
 for whl in "$wheels"/*.whl; do
+  name=$(basename "$whl"); name=${name%%-*}
+  if [ -n "$skip" ] && grep -qixF "$name" <<<"$skip"; then continue; fi
   if [ "$(stat -c %s "$whl")" -gt "$limit" ]; then
     split -b "$limit" "$whl" ".whl/pieces/$(basename "$whl").split-"
   else
@@ -41,4 +47,4 @@ rm -rf .whl/pieces
 for ((p = 1; p <= part; p++)); do
   printf '.whl/part%s\t%s MiB\t%s files\n' "$p" "$((used[$p] / 1024 / 1024))" "$(find ".whl/part$p" -type f | wc -l)"
 done
-echo "total: $(du -sm --apparent-size "$wheels" | cut -f1) MiB in $(find "$wheels" -name '*.whl' | wc -l) wheels, $part parts"
+echo "downloaded: $(du -sm --apparent-size "$wheels" | cut -f1) MiB in $(find "$wheels" -name '*.whl' | wc -l) wheels; packed (SKIP left out): $part parts"
