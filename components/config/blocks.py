@@ -207,7 +207,8 @@ class Serving(ConfigBlock):
         default=None,
         description="how vLLM reads the weights (`--load-format`): `auto` (vLLM's own reader), `safetensors`, "
         "`fastsafetensors`, `instanttensor` or `runai_streamer` (each reads the downloaded safetensors; the "
-        "serving image carries their packages); unset: the recipe's measured choice (see Models)")
+        "serving image carries their packages); unset: the recipe's (`auto` in every recipe until a loader is "
+        "measured on a Spark)")
     extra_args: list[str] = Field(
         default_factory=list,
         description="more vLLM flags, appended last; refused: a flag a config key, the recipe or the profile sets, "
