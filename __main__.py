@@ -50,6 +50,9 @@ hf_token = secrets["hfToken"]
 # containers, after the rest restarted, and would rejoin them (and take a rank) with the old one.
 ray_token = random.RandomPassword("ray-token", length=48, special=False, keepers={"members": cfg.members}).result
 label_key = random.RandomPassword("bundle-label-key", length=32, special=False).result
+# serving.kvTier: PYTHONHASHSEED, which names the tier's blocks (core/kv_tier.py), the same across restarts
+kv_tier_seed = random.RandomInteger("kv-tier-hash-seed", min=1, max=2**32 - 1, opts=pulumi.ResourceOptions(
+    additional_secret_outputs=["result"])).result.apply(str) if any(lane.serving.kv_tier for lane in cfg.served_lanes) else None
 conns = {n.name: ssh.connection(n) for n in cfg.nodes}
 # each node as installed: pinning a reinstalled node's new host key makes its image, containers
 # and copy of the weights again (its own steps re-run by themselves)
@@ -170,7 +173,7 @@ for part in serving_order(lanes):  # each lane's engine: its bundles, NCCL check
     view, vtopology = part.view, part.topology
     vhead = view.head
     vllm = VllmServe(serving=view.serving, model=view.model, tensor_parallel_size=view.tensor_parallel_size,
-                     pipeline_parallel_size=view.pipeline_parallel_size)
+                     pipeline_parallel_size=view.pipeline_parallel_size, lane=part.lane.name)
     for n in view.nodes:
         bundles[n.name] = LaunchBundle(
             f"{n.name}-bundle",
@@ -185,6 +188,7 @@ for part in serving_order(lanes):  # each lane's engine: its bundles, NCCL check
                 front_port=cfg.serving.port if cfg.several_lanes and n == head else None,
                 lane_gateway=cfg.several_lanes,
                 metrics_address=scraped_over_the_rail(cfg, topology, n),
+                kv_tier_seed=kv_tier_seed if view.serving.kv_tier else None,
             ),
             opts=after_fabric,
         )

@@ -26,9 +26,9 @@ from typing import Optional
 import pulumi
 from pulumi_command import remote as pulumi_remote
 
-from core import contract
+from core import contract, kv_tier
 
-from .config import ModelConfig, Node, NodeFabric, Serving
+from .config import DEFAULT_LANE, ModelConfig, Node, NodeFabric, Serving
 from core.recipes import serve_lines
 from .remote import ManagedFile, files_hash, launch_file, managed_file_commands
 
@@ -53,6 +53,7 @@ class VllmServe:
     model: ModelConfig
     tensor_parallel_size: int
     pipeline_parallel_size: int = 1
+    lane: str = DEFAULT_LANE  # its KV tier's folder (serving.kvTier)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class LaunchBundleArgs:
     # several lanes, a worker that heads a lane: its Ray address, where its gateway also serves vLLM's /metrics
     # to the head's Prometheus (the firewall's `lane-metrics` admits the head alone)
     metrics_address: Optional[str] = None
+    # serving.kvTier: the stack's PYTHONHASHSEED (secret: it keys Python's string hashes in vLLM's processes)
+    kv_tier_seed: Optional[pulumi.Input[str]] = None
 
 
 def vllm_serve_args(vllm: VllmServe, rank: Optional[MpRank] = None) -> list[list[str]]:
@@ -114,6 +117,7 @@ def vllm_serve_args(vllm: VllmServe, rank: Optional[MpRank] = None) -> list[list
         # only where PP is used: a stack without it keeps the recipe's argv (§4) and its launch file
         *([["--pipeline-parallel-size", str(vllm.pipeline_parallel_size)]] if vllm.pipeline_parallel_size > 1 else []),
         *executor_args(s.executor, rank),
+        *([["--kv-transfer-config", kv_tier.transfer_config(s.kv_tier.memory_gib, vllm.lane)]] if s.kv_tier else []),
         *serve_lines(s.recipe_spec, s.profile, kv_cache_dtype=s.kv_cache_dtype, max_model_len=s.max_model_len,
                      gpu_memory_utilization=s.gpu_memory_utilization, load_format=s.load_format),
     ]
@@ -173,6 +177,7 @@ def render_env_file(args: LaunchBundleArgs) -> str:
         ("TWINSPARK_MODEL_DIR", args.vllm.model.container_dir),
         *args.vllm.serving.memory_budget.env_entries(),
         ("TWINSPARK_HOST_CGROUP_DIR", contract.HOST_CGROUP_DIR),
+        *kv_tier_entries(args.vllm),
         ("TWINSPARK_ROCE_GID_SCRIPT", contract.ROCE_GID_SCRIPT),
         *([("RAY_PORT", str(contract.RAY_PORT))] if ray else []),
         ("TWINSPARK_API_GATEWAY_CONF", contract.API_GATEWAY_CONF),
@@ -211,6 +216,19 @@ def render_env_file(args: LaunchBundleArgs) -> str:
     lines = [f"# {contract.ENV_FILE} — {node.name} ({node.role}); rendered by twinspark"]
     lines += [key if value is None else f"{key}={value}" for key, value in entries]
     return "\n".join(lines) + "\n"
+
+
+def kv_tier_entries(vllm: VllmServe) -> list[tuple[str, Optional[str]]]:
+    """twinspark.env with serving.kvTier: what boot-common.sh's prepare_kv_tier reads."""
+    tier = vllm.serving.kv_tier
+    if tier is None:
+        return []
+    return [("# the KV tier (serving.kvTier): its folder, its bound on the disk, its hash seed (core/kv_tier.py)", None),
+            ("TWINSPARK_KV_TIER_DIR", kv_tier.tier_dir(vllm.lane)),
+            ("TWINSPARK_KV_TIER_DISK_BYTES", str(tier.disk_gib * kv_tier.GIB)),
+            ("TWINSPARK_KV_TIER_BOUND_SCRIPT", contract.KV_TIER_BOUND_SCRIPT),
+            ("TWINSPARK_KV_TIER_BOUND_LOG", contract.KV_TIER_BOUND_LOG),
+            ("TWINSPARK_KV_TIER_SEED_FILE", contract.KV_TIER_SEED_FILE)]
 
 
 def render_secrets_env(api_key: str) -> str:
@@ -384,6 +402,10 @@ def bundle_files(args: LaunchBundleArgs) -> list[ManagedFile]:
     files = [bundle_file(contract.LAUNCH_VLLM, render_launch_vllm(args.vllm, rank), "0755")]
     files += [bundle_file(name, launch_file(name), "0755") for name in static_files(executor)]
     files.append(bundle_file(contract.ENV_FILE, render_env_file(args), "0644"))
+    if args.vllm.serving.kv_tier:
+        assert args.kv_tier_seed is not None, "serving.kvTier: the stack's hash seed goes with it"
+        files += [bundle_file(contract.KV_TIER_BOUND_SCRIPT, launch_file(contract.KV_TIER_BOUND_SCRIPT), "0755"),
+                  bundle_file(contract.KV_TIER_SEED_FILE, pulumi.Output.secret(args.kv_tier_seed), "0600")]
     if executor == "ray":
         files.append(bundle_file(contract.RAY_TOKEN_FILE, pulumi.Output.secret(args.ray_token), "0600"))
     return files

@@ -142,6 +142,12 @@ MEMORY_CHECK_STATUS = f"{RUN_DIR}/memory-check.json"
 # slice holds there (a container's own /sys/fs/cgroup is its own cgroup only).
 HOST_CGROUP_DIR = "/host/sys/fs/cgroup"
 
+# ---- the KV tier (serving.kvTier, core/kv_tier.py): its blocks under the cache (mounted), root-only ----------
+KV_TIER_DIR = f"{CACHE_DIR}/kv-tier"  # one folder a lane
+KV_TIER_BOUND_SCRIPT = "kv-tier-bound.py"  # beside vLLM: the tier's files held under kvTier.diskGiB
+KV_TIER_BOUND_LOG = "kv-tier-bound.log"
+KV_TIER_SEED_FILE = "kv-tier-hash-seed"  # mode 600: the stack's PYTHONHASHSEED, which names the tier's blocks
+
 # ---- co-tenants: sessions and services are capped; the serving containers live apart -------
 CONTAINER_SLICE = "twinspark.slice"  # cgroup parent of the serving containers
 COTENANT_SLICES = ("user.slice", "system.slice")

@@ -28,6 +28,8 @@ FLAGS_NOT_IN_EXTRA_ARGS = {
     "--gpu-memory-utilization": "set serving.gpuMemoryUtilization",
     "--kv-cache-dtype": "set serving.kvCacheDtype",
     "--load-format": "set serving.loadFormat",
+    "--kv-transfer-config": "set serving.kvTier: its KV tier is twinspark's connector, held to a lane of one node "
+    "with its hash seed and its bound on the disk",
     "--tensor-parallel-size": "set serving.tensorParallel (tensorParallel × pipelineParallel = the node count)",
     "--pipeline-parallel-size": "set serving.pipelineParallel (tensorParallel × pipelineParallel = the node count)",
     "--distributed-executor-backend": "set serving.executor (ray or mp)",

@@ -60,7 +60,8 @@ def constants_naming_launch_files() -> dict[str, list[tuple[str, str]]]:
 
 
 def bundle_files() -> list[str]:
-    both = [*launch_bundle.static_files("ray"), *launch_bundle.static_files("mp"), contract.API_GATEWAY_SCRIPT]
+    both = [*launch_bundle.static_files("ray"), *launch_bundle.static_files("mp"), contract.API_GATEWAY_SCRIPT,
+            contract.KV_TIER_BOUND_SCRIPT]  # with serving.kvTier
     return [name for name in dict.fromkeys(both) if name != contract.PRELUDE]
 
 

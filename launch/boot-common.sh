@@ -61,7 +61,8 @@ memory_check() {
     --model-dir "$TWINSPARK_MODEL_DIR" --utilization "$TWINSPARK_GPU_MEMORY_UTILIZATION" \
     --cotenant-slices "$TWINSPARK_COTENANT_SLICES" --cotenant-percent "$TWINSPARK_COTENANT_MEMORY_PERCENT" \
     --headroom-percent "$TWINSPARK_MEMORY_HEADROOM_PERCENT" --container-slice "$TWINSPARK_CONTAINER_SLICE" \
-    --cgroup-root "$TWINSPARK_HOST_CGROUP_DIR" --status "$TWINSPARK_MEMORY_CHECK_STATUS"
+    --cgroup-root "$TWINSPARK_HOST_CGROUP_DIR" --status "$TWINSPARK_MEMORY_CHECK_STATUS" \
+    --kv-tier-bytes "${TWINSPARK_KV_TIER_MEMORY_BYTES:-0}"
 }
 
 # A restarted container must not inherit a stale raylet. `ray stop` is asked only when one of
@@ -97,4 +98,18 @@ prepare_vllm_socket() {
   chmod 2750 "$TWINSPARK_VLLM_SOCKET_DIR"
   rm -f "$TWINSPARK_VLLM_SOCKET"
   umask 0007
+}
+
+# Before vLLM starts, with serving.kvTier (core/kv_tier.py): the tier's folders root-only (its blocks
+# are the prompts' content in another form), the stack's hash seed, without which a restarted
+# engine names its blocks anew and finds none of the last one's, and the bound on the tier's size
+# beside vLLM (its file tier removes nothing itself).
+prepare_kv_tier() {
+  [ -n "${TWINSPARK_KV_TIER_DIR:-}" ] || return 0
+  install -d -m 0700 "$(dirname "$TWINSPARK_KV_TIER_DIR")" "$TWINSPARK_KV_TIER_DIR"
+  PYTHONHASHSEED=$(cat "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_KV_TIER_SEED_FILE")
+  export PYTHONHASHSEED
+  python3 "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_KV_TIER_BOUND_SCRIPT" --dir "$TWINSPARK_KV_TIER_DIR" \
+    --max-bytes "$TWINSPARK_KV_TIER_DISK_BYTES" >>"$TWINSPARK_LOG_DIR/$TWINSPARK_KV_TIER_BOUND_LOG" 2>&1 &
+  log "KV tier: $TWINSPARK_KV_TIER_DIR ($(du -sh "$TWINSPARK_KV_TIER_DIR" | cut -f1) held, at most $TWINSPARK_KV_TIER_DISK_BYTES bytes)"
 }

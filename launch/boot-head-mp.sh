@@ -28,6 +28,7 @@ main() {
   memory_check
   export_gid_index
   prepare_vllm_socket
+  prepare_kv_tier
   log "node rank 0 on $TWINSPARK_NODE_IP:$TWINSPARK_MP_MASTER_PORT; vLLM waits for all ${TWINSPARK_NODE_COUNT} node ranks"
   # its lines go to this log (stdout and stderr are the boot log here); $$ is vLLM after the exec
   python3 "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_MP_MEMBERSHIP_SCRIPT" head --port "$TWINSPARK_MP_MASTER_PORT" \

@@ -22,6 +22,7 @@ main() {
   log "waiting for ${TWINSPARK_NODE_COUNT} nodes with a GPU: $TWINSPARK_NODE_IPS"
   interruptible membership wait-cluster --head "$TWINSPARK_NODE_IP" --expect-ips "$TWINSPARK_NODE_IPS"
   prepare_vllm_socket
+  prepare_kv_tier
   log "cluster complete; exec $TWINSPARK_LAUNCH_VLLM (log: $TWINSPARK_LOG_DIR/$TWINSPARK_VLLM_LOG)"
   log_to "$TWINSPARK_VLLM_LOG"
   exec "$TWINSPARK_BUNDLE_DIR/$TWINSPARK_LAUNCH_VLLM"

@@ -3,13 +3,14 @@
 
   memory-check.py --model-dir /models/M --utilization 0.85 --status /run/twinspark/memory-check.json \
       --node spark2 [--cotenant-slices user.slice,system.slice --cotenant-percent 5 --headroom-percent 5 \
-      --container-slice twinspark.slice --cgroup-root /host/sys/fs/cgroup] [--meminfo /proc/meminfo] \
-      [--retry-seconds 2] [--say-seconds 30]
+      --container-slice twinspark.slice --cgroup-root /host/sys/fs/cgroup] [--kv-tier-bytes N] \
+      [--meminfo /proc/meminfo] [--retry-seconds 2] [--say-seconds 30]
 
 First it releases the page cache that the model's files fill (posix_fadvise DONTNEED on each:
 the copy and any earlier load left them cached, and on the Spark's unified memory cached pages
 compete with the model; unlike `drop_caches` this needs no privilege and leaves other files'
-cache alone). Then it compares what vLLM will take, utilization x MemTotal, with MemAvailable.
+cache alone). Then it compares what vLLM will take, utilization x MemTotal (and its KV tier's CPU
+part, --kv-tier-bytes, with serving.kvTier), with MemAvailable.
 
 The numbers are the node's memory budget (components/memory_budget.py, through twinspark.env):
 model + each co-tenant slice's cap + headroom <= MemTotal, so co-tenants inside their caps and
@@ -93,14 +94,16 @@ def cgroup_held(root: str, name: str) -> Optional[int]:
 
 
 def verdict(mem: dict[str, int], utilization: float, held: Optional[dict[str, Optional[int]]] = None,
-            allowed: Optional[dict[str, Optional[float]]] = None, headroom_share: float = 0.0) -> dict:
+            allowed: Optional[dict[str, Optional[float]]] = None, headroom_share: float = 0.0,
+            kv_tier_bytes: int = 0) -> dict:
     """`held`: bytes each slice holds (None: unreadable); `allowed`: each slice's share of
     MemTotal in the budget (a co-tenant's cap, 0 for the serving slice before load; None:
-    uncapped, so nothing of the budget is its own)."""
+    uncapped, so nothing of the budget is its own); `kv_tier_bytes`: the KV tier's CPU part."""
     total, available, free = mem["MemTotal"], mem["MemAvailable"], mem["MemFree"]
-    need = utilization * total
+    need = utilization * total + kv_tier_bytes
     ok = available >= need
-    numbers = (f"vLLM needs {need / GIB:.1f} GiB ({utilization} x {total / GIB:.1f} GiB), "
+    tier = f" + {kv_tier_bytes / GIB:.1f} GiB for its KV tier" if kv_tier_bytes else ""
+    numbers = (f"vLLM needs {need / GIB:.1f} GiB ({utilization} x {total / GIB:.1f} GiB{tier}), "
                f"{available / GIB:.1f} GiB available ({free / GIB:.1f} GiB free)")
     result = {"ok": ok, "need_gib": round(need / GIB, 2), "total_gib": round(total / GIB, 2),
               "available_gib": round(available / GIB, 2), "free_gib": round(free / GIB, 2)}
@@ -161,6 +164,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--headroom-percent", type=float, default=0.0)
     parser.add_argument("--container-slice", default="", help="the serving containers' slice")
     parser.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="the host's cgroup tree")
+    parser.add_argument("--kv-tier-bytes", type=int, default=0, help="serving.kvTier's CPU part (its /dev/shm region)")
     args = parser.parse_args(argv)
     cap = float(args.cotenant_percent) / 100 if args.cotenant_percent else None
     allowed: dict[str, Optional[float]] = {name: cap for name in args.cotenant_slices.split(",") if name}
@@ -170,7 +174,8 @@ def main(argv: list[str]) -> int:
     said: tuple = ()  # (the cause, when) of the last WAIT line
     while True:
         held = {name: cgroup_held(args.cgroup_root, name) for name in allowed}
-        result = verdict(meminfo(args.meminfo), args.utilization, held, allowed, args.headroom_percent / 100)
+        result = verdict(meminfo(args.meminfo), args.utilization, held, allowed, args.headroom_percent / 100,
+                         args.kv_tier_bytes)
         write_status(args.status, {"node": args.node, "checked_at": time.time(), "model_files_released": files,
                                    **result})
         if result["ok"] or not said or said[0] != result.get("cause") or time.monotonic() - said[1] >= args.say_seconds:

@@ -26,6 +26,7 @@ pass there); needle prompts are answered from the codes really planted in them, 
 Off by default, so the plain stand-in stays simple:
 - `prefix_cache`: a block-hashed prefix cache like vLLM's (salted by `cache_salt`); cached
   prompt tokens skip prefill, and usage reports them as `prompt_tokens_details.cached_tokens`;
+  with a `kv_tier` (a BlockStore), blocks outlive the engine there, as vLLM's KV offload keeps them;
 - `tokens_per_chunk` > 1: several tokens per stream chunk, as under speculative decoding;
 - `send_usage` False: no `usage` chunk even when asked, as some proxies and old servers do;
 - `reasoning_tokens`: that many reasoning deltas (in `reasoning_field`) before the answer;
@@ -69,7 +70,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 # Anthropic's Messages API as vLLM serves it (vllm/entrypoints/anthropic: protocol.py, serving.py);
@@ -372,6 +373,14 @@ class Request:
     cached_prompt_tokens: int = 0
 
 
+class BlockStore(Protocol):
+    """A KV tier as the prefix cache sees it: blocks by their hash."""
+
+    def has(self, digest: bytes) -> bool: ...
+
+    def put(self, digest: bytes) -> None: ...
+
+
 @dataclass
 class Behaviour:
     api_key: Optional[str] = "sk-fake"  # empty or None: no key checked (vLLM started without one)
@@ -390,6 +399,9 @@ class Behaviour:
     requests: list = field(default_factory=list)  # Request, one per POST, in arrival order
     prefix_cache: bool = False
     cache_block_chars: int = 16  # 4 tokens: finer than vLLM's 16-token blocks, so a stricter test
+    hash_seed: bytes = b""  # where the blocks' hash chain starts (vLLM's NONE_HASH)
+    kv_tier: Optional["BlockStore"] = None  # with prefix_cache: blocks kept beyond the engine (a KV tier)
+    tier_hit_chars: int = 0
     tokens_per_chunk: int = 1
     send_usage: bool = True
     reasoning_tokens: int = 0
@@ -413,16 +425,24 @@ class Behaviour:
         self.slots = threading.BoundedSemaphore(self.max_running or 1 << 20)
 
     def lookup_and_fill_cache(self, prompt: str, salt: str) -> int:
-        """Prompt characters served from the cache: whole leading blocks seen before, chained like vLLM's."""
-        block, digest, hit_chars, missed = self.cache_block_chars, salt.encode(), 0, False
+        """Prompt characters served from the cache: whole leading blocks seen before, chained like vLLM's
+        (from `hash_seed`, its NONE_HASH); with a `kv_tier`, a block the engine does not hold is looked up
+        there, and every block computed is stored there (counted in `tier_hit_chars`)."""
+        block, digest, hit_chars, missed = self.cache_block_chars, self.hash_seed + salt.encode(), 0, False
         with self._lock:
             for start in range(0, len(prompt) - block + 1, block):
                 digest = hashlib.sha256(digest + prompt[start:start + block].encode()).digest()
                 if not missed and digest in self._cache:
                     hit_chars += block
+                elif not missed and self.kv_tier is not None and self.kv_tier.has(digest):
+                    hit_chars += block
+                    self.tier_hit_chars += block
+                    self._cache.add(digest)
                 else:
                     missed = True
                     self._cache.add(digest)
+                    if self.kv_tier is not None:
+                        self.kv_tier.put(digest)
         return hit_chars
 
     def metrics(self) -> str:

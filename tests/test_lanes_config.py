@@ -249,7 +249,8 @@ def test_two_lanes_deploy_an_engine_and_gateway_on_each_node_behind_the_heads_ro
     assert {lane: (s["maxModelLen"], s["gpuMemoryUtilization"], s["profile"]) for lane, s in served.items()} == {
         "coder": (1048576, 0.45, "default"), "fast": (65536, 0.7, "default")}, served
     assert set(served["fast"]) == {"recipe", "profile", "maxModelLen", "gpuMemoryUtilization", "kvCacheDtype", "loadFormat",
-                                   "extraArgs", "tensorParallel", "pipelineParallel", "executor"}
+                                   "kvTier", "extraArgs", "tensorParallel", "pipelineParallel", "executor"}
+    assert served["fast"]["kvTier"] is None  # off unless set
     assert lanes == {"coder": {"model": "coder", "recipe": "gpt-oss-120b", "nodes": ["spark1"], "head": "spark1"},
                      "fast": {"model": "fast", "recipe": "gpt-oss-120b", "nodes": ["spark2"], "head": "spark2"}}
     assert run.outputs["model"]["value"] == "coder" and run.outputs["endpoint"]["value"].endswith(":8000/v1")

@@ -26,14 +26,15 @@ from .errors import NAMESPACE, config_error, format_key_path
 from .loading import load_stack_config, parse_stack_config, stack_config_keys, stack_file_config
 from .node_addresses import resolve_node_addresses
 from .parameter_table import parameter_table
-from .schema import OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, ServedLane, StackConfig, shape_rules
+from .schema import DEFAULT_LANE, OPTIONAL_STRUCTURED_KEYS, STRUCTURED_KEYS, ServedLane, StackConfig, shape_rules
 from .topology import CopyRail, Link, NodeFabric, Topology
 from .secret_keys import _checked_secrets, load_secrets
 from .values import DEFAULT_HUB_ENDPOINT, SERVING_IMAGE_LOCK
 
 __all__ = [
     "CopyRail", "Link", "NodeFabric", "Topology",
-    "DEFAULT_HUB_ENDPOINT", "FLAGS_NOT_IN_EXTRA_ARGS", "LANE_SERVING_KEYS", "NAMESPACE", "OPTIONAL_STRUCTURED_KEYS",
+    "DEFAULT_HUB_ENDPOINT", "DEFAULT_LANE", "FLAGS_NOT_IN_EXTRA_ARGS", "LANE_SERVING_KEYS", "NAMESPACE",
+    "OPTIONAL_STRUCTURED_KEYS",
     "SERVING_IMAGE_LOCK",
     "STRUCTURED_KEYS", "AlertEmail", "ConfigBlock", "ModelConfig", "Node", "Observability", "PowerWatch", "Serving",
     "ServingGuard",

@@ -176,6 +176,19 @@ class ServingGuard(ConfigBlock):
         "starts the first time they pass")
 
 
+class KvTier(ConfigBlock):
+    """The lane's KV blocks kept on the node's NVMe across engine restarts (core/kv_tier.py)."""
+
+    memory_gib: Integer = Field(
+        alias="memoryGiB", ge=1, le=64,
+        description="GiB of host memory for the tier's CPU part (vLLM's cpu_bytes_to_use), in front of the disk: "
+        "counted in the node's memory budget beside gpuMemoryUtilization")
+    disk_gib: Integer = Field(
+        alias="diskGiB", ge=1, le=100_000,
+        description="GiB of the node's disk (under /var/cache/twinspark/kv-tier) the blocks may hold; the least "
+        "recently used go first")
+
+
 class Serving(ConfigBlock):
     image: ImageRef = Field(
         description="base image with vLLM for GB10 (sm_121), e.g. `ghcr.io/anemll/dspark-vllm-gx10:0.1.1`; a tag "
@@ -209,6 +222,11 @@ class Serving(ConfigBlock):
         "`fastsafetensors`, `instanttensor` or `runai_streamer` (each reads the downloaded safetensors; the "
         "serving image carries their packages); unset: the recipe's (`auto` in every recipe until a loader is "
         "measured on a Spark)")
+    kv_tier: Optional[KvTier] = Field(
+        default=None,
+        description="off unless set (not yet measured on a GPU): `{memoryGiB, diskGiB}` keeps the prompts' KV blocks "
+        "on the node's disk, so a long context is read back after an engine restart instead of prefilled again "
+        "(vLLM's own file tier); only for a lane on one node (vLLM 0.24.0's tier holds the head's ranks only)")
     extra_args: list[str] = Field(
         default_factory=list,
         description="more vLLM flags, appended last; refused: a flag a config key, the recipe or the profile sets, "
@@ -306,7 +324,11 @@ class Serving(ConfigBlock):
     @property
     def memory_budget(self) -> MemoryBudget:
         """The node's budget (core/memory_budget.py): validated below, so it adds up."""
-        return budget_of(self.gpu_memory_utilization, self.cotenant_memory_max)
+        return budget_of(self.gpu_memory_utilization, self.cotenant_memory_max, self.kv_tier_gib)
+
+    @property
+    def kv_tier_gib(self) -> int:
+        return self.kv_tier.memory_gib if self.kv_tier else 0
 
     @property
     def cotenant_memory_percent(self) -> Optional[int]:
@@ -410,8 +432,8 @@ class PlatformConfig(ConfigBlock):
 
 # The serving keys that describe one lane's engine (what it serves and how); the rest of `serving`
 # (image, port, guard, ...) is the stack's, one for every lane.
-LANE_SERVING_KEYS = ("recipe", "profile", "maxModelLen", "gpuMemoryUtilization", "kvCacheDtype", "loadFormat", "extraArgs",
-                     "tensorParallel", "pipelineParallel", "executor")
+LANE_SERVING_KEYS = ("recipe", "profile", "maxModelLen", "gpuMemoryUtilization", "kvCacheDtype", "loadFormat", "kvTier",
+                     "extraArgs", "tensorParallel", "pipelineParallel", "executor")
 
 
 class LaneConfig(ConfigBlock):

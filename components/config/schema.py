@@ -254,8 +254,9 @@ class StackConfig(ConfigBlock):
     def node_memory_budget(self, node: Node) -> MemoryBudget:
         """The node's budget (core/memory_budget.py): its lanes' shares together; validated, so it adds up."""
         # rounded to the budget's basis points: 0.45 + 0.40 is 0.8500000000000001 in floats
-        return budget_of(round(sum(lane.serving.gpu_memory_utilization for lane in self.lanes_on(node)), 4),
-                         self.serving.cotenant_memory_max)
+        lanes = self.lanes_on(node)
+        return budget_of(round(sum(lane.serving.gpu_memory_utilization for lane in lanes), 4),
+                         self.serving.cotenant_memory_max, sum(lane.serving.kv_tier_gib for lane in lanes))
 
     @property
     def head_public_ports_by_key(self) -> dict[str, int]:
@@ -306,6 +307,7 @@ class StackConfig(ConfigBlock):
             self._remote_code_is_pinned(lane)
             self._parallelism_spans_the_nodes(lane)
             self._layout_splits_the_model(lane)
+            self._kv_tier_on_one_node(lane)
         self._memory_budget_of_every_node_adds_up()
         return self
 
@@ -354,10 +356,21 @@ class StackConfig(ConfigBlock):
             try:
                 self.node_memory_budget(node)
             except BudgetError as err:
-                shares = " + ".join(f"lane {lane.name} {lane.serving.gpu_memory_utilization:g}" for lane in lanes)
+                shares = " + ".join(f"lane {lane.name} {lane.serving.gpu_memory_utilization:g}" +
+                                    (f" (kvTier {lane.serving.kv_tier_gib} GiB)" if lane.serving.kv_tier_gib else "")
+                                    for lane in lanes)
                 raise CrossFieldError(lanes[-1].key("serving.gpuMemoryUtilization"),
                                       f"{node.name} holds {shares}",
                                       f"shares that fit {node.name} together: {err}") from None
+
+    @staticmethod
+    def _kv_tier_on_one_node(lane: ServedLane) -> None:
+        """vLLM 0.24.0's file tier holds the KV blocks of the ranks on the head's host only (core/kv_tier.py)."""
+        if lane.serving.kv_tier is not None and len(lane.nodes) > 1:
+            raise CrossFieldError(lane.key("serving.kvTier"), f"set on {lane.name}, served by {len(lane.nodes)} nodes",
+                                  "no kvTier on a lane over several nodes (vLLM 0.24.0's KV tier keeps the head's ranks' "
+                                  "blocks only: every other node's would be lost or wrong after a restart); set it on a "
+                                  "lane of one node (`lanes`)")
 
     @staticmethod
     def _parallelism_spans_the_nodes(lane: ServedLane) -> None:

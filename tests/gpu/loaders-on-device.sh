@@ -75,6 +75,13 @@ install_wheels() {
   touch /tmp/site/.installed
 }
 
+layers_that_fit() {  # the checkpoint's layers that the disk holds (all 48 where it can), told on stderr
+  local avail n; avail=$(df -B1 --output=avail "$(dirname "$model")" | tail -1)
+  # 29.54 GB at 48 layers; each layer 0.5505 GB, the embeddings 3.11 GB; leave 4 GB for vLLM's install
+  n=$(python3 -c "print(min(48, int(($avail - 4e9 - 3.12e9) / 0.5505e9)))")
+  echo "disk free $avail B: $n layers" >&2; echo "$n"
+}
+
 shards() { python3 "$state/bin/page-cache.py" "$1" "$model"/model-*.safetensors; }
 
 cold() {  # echo 3 > drop_caches; posix_fadvise where refused
@@ -143,13 +150,13 @@ results() {  # every run of this machine so far, into $OUT (after each run: a ca
     cat "$state/results.tsv" 2>/dev/null; } > "$OUT/results.tsv"
 }
 
+# sourced (loaders-bare-on-device.sh): the functions and settings above, no verb
+(return 0 2>/dev/null) && return 0
+
 case ${1:-} in
   probe)
     probe > "$OUT/probe.txt" 2>&1; cat "$OUT/probe.txt"
-    avail=$(df -B1 --output=avail "$(dirname "$model")" | tail -1)
-    # 29.54 GB at 48 layers; each layer 0.5505 GB, the embeddings 3.11 GB; leave 4 GB for vLLM's install
-    layers=$(python3 -c "print(min(48, int(($avail - 4e9 - 3.12e9) / 0.5505e9)))")
-    echo "disk free $avail B: $layers layers"
+    layers=$(layers_that_fit)
     rm -rf "$model" "$state/gen.rc"
     setsid nohup bash -c "python3 '$state/bin/big-checkpoint.py' '$model' --layers $layers > '$state/gen.log' 2>&1; echo \$? > '$state/gen.rc'" \
       < /dev/null > /dev/null 2>&1 &

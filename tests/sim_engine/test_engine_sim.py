@@ -347,8 +347,10 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
             thread.start()
         time.sleep(1.5)  # both streams under way
         data = stack.stack_file()
-        # and its weights read by another loader (issue 42 item 1): the image carries instanttensor
-        data["config"]["twinspark:lanes"][1]["serving"] = {"maxModelLen": 16384, "loadFormat": "instanttensor"}
+        # and its weights read by another loader (issue 42 item 1): the image carries instanttensor; and a KV tier
+        # on its node's disk (issue 42 item 3), which its engine's restart below reads back
+        data["config"]["twinspark:lanes"][1]["serving"] = {"maxModelLen": 16384, "loadFormat": "instanttensor",
+                                                             "kvTier": {"memoryGiB": 1, "diskGiB": 1}}
         stack.config_file.write_text(yaml.safe_dump(data, sort_keys=False))
         run = stack.up()
         for thread in threads:
@@ -370,7 +372,12 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
         assert flag(argv, "--max-model-len") == "16384" and flag(argv, "--load-format") == "instanttensor"
         log = cluster.node_exec(WORKER, "cat", f"{contract.LOG_DIR}/{contract.VLLM_LOG}").stdout
         assert "loading weights with --load-format instanttensor (instanttensor from /" in log, log[-2000:]
+        assert json.loads(flag(argv, "--kv-transfer-config"))["kv_connector_extra_config"]["secondary_tiers"] == [
+            {"type": "fs", "root_dir": f"{contract.KV_TIER_DIR}/fast", "n_read_threads": 16, "n_write_threads": 16}]
+        assert "PYTHONHASHSEED set" in log, log[-2000:]
         wait_for(lambda: lane_answers(outputs, "sim-fast"), "the swapped lane serving", 60)
+        context = "".join(f"turn {i}: the tool said the build is green at step {i}. " for i in range(40))  # 2 k chars
+        assert cached_tokens(outputs, "sim-fast", context) == 0  # computed, and kept on sim2's disk
         # each lane's engine scraped by the head's Prometheus, labelled by lane: the worker's over its rail,
         # through the firewall's lane-metrics flow (issue 41 part 4)
         wait_for(lambda: engines_up(cluster) == [("coder", "sim1", "1"), ("fast", "sim2", "1")],
@@ -385,6 +392,12 @@ def test_a_profile_change_then_a_second_recipe_in_two_lanes_restart_vllm_with_th
         wait_for(lambda: lane_answers(outputs, "sim-fast"), "the fast lane serving again", 90)
         report["lane_killed_to_serving_s"] = round(time.time() - since, 1)
         assert serving_events(cluster, HEAD, since, "die") == [] and lane_answers(outputs, "sim-coder")
+        # the restarted engine reads the long context back from the KV tier instead of prefilling it again
+        tier = cluster.node_exec(WORKER, "stat", "-c", "%a %U", contract.KV_TIER_DIR, f"{contract.KV_TIER_DIR}/fast")
+        assert tier.stdout.split("\n")[:2] == ["700 root", "700 root"], tier.stdout
+        assert cached_tokens(outputs, "sim-fast", context) >= len(context) // 4 - 4, "the tier's blocks not read back"
+        log = cluster.node_exec(WORKER, "cat", f"{contract.LOG_DIR}/{contract.VLLM_LOG}").stdout
+        assert "KV tier: blocks read back from" in log, log[-2000:]
     finally:
         stack.config_file.write_text(original)
         back = stack.up()
@@ -398,6 +411,15 @@ def engines_up(cluster) -> list[tuple[str, str, str]]:
     from before the lanes, stays in its lookback for 5 min: it has no lane)."""
     return sorted((r["metric"]["lane"], r["metric"]["node"], r["value"][1])
                   for r in prometheus(cluster, "/api/v1/query", 'up{job="vllm", lane!=""}')["result"])
+
+
+def cached_tokens(outputs: dict, model: str, prompt: str) -> int:
+    """The prompt tokens of `prompt` the lane's engine did not compute (usage.prompt_tokens_details.cached_tokens)."""
+    answer = httpx.post(f"{outputs['endpoint']}/completions", timeout=30,
+                        headers={"Authorization": f"Bearer {outputs['apiKey']}"},
+                        json={"model": model, "prompt": prompt, "max_tokens": 2})
+    assert answer.status_code == 200, answer.text
+    return (answer.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
 
 
 def paced_engine(cluster, node: str, seqs: int, tok_s: int) -> None:
