@@ -50,9 +50,10 @@ hf_token = secrets["hfToken"]
 # containers, after the rest restarted, and would rejoin them (and take a rank) with the old one.
 ray_token = random.RandomPassword("ray-token", length=48, special=False, keepers={"members": cfg.members}).result
 label_key = random.RandomPassword("bundle-label-key", length=32, special=False).result
-# serving.kvTier: PYTHONHASHSEED, which names the tier's blocks (core/kv_tier.py), the same across restarts
-kv_tier_seed = random.RandomInteger("kv-tier-hash-seed", min=1, max=2**32 - 1, opts=pulumi.ResourceOptions(
-    additional_secret_outputs=["result"])).result.apply(str) if any(lane.serving.kv_tier for lane in cfg.served_lanes) else None
+# serving.kvTier: PYTHONHASHSEED (0 to 2^32 - 1: four random bytes as an integer), which names the tier's blocks
+# (core/kv_tier.py), the same across restarts
+kv_tier_seed = random.RandomId("kv-tier-hash-seed", byte_length=4, opts=pulumi.ResourceOptions(
+    additional_secret_outputs=["dec"])).dec if any(lane.serving.kv_tier for lane in cfg.served_lanes) else None
 conns = {n.name: ssh.connection(n) for n in cfg.nodes}
 # each node as installed: pinning a reinstalled node's new host key makes its image, containers
 # and copy of the weights again (its own steps re-run by themselves)

@@ -11,7 +11,7 @@ What bites, read from vLLM 0.24.0's code (docs/measurements/kv-tier-2026-12-07.m
 - A block's file is named by its hash, and the hash chain starts from NONE_HASH, which vLLM draws
   from os.urandom in every process unless PYTHONHASHSEED is set (v1/core/kv_cache_utils.py,
   init_none_hash): without a fixed seed a restarted engine finds nothing. The stack's seed
-  (a random integer kept in its state) is set in the serving containers' environment.
+  (four random bytes as an integer, a secret in its state) is a 0600 bundle file the head's boot script exports.
 - The CPU tier is one /dev/shm file shared by the ranks of one host, each rank at the offset of its
   *local* device index (cpu/shared_offload_region.py, TieringOffloadingSpec.create_handlers), and
   the file tier copies the scheduler's (the head's) view: a lane whose ranks are on several nodes
@@ -38,9 +38,6 @@ CONFIG_MEMTOTAL_GIB = 121
 GIB = 1024**3
 # vLLM's file tier writes and reads this many blocks at once (16 each: its default)
 IO_THREADS = 16
-# the bound removes the least recently used blocks down to this share of diskGiB, so it does not run
-# again at the next block written
-BOUND_LOW_WATER = 0.9
 
 
 def tier_dir(lane: str) -> str:

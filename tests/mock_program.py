@@ -79,9 +79,9 @@ def fake_outputs(type_, name, inputs):
         alphabet = string.ascii_letters + string.digits
         seed = hashlib.sha256(name.encode()).digest() * 8
         out["result"] = "".join(alphabet[b % len(alphabet)] for b in seed)[:int(inputs["length"])]
-    if type_ == "random:index/randomInteger:RandomInteger":  # in [min, max], the same on every run
-        low, high = int(inputs["min"]), int(inputs["max"])
-        out["result"] = low + int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") % (high - low + 1)
+    if type_ == "random:index/randomId:RandomId":  # byte_length random bytes, the same on every run
+        drawn = hashlib.sha256(name.encode()).digest()[:int(inputs["byteLength"])]
+        out["hex"], out["dec"] = drawn.hex(), str(int.from_bytes(drawn, "big"))
     if type_ == "command:remote:Command":
         out["stdout"] = node_answer(name, inputs)
         out["stderr"] = ""

@@ -63,12 +63,12 @@ def test_the_program_makes_the_seed_only_for_a_stack_with_a_tier_and_keeps_it_a_
     config["twinspark:lanes"][1]["serving"]["kvTier"] = TIER
     tiered = program(config)
     assert tiered.error is None, tiered.error
-    [seed] = tiered.of_type("random:index/randomInteger:RandomInteger")
-    assert (seed.name, seed.inputs["min"], seed.inputs["max"]) == ("kv-tier-hash-seed", 1, 2**32 - 1)
+    [seed] = [r for r in tiered.of_type("random:index/randomId:RandomId") if r.name == "kv-tier-hash-seed"]
+    assert seed.inputs["byteLength"] == 4  # PYTHONHASHSEED: an integer in [0, 2^32 - 1]
     seed_files = [r.name for r in tiered.resources if f"bundle-{contract.KV_TIER_SEED_FILE}" in r.name]
     assert seed_files and all(name.startswith("spark2-") for name in seed_files), seed_files
-    assert not plain_occurrences(tiered.named(seed_files[0]).inputs, str(seed.outputs["result"]))  # secret in state
-    assert recipe_run.of_type("random:index/randomInteger:RandomInteger") == []  # the default stack: no tier, no seed
+    assert not plain_occurrences(tiered.named(seed_files[0]).inputs, seed.outputs["dec"])  # secret in state
+    assert "kv-tier-hash-seed" not in recipe_run.by_name  # the default stack: no tier, no seed
 
 
 def test_a_lane_over_several_nodes_is_refused_a_tier_naming_why():
