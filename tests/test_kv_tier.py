@@ -1,6 +1,7 @@
 """The KV tier (serving.kvTier, issue 42 item 3): vLLM's file tier on a lane of one node, its place in the
 memory budget, its hash seed, its bound on the disk, and the simulator's stand-in of it."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -8,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+import pulumi
 import pytest
 from openai_standin import Behaviour
-import pulumi
 from program_harness import config_blocks, plain_occurrences
 from test_config_errors import assert_refused
 from test_lanes_config import lanes_stack_config, two_lanes
@@ -34,7 +35,17 @@ def fast_lane_bundle(cfg):
                                           kv_tier_seed="1234")
 
 
-def test_a_lane_of_one_node_renders_vllms_file_tier_its_environment_and_its_seed():
+@pytest.fixture
+def event_loop_for_outputs():
+    """pulumi.Output.secret outside a program run wants an event loop (a process's first test has none)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def test_a_lane_of_one_node_renders_vllms_file_tier_its_environment_and_its_seed(event_loop_for_outputs):
     cfg = parse_stack_config(two_lanes(**{"1.serving.kvTier": TIER}))
     args = fast_lane_bundle(cfg)
     argv = launch_bundle.vllm_argv(args.vllm)

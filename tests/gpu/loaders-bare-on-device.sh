@@ -27,7 +27,7 @@ end=$(( $(date +%s) + deadline_s ))
 bare=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 OUT=${OUT:-/tmp/loaders-bare-out}; mkdir -p "$OUT"
 WHEELS=${WHEELS:-$bare/../.whl/bare}
-# shellcheck source=loaders-on-device.sh
+# shellcheck source-path=SCRIPTDIR source=loaders-on-device.sh
 source "$bare/loaders-on-device.sh"   # probe, libraries, layers_that_fit, cold; $state, $model; the device's env rules
 left() { echo $(( end - $(date +%s) )); }
 if [ -n "${DRY_RUN:-}" ]; then  # a dry run off the device: the page cache of a shared machine left alone
@@ -43,9 +43,10 @@ fi
     echo "block devices:"; lsblk -o NAME,SIZE,ROTA,MODEL 2>&1 | head -20; } >> "$OUT/probe.txt" 2>&1
   cat "$OUT/probe.txt"
 
-  echo "== install ($(date -u +%T)) from $WHEELS: $(cd "$WHEELS" && ls *.whl | paste -sd' ')"
+  echo "== install ($(date -u +%T)) from $WHEELS: $(find "$WHEELS" -maxdepth 1 -name '*.whl' -printf '%f ')"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$WHEELS"/*.whl || echo "install failed (rc $?)"
+  # shellcheck disable=SC2031  # set here for this script's runs; loaders-on-device.sh sets its own in a subshell
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   libraries
   python3 -c 'from importlib.metadata import version
