@@ -151,6 +151,24 @@ def cluster(operator_home, registry, hub, report):
         report["leftovers_after_teardown"] = sim.leftovers()
 
 
+NEXT_SCENARIO = pytest.StashKey[object]()  # the scenario this process runs after this one (None: none)
+# Its fixture takes the pair's nodes down: nothing after it needs the pair as the scenarios found it
+TAKES_THE_PAIR_DOWN = "test_engine_topology_ring.py"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[NEXT_SCENARIO] = nextitem
+
+
+@pytest.fixture
+def pair_needed_after(request) -> bool:
+    """Whether a later scenario of this process uses the pair as the scenarios found it: a scenario
+    that changes it puts it back only then (the last before the ring or the session's end leaves it)."""
+    after = request.node.stash.get(NEXT_SCENARIO, None)
+    return after is not None and after.path.name != TAKES_THE_PAIR_DOWN
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     TIMELINE.phase = f"{item.nodeid}::setup"

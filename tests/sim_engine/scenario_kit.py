@@ -41,6 +41,10 @@ SKIP_CHECKPOINTS = "PULUMI_SKIP_CHECKPOINTS"
 PASSPHRASE = "twinspark-sim"  # scripts/sim.sh's; Pulumi.sim.yaml's encryptionsalt is made with it
 STACK = "sim"
 HEAD, WORKER = "sim1", "sim2"
+# The figures a scenario can measure beside what it asserts (the weight copy against the recipe's
+# rsync, the fan-out against all from the head): timings, not behaviour, so only when asked
+# (`TWINSPARK_SIM_FIGURES=1 ./scripts/test.sh tests/sim_engine -k ...`), not in CI's run
+FIGURES = os.environ.get("TWINSPARK_SIM_FIGURES") == "1"
 # pytest-xdist's worker (gw0, gw1), or none in a single process; its number is the site of its cluster
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 SITE = int(XDIST_WORKER.removeprefix("gw") or 0)

@@ -160,36 +160,6 @@ def stack_model_dir(stack) -> str:
     return stack.stack_file()["config"]["twinspark:model"]["dir"]
 
 
-def node_roles(stack) -> dict[str, str]:
-    return {n["name"]: n["role"] for n in stack.outputs()["nodes"]}
-
-
-def test_head_and_worker_swap_roles_and_back(cluster, stack, deployed, report):
-    def swap(head: str, worker: str) -> None:
-        stack.set_config("nodes[0].role", "head" if head == "sim1" else "worker")
-        stack.set_config("nodes[1].role", "head" if head == "sim2" else "worker")
-        run = stack.up()
-        report[f"role_swap_to_{head}_up_s"] = run.seconds
-        steps = [(name_of(m["urn"]), m["op"]) for m in run.steps() if m["op"] != "same"]
-        report[f"role_swap_to_{head}_steps"] = steps
-        # each node's container is replaced in place (one docker name a node): the old one, holding
-        # the GPU (and on the old head the port), is gone before the new one starts; the new head
-        # starts after the new worker; the old head's gateway goes after both
-        for node in (head, worker):
-            name = f"{node}-serving-container"
-            assert steps.index((name, "delete-replaced")) < steps.index((name, "create-replacement")), steps
-        assert (steps.index((f"{worker}-serving-container", "create-replacement"))
-                < steps.index((f"{head}-serving-container", "create-replacement"))
-                < steps.index((f"{worker}-serving-gateway", "delete"))), steps
-        assert node_roles(stack) == {head: "head", worker: "worker"}
-        assert serving_answers(stack) == 200, head
-        assert cluster.nodes[head].spec.host in stack.outputs()["endpoint"]
-    try:
-        swap("sim2", "sim1")
-    finally:
-        swap("sim1", "sim2")
-
-
 @pytest.fixture
 def moved_on(cluster, stack, operator_home):
     """Between the deploy and the upgrade, the world moved: the serving image's tag names another

@@ -21,7 +21,7 @@ import yaml
 from core import contract
 from cluster import sim_nodes
 from components.remote import launch_file, script_text
-from scenario_kit import (HEAD, changes, containers, firewall_mismatches, flag, heals, name_of, rails_throttled,
+from scenario_kit import (FIGURES, HEAD, changes, containers, firewall_mismatches, flag, heals, name_of, rails_throttled,
                           serving_answers, sshd_throttled_lines, stored_authorization, stored_step, sync_key_access,
                           sync_key_admitted, vllm_argv)
 from program_harness import flag_values
@@ -243,7 +243,8 @@ def test_a_third_then_a_fourth_node_serve_and_heal_and_taken_out_leave_nothing_o
         "sim2": HEAD, "sim3": HEAD, "sim4": "sim2"}
     relay_steps = {"sim4-weights-relay-host-key", "sim4-weights-relay-authorize", "sim2-weights-sync-key"}
     assert relay_steps <= set(added_changes), added_changes
-    report["four_nodes_weight_copy"] = fan_out_against_from_head(cluster, state, ["sim2", "sim3", "sim4"])
+    if FIGURES:  # docs/operating.md's fan-out figure: timings, not behaviour
+        report["four_nodes_weight_copy"] = fan_out_against_from_head(cluster, state, ["sim2", "sim3", "sim4"])
     assert set(stack.up().summary) == {"same"}
     # issue 37: the copy keys (the head's on each worker, sim2's relay key on sim4) are gone once
     # their steps are done; what each would run, only its forced command, stays installed

@@ -1,4 +1,4 @@
-"""The worker renamed in the stack (same host) and renamed back, through the real engine, as the
+"""The worker renamed in the stack (same host), through the real engine, as the
 "Operating and recovering" in docs/operating.md says: the new name and `formerName`, `up`; `formerName`
 removed, `up`. The former name aliases every `{node}-...` resource to its state (components/
 renames.py), so the engine creates and deletes nothing: it updates (or replaces) only what names
@@ -94,15 +94,16 @@ def rename(cluster, stack, old: str, new: str, report) -> None:
 
 
 @pytest.fixture
-def renaming(cluster, stack):
+def renaming(cluster, stack, pair_needed_after):
     """Afterwards the worker is "sim2" in the stack again, without formerName, its files in place,
-    whatever the scenario got to. The way back is the rename itself: with formerName the new name,
-    a resource still under either name in the state (an `up` stopped halfway holds both) is the
-    worker's. Should a file be gone all the same, the worker's undoing steps are replaced to
-    install it again."""
+    whatever the scenario got to, if a later scenario of this process needs the pair (in CI the
+    ring, which takes the pair down, is the next: the worker stays renamed). The way back is the
+    rename itself: with formerName the new name, a resource still under either name in the state
+    (an `up` stopped halfway holds both) is the worker's. Should a file be gone all the same, the
+    worker's undoing steps are replaced to install it again."""
     finished = {"renamed back": False}
     yield finished
-    if finished["renamed back"]:
+    if finished["renamed back"] or not pair_needed_after:
         return
     set_name(stack, WORKER, former=RENAMED)
     stack.up()
@@ -116,9 +117,12 @@ def renaming(cluster, stack):
     assert_in_place(cluster, WORKER)
 
 
-def test_a_worker_renamed_with_its_former_name_changes_in_place_and_serves_and_so_does_the_name_back(
-        cluster, stack, deployed, renaming, report):
+def test_a_worker_renamed_with_its_former_name_changes_in_place_and_serves(
+        cluster, stack, deployed, renaming, pair_needed_after, report):
+    """The name back, the same procedure with its assertions, only where a later scenario needs
+    the pair (issue 35: two `up`s less in CI, where the ring follows)."""
     assert_in_place(cluster, WORKER)
     rename(cluster, stack, WORKER, RENAMED, report)
-    rename(cluster, stack, RENAMED, WORKER, report)
-    renaming["renamed back"] = True
+    if pair_needed_after:
+        rename(cluster, stack, RENAMED, WORKER, report)
+        renaming["renamed back"] = True
