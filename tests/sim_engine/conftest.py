@@ -42,8 +42,8 @@ TIMELINE_FILE = ROOT / "build" / "sim-engine-timeline.json"  # where the time we
 # The files the second cluster runs when two run side by side (the rest are the first's), in file
 # order within each: the halves' seconds about equal (docs/testing.md "CI"); the ring, which takes
 # its cluster's pair down, last of its half.
-FILES_OF_CLUSTER_B = ("test_engine_sim_healing.py", "test_engine_sim_live.py", "test_engine_sim_mp.py",
-                      "test_engine_sim_nodes.py", "test_engine_sim_renamed.py", "test_engine_topology_ring.py")
+FILES_OF_CLUSTER_B = ("test_engine_sim_healing.py", "test_engine_sim_mp.py", "test_engine_sim_nodes.py",
+                      "test_engine_sim_renamed.py", "test_engine_topology_ring.py")
 REGISTRY_SERVED = "TWINSPARK_SIM_REGISTRY_SERVED"  # set by the controller of two workers: they share its registry
 
 

@@ -436,9 +436,9 @@ def pause(seconds: float, why: str) -> None:
         time.sleep(seconds)
 
 
-def vllm_argv(cluster) -> list[str]:
+def vllm_argv(cluster, head: str = HEAD) -> list[str]:
     """What the head's engine was started with (the vLLM stand-in writes it to the log dir)."""
-    out = cluster.node_exec(HEAD, "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout
+    out = cluster.node_exec(head, "cat", f"{contract.LOG_DIR}/vllm-argv.json").stdout
     return json.loads(out)["argv"]
 
 
