@@ -34,6 +34,7 @@ QUIET_LOG=build/quiet-tests.log
 AFTER_THE_ENGINE="engine"
 BEFORE_THE_SIMULATOR="root or engine"
 STAGES=()  # "name seconds" per stage, printed at the end
+PACE_AT_START=""  # dev/pace.py's line before a root run's first stage
 
 # name command...: run a stage, timed
 stage() {
@@ -55,6 +56,8 @@ stage_table() {
     printf '%-14s %8s\n' "$name" "$seconds"
   done
   printf '%-14s %8s\n' total $(($(date +%s) - RUN_STARTED))
+  # the machine's pace at the start and now (dev/pace.py): minutes compare only beside it
+  [ -z "$PACE_AT_START" ] || printf '%s (start)\n%s (end)\n' "$PACE_AT_START" "$(python3 dev/pace.py build)"
 }
 
 # COMMAND...: at the lowest priority, in a session of its own. The kernel shares the cores between
@@ -134,6 +137,8 @@ main() {
     echo "(./scripts/test.sh --quick runs the tests that need neither, as any user)" >&2
     exit 2
   fi
+  mkdir -p build
+  PACE_AT_START=$(python3 dev/pace.py build)
   start_engine_build
   stage setup setup_machine
   local arg

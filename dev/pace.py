@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""pace.py — this machine's pace now, one line, so that runs on other days compare like with like.
+
+  python3 dev/pace.py [DIR]   # pace: python 1.42 s, sha256 0.38 s, disk 0.91 s (one core each; lower is faster)
+
+Three fixed pieces of work, each on one core, like the simulator's own: a pure-Python loop (the
+tests', the program's and Ray's interpreter), sha256 over 1 GiB (the weights' verification, in
+C) and 256 MiB written to DIR (default build/) and fsynced (docker's layers, the engine's state).
+The same 2-core box has run the same CI 1.5x apart in one day (docs/testing.md, "CI"): a stage's
+minutes mean something only beside the pace of the run that gave them. scripts/test.sh prints it
+at a run's start and end. Only the standard library: it runs before the .venv exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from pathlib import Path
+
+MIB = 1 << 20
+HASHED_MIB = 1024
+WRITTEN_MIB = 256
+LOOP_ROUNDS = 10_000_000
+
+
+def python_loop() -> int:
+    total = 0
+    for i in range(LOOP_ROUNDS):
+        total += i * i % 7
+    return total
+
+
+def sha256_pass() -> None:
+    block = os.urandom(MIB)
+    digest = hashlib.sha256()
+    for _ in range(HASHED_MIB):
+        digest.update(block)
+
+
+def disk_write(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f".pace-{os.getpid()}"
+    block = os.urandom(MIB)
+    try:
+        with open(path, "wb") as out:
+            for _ in range(WRITTEN_MIB):
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def timed(work) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[1]) if len(argv) > 1 else Path("build")
+    figures = {"python": timed(python_loop), "sha256": timed(sha256_pass), "disk": timed(lambda: disk_write(folder))}
+    print("pace: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in figures.items())
+          + " (one core each; lower is faster)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
