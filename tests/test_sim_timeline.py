@@ -123,3 +123,28 @@ def test_two_workers_files_merge_into_one_report_and_one_timeline_and_go(tmp_pat
     assert set(merged["scenarios"]) == {"test_a.py::test_up", "test_b.py::test_wait"}
     assert [s["worker"] for s in merged["spans"]] == ["gw0", "gw1"]
     assert timeline.worker_files(report) == [] and timeline.worker_files(spans) == []
+
+
+def two_workers_document() -> dict:
+    scenarios = {"test_a.py::test_one": {"setup": 100.0, "call": 20.0}, "test_a.py::test_two": {"call": 30.0},
+                 "test_b.py::test_three": {"call": 70.0}, "test_b.py::test_quiet": {"call": 1.0}}
+    spans = [{"at": 0.0, "s": 1.0, "depth": 0, "kind": "ssh", "what": "x", "phase": f"tests/sim_engine/{name}::call",
+              "worker": worker} for name, worker in (("test_a.py::test_one", "gw0"), ("test_a.py::test_two", "gw0"),
+                                                     ("test_b.py::test_three", "gw1"))]
+    return {"scenarios": scenarios, "spans": spans}
+
+
+def test_the_files_table_gives_each_workers_seconds_and_names_a_scenario_no_span_placed():
+    rows = timeline.by_file(two_workers_document()).splitlines()
+    assert "| worker gw0 | 2 | 150 |" in rows and "| worker gw1 | 1 | 70 |" in rows, rows
+    assert "| worker unknown (no span) | 1 | 1 |" in rows, rows
+
+
+def test_against_another_run_sums_the_scenarios_both_ran_and_lists_the_rest():
+    here = two_workers_document()
+    there = {"scenarios": {"test_a.py::test_one": {"call": 60.0}, "test_a.py::test_two": {"call": 20.0},
+                           "test_c.py::test_gone": {"call": 40.0}}, "spans": []}
+    lines = timeline.against(here, there).splitlines()
+    assert lines[0] == "2 scenarios in both: 150 s here, 80 s there (1.88x)", lines
+    assert lines[1] == "2 only here: 71 s" and lines[-2] == "1 only there: 40 s", lines
+    assert lines[-1].split() == ["40", "test_c.py::test_gone"], lines

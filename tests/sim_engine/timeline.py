@@ -6,7 +6,8 @@ counts twice, but spans run side by side (a copy in rounds, one login per node) 
 
     python tests/sim_engine/timeline.py build/sim-engine-timeline.json   # the table per scenario
     python tests/sim_engine/timeline.py FILE --spans NAME-PART           # one scenario's spans in order
-    python tests/sim_engine/timeline.py FILE --by-file                   # seconds per test file
+    python tests/sim_engine/timeline.py FILE --by-file                   # seconds per test file and worker
+    python tests/sim_engine/timeline.py FILE --against OTHER             # like with like: the scenarios both ran
 """
 
 from __future__ import annotations
@@ -161,7 +162,41 @@ def by_file(document: dict) -> str:
         count[name.split("::", 1)[0]] += 1
     for name, seconds in sorted(files.items(), key=lambda kv: -kv[1]):
         rows.append(f"| {name} | {count[name]} | {seconds:.0f} |")
+    # the simulator's stage lasts as long as its longer cluster: each worker's seconds (two side by side)
+    workers = workers_of(document)
+    if workers:  # a scenario without a span is named by no worker
+        workers = {name: workers.get(name, "unknown (no span)") for name in document["scenarios"]}
+    for worker in sorted(set(workers.values())):
+        mine = [name for name, w in workers.items() if w == worker]
+        rows.append(f"| worker {worker} | {len(mine)} | {sum(sum(document['scenarios'][n].values()) for n in mine):.0f} |")
     return "\n".join(rows)
+
+
+def workers_of(document: dict) -> dict[str, str]:
+    """Each scenario's worker, as its spans name it (a merged timeline of two); none in one process."""
+    workers = {}
+    for span in document["spans"]:
+        if "worker" in span:
+            workers[span["phase"].rsplit("::", 1)[0].split("/")[-1]] = span["worker"]
+    return {name: workers[name] for name in document["scenarios"] if name in workers}
+
+
+def against(document: dict, other: dict) -> str:
+    """Like with like between two runs: the scenarios both ran (their seconds here, there, the ratio),
+    and those only one of them ran, by name."""
+    mine, theirs = document["scenarios"], other["scenarios"]
+
+    def seconds(scenarios: dict, names) -> float:
+        return sum(sum(scenarios[n].values()) for n in names)
+    both = [n for n in mine if n in theirs]
+    here, there = seconds(mine, both), seconds(theirs, both)
+    lines = [f"{len(both)} scenarios in both: {here:.0f} s here, {there:.0f} s there"
+             + (f" ({here / there:.2f}x)" if there else "")]
+    for label, names, scenarios in (("only here", [n for n in mine if n not in theirs], mine),
+                                    ("only there", [n for n in theirs if n not in mine], theirs)):
+        lines.append(f"{len(names)} {label}: {seconds(scenarios, names):.0f} s")
+        lines += [f"  {sum(scenarios[n].values()):7.0f}  {n}" for n in names]
+    return "\n".join(lines)
 
 
 # ---- the session files of two workers side by side (the simulator's two clusters) --------------
@@ -209,13 +244,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", type=Path, help="build/sim-engine-timeline.json")
     parser.add_argument("--spans", metavar="NAME-PART", help="list this scenario's spans in order instead")
     parser.add_argument("--trace", action="store_true", help="with --spans: every pulumi run's steps too")
-    parser.add_argument("--by-file", action="store_true", help="seconds per test file instead")
+    parser.add_argument("--by-file", action="store_true", help="seconds per test file (and per worker) instead")
+    parser.add_argument("--against", type=Path, metavar="OTHER",
+                        help="another run's timeline: the scenarios both ran, here and there, and those only one ran")
     args = parser.parse_args(argv)
-    try:
-        document = json.loads(args.file.read_text())
-    except (OSError, ValueError) as e:
-        print(f"timeline.py: cannot read {args.file}: {e}", file=sys.stderr)
-        return 2
+    documents = []
+    for path in [args.file] + ([args.against] if args.against else []):
+        try:
+            documents.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            print(f"timeline.py: cannot read {path}: {e}", file=sys.stderr)
+            return 2
+    document = documents[0]
+    if args.against:
+        print(against(document, documents[1]))
+        return 0
     if args.spans:
         for span in sorted(document["spans"], key=lambda s: s["at"]):
             if args.spans in span["phase"]:
