@@ -70,7 +70,7 @@ yielding() {
 # COMMAND...: ahead of everything else, in a session of its own (as root; otherwise at the run's own
 # priority): the quiet tests, whose figures are the machine's pace, mostly sleep, and when they wake
 # take the cores before the tests beside them (the bench gate's identical runs were 17 % apart at
-# c=2 when they waited their turn behind four busy processes on a slow box, 5dc2d90's next run).
+# c=2 when they waited their turn behind four busy processes on a slow box: b2ae1ea's rehearsal).
 ahead() {
   setsid -w bash -c 'echo -10 >/proc/self/autogroup 2>/dev/null || true; exec nice -n -10 "$@"' ahead "$@"
 }

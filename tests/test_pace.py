@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from toolbox import ROOT
 
 
 def test_the_pace_line_names_its_three_figures_and_leaves_nothing_where_it_wrote(tmp_path):

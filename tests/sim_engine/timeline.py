@@ -164,8 +164,6 @@ def by_file(document: dict) -> str:
         rows.append(f"| {name} | {count[name]} | {seconds:.0f} |")
     # the simulator's stage lasts as long as its longer cluster: each worker's seconds (two side by side)
     workers = workers_of(document)
-    if workers:  # a scenario without a span is named by no worker
-        workers = {name: workers.get(name, "unknown (no span)") for name in document["scenarios"]}
     for worker in sorted(set(workers.values())):
         mine = [name for name, w in workers.items() if w == worker]
         rows.append(f"| worker {worker} | {len(mine)} | {sum(sum(document['scenarios'][n].values()) for n in mine):.0f} |")
@@ -173,12 +171,12 @@ def by_file(document: dict) -> str:
 
 
 def workers_of(document: dict) -> dict[str, str]:
-    """Each scenario's worker, as its spans name it (a merged timeline of two); none in one process."""
-    workers = {}
-    for span in document["spans"]:
-        if "worker" in span:
-            workers[span["phase"].rsplit("::", 1)[0].split("/")[-1]] = span["worker"]
-    return {name: workers[name] for name in document["scenarios"] if name in workers}
+    """Each scenario's worker, as its spans name it (a merged timeline of two; a scenario without a
+    span is named by no worker); none in one process."""
+    workers = {scenario_of(span["phase"]): span["worker"] for span in document["spans"] if "worker" in span}
+    if not workers:
+        return {}
+    return {name: workers.get(name, "unknown (no span)") for name in document["scenarios"]}
 
 
 def against(document: dict, other: dict) -> str:
