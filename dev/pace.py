@@ -2,13 +2,17 @@
 """pace.py — this machine's pace now, one line, so that runs on other days compare like with like.
 
   python3 dev/pace.py [DIR]   # pace: python 1.42 s, sha256 0.38 s, disk 0.91 s (one core each; lower is faster)
+  python3 dev/pace.py --cpu-mark FILE    # the cores' counters now (/proc/stat), kept in FILE
+  python3 dev/pace.py --cpu-since FILE   # cores since the mark: 91 % busy, 4 % stolen by the host, 5 % idle
 
 Three fixed pieces of work, each on one core, like the simulator's own: a pure-Python loop (the
 tests', the program's and Ray's interpreter), sha256 over 1 GiB (the weights' verification, in
 C) and 256 MiB written to DIR (default build/) and fsynced (docker's layers, the engine's state).
 The same 2-core box has run the same CI 1.5x apart in one day (docs/testing.md, "CI"): a stage's
 minutes mean something only beside the pace of the run that gave them. scripts/test.sh prints it
-at a run's start and end. Only the standard library: it runs before the .venv exists.
+at a run's start and end, and under them how busy the cores were over the run and how much of
+their time the host gave to others (steal: this box is a VM). Only the standard library: it runs
+before the .venv exists.
 """
 
 from __future__ import annotations
@@ -59,7 +63,40 @@ def timed(work) -> float:
     return time.perf_counter() - started
 
 
+# /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal (guest time is inside user)
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_counters(stat_text: str) -> dict[str, int]:
+    """The whole machine's jiffies by kind, from /proc/stat's text."""
+    first = stat_text.splitlines()[0].split()
+    if first[0] != "cpu":
+        raise ValueError(f"not /proc/stat's text: its first line is {stat_text.splitlines()[0]!r}")
+    return dict(zip(CPU_FIELDS, (int(v) for v in first[1:len(CPU_FIELDS) + 1]), strict=True))
+
+
+def cpu_shares(before: dict[str, int], after: dict[str, int]) -> str:
+    """Where the cores' time went between two readings: busy (this machine's work), stolen by the
+    host, idle (iowait counted idle: nothing ran)."""
+    spent = {kind: after[kind] - before[kind] for kind in CPU_FIELDS}
+    total = sum(spent.values())
+    if total <= 0:
+        raise ValueError("the two readings are the same moment")
+    idle = spent["idle"] + spent["iowait"]
+    busy = total - idle - spent["steal"]
+    return (f"cores since the mark: {100 * busy / total:.0f} % busy, {100 * spent['steal'] / total:.0f} % "
+            f"stolen by the host, {100 * idle / total:.0f} % idle")
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] in ("--cpu-mark", "--cpu-since"):
+        mark, now = Path(argv[2]), Path("/proc/stat").read_text()
+        if argv[1] == "--cpu-mark":
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.write_text(now)
+        else:
+            print(cpu_shares(cpu_counters(mark.read_text()), cpu_counters(now)))
+        return 0
     folder = Path(argv[1]) if len(argv) > 1 else Path("build")
     figures = {"python": timed(python_loop), "sha256": timed(sha256_pass), "disk": timed(lambda: disk_write(folder))}
     print("pace: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in figures.items())

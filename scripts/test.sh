@@ -35,6 +35,7 @@ AFTER_THE_ENGINE="engine"
 BEFORE_THE_SIMULATOR="root or engine"
 STAGES=()  # "name seconds" per stage, printed at the end
 PACE_AT_START=""  # dev/pace.py's line before a root run's first stage
+CPU_MARK=build/cpu-at-start  # /proc/stat then: the cores' busy and stolen shares over the run
 
 # name command...: run a stage, timed
 stage() {
@@ -57,7 +58,8 @@ stage_table() {
   done
   printf '%-14s %8s\n' total $(($(date +%s) - RUN_STARTED))
   # the machine's pace at the start and now (dev/pace.py): minutes compare only beside it
-  [ -z "$PACE_AT_START" ] || printf '%s (start)\n%s (end)\n' "$PACE_AT_START" "$(python3 dev/pace.py build)"
+  [ -z "$PACE_AT_START" ] || printf '%s (start)\n%s (end)\n%s\n' "$PACE_AT_START" "$(python3 dev/pace.py build)" \
+    "$(python3 dev/pace.py --cpu-since "$CPU_MARK")"
 }
 
 # COMMAND...: at the lowest priority, in a session of its own. The kernel shares the cores between
@@ -150,6 +152,7 @@ main() {
   fi
   mkdir -p build
   PACE_AT_START=$(python3 dev/pace.py build)
+  python3 dev/pace.py --cpu-mark "$CPU_MARK"
   start_engine_build
   stage setup setup_machine
   local arg

@@ -151,6 +151,11 @@ def cluster():
         shutil.rmtree(root, ignore_errors=True)
 
 
+# Whether the new head is noticed at all, not how soon (a stalled command sleeps 613 s): beside the
+# simulator, CI's run of 71b5d20 saw the join's GCS client take over 30 s to hear the new head.
+NOTICE_BOUND_S = 90
+
+
 def exits_within(proc: subprocess.Popen, seconds: float) -> bool:
     try:
         proc.wait(timeout=seconds)
@@ -162,14 +167,14 @@ def exits_within(proc: subprocess.Popen, seconds: float) -> bool:
 def exits_after_a_head_restart(cluster, proc: subprocess.Popen, temp: str, running=lambda: True) -> bool:
     """`proc` (and `running()`) still there 3 s in; then the head stopped and started again under
     another temp dir (`ray start` takes the worker's raylet here, its --gcs-address, for a head
-    still running at the address its last start recorded): whether `proc` exits within 30 s.
-    It is killed either way."""
+    still running at the address its last start recorded): whether `proc` exits within
+    NOTICE_BOUND_S. It is killed either way."""
     try:
         assert not exits_within(proc, 3), proc.stdout.read() + proc.stderr.read()
         assert running(), "what the process runs is not running"
         cluster.stop("head")
         cluster.start_head(temp)
-        return exits_within(proc, 30)
+        return exits_within(proc, NOTICE_BOUND_S)
     finally:
         proc.kill()
         proc.wait()
