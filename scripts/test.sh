@@ -15,8 +15,8 @@
 #   engine-tests  cold: the engine's own tests (tests/test_engine_*.py) and the quiet ones, once it is built
 #   unit-before  warm (the engine built when setup ends): what needs root, the engine or a quiet machine
 #   simulator  tests/sim_engine, two clusters side by side (two workers, each a site of its own)
-#   unit-beside  warm: the rest of the unit tests beside the simulator: the paced ones in a process ahead
-#              of it, the others in 2 yielding to it
+#   unit-beside  warm: the rest of the unit tests beside the simulator: the paced ones in a process, the
+#              others in 2 yielding to it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,10 +70,9 @@ yielding() {
 }
 
 # COMMAND...: ahead of everything else, in a session of its own (as root; otherwise at the run's own
-# priority): the quiet tests, whose figures are the machine's pace, and the paced ones beside the
-# simulator, whose deadlines are seconds, mostly sleep, and when they wake take the cores before the
-# tests beside them (the bench gate's identical runs were 17 % apart at c=2 when they waited their
-# turn behind four busy processes on a slow box: b2ae1ea's rehearsal).
+# priority): the quiet tests, whose figures are the machine's pace, mostly sleep, and when they wake
+# take the cores before the tests beside them (the bench gate's identical runs were 17 % apart at
+# c=2 when they waited their turn behind four busy processes on a slow box: b2ae1ea's rehearsal).
 ahead() {
   setsid -w bash -c 'echo -10 >/proc/self/autogroup 2>/dev/null || true; exec nice -n -10 "$@"' ahead "$@"
 }
@@ -185,17 +184,17 @@ main() {
   # guard rounds, Ray). Before it, what may not run beside it (tests/conftest.py's `root`:
   # namespaces, nft, daemons, the sim's images; `quiet`: figures of the machine's pace) and the
   # engine's own tests; beside it, the rest: the `paced` ones (they wait on the clock) in a process
-  # ahead of it (they mostly sleep; at normal priority two starved on a slow box in the rehearsal of
-  # d20f6e9), the others in 2 yielding to it, filling the cores it leaves idle: the simulator's two
-  # clusters are the run's critical path.
+  # at normal priority (ahead of it, their bursts starved the simulator's own 6 s grace: the
+  # rehearsal of b74b45b), the others in 2 yielding to it, filling the cores it leaves idle: the
+  # simulator's two clusters are the run's critical path.
   wait_for_engine
   log "running pytest: what needs root or the engine (4 processes), the quiet tests beside them, before the simulator"
   stage unit-before with_the_quiet_tests "$BEFORE_THE_SIMULATOR" 4 "$@" || return
   log "running pytest: the rest outside the simulator beside it, logs: $PACED_BESIDE_LOG, $UNIT_BESIDE_LOG"
   local paced_pid unit_pid unit_started
   unit_started=$(date +%s)
-  run_pytest --ahead tests --ignore=tests/sim_engine -m "paced and not ($BEFORE_THE_SIMULATOR or quiet)" --durations=10 \
-    "$@" >"$PACED_BESIDE_LOG" 2>&1 &
+  run_pytest tests --ignore=tests/sim_engine -m "paced and not ($BEFORE_THE_SIMULATOR or quiet)" --durations=10 "$@" \
+    >"$PACED_BESIDE_LOG" 2>&1 &
   paced_pid=$!
   run_pytest --yielding tests --ignore=tests/sim_engine -m "not ($BEFORE_THE_SIMULATOR or quiet or paced)" -n 2 \
     --dist loadfile --durations=10 "$@" >"$UNIT_BESIDE_LOG" 2>&1 &

@@ -32,6 +32,10 @@ NEEDS_A_QUIET_MACHINE = {
     "test_ray_membership.py::test_the_grace_is_what_the_readme_says_measured_from_the_head_going_silent",
     # the doctor's --live: ops bench's figures of a stand-in of known rates, judged against the recipe's
     "test_doctor.py::test_live_figures_stand_beside_the_recipes_and_a_shortfall_with_no_cause_says_so",
+    # the stand-in's rates against the recipe's figures: beside the simulator its 4-way aggregate read
+    # 46.5 tok/s at 200 a stream, and needle's first size missed its 1.8 s deadline (rehearsal of d20f6e9)
+    "test_bench.py::test_bench_compare_recipe_gates_on_the_stacks_recipe",
+    "test_bad_input.py::test_needle_keeps_the_sizes_done_at_the_deadline",
 }
 # `paced`: a file whose tests wait on the clock (a guard's rounds, Ray's grace, a heartbeat, NCCL's
 # roll call): scripts/test.sh runs them beside the simulator at normal priority, the rest yielding to
