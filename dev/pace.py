@@ -17,6 +17,7 @@ before the .venv exists.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import sys
@@ -89,15 +90,20 @@ def cpu_shares(before: dict[str, int], after: dict[str, int]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[1] in ("--cpu-mark", "--cpu-since"):
-        mark, now = Path(argv[2]), Path("/proc/stat").read_text()
-        if argv[1] == "--cpu-mark":
-            mark.parent.mkdir(parents=True, exist_ok=True)
-            mark.write_text(now)
-        else:
-            print(cpu_shares(cpu_counters(mark.read_text()), cpu_counters(now)))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", nargs="?", type=Path, default=Path("build"), help="where the disk figure writes")
+    marks = parser.add_mutually_exclusive_group()
+    marks.add_argument("--cpu-mark", type=Path, metavar="FILE", help="keep the cores' counters now in FILE")
+    marks.add_argument("--cpu-since", type=Path, metavar="FILE", help="the cores' shares since FILE's counters")
+    args = parser.parse_args(argv[1:])
+    if args.cpu_mark:
+        args.cpu_mark.parent.mkdir(parents=True, exist_ok=True)
+        args.cpu_mark.write_text(Path("/proc/stat").read_text())
         return 0
-    folder = Path(argv[1]) if len(argv) > 1 else Path("build")
+    if args.cpu_since:
+        print(cpu_shares(cpu_counters(args.cpu_since.read_text()), cpu_counters(Path("/proc/stat").read_text())))
+        return 0
+    folder = args.folder
     figures = {"python": timed(python_loop), "sha256": timed(sha256_pass), "disk": timed(lambda: disk_write(folder))}
     print("pace: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in figures.items())
           + " (one core each; lower is faster)")

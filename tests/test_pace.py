@@ -42,8 +42,8 @@ def test_the_cores_shares_over_a_real_mark_add_up(tmp_path):
     mark = tmp_path / "mark"
     script = [sys.executable, str(ROOT / "dev" / "pace.py")]
     assert subprocess.run([*script, "--cpu-mark", str(mark)], timeout=60).returncode == 0
-    python_loop = subprocess.run([*script, str(tmp_path)], capture_output=True, timeout=120)  # some work between
-    assert python_loop.returncode == 0
+    work_between = subprocess.run([*script, str(tmp_path)], capture_output=True, timeout=120)  # the pace's own work
+    assert work_between.returncode == 0
     since = subprocess.run([*script, "--cpu-since", str(mark)], capture_output=True, text=True, timeout=60)
     shares = re.fullmatch(r"cores since the mark: (\d+) % busy, (\d+) % stolen by the host, (\d+) % idle\n", since.stdout)
     assert shares and 98 <= sum(map(int, shares.groups())) <= 102 and int(shares[1]) > 0, since.stdout + since.stderr
