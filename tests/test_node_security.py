@@ -90,8 +90,10 @@ def reachable_ports(tmp_path, node, rules_text, after_load=""):
             sh("ip", "netns", "exec", ns_node, "sh", "-c", after_load)
         listener = ("import socket, sys, time\nsocks = []\nfor p in sys.argv[1:]:\n"
                     "    s = socket.socket(socket.AF_INET6); s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n"
-                    "    s.bind(('::', int(p))); s.listen(); socks.append(s)\ntime.sleep(60)\n")
-        server = subprocess.Popen(["ip", "netns", "exec", ns_node, "python3", "-c", listener, *map(str, PROBED_PORTS)])
+                    "    s.bind(('::', int(p))); s.listen(); socks.append(s)\nprint('listening', flush=True)\n"
+                    "time.sleep(60)\n")
+        server = subprocess.Popen(["ip", "netns", "exec", ns_node, "python3", "-c", listener, *map(str, PROBED_PORTS)],
+                                  stdout=subprocess.PIPE, text=True)
         # every (source, port) at once: a dropped port costs its timeout
         prober = ("import json, socket, sys\nfrom concurrent.futures import ThreadPoolExecutor\n"
                   "target, sources, ports = sys.argv[1], sys.argv[2].split(','), [int(p) for p in sys.argv[3:]]\n"
@@ -102,8 +104,9 @@ def reachable_ports(tmp_path, node, rules_text, after_load=""):
                   "jobs = [(s, p) for s in sources for p in ports]\n"
                   "with ThreadPoolExecutor(len(jobs)) as pool:\n    ok = list(pool.map(reach, jobs))\n"
                   "print(json.dumps({s: [p for (t, p), y in zip(jobs, ok) if t == s and y] for s in sources}))\n")
-        time.sleep(0.5)
         try:
+            # a fixed pause was a pace: on a busy box the first sources probed before the binds
+            assert server.stdout.readline() == "listening\n", "the listener in the node's netns did not start"
             found = {}
             for ns, target, sources in ((ns_lan, node.host, lan_sources), (ns_rail, node.rails[0].ip, rail_sources),
                                         (ns_lan, "fd00:ab::1", ["fd00:ab::50"])):
