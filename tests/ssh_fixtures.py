@@ -11,7 +11,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from toolbox import free_port, wait_for
+from toolbox import HANG_GUARD_S, free_port, wait_for
 
 # Host keys the tests pin for the recipe's nodes (public keys of throwaway key pairs): the
 # shipped stack file leaves them for the user to pin, and `pulumi up` refuses unpinned nodes.
@@ -84,7 +84,7 @@ class Agent(AgentSocket):
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=HANG_GUARD_S)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -126,7 +126,7 @@ class Sshd:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=HANG_GUARD_S)
         self.log.close()
 
 

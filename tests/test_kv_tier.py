@@ -14,6 +14,7 @@ import pytest
 from openai_standin import Behaviour
 from program_harness import config_blocks, plain_occurrences
 from test_config_errors import assert_refused
+from toolbox import HANG_GUARD_S
 from test_lanes_config import lanes_stack_config, two_lanes
 from test_memory_guard import check, meminfo, status
 
@@ -113,19 +114,20 @@ def test_the_memory_check_waits_for_the_tiers_bytes_beside_the_models_share(tmp_
     (tmp_path / "model").mkdir()
     (tmp_path / "meminfo").write_text(meminfo(119.7, 105.0, 60.0))  # 101.7 GiB for the model alone would fit
     proc = check(tmp_path, "--kv-tier-bytes", str(8 * 1024**3))
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_GUARD_S
     while time.monotonic() < deadline and not (tmp_path / "run" / "memory-check.json").exists():
         time.sleep(0.1)
     assert proc.poll() is None, "started without the tier's 8 GiB"
     assert status(tmp_path)["ok"] is False and status(tmp_path)["need_gib"] == pytest.approx(109.74, abs=0.01)
     (tmp_path / "meminfo").write_text(meminfo(119.7, 110.0, 60.0))
-    out, _ = proc.communicate(timeout=30)
+    out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0 and "(0.85 x 119.7 GiB + 8.0 GiB for its KV tier)" in out, out
 
 
 def bound(root, max_bytes, *extra):
     return subprocess.run([sys.executable, str(LAUNCH / contract.KV_TIER_BOUND_SCRIPT), "--dir", str(root),
-                           "--max-bytes", str(max_bytes), "--once", *extra], capture_output=True, text=True, timeout=30)
+                           "--max-bytes", str(max_bytes), "--once", *extra], capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
 
 
 def test_the_bound_removes_the_least_recently_used_blocks_down_to_its_low_water(tmp_path):

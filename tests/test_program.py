@@ -6,6 +6,7 @@ import shlex
 
 import pytest
 from program_harness import config_blocks, flag_value, flag_values, plain_occurrences, runner_call, stack_config, unwrap
+from toolbox import HANG_GUARD_S
 
 from core import contract
 from components.config import parse_stack_config
@@ -658,7 +659,7 @@ def test_claude_code_env_cannot_run_code_when_sourced(tmp_path, api_key):
     env_file = tmp_path / "claude-code.env"
     env_file.write_text(render_claude_code_env([cfg], api_key))
     proc = subprocess.run(["bash", "-c", f'source {shlex.quote(str(env_file))} && printf %s "$ANTHROPIC_AUTH_TOKEN"'],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=30)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == api_key
     assert not (tmp_path / "PWNED").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import timeline
+from toolbox import HANG_GUARD_S
 
 
 def test_nested_spans_count_once_and_the_rest_is_what_no_span_covers():
@@ -36,7 +37,7 @@ def test_logins_in_threads_nest_apart_and_leave_the_depth_as_it_was():
 
     def login():
         with line.span("ssh", "a copy's login"):
-            inside.wait(timeout=5)  # both open at once
+            inside.wait(timeout=HANG_GUARD_S)  # both open at once
     threads = [threading.Thread(target=login) for _ in range(2)]
     for thread in threads:
         thread.start()

@@ -26,7 +26,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 10.0, *, interval_s: float = 0.2,
+# The bound of a wait for something that comes (a process listening, an answer): a hang guard, not
+# a pace. Beside the simulator a test at nice 19 gets a sliver of a core (a Python start can take
+# tens of seconds); what comes is waited for no longer than it takes.
+HANG_GUARD_S = 120
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout_s: float = HANG_GUARD_S, *, interval_s: float = 0.2,
              ignoring: tuple[type[BaseException], ...] = (), why: Optional[Callable[[], str]] = None,
              process: Optional[subprocess.Popen] = None) -> Any:
     """check()'s first truthy value, asked every interval_s for timeout_s. An exception in `ignoring`
