@@ -83,11 +83,12 @@ class Upgrade:
         except Exception as err:  # noqa: BLE001 — after a deploy, any error must end in the rollback
             return [GateResult("judging", False, f"could not judge the deployment: {one_line_error(err)}")]
 
-    def release_own_hold(self) -> None:
+    def release_own_hold(self) -> bool:
         """A hold the guard raised during this upgrade was caused by the new settings (their
-        restarts): the rollback's readiness would fail on it. One raised before stays."""
+        restarts): the rollback's readiness would fail on it. One raised before stays. Whether
+        one was released."""
         if self.hold_release_for is None:
-            return
+            return False
         try:
             target = self.target()
             reading = self.guard_probe_for(target)()
@@ -97,8 +98,10 @@ class Upgrade:
                 self.say(f"the guard held serving during this upgrade ({verdict.hold.reason}): releasing the hold "
                          "for the rollback", "yellow")
                 self.hold_release_for(target)()
+                return True
         except Exception as err:  # noqa: BLE001 — the rollback goes on; its readiness will say what is wrong
             self.say(f"could not check the guard's hold before the rollback: {one_line_error(err)}", "yellow")
+        return False
 
     def roll_back(self) -> int:
         self.say("rolling back: writing the previous settings back and deploying them", "bold yellow")
@@ -106,6 +109,12 @@ class Upgrade:
         self.stack.write_config(self.plan.backward)
         try:
             failure = self.deploy()
+            # The guard goes on restarting the rejected settings while the rollback deploys; where
+            # those restarts load fast (a small model) they reach its limit and it holds serving,
+            # which the rollback's readiness wait then fails on. That hold is this upgrade's own:
+            # released, and the rollback deployed once more.
+            if failure and self.release_own_hold():
+                failure = self.deploy()
         except ConcurrentUpdateError:
             failure = GateResult("readiness", False, "another update took the stack: run `pulumi up` when it ends")
         back = [failure] if failure else self.judged(lambda: self.serving_gates(time.time())[0])

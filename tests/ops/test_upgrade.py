@@ -60,6 +60,9 @@ class World:
         self.silent_since = time.time()
         self.hold_since = None  # when the guard held serving (None: at the deploy that made it hold)
         self.failing_revisions: set[str] = set()  # model.revision values whose deploy fails the readiness wait
+        # the guard's restart limit reached while the rollback deploys: its next good deploy fails on a hold
+        self.held_while_rolling_back = False
+        self.rollback_hold_since: float | None = None
 
     def deploy(self, cfg) -> None:
         image = cfg.serving.image
@@ -71,6 +74,10 @@ class World:
         if self.outcome == "bad-start":
             raise RuntimeError("spark1-readiness-wait: not serving after 1200 s; last lines of the head's logs: "
                                "vllm.log | RuntimeError: CUDA error: no kernel image is available")
+        if self.outcome == "good" and self.held_while_rolling_back:
+            self.held_while_rolling_back, self.rollback_hold_since = False, time.time()
+        if self.rollback_hold_since is not None:
+            raise RuntimeError("spark1-readiness-wait: serving is held: restart loop: 3 serving restarts in 2 min")
         self.deployed.append(image)
         self.cfg = cfg
         if self.outcome == "crashloop" and self.hold_since is None:
@@ -92,6 +99,9 @@ class World:
                                restarts_in_window=3, hold={"reason": "crash loop", "since": self.hold_since})
             if self.outcome == "guard-silent":
                 verdict["checked_at"] = self.silent_since
+            if self.rollback_hold_since is not None:
+                verdict.update(ok=False, restarts_in_window=3,
+                               hold={"reason": "restart loop", "since": self.rollback_hold_since})
             return {"now": now, "status": verdict}
 
         return probe
@@ -320,6 +330,28 @@ def test_a_hold_the_upgrade_caused_is_released_for_the_rollback_and_an_older_one
         assert released == [] and "releasing the hold" not in out
     else:
         assert released == ["spark1"] and "the guard held serving during this upgrade (crash loop)" in out
+
+
+def test_a_hold_raised_while_the_rollback_deploys_is_released_and_the_rollback_deployed_once_more(
+        stack, world, tmp_path):
+    """The guard goes on restarting the rejected settings while the rollback's `up` runs; where they
+    load in seconds it reaches its limit and holds, and the rollback's readiness wait fails on that
+    hold (the simulator's upgrade scenario in the rehearsal of 9bf15ea on a slow box). The hold is the
+    upgrade's own: released, then the rollback deployed again."""
+    store_baseline(tmp_path, world)
+    world.held_while_rolling_back = True
+
+    def release_for(target):
+        def release():
+            released.append(target.nodes[0]["name"])
+            world.rollback_hold_since = None
+        return release
+    released: list[str] = []
+    code, out = run(stack, world, tmp_path, "--set", "serving.image=example/vllm:wrong-model", hold_release_for=release_for)
+    assert code == upgrade.EXIT_ROLLED_BACK, out
+    assert released == ["spark1"] and "the guard held serving during this upgrade (restart loop)" in out, out
+    assert stack.ups() == ["example/vllm:wrong-model", pinned(GOOD), pinned(GOOD)]
+    assert world.deployed[-1] == pinned(GOOD) and "rolled back: serving again on the previous settings" in out
 
 
 def test_rollback_unsets_the_keys_that_were_unset(stack, world, tmp_path):
