@@ -324,8 +324,8 @@ def test_checks_that_fail_hold_serving_with_their_reason_until_they_pass(fabric_
     assert "nccl-check" not in " ".join(head.checks_run())
     stage_rail(head.sys_root)  # reseated
     (head.verdicts / "spark1-fabric-check").unlink()
-    # the drain ends just after the container starts (serve_again): waited for with it
-    # the status file is written at the tick's end, after the container starts: waited for with it
+    # the drain ends just after the container starts (serve_again), the status file at the tick's end:
+    # both waited for with it
     wait_on_guard(lambda: head.state()["running"] and not head.hold_file.exists() and not head.drain_file.exists()
                   and head.status["restarts_in_window"] >= 1,
                   "served again once the checks pass, the drain ended, the restart counted", head)

@@ -16,7 +16,7 @@ from program_harness import config_blocks, plain_occurrences
 from test_config_errors import assert_refused
 from toolbox import HANG_GUARD_S
 from test_lanes_config import lanes_stack_config, two_lanes
-from test_memory_guard import check, meminfo, status
+from test_memory_guard import check, first_status, meminfo
 
 from components import launch_bundle
 from components.config import Serving, Topology, parse_stack_config, resolve_node_addresses
@@ -114,11 +114,9 @@ def test_the_memory_check_waits_for_the_tiers_bytes_beside_the_models_share(tmp_
     (tmp_path / "model").mkdir()
     (tmp_path / "meminfo").write_text(meminfo(119.7, 105.0, 60.0))  # 101.7 GiB for the model alone would fit
     proc = check(tmp_path, "--kv-tier-bytes", str(8 * 1024**3))
-    deadline = time.monotonic() + HANG_GUARD_S
-    while time.monotonic() < deadline and not (tmp_path / "run" / "memory-check.json").exists():
-        time.sleep(0.1)
+    waiting = first_status(tmp_path)
     assert proc.poll() is None, "started without the tier's 8 GiB"
-    assert status(tmp_path)["ok"] is False and status(tmp_path)["need_gib"] == pytest.approx(109.74, abs=0.01)
+    assert waiting["ok"] is False and waiting["need_gib"] == pytest.approx(109.74, abs=0.01)
     (tmp_path / "meminfo").write_text(meminfo(119.7, 110.0, 60.0))
     out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0 and "(0.85 x 119.7 GiB + 8.0 GiB for its KV tier)" in out, out

@@ -19,6 +19,7 @@ from components.config import Serving, Topology, parse_stack_config, resolve_nod
 from components.firewall import FirewallPolicy
 from components.host_prep import cotenant_slice_path, managed_files, render_cotenant_slice
 from program_harness import config_blocks
+from toolbox import wait_for
 
 LAUNCH = Path(__file__).resolve().parent.parent / "launch"
 GIB_KB = 1024 * 1024
@@ -46,6 +47,12 @@ def status(tmp_path) -> dict:
     return json.loads((tmp_path / "run" / "memory-check.json").read_text())
 
 
+def first_status(tmp_path) -> dict:
+    """The check's status once its first round wrote it."""
+    wait_for((tmp_path / "run" / "memory-check.json").exists, "the memory check's first status")
+    return status(tmp_path)
+
+
 def test_enough_memory_starts_at_once_and_says_the_numbers(tmp_path, model):
     (tmp_path / "meminfo").write_text(meminfo(119.7, 115.0, 60.0))
     proc = check(tmp_path)
@@ -59,10 +66,7 @@ def test_memory_that_should_be_free_but_is_not_holds_the_start_until_it_is(tmp_p
     # the signature of a leak: 20 GiB that no process should hold
     (tmp_path / "meminfo").write_text(meminfo(119.7, 95.0, 90.0))
     proc = check(tmp_path)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not (tmp_path / "run" / "memory-check.json").exists():
-        time.sleep(0.1)
-    waiting = status(tmp_path)
+    waiting = first_status(tmp_path)
     assert waiting["ok"] is False and proc.poll() is None  # still waiting, not started
     assert "not enough memory to load: vLLM needs 101.7 GiB" in waiting["message"]
     assert "95.0 GiB available" in waiting["message"] and "6.7 GiB that should be free is not" in waiting["message"]
@@ -187,12 +191,10 @@ def check_with_slices(tmp_path, cotenant_percent: str):
     proc = check(tmp_path, "--cotenant-slices", ",".join(contract.COTENANT_SLICES), "--cotenant-percent",
                  cotenant_percent, "--headroom-percent", "5", "--container-slice", contract.CONTAINER_SLICE,
                  "--cgroup-root", str(tmp_path / "cgroup"))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not (tmp_path / "run" / "memory-check.json").exists():
-        time.sleep(0.1)
+    first = first_status(tmp_path)
     proc.kill()
     proc.communicate()
-    return status(tmp_path)
+    return first
 
 
 @pytest.mark.parametrize("v1", [False, True], ids=["cgroup-v2", "cgroup-v1"])
