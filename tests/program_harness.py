@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -33,6 +36,81 @@ SECRET_SIG = "4dabf18193072939515e22adb298388d"  # how the engine marks a secret
 STACK_FILE = ROOT / "Pulumi.spark.yaml"
 
 MOCK_PROGRAM = Path(__file__).resolve().parent / "mock_program.py"  # the program under mocks, run apart
+MOCK_PROGRAM_FORKS = MOCK_PROGRAM.with_name("mock_program_forks.py")
+RUN_TIMEOUT_S = 300  # a hang guard: a run takes seconds
+
+
+class ProgramForks:
+    """tests/mock_program_forks.py, one per test process, started at its first run: each run a child
+    forked from a process that has already imported Pulumi's SDKs (~0.9 of a run's ~1.4 CPU-s, a few
+    hundred runs a CI run). What a run sees is what a process of its own would see (its arguments,
+    environment, working directory, stdout and stderr), but for the hash seed, which the children of
+    one forking process share. A run whose PYTHONPATH is not the forking process's (its sys.path is
+    made at its start) runs as a process of its own."""
+
+    def __init__(self) -> None:
+        self._server: Optional[subprocess.Popen] = None
+        self._pythonpath: Optional[str] = None
+        self._pending = b""  # what the forking process said past the last whole line
+        self._lock = threading.Lock()
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path,
+            timeout_s: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+        """`python ARGV...` (a script and its arguments) as subprocess.run with capture_output and text."""
+        with self._lock, tempfile.TemporaryDirectory() as out:
+            if env.get("PYTHONPATH") != self._started(env):
+                return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, env=env,
+                                      timeout=timeout_s)
+            stdout, stderr = Path(out, "stdout"), Path(out, "stderr")
+            server = self._server
+            assert server is not None and server.stdin is not None and server.stdout is not None
+            server.stdin.write(json.dumps({"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(stdout),
+                                           "stderr": str(stderr)}).encode() + b"\n")
+            server.stdin.flush()
+            child = self._answer(RUN_TIMEOUT_S)["pid"]
+            try:
+                status = self._answer(timeout_s)["status"]
+            except subprocess.TimeoutExpired:
+                os.kill(child, signal.SIGKILL)
+                self._answer(RUN_TIMEOUT_S)
+                raise
+            return subprocess.CompletedProcess(argv, status, stdout.read_text(), stderr.read_text())
+
+    def close(self) -> None:
+        """The forking process ends at the end of its input."""
+        if self._server is not None:
+            assert self._server.stdin is not None
+            self._server.stdin.close()
+            self._server.wait(timeout=RUN_TIMEOUT_S)
+            self._server = None
+
+    def _started(self, env: dict[str, str]) -> Optional[str]:
+        """The forking process's PYTHONPATH, started with this run's if there is none yet (or it died)."""
+        if self._server is None or self._server.poll() is not None:
+            self._server = subprocess.Popen([sys.executable, str(MOCK_PROGRAM_FORKS)], cwd=ROOT, env=env,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self._pythonpath, self._pending = env.get("PYTHONPATH"), b""
+        return self._pythonpath
+
+    def _answer(self, timeout_s: float) -> dict:
+        """The forking process's next line (read from its pipe unbuffered: a select on a buffered
+        reader misses a line already in the buffer)."""
+        server = self._server
+        assert server is not None and server.stdout is not None
+        with selectors.DefaultSelector() as ready:
+            ready.register(server.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._pending:
+                if not ready.select(timeout_s):
+                    raise subprocess.TimeoutExpired(str(MOCK_PROGRAM), timeout_s)
+                said = os.read(server.stdout.fileno(), 4096)
+                if not said:
+                    raise AssertionError(f"{MOCK_PROGRAM_FORKS.name} exited ({server.wait()})")
+                self._pending += said
+        line, _, self._pending = self._pending.partition(b"\n")
+        return json.loads(line)
+
+
+PROGRAM_FORKS = ProgramForks()
 
 
 @dataclass
@@ -138,11 +216,9 @@ def run_program(
                    "prior": {r.name: {"compared": r.compared, "outputs": r.outputs}
                              for r in (prior.resources if prior else [])}}, said)
         said.flush()
-        proc = subprocess.run(
-            [sys.executable, str(MOCK_PROGRAM), json.dumps(encoded), "preview" if preview else "up",
-             json.dumps(list(secret_keys)), json.dumps(list(withheld_features)), said.name],
-            cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
-        )
+        proc = PROGRAM_FORKS.run(
+            [str(MOCK_PROGRAM), json.dumps(encoded), "preview" if preview else "up",
+             json.dumps(list(secret_keys)), json.dumps(list(withheld_features)), said.name], env, ROOT)
     marker = proc.stdout.rfind("@@RESULT@@")
     if marker < 0:
         raise AssertionError(f"program run crashed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
