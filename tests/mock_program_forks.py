@@ -4,9 +4,10 @@ of a run's ~1.4 CPU-s) and forks one child per run, which runs mock_program.py a
 process would: its own arguments, environment, working directory, stdout and stderr (files).
 Nothing of twinspark is imported here: each child imports the program anew.
 
-tests/program_harness.py starts one per test process (`ProgramForks`) and speaks JSON lines on
-its stdin and stdout. A request: {"argv", "env", "cwd", "stdout", "stderr"}; the answers:
-{"pid": child} at once, then {"status": exit status} when the child has ended.
+tests/program_harness.py starts two per test process, which take its runs in turn (`ProgramForks`:
+a child has this process's hash seed), and speaks JSON lines on their stdin and stdout. A request:
+{"argv", "env", "cwd", "stdout", "stderr"}; the answers: {"pid": child} at once, then
+{"status": exit status} when the child has ended.
 """
 import json
 import os

@@ -40,30 +40,27 @@ MOCK_PROGRAM_FORKS = MOCK_PROGRAM.with_name("mock_program_forks.py")
 RUN_TIMEOUT_S = 300  # a hang guard: a run takes seconds
 
 
-class ProgramForks:
-    """tests/mock_program_forks.py, one per test process, started at its first run: each run a child
-    forked from a process that has already imported Pulumi's SDKs (~0.9 of a run's ~1.4 CPU-s, a few
-    hundred runs a CI run). What a run sees is what a process of its own would see (its arguments,
-    environment, working directory, stdout and stderr), but for the hash seed, which the children of
-    one forking process share. A run whose PYTHONPATH is not the forking process's (its sys.path is
-    made at its start) runs as a process of its own."""
+class ForkingProcess:
+    """One tests/mock_program_forks.py: a process that has imported Pulumi's SDKs (~0.9 of a run's
+    ~1.4 CPU-s) and forks a child per run, started at its first run with that run's environment."""
 
     def __init__(self) -> None:
         self._server: Optional[subprocess.Popen] = None
-        self._pythonpath: Optional[str] = None
-        self._pending = b""  # what the forking process said past the last whole line
-        self._lock = threading.Lock()
+        self.pythonpath: Optional[str] = None  # its sys.path is made from it at its start
+        self._pending = b""  # what it said past the last whole line
 
-    def run(self, argv: list[str], env: dict[str, str], cwd: Path,
-            timeout_s: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-        """`python ARGV...` (a script and its arguments) as subprocess.run with capture_output and text."""
-        with self._lock, tempfile.TemporaryDirectory() as out:
-            if env.get("PYTHONPATH") != self._started(env):
-                return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, env=env,
-                                      timeout=timeout_s)
+    def started(self, env: dict[str, str]) -> "ForkingProcess":
+        if self._server is None or self._server.poll() is not None:
+            self._server = subprocess.Popen([sys.executable, str(MOCK_PROGRAM_FORKS)], cwd=ROOT, env=env,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self.pythonpath, self._pending = env.get("PYTHONPATH"), b""
+        return self
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
+        server = self._server
+        assert server is not None and server.stdin is not None
+        with tempfile.TemporaryDirectory() as out:
             stdout, stderr = Path(out, "stdout"), Path(out, "stderr")
-            server = self._server
-            assert server is not None and server.stdin is not None and server.stdout is not None
             server.stdin.write(json.dumps({"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(stdout),
                                            "stderr": str(stderr)}).encode() + b"\n")
             server.stdin.flush()
@@ -77,24 +74,16 @@ class ProgramForks:
             return subprocess.CompletedProcess(argv, status, stdout.read_text(), stderr.read_text())
 
     def close(self) -> None:
-        """The forking process ends at the end of its input."""
+        """It ends at the end of its input."""
         if self._server is not None:
             assert self._server.stdin is not None
             self._server.stdin.close()
             self._server.wait(timeout=RUN_TIMEOUT_S)
             self._server = None
 
-    def _started(self, env: dict[str, str]) -> Optional[str]:
-        """The forking process's PYTHONPATH, started with this run's if there is none yet (or it died)."""
-        if self._server is None or self._server.poll() is not None:
-            self._server = subprocess.Popen([sys.executable, str(MOCK_PROGRAM_FORKS)], cwd=ROOT, env=env,
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            self._pythonpath, self._pending = env.get("PYTHONPATH"), b""
-        return self._pythonpath
-
     def _answer(self, timeout_s: float) -> dict:
-        """The forking process's next line (read from its pipe unbuffered: a select on a buffered
-        reader misses a line already in the buffer)."""
+        """Its next line (read from its pipe unbuffered: a select on a buffered reader misses a line
+        already in the buffer)."""
         server = self._server
         assert server is not None and server.stdout is not None
         with selectors.DefaultSelector() as ready:
@@ -108,6 +97,35 @@ class ProgramForks:
                 self._pending += said
         line, _, self._pending = self._pending.partition(b"\n")
         return json.loads(line)
+
+
+class ProgramForks:
+    """The program's runs of a test process, each a child forked from a ForkingProcess (a few hundred
+    runs a CI run, each ~0.9 CPU-s of imports cheaper). What a run sees is what a process of its own
+    would see: its arguments, environment, working directory, stdout and stderr, and a hash seed
+    other than the last run's (children share their forking process's: two of them take the runs in
+    turn, so a test comparing two runs still compares two seeds). A run whose PYTHONPATH is not its
+    forking process's runs as a process of its own."""
+
+    def __init__(self) -> None:
+        self._forking = (ForkingProcess(), ForkingProcess())
+        self._runs = 0
+        self._lock = threading.Lock()
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path,
+            timeout_s: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+        """`python ARGV...` (a script and its arguments) as subprocess.run with capture_output and text."""
+        with self._lock:
+            forking = self._forking[self._runs % len(self._forking)].started(env)
+            self._runs += 1
+            if env.get("PYTHONPATH") != forking.pythonpath:
+                return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, env=env,
+                                      timeout=timeout_s)
+            return forking.run(argv, env, cwd, timeout_s)
+
+    def close(self) -> None:
+        for forking in self._forking:
+            forking.close()
 
 
 PROGRAM_FORKS = ProgramForks()

@@ -16,6 +16,9 @@ SCRIPT = textwrap.dedent("""\
     import json, os, sys
     print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "said": os.environ.get("TWINSPARK_SAID"),
                       "stdin": sys.stdin.read(), "main": __name__, "path0": sys.path[0]}))
+    if sys.argv[1] == "hash":
+        print(hash("twinspark"))
+        sys.exit(0)
     print("to stderr", file=sys.stderr)
     if sys.argv[1] == "sleep":
         import time; time.sleep(60)
@@ -63,3 +66,13 @@ def test_a_run_past_its_bound_is_killed_and_the_next_run_still_answers(forks, sc
     with pytest.raises(subprocess.TimeoutExpired):
         forks.run([str(script), "sleep"], env_with("x"), tmp_path, timeout_s=2)
     assert forks.run([str(script), "0", "again"], env_with("again"), tmp_path).returncode == 0
+
+
+def test_two_runs_in_a_row_have_two_hash_seeds_as_two_processes_would(forks, script, tmp_path, monkeypatch):
+    """A test comparing two runs (a second `up` changes nothing) still compares two orders of every
+    set of strings, as it did with a process a run."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    env = {k: v for k, v in env_with("x").items() if k != "PYTHONHASHSEED"}
+    first, second = (forks.run([str(script), "hash"], env, tmp_path) for _ in range(2))
+    assert first.returncode == second.returncode == 0, (first, second)
+    assert first.stdout.splitlines()[-1] != second.stdout.splitlines()[-1], (first.stdout, second.stdout)
