@@ -29,7 +29,7 @@ cd "$(dirname "$0")/.."
 export MYPY_CACHE_DIR=${MYPY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/twinspark-mypy}
 # Python's bytecode cache in the checkout (__pycache__, ignored by git) whatever the caller's
 # environment says: with PYTHONDONTWRITEBYTECODE set, each of a run's ~13 pytest processes rewrote
-# and compiled every test module again (a collection of the unit tests: 10.0 CPU-s, 3.6 from the
+# and compiled every test module again (a collection of the unit tests: 10.3 CPU-s, 3.6 from the
 # cache) and each run of the program compiled the project's modules again.
 unset PYTHONDONTWRITEBYTECODE
 
